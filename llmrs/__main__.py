@@ -1,0 +1,3 @@
+from llmrs.cli import main
+
+main()

@@ -1,0 +1,57 @@
+"""The `llmrs` command: thin typer layer over the packages; user mistakes print one line and exit 2."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from llmrs.errors import UserError
+
+app = typer.Typer(
+    name="llmrs",
+    help="LLM inference engine and benchmarking / roofline toolkit.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# Sub-packages register their commands here: each module exposes register(app).
+# --- command registrations (one line per module) ---
+from llmrs import cli_engine  # noqa: E402
+
+cli_engine.register(app)
+# --- end of command registrations ---
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: runs the app, turning UserError into one clear line on stderr and exit code 2."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    if debug:
+        args.remove("--debug")
+    try:
+        app(args=args, standalone_mode=False)
+    except UserError as e:
+        if debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as e:  # click usage errors carry their own exit code
+        import click
+
+        if isinstance(e, click.exceptions.Exit):
+            sys.exit(e.exit_code)
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(2)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""ModelRunner: a loaded model on a backend with its KV memory; executes StepBatches.
+
+`stream_generate` is the single-sequence path of `llmrs generate` / `llmrs chat`: one sequence, blocks
+handed out in order, every step a StepBatch like the scheduler's (a prefill step, then one-token steps).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from llmrs.engine.batch import StepBatch, build_step_batch
+from llmrs.engine.loader import LoadedModel
+from llmrs.engine.model import Model, build_weights
+from llmrs.engine.sampling import SamplingParams, sample
+from llmrs.engine.sequence import Sequence, StepOutput
+from llmrs.errors import UserError
+
+
+def resolve_device(device: str) -> str:
+    if device not in ("auto", "cpu", "cuda"):
+        raise UserError(f"unknown device {device!r} (choose auto, cpu or cuda)")
+    if device == "cuda":
+        raise UserError("the CUDA backend is not part of this build yet; use --device cpu")
+    return "cpu"
+
+
+class ModelRunner:
+    def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int = 16, device: str = "cpu"):
+        self.loaded = loaded
+        self.config = loaded.config
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.device = resolve_device(device)
+        from llmrs.engine.backends.cpu import CPUBackend
+
+        self.backend = CPUBackend(self.config, num_blocks=num_blocks, block_size=block_size)
+        self.model = Model(self.config, build_weights(self.config, loaded.tensors, self.backend), self.backend)
+        self.max_model_len = self.config.max_position_embeddings
+
+    def execute(self, batch: StepBatch) -> np.ndarray:
+        """Run one step; returns the logits of batch.sample_rows as float32 [S, vocab]."""
+        return self.model.forward(batch)
+
+
+@dataclass(slots=True)
+class GenerationStats:
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        n = self.output_tokens - 1
+        return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
+
+
+def check_prompt_fits(prompt_len: int, max_model_len: int) -> None:
+    if prompt_len == 0:
+        raise UserError("the prompt is empty")
+    if prompt_len >= max_model_len:
+        raise UserError(f"the prompt is {prompt_len} tokens; the model's context is {max_model_len} tokens")
+
+
+def stream_generate(
+    runner: ModelRunner, prompt_ids: list[int], params: SamplingParams, stats: GenerationStats | None = None
+) -> Iterator[StepOutput]:
+    """Generate for one prompt, yielding a StepOutput (text delta + token) per sampled token."""
+    params.validate()
+    check_prompt_fits(len(prompt_ids), runner.max_model_len)
+    bs = runner.block_size
+    max_len = min(runner.max_model_len, len(prompt_ids) + (params.max_tokens or runner.max_model_len))
+    blocks_needed = -(-max_len // bs)
+    if blocks_needed > runner.num_blocks:
+        raise UserError(f"{max_len} tokens need {blocks_needed} KV blocks; the cache has {runner.num_blocks}")
+    tok = runner.loaded.tokenizer
+    seq = Sequence("gen-0", list(prompt_ids), params, tok, runner.loaded.stop_token_ids, runner.max_model_len)
+    table = list(range(blocks_needed))
+    stats = stats if stats is not None else GenerationStats()
+    stats.prompt_tokens = len(prompt_ids)
+    new_tokens, cached = list(prompt_ids), 0
+    while True:
+        t0 = time.perf_counter()
+        batch = build_step_batch([(new_tokens, cached, table, True)], bs)
+        logits = runner.execute(batch)
+        result = sample(logits, [seq.sampling])[0]
+        dt = time.perf_counter() - t0
+        if cached == 0:
+            stats.prefill_s += dt
+        else:
+            stats.decode_s += dt
+        cached += len(new_tokens)
+        out = seq.append(result)
+        stats.output_tokens += 1
+        yield out
+        if seq.is_finished:
+            return
+        new_tokens = [result.token_id]

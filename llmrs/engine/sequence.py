@@ -1,0 +1,137 @@
+"""Request / Sequence state: tokens, detokenized text, stop handling, finish reason.
+
+Stop strings are not included in the output and are caught when split across tokens: the text that could
+still turn into a stop string (the longest suffix that is a prefix of one) is held back until the next token
+decides, and flushed when the sequence finishes for another reason.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from llmrs.engine.sampling import SampleResult, SamplingParams, SamplingState, make_generator
+from llmrs.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """What one step produced for one sequence (a streaming delta)."""
+
+    request_id: str
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[SampleResult]
+    finish_reason: str | None  # None while running; "stop" | "length" | "abort"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    tokenizer: Tokenizer
+    eos_token_ids: list[int]
+    max_model_len: int
+    index: int = 0  # choice index among the request's n sequences
+    arrival_time: float = field(default_factory=time.monotonic)
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[SampleResult] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    block_table: list[int] = field(default_factory=list)
+    text: str = ""  # decoded output, stop string removed
+    emitted: int = 0  # characters of `text` already handed out
+    sampling: SamplingState = field(init=False)
+    detok: IncrementalDetokenizer = field(init=False)
+
+    def __post_init__(self) -> None:
+        p = self.params
+        seed = None if p.seed is None else p.seed + self.index
+        stop_ids = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.eos_token_ids))
+        self.sampling = SamplingState(p, make_generator(seed), self.prompt_ids, self.output_ids, stop_ids)
+        self.detok = IncrementalDetokenizer(self.tokenizer, self.prompt_ids, p.skip_special_tokens)
+
+    # ------------------------------------------------------------------ lengths
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    # ------------------------------------------------------------------ output
+    def append(self, result: SampleResult) -> StepOutput:
+        """Add a sampled token, apply the stop rules, return the text delta this token releases."""
+        p = self.params
+        token = result.token_id
+        self.output_ids.append(token)
+        if p.logprobs is not None:
+            self.output_logprobs.append(result)
+        n_out = len(self.output_ids)
+        stop_ids = self.sampling.stop_ids
+        if n_out > p.min_tokens - 1 and token in stop_ids:
+            self.finish("stop", stop_reason=token)
+            return self._delta([token], flush=True)
+        prev_len = len(self.text)
+        self.text += self.detok.add(token)
+        if p.stop and n_out >= p.min_tokens:
+            hit = self._find_stop(prev_len)
+            if hit is not None:
+                idx, s = hit
+                self.text = self.text[:idx]
+                self.finish("stop", stop_reason=s)
+                return self._delta([token], flush=True)
+        if (p.max_tokens is not None and n_out >= p.max_tokens) or self.num_tokens >= self.max_model_len:
+            self.finish("length")
+            return self._delta([token], flush=True)
+        return self._delta([token], flush=False)
+
+    def _find_stop(self, prev_len: int) -> tuple[int, str] | None:
+        longest = max(len(s) for s in self.params.stop)
+        start = max(0, prev_len - longest + 1)
+        best: tuple[int, str] | None = None
+        for s in self.params.stop:
+            i = self.text.find(s, start)
+            if i >= 0 and (best is None or i < best[0]):
+                best = (i, s)
+        return best
+
+    def _held_back(self) -> int:
+        """Characters at the end of `text` that may still become a stop string."""
+        held = 0
+        for s in self.params.stop:
+            for k in range(min(len(s) - 1, len(self.text)), held, -1):
+                if self.text.endswith(s[:k]):
+                    held = k
+                    break
+        return held
+
+    def _delta(self, token_ids: list[int], flush: bool) -> StepOutput:
+        if flush and not isinstance(self.stop_reason, str):  # after a stop string, the rest is cut anyway
+            self.text += self.detok.finish()
+        end = len(self.text) if flush else len(self.text) - self._held_back()
+        text = self.text[self.emitted : end] if end > self.emitted else ""
+        self.emitted = max(self.emitted, end)
+        lps = self.output_logprobs[-len(token_ids):] if self.params.logprobs is not None else []
+        return StepOutput(self.request_id, self.index, text, token_ids, lps, self.finish_reason)
+
+    def finish(self, reason: str, stop_reason: str | int | None = None) -> None:
+        self.status = SequenceStatus.FINISHED
+        self.finish_reason = reason
+        self.stop_reason = stop_reason
