@@ -1,0 +1,118 @@
+"""Run the check over files x architectures and decide what is flagged.
+
+A function is flagged when its PTX has any `ld.local`/`st.local` (or a local depot), or ptxas reports spill
+stores/loads: local memory is per-thread DRAM, and hot values there make a kernel several times slower.
+`--allow NAME` (or `// ptx-check: allow NAME` in the file) accepts it for a kernel that must use local
+memory. A stack frame alone (e.g. printf) is reported but not flagged.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from llmrs.roofline.ptx.compile import CompileError, compile_file, demangle
+from llmrs.roofline.ptx.parse import PtxasInfo, parse_directives
+from llmrs.roofline.ptx.toolchain import Toolchain
+
+DEFAULT_ARCHS = ["sm_80", "sm_86", "sm_89", "sm_90"]
+KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels_cu"
+
+
+@dataclass(slots=True)
+class KernelResult:
+    """One function of one file for one architecture."""
+
+    file: str
+    arch: str
+    name: str  # readable: the name expression, the demangled or the extern "C" name
+    mangled: str
+    kind: str
+    ld_local: int
+    st_local: int
+    local_depot_bytes: int
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack_frame: int
+    shared_bytes: int
+    uses_local: bool
+    allowed: bool
+
+    @property
+    def flagged(self) -> bool:
+        return self.uses_local and not self.allowed
+
+    @property
+    def status(self) -> str:
+        if not self.uses_local:
+            return "ok"
+        return "allowed" if self.allowed else "LOCAL MEMORY"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["flagged"], d["status"] = self.flagged, self.status
+        return d
+
+
+@dataclass(slots=True)
+class FileError:
+    """A compile failure: which file, arch and stage, and the compiler's log."""
+
+    file: str
+    arch: str
+    stage: str
+    log: str
+
+
+def discover(files: list[Path]) -> list[Path]:
+    """The given files (directories expand to their *.cu), or every kernel in llmrs/kernels_cu/."""
+    if not files:
+        return sorted(KERNELS_DIR.glob("*.cu")) if KERNELS_DIR.is_dir() else []
+    out: list[Path] = []
+    for f in files:
+        out.extend(sorted(f.glob("*.cu")) if f.is_dir() else [f])
+    return out
+
+
+def _allowed(names: list[str], patterns: list[str]) -> bool:
+    bases = set(names) | {n.split("<", 1)[0].split("(", 1)[0] for n in names}
+    return any(fnmatch.fnmatchcase(b, p) for p in patterns for b in bases)
+
+
+def check_file(path: Path, archs: list[str], tc: Toolchain, allow: list[str]) -> tuple[list[KernelResult],
+                                                                                        list[FileError]]:
+    """Compile one file for every arch; results per function, or the compile errors."""
+    d = parse_directives(path.read_text())
+    patterns = [*allow, *d.allow]
+    results, errors = [], []
+    for arch in archs:
+        try:
+            comp = compile_file(path, arch, tc, d.instantiate, d.options)
+        except CompileError as e:
+            errors.append(FileError(file=str(path), arch=arch, stage=e.stage, log=e.log))
+            continue
+        pretty = demangle([f.name for f in comp.functions])
+        for fn in comp.functions:
+            info = comp.ptxas.get(fn.name, PtxasInfo())
+            name = comp.lowered.get(fn.name) or pretty.get(fn.name) or fn.name
+            uses = bool(fn.ld_local or fn.st_local or fn.local_depot_bytes or info.spill_stores or info.spill_loads)
+            results.append(KernelResult(
+                file=str(path), arch=arch, name=name, mangled=fn.name, kind=fn.kind, ld_local=fn.ld_local,
+                st_local=fn.st_local, local_depot_bytes=fn.local_depot_bytes, registers=info.registers,
+                spill_stores=info.spill_stores, spill_loads=info.spill_loads, stack_frame=info.stack_frame,
+                shared_bytes=info.shared_bytes, uses_local=uses, allowed=_allowed([name, fn.name], patterns),
+            ))
+    return results, errors
+
+
+def run_check(files: list[Path], archs: list[str], tc: Toolchain, allow: list[str]) -> tuple[list[KernelResult],
+                                                                                           list[FileError]]:
+    results, errors = [], []
+    for path in files:
+        r, e = check_file(path, archs, tc, allow)
+        results.extend(r)
+        errors.extend(e)
+    return results, errors
