@@ -1,0 +1,265 @@
+"""One `llmrs bench` invocation: server (given, or started and stopped), workload, each sweep point, results.
+
+    server  = --url, else start --server-cmd, else start `llmrs serve [--model]`  (server.py)
+    prompts = built once (dataset.py, with the server's tokenizer when it has one)
+    for each sweep point: arrivals -> run_load over worker processes -> summarize -> save JSON + CSV -> table
+Ctrl-C during a run saves what finished and ends the sweep; the started server is always stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+
+import llmrs
+from llmrs.bench import console as out
+from llmrs.bench.arrivals import arrival_offsets
+from llmrs.bench.client import ClientConfig
+from llmrs.bench.dataset import WorkloadConfig, build_workload
+from llmrs.bench.metrics import Summary, summarize
+from llmrs.bench.records import RequestResult, RequestSpec
+from llmrs.bench.results import SCHEMA, requests_frame, run_tag, write_json
+from llmrs.bench.runner import RunOutcome, run_load
+from llmrs.bench.server import ManagedServer, llmrs_serve_argv
+from llmrs.bench.sysinfo import client_host, gpu_info, server_identity
+from llmrs.bench.tokenization import Tokenizer, choose_tokenizer
+from llmrs.errors import UserError
+
+SWEEP_KEYS = {"concurrency": "concurrency", "request_rate": "request_rate", "request-rate": "request_rate", "rate": "request_rate"}
+
+
+@dataclass(slots=True)
+class BenchOptions:
+    """Every knob of `llmrs bench` (the CLI fills it; tests build it directly)."""
+
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    url: str | None = None
+    server_cmd: str | None = None
+    server_timeout: float = 600.0
+    model: str | None = None
+    concurrency: int | None = 16
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    sweep: tuple[str, list[float]] | None = None
+    warmup: int = 0
+    timeout: float = 600.0
+    api_key: str | None = None
+    label: str | None = None
+    workers: int = 1
+    slo: dict[str, float] = field(default_factory=dict)
+    percentiles: tuple[float, ...] = (50, 90, 99)
+    tokenizer: str | None = None
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    endpoint: str = ""
+    out_dir: Path = Path("bench-results")
+    name: str | None = None
+    command: str = ""
+
+
+def parse_sweep(text: str | None) -> tuple[str, list[float]] | None:
+    """'concurrency=1,16,64' or 'request_rate=1,4,inf' -> (key, values)."""
+    if not text:
+        return None
+    k, sep, vals = text.partition("=")
+    key = SWEEP_KEYS.get(k.strip().lower())
+    if not sep or key is None:
+        raise UserError(f"--sweep {text!r}: expected concurrency=A,B,... or request_rate=A,B,...")
+    try:
+        values = [float(v) for v in vals.split(",") if v.strip()]
+    except ValueError as e:
+        raise UserError(f"--sweep {text!r}: values must be numbers (or inf for request_rate)") from e
+    if not values or any(v <= 0 for v in values):
+        raise UserError(f"--sweep {text!r}: values must be > 0")
+    if key == "concurrency" and any(math.isinf(v) or v != int(v) for v in values):
+        raise UserError(f"--sweep {text!r}: concurrency values must be whole numbers")
+    return key, values
+
+
+def sweep_points(o: BenchOptions) -> list[tuple[int | None, float]]:
+    """(concurrency, request_rate) of each run."""
+    if o.sweep is None:
+        return [(o.concurrency, o.request_rate)]
+    key, values = o.sweep
+    if key == "concurrency":
+        return [(int(v), o.request_rate) for v in values]
+    return [(o.concurrency, v) for v in values]
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", s).strip("-") or "server"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@contextlib.contextmanager
+def server_context(o: BenchOptions, console: Console):
+    """Yields (base_url, server metadata). Starts and always stops the server when this bench owns it."""
+    if o.url and not o.server_cmd:
+        yield o.url.rstrip("/"), {"managed": False}
+        return
+    cmd = o.server_cmd or llmrs_serve_argv(o.model)
+    log = o.out_dir / f"{o.name or 'server'}.server.log"
+    srv = ManagedServer.from_command(cmd, log, o.server_timeout)
+    if o.url:
+        srv.url = o.url.rstrip("/")
+    console.print(f"starting server: [cyan]{srv.command}[/] (log: {log})")
+    with srv:
+        console.print(f"server ready at {srv.url} after {srv.started_s:.1f}s")
+        yield srv.url, {"managed": True, "command": srv.command, "startup_s": round(srv.started_s, 2), "log": str(log)}
+    console.print("server stopped")
+
+
+async def _prepare(o: BenchOptions, base_url: str, model: str) -> tuple[list[RequestSpec], Tokenizer | None, str]:
+    async with httpx.AsyncClient(timeout=60.0, trust_env=False) as c:
+        choice = await choose_tokenizer(base_url, model, c, o.tokenizer)
+        specs = await build_workload(o.workload, choice.tokenizer)
+    return specs, choice.tokenizer, choice.source
+
+
+async def _text_tokens(tok: Tokenizer, base_url: str, model: str, results: list[RequestResult]) -> dict[int, int]:
+    """Re-tokenized length of each completed request's text, for the usage cross-check."""
+    from llmrs.bench.tokenization import ServerTokenizer
+
+    async with httpx.AsyncClient(timeout=60.0, trust_env=False) as c:
+        if isinstance(tok, ServerTokenizer):
+            tok = ServerTokenizer(base_url, model, c)
+        n_special = len(await tok.encode(""))
+        sem = asyncio.Semaphore(32)
+
+        async def one(r: RequestResult) -> tuple[int, int]:
+            async with sem:
+                return r.idx, len(await tok.encode(r.text)) - n_special
+
+        try:
+            return dict(await asyncio.gather(*(one(r) for r in results if r.success and r.text)))
+        except httpx.HTTPError:
+            return {}
+
+
+def _client_cpu(outcome: RunOutcome, main_cpu_s: float) -> dict:
+    busy = [round(c.busy, 3) for c in outcome.cpu]
+    return {
+        "workers": len(outcome.cpu),
+        "cpu_s": round(sum(c.cpu_s for c in outcome.cpu), 3),
+        "busy_per_worker": busy,
+        "main_cpu_s": round(main_cpu_s, 3),
+        "saturated": any(b > out.SATURATED for b in busy),
+    }
+
+
+def run_one(o: BenchOptions, cfg: ClientConfig, specs: list[RequestSpec], cap: int | None, rate: float, console: Console) -> tuple[RunOutcome, dict]:
+    """One sweep point with a live progress bar; returns the merged outcome and the client's CPU use."""
+    offsets = arrival_offsets(len(specs), rate, o.burstiness, o.workload.seed).tolist()
+    progress = out.make_progress(console)
+    cpu0 = time.process_time()
+    with progress:
+        task = progress.add_task(run_tag(cap, rate), total=len(specs), inflight=0, failed=0, tps=0.0)
+
+        def on_progress(done: int, failed: int, inflight: int, tokens: int, elapsed: float) -> None:
+            progress.update(task, completed=done + failed, inflight=inflight, failed=failed, tps=tokens / max(elapsed, 1e-9))
+
+        outcome = run_load(specs, offsets, cfg, cap=cap, workers=o.workers, on_progress=on_progress)
+    return outcome, _client_cpu(outcome, time.process_time() - cpu0)
+
+
+def run_bench(o: BenchOptions, console: Console | None = None) -> Path:
+    """Runs every sweep point and returns the results JSON path (rewritten after each run)."""
+    console = console or Console()
+    if o.workers < 1:
+        raise UserError("--workers must be >= 1")
+    if o.concurrency is not None and o.concurrency < 1:
+        raise UserError("--concurrency must be >= 1")
+    started = _now()
+    o = replace(o, name=o.name or f"{_slug(o.label or 'bench')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    with server_context(o, console) as (base_url, meta):
+        ident = server_identity(base_url, o.api_key)
+        models = ident.get("models") or []
+        model = o.model if (o.model and (o.url or o.server_cmd)) else (models[0]["id"] if models else o.model)
+        if not model:
+            raise UserError(f"no --model given and {base_url}/v1/models lists none ({ident.get('models_error', 'empty')})")
+        label = o.label or (models[0].get("owned_by") if models else None) or "server"
+        cfg = ClientConfig(base_url, model, o.workload.backend, o.endpoint, o.api_key, o.timeout, o.ignore_eos, o.temperature)
+        with console.status("building prompts..."):
+            specs, tok, tok_source = asyncio.run(_prepare(o, base_url, model))
+        console.print(f"{len(specs)} prompts ({'dataset ' + o.workload.dataset if o.workload.dataset else 'random tokens'}; tokenizer: {tok_source})")
+        path = o.out_dir / f"{o.name}.json"
+        doc = {
+            "schema": SCHEMA,
+            "llmrs_version": llmrs.__version__,
+            "label": label,
+            "command": o.command or " ".join(sys.argv),
+            "started_at": started,
+            "finished_at": None,
+            "server": {**ident, **meta, "model": model},
+            "tokenizer": tok_source,
+            "gpus": gpu_info(),
+            "client": {**client_host(), "workers": o.workers},
+            "params": _params(o),
+            "runs": [],
+        }
+        write_json(path, doc)
+        if o.warmup:
+            warm = [replace(specs[i % len(specs)], idx=i) for i in range(o.warmup)]
+            console.print(f"warmup: {o.warmup} requests")
+            res = run_load(warm, [0.0] * len(warm), cfg, cap=o.concurrency, workers=o.workers).results
+            if bad := [r for r in res if not r.success]:
+                console.print(f"[yellow]warmup: {len(bad)} of {len(res)} failed (first: {bad[0].error})")
+        rows: list[tuple[str, Summary]] = []
+        for cap, rate in sweep_points(o):
+            tag = run_tag(cap, rate)
+            outcome, cpu = run_one(o, cfg, specs, cap, rate, console)
+            text_tokens = asyncio.run(_text_tokens(tok, base_url, model, outcome.results)) if tok else {}
+            s = summarize(outcome.results, outcome.t0, percentiles=o.percentiles, slo=o.slo, text_tokens=text_tokens)
+            csv = f"{o.name}-{tag}.csv"
+            requests_frame(outcome.results, outcome.t0, text_tokens).to_csv(o.out_dir / csv, index=False)
+            doc["runs"].append({
+                "tag": tag, "concurrency": cap, "request_rate": rate if math.isfinite(rate) else "inf",
+                "burstiness": o.burstiness, "interrupted": outcome.interrupted, "summary": s.to_dict(),
+                "client_cpu": cpu, "csv": csv,
+            })
+            doc["finished_at"] = _now()
+            write_json(path, doc)
+            console.print(out.summary_table(f"{label} {tag}", s, cpu))
+            if cpu["saturated"]:
+                console.print(f"[yellow]warning: a client worker was busy {max(cpu['busy_per_worker']):.0%} of a core; the client may be the bottleneck: raise --workers")
+            rows.append((tag, s))
+            if outcome.interrupted:
+                console.print("[yellow]interrupted: saved the requests that finished")
+                break
+        if len(rows) > 1:
+            console.print(out.sweep_table(rows))
+    console.print(f"results: {path}")
+    return path
+
+
+def _params(o: BenchOptions) -> dict:
+    w = asdict(o.workload)
+    return {
+        **w,
+        "concurrency": o.concurrency,
+        "request_rate": o.request_rate if math.isfinite(o.request_rate) else "inf",
+        "burstiness": o.burstiness,
+        "sweep": {"key": o.sweep[0], "values": [v if math.isfinite(v) else "inf" for v in o.sweep[1]]} if o.sweep else None,
+        "warmup": o.warmup,
+        "timeout": o.timeout,
+        "ignore_eos": o.ignore_eos,
+        "temperature": o.temperature,
+        "endpoint": o.endpoint or None,
+        "workers": o.workers,
+        "slo_ms": o.slo,
+        "percentiles": list(o.percentiles),
+        "api_key_set": bool(o.api_key),
+    }

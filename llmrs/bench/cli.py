@@ -1,0 +1,135 @@
+"""`llmrs bench` and `llmrs report`: the typer commands. Thin: parse, build options, call bench.py / report.py."""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import sys
+from enum import Enum
+from pathlib import Path
+
+import typer
+
+from llmrs.errors import UserError
+
+
+class Backend(str, Enum):
+    completions = "completions"
+    chat = "chat"
+
+
+class PromptFormat(str, Enum):
+    text = "text"
+    ids = "ids"
+
+
+def default_workers() -> int:
+    """Half the cores (the other half for the server when it shares the machine), 1 to 8."""
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
+def _rate(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError as e:
+        raise UserError(f"--request-rate {text!r}: expected a number or inf") from e
+    if not v > 0:
+        raise UserError("--request-rate must be > 0 (inf sends everything at once)")
+    return v
+
+
+def _percentiles(text: str) -> tuple[float, ...]:
+    try:
+        ps = tuple(float(p) for p in text.split(",") if p.strip())
+    except ValueError as e:
+        raise UserError(f"--percentiles {text!r}: expected numbers like 50,90,99") from e
+    if not ps or any(not 0 < p <= 100 for p in ps):
+        raise UserError("--percentiles must be in (0, 100]")
+    return ps
+
+
+def bench(
+    url: str = typer.Option(None, "--url", help="Base URL of a running OpenAI-compatible server (e.g. http://127.0.0.1:8000). Default: start `llmrs serve [--model]` on a free 127.0.0.1 port, and stop it afterwards."),
+    server_cmd: str = typer.Option(None, "--server-cmd", help="Start this server command, wait for GET /health, stop it afterwards, e.g. \"vllm serve Qwen/Qwen2.5-0.5B --port {port}\". {port} is replaced by a free port; otherwise the command's --port N (or 8000) is used."),
+    server_timeout: float = typer.Option(600.0, help="Seconds to wait for a started server's /health."),
+    model: str = typer.Option(None, "--model", "-m", help="Model name sent in requests (default: the first of /v1/models). Without --url/--server-cmd: the MODEL given to `llmrs serve`."),
+    backend: Backend = typer.Option(Backend.completions, help="API: /v1/completions or /v1/chat/completions."),
+    endpoint: str = typer.Option("", help="Override the request path (default: /v1/completions or /v1/chat/completions)."),
+    concurrency: int = typer.Option(16, "--concurrency", "-c", help="Most requests in flight at once (0: no cap)."),
+    num_prompts: int = typer.Option(100, "--num-prompts", "-n", help="Requests per run."),
+    request_rate: str = typer.Option("inf", help="Mean arrivals per second (gamma process); inf sends all at once."),
+    burstiness: float = typer.Option(1.0, help="Gamma shape of inter-arrival times: 1 = Poisson, <1 burstier, >1 more regular."),
+    input_len: int = typer.Option(256, help="Prompt tokens of random prompts (exact, as the server tokenizes them)."),
+    output_len: int = typer.Option(None, help="max_tokens per request [default: 128, or the dataset's reply length]."),
+    range_ratio: float = typer.Option(0.0, help="Random lengths uniform in [L*(1-r), L*(1+r)] for input and output."),
+    dataset: Path = typer.Option(None, help="Prompts file: ShareGPT .json, or .jsonl of {\"prompt\": text or [ids], \"output_len\": N}. Default: random tokens."),
+    prefix_len: int = typer.Option(0, help="Shared random prefix of this many tokens in front of every prompt (prefix caching)."),
+    prompt_format: PromptFormat = typer.Option(PromptFormat.text, help="Random prompts as text (needs the server's /tokenize or --tokenizer) or token ids (completions only)."),
+    tokenizer: str = typer.Option(None, help="Local tokenizer.json (or model dir) to use when the server has no /tokenize endpoint."),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos/--no-ignore-eos", help="Send ignore_eos (vLLM, llmrs) so every request generates exactly max_tokens."),
+    temperature: float = typer.Option(0.0, help="Sampling temperature sent with each request."),
+    warmup: int = typer.Option(0, help="Warm-up requests sent (and discarded) before measuring."),
+    seed: int = typer.Option(0, help="Seed for prompts and arrival times."),
+    timeout: float = typer.Option(600.0, help="Seconds a request may take in all before it counts as failed."),
+    api_key: str = typer.Option(None, envvar="OPENAI_API_KEY", help="Bearer token sent to the server [env: OPENAI_API_KEY]."),
+    label: str = typer.Option(None, help="Engine name in results and reports [default: owned_by from /v1/models]."),
+    workers: int = typer.Option(default_workers(), help="Client processes the load is spread over (each parses its share of the streams)."),
+    sweep: str = typer.Option(None, help="Run once per value: concurrency=1,16,64,256 or request_rate=1,4,inf."),
+    slo: str = typer.Option(None, help="Goodput SLOs in ms, e.g. ttft=200,tpot=50 (keys: ttft, tpot, e2el)."),
+    percentiles: str = typer.Option("50,90,99", help="Latency percentiles to report."),
+    out_dir: Path = typer.Option(Path("bench-results"), "--out-dir", "-o", help="Where results JSON and CSVs go."),
+    name: str = typer.Option(None, help="Results file stem [default: LABEL-YYYYmmdd-HHMMSS]."),
+    report: Path = typer.Option(None, "--report", help="Also write a report (markdown + PNGs) of this run into this directory."),
+) -> None:
+    """Load-test an OpenAI-compatible server (ours, vLLM, SGLang, llama.cpp, ...): TTFT, TPOT, ITL, E2E, throughput, goodput."""
+    from llmrs.bench.bench import BenchOptions, parse_sweep, run_bench
+    from llmrs.bench.dataset import WorkloadConfig
+    from llmrs.bench.metrics import parse_slo
+
+    if url and not url.startswith(("http://", "https://")):
+        raise UserError(f"--url {url!r}: expected http://HOST:PORT")
+    try:
+        slo_ms = parse_slo(slo)
+    except ValueError as e:
+        raise UserError(f"--slo: {e}") from e
+    wl = WorkloadConfig(
+        num_prompts=num_prompts, input_len=input_len, output_len=output_len, range_ratio=range_ratio,
+        prefix_len=prefix_len, dataset=str(dataset) if dataset else None, prompt_format=prompt_format.value,
+        backend=backend.value, seed=seed,
+    )
+    if input_len < 1 or (output_len is not None and output_len < 1) or prefix_len < 0:
+        raise UserError("--input-len and --output-len must be >= 1, --prefix-len >= 0")
+    opts = BenchOptions(
+        workload=wl, url=url, server_cmd=server_cmd, server_timeout=server_timeout, model=model,
+        concurrency=concurrency or None, request_rate=_rate(request_rate), burstiness=burstiness,
+        sweep=parse_sweep(sweep), warmup=warmup, timeout=timeout, api_key=api_key, label=label, workers=workers,
+        slo=slo_ms, percentiles=_percentiles(percentiles), tokenizer=tokenizer, ignore_eos=ignore_eos,
+        temperature=temperature, endpoint=endpoint, out_dir=out_dir, name=name,
+        command=shlex.join(["llmrs", *sys.argv[1:]]),
+    )
+    if burstiness <= 0 or not math.isfinite(burstiness):
+        raise UserError("--burstiness must be a positive number")
+    path = run_bench(opts)
+    if report:
+        from llmrs.bench.report import write_report
+
+        write_report([str(path)], report)
+
+
+def report(
+    results: list[Path] = typer.Argument(..., help="Results JSON files from `llmrs bench` (or directories of them)."),
+    out: Path = typer.Option(Path("reports/latest"), "--out", "-o", help="Directory for report.md and the PNGs."),
+    baseline: str = typer.Option(None, help="Label the ratios are relative to [default: the first results file's label]."),
+    title: str = typer.Option("llmrs benchmark report", help="Report title."),
+) -> None:
+    """Side-by-side comparison of saved bench results: report.md + throughput / latency PNGs, deterministic names."""
+    from llmrs.bench.report import write_report
+
+    write_report([str(p) for p in results], out, baseline=baseline, title=title)
+
+
+def register(app: typer.Typer) -> None:
+    """Adds `bench` and `report` to the llmrs app."""
+    app.command("bench")(bench)
+    app.command("report")(report)

@@ -1,0 +1,69 @@
+"""Rich output for `llmrs bench`: the live progress bar and the result tables."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from llmrs.bench.metrics import Dist, Summary
+
+SATURATED = 0.9  # a worker busier than this fraction of one core may be measuring itself
+
+
+def make_progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("in flight {task.fields[inflight]}  failed {task.fields[failed]}  {task.fields[tps]:,.0f} tok/s"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+
+
+def _dist_rows(t: Table, name: str, d: Dist) -> None:
+    t.add_row(f"{name} mean / median", f"{d.mean:,.2f} / {d.median:,.2f}")
+    t.add_row(f"{name} " + " / ".join(d.percentiles), " / ".join(f"{v:,.2f}" for v in d.percentiles.values()))
+
+
+def summary_table(title: str, s: Summary, client: dict) -> Table:
+    """One run, in the order `vllm bench serve` prints it, plus failures and the client's own CPU use."""
+    t = Table(title=title, show_header=False, title_justify="left")
+    t.add_column("metric", style="bold")
+    t.add_column("value", justify="right")
+    t.add_row("Successful requests", f"{s.completed}")
+    t.add_row("Failed requests", f"{s.failed}" + (f"  ({', '.join(f'{k}: {v}' for k, v in s.failures.items())})" if s.failures else ""))
+    t.add_row("Benchmark duration (s)", f"{s.duration_s:,.2f}")
+    t.add_row("Total input / generated tokens", f"{s.total_input_tokens:,} / {s.total_output_tokens:,}")
+    t.add_row("Request throughput (req/s)", f"{s.request_throughput:,.2f}")
+    t.add_row("Output token throughput (tok/s)", f"{s.output_throughput:,.1f}")
+    t.add_row("Peak output token throughput (tok/s)", f"{s.max_output_tokens_per_s:,.0f}")
+    t.add_row("Total token throughput (tok/s)", f"{s.total_token_throughput:,.1f}")
+    t.add_row("Peak concurrent requests", f"{s.peak_concurrency}")
+    if s.goodput is not None:
+        t.add_row(f"Goodput (req/s) [{', '.join(f'{k}<={v:g}ms' for k, v in s.slo.items())}]", f"{s.goodput:,.2f}")
+    for name, d in (("TTFT (ms)", s.ttft_ms), ("TPOT (ms)", s.tpot_ms), ("ITL (ms)", s.itl_ms), ("E2E latency (ms)", s.e2el_ms)):
+        _dist_rows(t, name, d)
+    if s.usage_missing:
+        t.add_row("[yellow]No usage chunk (tokens = chunks)", f"{s.usage_missing}")
+    if s.usage_mismatch:
+        t.add_row("[yellow]usage != re-tokenized text", f"{s.usage_mismatch}")
+    busy = client.get("busy_per_worker", [])
+    t.add_row("Client CPU (workers, % of a core each)", f"{client.get('workers')}: " + ", ".join(f"{b:.0%}" for b in busy))
+    return t
+
+
+def sweep_table(rows: list[tuple[str, Summary]]) -> Table:
+    """All sweep points side by side."""
+    t = Table(title="sweep", title_justify="left")
+    for c in ("setting", "ok", "failed", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "E2E p50"):
+        t.add_column(c, justify="right")
+    for tag, s in rows:
+        t.add_row(
+            tag, str(s.completed), str(s.failed), f"{s.request_throughput:.2f}", f"{s.output_throughput:,.1f}",
+            f"{s.ttft_ms.median:.1f}", f"{s.ttft_ms.percentiles.get('p99', s.ttft_ms.max):.1f}",
+            f"{s.tpot_ms.median:.2f}", f"{s.tpot_ms.percentiles.get('p99', s.tpot_ms.max):.2f}", f"{s.e2el_ms.median:.1f}",
+        )
+    return t

@@ -1,0 +1,181 @@
+"""The workload's prompts: random tokens of exact length, a ShareGPT JSON file, or a JSONL file of prompts.
+
+Random prompts follow `vllm bench serve --dataset-name random`: input and output lengths uniform in
+[L*(1-r), L*(1+r)] for --range-ratio r, token ids drawn at random, and an optional shared prefix of
+--prefix-len tokens (to exercise prefix caching) in front of each. Text prompts are fitted so that the server
+tokenizes them to exactly the drawn length (decode -> encode -> trim or pad, a few rounds); token-id prompts
+(`--prompt-format ids`, /v1/completions only) are exact by construction and need no tokenizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from llmrs.bench.records import RequestSpec
+from llmrs.bench.tokenization import LocalTokenizer, Tokenizer
+from llmrs.errors import UserError
+
+DEFAULT_OUTPUT_LEN = 128
+ID_RANGE = (256, 32000)  # without a local vocabulary: ids every common tokenizer has as ordinary tokens
+FIT_ROUNDS = 10
+FIT_PARALLEL = 32
+
+
+@dataclass(slots=True)
+class WorkloadConfig:
+    """What to send (not how fast: that is the load). Lengths are tokens."""
+
+    num_prompts: int = 100
+    input_len: int = 256
+    output_len: int | None = None  # None: the dataset's reply length, else DEFAULT_OUTPUT_LEN
+    range_ratio: float = 0.0
+    prefix_len: int = 0
+    dataset: str | None = None  # ShareGPT .json or .jsonl; None: random tokens
+    prompt_format: str = "text"  # text | ids
+    backend: str = "completions"
+    seed: int = 0
+
+
+def _lengths(rng: np.random.Generator, n: int, mean: int, ratio: float) -> np.ndarray:
+    lo, hi = max(1, int(mean * (1 - ratio))), max(1, int(mean * (1 + ratio)))
+    return rng.integers(lo, hi + 1, size=n)
+
+
+def _id_sampler(tok: Tokenizer | None):
+    """Draws random ordinary token ids: from the local vocabulary minus special tokens, else ID_RANGE."""
+    if isinstance(tok, LocalTokenizer):
+        allowed = np.array(sorted(set(range(tok.vocab_size)) - tok.special_ids), dtype=np.int64)
+        return lambda rng, k: allowed[rng.integers(0, allowed.size, size=k)].tolist()
+    return lambda rng, k: rng.integers(*ID_RANGE, size=k).tolist()
+
+
+async def fit_text(tok: Tokenizer, ids: list[int], target: int, n_special: int, rng, draw) -> tuple[str, int]:
+    """Text that `tok` encodes to exactly `target` tokens (specials included), starting from content `ids`.
+
+    NOTE: decode -> encode does not round-trip (tokens merge at boundaries), hence trim/pad rounds; after
+    FIT_ROUNDS the closest text is kept and its real length recorded.
+    """
+    want = max(0, target - n_special)
+    text, got = "", 0
+    for _ in range(FIT_ROUNDS):
+        text = await tok.decode(ids)
+        enc = await tok.encode(text)
+        got = len(enc)
+        if got == target:
+            break
+        content = enc[n_special:]
+        ids = content[:want] if got > target else content + draw(rng, want - len(content))
+    return text, got
+
+
+async def _random_specs(cfg: WorkloadConfig, tok: Tokenizer | None, out_len: int) -> list[RequestSpec]:
+    rng = np.random.default_rng(cfg.seed)
+    draw = _id_sampler(tok)
+    in_lens = _lengths(rng, cfg.num_prompts, cfg.input_len, cfg.range_ratio)
+    out_lens = _lengths(rng, cfg.num_prompts, out_len, cfg.range_ratio)
+    prefix = draw(rng, cfg.prefix_len) if cfg.prefix_len else []
+    if cfg.prompt_format == "ids":
+        return [
+            RequestSpec(i, prefix + draw(rng, int(n)), cfg.prefix_len + int(n), int(o))
+            for i, (n, o) in enumerate(zip(in_lens, out_lens, strict=True))
+        ]
+    if tok is None:
+        raise UserError(
+            "random text prompts need a tokenizer: the server has no /tokenize endpoint; "
+            "pass --tokenizer PATH (tokenizer.json) or use --prompt-format ids with --backend completions"
+        )
+    n_special = len(await tok.encode(""))
+    sem = asyncio.Semaphore(FIT_PARALLEL)
+    seeds = rng.integers(0, 2**63 - 1, size=cfg.num_prompts)
+    body_ids = [draw(rng, max(0, int(n) - n_special)) for n in in_lens]
+
+    async def one(i: int) -> RequestSpec:
+        target = cfg.prefix_len + int(in_lens[i])
+        async with sem:
+            text, got = await fit_text(tok, prefix + body_ids[i], target, n_special, np.random.default_rng(seeds[i]), draw)
+        return RequestSpec(i, text, got, int(out_lens[i]))
+
+    return list(await asyncio.gather(*(one(i) for i in range(cfg.num_prompts))))
+
+
+def read_prompts(path: str) -> list[tuple[str | list[int], int | str | None]]:
+    """(prompt, output) pairs from ShareGPT JSON (output: the reply text) or JSONL (output: its "output_len").
+
+    JSONL rows: a string, or {"prompt": text or [token ids], "output_len": N (optional)}.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"--dataset: no such file: {path}")
+    try:
+        if p.suffix == ".jsonl":
+            rows = [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
+            return [_jsonl_row(r) for r in rows]
+        data = json.loads(p.read_text())
+    except ValueError as e:
+        raise UserError(f"--dataset: {path} is not valid JSON/JSONL: {e}") from e
+    out: list[tuple[str | list[int], int | str | None]] = []
+    for item in data if isinstance(data, list) else []:
+        turns = (item.get("conversations") or item.get("conversation") or []) if isinstance(item, dict) else []
+        if turns and turns[0].get("value"):
+            out.append((turns[0]["value"], turns[1].get("value") if len(turns) > 1 else None))
+    if not out:
+        raise UserError(f"--dataset: {path} has no prompts (expected ShareGPT JSON or .jsonl with 'prompt' fields)")
+    return out
+
+
+def _jsonl_row(r) -> tuple[str | list[int], int | None]:
+    if isinstance(r, str):
+        return r, None
+    if not isinstance(r, dict):
+        raise UserError(f"--dataset: a JSONL row must be a string or an object, got {type(r).__name__}")
+    prompt = r.get("prompt", r.get("text"))
+    if prompt is None:
+        raise UserError("--dataset: a JSONL row lacks 'prompt'")
+    n = r.get("output_len", r.get("max_tokens"))
+    return prompt, int(n) if n is not None else None
+
+
+async def _file_specs(cfg: WorkloadConfig, tok: Tokenizer | None) -> list[RequestSpec]:
+    rows = read_prompts(cfg.dataset)  # type: ignore[arg-type]
+    rng = np.random.default_rng(cfg.seed)
+    order = rng.permutation(len(rows))
+    picked = [rows[order[i % len(rows)]] for i in range(cfg.num_prompts)]
+    prefix_text, prefix_ids = "", []
+    if cfg.prefix_len:
+        prefix_ids = _id_sampler(tok)(rng, cfg.prefix_len)
+        prefix_text = await tok.decode(prefix_ids) + " " if tok else ""
+    specs = []
+    for i, (prompt, out) in enumerate(picked):
+        if isinstance(out, str):  # ShareGPT reply text: its token length, as vLLM does
+            out = len(await tok.encode(out)) if tok else None
+        n_out = cfg.output_len or out or DEFAULT_OUTPUT_LEN
+        if isinstance(prompt, list):
+            if cfg.backend == "chat":
+                raise UserError("--dataset: token-id prompts need --backend completions")
+            prompt = prefix_ids + [int(t) for t in prompt]
+            n_in = len(prompt)
+        else:
+            prompt = prefix_text + prompt
+            n_in = len(await tok.encode(prompt)) if tok else 0
+        specs.append(RequestSpec(i, prompt, n_in, int(n_out)))
+    return specs
+
+
+async def build_workload(cfg: WorkloadConfig, tok: Tokenizer | None) -> list[RequestSpec]:
+    """The workload's requests, deterministic for a seed."""
+    if cfg.num_prompts < 1:
+        raise UserError("--num-prompts must be >= 1")
+    if cfg.prompt_format not in ("text", "ids"):
+        raise UserError("--prompt-format must be text or ids")
+    if cfg.prompt_format == "ids" and cfg.backend == "chat":
+        raise UserError("--prompt-format ids needs --backend completions (chat messages are text)")
+    if not 0 <= cfg.range_ratio < 1:
+        raise UserError("--range-ratio must be in [0, 1)")
+    if cfg.dataset:
+        return await _file_specs(cfg, tok)
+    return await _random_specs(cfg, tok, cfg.output_len or DEFAULT_OUTPUT_LEN)

@@ -1,0 +1,44 @@
+"""What one request sends (RequestSpec) and what it measured (RequestResult).
+
+Both cross process boundaries (main -> worker -> main), so they are plain slotted dataclasses that pickle
+cheaply. All times are `time.perf_counter()` seconds: on Linux that is CLOCK_MONOTONIC, one clock for every
+process on the machine, so timestamps taken in different worker processes compare directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class RequestSpec:
+    """One request of the workload: a text or token-id prompt and how many tokens to ask for."""
+
+    idx: int
+    prompt: str | list[int]
+    input_len: int  # prompt tokens as the workload believes (the server's usage.prompt_tokens wins when present)
+    output_len: int  # max_tokens sent
+
+
+@dataclass(slots=True)
+class RequestResult:
+    """Timings of one request. Latencies are seconds; `start`/`end` are absolute perf_counter times.
+
+    NOTE: a failed request keeps its reason in `error` and is excluded from latency statistics, never dropped.
+    """
+
+    idx: int
+    worker: int = 0
+    success: bool = False
+    error: str = ""
+    start: float = 0.0  # when the request was sent
+    end: float = 0.0  # when the last byte arrived or the request failed
+    ttft: float = 0.0  # first chunk with content
+    latency: float = 0.0  # E2E: last chunk carrying choices
+    itl: list[float] = field(default_factory=list)  # gaps between consecutive content chunks
+    chunks: int = 0  # content chunks received
+    prompt_tokens: int | None = None  # usage.prompt_tokens
+    output_tokens: int | None = None  # usage.completion_tokens
+    text: str = ""  # generated text (for the usage cross-check)
+    input_len: int = 0  # from the spec, when the server reports no usage
+    scheduled: float = 0.0  # planned send time (absolute); start - scheduled = client-side queueing delay

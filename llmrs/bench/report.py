@@ -1,0 +1,173 @@
+"""`llmrs report`: saved bench results -> report.md with side-by-side tables and ratios, plus PNG plots.
+
+Each run of each results file is one row, keyed by engine label and setting (backend, input/output length,
+concurrency, request rate). The side-by-side table puts engines next to each other per setting, the way the
+llm-rs posts do ("llm-rs / vLLM 35.5 / 27.0 tok/s"), with each engine's ratio to the baseline (the first label
+or --baseline). File names are fixed (report.md, throughput_vs_concurrency.png, ...) and the text carries no
+timestamps of its own, so a regenerated report diffs cleanly in git.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from llmrs.bench.results import find_results, load_document
+from llmrs.errors import UserError
+
+REPORT_MD = "report.md"
+
+
+@dataclass(slots=True)
+class Row:
+    """One run, flattened for tables and plots."""
+
+    label: str
+    source: str
+    backend: str
+    input_len: int
+    output_len: int | None
+    dataset: str | None
+    concurrency: int | None
+    rate: float
+    s: dict  # the run's Summary as saved
+    client_busy: float
+
+    @property
+    def workload(self) -> str:
+        src = Path(self.dataset).name if self.dataset else f"{self.input_len}->{self.output_len or 128}"
+        return f"{self.backend} {src}"
+
+    @property
+    def setting(self) -> str:
+        c = self.concurrency if self.concurrency else "inf"
+        r = "inf" if math.isinf(self.rate) else f"{self.rate:g}"
+        return f"{self.workload}, c={c}, rate={r}"
+
+    def sort_key(self) -> tuple:
+        return (self.workload, self.concurrency or 10**9, self.rate)
+
+
+def load_rows(paths: list[str]) -> list[Row]:
+    rows: list[Row] = []
+    for p in find_results(paths):
+        doc = load_document(p)
+        prm = doc.get("params", {})
+        for run in doc.get("runs", []):
+            rate = run.get("request_rate", "inf")
+            rows.append(Row(
+                label=doc.get("label") or "server", source=p.name, backend=prm.get("backend", "completions"),
+                input_len=prm.get("input_len", 0), output_len=prm.get("output_len"), dataset=prm.get("dataset"),
+                concurrency=run.get("concurrency"), rate=math.inf if rate == "inf" else float(rate), s=run["summary"],
+                client_busy=max(run.get("client_cpu", {}).get("busy_per_worker") or [0.0]),
+            ))
+    if not rows:
+        raise UserError("the results files hold no finished runs")
+    return rows
+
+
+def _p(d: dict, name: str) -> float:
+    return d.get("percentiles", {}).get(name, d.get("max", 0.0))
+
+
+def _f(v: float, nd: int = 1) -> str:
+    return f"{v:,.{nd}f}"
+
+
+def runs_table(rows: list[Row]) -> list[str]:
+    head = "| engine | setting | ok | failed | req/s | out tok/s | total tok/s | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | ITL p50 | E2E p50 | goodput | client CPU |"
+    lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
+    for r in rows:
+        s = r.s
+        fails = ", ".join(f"{k}: {v}" for k, v in s.get("failures", {}).items())
+        lines.append(
+            f"| {r.label} | {r.setting} | {s['completed']} | {s['failed']}{f' ({fails})' if fails else ''} | "
+            f"{_f(s['request_throughput'], 2)} | {_f(s['output_throughput'])} | {_f(s['total_token_throughput'])} | "
+            f"{_f(s['ttft_ms']['median'])} | {_f(_p(s['ttft_ms'], 'p99'))} | {_f(s['tpot_ms']['median'], 2)} | "
+            f"{_f(_p(s['tpot_ms'], 'p99'), 2)} | {_f(s['itl_ms']['median'], 2)} | {_f(s['e2el_ms']['median'])} | "
+            f"{'-' if s.get('goodput') is None else _f(s['goodput'], 2)} | {r.client_busy:.0%} |"
+        )
+    return lines
+
+
+METRICS = (  # (title, key path, unit, higher is better)
+    ("output throughput", ("output_throughput",), "tok/s", True),
+    ("TTFT p50", ("ttft_ms", "median"), "ms", False),
+    ("TPOT p50", ("tpot_ms", "median"), "ms", False),
+    ("E2E p50", ("e2el_ms", "median"), "ms", False),
+)
+
+
+def _get(s: dict, path: tuple[str, ...]) -> float:
+    v = s
+    for k in path:
+        v = v[k]
+    return float(v)
+
+
+def side_by_side(rows: list[Row], labels: list[str], baseline: str) -> list[str]:
+    """Per setting: 'A / B value unit' and each engine's ratio to the baseline (x > 1: better than baseline)."""
+    by: dict[str, dict[str, Row]] = {}
+    order: list[Row] = []
+    for r in sorted(rows, key=Row.sort_key):
+        if r.setting not in by:
+            order.append(r)
+        by.setdefault(r.setting, {})[r.label] = r  # the last run of a label wins
+    others = [lb for lb in labels if lb != baseline]
+    names = " / ".join([baseline, *others])
+    head = ["setting"] + [f"{t} ({names})" for t, *_ in METRICS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * len(head)) + "|"]
+    for first in order:
+        cells = [first.setting]
+        runs = by[first.setting]
+        for _, path, unit, higher in METRICS:
+            vals = [runs[lb].s if lb in runs else None for lb in [baseline, *others]]
+            txt = " / ".join("-" if v is None else _f(_get(v, path), 2 if unit == "ms" and _get(v, path) < 100 else 1) for v in vals)
+            base = vals[0]
+            ratios = []
+            for v in vals[1:]:
+                if base is None or v is None or _get(v, path) == 0 or _get(base, path) == 0:
+                    continue
+                x = _get(v, path) / _get(base, path) if higher else _get(base, path) / _get(v, path)
+                ratios.append(f"{x:.2f}x")
+            cells.append(f"{txt} {unit}" + (f" ({', '.join(ratios)})" if ratios else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def render_markdown(rows: list[Row], labels: list[str], baseline: str, title: str, pngs: list[str], sources: list[str]) -> str:
+    md = [f"# {title}", ""]
+    md += ["Generated by `llmrs report` from: " + ", ".join(f"`{s}`" for s in sources) + ".", ""]
+    md += [f"## Side by side (baseline: {baseline})", "",
+           "Ratios are each engine against the baseline, oriented so that > 1.00x is better "
+           "(more throughput, less latency).", ""]
+    md += side_by_side(rows, labels, baseline) + [""]
+    md += ["## All runs", "", "Latencies in ms; failed requests are excluded from latencies and listed with their reasons. "
+           "`client CPU` is the busiest client worker's share of one core (near 100%: the client may be the bottleneck).", ""]
+    md += runs_table(sorted(rows, key=lambda r: (labels.index(r.label), r.sort_key()))) + [""]
+    if pngs:
+        md += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in pngs] + [""]
+    return "\n".join(md)
+
+
+def write_report(paths: list[str], out: Path, *, baseline: str | None = None, title: str = "llmrs benchmark report", console: Console | None = None) -> Path:
+    """Writes OUT/report.md and the PNGs; returns the markdown path."""
+    from llmrs.bench.plots import write_plots
+
+    console = console or Console()
+    rows = load_rows(paths)
+    labels = list(dict.fromkeys(r.label for r in rows))
+    if baseline is not None and baseline not in labels:
+        raise UserError(f"--baseline {baseline!r} is not among the labels: {', '.join(labels)}")
+    baseline = baseline or labels[0]
+    labels = [baseline] + [lb for lb in labels if lb != baseline]
+    out.mkdir(parents=True, exist_ok=True)
+    pngs = write_plots(rows, labels, out)
+    sources = sorted(dict.fromkeys(r.source for r in rows))
+    md = out / REPORT_MD
+    md.write_text(render_markdown(rows, labels, baseline, title, pngs, sources))
+    console.print(f"report: {md} ({len(rows)} runs, {len(labels)} engines, {len(pngs)} plots)")
+    return md

@@ -1,0 +1,100 @@
+"""Results on disk: one versioned JSON document per `llmrs bench` invocation, one CSV of requests per run.
+
+JSON (schema `llmrs.bench/1`): everything needed to trust and redo the numbers: the exact command, all
+parameters, server identity (/v1/models, --label, the server command), tokenizer source, GPUs (pynvml),
+client host and CPU use, timestamps, and per run (one per sweep point) its Summary and its CSV file name.
+CSV (via pandas): one row per request, failures included, with every timing in ms (ITLs `;`-joined).
+The JSON is rewritten after every run, so an interrupted sweep keeps the runs that finished.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from llmrs.bench.metrics import tpot
+from llmrs.bench.records import RequestResult
+from llmrs.errors import UserError
+
+SCHEMA = "llmrs.bench/1"
+
+
+def run_tag(concurrency: int | None, rate: float) -> str:
+    """'c16-rinf': the setting of one run, used in CSV names and report keys."""
+    return f"c{concurrency if concurrency else 'inf'}-r{'inf' if math.isinf(rate) else f'{rate:g}'}"
+
+
+def requests_frame(results: list[RequestResult], t0: float, text_tokens: dict[int, int] | None = None):
+    """Per-request rows as a pandas DataFrame (times relative to the run's start t0)."""
+    import pandas as pd
+
+    ms = 1e3
+    rows = []
+    for r in results:
+        tp = tpot(r) if r.success else None
+        rows.append({
+            "idx": r.idx,
+            "worker": r.worker,
+            "success": r.success,
+            "error": r.error,
+            "scheduled_s": round(r.scheduled - t0, 6) if r.scheduled else None,
+            "start_s": round(r.start - t0, 6),
+            "end_s": round(r.end - t0, 6),
+            "ttft_ms": round(r.ttft * ms, 3) if r.success else None,
+            "tpot_ms": round(tp * ms, 3) if tp is not None else None,
+            "e2el_ms": round(r.latency * ms, 3) if r.success else None,
+            "input_len": r.input_len,
+            "prompt_tokens": r.prompt_tokens,
+            "output_tokens": r.output_tokens,
+            "text_tokens": (text_tokens or {}).get(r.idx),
+            "chunks": r.chunks,
+            "itl_ms": ";".join(f"{g * ms:.3f}" for g in r.itl),
+        })
+    return pd.DataFrame(rows)
+
+
+def write_json(path: Path, doc: dict) -> None:
+    """Atomic write (temp file + rename): a crash never leaves half a results file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=False, default=_jsonable) + "\n")
+    os.replace(tmp, path)
+
+
+def _jsonable(o):
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+
+def load_document(path: str | Path) -> dict:
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read results {p}: {e}") from e
+    if not isinstance(doc, dict) or not str(doc.get("schema", "")).startswith("llmrs.bench/"):
+        raise UserError(f"{p} is not an llmrs bench results file (no 'schema': '{SCHEMA}')")
+    if doc["schema"] != SCHEMA:
+        raise UserError(f"{p}: results schema {doc['schema']} is not supported (this llmrs reads {SCHEMA})")
+    return doc
+
+
+def find_results(paths: list[str]) -> list[Path]:
+    """Results JSON files from files and directories (a directory: its *.json, sorted)."""
+    out: list[Path] = []
+    for s in paths:
+        p = Path(s)
+        if p.is_dir():
+            out += sorted(q for q in p.glob("*.json") if not q.name.endswith(".tmp"))
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise UserError(f"no such results file or directory: {s}")
+    if not out:
+        raise UserError("no results files found")
+    return out

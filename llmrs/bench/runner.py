@@ -1,0 +1,147 @@
+"""Runs one load over worker processes and merges their timings.
+
+The runner splits requests round-robin over the workers (request i -> worker i % N) with their precomputed
+arrival offsets, splits the concurrency cap, starts them (spawn: clean asyncio state), waits until every worker
+has its HTTP client ready, then sets one common start time t0 (perf_counter is one machine-wide clock).
+Ctrl-C sets `stop`: workers cancel what is in flight and send what finished; a second Ctrl-C abandons them.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import queue as queue_mod
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from llmrs.bench.client import ClientConfig
+from llmrs.bench.records import RequestResult, RequestSpec
+from llmrs.bench.worker import WorkerJob, WorkerStats, worker_main
+
+START_DELAY_S = 0.05  # margin between setting t0 and the first send
+READY_TIMEOUT_S = 120.0
+
+
+@dataclass(slots=True)
+class WorkerCPU:
+    """One worker's CPU time over its run; `busy` is the fraction of one core (1.0 = saturated)."""
+
+    worker: int
+    cpu_s: float
+    wall_s: float
+
+    @property
+    def busy(self) -> float:
+        return self.cpu_s / self.wall_s if self.wall_s > 0 else 0.0
+
+
+@dataclass(slots=True)
+class RunOutcome:
+    """Merged results of one run, sorted by request index."""
+
+    results: list[RequestResult]
+    t0: float
+    cpu: list[WorkerCPU] = field(default_factory=list)
+    peak_inflight_sum: int = 0  # sum over workers of each worker's own peak (an upper bound on the true peak)
+    interrupted: bool = False
+
+
+def split_cap(cap: int | None, workers: int) -> list[int | None]:
+    """Per-worker in-flight caps summing to `cap` (every worker gets >= 1; callers keep workers <= cap)."""
+    if cap is None:
+        return [None] * workers
+    return [cap // workers + (1 if w < cap % workers else 0) for w in range(workers)]
+
+
+def plan_workers(n_requests: int, cap: int | None, workers: int) -> int:
+    """Workers actually used: never more than requests or than in-flight slots."""
+    return max(1, min(workers, n_requests or 1, cap if cap else math.inf))
+
+
+ProgressFn = Callable[[int, int, int, int, float], None]  # done, failed, inflight, tokens, elapsed
+
+
+def run_load(
+    specs: list[RequestSpec],
+    offsets: list[float],
+    cfg: ClientConfig,
+    *,
+    cap: int | None,
+    workers: int,
+    on_progress: ProgressFn | None = None,
+) -> RunOutcome:
+    """Send `specs` at `offsets` (s after start) with at most `cap` in flight, over `workers` processes."""
+    assert len(specs) == len(offsets)
+    nw = plan_workers(len(specs), cap, workers)
+    caps = split_cap(cap, nw)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    go, stop = ctx.Event(), ctx.Event()
+    t0 = ctx.Value("d", 0.0)
+    jobs = [WorkerJob(w, specs[w::nw], list(offsets[w::nw]), caps[w], cfg) for w in range(nw)]
+    procs = [ctx.Process(target=worker_main, args=(j, q, go, stop, t0), daemon=True) for j in jobs]
+    for p in procs:
+        p.start()
+    stats: dict[int, WorkerStats] = {}
+    finals: dict[int, tuple] = {}
+    interrupted = False
+    strikes: dict[int, int] = {}
+    try:
+        ready, deadline = 0, time.monotonic() + READY_TIMEOUT_S
+        while ready < nw:
+            try:
+                msg = q.get(timeout=0.1)
+            except queue_mod.Empty:
+                dead = [p for p in procs if not p.is_alive()]
+                if dead or time.monotonic() > deadline:
+                    raise RuntimeError(f"bench worker failed to start (exit code {dead[0].exitcode if dead else 'timeout'})")
+                continue
+            ready += msg[0] == "ready"
+        t0.value = time.perf_counter() + START_DELAY_S
+        go.set()
+        while len(finals) < nw:
+            try:
+                msg = q.get(timeout=0.1)
+            except queue_mod.Empty:
+                _check_alive(procs, finals, jobs, strikes)
+                msg = None
+            except KeyboardInterrupt:
+                if interrupted:
+                    raise
+                interrupted = True
+                stop.set()
+                continue
+            if msg and msg[0] == "progress":
+                stats[msg[1]] = msg[2]
+            elif msg and msg[0] == "final":
+                finals[msg[1]] = msg[2:]
+            if on_progress and stats:
+                s = list(stats.values())
+                on_progress(
+                    sum(x.done for x in s), sum(x.failed for x in s), sum(x.inflight for x in s),
+                    sum(x.tokens for x in s), time.perf_counter() - t0.value,
+                )
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()
+    results = sorted((r for f in finals.values() for r in f[0]), key=lambda r: r.idx)
+    cpu = [WorkerCPU(w, f[1], f[2]) for w, f in sorted(finals.items())]
+    return RunOutcome(results, t0.value, cpu, sum(f[3] for f in finals.values()), interrupted)
+
+
+def _check_alive(procs, finals: dict, jobs: list[WorkerJob], strikes: dict[int, int]) -> None:
+    """A worker that died without its final message: its requests are failures ("worker crashed"), not lost.
+
+    NOTE: a worker may exit right after queueing its final message; only after 1 s of an empty queue is it lost.
+    """
+    for w, p in enumerate(procs):
+        if w in finals or p.is_alive():
+            continue
+        strikes[w] = strikes.get(w, 0) + 1
+        if strikes[w] >= 10:
+            now = time.perf_counter()
+            rows = [RequestResult(idx=s.idx, worker=w, error=f"client worker crashed (exit {p.exitcode})", start=now, end=now, input_len=s.input_len) for s in jobs[w].specs]
+            finals[w] = (rows, 0.0, 0.0, 0)

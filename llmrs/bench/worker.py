@@ -1,0 +1,108 @@
+"""One client process: sends its share of the requests at their arrival times, under its share of the cap.
+
+Why processes: one asyncio process parsing SSE tops out near 8-9k chunks/s, so a single client under-reports a
+fast server. The runner splits the workload round-robin over N workers; each gets cap/N in-flight slots, so the
+total in flight never exceeds the cap. Workers report progress every 0.2 s and send all their results at the end
+(or when the runner sets `stop`: Ctrl-C), together with their own CPU time so a saturated client is visible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import httpx
+
+from llmrs.bench.client import ClientConfig, build_body, send_request
+from llmrs.bench.records import RequestResult, RequestSpec
+
+PROGRESS_EVERY_S = 0.2
+
+
+@dataclass(slots=True)
+class WorkerJob:
+    """Everything one worker runs: its requests, their send offsets (s after t0), its in-flight cap."""
+
+    worker: int
+    specs: list[RequestSpec]
+    offsets: list[float]
+    cap: int | None  # None: no cap
+    cfg: ClientConfig
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """Counters shown in the live progress bar."""
+
+    done: int = 0
+    failed: int = 0
+    inflight: int = 0
+    tokens: int = 0  # output tokens of finished requests (usage, else content chunks)
+    peak_inflight: int = 0
+
+
+def worker_main(job: WorkerJob, queue, go, stop, t0) -> None:
+    """Process entry point. Messages on `queue`: ("ready", w), ("progress", w, stats), ("final", w, results, cpu, wall)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner handles Ctrl-C and sets `stop`
+    asyncio.run(_run(job, queue, go, stop, t0))
+
+
+async def _run(job: WorkerJob, queue, go, stop, t0) -> None:
+    stats = WorkerStats()
+    results: list[RequestResult] = []
+    bodies = [build_body(job.cfg, s) for s in job.specs]
+    local = urlsplit(job.cfg.base_url).hostname in ("127.0.0.1", "localhost", "::1")
+    n = job.cap or max(1, len(job.specs))
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(job.cfg.timeout), trust_env=not local) as client:
+        queue.put(("ready", job.worker))
+        while not go.wait(0.05):
+            await asyncio.sleep(0)
+        start = t0.value
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        sem = asyncio.Semaphore(job.cap) if job.cap else None
+
+        async def one(i: int) -> None:
+            spec = job.specs[i]
+            when = start + job.offsets[i]
+            delay = when - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if sem is not None:
+                await sem.acquire()
+            stats.inflight += 1
+            stats.peak_inflight = max(stats.peak_inflight, stats.inflight)
+            try:
+                res = await send_request(client, job.cfg, spec, bodies[i])
+            finally:
+                stats.inflight -= 1
+                if sem is not None:
+                    sem.release()
+            res.worker, res.scheduled = job.worker, when
+            results.append(res)
+            if res.success:
+                stats.done += 1
+                stats.tokens += res.output_tokens if res.output_tokens is not None else res.chunks
+            else:
+                stats.failed += 1
+
+        tasks = [asyncio.create_task(one(i)) for i in range(len(job.specs))]
+        pending = set(tasks)
+        while pending:
+            _, pending = await asyncio.wait(pending, timeout=PROGRESS_EVERY_S)
+            queue.put(("progress", job.worker, stats))
+            if stop.is_set():
+                for t in pending:
+                    t.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+                break
+        seen = {r.idx for r in results}
+        now = time.perf_counter()
+        for spec in job.specs:  # interrupted: in flight or never sent; counted, never dropped
+            if spec.idx not in seen:
+                results.append(RequestResult(idx=spec.idx, worker=job.worker, error="interrupted", start=now, end=now, input_len=spec.input_len))
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    queue.put(("final", job.worker, results, cpu, wall, stats.peak_inflight))
