@@ -21,6 +21,8 @@ app = typer.Typer(
 from llmrs import cli_engine  # noqa: E402
 
 cli_engine.register(app)
+from llmrs.roofline import cli as roofline_cli  # noqa: E402
+roofline_cli.register(app)
 # --- end of command registrations ---
 
 

@@ -1,0 +1,228 @@
+"""Commands `llmrs gpus`, `llmrs roofline` and `llmrs ptx-check`: parse, call the package, print.
+
+`register(app)` adds them to the main typer app (llmrs/cli.py). User mistakes raise UserError (one line,
+exit 2); ptx-check exits 1 when a kernel uses local memory and 2 on a compile error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+
+from llmrs.errors import UserError
+
+KV_DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "f32": 4.0}
+
+
+def _console() -> Console:
+    return Console(width=max(Console().width, 160))
+
+
+def _emit_json(obj: Any) -> None:
+    typer.echo(json.dumps(obj, indent=2, default=str))
+
+
+def _exit(code: int) -> None:
+    """Leave with a meaningful exit code.
+
+    NOTE: SystemExit rather than typer.Exit: llmrs.cli.main runs the app with standalone_mode=False, where click
+    turns typer.Exit into a return value that main() does not pass on, so the code would be lost.
+    """
+    raise SystemExit(code)
+
+
+def _parse_ints(text: str, what: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise UserError(f"{what}: expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise UserError(f"{what}: expected positive integers, got {text!r}")
+    return values
+
+
+def gpus(
+    name: Optional[str] = typer.Argument(None, help="Show one GPU with the source of every number (key or name)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """List the GPU database: bandwidth, dense tensor TFLOP/s, SMs, L2, compute capability, ridge point."""
+    from llmrs.roofline import render
+    from llmrs.roofline.gpus import get_gpu, load_gpus
+
+    specs = [get_gpu(name)] if name else load_gpus()
+    if as_json:
+        _emit_json([s.to_dict() for s in specs])
+    elif name:
+        render.print_gpu_detail(_console(), specs[0])
+    else:
+        render.print_gpus(_console(), specs)
+
+
+def roofline(
+    gpu: str = typer.Option("auto", "--gpu", help="GPU key or name from `llmrs gpus`; 'auto' asks NVML."),
+    model: Optional[str] = typer.Option(
+        None, "--model", "-m",
+        help="Preset (qwen2.5-0.5b/1.5b/3b/7b/14b/32b/72b, llama-3.1-8b/70b, smollm2-135m), a model directory "
+             "with config.json, or a .gguf file."),
+    fmt: Optional[str] = typer.Option(
+        None, "--format", "-f",
+        help="Weight format: bf16, fp16, fp8, awq (4.25 bit), gptq, q4_0 (4.5), q4_1 (5), q8_0 (8.5), q6_k, "
+             "q4_f32 (6), f32. Default: the checkpoint's own (a .gguf's real tensor types; bf16 for presets)."),
+    lm_head_format: Optional[str] = typer.Option(
+        None, "--lm-head-format", help="Format of the output layer (and embedding). Default: bf16 for awq/gptq/fp8, "
+                                       "else the weight format."),
+    kv_dtype: str = typer.Option("bf16", "--kv-dtype", help="KV cache datatype: bf16, fp16, fp8, f32."),
+    compute_dtype: Optional[str] = typer.Option(
+        None, "--compute-dtype", help="Tensor roof for the math: bf16, fp16, fp8, int8, fp32. Default: per format."),
+    batch: str = typer.Option("1,8,64,256", "--batch", "-b", help="Decode batch sizes, comma-separated."),
+    context: int = typer.Option(512, "--context", "-c", min=0,
+                                help="Tokens of context per sequence (KV re-read each decode step)."),
+    prompts: int = typer.Option(256, "--prompts", min=1, help="Prefill load: number of prompts."),
+    prompt_len: int = typer.Option(256, "--prompt-len", min=1, help="Prefill load: tokens per prompt."),
+    max_batched_tokens: int = typer.Option(2048, "--max-batched-tokens", min=1,
+                                           help="Prefill tokens per engine step (weights streamed once per step)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a log-log roofline chart (.png/.svg/.pdf)."),
+    measured: Optional[Path] = typer.Option(
+        None, "--measured",
+        help='Overlay measured points: JSON list (or {"points": [...]}) of {"label", "batch", "tokens_per_s"} or '
+             '{"label", "flops", "bytes", "seconds"}.'),
+    measure: bool = typer.Option(False, "--measure",
+                                 help="Measure this GPU's real ceilings (copy + bf16 GEMM, needs CuPy) and store them."),
+    use_measured: bool = typer.Option(False, "--use-measured",
+                                      help="Use stored measured ceilings instead of datasheet ones."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+) -> None:
+    """Bandwidth and FLOP ceilings of a model on a GPU: decode floor, ridge point, KV bytes, batching, prefill."""
+    from llmrs.roofline import render
+    from llmrs.roofline.analysis import analyze
+    from llmrs.roofline.gpus import PEAK_FIELDS, get_gpu
+    from llmrs.roofline.measured import measure_local_gpu, save_measurement
+    from llmrs.roofline.model_source import build_cost, resolve_model
+
+    if kv_dtype not in KV_DTYPE_BYTES:
+        raise UserError(f"--kv-dtype: expected one of {', '.join(KV_DTYPE_BYTES)}, got {kv_dtype!r}")
+    if compute_dtype is not None and compute_dtype not in PEAK_FIELDS:
+        raise UserError(f"--compute-dtype: expected one of {', '.join(PEAK_FIELDS)}, got {compute_dtype!r}")
+    batches = _parse_ints(batch, "--batch")
+    out: dict[str, Any] = {}
+    console = _console()
+    if measure:
+        m = measure_local_gpu()
+        path = save_measurement(m)
+        out["measurement"] = {**asdict(m), "stored_in": str(path)}
+        if gpu == "auto":
+            gpu = m.gpu_key
+        use_measured = True
+        if not as_json:
+            console.print(f"measured {m.device_name}: {m.bandwidth_gbs:,.1f} GB/s copy, {m.bf16_tflops:,.1f} TFLOP/s "
+                          f"{m.gemm_dtype} GEMM {m.gemm_shape} -> stored in {path}")
+        if model is None:
+            if as_json:
+                _emit_json(out)
+            return
+    if model is None:
+        raise UserError("--model is required (a preset such as qwen2.5-7b, a model directory or a .gguf)")
+    spec = get_gpu(gpu)
+    src = resolve_model(model)
+    cost = build_cost(src, fmt, lm_head_format, KV_DTYPE_BYTES[kv_dtype], compute_dtype)
+    r = analyze(spec, cost, src.label, batches, context, prompts, prompt_len, max_batched_tokens, use_measured)
+    points = []
+    if measured is not None:
+        from llmrs.roofline.overlay import load_points, place_points
+
+        points = place_points(load_points(measured), cost, r.roofs, context)
+    if plot is not None:
+        from llmrs.roofline.plot import plot_roofline
+
+        plot_roofline(r, spec, plot, points)
+    if as_json:
+        out.update(r.to_dict())
+        out["measured_points"] = [asdict(p) for p in points]
+        if plot is not None:
+            out["plot"] = str(plot)
+        _emit_json(out)
+        return
+    render.print_roofline(console, r)
+    if points:
+        render.print_measured(console, points)
+    if plot is not None:
+        console.print(f"plot written to {plot}")
+
+
+_ARCH_RE = re.compile(r"^sm_\d{2,3}[a-z]?$")
+
+
+def ptx_check(
+    files: Optional[list[Path]] = typer.Argument(
+        None, help="CUDA sources (.cu) or directories; default: every kernel in llmrs/kernels_cu/."),
+    arch: str = typer.Option("sm_80,sm_86,sm_89,sm_90", "--arch", help="Architectures, comma-separated."),
+    allow: Optional[list[str]] = typer.Option(
+        None, "--allow", help="Kernel (name or glob) allowed to use local memory; repeatable. Files can also say "
+                              "`// ptx-check: allow NAME`."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Compile kernels (NVRTC -> PTX, ptxas -> SASS) and count local memory: ld.local/st.local, spills, stack.
+
+    Exit 0: clean; 1: a kernel spills or uses local memory (not --allow'ed); 2: a compile error (log shown).
+    Templates: declare instantiations in the .cu, one per line: `// ptx-check: instantiate NAME<ARGS>`.
+    Needs no GPU: pip install 'llmrs[ptx]' (cuda-bindings, nvidia-cuda-nvrtc, nvidia-cuda-nvcc).
+    """
+    from llmrs.roofline import render
+    from llmrs.roofline.ptx.check import KERNELS_DIR, discover, run_check
+    from llmrs.roofline.ptx.toolchain import find_toolchain
+
+    archs = [a.strip() for a in arch.split(",") if a.strip()]
+    bad = [a for a in archs if not _ARCH_RE.match(a)]
+    if not archs or bad:
+        raise UserError(f"--arch: expected names like sm_86, got {arch!r}")
+    for f in files or []:
+        if not f.exists():
+            raise UserError(f"{f}: no such file or directory")
+    paths = discover(list(files or []))
+    console = _console()
+    if not paths:
+        where = ", ".join(str(f) for f in files) if files else f"{KERNELS_DIR} (llmrs/kernels_cu/)"
+        msg = f"no CUDA kernels to check: no *.cu files in {where}"
+        if as_json:
+            _emit_json({"files": [], "results": [], "errors": [], "message": msg})
+        else:
+            console.print(msg)
+        return
+    tc = find_toolchain()
+    results, errors = run_check(paths, archs, tc, list(allow or []))
+    if as_json:
+        _emit_json({
+            "toolchain": {"nvrtc": tc.nvrtc_version, "ptxas": str(tc.ptxas), "ptxas_version": tc.ptxas_version,
+                          "ptxas_origin": tc.ptxas_origin},
+            "files": [str(p) for p in paths], "archs": archs,
+            "results": [r.to_dict() for r in results], "errors": [asdict(e) for e in errors],
+        })
+    else:
+        console.print(f"[dim]NVRTC {tc.nvrtc_version}, ptxas {tc.ptxas_version} ({tc.ptxas_origin}: {tc.ptxas})[/]")
+        render.print_ptx(console, results, errors)
+    flagged = [r for r in results if r.flagged]
+    if errors:
+        if not as_json:
+            console.print(f"[red]{len(errors)} compile error(s)[/]")
+        _exit(2)
+    if flagged:
+        if not as_json:
+            names = sorted({f"{r.name} ({r.arch})" for r in flagged})
+            console.print(f"[red]{len(flagged)} kernel/arch pair(s) use local memory:[/] {', '.join(names)}; "
+                          "fix them or --allow NAME")
+        _exit(1)
+    if not as_json:
+        console.print(f"[green]clean[/]: {len(results)} kernel/arch pair(s), no local memory, no spills")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `gpus`, `roofline` and `ptx-check` to the main app."""
+    app.command("gpus")(gpus)
+    app.command("roofline")(roofline)
+    app.command("ptx-check")(ptx_check)
