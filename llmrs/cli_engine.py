@@ -39,7 +39,7 @@ def _params(max_tokens, temperature, top_p, top_k, seed):
 
 def generate(
     prompt: str = typer.Option(..., "--prompt", "-p", help="Prompt text."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP + f" [default: {DEFAULT_MODEL}]"),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help=MODEL_HELP),
     chat: bool = typer.Option(False, "--chat", help="Wrap the prompt as a user message in the chat template."),
     max_tokens: int = typer.Option(128, "--max-tokens", help="Tokens to generate at most."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
@@ -73,7 +73,7 @@ def generate(
 
 
 def chat(
-    model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP + f" [default: {DEFAULT_MODEL}]"),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help=MODEL_HELP),
     system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
     max_tokens: int = typer.Option(512, "--max-tokens"),
     temperature: float = typer.Option(0.0, "--temperature"),
@@ -118,7 +118,7 @@ def chat(
 
 
 def info(
-    model: Optional[str] = typer.Argument(None, help=MODEL_HELP + f" [default: {DEFAULT_MODEL}]"),
+    model: str = typer.Argument(DEFAULT_MODEL, help=MODEL_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Architecture, parameter count, bytes by dtype, context length, chat template present or not."""

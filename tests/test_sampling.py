@@ -1,0 +1,143 @@
+"""Sampling: filters never pick outside their sets, seeds reproduce, penalties follow their definitions,
+stop strings are trimmed (also when split across tokens)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llmrs.engine.sampling import SamplingParams, SamplingState, apply_penalties, filter_probs, sample
+from llmrs.engine.sequence import Sequence
+from llmrs.errors import UserError
+
+V = 50
+
+
+def state(params: SamplingParams, seed=None, prompt=(), output=()) -> SamplingState:
+    return SamplingState(params, np.random.default_rng(seed), list(prompt), list(output), [])
+
+
+def draw(logits, params, n=300, seed=1):
+    st = state(params, seed)
+    return [sample(logits[None], [st])[0].token_id for _ in range(n)]
+
+
+@pytest.fixture
+def logits():
+    return np.random.default_rng(0).normal(size=V).astype(np.float32) * 2
+
+
+def probs_of(logits):
+    p = np.exp(logits - logits.max())
+    return p / p.sum()
+
+
+def test_top_k_never_picks_outside_the_k_largest(logits):
+    allowed = set(np.argsort(-logits)[:5].tolist())
+    picks = draw(logits, SamplingParams(temperature=1.0, top_k=5))
+    assert set(picks) <= allowed and len(set(picks)) > 1
+
+
+def test_top_p_never_picks_outside_the_nucleus(logits):
+    p = probs_of(logits)
+    order = np.argsort(-p)
+    csum = np.cumsum(p[order])
+    nucleus = set(order[: int(np.searchsorted(csum, 0.6)) + 1].tolist())
+    picks = draw(logits, SamplingParams(temperature=1.0, top_p=0.6))
+    assert set(picks) <= nucleus
+
+
+def test_min_p_never_picks_below_threshold(logits):
+    p = probs_of(logits)
+    allowed = set(np.nonzero(p >= 0.2 * p.max())[0].tolist())
+    picks = draw(logits, SamplingParams(temperature=1.0, min_p=0.2))
+    assert set(picks) <= allowed
+
+
+def test_filter_probs_renormalizes_and_combines_filters(logits):
+    out = filter_probs(probs_of(logits), SamplingParams(top_k=10, top_p=0.5, min_p=0.05))
+    assert abs(out.sum() - 1) < 1e-9 and (out > 0).sum() <= 10
+
+
+def test_same_seed_same_tokens_and_other_seed_differs(logits):
+    params = SamplingParams(temperature=1.0)
+    assert draw(logits, params, seed=7) == draw(logits, params, seed=7)
+    assert draw(logits, params, seed=7) != draw(logits, params, seed=8)
+
+
+def test_sampling_follows_the_distribution(logits):
+    picks = np.bincount(draw(logits, SamplingParams(temperature=1.0), n=4000), minlength=V) / 4000
+    assert np.abs(picks - probs_of(logits)).max() < 0.04
+
+
+def test_greedy_is_argmax(logits):
+    assert draw(logits, SamplingParams(temperature=0.0), n=3) == [int(np.argmax(logits))] * 3
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative():
+    x = np.array([2.0, -2.0, 1.0, 0.5])
+    out = apply_penalties(x.copy(), state(SamplingParams(repetition_penalty=2.0), prompt=[0], output=[1]))
+    assert out.tolist() == [1.0, -4.0, 1.0, 0.5]
+
+
+def test_presence_and_frequency_penalties_subtract_by_count():
+    x = np.zeros(4)
+    st = state(SamplingParams(presence_penalty=0.5, frequency_penalty=0.25), prompt=[3], output=[1, 1, 2])
+    out = apply_penalties(x, st)
+    assert out.tolist() == [0.0, -(0.5 + 2 * 0.25), -(0.5 + 0.25), 0.0]  # prompt tokens are not penalized
+
+
+def test_logprobs_are_of_the_raw_distribution(logits):
+    st = state(SamplingParams(temperature=0.0, logprobs=3))
+    r = sample(logits[None], [st])[0]
+    lp = np.log(probs_of(logits.astype(np.float64)))
+    assert abs(r.logprob - lp[r.token_id]) < 1e-6
+    assert [t for t, _ in r.top_logprobs] == np.argsort(-lp)[:3].tolist()
+
+
+def test_min_tokens_masks_stop_ids(logits):
+    eos = int(np.argmax(logits))
+    st = SamplingState(SamplingParams(temperature=0.0, min_tokens=2), np.random.default_rng(0), [], [], [eos])
+    assert sample(logits[None], [st])[0].token_id != eos
+
+
+def test_bad_values_name_the_field():
+    for kwargs, word in [({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"max_tokens": 0}, "max_tokens"),
+                         ({"logprobs": 50}, "logprobs"), ({"min_p": 2}, "min_p")]:
+        with pytest.raises(UserError, match=word):
+            SamplingParams(**kwargs).validate()
+
+
+# ---------------------------------------------------------------- stop strings through a real tokenizer
+def run_sequence(tok, text_tokens, params):
+    seq = Sequence("r", [1], params, tok, eos_token_ids=[2], max_model_len=10_000)
+    out = ""
+    for t in text_tokens:
+        from llmrs.engine.sampling import SampleResult
+
+        out += seq.append(SampleResult(t)).text
+        if seq.is_finished:
+            break
+    return out, seq
+
+
+def test_stop_string_split_across_tokens_is_caught_and_trimmed(smollm2):
+    tok = smollm2.tokenizer
+    ids = tok.encode("Hello there. The END of the story, more text", add_special_tokens=False)
+    out, seq = run_sequence(tok, ids, SamplingParams(max_tokens=100, stop=["END of"]))
+    assert out == "Hello there. The "
+    assert seq.finish_reason == "stop" and seq.stop_reason == "END of"
+
+
+def test_held_back_text_is_released_when_no_stop_follows(smollm2):
+    tok = smollm2.tokenizer
+    ids = tok.encode("The EN and more", add_special_tokens=False)
+    out, seq = run_sequence(tok, ids, SamplingParams(max_tokens=len(ids), stop=["END"]))
+    assert out == "The EN and more" and seq.finish_reason == "length"
+
+
+def test_eos_stops_and_is_not_in_text(smollm2):
+    tok = smollm2.tokenizer
+    ids = tok.encode("Fine.", add_special_tokens=False) + [2] + tok.encode(" extra", add_special_tokens=False)
+    out, seq = run_sequence(tok, ids, SamplingParams(max_tokens=100))
+    assert out == "Fine." and seq.finish_reason == "stop" and seq.output_ids[-1] == 2

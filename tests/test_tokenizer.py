@@ -1,0 +1,80 @@
+"""Tokenizer ids equal transformers', chat templates render the same, streaming detokenization equals one-shot."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmrs.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+TEXTS = [
+    "Hello, world! The year 2024 had 366 days.",
+    "  leading spaces, tabs\tand\nnewlines\n\n",
+    "café naïve Zürich 東京 Привет мир",
+    "emoji: 🙂🚀👍🏽 family 👨‍👩‍👧",
+    "<|im_start|>user\nhi<|im_end|>\n<|endoftext|>",
+    "code: def f(x):\n    return x ** 2  # ok",
+]
+
+
+@pytest.fixture(scope="module")
+def hf_gguf_tokenizer(smollm2_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(smollm2_path.parent), gguf_file=smollm2_path.name)
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_gguf_tokenizer_ids_equal_transformers(smollm2, hf_gguf_tokenizer, text):
+    assert smollm2.tokenizer.encode(text) == hf_gguf_tokenizer(text)["input_ids"]
+    ids = smollm2.tokenizer.encode(text)
+    assert smollm2.tokenizer.decode(ids, skip_special_tokens=False) == hf_gguf_tokenizer.decode(ids)
+
+
+def test_special_tokens_stay_whole(smollm2):
+    tok = smollm2.tokenizer
+    ids = tok.encode("<|im_start|>assistant")
+    assert ids[0] == tok.token_id("<|im_start|>")
+    assert tok.decode(ids, skip_special_tokens=True) == "assistant"
+
+
+def test_chat_template_renders_like_transformers(smollm2, hf_gguf_tokenizer):
+    conv = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi 🙂"},
+            {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]
+    for gen in (True, False):
+        ours = smollm2.tokenizer.apply_chat_template(conv, add_generation_prompt=gen)
+        ref = hf_gguf_tokenizer.apply_chat_template(conv, add_generation_prompt=gen, tokenize=False)
+        assert ours == ref
+    assert ours.endswith("<|im_start|>user\nBye<|im_end|>\n")
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_hf_dir_tokenizer_ids_equal_transformers(tiny_llama, text):
+    from transformers import AutoTokenizer
+
+    ours = Tokenizer.from_hf_dir(tiny_llama)
+    ref = AutoTokenizer.from_pretrained(str(tiny_llama))
+    assert ours.encode(text) == ref(text)["input_ids"]
+    conv = [{"role": "user", "content": text}]
+    assert ours.apply_chat_template(conv) == ref.apply_chat_template(conv, add_generation_prompt=True, tokenize=False)
+
+
+@pytest.mark.parametrize("text", TEXTS + ["🙂" * 7, "日本語のテキスト" * 3])
+def test_streaming_detokenization_equals_one_shot(smollm2, text):
+    tok = smollm2.tokenizer
+    prompt = tok.encode("Prompt before: ")
+    ids = tok.encode(text, add_special_tokens=False)
+    detok = IncrementalDetokenizer(tok, prompt, skip_special_tokens=True)
+    deltas = [detok.add(i) for i in ids]
+    deltas.append(detok.finish())
+    assert "".join(deltas) == tok.decode(ids, skip_special_tokens=True)
+    assert all("\ufffd" not in d for d in deltas), "a delta carried half a UTF-8 character"
+
+
+def test_streaming_detokenizer_flushes_incomplete_tail(smollm2):
+    """A sequence cut in the middle of a character still returns every byte it decoded (as U+FFFD)."""
+    tok = smollm2.tokenizer
+    ids = tok.encode("🚀")
+    assert len(ids) > 1  # the emoji spans several byte-level tokens
+    detok = IncrementalDetokenizer(tok)
+    streamed = "".join(detok.add(i) for i in ids[:-1]) + detok.finish()
+    assert streamed == tok.decode(ids[:-1])
