@@ -33,7 +33,10 @@ def main(argv: list[str] | None = None) -> None:
     if debug:
         args.remove("--debug")
     try:
-        app(args=args, standalone_mode=False)
+        # standalone_mode=False returns a command's exit code instead of exiting: pass it on
+        rc = app(args=args, standalone_mode=False)
+        if isinstance(rc, int) and rc:
+            sys.exit(rc)
     except UserError as e:
         if debug:
             raise
