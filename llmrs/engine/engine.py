@@ -1,0 +1,314 @@
+"""LLMEngine (schedule -> run -> sample -> update, one `step()`) and AsyncEngine (the step loop in one
+background thread, handing each request's deltas to its own asyncio stream)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from llmrs.engine.config import EngineConfig
+from llmrs.engine.kv_cache import KVCacheManager
+from llmrs.engine.loader import LoadedModel, load
+from llmrs.engine.runner import ModelRunner
+from llmrs.engine.sampling import SampleResult, SamplingParams, sample
+from llmrs.engine.scheduler import Scheduler
+from llmrs.engine.sequence import Sequence, StepOutput
+from llmrs.errors import UserError
+
+
+class EngineOverloaded(Exception):
+    """Too many requests already wait (the server answers 429)."""
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """One event on a request's stream: a delta for one choice."""
+
+    request_id: str
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[SampleResult]
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+
+
+@dataclass(slots=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    num_free_blocks: int
+    num_blocks: int
+    prefix_queries: int
+    prefix_hits: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    computed_tokens_total: int
+    num_preemptions: int
+
+
+@dataclass(slots=True)
+class RequestResult:
+    """Offline result of one request (all its choices)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    texts: list[str] = field(default_factory=list)
+    token_ids: list[list[int]] = field(default_factory=list)
+    finish_reasons: list[str | None] = field(default_factory=list)
+
+
+class LLMEngine:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None):
+        self.loaded = loaded
+        self.engine_config = cfg = config or EngineConfig()
+        self.tokenizer = loaded.tokenizer
+        num_blocks = -(-cfg.kv_cache_tokens // cfg.block_size)
+        self.runner = ModelRunner(loaded, num_blocks=num_blocks, block_size=cfg.block_size, device=cfg.device)
+        self.max_model_len = min(cfg.max_model_len or loaded.config.max_position_embeddings,
+                                 loaded.config.max_position_embeddings)
+        self.kv = KVCacheManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, self.max_model_len)
+        self.requests: dict[str, list[Sequence]] = {}
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.computed_tokens_total = 0  # tokens actually run through the model (prefix hits excluded)
+
+    @classmethod
+    def from_model(cls, model: str | None, **engine_kwargs) -> "LLMEngine":
+        return cls(load(model), EngineConfig(**engine_kwargs))
+
+    # ------------------------------------------------------------------ requests
+    def make_sequences(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> list[Sequence]:
+        """Validate a request and build its n sequences (raises UserError; changes no engine state)."""
+        params.validate()
+        prompt_ids = [int(t) for t in prompt_ids]
+        if not prompt_ids:
+            raise UserError("the prompt is empty")
+        vocab = self.loaded.config.vocab_size
+        if any(t < 0 or t >= vocab for t in prompt_ids):
+            raise UserError(f"prompt token ids must be in [0, {vocab})")
+        if params.max_tokens is None:
+            params.max_tokens = self.max_model_len - len(prompt_ids)
+        total = len(prompt_ids) + params.max_tokens
+        if len(prompt_ids) >= self.max_model_len or total > self.max_model_len:
+            raise UserError(
+                f"this model's maximum context length is {self.max_model_len} tokens; the request needs {total} "
+                f"({len(prompt_ids)} in the prompt, {params.max_tokens} in max_tokens)"
+            )
+        if self.kv.blocks_needed(total) > self.kv.pool.num_blocks:
+            raise UserError(
+                f"the request needs {total} tokens of KV cache; the cache holds "
+                f"{self.kv.pool.num_blocks * self.kv.block_size} (raise --kv-cache-tokens)"
+            )
+        stop = self.loaded.stop_token_ids
+        return [Sequence(request_id, list(prompt_ids), params, self.tokenizer, stop, self.max_model_len, index=i)
+                for i in range(params.n)]
+
+    def add_sequences(self, request_id: str, seqs: list[Sequence]) -> None:
+        assert request_id not in self.requests, f"duplicate request id {request_id}"
+        self.requests[request_id] = seqs
+        self.prompt_tokens_total += len(seqs[0].prompt_ids)
+        for s in seqs:
+            self.scheduler.add(s)
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        self.add_sequences(request_id, self.make_sequences(request_id, prompt_ids, params))
+
+    def abort(self, request_id: str) -> list[StepOutput]:
+        """Finish every choice of a request with reason "abort", freeing its blocks now."""
+        outs = []
+        for seq in self.requests.pop(request_id, []):
+            if not seq.is_finished:
+                seq.finish("abort")
+                self.scheduler.finish(seq)
+                outs.append(StepOutput(request_id, seq.index, "", [], [], "abort"))
+        return outs
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ------------------------------------------------------------------ the step
+    def step(self) -> list[StepOutput]:
+        plan = self.scheduler.schedule()
+        if plan is None:
+            return []
+        logits = self.runner.execute(plan.batch)
+        results = sample(logits, [s.sampling for s in plan.sample_seqs])
+        outputs = self.scheduler.update(plan, results)
+        self.computed_tokens_total += plan.batch.num_tokens
+        self.generation_tokens_total += len(outputs)
+        for o in outputs:
+            if o.finish_reason is not None and all(s.is_finished for s in self.requests.get(o.request_id, [])):
+                self.requests.pop(o.request_id, None)
+        return outputs
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            kv_usage=self.kv.usage(), num_free_blocks=self.kv.num_free_blocks, num_blocks=self.kv.pool.num_blocks,
+            prefix_queries=self.kv.prefix_queries, prefix_hits=self.kv.prefix_hits,
+            prompt_tokens_total=self.prompt_tokens_total, generation_tokens_total=self.generation_tokens_total,
+            computed_tokens_total=self.computed_tokens_total, num_preemptions=self.scheduler.num_preemptions,
+        )
+
+    # ------------------------------------------------------------------ offline
+    def generate(self, prompts: list[list[int] | str], params: SamplingParams | list[SamplingParams]
+                 ) -> list[RequestResult]:
+        """Run a list of prompts to completion, batched; results in input order."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        results: dict[str, RequestResult] = {}
+        order = []
+        for i, (p, sp) in enumerate(zip(prompts, plist)):
+            ids = self.tokenizer.encode(p) if isinstance(p, str) else list(p)
+            rid = f"gen-{i}"
+            sp = SamplingParams(**{f: getattr(sp, f) for f in sp.__slots__})  # own copy per request
+            self.add_request(rid, ids, sp)
+            results[rid] = RequestResult(rid, ids, [""] * sp.n, [[] for _ in range(sp.n)], [None] * sp.n)
+            order.append(rid)
+        while self.has_unfinished():
+            for o in self.step():
+                r = results[o.request_id]
+                r.texts[o.index] += o.text
+                r.token_ids[o.index] += o.token_ids
+                r.finish_reasons[o.index] = o.finish_reason
+        return [results[r] for r in order]
+
+
+class AsyncEngine:
+    """The engine loop in one background thread; each request's deltas go to its own asyncio queue."""
+
+    def __init__(self, engine: LLMEngine, max_waiting: int | None = None, model_name: str | None = None):
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.config = engine.loaded.config
+        self.max_model_len = engine.max_model_len
+        self.model_name = model_name or engine.loaded.source.name
+        self.max_waiting = max_waiting
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stats = engine.stats()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._ids = itertools.count()
+        self.error: BaseException | None = None
+
+    @classmethod
+    def from_args(cls, model: str | None, device: str = "auto", max_num_seqs: int = 64,
+                  max_num_batched_tokens: int = 2048, kv_cache_tokens: int = 16384, block_size: int = 16,
+                  max_waiting: int | None = None, served_model_name: str | None = None) -> "AsyncEngine":
+        engine = LLMEngine(load(model), EngineConfig(
+            block_size=block_size, kv_cache_tokens=kv_cache_tokens, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, device=device))
+        return cls(engine, max_waiting=max_waiting, model_name=served_model_name)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        assert self._thread is None
+        self._thread = threading.Thread(target=self._loop, name="llmrs-engine", daemon=True)
+        self._thread.start()
+
+    async def shutdown(self, abort_running: bool = True) -> None:
+        if abort_running:
+            for rid in list(self._streams):
+                await self.abort(rid)
+        else:
+            while self._streams:
+                await asyncio.sleep(0.01)
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, request_id: str | None, prompt_ids: list[int], params: SamplingParams
+                    ) -> AsyncIterator[RequestOutput]:
+        """Validate and queue a request; returns its stream (raises UserError / EngineOverloaded at once)."""
+        if self.error is not None:
+            raise RuntimeError(f"engine loop died: {self.error}")
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self._streams:
+            raise UserError(f"duplicate request id {request_id}")
+        if self.max_waiting is not None and self._stats.num_waiting + self._commands.qsize() >= self.max_waiting:
+            raise EngineOverloaded(f"{self._stats.num_waiting} requests already wait (--max-waiting {self.max_waiting})")
+        seqs = self.engine.make_sequences(request_id, prompt_ids, params)  # pure: safe off the engine thread
+        q: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = (asyncio.get_running_loop(), q)
+        self._commands.put(("add", request_id, seqs))
+        self._wake.set()
+        return self._stream(request_id, q, len(seqs), len(prompt_ids))
+
+    async def _stream(self, request_id: str, q: asyncio.Queue, n: int, n_prompt: int
+                      ) -> AsyncIterator[RequestOutput]:
+        finished = 0
+        counts = [0] * n
+        try:
+            while finished < n:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    raise item
+                counts[item.index] += len(item.token_ids)
+                if item.finish_reason is not None:
+                    finished += 1
+                yield RequestOutput(request_id, item.index, item.text, item.token_ids, item.logprobs,
+                                    item.finish_reason, n_prompt, counts[item.index])
+        finally:
+            if finished < n:  # the consumer went away (client disconnect, cancellation): abort now
+                self._commands.put(("abort", request_id, None))
+                self._wake.set()
+            self._streams.pop(request_id, None)
+
+    async def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id, None))
+        self._wake.set()
+
+    # ------------------------------------------------------------------ the loop (engine thread)
+    def _deliver(self, outputs: list[StepOutput]) -> None:
+        for o in outputs:
+            target = self._streams.get(o.request_id)
+            if target is not None:
+                loop, q = target
+                loop.call_soon_threadsafe(q.put_nowait, o)
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                cmd, rid, payload = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if cmd == "add":
+                if rid in self._streams:  # not aborted before it arrived
+                    self.engine.add_sequences(rid, payload)
+            else:
+                self._deliver(self.engine.abort(rid))
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop:
+                self._drain_commands()
+                if self.engine.has_unfinished():
+                    t0 = time.perf_counter()
+                    outputs = self.engine.step()
+                    self._stats = self.engine.stats()
+                    self._deliver(outputs)
+                    self.last_step_s = time.perf_counter() - t0
+                else:
+                    self._stats = self.engine.stats()
+                    self._wake.wait(timeout=0.1)
+                    self._wake.clear()
+        except BaseException as e:  # a bug, not a user error: fail every open stream loudly
+            self.error = e
+            for loop, q in list(self._streams.values()):
+                loop.call_soon_threadsafe(q.put_nowait, RuntimeError(f"engine loop failed: {e!r}"))
+            raise

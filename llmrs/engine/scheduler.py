@@ -1,0 +1,127 @@
+"""Continuous batching with one rule (vLLM V1): each step gives each running sequence tokens until its
+computed count catches up with its length, within a token budget (`max_num_batched_tokens`) and a sequence
+cap (`max_num_seqs`). Prefill, chunked prefill, decode and prefix-cache hits are all the same thing: a
+sequence with `num_computed_tokens < num_tokens`.
+
+Running sequences are served first, oldest first; then waiting ones are admitted first come, first served.
+When blocks run out, the most recently admitted running sequence is preempted: its blocks are freed and it
+goes back to the front of the waiting queue, to be recomputed (prompt + what it generated so far) later.
+A step that preempted admits nobody new, so the freed blocks go to the sequences already running.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from llmrs.engine.batch import StepBatch, build_step_batch
+from llmrs.engine.kv_cache import KVCacheManager
+from llmrs.engine.sampling import SampleResult
+from llmrs.engine.sequence import Sequence, SequenceStatus, StepOutput
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    batch: StepBatch
+    seqs: list[Sequence]  # in batch order
+    num_new_tokens: list[int]
+    sample_seqs: list[Sequence]  # sequences whose last new token is sampled, in sample_rows order
+    preempted: list[Sequence] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int):
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # admission order
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ------------------------------------------------------------------ planning
+    def schedule(self) -> SchedulerOutput | None:
+        budget = self.max_num_batched_tokens
+        planned: list[tuple[Sequence, int]] = []
+        preempted: list[Sequence] = []
+
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq not in self.running:  # preempted earlier in this loop
+                continue
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.kv.allocate_slots(seq, seq.num_computed_tokens + n):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                planned.append((seq, n))
+                budget -= n
+
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
+            seq = self.waiting[0]
+            hits = self.kv.get_computed_blocks(seq.all_ids)
+            computed = len(hits) * self.kv.block_size
+            n = min(seq.num_tokens - computed, budget)
+            if not self.kv.allocate_slots(seq, computed + n, hits):
+                break
+            self.waiting.popleft()
+            seq.num_computed_tokens = computed
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            planned.append((seq, n))
+            budget -= n
+
+        if not planned:
+            return None
+        return self._build(planned, preempted)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.kv.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _build(self, planned: list[tuple[Sequence, int]], preempted: list[Sequence]) -> SchedulerOutput:
+        entries, sample_seqs = [], []
+        for seq, n in planned:
+            start = seq.num_computed_tokens
+            sample = start + n == seq.num_tokens  # caught up: the last token's logits give the next token
+            entries.append((seq.all_ids[start : start + n], start, self.kv.block_ids(seq), sample))
+            if sample:
+                sample_seqs.append(seq)
+        batch = build_step_batch(entries, self.kv.block_size)
+        return SchedulerOutput(batch, [s for s, _ in planned], [n for _, n in planned], sample_seqs, preempted)
+
+    # ------------------------------------------------------------------ after the step
+    def update(self, out: SchedulerOutput, results: list[SampleResult]) -> list[StepOutput]:
+        assert len(results) == len(out.sample_seqs)
+        for seq, n in zip(out.seqs, out.num_new_tokens):
+            seq.num_computed_tokens += n
+            self.kv.cache_full_blocks(seq, seq.all_ids, seq.num_computed_tokens)
+        outputs = []
+        for seq, res in zip(out.sample_seqs, results):
+            step = seq.append(res)
+            outputs.append(step)
+            if seq.is_finished:
+                self.finish(seq)
+        return outputs
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a finished (or aborted) sequence and free its blocks at once."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.kv.free(seq)

@@ -1,0 +1,164 @@
+"""LLMEngine: batch invariance, prefix caching, preemption, abort, chunked prefill, AsyncEngine streams."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from llmrs.engine.config import EngineConfig
+from llmrs.engine.engine import AsyncEngine, EngineOverloaded, LLMEngine
+from llmrs.engine.loader import load
+from llmrs.engine.sampling import SamplingParams
+from llmrs.errors import UserError
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return load("smollm2-135m")
+
+
+def prompts_of_different_lengths(tok, n=16):
+    base = ["Tell me about the ocean.", "def add(a, b):", "The history of Rome, in short:",
+            "List three fruits:", "Why is the sky blue? Explain like I'm five.", "Bonjour, comment"]
+    return [tok.encode(" ".join([base[i % len(base)]] * (1 + i % 4))) for i in range(n)]
+
+
+def test_batch_invariance_16_concurrent_equal_one_at_a_time(smol):
+    prompts = prompts_of_different_lengths(smol.tokenizer)
+    max_tokens = [6 + (i * 5) % 11 for i in range(len(prompts))]
+    params = [SamplingParams(max_tokens=m, **GREEDY) for m in max_tokens]
+    batched = LLMEngine(smol, EngineConfig(kv_cache_tokens=4096, max_num_seqs=16, max_num_batched_tokens=256))
+    together = batched.generate(prompts, params)
+    assert batched.stats().num_free_blocks == batched.stats().num_blocks
+    alone_engine = LLMEngine(smol, EngineConfig(kv_cache_tokens=4096, enable_prefix_caching=False))
+    for p, sp, res in zip(prompts, params, together):
+        alone = alone_engine.generate([p], sp)[0]
+        assert res.token_ids == alone.token_ids
+        assert len(res.token_ids[0]) == sp.max_tokens
+
+
+def test_prefix_hit_skips_prefill_of_shared_blocks_and_keeps_tokens(smol):
+    tok = smol.tokenizer
+    system = "You are a careful assistant. " * 12
+    a, b = tok.encode(system + "Question one: what is 2+2?"), tok.encode(system + "Question two: name a color.")
+    shared_blocks = 0
+    while a[: (shared_blocks + 1) * 16] == b[: (shared_blocks + 1) * 16]:
+        shared_blocks += 1
+    assert shared_blocks >= 4
+    params = SamplingParams(max_tokens=8, **GREEDY)
+
+    cached = LLMEngine(smol, EngineConfig(kv_cache_tokens=2048))
+    cached.generate([a], params)
+    before = cached.stats().computed_tokens_total
+    out_b = cached.generate([b], params)[0]
+    computed_b = cached.stats().computed_tokens_total - before
+    # only the suffix after the shared full blocks is prefilled (+ one token per generated token after the first)
+    assert computed_b == len(b) - shared_blocks * 16 + params.max_tokens - 1
+    assert cached.stats().prefix_hits >= shared_blocks * 16
+
+    fresh = LLMEngine(smol, EngineConfig(kv_cache_tokens=2048, enable_prefix_caching=False))
+    assert fresh.generate([b], params)[0].token_ids == out_b.token_ids
+
+
+def test_prefix_hit_is_capped_so_last_token_is_computed(smol):
+    ids = smol.tokenizer.encode("word " * 64)[:48]  # exactly 3 full blocks
+    e = LLMEngine(smol, EngineConfig(kv_cache_tokens=1024))
+    first = e.generate([ids], SamplingParams(max_tokens=4, **GREEDY))[0]
+    before = e.stats().computed_tokens_total
+    again = e.generate([ids], SamplingParams(max_tokens=4, **GREEDY))[0]
+    assert e.stats().computed_tokens_total - before == 16 + 3  # the last block recomputed, then 3 decodes
+    assert again.token_ids == first.token_ids
+
+
+def test_preemption_every_request_completes_with_alone_output(smol):
+    prompts = prompts_of_different_lengths(smol.tokenizer, n=6)
+    params = SamplingParams(max_tokens=24, **GREEDY)
+    # 12 blocks of 16 tokens: each request needs 2-4 blocks, all six at once need ~20
+    small = LLMEngine(smol, EngineConfig(kv_cache_tokens=12 * 16, max_num_seqs=6, max_num_batched_tokens=512))
+    results = small.generate(prompts, params)
+    assert small.scheduler.num_preemptions > 0
+    assert small.stats().num_free_blocks == small.stats().num_blocks
+    ref = LLMEngine(smol, EngineConfig(kv_cache_tokens=4096, enable_prefix_caching=False))
+    for p, r in zip(prompts, results):
+        assert r.finish_reasons == ["length"]
+        assert r.token_ids == ref.generate([p], params)[0].token_ids
+
+
+def test_chunked_prefill_equals_whole_prefill(smol):
+    ids = smol.tokenizer.encode("A long prompt about paged attention and batching. " * 6)
+    params = SamplingParams(max_tokens=8, **GREEDY)
+    chunked = LLMEngine(smol, EngineConfig(kv_cache_tokens=1024, max_num_batched_tokens=20))
+    whole = LLMEngine(smol, EngineConfig(kv_cache_tokens=1024, max_num_batched_tokens=4096))
+    assert chunked.generate([ids], params)[0].token_ids == whole.generate([ids], params)[0].token_ids
+
+
+def test_abort_frees_blocks_at_once(smol):
+    e = LLMEngine(smol, EngineConfig(kv_cache_tokens=1024))
+    e.add_request("r1", smol.tokenizer.encode("Hello " * 40), SamplingParams(max_tokens=50, **GREEDY))
+    e.step()
+    e.step()
+    assert e.stats().num_free_blocks < e.stats().num_blocks
+    outs = e.abort("r1")
+    assert [o.finish_reason for o in outs] == ["abort"]
+    assert e.stats().num_free_blocks == e.stats().num_blocks and not e.has_unfinished()
+
+
+def test_n_choices_and_seeds(smol):
+    e = LLMEngine(smol, EngineConfig(kv_cache_tokens=2048))
+    ids = smol.tokenizer.encode("Once upon a time")
+    p = SamplingParams(max_tokens=12, temperature=1.0, seed=123, n=2, ignore_eos=True)
+    r1 = e.generate([ids], p)[0]
+    r2 = e.generate([ids], p)[0]
+    assert r1.token_ids == r2.token_ids  # same seed, same tokens
+    assert r1.token_ids[0] != r1.token_ids[1]  # choices differ
+
+
+def test_request_errors_are_user_errors(smol):
+    e = LLMEngine(smol, EngineConfig(kv_cache_tokens=256))
+    with pytest.raises(UserError, match="maximum context length"):
+        e.add_request("a", [1] * 10, SamplingParams(max_tokens=9000))
+    with pytest.raises(UserError, match="KV cache"):
+        e.add_request("b", [1] * 10, SamplingParams(max_tokens=500))
+    with pytest.raises(UserError, match="token ids"):
+        e.add_request("c", [10**9], SamplingParams(max_tokens=5))
+    with pytest.raises(UserError, match="empty"):
+        e.add_request("d", [], SamplingParams(max_tokens=5))
+    assert not e.has_unfinished()
+
+
+def test_async_engine_streams_and_cancellation_aborts(smol):
+    async def main():
+        eng = AsyncEngine(LLMEngine(smol, EngineConfig(kv_cache_tokens=1024)), max_waiting=8)
+        eng.start()
+        ids = smol.tokenizer.encode("The capital of France is")
+        deltas = [o async for o in eng.add_request(None, ids, SamplingParams(max_tokens=6, **GREEDY))]
+        assert deltas[-1].finish_reason == "length" and deltas[-1].num_output_tokens == 6
+        alone = LLMEngine(smol, EngineConfig(kv_cache_tokens=1024)).generate([ids], SamplingParams(max_tokens=6, **GREEDY))
+        assert "".join(d.text for d in deltas) == alone[0].texts[0]
+        # a consumer that stops reading mid-stream aborts its request and frees its blocks
+        stream = eng.add_request("cut", ids, SamplingParams(max_tokens=200, **GREEDY))
+        async for _ in stream:
+            break
+        await stream.aclose()
+        for _ in range(200):
+            await asyncio.sleep(0.02)
+            if eng.stats().num_free_blocks == eng.stats().num_blocks and eng.stats().num_running == 0:
+                break
+        assert eng.stats().num_free_blocks == eng.stats().num_blocks
+        await eng.shutdown()
+
+    asyncio.run(main())
+
+
+def test_async_engine_rejects_when_too_many_wait(smol):
+    async def main():
+        eng = AsyncEngine(LLMEngine(smol, EngineConfig(kv_cache_tokens=1024)), max_waiting=1)
+        # not started: requests pile up in the queue
+        eng.add_request(None, [1, 2, 3], SamplingParams(max_tokens=2))
+        with pytest.raises(EngineOverloaded):
+            eng.add_request(None, [1, 2, 3], SamplingParams(max_tokens=2))
+
+    asyncio.run(main())
