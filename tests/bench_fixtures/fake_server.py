@@ -11,7 +11,8 @@ directives in its prompt text (`key=value` words), falling back to the server's 
 - `usage_lie=1`  report one completion token more than sent (to test the usage cross-check).
 
 Also: GET /health, GET /v1/models, POST /tokenize and /detokenize with a toy tokenizer (word "t123" <-> id 123,
-BOS id 1 prepended, so prompts fit exactly), GET /stats (peak in-flight, request count), POST /stats/reset.
+BOS id 1 prepended, so prompts fit exactly), GET /stats (peak in-flight, request count, and `timings`: per prompt, the perf_counter of its arrival and of
+each content write: one clock with the client's on Linux), POST /stats/reset.
 `--gap-ms 0` streams as fast as it can; `--coalesce K` packs K events into one write.
 Run standalone: `python tests/bench_fixtures/fake_server.py --port 8123`.
 """
@@ -60,6 +61,7 @@ class FakeServer:
         self.inflight = 0
         self.max_inflight = 0
         self.requests = 0
+        self.timings: dict[str, list[float]] = {}  # prompt -> [arrival, send time of each content chunk]
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -85,9 +87,10 @@ class FakeServer:
         if path == "/v1/models":
             return await _json(send, 200, {"object": "list", "data": [{"id": self.d.model, "object": "model", "owned_by": "fake", "max_model_len": 4096}]})
         if path == "/stats":
-            return await _json(send, 200, {"max_inflight": self.max_inflight, "requests": self.requests})
+            return await _json(send, 200, {"max_inflight": self.max_inflight, "requests": self.requests, "timings": self.timings})
         if path == "/stats/reset":
             self.max_inflight = self.requests = 0
+            self.timings.clear()
             return await _json(send, 200, {})
         req = json.loads(body or b"{}")
         if path == "/tokenize":
@@ -100,13 +103,13 @@ class FakeServer:
             self.inflight += 1
             self.max_inflight = max(self.max_inflight, self.inflight)
             try:
-                await self._stream(send, req, path.endswith("chat/completions"), t_arrive)
+                await self._stream(receive, send, req, path.endswith("chat/completions"), t_arrive)
             finally:
                 self.inflight -= 1
             return
         return await _json(send, 404, {"error": {"message": f"no route {path}"}})
 
-    async def _stream(self, send, req: dict, chat: bool, t0: float) -> None:
+    async def _stream(self, receive, send, req: dict, chat: bool, t0: float) -> None:
         prompt = req["messages"][-1]["content"] if chat else req.get("prompt", "")
         d = directives(prompt)
         ttft = float(d.get("ttft_ms", self.d.ttft_ms)) / 1e3
@@ -115,8 +118,10 @@ class FakeServer:
         fault = d.get("fault", "")
         if fault == "500":
             return await _json(send, 500, {"error": {"message": "injected failure", "type": "server_error"}})
-        if fault == "hang":
-            await asyncio.sleep(3600)
+        if fault == "hang":  # until the client gives up and disconnects
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            return
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
         rid, model = "cmpl-fake", req.get("model", self.d.model)
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -133,6 +138,7 @@ class FakeServer:
             await send({"type": "http.response.body", "body": b"data: " + json.dumps({"id": rid, "object": obj, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}).encode() + b"\n\n", "more_body": True})
         pending: list[bytes] = []
         k = max(1, self.d.coalesce)
+        times = self.timings[prompt if isinstance(prompt, str) else str(prompt)] = [t0]
         for i in range(n):
             if ttft or gap:
                 delay = t0 + ttft + i * gap - time.perf_counter()
@@ -145,6 +151,7 @@ class FakeServer:
             if len(pending) >= k or i == n - 1:
                 await send({"type": "http.response.body", "body": b"".join(pending), "more_body": True})
                 pending.clear()
+                times.append(time.perf_counter())
         tail = b""
         if fault != "nodone":
             if (req.get("stream_options") or {}).get("include_usage"):

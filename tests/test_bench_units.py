@@ -1,0 +1,134 @@
+"""Unit behaviour of `llmrs bench`'s pieces: SSE parsing, arrivals, cap splitting, SLO/sweep parsing, workloads."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import numpy as np
+import pytest
+
+from llmrs.bench.arrivals import arrival_offsets
+from llmrs.bench.bench import BenchOptions, parse_sweep, sweep_points
+from llmrs.bench.dataset import WorkloadConfig, build_workload
+from llmrs.bench.metrics import parse_slo, peak_concurrency
+from llmrs.bench.records import RequestResult
+from llmrs.bench.runner import plan_workers, split_cap
+from llmrs.bench.server import llmrs_serve_argv
+from llmrs.bench.sse import SSEParser
+from llmrs.bench.tokenization import LocalTokenizer
+from llmrs.errors import UserError
+
+
+def test_sse_parser_handles_events_split_anywhere_and_crlf():
+    stream = b'data: {"a":1}\r\n\r\n: comment\n\ndata: {"b":2}\n\nevent: x\ndata: line1\ndata: line2\n\ndata: [DONE]\n\n'
+    for step in (1, 3, 7, len(stream)):
+        p = SSEParser()
+        got = [e for i in range(0, len(stream), step) for e in p.feed(stream[i : i + step])]
+        assert got == [b'{"a":1}', b'{"b":2}', b"line1\nline2", b"[DONE]"], step
+
+
+def test_sse_parser_flush_returns_unterminated_last_event():
+    p = SSEParser()
+    assert p.feed(b'data: {"x":1}') == []
+    assert p.flush() == [b'{"x":1}']
+
+
+@pytest.mark.parametrize("burstiness", [1.0, 0.5, 4.0])
+def test_gamma_arrivals_have_requested_mean_rate(burstiness):
+    rate, n = 20.0, 20000
+    t = arrival_offsets(n, rate, burstiness, seed=123)
+    gaps = np.diff(t)
+    assert t[0] == 0 and np.all(gaps >= 0)
+    # mean gap 1/rate within 3 standard errors (std of a gamma gap: 1/(rate*sqrt(burstiness)))
+    se = 1 / (rate * math.sqrt(burstiness)) / math.sqrt(n - 1)
+    assert abs(gaps.mean() - 1 / rate) < 3 * se
+    # coefficient of variation is 1/sqrt(burstiness): 1 for Poisson
+    assert gaps.std() / gaps.mean() == pytest.approx(1 / math.sqrt(burstiness), rel=0.05)
+
+
+def test_infinite_rate_sends_all_at_once_and_bad_rates_are_rejected():
+    assert np.all(arrival_offsets(5, math.inf) == 0)
+    with pytest.raises(ValueError):
+        arrival_offsets(5, 0.0)
+
+
+def test_cap_split_over_workers_sums_to_cap_and_workers_never_exceed_slots():
+    assert split_cap(10, 3) == [4, 3, 3]
+    assert sum(split_cap(257, 8)) == 257
+    assert split_cap(None, 2) == [None, None]
+    assert plan_workers(n_requests=100, cap=3, workers=8) == 3
+    assert plan_workers(n_requests=2, cap=None, workers=8) == 2
+
+
+def test_peak_concurrency_from_intervals():
+    rs = [RequestResult(0, start=0, end=2), RequestResult(1, start=1, end=3), RequestResult(2, start=2, end=4), RequestResult(3, start=2.5, end=2.6)]
+    assert peak_concurrency(rs) == 3  # at t=2.5: 1, 2, 3 (0 ended exactly at 2)
+
+
+def test_slo_and_sweep_parsing():
+    assert parse_slo("ttft=200,tpot=50") == {"ttft": 200.0, "tpot": 50.0}
+    with pytest.raises(ValueError):
+        parse_slo("latency=3")
+    assert parse_sweep("concurrency=1,16,64") == ("concurrency", [1.0, 16.0, 64.0])
+    assert parse_sweep("request-rate=2,inf") == ("request_rate", [2.0, math.inf])
+    with pytest.raises(UserError):
+        parse_sweep("batch=1,2")
+    o = BenchOptions(concurrency=8, sweep=("request_rate", [1.0, math.inf]))
+    assert sweep_points(o) == [(8, 1.0), (8, math.inf)]
+
+
+def test_default_server_is_llmrs_serve_on_loopback_with_port_placeholder():
+    argv = llmrs_serve_argv("my-model")
+    assert argv[1:5] == ["-m", "llmrs", "serve", "my-model"]
+    assert argv[-4:] == ["--host", "127.0.0.1", "--port", "{port}"]
+    assert "serve" in llmrs_serve_argv(None) and len(llmrs_serve_argv(None)) == len(argv) - 1
+
+
+def _tiny_tokenizer(path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 0)])
+    trainer = trainers.BpeTrainer(vocab_size=500, special_tokens=["<bos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tk.train_from_iterator(["the quick brown fox jumps over the lazy dog, again and again; 12345 cafe"] * 50, trainer)
+    tk.save(str(path / "tokenizer.json"))
+    return path / "tokenizer.json"
+
+
+def test_random_text_prompts_tokenize_to_exact_length_with_local_tokenizer(tmp_path):
+    tok = LocalTokenizer(_tiny_tokenizer(tmp_path))
+    cfg = WorkloadConfig(num_prompts=30, input_len=64, output_len=16, range_ratio=0.5, prefix_len=8, seed=7)
+    specs = asyncio.run(build_workload(cfg, tok))
+    lens = [len(tok.tok.encode(s.prompt).ids) for s in specs]
+    assert lens == [s.input_len for s in specs]
+    hit = sum(1 for s in specs if 8 + 32 <= s.input_len <= 8 + 96)
+    assert hit == 30
+    # deterministic for a seed
+    again = asyncio.run(build_workload(cfg, tok))
+    assert [s.prompt for s in again] == [s.prompt for s in specs]
+
+
+def test_token_id_prompts_need_no_tokenizer_and_chat_rejects_them():
+    specs = asyncio.run(build_workload(WorkloadConfig(num_prompts=4, input_len=10, prompt_format="ids"), None))
+    assert all(isinstance(s.prompt, list) and len(s.prompt) == 10 == s.input_len for s in specs)
+    with pytest.raises(UserError):
+        asyncio.run(build_workload(WorkloadConfig(prompt_format="ids", backend="chat"), None))
+    with pytest.raises(UserError, match="tokenizer"):
+        asyncio.run(build_workload(WorkloadConfig(num_prompts=2), None))
+
+
+def test_sharegpt_and_jsonl_datasets(tmp_path):
+    share = tmp_path / "sg.json"
+    share.write_text('[{"conversations": [{"from": "human", "value": "hi there"}, {"from": "gpt", "value": "hello"}]}]')
+    specs = asyncio.run(build_workload(WorkloadConfig(num_prompts=3, dataset=str(share)), None))
+    assert [s.prompt for s in specs] == ["hi there"] * 3 and specs[0].output_len == 128
+    jl = tmp_path / "p.jsonl"
+    jl.write_text('{"prompt": "a b", "output_len": 5}\n"just text"\n{"prompt": [1, 2, 3]}\n')
+    specs = asyncio.run(build_workload(WorkloadConfig(num_prompts=3, dataset=str(jl), seed=1), None))
+    assert sorted(map(str, (s.prompt for s in specs))) == sorted(["a b", "just text", "[1, 2, 3]"])
+    assert {s.output_len for s in specs if s.prompt == "a b"} == {5}
+    with pytest.raises(UserError):
+        asyncio.run(build_workload(WorkloadConfig(dataset=str(tmp_path / "missing.json")), None))
