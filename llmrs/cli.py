@@ -23,6 +23,10 @@ from llmrs import cli_engine  # noqa: E402
 cli_engine.register(app)
 from llmrs.roofline import cli as roofline_cli  # noqa: E402
 roofline_cli.register(app)
+from llmrs.bench import cli as bench_cli  # noqa: E402
+bench_cli.register(app)
+from llmrs.server import cli as server_cli  # noqa: E402
+server_cli.register(app)
 # --- end of command registrations ---
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import contextlib
 import queue as queue_mod
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -81,8 +83,9 @@ def run_load(
     t0 = ctx.Value("d", 0.0)
     jobs = [WorkerJob(w, specs[w::nw], list(offsets[w::nw]), caps[w], cfg) for w in range(nw)]
     procs = [ctx.Process(target=worker_main, args=(j, q, go, stop, t0), daemon=True) for j in jobs]
-    for p in procs:
-        p.start()
+    with _main_module_hidden():
+        for p in procs:
+            p.start()
     stats: dict[int, WorkerStats] = {}
     finals: dict[int, tuple] = {}
     interrupted = False
@@ -130,6 +133,24 @@ def run_load(
     results = sorted((r for f in finals.values() for r in f[0]), key=lambda r: r.idx)
     cpu = [WorkerCPU(w, f[1], f[2]) for w, f in sorted(finals.items())]
     return RunOutcome(results, t0.value, cpu, sum(f[3] for f in finals.values()), interrupted)
+
+
+@contextlib.contextmanager
+def _main_module_hidden():
+    """Spawned workers must not re-run the parent's __main__ (e.g. `python -m llmrs`, whose __main__ has no
+    `if __name__ == "__main__"` guard): they need only importable llmrs modules, so the parent's main module is
+    hidden from multiprocessing's preparation data while the workers start."""
+    main = sys.modules.get("__main__")
+    saved = {k: getattr(main, k) for k in ("__spec__", "__file__") if hasattr(main, k)}
+    try:
+        if main is not None:
+            main.__spec__ = None
+            if "__file__" in saved:
+                del main.__file__
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(main, k, v)
 
 
 def _check_alive(procs, finals: dict, jobs: list[WorkerJob], strikes: dict[int, int]) -> None:

@@ -1,0 +1,123 @@
+"""`llmrs bench` / `llmrs report` end to end through the typer commands: --server-cmd start/health/stop,
+results saved, report markdown + PNGs with deterministic names, user mistakes as UserError."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from llmrs.bench import cli
+from llmrs.bench.plots import PLOTS
+from llmrs.bench.report import REPORT_MD, write_report
+from llmrs.bench.server import ManagedServer
+from llmrs.errors import UserError
+from tests.bench_fixtures.serving import fake_server_cmd
+
+
+@pytest.fixture(scope="module")
+def app() -> typer.Typer:
+    a = typer.Typer()
+    cli.register(a)
+    return a
+
+
+def _invoke(app, args: list[str]):
+    return CliRunner().invoke(app, args, catch_exceptions=True)
+
+
+def test_bench_with_server_cmd_saves_results_and_writes_report(app, tmp_path):
+    cmd = shlex.join(fake_server_cmd(gap_ms=1))
+    res = _invoke(app, [
+        "bench", "--server-cmd", cmd, "-n", "12", "--sweep", "concurrency=2,4", "--input-len", "16", "--output-len", "6",
+        "--workers", "2", "--label", "fake", "--slo", "ttft=500", "-o", str(tmp_path / "res"), "--name", "cli",
+        "--report", str(tmp_path / "rep"),
+    ])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    doc = json.loads((tmp_path / "res" / "cli.json").read_text())
+    assert doc["server"]["managed"] and "fake_server.py" in doc["server"]["command"]
+    assert [r["tag"] for r in doc["runs"]] == ["c2-rinf", "c4-rinf"]
+    assert all(r["summary"]["completed"] == 12 for r in doc["runs"])
+    assert doc["command"].startswith("llmrs ")
+    assert (tmp_path / "res" / "cli.server.log").is_file()
+    md = (tmp_path / "rep" / REPORT_MD).read_text()
+    assert "## Side by side" in md and "fake" in md and "c=4" in md
+    assert all((tmp_path / "rep" / p).stat().st_size > 1000 for p in PLOTS)
+    # the started server was stopped: its port no longer answers
+    import httpx
+
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(doc["server"]["url"] + "/health", trust_env=False, timeout=2)
+
+
+def _fake_results(path: Path, label: str, scale: float) -> None:
+    def dist(v):
+        return {"mean": v, "median": v, "std": 0.0, "min": v, "max": v, "percentiles": {"p50": v, "p90": v * 1.1, "p99": v * 1.5}}
+
+    runs = []
+    for c in (1, 16, 64):
+        s = {
+            "completed": 100, "failed": 0, "duration_s": 10.0, "total_input_tokens": 25600, "total_output_tokens": 12800,
+            "request_throughput": 10.0 * scale, "output_throughput": 30.0 * c**0.8 * scale, "total_token_throughput": 100.0 * c * scale,
+            "peak_concurrency": c, "ttft_ms": dist(20.0 * c**0.5 / scale), "tpot_ms": dist(25.0 / scale), "itl_ms": dist(25.0 / scale),
+            "e2el_ms": dist(3000.0 / scale), "failures": {}, "goodput": None, "slo": {}, "usage_missing": 0, "usage_mismatch": 0,
+            "max_output_tokens_per_s": 0.0,
+        }
+        runs.append({"tag": f"c{c}-rinf", "concurrency": c, "request_rate": "inf", "summary": s, "client_cpu": {"busy_per_worker": [0.2]}, "csv": "x.csv"})
+    doc = {"schema": "llmrs.bench/1", "label": label, "params": {"backend": "completions", "input_len": 256, "output_len": 128}, "runs": runs}
+    path.write_text(json.dumps(doc))
+
+
+def test_report_is_side_by_side_with_ratios_and_deterministic(tmp_path):
+    _fake_results(tmp_path / "a.json", "llmrs", 1.0)
+    _fake_results(tmp_path / "b.json", "vLLM", 2.0)
+    out1, out2 = tmp_path / "r1", tmp_path / "r2"
+    write_report([str(tmp_path / "a.json"), str(tmp_path / "b.json")], out1)
+    write_report([str(tmp_path)], out2)  # a directory of results: same report
+    assert sorted(p.name for p in out1.iterdir()) == sorted([REPORT_MD, *PLOTS])
+    md = (out1 / REPORT_MD).read_text()
+    assert md == (out2 / REPORT_MD).read_text()
+    assert all((out1 / p).read_bytes() == (out2 / p).read_bytes() for p in PLOTS)  # diff cleanly in git
+    assert "(llmrs / vLLM)" in md and "2.00x" in md  # vLLM twice the throughput, half the latency
+    row = next(ln for ln in md.splitlines() if "c=16" in ln and ln.startswith("| completions"))
+    assert "(2.00x)" in row
+    write_report([str(tmp_path)], tmp_path / "r3", baseline="vLLM")
+    assert "(0.50x)" in (tmp_path / "r3" / REPORT_MD).read_text()
+
+
+def test_user_mistakes_raise_user_error(app, tmp_path):
+    for args in (
+        ["bench", "--url", "localhost:8000"],
+        ["bench", "--url", "http://127.0.0.1:1", "--slo", "speed=3"],
+        ["bench", "--url", "http://127.0.0.1:1", "--sweep", "batch=1,2"],
+        ["bench", "--url", "http://127.0.0.1:1", "--request-rate", "0"],
+        ["report", str(tmp_path / "missing.json")],
+    ):
+        res = _invoke(app, args)
+        assert isinstance(res.exception, UserError), (args, res.output, res.exception)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"hello": 1}')
+    assert isinstance(_invoke(app, ["report", str(bad)]).exception, UserError)
+    with pytest.raises(UserError, match="baseline"):
+        _fake_results(tmp_path / "a.json", "x", 1.0)
+        write_report([str(tmp_path / "a.json")], tmp_path / "r", baseline="nope")
+
+
+def test_server_cmd_that_dies_is_a_user_error_with_its_log(tmp_path):
+    srv = ManagedServer.from_command("python -c 'import sys; print(\"boom\"); sys.exit(3)'", tmp_path / "s.log", startup_timeout=20)
+    with pytest.raises(UserError, match="exited with code 3") as e:
+        srv.start()
+    assert "boom" in str(e.value)
+
+
+def test_help_lists_every_option_with_defaults(app):
+    res = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "200"})
+    for opt in ("--url", "--server-cmd", "--concurrency", "--request-rate", "--burstiness", "--range-ratio", "--dataset",
+                "--prefix-len", "--ignore-eos", "--warmup", "--seed", "--timeout", "--api-key", "--label", "--workers",
+                "--sweep", "--slo", "--tokenizer", "--prompt-format"):
+        assert opt in res.output, opt
+    assert "default: 16" in res.output.replace("[", "").replace("]", "")
