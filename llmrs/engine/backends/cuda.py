@@ -1,0 +1,437 @@
+"""CuPy CUDA backend: bf16 weights and a bf16 paged KV cache resident on the GPU, the forward pass in our
+kernels (llmrs/kernels_cu/) and cuBLAS.
+
+Numbers: matrices are stored bf16 (raw uint16 words: numpy and CuPy have no bfloat16); norms and biases as
+f32 holding bf16-rounded values; the KV cache is bf16 in the contract layout
+`[num_blocks, num_kv_heads, block_size, head_dim]` per layer. Activations and the residual stream stay f32,
+so the CPU reference fed the same bf16-rounded weights differs only by bf16 K/V and, in GEMMs, bf16
+activations. Linear layers: for up to `matvec_max_tokens` tokens the one-warp-per-row matvec (f32 x, bf16 W:
+decode is memory-bound), otherwise cuBLAS gemmEx (bf16 x bf16 -> f32, f32 accumulate).
+
+`forward(weights, batch)` is the fused step the engine runs (`CUDAModel`): residual adds ride in the
+o/down projections (matvec `accumulate`, GEMM beta = 1), RoPE is fused with the K/V cache write, and the
+sampled rows are gathered inside the final RMSNorm. The Backend protocol methods (`embedding`, `linear`,
+...) are kept for `Model.forward` and for the kernel-by-kernel tests.
+
+GPU sampling: `sample(logits_on_device, states)` samples every row in one launch (greedy, temperature,
+top-k, top-p, min-p; one uniform per request from its own seeded generator, as the CPU sampler draws). Rows
+that need penalties, logprobs or a min_tokens mask fall back to the CPU sampler for the whole call.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from llmrs.engine.batch import StepBatch
+from llmrs.engine.config import ModelConfig
+from llmrs.engine.model import Model, ModelWeights, rope_inv_freq
+from llmrs.errors import UserError
+
+CUDA_R_32F, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT = 0, 14, 68, -1
+CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
+NULL = np.uint64(0)
+MATVEC_ROWS_PER_BLOCK = 4
+ATTN_THREADS = 128
+ATTN_MAXG = 8  # query heads per attention block (MAXG in attention.cu)
+
+
+def round_bf16(a: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest bf16 (ties to even), as float32: what the GPU stores."""
+    return (bf16_bits(a).astype(np.uint32) << 16).view(np.float32)
+
+
+def bf16_bits(a: np.ndarray) -> np.ndarray:
+    """The bf16 words (uint16) of float32 values, round to nearest even; NaN stays NaN."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    r = ((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    if nan.any():
+        r[nan] = ((u[nan] >> 16) | np.uint32(0x40)).astype(np.uint16)
+    return r
+
+
+def cuda_available() -> tuple[bool, str]:
+    """(True, device name) when CuPy imports and sees a GPU; else (False, why). Never raises."""
+    try:
+        import cupy as cp
+    except Exception as e:  # ImportError, or a CuPy built for another CUDA
+        return False, f"CuPy is not installed ({type(e).__name__}); pip install 'llmrs[cuda13]' (or cuda12)"
+    try:
+        n = cp.cuda.runtime.getDeviceCount()
+    except Exception as e:
+        return False, f"no usable CUDA driver/GPU ({e})"
+    if n < 1:
+        return False, "no CUDA GPU found"
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    return True, name
+
+
+def _import_cupy() -> Any:
+    ok, why = cuda_available()
+    if not ok:
+        raise UserError(f"the CUDA backend needs CuPy and a GPU: {why}")
+    import cupy as cp
+
+    return cp
+
+
+@dataclass(slots=True)
+class DeviceBatch:
+    """A StepBatch's index arrays on the GPU (one host-to-device copy per step) + host facts the launches need."""
+
+    T: int
+    S: int
+    token_ids: Any
+    positions: Any
+    slots: Any
+    token_seq: Any
+    sample_rows: Any
+    block_tables: Any
+    max_blocks: int
+    max_len: int  # the longest causal key range of any token (max position + 1)
+
+
+class CUDABackend:
+    name = "cuda"
+
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, matvec_max_tokens: int = 8):
+        cp = _import_cupy()
+        from cupy_backends.cuda.libs import cublas
+
+        from llmrs.engine.backends.cuda_kernels import get_kernels
+
+        c = config
+        D = c.head_dim
+        if D <= 32:
+            self.dpl = 1
+        elif D in (64, 128, 256):
+            self.dpl = D // 32
+        else:
+            raise UserError(f"the CUDA backend supports head_dim <= 32, 64, 128 or 256, not {D}")
+        if D % 2:
+            raise UserError(f"head_dim {D} is odd; rotary embedding needs pairs")
+        self.cp, self.cublas = cp, cublas
+        self.config = c
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.matvec_max_tokens = matvec_max_tokens
+        self.attn_splits: int | None = None  # None: chosen per step; tests force values
+        self.k = get_kernels()  # compiles every kernel now (warm-up), not on the first request
+        shape = (num_blocks, c.num_key_value_heads, block_size, D)
+        self.k_cache = [cp.zeros(shape, dtype=cp.uint16) for _ in range(c.num_hidden_layers)]
+        self.v_cache = [cp.zeros(shape, dtype=cp.uint16) for _ in range(c.num_hidden_layers)]
+        self.inv_freq = cp.asarray(rope_inv_freq(c))
+        self.scale = np.float32(1.0 / math.sqrt(D))
+        self.num_sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+        self._one, self._zero = np.array(1.0, dtype=np.float32), np.array(0.0, dtype=np.float32)
+        self._handle = cp.cuda.device.get_cublas_handle()
+        self._ws: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ memory
+    @staticmethod
+    def kv_bytes_per_block(config: ModelConfig, block_size: int = 16) -> int:
+        return 2 * config.num_hidden_layers * config.num_key_value_heads * block_size * config.head_dim * 2
+
+    @staticmethod
+    def blocks_that_fit(config: ModelConfig, weight_bytes: int, gpu_memory_utilization: float = 0.9,
+                        block_size: int = 16, activation_reserve: int = 1 << 30) -> int:
+        """KV blocks that fit in utilization x total GPU memory after the weights and an activation reserve."""
+        cp = _import_cupy()
+        free, total = cp.cuda.runtime.memGetInfo()
+        budget = gpu_memory_utilization * total - weight_bytes - activation_reserve - (total - free)
+        return max(0, int(budget // CUDABackend.kv_bytes_per_block(config, block_size)))
+
+    def _buf(self, name: str, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:
+        """A persistent workspace view of `shape` (grown, never shrunk: no allocation once warm)."""
+        cp = self.cp
+        n = int(np.prod(shape))
+        cur = self._ws.get(name)
+        if cur is None or cur.size < n or cur.dtype != np.dtype(dtype):
+            cur = cp.empty(max(n, 1), dtype=dtype)
+            self._ws[name] = cur
+        return cur[:n].reshape(shape)
+
+    # ------------------------------------------------------------------ weights
+    def upload(self, w: np.ndarray) -> Any:
+        """Matrices -> bf16 words on the GPU (rounded there); vectors -> f32 holding bf16-rounded values."""
+        cp = self.cp
+        if w.ndim == 1:
+            return cp.asarray(round_bf16(w))
+        x = cp.asarray(np.ascontiguousarray(w, dtype=np.float32))
+        out = cp.empty(x.shape, dtype=cp.uint16)
+        self._cast_bf16(x, out)
+        del x
+        return out
+
+    def upload_bf16(self, x_f32_device: Any) -> Any:
+        """A device f32 matrix -> a new bf16 matrix (synthetic weights are drawn on the GPU)."""
+        out = self.cp.empty(x_f32_device.shape, dtype=self.cp.uint16)
+        self._cast_bf16(x_f32_device, out)
+        return out
+
+    def _cast_bf16(self, x: Any, out: Any) -> None:
+        n = x.size
+        self.k.cast_f32_bf16((min(65535, -(-n // 256)),), (256,), (x, out, np.int64(n)))
+
+    # ------------------------------------------------------------------ batch
+    def device_batch(self, batch: StepBatch) -> DeviceBatch:
+        cp = self.cp
+        T, B, S = batch.num_tokens, batch.num_seqs, int(batch.sample_rows.shape[0])
+        lens = np.diff(batch.query_start)
+        token_seq = np.repeat(np.arange(B, dtype=np.int32), lens)
+        bt = np.ascontiguousarray(batch.block_tables, dtype=np.int32)
+        packed = np.concatenate([batch.token_ids.astype(np.int32), batch.positions.astype(np.int32),
+                                 batch.slot_mapping.astype(np.int32), token_seq,
+                                 batch.sample_rows.astype(np.int32), bt.reshape(-1)])
+        d = cp.asarray(packed)
+        o = np.cumsum([0, T, T, T, T, S])
+        return DeviceBatch(T=T, S=S, token_ids=d[o[0]:o[1]], positions=d[o[1]:o[2]], slots=d[o[2]:o[3]],
+                           token_seq=d[o[3]:o[4]], sample_rows=d[o[4]:o[5]], block_tables=d[o[5]:],
+                           max_blocks=int(bt.shape[1]), max_len=int(batch.positions.max()) + 1 if T else 0)
+
+    # ------------------------------------------------------------------ launches
+    def _rms_norm(self, x: Any, w: Any, eps: float, out: Any, rows: Any = None, n_rows: int | None = None) -> None:
+        H = x.shape[1]
+        n = x.shape[0] if n_rows is None else n_rows
+        threads = min(1024, max(32, -(-H // 32) * 32 if H < 1024 else 1024))
+        self.k.rms_norm((n,), (threads,), (x, NULL if rows is None else rows, w, out, np.int32(H), np.float32(eps)))
+
+    def _linear(self, x: Any, w: Any, bias: Any | None, out: Any, accumulate: bool = False) -> None:
+        """out (=|+=) x @ w.T (+ bias). x f32 [T, K] contiguous, w bf16 [N, K], out f32 [T, N] contiguous."""
+        T, K = x.shape
+        N = w.shape[0]
+        assert w.shape[1] == K and out.shape == (T, N)
+        if T <= self.matvec_max_tokens:
+            nt = 1 if T == 1 else 2 if T == 2 else 4 if T <= 4 else 8
+            grid = (-(-N // MATVEC_ROWS_PER_BLOCK), -(-T // nt))
+            fn = getattr(self.k, f"matvec_bf16_t{nt}")
+            fn(grid, (32 * MATVEC_ROWS_PER_BLOCK,),
+               (w, x, NULL if bias is None else bias, out, np.int32(N), np.int32(K), np.int32(T),
+                np.int32(1 if accumulate else 0)))
+            return
+        xb = self._buf("gemm_x", (T, K), np.uint16)
+        self._cast_bf16(x, xb)
+        # row-major out[T, N] = x[T, K] @ w[N, K]^T  <=>  column-major out^T[N, T] = w^T' ... (op(A) = W^T view)
+        self.cublas.gemmEx(self._handle, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K,
+                           self._one.ctypes.data, w.data.ptr, CUDA_R_16BF, K, xb.data.ptr, CUDA_R_16BF, K,
+                           (self._one if accumulate else self._zero).ctypes.data, out.data.ptr, CUDA_R_32F, N,
+                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+        if bias is not None:
+            n = T * N
+            self.k.add_bias((min(65535, -(-n // 256)),), (256,), (out, bias, np.int32(T), np.int32(N)))
+
+    def _splits(self, T: int, max_len: int) -> int:
+        if self.attn_splits is not None:
+            return max(1, min(self.attn_splits, max_len))
+        c = self.config
+        groups = -(-c.num_queries_per_kv // ATTN_MAXG)
+        blocks = T * c.num_key_value_heads * groups
+        if max_len <= 128 or blocks >= 2 * self.num_sms:
+            return 1
+        return max(1, min(-(-max_len // 64), -(-4 * self.num_sms // blocks)))
+
+    def _attention(self, layer: int, q: Any, q_stride: int, db: DeviceBatch, out: Any) -> None:
+        """out [T, Hq*D] = paged causal attention of q (row stride q_stride) over layer's cache."""
+        c = self.config
+        T, Hq, Hkv, D = db.T, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        S = self._splits(T, db.max_len)
+        chunk = -(-db.max_len // S)
+        groups = -(-c.num_queries_per_kv // ATTN_MAXG)
+        if S > 1:
+            part_acc = self._buf("attn_acc", (T * Hq * S * D,))
+            part_ml = self._buf("attn_ml", (T * Hq * S * 2,))
+        else:
+            part_acc = part_ml = NULL
+        fn = getattr(self.k, f"attn_partial_d{self.dpl}")
+        fn((T, Hkv * groups, S), (ATTN_THREADS,),
+           (q, np.int32(q_stride), self.k_cache[layer], self.v_cache[layer], db.block_tables, np.int32(db.max_blocks),
+            db.token_seq, db.positions, out, part_acc, part_ml, np.int32(Hq), np.int32(Hkv), np.int32(D),
+            np.int32(self.block_size), np.int32(chunk), self.scale))
+        if S > 1:
+            self.k.attn_merge((T, Hq), (-(-D // 32) * 32,), (part_acc, part_ml, out, np.int32(Hq), np.int32(D),
+                                                             np.int32(S)))
+
+    # ------------------------------------------------------------------ the fused step
+    def forward(self, w: ModelWeights, batch: StepBatch, to_host: bool = True) -> Any:
+        """Logits of batch.sample_rows [S, vocab]: host f32, or (to_host=False) a device view that the next
+        step overwrites."""
+        c, k = self.config, self.k
+        db = self.device_batch(batch)
+        T, S, H = db.T, db.S, c.hidden_size
+        Hq, Hkv, D, I = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size
+        n_qkv = (Hq + 2 * Hkv) * D
+        eps = c.rms_norm_eps
+        x = self._buf("x", (T, H))
+        h = self._buf("h", (T, H))
+        qkv = self._buf("qkv", (T, n_qkv))
+        att = self._buf("att", (T, Hq * D))
+        gu = self._buf("gu", (T, 2 * I))
+        act = self._buf("act", (T, I))
+        k.embedding_gather((T,), (256,), (w.embed, db.token_ids, x, np.int32(H)))
+        rope_threads = min(1024, max(32, -(-(Hq + Hkv) * D // 2 // 32) * 32))
+        for n, layer in enumerate(w.layers):
+            self._rms_norm(x, layer.input_norm, eps, h)
+            self._linear(h, layer.qkv, layer.qkv_bias, qkv)
+            k.rope_write_kv((T,), (rope_threads,),
+                            (qkv, db.positions, self.inv_freq, db.slots, self.k_cache[n], self.v_cache[n],
+                             np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(self.block_size)))
+            self._attention(n, qkv, n_qkv, db, att)
+            self._linear(att, layer.o, None, x, accumulate=True)
+            self._rms_norm(x, layer.post_norm, eps, h)
+            self._linear(h, layer.gate_up, None, gu)
+            n_el = T * I
+            k.silu_mul((min(65535, -(-n_el // 256)),), (256,), (gu, act, np.int32(T), np.int32(I)))
+            self._linear(act, layer.down, None, x, accumulate=True)
+        hs = self._buf("h_final", (S, H))
+        if S:
+            self._rms_norm(x, w.norm, eps, hs, rows=db.sample_rows, n_rows=S)
+        logits = self._buf("logits", (S, c.vocab_size))
+        if S:
+            self._linear(hs, w.lm_head, None, logits)
+        return self.cp.asnumpy(logits) if to_host else logits
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self, logits: Any, states: list) -> list:
+        """One token per row of device `logits` [S, V] (row i belongs to states[i]), in one launch.
+
+        Falls back to the CPU sampler (llmrs.engine.sampling.sample) when a request needs penalties,
+        logprobs or a min_tokens mask. Draws one uniform per non-greedy request from its own generator.
+        """
+        from llmrs.engine.sampling import SampleResult, sample as cpu_sample
+
+        cp = self.cp
+        S = len(states)
+        assert logits.shape[0] == S
+        if S == 0:
+            return []
+        if any(needs_cpu_sampler(st) for st in states):
+            return cpu_sample(cp.asnumpy(logits).astype(np.float32), states)
+        V = logits.shape[1]
+        f = np.zeros((4, S), dtype=np.float32)
+        top_k = np.zeros(S, dtype=np.int32)
+        for i, st in enumerate(states):
+            p = st.params
+            f[0, i] = p.temperature
+            f[1, i] = p.top_p
+            f[2, i] = p.min_p
+            top_k[i] = p.top_k if p.top_k and p.top_k > 0 else 0
+            if not p.greedy:
+                f[3, i] = st.generator.random()
+        fd, kd = cp.asarray(f), cp.asarray(top_k)
+        work = self._buf("sample_work", (S, V))
+        out = self._buf("sample_out", (S,), np.int32)
+        self.k.sample_tokens((S,), (1024,), (cp.ascontiguousarray(logits), np.int32(V), fd[0], kd, fd[1], fd[2],
+                                            fd[3], work, out))
+        return [SampleResult(int(t)) for t in cp.asnumpy(out)]
+
+    # ------------------------------------------------------------------ Backend protocol (Model.forward, tests)
+    def embedding(self, table: Any, token_ids: Any) -> Any:
+        cp = self.cp
+        ids = cp.asarray(np.asarray(token_ids, dtype=np.int32)) if isinstance(token_ids, np.ndarray) else token_ids
+        T, H = int(ids.shape[0]), table.shape[1]
+        out = cp.empty((T, H), dtype=cp.float32)
+        self.k.embedding_gather((T,), (256,), (table, ids.astype(cp.int32), out, np.int32(H)))
+        return out
+
+    def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
+        x = self.cp.ascontiguousarray(x, dtype=self.cp.float32)
+        out = self.cp.empty_like(x)
+        self._rms_norm(x, weight, eps, out)
+        return out
+
+    def add_rms_norm(self, x: Any, y: Any, weight: Any, eps: float) -> Any:
+        """x += y in place (the residual), returns rms_norm(x)."""
+        out = self.cp.empty_like(x)
+        H = x.shape[1]
+        self.k.add_rms_norm((x.shape[0],), (min(1024, max(32, -(-H // 32) * 32)),),
+                            (x, self.cp.ascontiguousarray(y), weight, out, np.int32(H), np.float32(eps)))
+        return out
+
+    def linear(self, x: Any, w: Any, bias: Any | None = None) -> Any:
+        x = self.cp.ascontiguousarray(x, dtype=self.cp.float32)
+        out = self.cp.empty((x.shape[0], w.shape[0]), dtype=self.cp.float32)
+        self._linear(x, w, bias, out)
+        return out
+
+    def rope(self, q: Any, k: Any, positions: Any) -> tuple[Any, Any]:
+        cp, c = self.cp, self.config
+        T, Hq, Hkv, D = q.shape[0], c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        buf = cp.zeros((T, (Hq + 2 * Hkv) * D), dtype=cp.float32)
+        buf[:, : Hq * D] = q.reshape(T, -1)
+        buf[:, Hq * D : (Hq + Hkv) * D] = k.reshape(T, -1)
+        pos = cp.asarray(np.asarray(positions, dtype=np.int32)) if isinstance(positions, np.ndarray) else positions
+        threads = min(1024, max(32, -(-(Hq + Hkv) * D // 2 // 32) * 32))
+        self.k.rope_write_kv((T,), (threads,), (buf, pos.astype(cp.int32), self.inv_freq, NULL, NULL, NULL,
+                                                np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(self.block_size)))
+        return buf[:, : Hq * D].reshape(T, Hq, D), buf[:, Hq * D : (Hq + Hkv) * D].reshape(T, Hkv, D)
+
+    def write_kv(self, layer: int, k: Any, v: Any, slot_mapping: Any) -> None:
+        cp, c = self.cp, self.config
+        T = k.shape[0]
+        slots = cp.asarray(np.asarray(slot_mapping, dtype=np.int32))
+        kk = cp.ascontiguousarray(k.reshape(T, -1), dtype=cp.float32)
+        vv = cp.ascontiguousarray(v.reshape(T, -1), dtype=cp.float32)
+        self.k.write_kv((T,), (min(1024, max(32, -(-c.kv_size // 32) * 32)),),
+                        (kk, vv, slots, self.k_cache[layer], self.v_cache[layer], np.int32(c.num_key_value_heads),
+                         np.int32(c.head_dim), np.int32(self.block_size)))
+
+    def attention(self, layer: int, q: Any, batch: StepBatch) -> Any:
+        cp, c = self.cp, self.config
+        T = q.shape[0]
+        qq = cp.ascontiguousarray(q.reshape(T, -1), dtype=cp.float32)
+        out = cp.empty((T, c.q_size), dtype=cp.float32)
+        self._attention(layer, qq, c.q_size, self.device_batch(batch), out)
+        return out
+
+    def silu_mul(self, gate_up: Any) -> Any:
+        cp = self.cp
+        gate_up = cp.ascontiguousarray(gate_up, dtype=cp.float32)
+        T, I = gate_up.shape[0], gate_up.shape[1] // 2
+        out = cp.empty((T, I), dtype=cp.float32)
+        n = T * I
+        self.k.silu_mul((max(1, min(65535, -(-n // 256))),), (256,), (gate_up, out, np.int32(T), np.int32(I)))
+        return out
+
+    def add(self, x: Any, y: Any) -> Any:
+        cp = self.cp
+        out = cp.array(x, dtype=cp.float32, copy=True, order="C")
+        y = cp.ascontiguousarray(y, dtype=cp.float32)
+        n = out.size
+        self.k.add_inplace((max(1, min(65535, -(-n // 256))),), (256,), (out, y, np.int64(n)))
+        return out
+
+    def gather_rows(self, x: Any, rows: Any) -> Any:
+        cp = self.cp
+        r = cp.asarray(np.asarray(rows, dtype=np.int64)) if isinstance(rows, np.ndarray) else rows
+        return cp.ascontiguousarray(x[r])
+
+    def to_host(self, x: Any) -> np.ndarray:
+        return self.cp.asnumpy(x).astype(np.float32, copy=False)
+
+    def synchronize(self) -> None:
+        self.cp.cuda.Device().synchronize()
+
+
+def needs_cpu_sampler(st: Any) -> bool:
+    """What the GPU sampler does not do: penalties, logprobs, a pending min_tokens mask."""
+    p = st.params
+    return (p.logprobs is not None or p.repetition_penalty != 1.0 or bool(p.presence_penalty)
+            or bool(p.frequency_penalty) or (len(st.output_ids) < p.min_tokens and bool(st.stop_ids)))
+
+
+class CUDAModel(Model):
+    """The decoder on the CUDA backend: the fused step (`CUDABackend.forward`) instead of op-by-op."""
+
+    backend: CUDABackend
+
+    def forward(self, batch: StepBatch) -> np.ndarray:
+        return self.backend.forward(self.w, batch)
+
+    def forward_device(self, batch: StepBatch) -> Any:
+        """Logits left on the GPU (feed them to `backend.sample`)."""
+        return self.backend.forward(self.w, batch, to_host=False)

@@ -1,0 +1,159 @@
+// attention.cu: paged causal GQA attention over the bf16 KV cache, split along the keys (flash-decoding).
+//
+// For every new token t (prefill chunk or decode, the same thing here) and query head h:
+//   out[t, h] = softmax(scale * q[t, h] . K[0:L_t]) V[0:L_t],   L_t = positions[t] + 1 (causal),
+// with K, V of kv head h / G read through the token's block table: key j lives in block
+// block_tables[seq, j / bs] at offset j % bs of the [blocks, Hkv, bs, D] layout (one head's block is
+// contiguous: a warp reads a key row in one coalesced load).
+//
+// attn_partial: grid (T, Hkv * head_groups, splits), 4 warps. A block owns one kv head and up to MAXG of its
+// query heads (GQA: each key/value row is loaded once for the whole group) and keys [s*chunk, (s+1)*chunk).
+// Warp w takes keys w, w+4, ...; each lane holds DPL = D/32 dims of q, of the accumulators and of each key,
+// so the dot product is DPL FMAs + a shuffle reduction per head, and the softmax is online (running max m,
+// running sum l, rescaled accumulator), f32 throughout with expf. The 4 warps merge through shared memory.
+// With one split the block writes the normalized output; otherwise it writes (acc, m, l) partials and
+// attn_merge combines the splits: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).
+// Register arrays are indexed only by unrolled constants (no local memory; ptx-check pins it).
+#include "common.cuh"
+
+#define ATTN_WARPS 4
+#define MAXG 8
+
+template <int DPL>
+__device__ __forceinline__ void load_row(const bf16_t* __restrict__ p, float* f) {
+    if constexpr (DPL == 8) {
+        unpack8(*reinterpret_cast<const uint4*>(p), f);
+    } else if constexpr (DPL == 4) {
+        const uint2 u = *reinterpret_cast<const uint2*>(p);
+        f[0] = __uint_as_float(u.x << 16); f[1] = __uint_as_float(u.x & 0xffff0000u);
+        f[2] = __uint_as_float(u.y << 16); f[3] = __uint_as_float(u.y & 0xffff0000u);
+    } else if constexpr (DPL == 2) {
+        const unsigned u = *reinterpret_cast<const unsigned*>(p);
+        f[0] = __uint_as_float(u << 16); f[1] = __uint_as_float(u & 0xffff0000u);
+    } else {
+        f[0] = bf16_to_f32(p[0]);
+    }
+}
+
+template <int DPL>
+__device__ __forceinline__ void attn_partial_impl(
+    const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,
+    const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,
+    const int* __restrict__ token_seq, const int* __restrict__ positions, float* __restrict__ out,
+    float* __restrict__ part_acc, float* __restrict__ part_ml, int Hq, int Hkv, int D, int block_size,
+    int chunk, float scale) {
+    __shared__ float s_m[ATTN_WARPS][MAXG], s_l[ATTN_WARPS][MAXG];
+    __shared__ float s_acc[ATTN_WARPS][MAXG][32 * DPL];
+    const int t = blockIdx.x, S = gridDim.z, s = blockIdx.z;
+    const int G = Hq / Hkv, ngroups = (G + MAXG - 1) / MAXG;
+    const int g = blockIdx.y / ngroups, h0 = (blockIdx.y % ngroups) * MAXG;
+    const int gn = min(MAXG, G - h0);  // query heads of this block: g*G + h0 + [0, gn)
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const bool active = lane * DPL < D;
+    const int L = positions[t] + 1;
+    const int start = s * chunk, end = min(L, start + chunk);
+    const int* table = block_tables + (size_t)token_seq[t] * max_blocks;
+
+    float qr[MAXG][DPL], acc[MAXG][DPL], m[MAXG], l[MAXG];
+#pragma unroll
+    for (int h = 0; h < MAXG; ++h) {
+        m[h] = NEG_INF;
+        l[h] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+            acc[h][i] = 0.0f;
+            qr[h][i] = (h < gn && active) ? q[(size_t)t * q_stride + (size_t)(g * G + h0 + h) * D + lane * DPL + i] * scale : 0.0f;
+        }
+    }
+    for (int j = start + warp; j < end; j += ATTN_WARPS) {
+        const size_t base = (((size_t)table[j / block_size] * Hkv + g) * block_size + j % block_size) * D + lane * DPL;
+        float kf[DPL], vf[DPL];
+        if (active) {
+            load_row<DPL>(k_cache + base, kf);
+            load_row<DPL>(v_cache + base, vf);
+        } else {
+#pragma unroll
+            for (int i = 0; i < DPL; ++i) kf[i] = vf[i] = 0.0f;
+        }
+#pragma unroll
+        for (int h = 0; h < MAXG; ++h) {
+            if (h < gn) {
+                float d = 0.0f;
+#pragma unroll
+                for (int i = 0; i < DPL; ++i) d += qr[h][i] * kf[i];
+                d = warp_sum(d);
+                const float mn = fmaxf(m[h], d);
+                const float corr = expf(m[h] - mn), p = expf(d - mn);
+                l[h] = l[h] * corr + p;
+#pragma unroll
+                for (int i = 0; i < DPL; ++i) acc[h][i] = acc[h][i] * corr + p * vf[i];
+                m[h] = mn;
+            }
+        }
+    }
+    // merge the warps of the block
+#pragma unroll
+    for (int h = 0; h < MAXG; ++h) {
+        if (h < gn) {
+            if (lane == 0) { s_m[warp][h] = m[h]; s_l[warp][h] = l[h]; }
+#pragma unroll
+            for (int i = 0; i < DPL; ++i) s_acc[warp][h][lane * DPL + i] = acc[h][i];
+        }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < gn * D; idx += blockDim.x) {
+        const int h = idx / D, d = idx % D;
+        float M = NEG_INF;
+        for (int w = 0; w < ATTN_WARPS; ++w) M = fmaxf(M, s_m[w][h]);
+        float Ls = 0.0f, A = 0.0f;
+        if (M != NEG_INF) {
+            for (int w = 0; w < ATTN_WARPS; ++w) {
+                const float e = expf(s_m[w][h] - M);
+                Ls += s_l[w][h] * e;
+                A += s_acc[w][h][d] * e;
+            }
+        }
+        const int head = g * G + h0 + h;
+        if (S == 1) {
+            out[(size_t)t * Hq * D + (size_t)head * D + d] = A / Ls;
+        } else {
+            const size_t pi = ((size_t)t * Hq + head) * S + s;
+            part_acc[pi * D + d] = A;
+            if (d == 0) { part_ml[2 * pi] = M; part_ml[2 * pi + 1] = Ls; }
+        }
+    }
+}
+
+#define ATTN(DPL)                                                                                             \
+    extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_partial_d##DPL(                        \
+        const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,                        \
+        const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,             \
+        const int* __restrict__ token_seq, const int* __restrict__ positions, float* __restrict__ out,        \
+        float* __restrict__ part_acc, float* __restrict__ part_ml, int Hq, int Hkv, int D, int block_size,    \
+        int chunk, float scale) {                                                                             \
+        attn_partial_impl<DPL>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, token_seq, positions, \
+                               out, part_acc, part_ml, Hq, Hkv, D, block_size, chunk, scale);                 \
+    }
+ATTN(1)
+ATTN(2)
+ATTN(4)
+ATTN(8)
+
+// grid (T, Hq), block >= D threads (rounded to a warp multiple): combine the splits of one (token, head).
+extern "C" __global__ void attn_merge(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
+                                      float* __restrict__ out, int Hq, int D, int S) {
+    const int t = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
+    if (d >= D) return;
+    const size_t p0 = ((size_t)t * Hq + head) * S;
+    float M = NEG_INF;
+    for (int s = 0; s < S; ++s) M = fmaxf(M, part_ml[2 * (p0 + s)]);
+    float Ls = 0.0f, A = 0.0f;
+    for (int s = 0; s < S; ++s) {
+        const float ms = part_ml[2 * (p0 + s)];
+        if (ms == NEG_INF) continue;  // a split past this token's causal limit: no keys
+        const float e = expf(ms - M);
+        Ls += part_ml[2 * (p0 + s) + 1] * e;
+        A += part_acc[(p0 + s) * D + d] * e;
+    }
+    out[(size_t)t * Hq * D + (size_t)head * D + d] = A / Ls;
+}

@@ -1,0 +1,51 @@
+// common.cuh: helpers shared by every kernel family in this directory.
+//
+// bf16 is handled as raw 16-bit words (no <cuda_bf16.h>), so NVRTC needs no CUDA headers at run time:
+// a bf16 is the top half of an IEEE float32; float -> bf16 rounds to nearest even (as torch and numpy-side
+// `round_bf16` do), NaN stays NaN. Reductions are warp shuffles, deterministic for a fixed launch shape.
+#pragma once
+
+typedef unsigned short bf16_t;
+
+#define NEG_INF (__int_as_float(0xff800000))
+
+__device__ __forceinline__ float bf16_to_f32(bf16_t h) { return __uint_as_float(((unsigned)h) << 16); }
+
+__device__ __forceinline__ bf16_t f32_to_bf16(float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16_t)(u >> 16);
+}
+
+// 8 bf16 packed in 16 bytes -> 8 floats (element 0 is the low half of .x)
+__device__ __forceinline__ void unpack8(uint4 w, float* f) {
+    f[0] = __uint_as_float(w.x << 16); f[1] = __uint_as_float(w.x & 0xffff0000u);
+    f[2] = __uint_as_float(w.y << 16); f[3] = __uint_as_float(w.y & 0xffff0000u);
+    f[4] = __uint_as_float(w.z << 16); f[5] = __uint_as_float(w.z & 0xffff0000u);
+    f[6] = __uint_as_float(w.w << 16); f[7] = __uint_as_float(w.w & 0xffff0000u);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// `red` is __shared__ float[32]. Deterministic: fixed tree for a fixed block size.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : 0.0f;
+    return warp_sum(v);
+}

@@ -1,0 +1,73 @@
+// rope_kv.cu: rotary embedding (HF rotate_half layout) fused with writing K and V into the paged cache.
+//
+// qkv is [T, (Hq + 2 Hkv) * D] f32 (the fused q/k/v projection). For token t at position p, each pair
+// (i, i + D/2) of a head rotates by angle p * inv_freq[i] (inv_freq already holds llama3 scaling):
+//   y_i = x_i cos - x_{i+D/2} sin,   y_{i+D/2} = x_{i+D/2} cos + x_i sin.
+// q is rotated in place. With k_cache != nullptr the rotated k and the unrotated v are written as bf16 to
+// slot s = slot_mapping[t]: cache[(s / bs) , head, s % bs, :] of the [blocks, Hkv, bs, D] layout; with
+// k_cache == nullptr k is rotated in place instead (the Backend.rope protocol path).
+//   write_kv: the protocol's separate cache write: k, v [T, Hkv * D] f32 -> the two caches.
+// One block per token. Angles reach tens of thousands of radians: the f32 angle (as numpy forms it) is
+// reduced to [-pi, pi] in double, then __sincosf (abs error ~1e-6). Plain sincosf would carry its
+// Payne-Hanek slow path, which lives in local memory (ptx-check flags it).
+#include "common.cuh"
+
+__device__ __forceinline__ void rope_sincos(float angle, float* sn, float* cs) {
+    const double two_pi = 6.283185307179586;
+    const double a = (double)angle;
+    const float r = (float)(a - rint(a / two_pi) * two_pi);
+    __sincosf(r, sn, cs);
+}
+
+extern "C" __global__ void rope_write_kv(float* __restrict__ qkv, const int* __restrict__ positions,
+                                         const float* __restrict__ inv_freq, const int* __restrict__ slots,
+                                         bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache,
+                                         int Hq, int Hkv, int D, int block_size) {
+    const int t = blockIdx.x, half = D / 2;
+    const float pos = (float)positions[t];
+    float* row = qkv + (size_t)t * (Hq + 2 * Hkv) * D;
+    const bool write = k_cache != nullptr;
+    long long blk = 0;
+    int off = 0;
+    if (write) {
+        const int s = slots[t];
+        blk = s / block_size;
+        off = s % block_size;
+    }
+    for (int idx = threadIdx.x; idx < (Hq + Hkv) * half; idx += blockDim.x) {
+        const int h = idx / half, i = idx % half;
+        float sn, cs;
+        rope_sincos(__fmul_rn(pos, inv_freq[i]), &sn, &cs);
+        float* p = row + (size_t)h * D;
+        const float x1 = p[i], x2 = p[i + half];
+        const float y1 = x1 * cs - x2 * sn, y2 = x2 * cs + x1 * sn;
+        if (h < Hq || !write) {
+            p[i] = y1;
+            p[i + half] = y2;
+        } else {
+            bf16_t* dst = k_cache + ((blk * Hkv + (h - Hq)) * block_size + off) * (size_t)D;
+            dst[i] = f32_to_bf16(y1);
+            dst[i + half] = f32_to_bf16(y2);
+        }
+    }
+    if (!write) return;
+    const float* v = row + (size_t)(Hq + Hkv) * D;
+    for (int idx = threadIdx.x; idx < Hkv * D; idx += blockDim.x) {
+        const int h = idx / D, d = idx % D;
+        v_cache[((blk * Hkv + h) * block_size + off) * (size_t)D + d] = f32_to_bf16(v[idx]);
+    }
+}
+
+extern "C" __global__ void write_kv(const float* __restrict__ k, const float* __restrict__ v,
+                                    const int* __restrict__ slots, bf16_t* __restrict__ k_cache,
+                                    bf16_t* __restrict__ v_cache, int Hkv, int D, int block_size) {
+    const int t = blockIdx.x, s = slots[t];
+    const long long blk = s / block_size;
+    const int off = s % block_size;
+    for (int idx = threadIdx.x; idx < Hkv * D; idx += blockDim.x) {
+        const int h = idx / D, d = idx % D;
+        const size_t dst = ((blk * Hkv + h) * block_size + off) * (size_t)D + d;
+        k_cache[dst] = f32_to_bf16(k[(size_t)t * Hkv * D + idx]);
+        v_cache[dst] = f32_to_bf16(v[(size_t)t * Hkv * D + idx]);
+    }
+}
