@@ -136,16 +136,16 @@ async def _text_tokens(tok: Tokenizer, base_url: str, model: str, results: list[
     async with httpx.AsyncClient(timeout=60.0, trust_env=False) as c:
         if isinstance(tok, ServerTokenizer):
             tok = ServerTokenizer(base_url, model, c)
-        n_special = len(await tok.encode(""))
         sem = asyncio.Semaphore(32)
 
-        async def one(r: RequestResult) -> tuple[int, int]:
+        async def one(r: RequestResult, n_special: int) -> tuple[int, int]:
             async with sem:
                 return r.idx, len(await tok.encode(r.text)) - n_special
 
-        try:
-            return dict(await asyncio.gather(*(one(r) for r in results if r.success and r.text)))
-        except httpx.HTTPError:
+        try:  # the cross-check is best effort: a server gone by now must not lose the results
+            n_special = len(await tok.encode(""))
+            return dict(await asyncio.gather(*(one(r, n_special) for r in results if r.success and r.text)))
+        except (httpx.HTTPError, KeyError, ValueError):
             return {}
 
 
