@@ -27,6 +27,8 @@ from llmrs.bench import cli as bench_cli  # noqa: E402
 bench_cli.register(app)
 from llmrs.server import cli as server_cli  # noqa: E402
 server_cli.register(app)
+from llmrs import cli_synth  # noqa: E402
+cli_synth.register(app)
 # --- end of command registrations ---
 
 

@@ -21,11 +21,17 @@ from llmrs.errors import UserError
 
 
 def resolve_device(device: str) -> str:
+    """'cpu' or 'cuda': `auto` picks CUDA when CuPy and a GPU are there; `cuda` without them is a UserError."""
     if device not in ("auto", "cpu", "cuda"):
         raise UserError(f"unknown device {device!r} (choose auto, cpu or cuda)")
-    if device == "cuda":
-        raise UserError("the CUDA backend is not part of this build yet; use --device cpu")
-    return "cpu"
+    if device == "cpu":
+        return "cpu"
+    from llmrs.engine.backends.cuda import cuda_available
+
+    ok, why = cuda_available()
+    if device == "cuda" and not ok:
+        raise UserError(f"--device cuda: {why}")
+    return "cuda" if ok else "cpu"
 
 
 class ModelRunner:
@@ -35,10 +41,17 @@ class ModelRunner:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.device = resolve_device(device)
-        from llmrs.engine.backends.cpu import CPUBackend
+        if self.device == "cuda":
+            from llmrs.engine.backends.cuda import CUDABackend, CUDAModel
 
-        self.backend = CPUBackend(self.config, num_blocks=num_blocks, block_size=block_size)
-        self.model = Model(self.config, build_weights(self.config, loaded.tensors, self.backend), self.backend)
+            self.backend = CUDABackend(self.config, num_blocks=num_blocks, block_size=block_size)
+            self.model = CUDAModel(self.config, build_weights(self.config, loaded.tensors, self.backend),
+                                   self.backend)
+        else:
+            from llmrs.engine.backends.cpu import CPUBackend
+
+            self.backend = CPUBackend(self.config, num_blocks=num_blocks, block_size=block_size)
+            self.model = Model(self.config, build_weights(self.config, loaded.tensors, self.backend), self.backend)
         self.max_model_len = self.config.max_position_embeddings
 
     def execute(self, batch: StepBatch) -> np.ndarray:

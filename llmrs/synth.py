@@ -1,0 +1,274 @@
+"""Synthetic models: a real model's exact shapes with random weights, for benchmarks without downloads.
+
+- `write_checkpoint(preset, out)`: a Hugging Face-style directory any engine can load: config.json,
+  generation_config.json, bf16 safetensors sharded at ~4 GB with model.safetensors.index.json, and a
+  byte-level BPE tokenizer.json whose vocabulary has exactly vocab_size entries (256 bytes, then two- and
+  three-character merges; the preset's special token ids are real special tokens).
+- `gpu_weights(config, backend)`: the same kind of weights drawn directly on the GPU (no files, no host
+  copies), for `llmrs synth --decode-bench` and for engine paths that take `--synthetic`.
+- `decode_benchmark(preset)`: single-stream decode on the CUDA backend, as a fraction of the bandwidth floor.
+
+Weights are N(0, 0.02^2) (transformers' initializer_range), norms 1, biases N(0, 0.02^2): realistic scale
+for timing, meaningless text.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from llmrs.engine.config import ModelConfig
+from llmrs.engine.model import LayerWeights, ModelWeights
+from llmrs.roofline.presets import preset_config, preset_repo
+
+STD = 0.02
+SHARD_BYTES = 4 << 30
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+# ---------------------------------------------------------------------- checkpoint on disk
+def tensor_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor of the checkpoint with its Hugging Face name and shape, in file order."""
+    h, i, q, kv, v = c.hidden_size, c.intermediate_size, c.q_size, c.kv_size, c.vocab_size
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h)}
+    for n in range(c.num_hidden_layers):
+        p = f"model.layers.{n}."
+        out.update({p + "input_layernorm.weight": (h,), p + "self_attn.q_proj.weight": (q, h),
+                    p + "self_attn.k_proj.weight": (kv, h), p + "self_attn.v_proj.weight": (kv, h)})
+        if c.attention_bias:
+            out.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                        p + "self_attn.v_proj.bias": (kv,)})
+        out.update({p + "self_attn.o_proj.weight": (h, q), p + "post_attention_layernorm.weight": (h,),
+                    p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
+                    p + "mlp.down_proj.weight": (h, i)})
+    out["model.norm.weight"] = (h,)
+    if not c.tie_word_embeddings:
+        out["lm_head.weight"] = (v, h)
+    return out
+
+
+def _bf16_random(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> bytes:
+    from llmrs.engine.backends.cuda import bf16_bits  # pure numpy, no CuPy needed
+
+    if name.endswith("norm.weight"):
+        return np.full(shape, 0x3F80, dtype=np.uint16).tobytes()  # 1.0
+    x = rng.standard_normal(shape, dtype=np.float32) * np.float32(STD)
+    return bf16_bits(x).tobytes()
+
+
+def _write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...]]], rng: np.random.Generator) -> None:
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    off = 0
+    for name, shape in tensors:
+        n = 2 * math.prod(shape)
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [off, off + n]}
+        off += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with path.open("wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for name, shape in tensors:
+            f.write(_bf16_random(name, shape, rng))
+
+
+def synthetic_vocab(size: int, special_ids: dict[int, str]) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """A byte-level BPE vocabulary of exactly `size` ids: the 256 byte symbols, then 2- and 3-symbol merges,
+    with `special_ids` (id -> text) placed at their ids."""
+    from tokenizers import pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab: dict[str, int] = {}
+    merges: list[tuple[str, str]] = []
+    free = (i for i in range(size) if i not in special_ids)
+    for ch in alphabet:
+        vocab[ch] = next(free)
+    need = size - len(special_ids) - len(alphabet)
+    pairs = [(a, b) for a in alphabet for b in alphabet]
+    for a, b in pairs[:need]:
+        vocab[a + b] = next(free)
+        merges.append((a, b))
+    need -= min(need, len(pairs))
+    k = 0
+    while need > 0:  # 3-symbol tokens (ab)+c: every 2-symbol token exists by now
+        a, b = pairs[k // len(alphabet)]
+        ch = alphabet[k % len(alphabet)]
+        vocab[a + b + ch] = next(free)
+        merges.append((a + b, ch))
+        need -= 1
+        k += 1
+    for i, text in special_ids.items():
+        vocab[text] = i
+    assert len(vocab) == size, (len(vocab), size)
+    return vocab, merges
+
+
+def write_tokenizer(c: ModelConfig, out: Path) -> None:
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    eos = c.eos_token_ids[0] if c.eos_token_ids else c.vocab_size - 1
+    ids = sorted({eos, *(c.eos_token_ids or []), *([c.bos_token_id] if c.bos_token_id is not None else [])})
+    specials: dict[int, str] = {}
+    names = iter(SPECIALS + [f"<|special_{k}|>" for k in range(len(ids))])
+    for i in ids:
+        specials[i] = "<|im_end|>" if i == eos else next(n for n in names if n != "<|im_end|>")
+    vocab, merges = synthetic_vocab(c.vocab_size, specials)
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials.values()])
+    tk.save(str(out / "tokenizer.json"))
+    bos = specials.get(c.bos_token_id) if c.bos_token_id is not None else None
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": bos, "eos_token": specials[eos], "chat_template": CHAT_TEMPLATE,
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": c.max_position_embeddings,
+    }, indent=1))
+
+
+def hf_config(c: ModelConfig, repo: str) -> dict[str, Any]:
+    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}[c.model_type]
+    d = {
+        "architectures": [arch], "model_type": c.model_type, "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta, "max_position_embeddings": c.max_position_embeddings,
+        "tie_word_embeddings": c.tie_word_embeddings, "bos_token_id": c.bos_token_id,
+        "eos_token_id": c.eos_token_ids[0] if len(c.eos_token_ids) == 1 else c.eos_token_ids,
+        "torch_dtype": "bfloat16", "hidden_act": "silu", "synthetic_like": repo,
+    }
+    if c.model_type == "llama":
+        d["attention_bias"] = c.attention_bias
+    if c.rope_scaling:
+        d["rope_scaling"] = c.rope_scaling
+    return d
+
+
+def write_checkpoint(preset: str, out: Path, seed: int = 0, progress: Any = None) -> dict[str, Any]:
+    """Write the synthetic checkpoint; returns a summary (files, bytes, parameters)."""
+    c = preset_config(preset)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    shapes = list(tensor_shapes(c).items())
+    shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+    size = 0
+    for name, shape in shapes:
+        n = 2 * math.prod(shape)
+        if shards[-1] and size + n > SHARD_BYTES:
+            shards.append([])
+            size = 0
+        shards[-1].append((name, shape))
+        size += n
+    total = sum(2 * math.prod(s) for _, s in shapes)
+    files = []
+    if len(shards) == 1:
+        files.append("model.safetensors")
+    else:
+        files = [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
+    weight_map = {}
+    for fname, shard in zip(files, shards):
+        _write_safetensors(out / fname, shard, rng)
+        weight_map.update({name: fname for name, _ in shard})
+        if progress:
+            progress(fname)
+    if len(files) > 1:
+        (out / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    (out / "config.json").write_text(json.dumps(hf_config(c, preset_repo(preset)), indent=1))
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": c.eos_token_ids,
+                                                            "bos_token_id": c.bos_token_id}))
+    write_tokenizer(c, out)
+    return {"preset": preset, "out": str(out), "files": files, "bytes": total, "parameters": c.num_parameters()}
+
+
+# ---------------------------------------------------------------------- weights on the GPU
+def gpu_weights(c: ModelConfig, backend: Any, seed: int = 0) -> ModelWeights:
+    """Random weights drawn on the GPU in the backend's storage (bf16 matrices, f32 vectors); q/k/v and
+    gate/up already fused, as build_weights would give."""
+    from llmrs.engine.backends.cuda import round_bf16
+
+    cp = backend.cp
+    rs = cp.random.RandomState(seed)
+
+    def mat(rows: int, cols: int) -> Any:
+        x = rs.standard_normal((rows, cols), dtype=cp.float32)
+        x *= STD
+        w = backend.upload_bf16(x)
+        del x
+        return w
+
+    def vec(n: int, value: float | None = None) -> Any:
+        if value is not None:
+            return cp.full((n,), value, dtype=cp.float32)
+        return cp.asarray(round_bf16(cp.asnumpy(rs.standard_normal((n,), dtype=cp.float32) * STD)))
+
+    h, i = c.hidden_size, c.intermediate_size
+    n_qkv = c.q_size + 2 * c.kv_size
+    layers = [LayerWeights(input_norm=vec(h, 1.0), qkv=mat(n_qkv, h), qkv_bias=vec(n_qkv) if c.attention_bias else None,
+                           o=mat(h, c.q_size), post_norm=vec(h, 1.0), gate_up=mat(2 * i, h), down=mat(h, i))
+              for _ in range(c.num_hidden_layers)]
+    embed = mat(c.vocab_size, h)
+    lm_head = embed if c.tie_word_embeddings else mat(c.vocab_size, h)
+    return ModelWeights(embed=embed, layers=layers, norm=vec(h, 1.0), lm_head=lm_head)
+
+
+def decode_benchmark(preset: str, prompt_len: int = 128, steps: int = 128, warmup: int = 8,
+                     bandwidth_gbs: float | None = None) -> dict[str, Any]:
+    """Single-stream greedy decode of a synthetic `preset` on the GPU: ms/token against the bandwidth floor
+    (bytes a batch-1 step must read: every streamed weight + the KV read at the mean context, from the
+    roofline cost model)."""
+    from llmrs.engine.backends.cuda import CUDABackend, CUDAModel
+    from llmrs.engine.batch import build_step_batch
+    from llmrs.engine.sampling import SamplingParams, SamplingState, make_generator
+    from llmrs.roofline.cost import ModelCost
+    from llmrs.roofline.formats import get_format
+
+    c = preset_config(preset)
+    bs = 16
+    total = prompt_len + warmup + steps + 1
+    backend = CUDABackend(c, num_blocks=-(-total // bs), block_size=bs)
+    t0 = time.perf_counter()
+    model = CUDAModel(c, gpu_weights(c, backend), backend)
+    backend.synchronize()
+    build_s = time.perf_counter() - t0
+    table = list(range(-(-total // bs)))
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, c.vocab_size, prompt_len).tolist()
+    state = SamplingState(SamplingParams(temperature=0.0), make_generator(0), prompt, [], [])
+    t0 = time.perf_counter()
+    logits = model.forward_device(build_step_batch([(prompt, 0, table, True)], bs))
+    tok = backend.sample(logits, [state])[0].token_id
+    prefill_s = time.perf_counter() - t0
+    cached = prompt_len
+    times = []
+    for k in range(warmup + steps):
+        t = time.perf_counter()
+        logits = model.forward_device(build_step_batch([([tok], cached, table, True)], bs))
+        tok = backend.sample(logits, [state])[0].token_id  # a device->host copy: the step is finished
+        if k >= warmup:
+            times.append(time.perf_counter() - t)
+        cached += 1
+    ms = 1000 * float(np.median(times))
+    mean_ctx = prompt_len + warmup + steps // 2
+    cost = ModelCost.build(c, get_format("bf16")).decode_step(1, mean_ctx)
+    out = {"preset": preset, "prompt_len": prompt_len, "steps": steps, "ms_per_token": round(ms, 4),
+           "tok_s": round(1000 / ms, 1), "ms_mean": round(1000 * float(np.mean(times)), 4),
+           "bytes_per_step": cost.bytes, "achieved_gbs": round(cost.bytes / (ms * 1e-3) / 1e9, 1),
+           "prefill_ms": round(1000 * prefill_s, 2), "weights_built_s": round(build_s, 2)}
+    for label, bw in (("datasheet", 4800.0), ("measured", bandwidth_gbs)):
+        if bw:
+            floor_ms = cost.bytes / (bw * 1e9) * 1000
+            out[f"floor_ms_{label}"] = round(floor_ms, 4)
+            out[f"fraction_of_floor_{label}"] = round(floor_ms / ms, 3)
+    del model, backend
+    return out

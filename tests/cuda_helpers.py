@@ -1,0 +1,35 @@
+"""Shared by the GPU tests: skip cleanly without CuPy or a GPU; numpy references; a report file of figures."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+
+def require_gpu():
+    """The cupy module, or skip the whole test module (no CuPy, no driver, no GPU)."""
+    cp = pytest.importorskip("cupy")
+    try:
+        n = cp.cuda.runtime.getDeviceCount()
+    except Exception:  # no driver / CUDA libraries
+        n = 0
+    if n < 1:
+        pytest.skip("no CUDA GPU", allow_module_level=True)
+    return cp
+
+
+def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
+    out, ref = np.asarray(out, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    assert np.isfinite(out).all(), "non-finite (unwritten or poisoned) output"
+    return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def report(key: str, value) -> None:
+    """Append a figure to $LLMRS_GPU_REPORT (a JSON-lines file) when set: parity figures for the notes."""
+    path = os.environ.get("LLMRS_GPU_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"key": key, "value": value}) + "\n")

@@ -1,0 +1,249 @@
+"""Each CUDA kernel against numpy (the CPU reference backend where it has the op), on fresh random inputs of
+several shapes (odd sizes, partial KV blocks, shuffled block tables), outputs poisoned with NaN first."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.cuda_helpers import rel_err, report, require_gpu
+
+cp = require_gpu()
+pytestmark = pytest.mark.gpu
+
+from llmrs.engine.backends.cpu import CPUBackend  # noqa: E402
+from llmrs.engine.backends.cuda import CUDABackend, bf16_bits, round_bf16  # noqa: E402
+from llmrs.engine.batch import build_step_batch  # noqa: E402
+from llmrs.engine.config import ModelConfig  # noqa: E402
+from llmrs.engine.sampling import SamplingParams, SamplingState, filter_probs, make_generator  # noqa: E402
+
+
+def cfg(heads=8, kv=2, head_dim=64, hidden=None, inter=160, vocab=300, llama3=False, layers=1) -> ModelConfig:
+    rs = ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+           "original_max_position_embeddings": 64} if llama3 else None)
+    return ModelConfig(model_type="llama", vocab_size=vocab, hidden_size=hidden or heads * head_dim,
+                       intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,
+                       num_key_value_heads=kv, head_dim=head_dim, rope_theta=10000.0, rope_scaling=rs,
+                       max_position_embeddings=40000)
+
+
+def poison(shape, dtype=np.float32):
+    return cp.full(shape, np.nan, dtype=dtype)
+
+
+@pytest.fixture(scope="module")
+def rng():
+    return np.random.default_rng(1234)
+
+
+def test_bf16_rounding_matches_kernel(rng):
+    be = CUDABackend(cfg(), num_blocks=1)
+    x = (rng.standard_normal(1001) * 10 ** rng.uniform(-6, 6, 1001)).astype(np.float32)
+    x[:4] = [0.0, -0.0, np.inf, -np.inf]
+    out = cp.full(x.shape, 0xFFFF, dtype=cp.uint16)
+    be._cast_bf16(cp.asarray(x), out)
+    np.testing.assert_array_equal(cp.asnumpy(out), bf16_bits(x))
+    # round to nearest even: 1 + 2^-8 is a tie between 1 and 1 + 2^-7 -> 1
+    assert round_bf16(np.array([1 + 2**-8], dtype=np.float32))[0] == 1.0
+
+
+@pytest.mark.parametrize("H,T", [(64, 1), (77, 5), (896, 3)])
+def test_embedding_gathers_bf16_rows(rng, H, T):
+    be = CUDABackend(cfg(), num_blocks=1)
+    table = rng.standard_normal((301, H)).astype(np.float32)
+    ids = rng.integers(0, 301, T).astype(np.int32)
+    out = poison((T, H))
+    be.k.embedding_gather((T,), (256,), (be.upload(table), cp.asarray(ids), out, np.int32(H)))
+    np.testing.assert_array_equal(cp.asnumpy(out), round_bf16(table)[ids])
+
+
+@pytest.mark.parametrize("H,T", [(64, 1), (77, 3), (896, 7), (3584, 2), (5000, 1)])
+def test_rms_norm_and_fused_residual(rng, H, T):
+    be = CUDABackend(cfg(), num_blocks=1)
+    ref = CPUBackend(cfg(), num_blocks=1)
+    x = rng.standard_normal((T, H)).astype(np.float32) * 3
+    y = rng.standard_normal((T, H)).astype(np.float32)
+    w = round_bf16(rng.standard_normal(H).astype(np.float32))
+    out = poison((T, H))
+    be._rms_norm(cp.asarray(x), be.upload(w), 1e-6, out)
+    assert rel_err(cp.asnumpy(out), ref.rms_norm(x, w, 1e-6)) < 1e-5
+    rows = np.array([T - 1, 0], dtype=np.int32)
+    out2 = poison((2, H))
+    be._rms_norm(cp.asarray(x), be.upload(w), 1e-6, out2, rows=cp.asarray(rows), n_rows=2)
+    assert rel_err(cp.asnumpy(out2), ref.rms_norm(x[rows], w, 1e-6)) < 1e-5
+    xd = cp.asarray(x)
+    normed = be.add_rms_norm(xd, cp.asarray(y), be.upload(w), 1e-6)
+    assert rel_err(cp.asnumpy(xd), x + y) < 1e-7
+    assert rel_err(cp.asnumpy(normed), ref.rms_norm(x + y, w, 1e-6)) < 1e-5
+
+
+@pytest.mark.parametrize("N,K,T", [(1, 8, 1), (37, 64, 3), (896, 896, 1), (1001, 4864, 8), (129, 77, 5),
+                                   (4608, 3584, 2), (300, 160, 6)])
+@pytest.mark.parametrize("bias,accumulate", [(False, False), (True, True)])
+def test_matvec_matches_numpy(rng, N, K, T, bias, accumulate):
+    be = CUDABackend(cfg(), num_blocks=1)
+    W = rng.standard_normal((N, K)).astype(np.float32) * 0.05
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    b = round_bf16(rng.standard_normal(N).astype(np.float32)) if bias else None
+    y0 = rng.standard_normal((T, N)).astype(np.float32)
+    ref = x.astype(np.float64) @ round_bf16(W).T.astype(np.float64) + (b if bias else 0) + (y0 if accumulate else 0)
+    out = cp.asarray(y0) if accumulate else poison((T, N))
+    be._linear(cp.asarray(x), be.upload(W), be.upload(b) if bias else None, out, accumulate=accumulate)
+    assert rel_err(cp.asnumpy(out), ref) < 1e-5
+
+
+@pytest.mark.parametrize("N,K,T", [(64, 64, 9), (1001, 896, 33), (4864, 896, 130), (151, 72, 17)])
+@pytest.mark.parametrize("bias,accumulate", [(False, False), (True, True)])
+def test_cublas_gemm_path_matches_numpy(rng, N, K, T, bias, accumulate):
+    """More tokens than matvec_max_tokens: bf16 activations x bf16 weights -> f32 through cuBLAS."""
+    be = CUDABackend(cfg(), num_blocks=1)
+    W = rng.standard_normal((N, K)).astype(np.float32) * 0.05
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    b = round_bf16(rng.standard_normal(N).astype(np.float32)) if bias else None
+    y0 = rng.standard_normal((T, N)).astype(np.float32)
+    exact = round_bf16(x).astype(np.float64) @ round_bf16(W).T.astype(np.float64)
+    ref = exact + (b if bias else 0) + (y0 if accumulate else 0)
+    out = cp.asarray(y0) if accumulate else poison((T, N))
+    be._linear(cp.asarray(x), be.upload(W), be.upload(b) if bias else None, out, accumulate=accumulate)
+    assert rel_err(cp.asnumpy(out), ref) < 1e-5
+    # against f32 activations: within bf16 tolerance
+    full = x.astype(np.float64) @ round_bf16(W).T.astype(np.float64)
+    assert rel_err(cp.asnumpy(out) - (b if bias else 0) - (y0 if accumulate else 0), full) < 1e-2
+
+
+@pytest.mark.parametrize("T,I", [(1, 160), (7, 77), (3, 4864)])
+def test_silu_mul_and_add(rng, T, I):
+    be, ref = CUDABackend(cfg(), num_blocks=1), CPUBackend(cfg(), num_blocks=1)
+    gu = (rng.standard_normal((T, 2 * I)) * 4).astype(np.float32)
+    assert rel_err(cp.asnumpy(be.silu_mul(cp.asarray(gu))), ref.silu_mul(gu)) < 1e-6
+    y = rng.standard_normal((T, 2 * I)).astype(np.float32)
+    assert rel_err(cp.asnumpy(be.add(cp.asarray(gu), cp.asarray(y))), gu + y) < 1e-7
+
+
+@pytest.mark.parametrize("head_dim,heads,kv,llama3", [(8, 8, 2, True), (64, 14, 2, False), (128, 28, 4, True)])
+def test_rope_and_kv_write_match_reference(rng, head_dim, heads, kv, llama3):
+    c = cfg(heads=heads, kv=kv, head_dim=head_dim, llama3=llama3)
+    nb, bs = 9, 16
+    be, ref = CUDABackend(c, num_blocks=nb), CPUBackend(c, num_blocks=nb)
+    T = 11
+    positions = np.sort(rng.choice(np.arange(0, 32000), T, replace=False)).astype(np.int32)
+    positions[:3] = [0, 1, 63]
+    slots = rng.choice(nb * bs, T, replace=False).astype(np.int64)
+    qkv = rng.standard_normal((T, (heads + 2 * kv) * head_dim)).astype(np.float32)
+    q, k, v = qkv[:, : heads * head_dim], qkv[:, heads * head_dim: (heads + kv) * head_dim], qkv[:, (heads + kv) * head_dim:]
+    rq, rk = ref.rope(q, k, positions)
+    ref.write_kv(0, rk, v, slots)
+    # protocol path: rope alone
+    gq, gk = be.rope(cp.asarray(q), cp.asarray(k), positions)
+    assert rel_err(cp.asnumpy(gq), rq) < 1e-5 and rel_err(cp.asnumpy(gk), rk) < 1e-5
+    # fused path: q rotated in place, k/v written as bf16 to their slots, other slots untouched
+    for layer_cache in (be.k_cache[0], be.v_cache[0]):
+        layer_cache.fill(0x7FC0)  # bf16 NaN everywhere
+    d = cp.asarray(qkv)
+    threads = min(1024, max(32, -(-(heads + kv) * head_dim // 2 // 32) * 32))
+    be.k.rope_write_kv((T,), (threads,), (d, cp.asarray(positions), be.inv_freq, cp.asarray(slots.astype(np.int32)),
+                                          be.k_cache[0], be.v_cache[0], np.int32(heads), np.int32(kv),
+                                          np.int32(head_dim), np.int32(bs)))
+    assert rel_err(cp.asnumpy(d[:, : heads * head_dim]), rq.reshape(T, -1)) < 1e-5
+    blocks, offs = slots // bs, slots % bs
+    for cache, want in ((be.k_cache[0], ref.k_cache[0]), (be.v_cache[0], ref.v_cache[0])):
+        got = (cp.asnumpy(cache).astype(np.uint32) << 16).view(np.float32)
+        assert rel_err(got[blocks, :, offs, :], want[blocks, :, offs, :]) < 4e-3  # bf16 storage
+        untouched = np.ones(nb * bs, dtype=bool)
+        untouched[slots] = False
+        assert np.isnan(got.transpose(0, 2, 1, 3).reshape(nb * bs, -1)[untouched]).all()
+
+
+def fill_caches(rng, be, ref, layer=0):
+    """Random bf16 K/V in every slot, the same values in both backends."""
+    for gpu, cpu in ((be.k_cache, ref.k_cache), (be.v_cache, ref.v_cache)):
+        vals = round_bf16(rng.standard_normal(cpu[layer].shape).astype(np.float32))
+        cpu[layer][...] = vals
+        gpu[layer][...] = cp.asarray(bf16_bits(vals))
+
+
+@pytest.mark.parametrize("head_dim,heads,kv", [(8, 8, 2), (64, 14, 2), (128, 28, 4), (64, 18, 2), (32, 4, 4)])
+@pytest.mark.parametrize("splits", [None, 1, 3, 8])
+def test_paged_attention_prefill_chunks_and_decodes(rng, head_dim, heads, kv, splits):
+    """Sequences mixing a fresh prefill, a chunk over a cached prefix, decodes at partial blocks, ctx 1."""
+    c = cfg(heads=heads, kv=kv, head_dim=head_dim)
+    nb, bs = 64, 16
+    be, ref = CUDABackend(c, num_blocks=nb), CPUBackend(c, num_blocks=nb)
+    be.attn_splits = splits
+    fill_caches(rng, be, ref)
+    perm = rng.permutation(nb).tolist()
+    # (new tokens, cached before): prefill 13; chunk of 5 after 20 cached; decode at 37; decode at 0; 300-token decode
+    specs = [(13, 0), (5, 20), (1, 36), (1, 0), (1, 299), (40, 100)]
+    seqs, used = [], 0
+    for n, cached in specs:
+        nblk = -(-(n + cached) // bs)
+        seqs.append((list(rng.integers(0, 10, n)), cached, perm[used: used + nblk], True))
+        used += nblk
+    assert used <= nb
+    batch = build_step_batch(seqs, bs)
+    batch.validate(bs)
+    q = rng.standard_normal((batch.num_tokens, heads * head_dim)).astype(np.float32)
+    want = ref.attention(0, q, batch)
+    out = poison((batch.num_tokens, heads * head_dim))
+    be._attention(0, cp.asarray(q), heads * head_dim, be.device_batch(batch), out)
+    err = rel_err(cp.asnumpy(out), want)
+    report(f"attention hd{head_dim} h{heads}/{kv} splits={splits}", err)
+    assert err < 1e-5
+
+
+# ---------------------------------------------------------------------- sampling
+def states_for(params_list, seed0=0):
+    return [SamplingState(p, make_generator(seed0 + i), [], [], []) for i, p in enumerate(params_list)]
+
+
+def test_greedy_sampling_is_argmax_with_lowest_index_ties(rng):
+    be = CUDABackend(cfg(), num_blocks=1)
+    for V in (7, 1000, 151936):
+        logits = rng.standard_normal((5, V)).astype(np.float32)
+        logits[1, [3, V - 1]] = 50.0  # a tie: the lowest index wins, as np.argmax
+        toks = be.sample(cp.asarray(logits), states_for([SamplingParams(temperature=0.0)] * 5))
+        assert [t.token_id for t in toks] == np.argmax(logits, axis=-1).tolist()
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.8, top_k=5), SamplingParams(temperature=1.0, top_p=0.5),
+    SamplingParams(temperature=1.3, min_p=0.2), SamplingParams(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05),
+    SamplingParams(temperature=1.0, top_k=1),
+])
+def test_gpu_sampling_never_leaves_the_filtered_set(rng, params):
+    be = CUDABackend(cfg(), num_blocks=1)
+    V, S = 2000, 64
+    logits = (rng.standard_normal((S, V)) * 3).astype(np.float32)
+    toks = be.sample(cp.asarray(logits), states_for([params] * S))
+    for i, t in enumerate(toks):
+        z = logits[i].astype(np.float64) / params.temperature
+        probs = np.exp(z - z.max())
+        allowed = filter_probs(probs / probs.sum(), params) > 0
+        assert allowed[t.token_id], (i, t.token_id)
+
+
+def test_gpu_sampling_follows_the_distribution_and_seeds_reproduce(rng):
+    be = CUDABackend(cfg(), num_blocks=1)
+    V, S = 20, 4000
+    base = (rng.standard_normal(V) * 1.5).astype(np.float32)
+    logits = np.tile(base, (S, 1))
+    params = SamplingParams(temperature=0.9, top_p=0.8)
+    toks = [t.token_id for t in be.sample(cp.asarray(logits), states_for([params] * S))]
+    z = base.astype(np.float64) / 0.9
+    p = np.exp(z - z.max())
+    want = filter_probs(p / p.sum(), params)
+    freq = np.bincount(toks, minlength=V) / S
+    assert np.abs(freq - want).max() < 0.04
+    again = [t.token_id for t in be.sample(cp.asarray(logits), states_for([params] * S))]
+    assert again == toks  # same seeds, same tokens
+    other = [t.token_id for t in be.sample(cp.asarray(logits), states_for([params] * S, seed0=10_000))]
+    assert other != toks
+
+
+def test_gpu_sampling_falls_back_to_cpu_for_penalties_and_logprobs(rng):
+    be = CUDABackend(cfg(), num_blocks=1)
+    logits = rng.standard_normal((2, 50)).astype(np.float32)
+    st = states_for([SamplingParams(temperature=0.0, logprobs=2), SamplingParams(temperature=0.0)])
+    res = be.sample(cp.asarray(logits), st)
+    assert res[0].logprob is not None and len(res[0].top_logprobs) == 2
+    assert [r.token_id for r in res] == np.argmax(logits, axis=-1).tolist()
