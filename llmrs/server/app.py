@@ -1,0 +1,109 @@
+"""The FastAPI app: routes, OpenAI-shaped errors, and one ASGI guard in front (API key, body size limit).
+
+The engine is built before the app (the model loads before the port answers); the app's lifespan starts its
+loop thread and, at shutdown, aborts whatever still runs and joins the thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from llmrs.server import errors
+from llmrs.server.metrics import ServerMetrics
+from llmrs.server.routes import router
+from llmrs.server.serving import ServerState
+
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class ServerSettings:
+    served_names: list[str]
+    model_root: str
+    api_key: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    block_size: int = 16
+
+
+class Guard:
+    """Pure ASGI middleware: Bearer auth on /v1 routes (401), then the request body read up to the limit (413)
+    and replayed to the app. Raw ASGI, so a refusal costs no JSON parsing and a huge body is never buffered."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int):
+        self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
+
+    async def _refuse(self, send: Send, status: int, message: str, code: str | None = None,
+                      headers: list[tuple[bytes, bytes]] = ()) -> None:
+        body = json.dumps(errors.error_body(status, message, code=code)).encode()
+        await send({"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        if self.api_key and scope["path"].startswith("/v1"):
+            auth = headers.get(b"authorization", b"").decode("latin-1")
+            scheme, _, token = auth.partition(" ")
+            if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), self.api_key.encode()):
+                what = "wrong API key" if auth else "missing API key"
+                return await self._refuse(send, 401, f"{what}: send the header 'Authorization: Bearer <key>'",
+                                          "invalid_api_key", [(b"www-authenticate", b"Bearer")])
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        limit = self.max_body_bytes
+        too_large = f"the request body is larger than the server's limit of {limit} bytes (--max-body-bytes)"
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return await self._refuse(send, 413, too_large)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return await self._refuse(send, 413, too_large)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()  # after the body: waits for the client's disconnect
+
+        await self.app(scope, replay, send)
+
+
+def build_app(engine, settings: ServerSettings) -> FastAPI:
+    """The app over a built (not yet started) AsyncEngine."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        try:
+            yield
+        finally:
+            await engine.shutdown(abort_running=True)
+
+    app = FastAPI(title="llmrs", summary="OpenAI-compatible server over the llmrs engine", lifespan=lifespan)
+    app.state.llmrs = ServerState(engine=engine, metrics=ServerMetrics(engine, settings.served_names[0]),
+                                  served_names=settings.served_names, model_root=settings.model_root,
+                                  block_size=settings.block_size)
+    errors.install(app)
+    app.include_router(router)
+    app.add_middleware(Guard, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes)
+    return app

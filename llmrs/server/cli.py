@@ -1,0 +1,131 @@
+"""`llmrs serve [MODEL]`: the OpenAI-compatible server.
+
+Order of start-up: bind the port (a busy port fails at once, before the model loads), load the model and build
+the engine, then serve. Ctrl-C / SIGTERM: stop accepting, give in-flight requests --shutdown-timeout seconds to
+finish, abort the rest (their blocks freed), stop the engine thread, exit 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import time
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from llmrs.engine.loader import DEFAULT_MODEL
+from llmrs.errors import UserError
+
+console = Console(stderr=True)
+BLOCK_SIZE = 16
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port {port} is not a port number (0..65535)")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise UserError(f"--host {host}: cannot resolve ({e})") from None
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _uvicorn_server(config, state, grace_s: float):
+    import asyncio
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """Two changes to uvicorn's shutdown: requests still running `grace_s` after the signal are aborted
+        through the engine (their streams end with finish_reason "abort" and [DONE], their blocks are freed)
+        before uvicorn's own deadline would cancel them mid-stream; and the signal is not re-raised after a
+        clean shutdown (uvicorn does, so the process would die of it), so Ctrl-C / SIGTERM exit 0."""
+
+        async def shutdown(self, sockets=None):
+            async def abort_late() -> None:
+                await asyncio.sleep(grace_s)
+                await state.abort_all()
+
+            task = asyncio.create_task(abort_late())
+            try:
+                await super().shutdown(sockets)
+            finally:
+                task.cancel()
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            sigs = (signal.SIGINT, signal.SIGTERM)
+            original = {s: signal.signal(s, self.handle_exit) for s in sigs}
+            try:
+                yield
+            finally:
+                for s, h in original.items():
+                    signal.signal(s, h)
+
+    return Server(config)
+
+
+def serve(
+    model: Optional[str] = typer.Argument(None, show_default=DEFAULT_MODEL, help="Embedded model name, Hugging Face-style directory, or .gguf file."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(8000, "--port", help="Port to listen on."),
+    max_num_seqs: int = typer.Option(64, "--max-num-seqs", help="Sequences in the running batch at most."),
+    max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", help="Tokens computed per engine step at most (prefill chunks + decode tokens)."),
+    kv_cache_tokens: int = typer.Option(16384, "--kv-cache-tokens", help="KV-cache capacity in tokens (CPU backend)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="LLMRS_API_KEY", help="Require 'Authorization: Bearer KEY' on every /v1 route."),
+    served_model_name: Optional[str] = typer.Option(None, "--served-model-name", show_default="MODEL", help="Model name clients send and /v1/models lists."),
+    max_waiting: Optional[int] = typer.Option(None, "--max-waiting", show_default="no limit", help="Answer 429 when this many requests already wait."),
+    max_body_bytes: int = typer.Option(4 * 1024 * 1024, "--max-body-bytes", help="Largest request body accepted (413 above)."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    shutdown_timeout: float = typer.Option(5.0, "--shutdown-timeout", help="Seconds in-flight requests get to finish after Ctrl-C / SIGTERM before they are aborted."),
+    log_level: str = typer.Option("info", "--log-level", help="uvicorn log level: critical, error, warning, info, debug."),
+    access_log: bool = typer.Option(True, "--access-log/--no-access-log", help="Log one line per HTTP request."),
+) -> None:
+    """Serve MODEL over an OpenAI-compatible HTTP API (continuous batching, paged KV cache, prefix caching)."""
+    import uvicorn
+
+    from llmrs.engine.engine import AsyncEngine
+    from llmrs.server.app import ServerSettings, build_app
+
+    for name, value, low in (("--max-num-seqs", max_num_seqs, 1), ("--max-num-batched-tokens", max_num_batched_tokens, 1),
+                             ("--kv-cache-tokens", kv_cache_tokens, BLOCK_SIZE), ("--max-body-bytes", max_body_bytes, 1),
+                             ("--max-waiting", max_waiting, 0)):
+        if value is not None and value < low:
+            raise UserError(f"{name} must be at least {low} (got {value})")
+    if shutdown_timeout < 0:
+        raise UserError(f"--shutdown-timeout must be >= 0 (got {shutdown_timeout:g})")
+    if log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
+        raise UserError(f"--log-level {log_level!r}: choose critical, error, warning, info or debug")
+    sock = _bind(host, port)
+    model = model or DEFAULT_MODEL
+    name = served_model_name or model
+    t0 = time.perf_counter()
+    with console.status(f"loading {model} ..."):
+        engine = AsyncEngine.from_args(model, device=device, max_num_seqs=max_num_seqs,
+                                       max_num_batched_tokens=max_num_batched_tokens, kv_cache_tokens=kv_cache_tokens,
+                                       block_size=BLOCK_SIZE, max_waiting=max_waiting)
+    app = build_app(engine, ServerSettings(served_names=[name], model_root=model, api_key=api_key,
+                                           max_body_bytes=max_body_bytes, block_size=BLOCK_SIZE))
+    bound = sock.getsockname()
+    console.print(f"[dim]loaded {model} in {time.perf_counter() - t0:.1f}s; max_model_len {engine.max_model_len}, "
+                  f"KV cache {kv_cache_tokens} tokens[/dim]")
+    console.print(f"serving [cyan]{name}[/] on http://{host}:{bound[1]}/v1 (Ctrl-C to stop)")
+    config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on",
+                            timeout_graceful_shutdown=shutdown_timeout + 5.0, timeout_keep_alive=5)
+    _uvicorn_server(config, app.state.llmrs, shutdown_timeout).run(sockets=[sock])
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)

@@ -1,0 +1,243 @@
+"""The routes: /v1/completions, /v1/chat/completions, /v1/models, /health, /tokenize, /detokenize, /metrics."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from llmrs.errors import UserError
+from llmrs.server import sse
+from llmrs.server.errors import APIError, error_body, error_response, user_error
+from llmrs.server.metrics import CONTENT_TYPE
+from llmrs.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from llmrs.server.serving import (
+    ChoiceAcc, Generation, ServerState, chat_logprobs, completion_logprobs, until_disconnect, usage,
+    validate,
+)
+
+router = APIRouter()
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy default
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.llmrs
+
+
+def _check_stream_options(req) -> None:
+    if req.stream_options is not None and not req.stream:
+        raise APIError(400, "stream_options is only allowed with stream: true", param="stream_options")
+
+
+def _stream_error(e: Exception) -> bytes:
+    return sse.event(error_body(500, f"generation failed: {e}"))
+
+
+# ---------------------------------------------------------------------- plain endpoints
+@router.get("/health")
+async def health(request: Request) -> Response:
+    err = getattr(_state(request).engine, "error", None)
+    if err is not None:
+        return error_response(503, f"the engine loop failed: {err!r}")
+    return Response(status_code=200)
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> dict:
+    st = _state(request)
+    return {"object": "list", "data": [
+        {"id": name, "object": "model", "created": st.created, "owned_by": "llmrs", "root": st.model_root,
+         "parent": None, "max_model_len": st.engine.max_model_len}
+        for name in st.served_names]}
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE)
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request) -> dict:
+    st = _state(request)
+    st.check_model(body.model)
+    if (body.prompt is None) == (body.messages is None):
+        raise APIError(400, "give exactly one of 'prompt' or 'messages'", param="prompt")
+    try:
+        if body.prompt is not None:
+            ids = st.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        else:
+            ids = st.tokenizer.encode_chat([m.as_template_dict() for m in body.messages], body.add_generation_prompt)
+    except UserError as e:
+        raise user_error(e) from None
+    return {"count": len(ids), "max_model_len": st.engine.max_model_len, "tokens": ids}
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
+    st = _state(request)
+    st.check_model(body.model)
+    vocab = st.tokenizer.vocab_size
+    bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise APIError(400, f"token id {bad} is outside the vocabulary [0, {vocab})", param="tokens")
+    return {"prompt": st.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+
+
+# ---------------------------------------------------------------------- /v1/completions
+def _completion_prompts(st: ServerState, prompt) -> tuple[list[list[int]], list[str | None]]:
+    """Token ids (and the original text, for echo) of each prompt in str | list[str] | list[int] | list[list[int]]."""
+    if isinstance(prompt, str):
+        return [st.tokenizer.encode(prompt)], [prompt]
+    if all(isinstance(p, str) for p in prompt):
+        return [st.tokenizer.encode(p) for p in prompt], list(prompt)
+    if all(isinstance(t, int) for t in prompt):
+        return [list(prompt)], [None]
+    return [list(p) for p in prompt], [None] * len(prompt)
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    arrival = time.perf_counter()
+    st = _state(request)
+    model = st.check_model(body.model)
+    _check_stream_options(body)
+    if body.echo and body.logprobs is not None:
+        raise APIError(400, "echo together with logprobs is not supported (no prompt logprobs)", param="echo")
+    prompts, texts = _completion_prompts(st, body.prompt)
+    max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
+    params = [validate(body.sampling_params(max_tokens, body.logprobs)) for _ in prompts]
+    n = params[0].n
+    rid = f"cmpl-{uuid.uuid4().hex}"
+    gen = await Generation.start(st, rid, prompts, params, arrival)
+    created = int(time.time())
+    echo = {}
+    if body.echo:
+        echo = {i: t if t is not None else st.tokenizer.decode(prompts[i], skip_special_tokens=False)
+                for i, t in enumerate(texts)}
+    n_prompt = sum(len(p) for p in prompts)
+
+    if body.stream:
+        async def chunks() -> AsyncIterator[bytes]:
+            head = {"id": rid, "object": "text_completion", "created": created, "model": model}
+            tail = {"usage": None} if body.include_usage else {}
+            offsets: dict[int, int] = {}
+            out_tokens: dict[int, int] = {}
+            try:
+                async for p, out in gen.events():
+                    idx = p * n + out.index
+                    text = out.text
+                    if idx not in offsets:
+                        text = echo.get(p, "") + text
+                        offsets[idx] = len(text) - len(out.text)
+                    out_tokens[idx] = out.num_output_tokens
+                    lp = None
+                    if body.logprobs is not None and out.logprobs:
+                        lp, offsets[idx] = completion_logprobs(st, out.logprobs, offsets[idx])
+                    if not text and lp is None and out.finish_reason is None:
+                        continue
+                    choice = {"index": idx, "text": text, "logprobs": lp, "finish_reason": out.finish_reason}
+                    yield sse.event({**head, "choices": [choice], **tail})
+                if body.include_usage:
+                    yield sse.event({**head, "choices": [], "usage": usage(n_prompt, sum(out_tokens.values()))})
+            except Exception as e:  # noqa: BLE001 - headers are sent: report in-band
+                yield _stream_error(e)
+            finally:
+                await gen.close()
+            yield sse.DONE
+
+        return sse.response(chunks(), gen.close)
+
+    async def collect() -> dict[int, ChoiceAcc]:
+        acc: dict[int, ChoiceAcc] = {}
+        async for p, out in gen.events():
+            acc.setdefault(p * n + out.index, ChoiceAcc()).add(out)
+        return acc
+
+    try:
+        acc = await until_disconnect(request, collect())
+    finally:
+        await gen.close()
+    if acc is None:
+        return Response(status_code=499)  # the client is gone; nobody reads this
+    choices = []
+    for idx in sorted(acc):
+        c, p = acc[idx], idx // n
+        lp = completion_logprobs(st, c.logprobs, len(echo.get(p, "")))[0] if body.logprobs is not None else None
+        choices.append({"index": idx, "text": echo.get(p, "") + "".join(c.text), "logprobs": lp,
+                        "finish_reason": c.finish_reason})
+    return JSONResponse({"id": rid, "object": "text_completion", "created": created, "model": model,
+                         "choices": choices, "usage": usage(n_prompt, sum(c.num_output_tokens for c in acc.values()))})
+
+
+# ---------------------------------------------------------------------- /v1/chat/completions
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    arrival = time.perf_counter()
+    st = _state(request)
+    model = st.check_model(body.model)
+    _check_stream_options(body)
+    if body.top_logprobs and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    add_gen = body.add_generation_prompt if body.add_generation_prompt is not None else True
+    try:
+        ids = st.tokenizer.encode_chat(body.template_messages(), add_gen)
+    except UserError as e:
+        raise user_error(e) from None
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    if max_tokens is None:
+        max_tokens = st.default_max_tokens(len(ids))
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    params = validate(body.sampling_params(max_tokens, logprobs))
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    gen = await Generation.start(st, rid, [ids], [params], arrival)
+    created = int(time.time())
+
+    if body.stream:
+        async def chunks() -> AsyncIterator[bytes]:
+            head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
+            tail = {"usage": None} if body.include_usage else {}
+            out_tokens = [0] * params.n
+            try:
+                for i in range(params.n):
+                    role = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                            "finish_reason": None}
+                    yield sse.event({**head, "choices": [role], **tail})
+                async for _, out in gen.events():
+                    out_tokens[out.index] = out.num_output_tokens
+                    lp = {"content": chat_logprobs(st, out.logprobs)} if logprobs is not None and out.logprobs else None
+                    if not out.text and lp is None and out.finish_reason is None:
+                        continue
+                    delta = {"content": out.text} if out.text else {}
+                    choice = {"index": out.index, "delta": delta, "logprobs": lp, "finish_reason": out.finish_reason}
+                    yield sse.event({**head, "choices": [choice], **tail})
+                if body.include_usage:
+                    yield sse.event({**head, "choices": [], "usage": usage(len(ids), sum(out_tokens))})
+            except Exception as e:  # noqa: BLE001 - headers are sent: report in-band
+                yield _stream_error(e)
+            finally:
+                await gen.close()
+            yield sse.DONE
+
+        return sse.response(chunks(), gen.close)
+
+    async def collect() -> dict[int, ChoiceAcc]:
+        acc: dict[int, ChoiceAcc] = {}
+        async for _, out in gen.events():
+            acc.setdefault(out.index, ChoiceAcc()).add(out)
+        return acc
+
+    try:
+        acc = await until_disconnect(request, collect())
+    finally:
+        await gen.close()
+    if acc is None:
+        return Response(status_code=499)
+    choices = [{"index": i, "message": {"role": "assistant", "content": "".join(c.text)},
+                "logprobs": {"content": chat_logprobs(st, c.logprobs)} if logprobs is not None else None,
+                "finish_reason": c.finish_reason} for i, c in sorted(acc.items())]
+    return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": model,
+                         "choices": choices, "usage": usage(len(ids), sum(c.num_output_tokens for c in acc.values()))})
+

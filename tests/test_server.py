@@ -1,0 +1,418 @@
+"""`llmrs serve` end to end: real servers (`python -m llmrs serve smollm2-135m` subprocesses on 127.0.0.1), the
+official `openai` client, and raw HTTP for what a client library would refuse to send.
+
+Two servers for the session: `server` (defaults, a small KV cache) and `guarded` (--api-key, one running and
+one waiting request at most, a small body limit). Both are stopped with SIGTERM at the end and must exit 0;
+`guarded` with a stream still in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "smollm2-135m"
+API_KEY = "sekret-key"
+ALIAS = "tiny-alias"
+
+
+# ---------------------------------------------------------------------- servers
+class Server:
+    def __init__(self, args: list[str], log: Path):
+        from llmrs.bench.server import free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        cmd = [sys.executable, "-m", "llmrs", "serve", MODEL, "--host", "127.0.0.1", "--port", str(self.port), *args]
+        self.proc = subprocess.Popen(cmd, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+
+    def wait_ready(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"server exited early:\n{self.log.read_text()[-3000:]}"
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2, trust_env=False).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"server not ready after {timeout}s:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+    def client(self, api_key: str = "unused", **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=120, **kw)
+
+    def metrics(self) -> dict[str, float]:
+        """GET /metrics as {name{labels}: value}, plus {name: sum over its label sets}."""
+        text = httpx.get(f"{self.url}/metrics", timeout=10, trust_env=False).text
+        out: dict[str, float] = {}
+        sums: dict[str, float] = {}
+        for m in re.finditer(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})? (\S+)$", text, re.M):
+            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+            sums[m.group(1)] = sums.get(m.group(1), 0.0) + float(m.group(3))
+        return {**out, **sums}
+
+
+@pytest.fixture(scope="session")
+def _servers(tmp_path_factory):
+    logs = tmp_path_factory.mktemp("serve")
+    main = Server(["--kv-cache-tokens", "4096"], logs / "main.log")
+    guarded = Server(["--kv-cache-tokens", "1024", "--api-key", API_KEY, "--max-num-seqs", "1", "--max-waiting", "1",
+                      "--max-body-bytes", "65536", "--served-model-name", ALIAS, "--shutdown-timeout", "1"],
+                     logs / "guarded.log")
+    try:
+        main.wait_ready()
+        guarded.wait_ready()
+        yield main, guarded
+    finally:
+        stream = _StreamInThread(guarded.url, {"model": ALIAS, "prompt": "Once upon a time", "max_tokens": 400,
+                                               "ignore_eos": True, "stream": True}, {"Authorization": f"Bearer {API_KEY}"})
+        stream.first.wait(60)
+        rc_guarded = guarded.stop()  # with a stream in flight: aborted after --shutdown-timeout, then exit 0
+        stream.join(30)
+        rc_main = main.stop()
+    assert rc_main == 0, main.log.read_text()[-3000:]
+    assert rc_guarded == 0, guarded.log.read_text()[-3000:]
+    assert stream.events and stream.events[-1] == "[DONE]", stream.events[-3:]
+    assert json.loads(stream.events[-2])["choices"][0]["finish_reason"] == "abort"
+
+
+@pytest.fixture(scope="session")
+def server(_servers) -> Server:
+    return _servers[0]
+
+
+@pytest.fixture(scope="session")
+def guarded(_servers) -> Server:
+    return _servers[1]
+
+
+@pytest.fixture(scope="session")
+def tok():
+    from llmrs.engine.loader import resolve
+    from llmrs.engine.tokenizer import Tokenizer
+
+    return Tokenizer.from_gguf(resolve(MODEL).gguf)
+
+
+class _StreamInThread(threading.Thread):
+    """A raw SSE stream read in a thread: `events` are the data payloads; `first` is set at the first one."""
+
+    def __init__(self, url: str, body: dict, headers: dict | None = None, path: str = "/v1/completions"):
+        super().__init__(daemon=True)
+        self.req = (url + path, body, headers or {})
+        self.events: list[str] = []
+        self.first = threading.Event()
+        self.stop = threading.Event()  # set it to drop the connection mid-stream
+        self.start()
+
+    def run(self) -> None:
+        url, body, headers = self.req
+        try:
+            with httpx.stream("POST", url, json=body, headers=headers, timeout=120, trust_env=False) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        self.events.append(line[6:])
+                        self.first.set()
+                    if self.stop.is_set():
+                        break
+        except httpx.HTTPError:
+            pass
+        finally:
+            self.first.set()
+
+
+def post(srv: Server, path: str, body=None, content: bytes | None = None, headers: dict | None = None) -> httpx.Response:
+    return httpx.post(srv.url + path, json=body, content=content, headers=headers, timeout=120, trust_env=False)
+
+
+def wait_for(cond, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+# ---------------------------------------------------------------------- happy paths
+def test_models_lists_the_served_name_with_its_context(server):
+    models = server.client().models.list().data
+    assert [m.id for m in models] == [MODEL]
+    assert models[0].owned_by == "llmrs" and models[0].model_extra["max_model_len"] == 8192
+
+
+def test_completion_usage_equals_the_tokenizers_counts(server, tok):
+    prompt = "The capital of France is"
+    r = server.client().completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logprobs=0,
+                                           extra_body={"ignore_eos": True})
+    assert r.usage.prompt_tokens == len(tok.encode(prompt))
+    assert r.usage.completion_tokens == 6 == len(r.choices[0].logprobs.tokens)
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 6
+    assert r.choices[0].finish_reason == "length" and r.choices[0].text
+
+
+def test_completion_stream_equals_non_stream_and_ends_with_usage(server):
+    c = server.client()
+    kw = dict(model=MODEL, prompt="Paged attention is", max_tokens=8, temperature=0)
+    full = c.completions.create(**kw)
+    chunks = list(c.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == full.choices[0].text
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == full.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == full.usage.model_dump()
+
+
+def test_chat_stream_equals_non_stream_and_counts_the_template(server, tok):
+    c = server.client()
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}]
+    kw = dict(model=MODEL, messages=messages, max_tokens=8, temperature=0)
+    full = c.chat.completions.create(**kw)
+    assert full.choices[0].message.role == "assistant" and full.choices[0].message.content
+    assert full.usage.prompt_tokens == len(tok.encode_chat(messages))
+    chunks = list(c.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == full.choices[0].message.content
+    assert chunks[-1].usage.model_dump() == full.usage.model_dump()
+
+
+def test_stop_string_ends_the_text_before_it(server):
+    c = server.client()
+    kw = dict(model=MODEL, prompt="Here is a list of fruits: apple,", max_tokens=12, temperature=0,
+              extra_body={"ignore_eos": True})
+    text = c.completions.create(**kw).choices[0].text
+    stop = text[len(text) // 2: len(text) // 2 + 2]
+    expected = text[: text.index(stop)]
+    r = c.completions.create(**kw, stop=[stop, "never-appears"])
+    assert (r.choices[0].text, r.choices[0].finish_reason) == (expected, "stop")
+    streamed = list(c.completions.create(**kw, stop=stop, stream=True))
+    assert "".join(ch.choices[0].text for ch in streamed) == expected
+    assert streamed[-1].choices[0].finish_reason == "stop"
+
+
+def test_n2_gives_two_choices_and_sums_their_tokens(server):
+    c = server.client()
+    r = c.completions.create(model=MODEL, prompt="A poem:", n=2, max_tokens=5, temperature=0.8, seed=3,
+                             extra_body={"ignore_eos": True})
+    assert sorted(ch.index for ch in r.choices) == [0, 1]
+    assert r.usage.completion_tokens == 10
+    chat = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], n=2, max_tokens=4,
+                                     temperature=0.8, seed=3, stream=True)
+    finished = {ch.choices[0].index: ch.choices[0].finish_reason for ch in chat if ch.choices[0].finish_reason}
+    assert set(finished) == {0, 1}
+
+
+def test_same_seed_same_sampled_text(server):
+    c = server.client()
+    kw = dict(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=0.8, seed=1234)
+    assert c.completions.create(**kw).choices[0].text == c.completions.create(**kw).choices[0].text
+    ckw = dict(model=MODEL, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=8,
+               temperature=0.8, seed=99)
+    assert (c.chat.completions.create(**ckw).choices[0].message.content
+            == c.chat.completions.create(**ckw).choices[0].message.content)
+
+
+def test_logprobs_of_greedy_tokens_are_the_top_ones(server):
+    c = server.client()
+    r = c.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=5, temperature=0, logprobs=3,
+                             extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 5
+    for token, chosen, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert len(top) == 3 and chosen <= 0 and chosen == pytest.approx(max(top.values())) and top[token] == chosen
+    chat = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say yes."}], max_tokens=4,
+                                     temperature=0, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    assert all(len(e.top_logprobs) == 2 and e.logprob == pytest.approx(e.top_logprobs[0].logprob) for e in content)
+
+
+def test_prompt_forms_lists_token_ids_and_echo(server, tok):
+    c = server.client()
+    a, b = "The sky is", "Water boils at"
+    kw = dict(model=MODEL, max_tokens=4, temperature=0)
+    batch = c.completions.create(prompt=[a, b], **kw)
+    single = [c.completions.create(prompt=p, **kw).choices[0].text for p in (a, b)]
+    assert [ch.text for ch in sorted(batch.choices, key=lambda ch: ch.index)] == single
+    assert batch.usage.prompt_tokens == len(tok.encode(a)) + len(tok.encode(b))
+    assert c.completions.create(prompt=tok.encode(a), **kw).choices[0].text == single[0]
+    ids = c.completions.create(prompt=[tok.encode(a), tok.encode(b)], **kw)
+    assert [ch.text for ch in sorted(ids.choices, key=lambda ch: ch.index)] == single
+    assert c.completions.create(prompt=a, echo=True, **kw).choices[0].text == a + single[0]
+
+
+def test_tokenize_and_detokenize_roundtrip(server, tok):
+    text = "Hello world, café 🙂"
+    r = post(server, "/tokenize", {"model": MODEL, "prompt": text}).json()
+    assert r == {"count": len(tok.encode(text)), "max_model_len": 8192, "tokens": tok.encode(text)}
+    assert post(server, "/detokenize", {"model": MODEL, "tokens": r["tokens"]}).json() == {"prompt": text}
+    msgs = [{"role": "user", "content": "hi"}]
+    assert post(server, "/tokenize", {"messages": msgs}).json()["tokens"] == tok.encode_chat(msgs)
+
+
+def test_sixteen_concurrent_streams_equal_one_at_a_time(server):
+    prompts = [("word " * (1 + 3 * i)) + f"The number {i} is" for i in range(16)]
+    lengths = [2 + i % 7 for i in range(16)]
+    c = server.client()
+    alone = [c.completions.create(model=MODEL, prompt=p, max_tokens=n, temperature=0).choices[0].text
+             for p, n in zip(prompts, lengths)]
+
+    async def together() -> list[str]:
+        ac = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+        async def one(p: str, n: int) -> str:
+            stream = await ac.completions.create(model=MODEL, prompt=p, max_tokens=n, temperature=0, stream=True)
+            return "".join([ch.choices[0].text async for ch in stream])
+
+        try:
+            return await asyncio.gather(*(one(p, n) for p, n in zip(prompts, lengths)))
+        finally:
+            await ac.close()
+
+    assert asyncio.run(together()) == alone
+
+
+# ---------------------------------------------------------------------- disconnects free the blocks
+def test_client_disconnect_aborts_and_frees_kv_blocks(server):
+    before = server.metrics().get('llmrs:request_success_total{finished_reason="abort",model_name="smollm2-135m"}', 0)
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60, trust_env=False) as r:
+        got = []
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                got.append(line)
+                if len(got) == 3:
+                    break
+        m = server.metrics()
+        assert m["llmrs:num_requests_running"] == 1 and m["llmrs:kv_cache_usage_perc"] > 0
+    # stream closed mid-way: the request is aborted and every block freed
+    assert wait_for(lambda: server.metrics()["llmrs:kv_cache_usage_perc"] == 0.0), server.metrics()
+    m = server.metrics()
+    assert m["llmrs:num_requests_running"] == 0
+    assert m["llmrs:kv_cache_free_blocks"] == m["llmrs:kv_cache_num_blocks"]
+    assert m['llmrs:request_success_total{finished_reason="abort",model_name="smollm2-135m"}'] == before + 1
+    # a non-streamed request whose client gives up is aborted too
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/completions", json={**body, "stream": False}, timeout=1.5, trust_env=False)
+    assert wait_for(lambda: server.metrics()["llmrs:num_requests_running"] == 0)
+    assert server.metrics()["llmrs:kv_cache_usage_perc"] == 0.0
+
+
+# ---------------------------------------------------------------------- bad input: status + a message naming it
+def _error(r: httpx.Response, status: int) -> str:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    return err["message"]
+
+
+def test_unsupported_parameter_is_a_400_naming_it(server):
+    with pytest.raises(openai.BadRequestError) as e:
+        server.client().completions.create(model=MODEL, prompt="x", max_tokens=2, extra_body={"best_of_all": 3})
+    assert e.value.status_code == 400 and "best_of_all" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        server.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                                response_format={"type": "json_object"})
+    assert "response_format" in e.value.message
+
+
+@pytest.mark.parametrize("body, names", [
+    ({"temperature": -1}, "temperature"),
+    ({"temperature": "hot"}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"max_tokens": "many"}, "max_tokens"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"n": 0}, "n"),
+    ({"logprobs": 50}, "logprobs"),
+    ({"stop": [""]}, "stop"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": [10**9]}, "prompt"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+])
+def test_bad_values_and_types_are_400s(server, body, names):
+    message = _error(post(server, "/v1/completions", {"model": MODEL, "prompt": "x", **body}), 400)
+    assert names in message
+
+
+def test_malformed_json_and_non_object_bodies_are_400s(server):
+    assert "JSON" in _error(post(server, "/v1/completions", content=b'{"prompt": "x",',
+                                 headers={"Content-Type": "application/json"}), 400)
+    assert "JSON" in _error(post(server, "/v1/chat/completions", content=b"[1, 2]",
+                                 headers={"Content-Type": "application/json"}), 400)
+    assert "messages" in _error(post(server, "/v1/chat/completions", {"model": MODEL, "messages": "hi"}), 400)
+    assert "role" in _error(post(server, "/v1/chat/completions", {"messages": [{"content": "hi"}]}), 400)
+
+
+def test_prompt_plus_max_tokens_over_the_context_is_a_400(server):
+    with pytest.raises(openai.BadRequestError) as e:
+        server.client().completions.create(model=MODEL, prompt="hello", max_tokens=8192)
+    assert "context" in e.value.message and "8192" in e.value.message
+
+
+def test_unknown_model_is_a_404(server):
+    with pytest.raises(openai.NotFoundError) as e:
+        server.client().completions.create(model="gpt-17", prompt="x", max_tokens=2)
+    assert "gpt-17" in e.value.message
+    assert "gpt-17" in _error(post(server, "/tokenize", {"model": "gpt-17", "prompt": "x"}), 404)
+
+
+def test_body_over_the_limit_is_a_413(server, guarded):
+    big = {"model": MODEL, "prompt": "a " * (3 * 1024 * 1024)}  # ~6 MiB > the default 4 MiB
+    assert "limit" in _error(post(server, "/v1/completions", big), 413)
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    assert "65536" in _error(post(guarded, "/v1/completions", {"model": ALIAS, "prompt": "a" * 70000},
+                                  headers=headers), 413)
+
+
+def test_api_key_is_required_on_v1_routes(guarded):
+    for key in ("wrong-key", ""):
+        with pytest.raises(openai.AuthenticationError) as e:
+            guarded.client(api_key=key).models.list()
+        assert e.value.status_code == 401 and "API key" in e.value.message
+    assert "missing API key" in _error(httpx.get(f"{guarded.url}/v1/models", trust_env=False), 401)
+    assert httpx.get(f"{guarded.url}/health", trust_env=False).status_code == 200
+    r = guarded.client(api_key=API_KEY).completions.create(model=ALIAS, prompt="Hi", max_tokens=2)
+    assert r.model == ALIAS and r.usage.completion_tokens == 2
+    with pytest.raises(openai.NotFoundError):
+        guarded.client(api_key=API_KEY).completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+
+
+def test_requests_over_max_waiting_get_429(guarded):
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    running = _StreamInThread(guarded.url, {"model": ALIAS, "prompt": "Once upon a time", "max_tokens": 200,
+                                            "ignore_eos": True, "stream": True}, headers)
+    assert running.first.wait(60) and running.events
+    waiting = _StreamInThread(guarded.url, {"model": ALIAS, "prompt": "Hello", "max_tokens": 2, "stream": True},
+                              headers)
+    assert wait_for(lambda: guarded.metrics()["llmrs:num_requests_waiting"] == 1)
+    with pytest.raises(openai.RateLimitError) as e:
+        guarded.client(api_key=API_KEY).completions.create(model=ALIAS, prompt="x", max_tokens=2)
+    assert e.value.status_code == 429 and "max-waiting" in e.value.message
+    # the running client goes away: its request is aborted, and the waiting one runs to the end
+    running.stop.set()
+    running.join(30)
+    waiting.join(60)
+    assert running.events[-1] != "[DONE]" and waiting.events[-1] == "[DONE]"
+    assert wait_for(lambda: guarded.metrics()["llmrs:kv_cache_usage_perc"] == 0.0)
