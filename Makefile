@@ -30,11 +30,15 @@ setup: $(VENV)/.setup
 
 setup-test: $(VENV)/.setup-test
 
+# The main job: start `llmrs serve` on the default model, load-test it with a short bench, print the table,
+# save results under reports/quick/ and write the markdown + PNG report there.
 run: setup
 	$(LLMRS) info
-	$(LLMRS) generate --chat --prompt "$(PROMPT)" --max-tokens 96
+	$(LLMRS) bench -n 32 -c 8 --input-len 128 --output-len 64 --ignore-eos --label llmrs-$(shell $(PY) -c "import llmrs; print(llmrs.__version__)") -o reports/quick --name quick --report reports/quick
 
+# every project kernel compiled for sm_80/86/89/90 and checked for local memory / spills, then the tests
 test: setup-test
+	$(LLMRS) ptx-check
 	$(PY) -m pytest -q -ra tests
 
 clean:
