@@ -299,8 +299,8 @@ def test_client_disconnect_aborts_and_frees_kv_blocks(server):
     before = server.metrics().get('llmrs:request_success_total{finished_reason="abort",model_name="smollm2-135m"}', 0)
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60, trust_env=False) as r:
-        got = []
-        for line in r.iter_lines():
+        got, lines = [], r.iter_lines()  # NOTE: keep `lines` referenced: a dropped iterator closes the stream
+        for line in lines:
             if line.startswith("data: "):
                 got.append(line)
                 if len(got) == 3:
