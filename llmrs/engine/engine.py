@@ -4,6 +4,7 @@ background thread, handing each request's deltas to its own asyncio stream)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import queue
 import threading
@@ -88,6 +89,7 @@ class LLMEngine:
     # ------------------------------------------------------------------ requests
     def make_sequences(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> list[Sequence]:
         """Validate a request and build its n sequences (raises UserError; changes no engine state)."""
+        params = dataclasses.replace(params)  # the request's own copy: max_tokens may be filled in below
         params.validate()
         prompt_ids = [int(t) for t in prompt_ids]
         if not prompt_ids:
@@ -190,6 +192,8 @@ class AsyncEngine:
         self.tokenizer = engine.tokenizer
         self.config = engine.loaded.config
         self.max_model_len = engine.max_model_len
+        self.block_size = engine.engine_config.block_size
+        self.kv_cache_tokens = engine.kv.pool.num_blocks * self.block_size
         self.model_name = model_name or engine.loaded.source.name
         self.max_waiting = max_waiting
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -292,11 +296,14 @@ class AsyncEngine:
                     self.engine.add_sequences(rid, payload)
             else:
                 self._deliver(self.engine.abort(rid))
+                self._streams.pop(rid, None)  # its queue already holds the abort; a never-read stream is dropped
 
     def _loop(self) -> None:
         try:
-            while not self._stop:
-                self._drain_commands()
+            while True:
+                self._drain_commands()  # also after a stop: queued aborts are delivered before the loop ends
+                if self._stop:
+                    break
                 if self.engine.has_unfinished():
                     t0 = time.perf_counter()
                     outputs = self.engine.step()
