@@ -40,7 +40,9 @@ class CPUBackend:
         return weight * (x / np.sqrt(var + np.float32(eps)))
 
     def linear(self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-        y = x @ w.T
+        # NOTE: y = x @ w.T either way. With several rows, OpenBLAS streams the weight faster as the left
+        # operand (w @ x.T): measured on 2 cores, 16 rows over SmolLM2's weights 55 ms instead of 74 ms.
+        y = x @ w.T if x.shape[0] == 1 else np.ascontiguousarray((w @ np.ascontiguousarray(x.T)).T)
         return y + bias if bias is not None else y
 
     def silu_mul(self, gate_up: np.ndarray) -> np.ndarray:
