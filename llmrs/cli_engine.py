@@ -15,6 +15,15 @@ from llmrs.engine.loader import DEFAULT_MODEL
 console = Console(stderr=True)
 
 MODEL_HELP = "Embedded model name, Hugging Face-style directory, or .gguf file."
+SYNTH_HELP = ("Instead of MODEL: a preset's exact shapes (e.g. qwen2.5-7b, see `llmrs roofline --help`) with "
+              "random bf16 weights drawn on the GPU (needs --device cuda/auto with a GPU).")
+
+
+def synthetic_model(model: str, synthetic: str | None) -> str:
+    """`--synthetic PRESET` is the model spec `synthetic:PRESET` (it also works directly as MODEL)."""
+    from llmrs.engine.loader import SYNTHETIC_PREFIX
+
+    return SYNTHETIC_PREFIX + synthetic if synthetic else model
 
 
 def _load_runner(model: str | None, device: str, max_len_hint: int):
@@ -47,10 +56,12 @@ def generate(
     top_k: int = typer.Option(0, "--top-k", help="0 = disabled."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    synthetic: Optional[str] = typer.Option(None, "--synthetic", help=SYNTH_HELP),
 ) -> None:
     """Generate text for one prompt, streamed as it is produced, then a one-line summary."""
     from llmrs.engine.runner import GenerationStats, stream_generate
 
+    model = synthetic_model(model, synthetic)
     params = _params(max_tokens, temperature, top_p, top_k, seed)
     params.validate()
     runner = _load_runner(model, device, max_len_hint=10**9)

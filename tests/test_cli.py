@@ -101,3 +101,12 @@ def test_debug_shows_traceback():
 def test_help_lists_defaults(cmd):
     res = llmrs(cmd, "--help")
     assert res.returncode == 0 and "smollm2-135m" in res.stdout  # the default model is shown
+
+
+def test_synthetic_model_without_gpu_says_so():
+    res = llmrs("generate", "--synthetic", "qwen2.5-0.5b", "-p", "x", "--device", "cpu")
+    assert_user_error(res, "synthetic", "--device cuda")
+
+
+def test_unknown_synthetic_preset():
+    assert_user_error(llmrs("info", "synthetic:qwen9-1b"), "qwen9-1b")

@@ -38,7 +38,10 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        cmd = [sys.executable, "-m", "llmrs", "serve", MODEL, "--host", "127.0.0.1", "--port", str(self.port), *args]
+        # LLMRS_TEST_DEVICE=cuda runs the same tests against the GPU backend (on the GPU machine)
+        device = ["--device", os.environ["LLMRS_TEST_DEVICE"]] if os.environ.get("LLMRS_TEST_DEVICE") else []
+        cmd = [sys.executable, "-m", "llmrs", "serve", MODEL, "--host", "127.0.0.1", "--port", str(self.port), *args,
+               *device]
         self.proc = subprocess.Popen(cmd, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
 
     def wait_ready(self, timeout: float = 180.0) -> None:

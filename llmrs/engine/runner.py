@@ -41,12 +41,19 @@ class ModelRunner:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.device = resolve_device(device)
+        if loaded.tensors is None and self.device != "cuda":
+            raise UserError(f"{loaded.source.name}: synthetic weights are drawn on the GPU; use --device cuda")
         if self.device == "cuda":
             from llmrs.engine.backends.cuda import CUDABackend, CUDAModel
 
             self.backend = CUDABackend(self.config, num_blocks=num_blocks, block_size=block_size)
-            self.model = CUDAModel(self.config, build_weights(self.config, loaded.tensors, self.backend),
-                                   self.backend)
+            if loaded.tensors is None:
+                from llmrs.synth import gpu_weights
+
+                weights = gpu_weights(self.config, self.backend)
+            else:
+                weights = build_weights(self.config, loaded.tensors, self.backend)
+            self.model = CUDAModel(self.config, weights, self.backend)
         else:
             from llmrs.engine.backends.cpu import CPUBackend
 
@@ -57,6 +64,13 @@ class ModelRunner:
     def execute(self, batch: StepBatch) -> np.ndarray:
         """Run one step; returns the logits of batch.sample_rows as float32 [S, vocab]."""
         return self.model.forward(batch)
+
+    def execute_and_sample(self, batch: StepBatch, states: list) -> list:
+        """Run one step and sample each of `states` (in sample_rows order): on the GPU in one launch when the
+        backend can (logits never leave the device), else with the CPU sampler."""
+        if self.device == "cuda":
+            return self.backend.sample(self.model.forward_device(batch), states)
+        return sample(self.execute(batch), states)
 
 
 @dataclass(slots=True)
@@ -99,8 +113,7 @@ def stream_generate(
     while True:
         t0 = time.perf_counter()
         batch = build_step_batch([(new_tokens, cached, table, True)], bs)
-        logits = runner.execute(batch)
-        result = sample(logits, [seq.sampling])[0]
+        result = runner.execute_and_sample(batch, [seq.sampling])[0]
         dt = time.perf_counter() - t0
         if cached == 0:
             stats.prefill_s += dt

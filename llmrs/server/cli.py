@@ -16,7 +16,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from llmrs.engine.loader import DEFAULT_MODEL
+from llmrs.engine.loader import DEFAULT_MODEL, SYNTHETIC_PREFIX
 from llmrs.errors import UserError
 
 console = Console(stderr=True)
@@ -83,7 +83,9 @@ def serve(
     port: int = typer.Option(8000, "--port", help="Port to listen on."),
     max_num_seqs: int = typer.Option(64, "--max-num-seqs", help="Sequences in the running batch at most."),
     max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", help="Tokens computed per engine step at most (prefill chunks + decode tokens)."),
-    kv_cache_tokens: int = typer.Option(16384, "--kv-cache-tokens", help="KV-cache capacity in tokens (CPU backend)."),
+    kv_cache_tokens: Optional[int] = typer.Option(None, "--kv-cache-tokens", show_default="CPU: 16384; GPU: from --gpu-memory-utilization", help="KV-cache capacity in tokens."),
+    gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", help="GPU: share of the GPU's memory for weights + activations + KV cache (the KV cache gets what is left)."),
+    synthetic: Optional[str] = typer.Option(None, "--synthetic", help="Instead of MODEL: a preset's exact shapes (e.g. qwen2.5-7b) with random bf16 weights drawn on the GPU."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="LLMRS_API_KEY", help="Require 'Authorization: Bearer KEY' on every /v1 route."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", show_default="MODEL", help="Model name clients send and /v1/models lists."),
     max_waiting: Optional[int] = typer.Option(None, "--max-waiting", show_default="no limit", help="Answer 429 when this many requests already wait."),
@@ -104,23 +106,26 @@ def serve(
                              ("--max-waiting", max_waiting, 0)):
         if value is not None and value < low:
             raise UserError(f"{name} must be at least {low} (got {value})")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise UserError(f"--gpu-memory-utilization must be in (0, 1] (got {gpu_memory_utilization:g})")
     if shutdown_timeout < 0:
         raise UserError(f"--shutdown-timeout must be >= 0 (got {shutdown_timeout:g})")
     if log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
         raise UserError(f"--log-level {log_level!r}: choose critical, error, warning, info or debug")
     sock = _bind(host, port)
-    model = model or DEFAULT_MODEL
+    model = SYNTHETIC_PREFIX + synthetic if synthetic else (model or DEFAULT_MODEL)
     name = served_model_name or model
     t0 = time.perf_counter()
     with console.status(f"loading {model} ..."):
         engine = AsyncEngine.from_args(model, device=device, max_num_seqs=max_num_seqs,
                                        max_num_batched_tokens=max_num_batched_tokens, kv_cache_tokens=kv_cache_tokens,
-                                       block_size=BLOCK_SIZE, max_waiting=max_waiting)
+                                       block_size=BLOCK_SIZE, max_waiting=max_waiting,
+                                       gpu_memory_utilization=gpu_memory_utilization)
     app = build_app(engine, ServerSettings(served_names=[name], model_root=model, api_key=api_key,
                                            max_body_bytes=max_body_bytes, block_size=BLOCK_SIZE))
     bound = sock.getsockname()
     console.print(f"[dim]loaded {model} in {time.perf_counter() - t0:.1f}s; max_model_len {engine.max_model_len}, "
-                  f"KV cache {kv_cache_tokens} tokens[/dim]")
+                  f"KV cache {engine.kv_cache_tokens} tokens on {engine.engine.runner.device}[/dim]")
     console.print(f"serving [cyan]{name}[/] on http://{host}:{bound[1]}/v1 (Ctrl-C to stop)")
     config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on",
                             timeout_graceful_shutdown=shutdown_timeout + 5.0, timeout_keep_alive=5)
