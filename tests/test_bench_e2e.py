@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_bench_starts_llmrs_serve_and_saves_complete_results(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     res = subprocess.run(
         [sys.executable, "-m", "llmrs", "bench", "-n", "6", "-c", "3", "--input-len", "24", "--output-len", "8",
          "--ignore-eos", "--workers", "1", "--label", "llmrs-cpu", "-o", str(tmp_path / "res"), "--name", "e2e",

@@ -37,7 +37,7 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         # LLMRS_TEST_DEVICE=cuda runs the same tests against the GPU backend (on the GPU machine)
         device = ["--device", os.environ["LLMRS_TEST_DEVICE"]] if os.environ.get("LLMRS_TEST_DEVICE") else []
         cmd = [sys.executable, "-m", "llmrs", "serve", MODEL, "--host", "127.0.0.1", "--port", str(self.port), *args,
@@ -318,7 +318,9 @@ def test_client_disconnect_aborts_and_frees_kv_blocks(server):
     assert m['llmrs:request_success_total{finished_reason="abort",model_name="smollm2-135m"}'] == before + 1
     # a non-streamed request whose client gives up is aborted too
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.url}/v1/completions", json={**body, "stream": False}, timeout=1.5, trust_env=False)
+        # 3000 tokens take far longer than the client waits, on the CPU (~30 ms/token) and on a GPU (~5 ms/token)
+        httpx.post(f"{server.url}/v1/completions", json={**body, "stream": False, "max_tokens": 3000}, timeout=1.5,
+                   trust_env=False)
     assert wait_for(lambda: server.metrics()["llmrs:num_requests_running"] == 0)
     assert server.metrics()["llmrs:kv_cache_usage_perc"] == 0.0
 
