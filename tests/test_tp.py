@@ -40,13 +40,14 @@ def reference(loaded) -> Model:
 
 
 def mixed_steps():
-    """Three steps over 3 sequences: a whole prefill + a first chunk; a decode + a second chunk + a new prefill;
-    then every sequence decoding. Token ids cover the whole vocabulary (every rank's embedding slice)."""
+    """Four steps over 3 sequences: a first chunk alone (nothing sampled); a whole prefill + a second chunk; a
+    decode + the last chunk + a new prefill; then every sequence decoding. Token ids cover the whole vocabulary (every rank's embedding slice)."""
     rng = np.random.default_rng(7)
     a, b, c = (rng.integers(0, 400, n).tolist() for n in (11, 29, 5))
     ta, tb, tc = [0, 1], [2, 3, 4], [5]
     return [
-        build_step_batch([(a, 0, ta, True), (b[:9], 0, tb, False)], BS),
+        build_step_batch([(b[:4], 0, tb, False)], BS),  # samples nothing: K/V written, no logits
+        build_step_batch([(a, 0, ta, True), (b[4:9], 4, tb, False)], BS),
         build_step_batch([([17], 11, ta, True), (b[9:], 9, tb, True), (c, 0, tc, True)], BS),
         build_step_batch([([399], 12, ta, True), ([0], 29, tb, True), ([250], 5, tc, True)], BS),
     ]
@@ -71,7 +72,7 @@ def test_sharded_logits_equal_reference_on_prefill_chunks_and_decode(tp_models, 
         tp.close()
     # per step: 1 all-reduce for the embedding + 2 per layer; 1 all-gather of the logits
     layers = loaded.config.num_hidden_layers
-    assert tp.group.calls == {"all_reduce": 3 * (1 + 2 * layers), "all_gather": 3}
+    assert tp.group.calls == {"all_reduce": 4 * (1 + 2 * layers), "all_gather": 3}
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -102,9 +103,9 @@ def test_kv_cache_is_split_by_kv_heads_and_block_ids_are_shared(tp_models):
     loaded = tp_models["qwen2"]
     tp = SimulatedTP(loaded.config, loaded.tensors, 2, NUM_BLOCKS, BS)
     ref = reference(loaded)
-    batch = mixed_steps()[0]
-    ref.forward(batch)
-    tp.forward(batch)
+    for batch in mixed_steps()[:2]:
+        ref.forward(batch)
+        tp.forward(batch)
     tp.close()
     for r, shard in enumerate(tp.shards):
         assert shard.backend.k_cache[0].shape == (NUM_BLOCKS, 2, BS, loaded.config.head_dim)

@@ -275,7 +275,8 @@ class TPShardModel(Model):
         return comm.all_reduce(x)
 
     def forward_tp(self, batch: StepBatch, comm: Communicator) -> Any:
-        """Logits of batch.sample_rows [S, vocab] (backend-native, the same on every rank)."""
+        """Logits of batch.sample_rows [S, vocab] (backend-native, the same on every rank; a host array of
+        shape [0, vocab] when the step samples nothing)."""
         c, B, w = self.config, self.backend, self.w
         eps = c.rms_norm_eps
         x = self.embed(batch.token_ids, comm)
@@ -289,6 +290,8 @@ class TPShardModel(Model):
             x = B.add(x, comm.all_reduce(B.linear(a, layer.o)))  # o_proj partial sums
             h = B.rms_norm(x, layer.post_norm, eps)
             x = B.add(x, comm.all_reduce(B.linear(B.silu_mul(B.linear(h, layer.gate_up)), layer.down)))
+        if len(batch.sample_rows) == 0:  # prefill chunks only: K/V written, no logits (and no zero-sized launches);
+            return np.zeros((0, self.plan.config.vocab_size), dtype=np.float32)  # every rank skips the gather alike
         x = B.gather_rows(x, batch.sample_rows)
         x = B.rms_norm(x, w.norm, eps)
         part = B.linear(x, w.lm_head)  # [S, vocab_shard]
