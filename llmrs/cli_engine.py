@@ -17,6 +17,8 @@ console = Console(stderr=True)
 MODEL_HELP = "Embedded model name, Hugging Face-style directory, or .gguf file."
 SYNTH_HELP = ("Instead of MODEL: a preset's exact shapes (e.g. qwen2.5-7b, see `llmrs roofline --help`) with "
               "random bf16 weights drawn on the GPU (needs --device cuda/auto with a GPU).")
+TP_HELP = ("GPUs to split the model across (Megatron-style tensor parallelism over NCCL, one process per GPU); "
+           "must divide the model's KV heads. NOTE: the multi-GPU path has not run on GPUs yet.")
 
 
 def synthetic_model(model: str, synthetic: str | None) -> str:
@@ -57,6 +59,7 @@ def generate(
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     synthetic: Optional[str] = typer.Option(None, "--synthetic", help=SYNTH_HELP),
+    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help=TP_HELP),
 ) -> None:
     """Generate text for one prompt, streamed as it is produced, then a one-line summary."""
     from llmrs.engine.runner import GenerationStats, stream_generate
@@ -64,7 +67,14 @@ def generate(
     model = synthetic_model(model, synthetic)
     params = _params(max_tokens, temperature, top_p, top_k, seed)
     params.validate()
-    runner = _load_runner(model, device, max_len_hint=10**9)
+    if tensor_parallel_size != 1:
+        from llmrs.engine.tp_nccl import check_tp_size, tp_runner_for_generate
+
+        check_tp_size(tensor_parallel_size, device)
+        with console.status(f"loading {model} on {tensor_parallel_size} GPUs ..."):
+            runner = tp_runner_for_generate(model, tensor_parallel_size, max_len_hint=10**9)
+    else:
+        runner = _load_runner(model, device, max_len_hint=10**9)
     tok = runner.loaded.tokenizer
     ids = tok.encode_chat([{"role": "user", "content": prompt}]) if chat else tok.encode(prompt)
     stats = GenerationStats()

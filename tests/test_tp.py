@@ -190,3 +190,33 @@ def test_default_tiny_model_with_two_kv_heads_refuses_four_ranks(tiny_llama):
     with pytest.raises(UserError, match="choose one of 1, 2"):
         SimulatedTP(loaded.config, loaded.tensors, 4, NUM_BLOCKS, BS)
     assert dataclasses.replace(loaded.config).num_key_value_heads == 2
+
+
+def test_too_few_gpus_is_one_clear_line(monkeypatch):
+    from llmrs.engine import tp_nccl
+
+    monkeypatch.setattr(tp_nccl, "visible_gpus", lambda: 1)
+    with pytest.raises(UserError, match=r"^--tensor-parallel-size 2 needs 2 GPUs; 1 visible$"):
+        tp_nccl.check_tp_size(2, "auto")
+    tp_nccl.check_tp_size(1, "cpu")  # TP=1 is the ordinary single-device path
+
+
+@pytest.mark.parametrize("args", [["generate", "-p", "hi", "--tensor-parallel-size", "2"],
+                                  ["serve", "--port", "0", "--tensor-parallel-size", "2"]])
+def test_cli_tensor_parallel_without_enough_gpus_exits_2_with_the_gpu_count(args):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from llmrs.engine.tp_nccl import visible_gpus
+
+    if visible_gpus() >= 2:
+        pytest.skip("this machine has the GPUs")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    p = subprocess.run([sys.executable, "-m", "llmrs.cli", *args], capture_output=True, text=True, env=env,
+                       cwd=root, timeout=120)
+    assert p.returncode == 2
+    assert f"--tensor-parallel-size 2 needs 2 GPUs; {visible_gpus()} visible" in p.stderr
+    assert "Traceback" not in p.stderr

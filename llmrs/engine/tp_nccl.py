@@ -337,9 +337,13 @@ def tp_runner_for_generate(model: str | None, world_size: int, max_len_hint: int
     """`llmrs generate --tensor-parallel-size N`: the runner stream_generate drives (one sequence)."""
     from llmrs.engine.loader import load
 
+    import atexit
+
     loaded = load(model)
     tokens = min(loaded.config.max_position_embeddings, max_len_hint)
-    return NcclTPRunner(loaded, model, world_size, block_size=block_size, num_blocks=-(-tokens // block_size))
+    runner = NcclTPRunner(loaded, model, world_size, block_size=block_size, num_blocks=-(-tokens // block_size))
+    atexit.register(runner.shutdown)
+    return runner
 
 
 def tp_async_engine(model: str | None, world_size: int, device: str = "auto", max_num_seqs: int = 64,

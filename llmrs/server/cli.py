@@ -94,6 +94,7 @@ def serve(
     shutdown_timeout: float = typer.Option(5.0, "--shutdown-timeout", help="Seconds in-flight requests get to finish after Ctrl-C / SIGTERM before they are aborted."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level: critical, error, warning, info, debug."),
     access_log: bool = typer.Option(True, "--access-log/--no-access-log", help="Log one line per HTTP request."),
+    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="GPUs to split the model across (tensor parallelism over NCCL, one process per GPU; must divide the KV heads). NOTE: the multi-GPU path has not run on GPUs yet."),
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API (continuous batching, paged KV cache, prefix caching)."""
     import uvicorn
@@ -112,12 +113,20 @@ def serve(
         raise UserError(f"--shutdown-timeout must be >= 0 (got {shutdown_timeout:g})")
     if log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
         raise UserError(f"--log-level {log_level!r}: choose critical, error, warning, info or debug")
+    make_engine = AsyncEngine.from_args
+    if tensor_parallel_size != 1:  # checked before the port is bound and the model loads
+        from functools import partial
+
+        from llmrs.engine.tp_nccl import check_tp_size, tp_async_engine
+
+        check_tp_size(tensor_parallel_size, device)
+        make_engine = partial(tp_async_engine, world_size=tensor_parallel_size)
     sock = _bind(host, port)
     model = SYNTHETIC_PREFIX + synthetic if synthetic else (model or DEFAULT_MODEL)
     name = served_model_name or model
     t0 = time.perf_counter()
     with console.status(f"loading {model} ..."):
-        engine = AsyncEngine.from_args(model, device=device, max_num_seqs=max_num_seqs,
+        engine = make_engine(model, device=device, max_num_seqs=max_num_seqs,
                                        max_num_batched_tokens=max_num_batched_tokens, kv_cache_tokens=kv_cache_tokens,
                                        block_size=BLOCK_SIZE, max_waiting=max_waiting,
                                        gpu_memory_utilization=gpu_memory_utilization)
