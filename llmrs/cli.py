@@ -29,6 +29,8 @@ from llmrs.server import cli as server_cli  # noqa: E402
 server_cli.register(app)
 from llmrs import cli_synth  # noqa: E402
 cli_synth.register(app)
+from llmrs import cli_profile  # noqa: E402
+cli_profile.register(app)
 # --- end of command registrations ---
 
 

@@ -16,11 +16,21 @@ sampled rows are gathered inside the final RMSNorm. The Backend protocol methods
 GPU sampling: `sample(logits_on_device, states)` samples every row in one launch (greedy, temperature,
 top-k, top-p, min-p; one uniform per request from its own seeded generator, as the CPU sampler draws). Rows
 that need penalties, logprobs or a min_tokens mask fall back to the CPU sampler for the whole call.
+
+CUDA graphs (`cuda_graphs.DecodeGraphs`): a pure decode step (one token per sequence, every row sampled)
+replays a graph captured per (batch bucket, context cap) over static buffers; anything else runs eagerly.
+`LLMRS_CUDA_GRAPHS=0` turns them off. The KV cache holds one extra block (`pad_block`, never handed out by the
+block pool) where the padding rows of a bucket write their K/V.
+
+Profiling (`llmrs profile`): set `backend.profiler` to a `llmrs.profile.KernelTimer` and every launch of the
+eager step is bracketed by CUDA events (`_span`); graphs are bypassed while it is set.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +47,9 @@ NULL = np.uint64(0)
 MATVEC_ROWS_PER_BLOCK = 4
 ATTN_THREADS = 128
 ATTN_MAXG = 8  # query heads per attention block (MAXG in attention.cu)
+CUBLAS_WORKSPACE_BYTES = 32 << 20
+_NO_SPAN = contextlib.nullcontext()
+_cublas_workspaces: dict[int, Any] = {}  # device id -> buffer: kept alive as long as the process (handles are shared)
 
 
 def round_bf16(a: np.ndarray) -> np.ndarray:
@@ -94,12 +107,15 @@ class DeviceBatch:
     block_tables: Any
     max_blocks: int
     max_len: int  # the longest causal key range of any token (max position + 1)
+    kv_tokens: int = 0  # profiling only: keys in cache over all sequences (sum of context_lens)
+    qk_pairs: int = 0  # profiling only: (query, key) pairs attended (sum of position + 1)
 
 
 class CUDABackend:
     name = "cuda"
 
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, matvec_max_tokens: int = 8):
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, matvec_max_tokens: int = 8,
+                 cuda_graphs: bool | None = None):
         cp = _import_cupy()
         from cupy_backends.cuda.libs import cublas
 
@@ -122,7 +138,8 @@ class CUDABackend:
         self.matvec_max_tokens = matvec_max_tokens
         self.attn_splits: int | None = None  # None: chosen per step; tests force values
         self.k = get_kernels()  # compiles every kernel now (warm-up), not on the first request
-        shape = (num_blocks, c.num_key_value_heads, block_size, D)
+        self.pad_block = num_blocks  # one extra block: padding rows of a graph bucket write here, nothing reads it
+        shape = (num_blocks + 1, c.num_key_value_heads, block_size, D)
         self.k_cache = [cp.zeros(shape, dtype=cp.uint16) for _ in range(c.num_hidden_layers)]
         self.v_cache = [cp.zeros(shape, dtype=cp.uint16) for _ in range(c.num_hidden_layers)]
         self.inv_freq = cp.asarray(rope_inv_freq(c))
@@ -130,7 +147,32 @@ class CUDABackend:
         self.num_sms = cp.cuda.Device().attributes["MultiProcessorCount"]
         self._one, self._zero = np.array(1.0, dtype=np.float32), np.array(0.0, dtype=np.float32)
         self._handle = cp.cuda.device.get_cublas_handle()
+        self._set_cublas_workspace()
         self._ws: dict[str, Any] = {}
+        self.profiler: Any = None  # a llmrs.profile.KernelTimer while `llmrs profile` measures
+        if cuda_graphs is None:
+            cuda_graphs = os.environ.get("LLMRS_CUDA_GRAPHS", "1") not in ("0", "false", "no", "off")
+        self.graphs: Any = None
+        if cuda_graphs:
+            from llmrs.engine.backends.cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(self)
+
+    def _set_cublas_workspace(self) -> None:
+        """A fixed cuBLAS workspace, so that cuBLAS allocates nothing inside a graph capture."""
+        dev = self.cp.cuda.Device().id
+        ws = _cublas_workspaces.get(dev)
+        if ws is None:
+            ws = _cublas_workspaces[dev] = self.cp.empty(CUBLAS_WORKSPACE_BYTES, dtype=self.cp.uint8)
+        try:
+            self.cublas.setWorkspace(self._handle, ws.data.ptr, CUBLAS_WORKSPACE_BYTES)
+        except AttributeError:  # an old CuPy without cublasSetWorkspace: cuBLAS keeps its own
+            pass
+
+    def _span(self, kind: str, name: str, *dims: Any) -> Any:
+        """Times the launches inside it when a profiler is set (else a shared no-op context)."""
+        p = self.profiler
+        return _NO_SPAN if p is None else p.span(kind, name, dims)
 
     # ------------------------------------------------------------------ memory
     @staticmethod
@@ -190,18 +232,24 @@ class CUDABackend:
                                  batch.sample_rows.astype(np.int32), bt.reshape(-1)])
         d = cp.asarray(packed)
         o = np.cumsum([0, T, T, T, T, S])
-        return DeviceBatch(T=T, S=S, token_ids=d[o[0]:o[1]], positions=d[o[1]:o[2]], slots=d[o[2]:o[3]],
-                           token_seq=d[o[3]:o[4]], sample_rows=d[o[4]:o[5]], block_tables=d[o[5]:],
-                           max_blocks=int(bt.shape[1]), max_len=int(batch.positions.max()) + 1 if T else 0)
+        db = DeviceBatch(T=T, S=S, token_ids=d[o[0]:o[1]], positions=d[o[1]:o[2]], slots=d[o[2]:o[3]],
+                         token_seq=d[o[3]:o[4]], sample_rows=d[o[4]:o[5]], block_tables=d[o[5]:],
+                         max_blocks=int(bt.shape[1]), max_len=int(batch.positions.max()) + 1 if T else 0)
+        if self.profiler is not None:
+            db.kv_tokens = int(np.sum(batch.context_lens))
+            db.qk_pairs = int(np.sum(batch.positions.astype(np.int64) + 1))
+        return db
 
     # ------------------------------------------------------------------ launches
     def _rms_norm(self, x: Any, w: Any, eps: float, out: Any, rows: Any = None, n_rows: int | None = None) -> None:
         H = x.shape[1]
         n = x.shape[0] if n_rows is None else n_rows
         threads = min(1024, max(32, -(-H // 32) * 32 if H < 1024 else 1024))
-        self.k.rms_norm((n,), (threads,), (x, NULL if rows is None else rows, w, out, np.int32(H), np.float32(eps)))
+        with self._span("rms_norm", "rms_norm", n, H):
+            self.k.rms_norm((n,), (threads,), (x, NULL if rows is None else rows, w, out, np.int32(H), np.float32(eps)))
 
-    def _linear(self, x: Any, w: Any, bias: Any | None, out: Any, accumulate: bool = False) -> None:
+    def _linear(self, x: Any, w: Any, bias: Any | None, out: Any, accumulate: bool = False,
+                name: str = "linear") -> None:
         """out (=|+=) x @ w.T (+ bias). x f32 [T, K] contiguous, w bf16 [N, K], out f32 [T, N] contiguous."""
         T, K = x.shape
         N = w.shape[0]
@@ -210,20 +258,24 @@ class CUDABackend:
             nt = 1 if T == 1 else 2 if T == 2 else 4 if T <= 4 else 8
             grid = (-(-N // MATVEC_ROWS_PER_BLOCK), -(-T // nt))
             fn = getattr(self.k, f"matvec_bf16_t{nt}")
-            fn(grid, (32 * MATVEC_ROWS_PER_BLOCK,),
-               (w, x, NULL if bias is None else bias, out, np.int32(N), np.int32(K), np.int32(T),
-                np.int32(1 if accumulate else 0)))
+            with self._span("matvec", name, T, N, K, accumulate, bias is not None):
+                fn(grid, (32 * MATVEC_ROWS_PER_BLOCK,),
+                   (w, x, NULL if bias is None else bias, out, np.int32(N), np.int32(K), np.int32(T),
+                    np.int32(1 if accumulate else 0)))
             return
         xb = self._buf("gemm_x", (T, K), np.uint16)
-        self._cast_bf16(x, xb)
-        # row-major out[T, N] = x[T, K] @ w[N, K]^T  <=>  column-major out^T[N, T] = w^T' ... (op(A) = W^T view)
-        self.cublas.gemmEx(self._handle, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K,
-                           self._one.ctypes.data, w.data.ptr, CUDA_R_16BF, K, xb.data.ptr, CUDA_R_16BF, K,
-                           (self._one if accumulate else self._zero).ctypes.data, out.data.ptr, CUDA_R_32F, N,
-                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+        with self._span("cast", "cast_bf16 " + name, T * K):
+            self._cast_bf16(x, xb)
+        with self._span("gemm", name, T, N, K, accumulate, False):
+            # row-major out[T, N] = x[T, K] @ w[N, K]^T  <=>  column-major out^T[N, T] = w^T' ... (op(A) = W^T view)
+            self.cublas.gemmEx(self._handle, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K,
+                               self._one.ctypes.data, w.data.ptr, CUDA_R_16BF, K, xb.data.ptr, CUDA_R_16BF, K,
+                               (self._one if accumulate else self._zero).ctypes.data, out.data.ptr, CUDA_R_32F, N,
+                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
         if bias is not None:
             n = T * N
-            self.k.add_bias((min(65535, -(-n // 256)),), (256,), (out, bias, np.int32(T), np.int32(N)))
+            with self._span("add_bias", "add_bias " + name, T, N):
+                self.k.add_bias((min(65535, -(-n // 256)),), (256,), (out, bias, np.int32(T), np.int32(N)))
 
     def _splits(self, T: int, max_len: int) -> int:
         if self.attn_splits is not None:
@@ -248,20 +300,31 @@ class CUDABackend:
         else:
             part_acc = part_ml = NULL
         fn = getattr(self.k, f"attn_partial_d{self.dpl}")
-        fn((T, Hkv * groups, S), (ATTN_THREADS,),
-           (q, np.int32(q_stride), self.k_cache[layer], self.v_cache[layer], db.block_tables, np.int32(db.max_blocks),
-            db.token_seq, db.positions, out, part_acc, part_ml, np.int32(Hq), np.int32(Hkv), np.int32(D),
-            np.int32(self.block_size), np.int32(chunk), self.scale))
+        with self._span("attention", f"attn_partial_d{self.dpl}", T, Hq, Hkv, D, db.kv_tokens, db.qk_pairs, S):
+            fn((T, Hkv * groups, S), (ATTN_THREADS,),
+               (q, np.int32(q_stride), self.k_cache[layer], self.v_cache[layer], db.block_tables,
+                np.int32(db.max_blocks), db.token_seq, db.positions, out, part_acc, part_ml, np.int32(Hq),
+                np.int32(Hkv), np.int32(D), np.int32(self.block_size), np.int32(chunk), self.scale))
         if S > 1:
-            self.k.attn_merge((T, Hq), (-(-D // 32) * 32,), (part_acc, part_ml, out, np.int32(Hq), np.int32(D),
-                                                             np.int32(S)))
+            with self._span("attn_merge", "attn_merge", T, Hq, D, S):
+                self.k.attn_merge((T, Hq), (-(-D // 32) * 32,), (part_acc, part_ml, out, np.int32(Hq), np.int32(D),
+                                                                 np.int32(S)))
 
     # ------------------------------------------------------------------ the fused step
     def forward(self, w: ModelWeights, batch: StepBatch, to_host: bool = True) -> Any:
         """Logits of batch.sample_rows [S, vocab]: host f32, or (to_host=False) a device view that the next
         step overwrites."""
+        if self.graphs is not None and self.profiler is None:
+            logits = self.graphs.run(w, batch)
+            if logits is not None:
+                return self.cp.asnumpy(logits) if to_host else logits
+        logits = self._forward_device(w, self.device_batch(batch))
+        return self.cp.asnumpy(logits) if to_host else logits
+
+    def _forward_device(self, w: ModelWeights, db: DeviceBatch) -> Any:
+        """The step's launches on the current stream (also what a decode graph captures); logits [S, vocab]."""
         c, k = self.config, self.k
-        db = self.device_batch(batch)
+        self.cublas.setStream(self._handle, self.cp.cuda.get_current_stream().ptr)
         T, S, H = db.T, db.S, c.hidden_size
         Hq, Hkv, D, I = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size
         n_qkv = (Hq + 2 * Hkv) * D
@@ -272,28 +335,31 @@ class CUDABackend:
         att = self._buf("att", (T, Hq * D))
         gu = self._buf("gu", (T, 2 * I))
         act = self._buf("act", (T, I))
-        k.embedding_gather((T,), (256,), (w.embed, db.token_ids, x, np.int32(H)))
+        with self._span("embedding", "embedding_gather", T, H):
+            k.embedding_gather((T,), (256,), (w.embed, db.token_ids, x, np.int32(H)))
         rope_threads = min(1024, max(32, -(-(Hq + Hkv) * D // 2 // 32) * 32))
         for n, layer in enumerate(w.layers):
             self._rms_norm(x, layer.input_norm, eps, h)
-            self._linear(h, layer.qkv, layer.qkv_bias, qkv)
-            k.rope_write_kv((T,), (rope_threads,),
-                            (qkv, db.positions, self.inv_freq, db.slots, self.k_cache[n], self.v_cache[n],
-                             np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(self.block_size)))
+            self._linear(h, layer.qkv, layer.qkv_bias, qkv, name="qkv")
+            with self._span("rope_kv", "rope_write_kv", T, Hq, Hkv, D):
+                k.rope_write_kv((T,), (rope_threads,),
+                                (qkv, db.positions, self.inv_freq, db.slots, self.k_cache[n], self.v_cache[n],
+                                 np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(self.block_size)))
             self._attention(n, qkv, n_qkv, db, att)
-            self._linear(att, layer.o, None, x, accumulate=True)
+            self._linear(att, layer.o, None, x, accumulate=True, name="o")
             self._rms_norm(x, layer.post_norm, eps, h)
-            self._linear(h, layer.gate_up, None, gu)
+            self._linear(h, layer.gate_up, None, gu, name="gate_up")
             n_el = T * I
-            k.silu_mul((min(65535, -(-n_el // 256)),), (256,), (gu, act, np.int32(T), np.int32(I)))
-            self._linear(act, layer.down, None, x, accumulate=True)
+            with self._span("silu_mul", "silu_mul", T, I):
+                k.silu_mul((min(65535, -(-n_el // 256)),), (256,), (gu, act, np.int32(T), np.int32(I)))
+            self._linear(act, layer.down, None, x, accumulate=True, name="down")
         hs = self._buf("h_final", (S, H))
         if S:
             self._rms_norm(x, w.norm, eps, hs, rows=db.sample_rows, n_rows=S)
         logits = self._buf("logits", (S, c.vocab_size))
         if S:
-            self._linear(hs, w.lm_head, None, logits)
-        return self.cp.asnumpy(logits) if to_host else logits
+            self._linear(hs, w.lm_head, None, logits, name="lm_head")
+        return logits
 
     # ------------------------------------------------------------------ sampling
     def sample(self, logits: Any, states: list) -> list:
@@ -325,8 +391,9 @@ class CUDABackend:
         fd, kd = cp.asarray(f), cp.asarray(top_k)
         work = self._buf("sample_work", (S, V))
         out = self._buf("sample_out", (S,), np.int32)
-        self.k.sample_tokens((S,), (1024,), (cp.ascontiguousarray(logits), np.int32(V), fd[0], kd, fd[1], fd[2],
-                                            fd[3], work, out))
+        with self._span("sample", "sample_tokens", S, V):
+            self.k.sample_tokens((S,), (1024,), (cp.ascontiguousarray(logits), np.int32(V), fd[0], kd, fd[1],
+                                                fd[2], fd[3], work, out))
         return [SampleResult(int(t)) for t in cp.asnumpy(out)]
 
     # ------------------------------------------------------------------ Backend protocol (Model.forward, tests)

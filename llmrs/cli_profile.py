@@ -1,0 +1,73 @@
+"""`llmrs profile`: real engine steps on the GPU, every kernel timed and set against its roofline ceiling."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from llmrs.errors import UserError
+
+
+def parse_batches(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise UserError(f"--batch: expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise UserError(f"--batch: expected positive integers, got {text!r}")
+    return values
+
+
+def profile(
+    model_arg: Optional[str] = typer.Argument(None, metavar="[MODEL]", help="Same as --model."),
+    model: Optional[str] = typer.Option(None, "--model", "-m",
+                                        help="Model directory, .gguf, embedded name, or synthetic:PRESET."),
+    synthetic: Optional[str] = typer.Option(None, "--synthetic",
+                                            help="A preset's exact shapes (e.g. qwen2.5-7b) with random bf16 "
+                                                 "weights drawn on the GPU: no files needed."),
+    batch: str = typer.Option("1,64,256", "--batch", help="Decode batch sizes (sequences per step)."),
+    context: int = typer.Option(512, "--context", help="Tokens already cached per sequence in the decode steps."),
+    prefill_len: Optional[int] = typer.Option(None, "--prefill-len",
+                                              help="Prompt tokens of the profiled prefill step (default: --context)."),
+    steps: int = typer.Option(10, "--steps", help="Timed steps per case (and as many profiled ones)."),
+    gpu: str = typer.Option("auto", "--gpu", help="GPU key or name for the ceilings (`llmrs gpus`); 'auto' asks NVML."),
+    measure: bool = typer.Option(False, "--measure",
+                                 help="Measure the ceilings now (1 GiB copy, 8192^3 bf16 GEMM) instead of the "
+                                      "cached measured ones or the datasheet."),
+    graphs: bool = typer.Option(True, "--graphs/--no-graphs", help="CUDA graphs for decode steps (wall times)."),
+    top: int = typer.Option(12, "--top", help="Kernels shown per step."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Also save the JSON here."),
+    plot_path: Optional[Path] = typer.Option(None, "--plot", help="Kernels as points on the roofline (.png/.svg)."),
+) -> None:
+    """Where a decode step (at each --batch) and a prefill spend their GPU time: matrix multiply, decode and
+    prefill attention, everything else; GPU busy; each kernel's GB/s or TFLOP/s as a % of its roof."""
+    from llmrs import profile as prof
+    from llmrs.engine.loader import SYNTHETIC_PREFIX
+
+    given = [x for x in (model_arg, model, synthetic) if x]
+    if len(given) != 1:
+        raise UserError("give exactly one of MODEL, --model M or --synthetic PRESET")
+    spec = SYNTHETIC_PREFIX + synthetic if synthetic else given[0]
+    batches = parse_batches(batch)
+    err = Console(stderr=True)
+    with err.status("profiling ...") as status:
+        profiles, meta = prof.run_profile(spec, batches, context, prefill_len=prefill_len, steps=steps, gpu=gpu,
+                                          measure=measure, graphs=graphs, progress=lambda m: status.update(m))
+    if out:
+        prof.save_json(out, profiles, meta)
+    if plot_path:
+        prof.plot(profiles, meta, plot_path)
+    if as_json:
+        typer.echo(json.dumps(prof.to_json(profiles, meta), indent=1))
+    else:
+        prof.render(Console(width=max(Console().width, 140)), profiles, meta, top=top)
+        err.print(f"[dim]ceilings: {meta['ceilings']}; {meta['note']}[/dim]")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("profile")(profile)

@@ -1,0 +1,172 @@
+"""CUDA graphs for decode steps: one graph per (batch bucket, context cap), replayed over static buffers.
+
+A decode step launches ~9 kernels per layer; from Python each launch costs several microseconds, so a small
+model's step is host-bound. A graph replays the whole step in one launch. What a graph bakes in:
+- every kernel's pointers: weights and KV cache (fixed), the step's index arrays (a static device buffer per
+  graph, refilled by one host-to-device copy before each replay) and the activation workspace (a workspace
+  dict of its own, shared by all graphs; if it ever has to grow, every older graph is dropped and re-captured);
+- every launch's shape: T = the bucket (1, 2, 4, 8, 12, 16, 24, ... 512 sequences; the rows past the real
+  batch are padding: token 0 at position 0, writing its K/V into the backend's `pad_block`, reading only
+  that block), and the attention split count and chunk, chosen for the context cap (the longest key range
+  rounded up to a power of two, at least 256): splits past a token's causal limit find no keys and the merge
+  skips them (attention.cu), so the same graph serves every context up to its cap.
+
+Used for pure decode steps (one token per sequence, every sequence sampled); anything else, or a capture that
+fails, runs eagerly. Replay gives the same math as the eager step of the padded shape: tokens equal to
+eager's with the same split count (tests/test_cuda_graphs.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+MIN_LEN_CAP = 256
+
+
+def bucket_for(n: int) -> int | None:
+    """The smallest bucket holding n sequences; None past the largest."""
+    for b in BUCKETS:
+        if b >= n:
+            return b
+    return None
+
+
+def len_cap_for(max_len: int) -> int:
+    """The context cap a graph is captured for: max_len rounded up to a power of two, at least MIN_LEN_CAP."""
+    cap = MIN_LEN_CAP
+    while cap < max_len:
+        cap *= 2
+    return cap
+
+
+def is_pure_decode(batch: Any) -> bool:
+    """One new token per sequence and every sequence's logits sampled, in order."""
+    B, T = batch.num_seqs, batch.num_tokens
+    S = int(batch.sample_rows.shape[0])
+    return T == B and S == B and B > 0 and bool(np.array_equal(batch.sample_rows, np.arange(B)))
+
+
+@dataclass(slots=True)
+class _Graph:
+    graph: Any
+    host: np.ndarray  # packed int32 [tokens B | positions B | slots B | token_seq B | rows B | tables B*nb]
+    dev: Any  # the same layout on the GPU: what the graph's kernels read
+    logits: Any  # [B, vocab] in the graph workspace
+    nb: int
+
+
+class DecodeGraphs:
+    """Captures and replays decode-step graphs for one CUDABackend (see the module docstring)."""
+
+    def __init__(self, backend: Any):
+        self.b = backend
+        self.cp = backend.cp
+        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.failed: set[tuple[int, int]] = set()
+        self.ws: dict[str, Any] = {}
+        self.stream = self.cp.cuda.Stream(non_blocking=True)
+        self.replays = 0
+        self.captures = 0
+
+    def run(self, w: Any, batch: Any) -> Any | None:
+        """The step's logits [S, vocab] (device view, overwritten by the next replay) from a graph, or None when
+        this step must run eagerly."""
+        if not is_pure_decode(batch):
+            return None
+        n = batch.num_seqs
+        B = bucket_for(n)
+        max_len = int(batch.positions.max()) + 1
+        cap = len_cap_for(max_len)
+        if B is None:
+            return None
+        key = (B, cap)
+        g = self.graphs.get(key)
+        if g is None:
+            if key in self.failed:
+                return None
+            g = self._capture(w, B, cap)
+            if g is None:
+                return None
+        self._fill(g, batch, B)
+        g.dev.set(g.host)
+        g.graph.launch(stream=self.cp.cuda.get_current_stream())
+        self.replays += 1
+        return g.logits[:n]
+
+    # ------------------------------------------------------------------ internals
+    def _pad_host(self, B: int, nb: int) -> np.ndarray:
+        """The packed index arrays of a batch of B padding rows."""
+        pad = self.b.pad_block
+        h = np.empty(5 * B + B * nb, dtype=np.int32)
+        h[:B] = 0  # token ids
+        h[B:2 * B] = 0  # positions
+        h[2 * B:3 * B] = pad * self.b.block_size  # slots: the pad block
+        h[3 * B:4 * B] = np.arange(B)  # token_seq
+        h[4 * B:5 * B] = np.arange(B)  # sample rows
+        h[5 * B:] = pad  # block tables
+        return h
+
+    def _fill(self, g: _Graph, batch: Any, B: int) -> None:
+        n, nb, h = batch.num_seqs, g.nb, g.host
+        pad = self.b.pad_block
+        h[:n] = batch.token_ids
+        h[n:B] = 0
+        h[B:B + n] = batch.positions
+        h[B + n:2 * B] = 0
+        h[2 * B:2 * B + n] = batch.slot_mapping
+        h[2 * B + n:3 * B] = pad * self.b.block_size
+        tables = h[5 * B:].reshape(B, nb)
+        bt = batch.block_tables
+        w = min(nb, bt.shape[1])
+        tables[:n, :w] = bt[:, :w]
+        tables[:n, w:] = pad
+        tables[n:] = pad
+        # NOTE: -1 padding inside a real row is never read (keys past the context), but keep it harmless
+        real = tables[:n]
+        real[real < 0] = pad
+
+    def _capture(self, w: Any, B: int, cap: int) -> _Graph | None:
+        from llmrs.engine.backends.cuda import DeviceBatch
+
+        cp, b = self.cp, self.b
+        nb = -(-cap // b.block_size)
+        key = (B, cap)
+        host = self._pad_host(B, nb)
+        dev = cp.asarray(host)
+        o = np.cumsum([0, B, B, B, B, B])
+        db = DeviceBatch(T=B, S=B, token_ids=dev[o[0]:o[1]], positions=dev[o[1]:o[2]], slots=dev[o[2]:o[3]],
+                         token_seq=dev[o[3]:o[4]], sample_rows=dev[o[4]:o[5]], block_tables=dev[o[5]:],
+                         max_blocks=nb, max_len=cap)
+        saved = b._ws
+        b._ws = self.ws
+        try:
+            before = {k: v.data.ptr for k, v in self.ws.items()}
+            cp.cuda.Device().synchronize()
+            with self.stream:
+                b._forward_device(w, db)  # warm-up: sizes the workspace, loads modules, picks cuBLAS algorithms
+                self.stream.synchronize()
+                if any(self.ws[k].data.ptr != p for k, p in before.items()):
+                    self.graphs.clear()  # a buffer moved: older graphs point at freed memory
+                self.stream.begin_capture()
+                try:
+                    logits = b._forward_device(w, db)
+                finally:
+                    graph = self.stream.end_capture()
+            self.stream.synchronize()
+        except Exception as e:  # a capture the driver refuses: this shape runs eagerly from now on
+            self.failed.add(key)
+            print(f"llmrs: CUDA graph capture failed for batch {B}, context {cap} ({e}); running eagerly",
+                  file=sys.stderr)
+            return None
+        finally:
+            b._ws = saved
+            b.cublas.setStream(b._handle, cp.cuda.get_current_stream().ptr)
+        g = _Graph(graph=graph, host=host, dev=dev, logits=logits, nb=nb)
+        self.graphs[key] = g
+        self.captures += 1
+        return g

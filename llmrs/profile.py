@@ -1,0 +1,409 @@
+"""`llmrs profile`: where a real engine step spends its GPU time, kernel by kernel, against the roofline.
+
+How it measures (needs CuPy and a GPU): the model's weights go on the GPU (a checkpoint, or a synthetic
+preset drawn there), the KV cache is filled with random bf16 values, then for each batch size B a decode
+step of B sequences, each with `context` tokens already cached, and one prefill of a `prefill_len`-token
+prompt are run through `CUDABackend.forward` + `sample`, exactly as the engine runs them:
+- wall time: the median of `steps` steps as the engine runs them (CUDA graphs included when enabled), host
+  clock around forward + sample (sampling copies the tokens back, so the step is finished);
+- kernel times: `steps` more steps with `backend.profiler` set to a `KernelTimer`, which brackets every
+  launch (and every cuBLAS call) with a pair of CUDA events; per-kernel times are means over those steps;
+- GPU busy = sum of kernel times / wall time (what is left is the host: Python, launches, copies).
+
+Each kernel's bytes and FLOPs come from its shapes (`kernel_cost`: the fewest bytes it must move, each input
+read once and each output written once; attention reads each sequence's K/V once); achieved GB/s and TFLOP/s
+are those over its time, and "% of roof" is the roofline time max(bytes / bandwidth, FLOPs / peak) over the
+measured time, with the GPU's ceilings from `llmrs.roofline` (measured ones when present). Categories are the
+posts' table: matrix multiply, decode attention, prefill attention, everything else.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from llmrs.errors import UserError
+
+CATEGORIES = ("matrix multiply", "decode attention", "prefill attention", "everything else")
+MATMUL_KINDS = ("matvec", "gemm")
+ATTENTION_KINDS = ("attention", "attn_merge")
+
+
+# ---------------------------------------------------------------------- cost of one launch
+def kernel_cost(kind: str, dims: tuple) -> tuple[float, float]:
+    """(bytes, FLOPs) of one launch from its shapes, as CUDABackend passes them to `_span`."""
+    if kind in MATMUL_KINDS:
+        T, N, K, acc, bias = dims
+        x_bytes = 4 if kind == "matvec" else 2  # the GEMM reads the bf16 copy of x (cast separately)
+        nbytes = 2 * N * K + x_bytes * T * K + 4 * T * N * (2 if acc else 1) + (4 * N if bias else 0)
+        return float(nbytes), 2.0 * T * N * K
+    if kind == "attention":
+        T, Hq, Hkv, D, kv_tokens, qk_pairs, S = dims
+        out_bytes = 4 * T * Hq * S * (D + 2) if S > 1 else 4 * T * Hq * D  # partials, or the output
+        nbytes = 2 * 2 * kv_tokens * Hkv * D + 4 * T * Hq * D + out_bytes
+        return float(nbytes), 4.0 * qk_pairs * Hq * D
+    if kind == "attn_merge":
+        T, Hq, D, S = dims
+        return float(4 * T * Hq * S * (D + 2) + 4 * T * Hq * D), 3.0 * T * Hq * S * D
+    if kind == "rms_norm":
+        n, H = dims
+        return float(8 * n * H + 4 * H), 4.0 * n * H
+    if kind == "rope_kv":
+        T, Hq, Hkv, D = dims
+        nbytes = 4 * T * (Hq + 2 * Hkv) * D + 4 * T * (Hq + Hkv) * D + 2 * 2 * T * Hkv * D
+        return float(nbytes), 6.0 * T * (Hq + Hkv) * D
+    if kind == "silu_mul":
+        T, I = dims
+        return float(12 * T * I), 5.0 * T * I
+    if kind == "embedding":
+        T, H = dims
+        return float(6 * T * H), 0.0
+    if kind == "cast":
+        (n,) = dims
+        return float(6 * n), 0.0
+    if kind == "add_bias":
+        T, N = dims
+        return float(8 * T * N + 4 * N), float(T * N)
+    if kind == "sample":
+        S, V = dims
+        return float(12 * S * V), 5.0 * S * V
+    return 0.0, 0.0
+
+
+def category(kind: str, phase: str) -> str:
+    if kind in MATMUL_KINDS:
+        return "matrix multiply"
+    if kind in ATTENTION_KINDS:
+        return "prefill attention" if phase == "prefill" else "decode attention"
+    return "everything else"
+
+
+# ---------------------------------------------------------------------- aggregation (pure)
+@dataclass(slots=True)
+class KernelRecord:
+    """One timed launch."""
+
+    kind: str
+    name: str
+    ms: float
+    nbytes: float
+    flops: float
+
+
+@dataclass(slots=True)
+class KernelStat:
+    """One kernel (kind + name, e.g. matvec 'qkv') summed over a step's launches, per step."""
+
+    kernel: str
+    category: str
+    calls: float
+    ms: float
+    nbytes: float
+    flops: float
+    gbs: float
+    tflops: float
+    roof_ms: float
+    fraction_of_roof: float
+    bound: str
+
+
+@dataclass(slots=True)
+class StepProfile:
+    label: str
+    phase: str  # "decode" | "prefill"
+    batch: int
+    tokens: int
+    wall_ms: float
+    kernel_ms: float
+    busy: float
+    categories: dict[str, float]  # ms per step
+    kernels: list[KernelStat] = field(default_factory=list)
+
+    def share(self, cat: str) -> float:
+        return self.categories.get(cat, 0.0) / self.kernel_ms if self.kernel_ms else 0.0
+
+
+def aggregate(records: list[KernelRecord], steps: int, phase: str, bandwidth: float, peak_flops: float,
+              label: str, batch: int, tokens: int, wall_ms: float) -> StepProfile:
+    """Per-step kernel table and category times from `steps` steps' records; bandwidth in B/s, peak in FLOP/s."""
+    assert steps >= 1
+    groups: dict[tuple[str, str], list[KernelRecord]] = {}
+    for r in records:
+        groups.setdefault((r.kind, r.name), []).append(r)
+    stats = []
+    for (kind, name), rs in groups.items():
+        ms = sum(r.ms for r in rs) / steps
+        nbytes = sum(r.nbytes for r in rs) / steps
+        flops = sum(r.flops for r in rs) / steps
+        mem_ms, math_ms = nbytes / bandwidth * 1e3, flops / peak_flops * 1e3
+        roof = max(mem_ms, math_ms)
+        label_k = kind if kind == name else f"{kind} {name}"
+        stats.append(KernelStat(
+            kernel=label_k, category=category(kind, phase), calls=len(rs) / steps, ms=ms, nbytes=nbytes, flops=flops,
+            gbs=nbytes / (ms * 1e-3) / 1e9 if ms > 0 else 0.0, tflops=flops / (ms * 1e-3) / 1e12 if ms > 0 else 0.0,
+            roof_ms=roof, fraction_of_roof=roof / ms if ms > 0 else 0.0,
+            bound="memory" if mem_ms >= math_ms else "compute"))
+    stats.sort(key=lambda s: -s.ms)
+    cats = {c: 0.0 for c in CATEGORIES}
+    for s in stats:
+        cats[s.category] += s.ms
+    kernel_ms = sum(s.ms for s in stats)
+    busy = min(1.0, kernel_ms / wall_ms) if wall_ms > 0 else 0.0
+    return StepProfile(label=label, phase=phase, batch=batch, tokens=tokens, wall_ms=wall_ms, kernel_ms=kernel_ms,
+                       busy=busy, categories=cats, kernels=stats)
+
+
+def to_json(profiles: list[StepProfile], meta: dict[str, Any]) -> dict[str, Any]:
+    return {**meta, "steps": [asdict(p) for p in profiles]}
+
+
+def render(console: Any, profiles: list[StepProfile], meta: dict[str, Any], top: int = 12) -> None:
+    """The posts' table (category shares + GPU busy, one column per step), then each step's kernels."""
+    from rich.table import Table
+
+    t = Table(title=f"What the GPU was doing: {meta.get('model')} on {meta.get('gpu_name')} "
+                    f"(context {meta.get('context')})")
+    t.add_column("")
+    for p in profiles:
+        t.add_column(p.label, justify="right")
+    for c in CATEGORIES:
+        t.add_row(c, *(f"{100 * p.share(c):.1f}%" for p in profiles))
+    t.add_row("GPU busy", *(f"{100 * p.busy:.1f}%" for p in profiles))
+    t.add_row("step wall ms", *(f"{p.wall_ms:.3f}" for p in profiles))
+    t.add_row("kernel ms", *(f"{p.kernel_ms:.3f}" for p in profiles))
+    t.add_row("tokens / s", *(f"{p.tokens / p.wall_ms * 1e3:,.0f}" if p.wall_ms else "-" for p in profiles))
+    console.print(t)
+    bw, pk = meta.get("bandwidth_gbs"), meta.get("peak_tflops")
+    for p in profiles:
+        k = Table(title=f"{p.label}: kernels per step (ceilings {bw:,.0f} GB/s, {pk:,.0f} TFLOP/s bf16)")
+        for col in ("kernel", "calls", "ms", "share", "GB/s", "TFLOP/s", "% of roof", "bound"):
+            k.add_column(col, justify="left" if col == "kernel" else "right")
+        for s in p.kernels[:top]:
+            k.add_row(s.kernel, f"{s.calls:g}", f"{s.ms:.3f}", f"{100 * s.ms / p.kernel_ms:.1f}%",
+                      f"{s.gbs:,.0f}", f"{s.tflops:,.1f}", f"{100 * s.fraction_of_roof:.0f}%", s.bound)
+        rest = p.kernels[top:]
+        if rest:
+            k.add_row(f"({len(rest)} more)", "", f"{sum(s.ms for s in rest):.3f}",
+                      f"{100 * sum(s.ms for s in rest) / p.kernel_ms:.1f}%", "", "", "", "")
+        console.print(k)
+
+
+def plot(profiles: list[StepProfile], meta: dict[str, Any], path: Path) -> Path:
+    """Every kernel of every step as a point on the roofline chart (log-log FLOP/s against FLOP/byte)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UserError("--plot needs matplotlib: pip install 'llmrs[roofline]'") from None
+    bw, peak = meta["bandwidth_gbs"] * 1e9, meta["peak_tflops"] * 1e12
+    pts = [(s.flops / s.nbytes, s.flops / (s.ms * 1e-3), s, p) for p in profiles for s in p.kernels
+           if s.flops > 0 and s.nbytes > 0 and s.ms > 0]
+    if not pts:
+        raise UserError("--plot: no kernel with FLOPs to place")
+    xs = [x for x, *_ in pts]
+    x = np.logspace(np.log10(min(0.1, min(xs) / 2)), np.log10(max(4 * peak / bw, max(xs) * 2)), 200)
+    fig, ax = plt.subplots(figsize=(9, 6))
+    ax.plot(x, np.minimum(peak, bw * x) / 1e12, "k-", lw=2, label=f"{bw / 1e9:,.0f} GB/s, {peak / 1e12:,.0f} TFLOP/s")
+    colors = {c: f"C{i}" for i, c in enumerate(CATEGORIES)}
+    markers = "osD^v<>px*h"
+    for xi, y, s, p in pts:
+        ax.plot(xi, y / 1e12, markers[profiles.index(p) % len(markers)], color=colors[s.category], ms=6, alpha=0.8)
+    for c in CATEGORIES:
+        ax.plot([], [], "o", color=colors[c], label=c)
+    for i, p in enumerate(profiles):
+        ax.plot([], [], markers[i % len(markers)], color="grey", label=p.label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("achieved TFLOP/s")
+    ax.set_title(f"llmrs profile: {meta.get('model')} on {meta.get('gpu_name')}")
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=8, loc="lower right")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------- the timer (GPU)
+class KernelTimer:
+    """Set as `backend.profiler`: brackets each launch with two CUDA events from a reused pool."""
+
+    def __init__(self, cp: Any):
+        self.cp = cp
+        self.pool: list[Any] = []
+        self.used = 0
+        self.pending: list[tuple[str, tuple, Any, Any]] = []
+        self.records: list[KernelRecord] = []
+
+    def _event(self) -> Any:
+        if self.used == len(self.pool):
+            self.pool.append(self.cp.cuda.Event())
+        e = self.pool[self.used]
+        self.used += 1
+        return e
+
+    def span(self, kind: str, name: str, dims: tuple) -> _Span:
+        return _Span(self, kind, name, dims)
+
+    def collect(self) -> None:
+        """Wait for the GPU, turn pending event pairs into records, recycle the events."""
+        self.cp.cuda.Device().synchronize()
+        get = self.cp.cuda.get_elapsed_time
+        for (kind, name), dims, e0, e1 in self.pending:
+            nbytes, flops = kernel_cost(kind, dims)
+            self.records.append(KernelRecord(kind, name, float(get(e0, e1)), nbytes, flops))
+        self.pending.clear()
+        self.used = 0
+
+
+class _Span:
+    __slots__ = ("t", "key", "dims", "e0")
+
+    def __init__(self, t: KernelTimer, kind: str, name: str, dims: tuple):
+        self.t, self.key, self.dims = t, (kind, name), dims
+
+    def __enter__(self) -> _Span:
+        self.e0 = self.t._event()
+        self.e0.record()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        e1 = self.t._event()
+        e1.record()
+        self.t.pending.append((self.key, self.dims, self.e0, e1))
+
+
+# ---------------------------------------------------------------------- running real steps (GPU)
+@dataclass(slots=True)
+class Ceilings:
+    gpu_name: str
+    bandwidth_gbs: float
+    peak_tflops: float
+    source: str  # "measured now" | "measured (cache)" | "datasheet"
+
+
+def ceilings(gpu: str, measure: bool) -> Ceilings:
+    from llmrs.roofline.gpus import get_gpu
+
+    spec = get_gpu(gpu)
+    if measure:
+        from llmrs.roofline.measured import _import_cupy, measure_bandwidth, measure_bf16_gemm
+
+        cp = _import_cupy()
+        bw = measure_bandwidth(cp, 1 << 30)
+        tf, _ = measure_bf16_gemm(cp)
+        return Ceilings(spec.name, bw, tf, "measured now")
+    if spec.measured_bandwidth_gbs and spec.measured_bf16_tflops:
+        return Ceilings(spec.name, spec.measured_bandwidth_gbs, spec.measured_bf16_tflops, "measured (cache)")
+    return Ceilings(spec.name, spec.bandwidth_gbs, float(spec.bf16_tflops or 0) or 1.0, "datasheet")
+
+
+def _load(model: str, num_blocks: int, block_size: int, graphs: bool) -> tuple[Any, Any, Any]:
+    from llmrs.engine.backends.cuda import CUDABackend, CUDAModel
+    from llmrs.engine.loader import load
+    from llmrs.engine.model import build_weights
+
+    loaded = load(model)
+    backend = CUDABackend(loaded.config, num_blocks=num_blocks, block_size=block_size, cuda_graphs=graphs)
+    if loaded.tensors is None:
+        from llmrs.synth import gpu_weights
+
+        weights = gpu_weights(loaded.config, backend)
+    else:
+        weights = build_weights(loaded.config, loaded.tensors, backend)
+    return loaded.config, backend, CUDAModel(loaded.config, weights, backend)
+
+
+def _fill_kv(backend: Any, seed: int = 0) -> None:
+    """Random bf16 values of both signs, magnitudes 2^-7..1, in every cache block (never time on zeros)."""
+    cp = backend.cp
+    rs = cp.random.RandomState(seed)
+    for cache in backend.k_cache + backend.v_cache:
+        flat = cache.reshape(-1)
+        step = 1 << 26
+        for i in range(0, flat.size, step):
+            n = min(step, flat.size - i)
+            v = rs.randint(0x3C00, 0x3F80, size=n, dtype=cp.int32) | (rs.randint(0, 2, size=n, dtype=cp.int32) << 15)
+            flat[i:i + n] = v.astype(cp.uint16)
+
+
+def run_profile(model: str, batches: list[int], context: int, prefill_len: int | None = None, steps: int = 10,
+                warmup: int = 3, gpu: str = "auto", measure: bool = False, graphs: bool = True,
+                progress: Any = None) -> tuple[list[StepProfile], dict[str, Any]]:
+    """Profile decode at each batch size (every sequence at `context` cached tokens) and one prefill."""
+    from llmrs.engine.backends.cuda import cuda_available
+
+    ok, why = cuda_available()
+    if not ok:
+        raise UserError(f"llmrs profile times kernels on a GPU and needs CuPy and an NVIDIA GPU: {why}")
+    from llmrs.engine.batch import build_step_batch
+    from llmrs.engine.sampling import SamplingParams, SamplingState, make_generator
+
+    if context < 1 or steps < 1:
+        raise UserError("--context and --steps must be at least 1")
+    prefill_len = prefill_len or context
+    ceil = ceilings(gpu, measure)
+    bs = 16
+    per_seq = -(-(context + 1) // bs)
+    num_blocks = max(max(batches) * per_seq, -(-prefill_len // bs))
+    say = progress or (lambda msg: None)
+    say(f"loading {model} ({num_blocks} KV blocks)")
+    config, backend, m = _load(model, num_blocks, bs, graphs)
+    _fill_kv(backend)
+    backend.synchronize()
+    rng = np.random.default_rng(0)
+    V = config.vocab_size
+
+    def state() -> Any:
+        return SamplingState(SamplingParams(temperature=0.0), make_generator(0), [1], [], [])
+
+    def run_steps(batch: Any, states: list, n: int, timer: KernelTimer | None) -> float:
+        backend.profiler = timer
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            backend.sample(m.forward_device(batch), states)
+            times.append(time.perf_counter() - t)
+            if timer is not None:
+                timer.collect()
+        backend.profiler = None
+        return 1e3 * float(np.median(times))
+
+    plans = []
+    for B in batches:
+        seqs = [(rng.integers(0, V, 1).tolist(), context, list(range(b * per_seq, (b + 1) * per_seq)), True)
+                for b in range(B)]
+        plans.append((f"decode B={B}", "decode", B, B, build_step_batch(seqs, bs)))
+    table = list(range(-(-prefill_len // bs)))
+    plans.append((f"prefill {prefill_len}", "prefill", 1, prefill_len,
+                  build_step_batch([(rng.integers(0, V, prefill_len).tolist(), 0, table, True)], bs)))
+    profiles = []
+    for label, phase, B, tokens, batch in plans:
+        say(f"{label}: {warmup} warm-up + {steps} timed + {steps} profiled steps")
+        states = [state() for _ in range(B)]
+        run_steps(batch, states, warmup, None)
+        wall = run_steps(batch, states, steps, None)
+        timer = KernelTimer(backend.cp)
+        run_steps(batch, states, steps, timer)
+        profiles.append(aggregate(timer.records, steps, phase, ceil.bandwidth_gbs * 1e9, ceil.peak_tflops * 1e12,
+                                  label, B, tokens, wall))
+    meta = {"model": model, "gpu_name": ceil.gpu_name, "bandwidth_gbs": round(ceil.bandwidth_gbs, 1),
+            "peak_tflops": round(ceil.peak_tflops, 1), "ceilings": ceil.source, "context": context,
+            "prefill_len": prefill_len, "steps": steps, "cuda_graphs": backend.graphs is not None,
+            "note": "wall = median step with the engine's path (graphs when on); kernel times from eager "
+                    "steps with CUDA events around every launch"}
+    return profiles, meta
+
+
+def save_json(path: Path, profiles: list[StepProfile], meta: dict[str, Any]) -> None:
+    Path(path).write_text(json.dumps(to_json(profiles, meta), indent=1))

@@ -1,0 +1,147 @@
+"""`llmrs profile`: the pure parts (costs, aggregation, table, JSON) everywhere; a real profile on a GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+
+from llmrs import profile as prof
+from llmrs.cli import main
+from llmrs.cli_profile import parse_batches
+from llmrs.errors import UserError
+
+
+def records_of_one_decode_step():
+    """Two steps' worth of launches of a 2-layer batch-1 decode: known bytes and times."""
+    recs = []
+    for _ in range(2):  # steps
+        for _ in range(2):  # layers
+            recs.append(prof.KernelRecord("matvec", "qkv", 0.010, 4.0e7, 2.0e7))
+            recs.append(prof.KernelRecord("attention", "attn_partial_d4", 0.004, 1.0e6, 1.0e6))
+            recs.append(prof.KernelRecord("rms_norm", "rms_norm", 0.002, 1.0e4, 4.0e3))
+        recs.append(prof.KernelRecord("sample", "sample_tokens", 0.004, 1.0e6, 5.0e5))
+    return recs
+
+
+def test_matvec_cost_counts_weights_once_and_the_accumulated_output_twice():
+    nbytes, flops = prof.kernel_cost("matvec", (1, 3584, 3584, True, False))
+    assert nbytes == 2 * 3584 * 3584 + 4 * 3584 + 2 * 4 * 3584
+    assert flops == 2 * 3584 * 3584
+    gemm_bytes, _ = prof.kernel_cost("gemm", (64, 100, 200, False, False))
+    assert gemm_bytes == 2 * 100 * 200 + 2 * 64 * 200 + 4 * 64 * 100  # bf16 x, f32 out
+
+
+def test_attention_cost_reads_each_sequence_kv_once():
+    # 4 sequences x 512 cached keys, qwen2.5-7b heads: K and V, bf16, 4 KV heads x 128 dims
+    nbytes, flops = prof.kernel_cost("attention", (4, 28, 4, 128, 4 * 512, 4 * 512, 1))
+    kv = 2 * 2 * 4 * 512 * 4 * 128
+    assert nbytes == kv + 2 * 4 * 4 * 28 * 128
+    assert flops == 4 * (4 * 512) * 28 * 128
+
+
+def test_aggregate_gives_per_step_times_categories_busy_and_roof_fractions():
+    p = prof.aggregate(records_of_one_decode_step(), steps=2, phase="decode", bandwidth=4e12, peak_flops=8e14,
+                       label="decode B=1", batch=1, tokens=1, wall_ms=0.040)
+    by = {s.kernel: s for s in p.kernels}
+    qkv = by["matvec qkv"]
+    assert qkv.calls == 2 and qkv.ms == pytest.approx(0.020) and qkv.nbytes == pytest.approx(8e7)
+    assert qkv.gbs == pytest.approx(8e7 / 20e-6 / 1e9)  # 4,000 GB/s
+    assert qkv.fraction_of_roof == pytest.approx(1.0)  # 8e7 B / 4e12 B/s = 20 us = its time
+    assert qkv.bound == "memory"
+    assert p.kernels[0].kernel == "matvec qkv"  # sorted by time
+    assert p.kernel_ms == pytest.approx(0.020 + 0.008 + 0.004 + 0.004)
+    assert p.categories["matrix multiply"] == pytest.approx(0.020)
+    assert p.categories["decode attention"] == pytest.approx(0.008)
+    assert p.categories["prefill attention"] == 0.0
+    assert p.categories["everything else"] == pytest.approx(0.008)
+    assert p.busy == pytest.approx(0.036 / 0.040)
+    assert sum(p.share(c) for c in prof.CATEGORIES) == pytest.approx(1.0)
+
+
+def test_attention_of_a_prefill_step_counts_as_prefill_attention():
+    p = prof.aggregate(records_of_one_decode_step(), steps=2, phase="prefill", bandwidth=4e12, peak_flops=8e14,
+                       label="prefill 512", batch=1, tokens=512, wall_ms=0.010)
+    assert p.categories["prefill attention"] == pytest.approx(0.008)
+    assert p.categories["decode attention"] == 0.0
+    assert p.busy == 1.0  # capped: kernel time can't exceed the wall
+
+
+def test_table_and_json_show_every_category_and_kernel():
+    p = prof.aggregate(records_of_one_decode_step(), steps=2, phase="decode", bandwidth=4e12, peak_flops=8e14,
+                       label="decode B=1", batch=1, tokens=1, wall_ms=0.040)
+    meta = {"model": "synthetic:qwen2.5-7b", "gpu_name": "NVIDIA H200", "bandwidth_gbs": 4000.0,
+            "peak_tflops": 800.0, "context": 512}
+    console = Console(record=True, width=200)
+    prof.render(console, [p], meta)
+    text = console.export_text()
+    for needle in ("matrix multiply", "decode attention", "prefill attention", "everything else", "GPU busy",
+                   "90.0%", "matvec qkv", "100%", "4,000"):
+        assert needle in text, needle
+    data = json.loads(json.dumps(prof.to_json([p], meta)))
+    assert data["model"] == "synthetic:qwen2.5-7b"
+    step = data["steps"][0]
+    assert step["busy"] == pytest.approx(0.9) and step["categories"]["matrix multiply"] == pytest.approx(0.02)
+    assert {k["kernel"] for k in step["kernels"]} == {"matvec qkv", "attention attn_partial_d4", "rms_norm",
+                                                      "sample sample_tokens"}
+
+
+def test_plot_writes_a_roofline_chart(tmp_path):
+    pytest.importorskip("matplotlib")
+    p = prof.aggregate(records_of_one_decode_step(), steps=2, phase="decode", bandwidth=4e12, peak_flops=8e14,
+                       label="decode B=1", batch=1, tokens=1, wall_ms=0.040)
+    out = prof.plot([p], {"bandwidth_gbs": 4000.0, "peak_tflops": 800.0, "model": "m", "gpu_name": "g"},
+                    tmp_path / "roof.png")
+    assert out.stat().st_size > 1000
+
+
+def test_batch_list_is_parsed_and_checked():
+    assert parse_batches("1, 64,256") == [1, 64, 256]
+    with pytest.raises(UserError):
+        parse_batches("1,x")
+    with pytest.raises(UserError):
+        parse_batches("0")
+
+
+def test_profile_without_a_gpu_is_one_clear_error(capsys):
+    from llmrs.engine.backends.cuda import cuda_available
+
+    if cuda_available()[0]:
+        pytest.skip("a GPU is present")
+    with pytest.raises(SystemExit) as e:
+        main(["profile", "--synthetic", "qwen2.5-0.5b", "--batch", "1"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: llmrs profile") and "GPU" in err and "Traceback" not in err
+
+
+def test_profile_needs_exactly_one_model(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["profile", "--synthetic", "qwen2.5-0.5b", "--model", "x"])
+    assert e.value.code == 2
+    assert "exactly one of" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_profile_of_real_steps_on_the_gpu(tmp_path):
+    from tests.cuda_helpers import require_gpu
+    from tests.conftest import write_tiny_model
+
+    require_gpu()
+    path = write_tiny_model(tmp_path / "qwen2", "qwen2")
+    profiles, meta = prof.run_profile(str(path), [1, 4, 12], context=40, prefill_len=30, steps=3, gpu="auto")
+    assert [p.label for p in profiles] == ["decode B=1", "decode B=4", "decode B=12", "prefill 30"]
+    for p in profiles:
+        assert p.kernel_ms > 0 and 0 < p.busy <= 1
+        assert sum(p.categories.values()) == pytest.approx(p.kernel_ms)
+        assert p.categories["matrix multiply"] > 0
+        names = {k.kernel for k in p.kernels}
+        assert "matvec qkv" in names or "gemm qkv" in names
+        assert all(k.calls >= 1 and k.nbytes > 0 for k in p.kernels)
+    layers = 3
+    qkv = next(k for k in profiles[0].kernels if k.kernel == "matvec qkv")
+    assert qkv.calls == layers
+    assert profiles[-1].categories["prefill attention"] > 0 and profiles[0].categories["decode attention"] > 0
+    prof.save_json(tmp_path / "p.json", profiles, meta)
+    assert json.loads((tmp_path / "p.json").read_text())["steps"][2]["batch"] == 12
