@@ -189,7 +189,6 @@ class LLMEngine:
         for i, (p, sp) in enumerate(zip(prompts, plist)):
             ids = self.tokenizer.encode(p) if isinstance(p, str) else list(p)
             rid = f"gen-{i}"
-            sp = SamplingParams(**{f: getattr(sp, f) for f in sp.__slots__})  # own copy per request
             self.add_request(rid, ids, sp)
             results[rid] = RequestResult(rid, ids, [""] * sp.n, [[] for _ in range(sp.n)], [None] * sp.n)
             order.append(rid)
