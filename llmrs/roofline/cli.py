@@ -97,6 +97,10 @@ def roofline(
     use_measured: bool = typer.Option(False, "--use-measured",
                                       help="Use stored measured ceilings instead of datasheet ones."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel GPUs: per-GPU floors + all-reduce share."),
+    tp_link_gbs: Optional[float] = typer.Option(
+        None, "--tp-link-gbs", show_default="the GPU's NVLink, one direction",
+        help="GPU-to-GPU bandwidth for --tp in GB/s (e.g. nccl-tests all_reduce_perf busbw)."),
 ) -> None:
     """Bandwidth and FLOP ceilings of a model on a GPU: decode floor, ridge point, KV bytes, batching, prefill."""
     from llmrs.roofline import render
@@ -132,6 +136,11 @@ def roofline(
     src = resolve_model(model)
     cost = build_cost(src, fmt, lm_head_format, KV_DTYPE_BYTES[kv_dtype], compute_dtype)
     r = analyze(spec, cost, src.label, batches, context, prompts, prompt_len, max_batched_tokens, use_measured)
+    tpr = None
+    if tp > 1:
+        from llmrs.roofline.tp import analyze_tp
+
+        tpr = analyze_tp(spec, cost, r.roofs, tp, batches, context, tp_link_gbs)
     points = []
     if measured is not None:
         from llmrs.roofline.overlay import load_points, place_points
@@ -144,11 +153,17 @@ def roofline(
     if as_json:
         out.update(r.to_dict())
         out["measured_points"] = [asdict(p) for p in points]
+        if tpr is not None:
+            out["tensor_parallel"] = tpr.to_dict()
         if plot is not None:
             out["plot"] = str(plot)
         _emit_json(out)
         return
     render.print_roofline(console, r)
+    if tpr is not None:
+        from llmrs.roofline.tp import print_tp
+
+        print_tp(console, tpr, context)
     if points:
         render.print_measured(console, points)
     if plot is not None:

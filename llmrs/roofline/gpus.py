@@ -19,7 +19,7 @@ from llmrs.errors import UserError
 
 NUMERIC_FIELDS = (
     "bandwidth_gbs", "memory_gb", "bf16_tflops", "fp16_tflops", "fp8_tflops", "int8_tops", "fp32_tflops",
-    "sm_count", "l2_mb", "compute_capability",
+    "sm_count", "l2_mb", "compute_capability", "nvlink_gbs",
 )
 # compute datatype -> field holding its dense peak
 PEAK_FIELDS = {"bf16": "bf16_tflops", "fp16": "fp16_tflops", "fp8": "fp8_tflops", "int8": "int8_tops",
@@ -44,6 +44,7 @@ class GpuSpec:
     fp8_tflops: float | None
     int8_tops: float | None
     fp32_tflops: float | None
+    nvlink_gbs: float | None = None  # NVLink GB/s per GPU, one direction (`llmrs roofline --tp`); None: no NVLink
     aliases: list[str] = field(default_factory=list)
     derived: dict[str, str] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
