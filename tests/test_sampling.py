@@ -70,6 +70,13 @@ def test_sampling_follows_the_distribution(logits):
     assert np.abs(picks - probs_of(logits)).max() < 0.04
 
 
+def test_negative_seed_is_a_seed():
+    from llmrs.engine.sampling import make_generator
+
+    assert make_generator(-5).random() == make_generator(-5).random()
+    assert make_generator(-5).random() != make_generator(5).random()
+
+
 def test_greedy_is_argmax(logits):
     assert draw(logits, SamplingParams(temperature=0.0), n=3) == [int(np.argmax(logits))] * 3
 

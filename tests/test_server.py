@@ -236,6 +236,12 @@ def test_same_seed_same_sampled_text(server):
             == c.chat.completions.create(**ckw).choices[0].message.content)
 
 
+def test_negative_seed_is_accepted_and_reproducible(server):
+    c = server.client()
+    kw = dict(model=MODEL, prompt="Once upon a time", max_tokens=4, temperature=0.8, seed=-7)
+    assert c.completions.create(**kw).choices[0].text == c.completions.create(**kw).choices[0].text
+
+
 def test_logprobs_of_greedy_tokens_are_the_top_ones(server):
     c = server.client()
     r = c.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=5, temperature=0, logprobs=3,

@@ -79,7 +79,8 @@ class SamplingState:
 
 
 def make_generator(seed: int | None) -> np.random.Generator:
-    return np.random.default_rng(seed)
+    # any integer is a valid seed (OpenAI's API allows negative ones); numpy wants a non-negative one
+    return np.random.default_rng(None if seed is None else seed % 2**64)
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
