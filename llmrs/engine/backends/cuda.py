@@ -140,8 +140,10 @@ class CUDABackend:
         self.k = get_kernels()  # compiles every kernel now (warm-up), not on the first request
         self.pad_block = num_blocks  # one extra block: padding rows of a graph bucket write here, nothing reads it
         shape = (num_blocks + 1, c.num_key_value_heads, block_size, D)
-        self.k_cache = [cp.zeros(shape, dtype=cp.uint16) for _ in range(c.num_hidden_layers)]
-        self.v_cache = [cp.zeros(shape, dtype=cp.uint16) for _ in range(c.num_hidden_layers)]
+        # NOTE: each layer's cache is a view of its first num_blocks blocks (the contract shape); the kernels
+        # address the pad block past its end through the same base pointer
+        self.k_cache = [cp.zeros(shape, dtype=cp.uint16)[:num_blocks] for _ in range(c.num_hidden_layers)]
+        self.v_cache = [cp.zeros(shape, dtype=cp.uint16)[:num_blocks] for _ in range(c.num_hidden_layers)]
         self.inv_freq = cp.asarray(rope_inv_freq(c))
         self.scale = np.float32(1.0 / math.sqrt(D))
         self.num_sms = cp.cuda.Device().attributes["MultiProcessorCount"]
