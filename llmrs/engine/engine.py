@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from llmrs.engine.config import EngineConfig
 from llmrs.engine.kv_cache import KVCacheManager
@@ -86,12 +87,16 @@ def kv_blocks(loaded: LoadedModel, cfg: EngineConfig) -> int:
 
 
 class LLMEngine:
-    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None):
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, runner: Any = None):
+        """`runner` replaces the single-device ModelRunner (tensor parallelism); it owns `num_blocks` KV blocks."""
         self.loaded = loaded
         self.engine_config = cfg = config or EngineConfig()
         self.tokenizer = loaded.tokenizer
-        num_blocks = kv_blocks(loaded, cfg)
-        self.runner = ModelRunner(loaded, num_blocks=num_blocks, block_size=cfg.block_size, device=cfg.device)
+        if runner is None:
+            runner = ModelRunner(loaded, num_blocks=kv_blocks(loaded, cfg), block_size=cfg.block_size,
+                                 device=cfg.device)
+        self.runner = runner
+        num_blocks = runner.num_blocks
         self.max_model_len = min(cfg.max_model_len or loaded.config.max_position_embeddings,
                                  loaded.config.max_position_embeddings)
         self.kv = KVCacheManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)

@@ -368,24 +368,6 @@ def tp_engine(loaded: Any, config: EngineConfig, make_runner: Callable[[int], An
     """An LLMEngine whose runner is tensor-parallel. `make_runner(num_blocks)` builds it (the NCCL runner may
     settle on fewer blocks, what fits on every GPU: the engine takes `runner.num_blocks`)."""
     from llmrs.engine.engine import LLMEngine, kv_blocks
-    from llmrs.engine.kv_cache import KVCacheManager
-    from llmrs.engine.scheduler import Scheduler
 
-    class TPEngine(LLMEngine):
-        # NOTE: mirrors LLMEngine.__init__ with the runner replaced; keep the two in step.
-        def __init__(self) -> None:
-            cfg = config
-            self.loaded, self.engine_config, self.tokenizer = loaded, cfg, loaded.tokenizer
-            wanted = kv_blocks(loaded, cfg) if cfg.kv_cache_tokens is not None or cfg.device == "cpu" else None
-            self.runner = make_runner(wanted)
-            num_blocks = self.runner.num_blocks
-            self.max_model_len = min(cfg.max_model_len or loaded.config.max_position_embeddings,
-                                     loaded.config.max_position_embeddings)
-            self.kv = KVCacheManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
-            self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, self.max_model_len)
-            self.requests = {}
-            self.prompt_tokens_total = 0
-            self.generation_tokens_total = 0
-            self.computed_tokens_total = 0
-
-    return TPEngine()
+    wanted = kv_blocks(loaded, config) if config.kv_cache_tokens is not None or config.device == "cpu" else None
+    return LLMEngine(loaded, config, runner=make_runner(wanted))
