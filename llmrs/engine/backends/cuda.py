@@ -152,6 +152,7 @@ class CUDABackend:
         self._set_cublas_workspace()
         self._ws: dict[str, Any] = {}
         self.profiler: Any = None  # a llmrs.profile.KernelTimer while `llmrs profile` measures
+        self._raw_gemm: Any = None  # set by DecodeGraphs while capturing: CuPy's gemmEx refuses stream capture
         if cuda_graphs is None:
             cuda_graphs = os.environ.get("LLMRS_CUDA_GRAPHS", "1") not in ("0", "false", "no", "off")
         self.graphs: Any = None
@@ -270,10 +271,11 @@ class CUDABackend:
             self._cast_bf16(x, xb)
         with self._span("gemm", name, T, N, K, accumulate, False):
             # row-major out[T, N] = x[T, K] @ w[N, K]^T  <=>  column-major out^T[N, T] = w^T' ... (op(A) = W^T view)
-            self.cublas.gemmEx(self._handle, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K,
-                               self._one.ctypes.data, w.data.ptr, CUDA_R_16BF, K, xb.data.ptr, CUDA_R_16BF, K,
-                               (self._one if accumulate else self._zero).ctypes.data, out.data.ptr, CUDA_R_32F, N,
-                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+            gemm = self.cublas.gemmEx if self._raw_gemm is None else self._raw_gemm
+            gemm(self._handle, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K,
+                 self._one.ctypes.data, w.data.ptr, CUDA_R_16BF, K, xb.data.ptr, CUDA_R_16BF, K,
+                 (self._one if accumulate else self._zero).ctypes.data, out.data.ptr, CUDA_R_32F, N,
+                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
         if bias is not None:
             n = T * N
             with self._span("add_bias", "add_bias " + name, T, N):
@@ -326,7 +328,6 @@ class CUDABackend:
     def _forward_device(self, w: ModelWeights, db: DeviceBatch) -> Any:
         """The step's launches on the current stream (also what a decode graph captures); logits [S, vocab]."""
         c, k = self.config, self.k
-        self.cublas.setStream(self._handle, self.cp.cuda.get_current_stream().ptr)
         T, S, H = db.T, db.S, c.hidden_size
         Hq, Hkv, D, I = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size
         n_qkv = (Hq + 2 * Hkv) * D

@@ -11,6 +11,11 @@ model's step is host-bound. A graph replays the whole step in one launch. What a
   rounded up to a power of two, at least 256): splits past a token's causal limit find no keys and the merge
   skips them (attention.cu), so the same graph serves every context up to its cap.
 
+cuBLAS inside a capture: CuPy's wrappers refuse any cuBLAS call while a stream captures (its setStream
+raises NotImplementedError), although cuBLAS itself supports capture given a fixed workspace (set by the
+backend) and the handle bound to the capturing stream. So during capture the backend's GEMMs go through
+`RawCublas`, ctypes calls into the libcublas CuPy already loaded.
+
 Used for pure decode steps (one token per sequence, every sequence sampled); anything else, or a capture that
 fails, runs eagerly. Replay gives the same math as the eager step of the padded shape: tokens equal to
 eager's with the same split count (tests/test_cuda_graphs.py).
@@ -18,6 +23,8 @@ eager's with the same split count (tests/test_cuda_graphs.py).
 
 from __future__ import annotations
 
+import ctypes
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +56,44 @@ def is_pure_decode(batch: Any) -> bool:
     B, T = batch.num_seqs, batch.num_tokens
     S = int(batch.sample_rows.shape[0])
     return T == B and S == B and B > 0 and bool(np.array_equal(batch.sample_rows, np.arange(B)))
+
+
+class RawCublas:
+    """cublasSetStream / cublasGemmEx through ctypes, on the libcublas this process has loaded (CuPy's)."""
+
+    _lib: Any = None
+
+    @classmethod
+    def lib(cls) -> Any:
+        if cls._lib is None:
+            path = "libcublas.so"
+            try:
+                with open("/proc/self/maps") as f:
+                    for line in f:
+                        p = line.split()[-1] if len(line.split()) >= 6 else ""
+                        if os.path.basename(p).startswith("libcublas.so"):
+                            path = p
+                            break
+            except OSError:
+                pass
+            lib = ctypes.CDLL(path)
+            vp, i = ctypes.c_void_p, ctypes.c_int
+            lib.cublasSetStream_v2.argtypes = [vp, vp]
+            lib.cublasGemmEx.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, vp, i, i, vp, vp, i, i, i, i]
+            cls._lib = lib
+        return cls._lib
+
+    @classmethod
+    def set_stream(cls, handle: int, stream: int) -> None:
+        status = cls.lib().cublasSetStream_v2(handle, stream)
+        if status:
+            raise RuntimeError(f"cublasSetStream failed: status {status}")
+
+    @classmethod
+    def gemm_ex(cls, handle: int, *args: Any) -> None:
+        status = cls.lib().cublasGemmEx(handle, *args)
+        if status:
+            raise RuntimeError(f"cublasGemmEx failed: status {status}")
 
 
 @dataclass(slots=True)
@@ -152,10 +197,13 @@ class DecodeGraphs:
                 self.stream.synchronize()
                 if any(self.ws[k].data.ptr != p for k, p in before.items()):
                     self.graphs.clear()  # a buffer moved: older graphs point at freed memory
+                RawCublas.set_stream(b._handle, self.stream.ptr)
+                b._raw_gemm = RawCublas.gemm_ex
                 self.stream.begin_capture()
                 try:
                     logits = b._forward_device(w, db)
                 finally:
+                    b._raw_gemm = None
                     graph = self.stream.end_capture()
             self.stream.synchronize()
         except Exception as e:  # a capture the driver refuses: this shape runs eagerly from now on
