@@ -151,6 +151,7 @@ class CUDABackend:
         self._handle = cp.cuda.device.get_cublas_handle()
         self._set_cublas_workspace()
         self._ws: dict[str, Any] = {}
+        self._pin: dict[str, np.ndarray] = {}
         self.profiler: Any = None  # a llmrs.profile.KernelTimer while `llmrs profile` measures
         self._raw_gemm: Any = None  # set by DecodeGraphs while capturing: CuPy's gemmEx refuses stream capture
         if cuda_graphs is None:
@@ -200,6 +201,15 @@ class CUDABackend:
             cur = cp.empty(max(n, 1), dtype=dtype)
             self._ws[name] = cur
         return cur[:n].reshape(shape)
+
+    def _pinned(self, name: str, n: int, dtype: Any) -> np.ndarray:
+        """A persistent page-locked host buffer (copies from it skip the driver's staging; grown, never shrunk)."""
+        cur = self._pin.get(name)
+        if cur is None or cur.size < n or cur.dtype != np.dtype(dtype):
+            size = max(n, 1)
+            mem = self.cp.cuda.alloc_pinned_memory(size * np.dtype(dtype).itemsize)
+            cur = self._pin[name] = np.frombuffer(mem, dtype=dtype, count=size)
+        return cur[:n]
 
     # ------------------------------------------------------------------ weights
     def upload(self, w: np.ndarray) -> Any:
@@ -381,8 +391,10 @@ class CUDABackend:
         if any(needs_cpu_sampler(st) for st in states):
             return cpu_sample(cp.asnumpy(logits).astype(np.float32), states)
         V = logits.shape[1]
-        f = np.zeros((4, S), dtype=np.float32)
-        top_k = np.zeros(S, dtype=np.int32)
+        # one pinned staging buffer, one async copy: [temperature | top_p | min_p | uniform | top_k bits]
+        params = self._pinned("sample_params", 5 * S, np.float32)
+        params[:] = 0
+        f, top_k = params[: 4 * S].reshape(4, S), params[4 * S :].view(np.int32)
         for i, st in enumerate(states):
             p = st.params
             f[0, i] = p.temperature
@@ -391,13 +403,17 @@ class CUDABackend:
             top_k[i] = p.top_k if p.top_k and p.top_k > 0 else 0
             if not p.greedy:
                 f[3, i] = st.generator.random()
-        fd, kd = cp.asarray(f), cp.asarray(top_k)
+        d = self._buf("sample_params", (5 * S,))
+        d.set(params, stream=cp.cuda.get_current_stream())
+        fd, kd = d[: 4 * S].reshape(4, S), d[4 * S :].view(cp.int32)
         work = self._buf("sample_work", (S, V))
         out = self._buf("sample_out", (S,), np.int32)
         with self._span("sample", "sample_tokens", S, V):
             self.k.sample_tokens((S,), (1024,), (cp.ascontiguousarray(logits), np.int32(V), fd[0], kd, fd[1],
                                                 fd[2], fd[3], work, out))
-        return [SampleResult(int(t)) for t in cp.asnumpy(out)]
+        tokens = self._pinned("sample_tokens", S, np.int32)
+        out.get(out=tokens)  # synchronous: the step is finished when this returns
+        return [SampleResult(int(t)) for t in tokens]
 
     # ------------------------------------------------------------------ Backend protocol (Model.forward, tests)
     def embedding(self, table: Any, token_ids: Any) -> Any:

@@ -103,6 +103,7 @@ class _Graph:
     dev: Any  # the same layout on the GPU: what the graph's kernels read
     logits: Any  # [B, vocab] in the graph workspace
     nb: int
+    copied: Any = None  # event after the last host-to-device copy: `host` is free to refill once it has passed
 
 
 class DecodeGraphs:
@@ -137,8 +138,13 @@ class DecodeGraphs:
             g = self._capture(w, B, cap)
             if g is None:
                 return None
+        if g.copied is not None:
+            g.copied.synchronize()  # (already passed when the last step's tokens were read back)
         self._fill(g, batch, B)
-        g.dev.set(g.host)
+        stream = self.cp.cuda.get_current_stream()
+        g.dev.set(g.host, stream=stream)  # pinned: an async copy
+        g.copied = g.copied or self.cp.cuda.Event(disable_timing=True)
+        g.copied.record(stream)
         g.graph.launch(stream=self.cp.cuda.get_current_stream())
         self.replays += 1
         return g.logits[:n]
@@ -181,7 +187,8 @@ class DecodeGraphs:
         cp, b = self.cp, self.b
         nb = -(-cap // b.block_size)
         key = (B, cap)
-        host = self._pad_host(B, nb)
+        host = b._pinned(f"graph_{B}_{cap}", 5 * B + B * nb, np.int32)
+        host[:] = self._pad_host(B, nb)
         dev = cp.asarray(host)
         o = np.cumsum([0, B, B, B, B, B])
         db = DeviceBatch(T=B, S=B, token_ids=dev[o[0]:o[1]], positions=dev[o[1]:o[2]], slots=dev[o[2]:o[3]],
