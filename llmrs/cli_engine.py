@@ -169,7 +169,7 @@ def info(
         "context_length": c.max_position_embeddings, "tied_embeddings": c.tie_word_embeddings,
         "qkv_bias": c.attention_bias, "rope_theta": c.rope_theta, "rope_scaling": c.rope_scaling,
         "bytes_by_dtype": src.bytes_by_dtype, "kv_bytes_per_token_bf16": c.kv_bytes_per_token(2),
-        "chat_template": has_template,
+        "chat_template": has_template, "quantization": src.quant_label(),
     }
     if json_out:
         print(json.dumps(data, indent=2))

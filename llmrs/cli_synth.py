@@ -19,6 +19,9 @@ def synth(
     like: str = typer.Option(..., "--like", help="Preset whose exact shapes to copy (see `llmrs roofline --help`)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write a Hugging Face-style checkpoint directory here."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random weights."),
+    quant: Optional[str] = typer.Option(None, "--quant", show_default="bf16",
+                                        help="Write a quantized checkpoint instead: 'awq' (AutoAWQ 4-bit GEMM packing; --decode-bench stays bf16)."),
+    group_size: int = typer.Option(128, "--group-size", help="--quant awq: weights per scale/zero group."),
     decode_bench: bool = typer.Option(False, "--decode-bench",
                                       help="Build the weights on the GPU (no files) and time single-stream decode."),
     prompt_len: int = typer.Option(128, "--prompt-len", help="Decode bench: prompt tokens before decoding."),
@@ -37,8 +40,9 @@ def synth(
         raise UserError("give --out DIR (write a checkpoint) or --decode-bench (time decode on the GPU)")
     if out is not None:
         with console.status(f"writing {like} to {out} ..."):
-            info = s.write_checkpoint(like, out, seed=seed, progress=lambda f: console.print(f"[dim]wrote {f}[/dim]"))
-        console.print(f"[bold]{info['parameters']:,}[/bold] parameters, {info['bytes'] / 1e9:.2f} GB in "
+            info = s.write_checkpoint(like, out, seed=seed, progress=lambda f: console.print(f"[dim]wrote {f}[/dim]"),
+                                      quant=quant, group_size=group_size)
+        console.print(f"[bold]{info['parameters']:,}[/bold] parameters ({info['quant']}), {info['bytes'] / 1e9:.2f} GB in "
                       f"{len(info['files'])} file(s) -> {out}")
     if decode_bench:
         if bandwidth is None:

@@ -4,6 +4,10 @@
   generation_config.json, bf16 safetensors sharded at ~4 GB with model.safetensors.index.json, and a
   byte-level BPE tokenizer.json whose vocabulary has exactly vocab_size entries (256 bytes, then two- and
   three-character merges; the preset's special token ids are real special tokens).
+  `quant="awq"`: an AutoAWQ-format checkpoint instead (4-bit GEMM packing, llmrs.engine.quant): every linear
+  as qweight int32 [in, out/8] (random bits: every pattern is 8 valid codes), qzeros int32 (zero points 7 or 8)
+  and scales fp16 (0.02 / 4.61 with 10% jitter, so (q - z) * s has about the bf16 weights' spread); the
+  rest fp16; config.json with quantization_config (torch_dtype float16, as AutoAWQ writes).
 - `gpu_weights(config, backend)`: the same kind of weights drawn directly on the GPU (no files, no host
   copies), for `llmrs synth --decode-bench` and for engine paths that take `--synthetic`.
 - `decode_benchmark(preset)`: single-stream decode on the CUDA backend, as a fraction of the bandwidth floor.
@@ -66,20 +70,60 @@ def _bf16_random(name: str, shape: tuple[int, ...], rng: np.random.Generator) ->
     return bf16_bits(x).tobytes()
 
 
-def _write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...]]], rng: np.random.Generator) -> None:
+_DTYPE_BYTES = {"BF16": 2, "F16": 2, "I32": 4}
+AWQ_SCALE = STD / math.sqrt(255 / 12)  # codes uniform on 0..15 have std sqrt(255/12) = 4.61
+
+
+def _awq_random(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> bytes:
+    """Random AWQ tensors (see the module docstring) and the fp16 rest of an AWQ checkpoint."""
+    from llmrs.engine.quant import awq_pack
+
+    if name.endswith(".qweight"):
+        return rng.integers(0, 1 << 32, size=shape, dtype=np.uint64).astype(np.uint32).tobytes()
+    if name.endswith(".qzeros"):
+        return awq_pack(rng.integers(7, 9, size=(shape[0], shape[1] * 8), dtype=np.uint8)).tobytes()
+    if name.endswith(".scales"):
+        jitter = 1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)
+        return (np.float32(AWQ_SCALE) * jitter).astype(np.float16).tobytes()
+    if name.endswith("norm.weight"):
+        return np.ones(shape, dtype=np.float16).tobytes()
+    return (rng.standard_normal(shape, dtype=np.float32) * np.float32(STD)).astype(np.float16).tobytes()
+
+
+def awq_tensor_entries(c: ModelConfig, group_size: int) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, shape, dtype) of an AWQ checkpoint with the shapes of `c`, in file order."""
+    from llmrs.engine.quant import LINEAR_SUFFIXES
+    from llmrs.errors import UserError
+
+    out = []
+    for name, shape in tensor_shapes(c).items():
+        p = name[: -len(".weight")]
+        if name.endswith(".weight") and p.endswith(LINEAR_SUFFIXES):
+            o, i = shape
+            if i % group_size or o % 8 or group_size % 32:
+                raise UserError(f"{name} [{o}, {i}]: AWQ needs in-features divisible by the group size "
+                                f"{group_size} (a multiple of 32) and out-features by 8; try --group-size 64 or 32")
+            out += [(p + ".qweight", (i, o // 8), "I32"), (p + ".qzeros", (i // group_size, o // 8), "I32"),
+                    (p + ".scales", (i // group_size, o), "F16")]
+        else:
+            out.append((name, shape, "F16"))
+    return out
+
+
+def _write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...], str]], rng: np.random.Generator) -> None:
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     off = 0
-    for name, shape in tensors:
-        n = 2 * math.prod(shape)
-        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [off, off + n]}
+    for name, shape, dtype in tensors:
+        n = _DTYPE_BYTES[dtype] * math.prod(shape)
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + n]}
         off += n
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     with path.open("wb") as f:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
-        for name, shape in tensors:
-            f.write(_bf16_random(name, shape, rng))
+        for name, shape, dtype in tensors:
+            f.write(_bf16_random(name, shape, rng) if dtype == "BF16" else _awq_random(name, shape, rng))
 
 
 def synthetic_vocab(size: int, special_ids: dict[int, str]) -> tuple[dict[str, int], list[tuple[str, str]]]:
@@ -154,22 +198,35 @@ def hf_config(c: ModelConfig, repo: str) -> dict[str, Any]:
     return d
 
 
-def write_checkpoint(preset: str, out: Path, seed: int = 0, progress: Any = None) -> dict[str, Any]:
-    """Write the synthetic checkpoint; returns a summary (files, bytes, parameters)."""
+def write_checkpoint(preset: str, out: Path, seed: int = 0, progress: Any = None, quant: str | None = None,
+                     group_size: int = 128, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write the synthetic checkpoint (bf16, or quant="awq"); returns a summary (files, bytes, parameters).
+    `overrides` replaces config fields (tests shrink a preset with it)."""
+    import dataclasses
+
+    from llmrs.errors import UserError
+
     c = preset_config(preset)
+    if overrides:
+        c = dataclasses.replace(c, **overrides)
+    if quant not in (None, "awq"):
+        raise UserError(f"--quant {quant!r}: the synthetic checkpoint formats are bf16 (default) and awq")
+    if quant == "awq":
+        entries = awq_tensor_entries(c, group_size)
+    else:
+        entries = [(name, shape, "BF16") for name, shape in tensor_shapes(c).items()]
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    shapes = list(tensor_shapes(c).items())
-    shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+    shards: list[list[tuple[str, tuple[int, ...], str]]] = [[]]
     size = 0
-    for name, shape in shapes:
-        n = 2 * math.prod(shape)
+    for name, shape, dtype in entries:
+        n = _DTYPE_BYTES[dtype] * math.prod(shape)
         if shards[-1] and size + n > SHARD_BYTES:
             shards.append([])
             size = 0
-        shards[-1].append((name, shape))
+        shards[-1].append((name, shape, dtype))
         size += n
-    total = sum(2 * math.prod(s) for _, s in shapes)
+    total = sum(_DTYPE_BYTES[d] * math.prod(s) for _, s, d in entries)
     files = []
     if len(shards) == 1:
         files.append("model.safetensors")
@@ -178,17 +235,23 @@ def write_checkpoint(preset: str, out: Path, seed: int = 0, progress: Any = None
     weight_map = {}
     for fname, shard in zip(files, shards):
         _write_safetensors(out / fname, shard, rng)
-        weight_map.update({name: fname for name, _ in shard})
+        weight_map.update({name: fname for name, _, _ in shard})
         if progress:
             progress(fname)
     if len(files) > 1:
         (out / "model.safetensors.index.json").write_text(json.dumps(
             {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
-    (out / "config.json").write_text(json.dumps(hf_config(c, preset_repo(preset)), indent=1))
+    cfg = hf_config(c, preset_repo(preset))
+    if quant == "awq":
+        cfg["torch_dtype"] = "float16"
+        cfg["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group_size,
+                                      "zero_point": True, "version": "gemm", "modules_to_not_convert": None}
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": c.eos_token_ids,
                                                             "bos_token_id": c.bos_token_id}))
     write_tokenizer(c, out)
-    return {"preset": preset, "out": str(out), "files": files, "bytes": total, "parameters": c.num_parameters()}
+    return {"preset": preset, "out": str(out), "files": files, "bytes": total, "parameters": c.num_parameters(),
+            "quant": quant or "bf16"}
 
 
 # ---------------------------------------------------------------------- weights on the GPU

@@ -12,6 +12,7 @@ import numpy as np
 
 from llmrs.engine.config import ModelConfig
 from llmrs.engine.tokenizer import Tokenizer
+from llmrs.engine.quant import awq_config, awq_tensors
 from llmrs.engine.weights import GGUFFile, load_gguf_weights, load_safetensors_weights
 from llmrs.errors import UserError
 
@@ -33,6 +34,16 @@ class ModelSource:
     config: ModelConfig
     bytes_by_dtype: dict[str, int] = field(default_factory=dict)
     gguf: GGUFFile | None = None
+    quantization: dict | None = None  # AWQ checkpoints: the normalized quantization_config (llmrs.engine.quant)
+
+    def quant_label(self) -> str:
+        """What `llmrs info` shows: 'awq 4-bit, group 128', GGUF's quantized tensor types, or 'none'."""
+        if self.quantization:
+            return f"awq 4-bit, group {self.quantization['group_size']} (AutoAWQ gemm packing)"
+        if self.kind == "gguf":
+            q = [d for d in self.bytes_by_dtype if d not in ("F32", "F16", "BF16")]
+            return ", ".join(q) if q else "none"
+        return "none"
 
 
 @dataclass(slots=True)
@@ -82,12 +93,16 @@ def resolve(spec: str | None) -> ModelSource:
         if not cfg_path.exists():
             raise UserError(f"{path}: not a model directory (no config.json)")
         config = ModelConfig.from_json_file(cfg_path)
+        try:
+            quant = awq_config(json.loads(cfg_path.read_text()))
+        except json.JSONDecodeError:
+            quant = None  # from_json_file has already judged the file
         gen = path / "generation_config.json"
         if gen.exists():
             eos = json.loads(gen.read_text()).get("eos_token_id")
             extra = [eos] if isinstance(eos, int) else list(eos or [])
             config.eos_token_ids = list(dict.fromkeys(config.eos_token_ids + [int(e) for e in extra]))
-        return ModelSource(name=name, path=path, kind="hf", config=config)
+        return ModelSource(name=name, path=path, kind="hf", config=config, quantization=quant)
     if path.suffix != ".gguf":
         raise UserError(f"{path}: expected a model directory or a .gguf file")
     gf = GGUFFile(path)
@@ -96,7 +111,13 @@ def resolve(spec: str | None) -> ModelSource:
     return ModelSource(name=name, path=path, kind="gguf", config=config, bytes_by_dtype=gf.tensor_dtypes(), gguf=gf)
 
 
-def load(spec: str | None) -> LoadedModel:
+def load(spec: str | None, keep_quantized: bool | None = None) -> LoadedModel:
+    """Config, tensors and tokenizer of MODEL. Tensors are float32 numpy arrays (quantized checkpoints dequantized
+    exactly), except with `keep_quantized`, where quantized linear weights (AWQ, GGUF Q4_0/Q4_1/Q8_0) stay
+    `llmrs.engine.quant.QuantWeight` (build_weights hands them to backends that take them, dequantizes for the
+    others). keep_quantized None reads LLMRS_KEEP_QUANTIZED=1 (how `llmrs serve` asks, through the engine)."""
+    if keep_quantized is None:
+        keep_quantized = os.environ.get("LLMRS_KEEP_QUANTIZED", "0") == "1"
     src = resolve(spec)
     c = src.config
     if src.kind == "synthetic":
@@ -108,10 +129,15 @@ def load(spec: str | None) -> LoadedModel:
             tokenizer = Tokenizer.from_hf_dir(Path(d))
     elif src.kind == "hf":
         tensors, src.bytes_by_dtype = load_safetensors_weights(src.path)
+        if src.quantization:
+            tensors = awq_tensors(tensors, src.quantization["group_size"], keep_quantized)
+        elif any(n.endswith(".qweight") for n in tensors):
+            raise UserError(f"{src.path}: packed .qweight tensors but no AWQ quantization_config in config.json")
         tokenizer = Tokenizer.from_hf_dir(src.path)
     else:
         assert src.gguf is not None
-        tensors = load_gguf_weights(src.gguf, c.num_attention_heads, c.num_key_value_heads, c.model_type)
+        tensors = load_gguf_weights(src.gguf, c.num_attention_heads, c.num_key_value_heads, c.model_type,
+                                    keep_quantized=keep_quantized)
         tokenizer = Tokenizer.from_gguf(src.gguf)
     if tensors is not None and c.tie_word_embeddings and "lm_head.weight" in tensors:
         del tensors["lm_head.weight"]

@@ -109,27 +109,44 @@ def check_weights(config: ModelConfig, tensors: dict[str, np.ndarray]) -> None:
 
 
 def build_weights(config: ModelConfig, tensors: dict[str, np.ndarray], backend: Backend) -> ModelWeights:
-    """Fuse q/k/v and gate/up, hand every tensor to the backend (which converts and uploads it)."""
+    """Fuse q/k/v and gate/up, hand every tensor to the backend (which converts and uploads it).
+
+    Quantized linear weights (llmrs.engine.quant.QuantWeight) go to `backend.upload_quantized` when the backend
+    has one, else they are dequantized (exactly, to float32) first; embeddings and lm_head are always dense."""
+    from llmrs.engine.quant import QuantWeight, stack_rows
+
     check_weights(config, tensors)
-    up = backend.upload
+    upload_q = getattr(backend, "upload_quantized", None)
+
+    def up(w: Any) -> Any:
+        if isinstance(w, QuantWeight):
+            return upload_q(w) if upload_q is not None else backend.upload(w.dequantize())
+        return backend.upload(w)
+
+    def dense(w: Any) -> Any:
+        return w.dequantize() if isinstance(w, QuantWeight) else w
+
+    def cat(parts: list[Any]) -> Any:
+        return stack_rows(parts) if any(isinstance(x, QuantWeight) for x in parts) else np.concatenate(parts)
+
     layers = []
     for n in range(config.num_hidden_layers):
         p = f"model.layers.{n}."
         t = tensors
-        qkv = np.concatenate([t[p + "self_attn.q_proj.weight"], t[p + "self_attn.k_proj.weight"],
-                              t[p + "self_attn.v_proj.weight"]])
+        qkv = cat([t[p + "self_attn.q_proj.weight"], t[p + "self_attn.k_proj.weight"],
+                   t[p + "self_attn.v_proj.weight"]])
         bias = None
         if config.attention_bias:
             bias = up(np.concatenate([t[p + "self_attn.q_proj.bias"], t[p + "self_attn.k_proj.bias"],
                                       t[p + "self_attn.v_proj.bias"]]))
-        gate_up = np.concatenate([t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"]])
+        gate_up = cat([t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"]])
         layers.append(LayerWeights(
             input_norm=up(t[p + "input_layernorm.weight"]), qkv=up(qkv), qkv_bias=bias,
             o=up(t[p + "self_attn.o_proj.weight"]), post_norm=up(t[p + "post_attention_layernorm.weight"]),
             gate_up=up(gate_up), down=up(t[p + "mlp.down_proj.weight"]),
         ))
-    embed = up(tensors["model.embed_tokens.weight"])
-    lm_head = embed if config.tie_word_embeddings else up(tensors["lm_head.weight"])
+    embed = up(dense(tensors["model.embed_tokens.weight"]))
+    lm_head = embed if config.tie_word_embeddings else up(dense(tensors["lm_head.weight"]))
     return ModelWeights(embed=embed, layers=layers, norm=up(tensors["model.norm.weight"]), lm_head=lm_head)
 
 

@@ -148,17 +148,29 @@ class GGUFFile:
         return out
 
 
-def load_gguf_weights(gf: GGUFFile, n_head: int, n_kv_head: int, arch: str) -> dict[str, np.ndarray]:
+def load_gguf_weights(gf: GGUFFile, n_head: int, n_kv_head: int, arch: str,
+                      keep_quantized: bool = False) -> dict[str, np.ndarray]:
+    """HF-named tensors. With keep_quantized, Q4_0 / Q4_1 / Q8_0 linear weights stay quantized
+    (llmrs.engine.quant.QuantWeight, rows in HF order); embeddings and the output layer are always float32."""
+    from llmrs.engine.quant import GGUF_QUANT_SOURCES, LINEAR_SUFFIXES, gguf_to_rows
+
     weights: dict[str, np.ndarray] = {}
     for name in gf.tensors:
         hf = gguf_to_hf_name(name)
         if hf is None:
             continue  # e.g. rope_freqs: recomputed from the config
+        t = gf.tensors[name]
+        heads = n_head if ".self_attn.q_proj." in hf else n_kv_head if ".self_attn.k_proj." in hf else 0
+        if keep_quantized and int(t.tensor_type) in GGUF_QUANT_SOURCES and hf[: -len(".weight")].endswith(LINEAR_SUFFIXES):
+            N, K = (int(x) for x in reversed(t.shape))
+            w = gguf_to_rows(np.asarray(t.data).view(np.uint8).reshape(-1), int(t.tensor_type), N, K)
+            if arch == "llama" and heads:  # the q/k row permutation, applied to whole rows of blocks
+                w = w.take_rows(unpermute_qk(np.arange(N)[:, None], heads)[:, 0])
+            weights[hf] = w
+            continue
         w = gf.tensor_f32(name)
-        if arch == "llama" and ".self_attn.q_proj." in hf:
-            w = unpermute_qk(w, n_head)
-        elif arch == "llama" and ".self_attn.k_proj." in hf:
-            w = unpermute_qk(w, n_kv_head)
+        if arch == "llama" and heads:
+            w = unpermute_qk(w, heads)
         weights[hf] = w
     return weights
 
@@ -201,6 +213,8 @@ def load_safetensors_weights(model_dir: Path) -> tuple[dict[str, np.ndarray], di
                 for name in sf.keys():
                     if header[name]["dtype"] == "BF16":
                         weights[name] = _bf16_tensor(f, header, name)
+                    elif header[name]["dtype"] in ("I32", "I64", "I16", "I8", "U8"):
+                        weights[name] = sf.get_tensor(name)  # integers stay integers (AWQ's packed qweight)
                     else:
                         weights[name] = sf.get_tensor(name).astype(np.float32)
         except UserError:
