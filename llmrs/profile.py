@@ -7,7 +7,10 @@ prompt are run through `CUDABackend.forward` + `sample`, exactly as the engine r
 - wall time: the median of `steps` steps as the engine runs them (CUDA graphs included when enabled), host
   clock around forward + sample (sampling copies the tokens back, so the step is finished);
 - kernel times: `steps` more steps with `backend.profiler` set to a `KernelTimer`, which brackets every
-  launch (and every cuBLAS call) with a pair of CUDA events; per-kernel times are means over those steps;
+  launch (and every cuBLAS call) with a pair of CUDA events; per-kernel times are means over those steps.
+  NOTE: each profiled step starts behind a spin kernel (`KernelTimer.hold`) that keeps the GPU busy while
+  the host enqueues the whole step; otherwise a host-bound step would put the host's launch gap between
+  each kernel's start event and the kernel, and every kernel would look slower than it is;
 - GPU busy = sum of kernel times / wall time (what is left is the host: Python, launches, copies).
 
 Each kernel's bytes and FLOPs come from its shapes (`kernel_cost`: the fewest bytes it must move, each input
@@ -235,11 +238,24 @@ def plot(profiles: list[StepProfile], meta: dict[str, Any], path: Path) -> Path:
 
 
 # ---------------------------------------------------------------------- the timer (GPU)
+SPIN_SRC = r"""
+extern "C" __global__ void llmrs_spin(long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < (unsigned long long)ns);
+}
+"""
+
+
 class KernelTimer:
     """Set as `backend.profiler`: brackets each launch with two CUDA events from a reused pool."""
 
     def __init__(self, cp: Any):
         self.cp = cp
+        self._spin = cp.RawKernel(SPIN_SRC, "llmrs_spin")
         self.pool: list[Any] = []
         self.used = 0
         self.pending: list[tuple[str, tuple, Any, Any]] = []
@@ -251,6 +267,10 @@ class KernelTimer:
         e = self.pool[self.used]
         self.used += 1
         return e
+
+    def hold(self, ms: float) -> None:
+        """Keep the GPU busy for `ms` (one thread spinning on the global timer) while the host enqueues a step."""
+        self._spin((1,), (1,), (np.int64(ms * 1e6),))
 
     def span(self, kind: str, name: str, dims: tuple) -> _Span:
         return _Span(self, kind, name, dims)
@@ -367,10 +387,12 @@ def run_profile(model: str, batches: list[int], context: int, prefill_len: int |
     def state() -> Any:
         return SamplingState(SamplingParams(temperature=0.0), make_generator(0), [1], [], [])
 
-    def run_steps(batch: Any, states: list, n: int, timer: KernelTimer | None) -> float:
+    def run_steps(batch: Any, states: list, n: int, timer: KernelTimer | None, hold_ms: float = 0.0) -> float:
         backend.profiler = timer
         times = []
         for _ in range(n):
+            if timer is not None:
+                timer.hold(hold_ms)
             t = time.perf_counter()
             backend.sample(m.forward_device(batch), states)
             times.append(time.perf_counter() - t)
@@ -393,8 +415,13 @@ def run_profile(model: str, batches: list[int], context: int, prefill_len: int |
         states = [state() for _ in range(B)]
         run_steps(batch, states, warmup, None)
         wall = run_steps(batch, states, steps, None)
+        saved, backend.graphs = backend.graphs, None
+        eager_ms = run_steps(batch, states, 2, None)  # how long the host takes to enqueue an eager step, at most
+        backend.graphs = saved
         timer = KernelTimer(backend.cp)
-        run_steps(batch, states, steps, timer)
+        run_steps(batch, states, 1, timer, 50.0)  # warm the event pool and the spin kernel
+        timer.records.clear()
+        run_steps(batch, states, steps, timer, min(500.0, 2.0 + 4.0 * eager_ms))
         profiles.append(aggregate(timer.records, steps, phase, ceil.bandwidth_gbs * 1e9, ceil.peak_tflops * 1e12,
                                   label, B, tokens, wall))
     meta = {"model": model, "gpu_name": ceil.gpu_name, "bandwidth_gbs": round(ceil.bandwidth_gbs, 1),
