@@ -17,6 +17,8 @@ console = Console(stderr=True)
 MODEL_HELP = "Embedded model name, Hugging Face-style directory, or .gguf file."
 SYNTH_HELP = ("Instead of MODEL: a preset's exact shapes (e.g. qwen2.5-7b, see `llmrs roofline --help`) with "
               "random bf16 weights drawn on the GPU (needs --device cuda/auto with a GPU).")
+DEQUANT_HELP = ("Dequantize quantized weights (AWQ, GGUF Q4_0/Q4_1/Q8_0) to bf16 at load, as before, instead of "
+                "keeping them packed on the GPU for the 4-bit matvec.")
 TP_HELP = ("GPUs to split the model across (Megatron-style tensor parallelism over NCCL, one process per GPU); "
            "must divide the model's KV heads. NOTE: the multi-GPU path has not run on GPUs yet.")
 
@@ -28,13 +30,13 @@ def synthetic_model(model: str, synthetic: str | None) -> str:
     return SYNTHETIC_PREFIX + synthetic if synthetic else model
 
 
-def _load_runner(model: str | None, device: str, max_len_hint: int):
+def _load_runner(model: str | None, device: str, max_len_hint: int, dequantize: bool = False):
     from llmrs.engine.loader import load
     from llmrs.engine.runner import ModelRunner
 
     t0 = time.perf_counter()
     with console.status(f"loading {model or DEFAULT_MODEL} ..."):
-        loaded = load(model)
+        loaded = load(model, keep_quantized=not dequantize)
         block_size = 16
         tokens = min(loaded.config.max_position_embeddings, max_len_hint)
         runner = ModelRunner(loaded, num_blocks=-(-tokens // block_size), block_size=block_size, device=device)
@@ -60,6 +62,7 @@ def generate(
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     synthetic: Optional[str] = typer.Option(None, "--synthetic", help=SYNTH_HELP),
     tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help=TP_HELP),
+    dequantize: bool = typer.Option(False, "--dequantize", help=DEQUANT_HELP),
 ) -> None:
     """Generate text for one prompt, streamed as it is produced, then a one-line summary."""
     from llmrs.engine.runner import GenerationStats, stream_generate
@@ -74,7 +77,7 @@ def generate(
         with console.status(f"loading {model} on {tensor_parallel_size} GPUs ..."):
             runner = tp_runner_for_generate(model, tensor_parallel_size, max_len_hint=10**9)
     else:
-        runner = _load_runner(model, device, max_len_hint=10**9)
+        runner = _load_runner(model, device, max_len_hint=10**9, dequantize=dequantize)
     tok = runner.loaded.tokenizer
     ids = tok.encode_chat([{"role": "user", "content": prompt}]) if chat else tok.encode(prompt)
     stats = GenerationStats()

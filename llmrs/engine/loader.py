@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from llmrs.engine.config import ModelConfig
-from llmrs.engine.tokenizer import Tokenizer
 from llmrs.engine.quant import awq_config, awq_tensors
+from llmrs.engine.tokenizer import Tokenizer
 from llmrs.engine.weights import GGUFFile, load_gguf_weights, load_safetensors_weights
 from llmrs.errors import UserError
 
@@ -109,6 +111,20 @@ def resolve(spec: str | None) -> ModelSource:
     vocab = len(gf.string_array("tokenizer.ggml.tokens"))
     config = ModelConfig.from_gguf_metadata(gf.metadata, vocab_size=vocab, has_output="output.weight" in gf.tensors)
     return ModelSource(name=name, path=path, kind="gguf", config=config, bytes_by_dtype=gf.tensor_dtypes(), gguf=gf)
+
+
+@contextlib.contextmanager
+def keep_quantized_env(keep: bool) -> Iterator[None]:
+    """LLMRS_KEEP_QUANTIZED set to `keep` inside (for engines that call load() themselves), restored after."""
+    old = os.environ.get("LLMRS_KEEP_QUANTIZED")
+    os.environ["LLMRS_KEEP_QUANTIZED"] = "1" if keep else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("LLMRS_KEEP_QUANTIZED", None)
+        else:
+            os.environ["LLMRS_KEEP_QUANTIZED"] = old
 
 
 def load(spec: str | None, keep_quantized: bool | None = None) -> LoadedModel:

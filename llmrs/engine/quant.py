@@ -280,3 +280,34 @@ def write_awq_checkpoint(src: Path, out: Path, group_size: int = AWQ_GROUP_SIZE)
         if f.name != "config.json" and f.suffix in (".json", ".jinja", ".txt", ".model") and "safetensors" not in f.name:
             shutil.copy(f, out / f.name)
     return out
+
+
+# ---------------------------------------------------------------------- on the GPU
+@dataclass(slots=True)
+class DeviceQuantWeight:
+    """A QuantWeight's arrays on the GPU (CUDABackend.upload_quantized), read by llmrs/kernels_cu/matvec_q4.cu:
+    qweight uint32 [N, K/8] (q4) or int8 [N, K] (q8); scales / zeros as raw fp16 words (uint16)."""
+
+    source: str
+    N: int
+    K: int
+    group_size: int
+    qweight: Any
+    scales: Any
+    zeros: Any | None
+
+    @property
+    def kind(self) -> str:
+        return "q8" if self.source == "q8_0" else "q4"
+
+    @property
+    def mode(self) -> str:
+        return "min" if self.source == "q4_1" else "zero"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.N, self.K)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.qweight.nbytes + self.scales.nbytes + (0 if self.zeros is None else self.zeros.nbytes))

@@ -16,7 +16,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from llmrs.engine.loader import DEFAULT_MODEL, SYNTHETIC_PREFIX
+from llmrs.engine.loader import DEFAULT_MODEL, SYNTHETIC_PREFIX, keep_quantized_env
 from llmrs.errors import UserError
 
 console = Console(stderr=True)
@@ -95,6 +95,7 @@ def serve(
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level: critical, error, warning, info, debug."),
     access_log: bool = typer.Option(True, "--access-log/--no-access-log", help="Log one line per HTTP request."),
     tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="GPUs to split the model across (tensor parallelism over NCCL, one process per GPU; must divide the KV heads). NOTE: the multi-GPU path has not run on GPUs yet."),
+    dequantize: bool = typer.Option(False, "--dequantize", help="Dequantize quantized weights (AWQ, GGUF Q4_0/Q4_1/Q8_0) to bf16 at load, as before, instead of keeping them packed on the GPU for the 4-bit matvec."),
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API (continuous batching, paged KV cache, prefix caching)."""
     import uvicorn
@@ -125,7 +126,7 @@ def serve(
     model = SYNTHETIC_PREFIX + synthetic if synthetic else (model or DEFAULT_MODEL)
     name = served_model_name or model
     t0 = time.perf_counter()
-    with console.status(f"loading {model} ..."):
+    with console.status(f"loading {model} ..."), keep_quantized_env(not dequantize and tensor_parallel_size == 1):
         engine = make_engine(model, device=device, max_num_seqs=max_num_seqs,
                                        max_num_batched_tokens=max_num_batched_tokens, kv_cache_tokens=kv_cache_tokens,
                                        block_size=BLOCK_SIZE, max_waiting=max_waiting,

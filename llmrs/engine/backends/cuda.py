@@ -39,6 +39,7 @@ import numpy as np
 from llmrs.engine.batch import StepBatch
 from llmrs.engine.config import ModelConfig
 from llmrs.engine.model import Model, ModelWeights, rope_inv_freq
+from llmrs.engine.quant import DeviceQuantWeight
 from llmrs.errors import UserError
 
 CUDA_R_32F, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT = 0, 14, 68, -1
@@ -229,6 +230,16 @@ class CUDABackend:
         self._cast_bf16(x_f32_device, out)
         return out
 
+    def upload_quantized(self, w: Any) -> DeviceQuantWeight:
+        """A llmrs.engine.quant.QuantWeight (AWQ, GGUF Q4_0/Q4_1/Q8_0) stays quantized on the GPU, in its row-major
+        form (matvec_q4.cu reads it; build_weights calls this for quantized linears)."""
+        cp = self.cp
+        if w.K % 32 or w.group_size % 32:
+            raise UserError(f"quantized weight {w.shape}: K and the group size must be multiples of 32")
+        return DeviceQuantWeight(w.source, w.N, w.K, w.group_size, cp.asarray(np.ascontiguousarray(w.qweight)),
+                                 cp.asarray(np.ascontiguousarray(w.scales).view(np.uint16)),
+                                 None if w.zeros is None else cp.asarray(np.ascontiguousarray(w.zeros).view(np.uint16)))
+
     def _cast_bf16(self, x: Any, out: Any) -> None:
         n = x.size
         self.k.cast_f32_bf16((min(65535, -(-n // 256)),), (256,), (x, out, np.int64(n)))
@@ -264,6 +275,8 @@ class CUDABackend:
     def _linear(self, x: Any, w: Any, bias: Any | None, out: Any, accumulate: bool = False,
                 name: str = "linear") -> None:
         """out (=|+=) x @ w.T (+ bias). x f32 [T, K] contiguous, w bf16 [N, K], out f32 [T, N] contiguous."""
+        if isinstance(w, DeviceQuantWeight):
+            return self._linear_quant(x, w, bias, out, accumulate, name)
         T, K = x.shape
         N = w.shape[0]
         assert w.shape[1] == K and out.shape == (T, N)
@@ -290,6 +303,40 @@ class CUDABackend:
             n = T * N
             with self._span("add_bias", "add_bias " + name, T, N):
                 self.k.add_bias((min(65535, -(-n // 256)),), (256,), (out, bias, np.int32(T), np.int32(N)))
+
+    def _linear_quant(self, x: Any, w: DeviceQuantWeight, bias: Any | None, out: Any, accumulate: bool,
+                      name: str) -> None:
+        """_linear over a quantized weight (kernels_cu/matvec_q4.cu): up to matvec_max_tokens tokens the 4-/8-bit
+        matvec streams the packed weight; above, it is dequantized into a bf16 scratch (bit-exact with the
+        --dequantize weights) for the cuBLAS GEMM. NOTE: a Marlin-style 4-bit GEMM is the real target there."""
+        T, K = x.shape
+        N, G = w.N, w.group_size
+        assert w.K == K and out.shape == (T, N)
+        if T <= self.matvec_max_tokens:
+            nt = 1 if T == 1 else 2 if T == 2 else 4 if T <= 4 else 8
+            grid = (-(-N // MATVEC_ROWS_PER_BLOCK), -(-T // nt))
+            b, acc = NULL if bias is None else bias, np.int32(1 if accumulate else 0)
+            with self._span("matvec", name, T, N, K, accumulate, bias is not None):
+                if w.kind == "q8":
+                    self.k.fns[f"matvec_q8_t{nt}"](grid, (32 * MATVEC_ROWS_PER_BLOCK,),
+                                                   (w.qweight, w.scales, x, b, out, np.int32(N), np.int32(K),
+                                                    np.int32(T), acc))
+                else:
+                    fn = self.k.fns[f"matvec_{'q4m' if w.mode == 'min' else 'q4z'}_t{nt}"]
+                    fn(grid, (32 * MATVEC_ROWS_PER_BLOCK,),
+                       (w.qweight, w.scales, NULL if w.zeros is None else w.zeros, x, b, out, np.int32(N),
+                        np.int32(K), np.int32(T), np.int32(G), acc))
+            return
+        wb = self._buf("dequant_w", (N, K), np.uint16)
+        grid = (min(65535, -(-(N * K // 8) // 256)),)
+        with self._span("dequant", "dequant " + name, N, K):
+            if w.kind == "q8":
+                self.k.dequant_q8_bf16(grid, (256,), (w.qweight, w.scales, wb, np.int32(N), np.int32(K)))
+            else:
+                self.k.dequant_q4_bf16(grid, (256,), (w.qweight, w.scales, NULL if w.zeros is None else w.zeros, wb,
+                                                      np.int32(N), np.int32(K), np.int32(G),
+                                                      np.int32(1 if w.mode == "min" else 0)))
+        self._linear(x, wb, bias, out, accumulate, name)
 
     def _splits(self, T: int, max_len: int) -> int:
         if self.attn_splits is not None:

@@ -24,6 +24,8 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "elementwise.cu": ["silu_mul", "add_bias", "add_inplace", "cast_f32_bf16"],
     "rope_kv.cu": ["rope_write_kv", "write_kv"],
     "matvec.cu": ["matvec_bf16_t1", "matvec_bf16_t2", "matvec_bf16_t4", "matvec_bf16_t8"],
+    "matvec_q4.cu": [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
+                    + ["dequant_q4_bf16", "dequant_q8_bf16"],
     "attention.cu": ["attn_partial_d1", "attn_partial_d2", "attn_partial_d4", "attn_partial_d8", "attn_merge"],
     "sampling.cu": ["sample_tokens"],
 }
