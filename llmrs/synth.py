@@ -118,7 +118,9 @@ def _write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...], str
         header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + n]}
         off += n
     raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
+    # NOTE: ljust, not `+= b" " * n`: an in-process `ptx-check` (roofline/ptx/compile.py `_log`) lets NVRTC write
+    # into the interpreter's shared one-byte b" " object, after which b" " * n is NULs (an invalid header)
+    raw = raw.ljust(len(raw) + (-len(raw) % 8))
     with path.open("wb") as f:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
