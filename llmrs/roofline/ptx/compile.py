@@ -47,9 +47,18 @@ def _check(result: tuple, what: str) -> tuple:  # type: ignore[type-arg]
 
 def _log(nvrtc, prog) -> str:  # type: ignore[no-untyped-def]
     (size,) = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-    buf = b" " * size
+    buf = _out_buffer(size)
     nvrtc.nvrtcGetProgramLog(prog, buf)
-    return buf.rstrip(b"\0 ").decode(errors="replace")
+    return buf.split(b"\0", 1)[0].rstrip().decode(errors="replace")
+
+
+def _out_buffer(size: int) -> bytes:
+    """A fresh bytes object for NVRTC to write into.
+
+    NOTE: never `b" " * size` alone: for size 1 (an empty log is just its NUL) CPython returns the interned
+    one-byte b" ", and NVRTC writing its NUL into it corrupts every b" " in the process. One spare byte makes
+    the object always new (CPython caches only bytes of length 0 and 1)."""
+    return b" " * (size + 1)
 
 
 def nvrtc_compile(path: Path, source: str, arch: str, tc: Toolchain, name_expressions: list[str],
@@ -72,9 +81,9 @@ def nvrtc_compile(path: Path, source: str, arch: str, tc: Toolchain, name_expres
             (name,) = _check(nvrtc.nvrtcGetLoweredName(prog, expr.encode()), f"nvrtcGetLoweredName({expr})")
             lowered[name.decode() if isinstance(name, bytes) else str(name)] = expr
         (size,) = _check(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
-        buf = b" " * size
+        buf = _out_buffer(size)
         nvrtc.nvrtcGetPTX(prog, buf)
-        return buf.rstrip(b"\0").decode(), lowered, log
+        return buf.split(b"\0", 1)[0].decode(), lowered, log
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
 
