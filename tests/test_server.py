@@ -90,7 +90,7 @@ def _servers(tmp_path_factory):
         guarded.wait_ready()
         yield main, guarded
     finally:
-        stream = _StreamInThread(guarded.url, {"model": ALIAS, "prompt": "Once upon a time", "max_tokens": 400,
+        stream = _StreamInThread(guarded.url, {"model": ALIAS, "prompt": "Once upon a time", "max_tokens": 1000,
                                                "ignore_eos": True, "stream": True}, {"Authorization": f"Bearer {API_KEY}"})
         stream.first.wait(60)
         rc_guarded = guarded.stop()  # with a stream in flight: aborted after --shutdown-timeout, then exit 0
