@@ -108,17 +108,16 @@ def unpack_rows(words: np.ndarray) -> np.ndarray:
     return ((words[:, :, None] >> _SHIFTS) & np.uint32(0xF)).reshape(words.shape[0], -1).astype(np.uint8)
 
 
-@dataclass(slots=True)
-class QuantWeight:
-    """One quantized linear weight, logical shape [N out, K in] (see the module docstring for the layouts)."""
+class _QuantLayout:
+    """What a quantized weight's layout implies, shared by the host (QuantWeight) and GPU (DeviceQuantWeight) forms."""
 
-    source: str  # "awq" | "q4_0" | "q4_1" | "q8_0"
+    __slots__ = ()
+    source: str
     N: int
     K: int
-    group_size: int
-    qweight: np.ndarray
-    scales: np.ndarray  # fp16 [N, K/G]
-    zeros: np.ndarray | None = None  # fp16 [N, K/G] or None
+    qweight: Any
+    scales: Any
+    zeros: Any
 
     @property
     def kind(self) -> str:
@@ -134,7 +133,21 @@ class QuantWeight:
 
     @property
     def nbytes(self) -> int:
-        return self.qweight.nbytes + self.scales.nbytes + (0 if self.zeros is None else self.zeros.nbytes)
+        return int(self.qweight.nbytes + self.scales.nbytes + (0 if self.zeros is None else self.zeros.nbytes))
+
+
+@dataclass(slots=True)
+class QuantWeight(_QuantLayout):
+    """One quantized linear weight, logical shape [N out, K in] (see the module docstring for the layouts)."""
+
+    source: str  # "awq" | "q4_0" | "q4_1" | "q8_0"
+    N: int
+    K: int
+    group_size: int
+    qweight: np.ndarray
+    scales: np.ndarray  # fp16 [N, K/G]
+    zeros: np.ndarray | None = None  # fp16 [N, K/G] or None
+
 
     def codes(self) -> np.ndarray:
         """The integer codes [N, K] (uint8 for q4, int8 for q8)."""
@@ -284,7 +297,7 @@ def write_awq_checkpoint(src: Path, out: Path, group_size: int = AWQ_GROUP_SIZE)
 
 # ---------------------------------------------------------------------- on the GPU
 @dataclass(slots=True)
-class DeviceQuantWeight:
+class DeviceQuantWeight(_QuantLayout):
     """A QuantWeight's arrays on the GPU (CUDABackend.upload_quantized), read by llmrs/kernels_cu/matvec_q4.cu:
     qweight uint32 [N, K/8] (q4) or int8 [N, K] (q8); scales / zeros as raw fp16 words (uint16)."""
 
@@ -296,18 +309,3 @@ class DeviceQuantWeight:
     scales: Any
     zeros: Any | None
 
-    @property
-    def kind(self) -> str:
-        return "q8" if self.source == "q8_0" else "q4"
-
-    @property
-    def mode(self) -> str:
-        return "min" if self.source == "q4_1" else "zero"
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.N, self.K)
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.qweight.nbytes + self.scales.nbytes + (0 if self.zeros is None else self.zeros.nbytes))
