@@ -145,9 +145,13 @@ extern "C" __global__ void attn_merge(const float* __restrict__ part_acc, const 
     const int t = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
     if (d >= D) return;
     const size_t p0 = ((size_t)t * Hq + head) * S;
+    // unrolled so that the splits' loads are in flight together (S is 8-64 at short decode contexts); the sums
+    // still run in split order
     float M = NEG_INF;
+#pragma unroll 8
     for (int s = 0; s < S; ++s) M = fmaxf(M, part_ml[2 * (p0 + s)]);
     float Ls = 0.0f, A = 0.0f;
+#pragma unroll 8
     for (int s = 0; s < S; ++s) {
         const float ms = part_ml[2 * (p0 + s)];
         if (ms == NEG_INF) continue;  // a split past this token's causal limit: no keys

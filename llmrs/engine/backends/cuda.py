@@ -346,7 +346,10 @@ class CUDABackend:
         blocks = T * c.num_key_value_heads * groups
         if max_len <= 128 or blocks >= 2 * self.num_sms:
             return 1
-        return max(1, min(-(-max_len // 64), -(-4 * self.num_sms // blocks)))
+        # A warp walks its keys one dependent round trip (block table, then K/V row) at a time, so a split of
+        # 16 keys (4 per warp) keeps a short-context decode latency-bound on 4 keys, not 16; long contexts keep
+        # 64-key splits (at most 64 splits, or what 64-key splits need) so attn_merge stays short.
+        return max(1, min(-(-max_len // 16), -(-4 * self.num_sms // blocks), max(64, -(-max_len // 64))))
 
     def _attention(self, layer: int, q: Any, q_stride: int, db: DeviceBatch, out: Any) -> None:
         """out [T, Hq*D] = paged causal attention of q (row stride q_stride) over layer's cache."""
