@@ -247,3 +247,19 @@ def test_gpu_sampling_falls_back_to_cpu_for_penalties_and_logprobs(rng):
     res = be.sample(cp.asarray(logits), st)
     assert res[0].logprob is not None and len(res[0].top_logprobs) == 2
     assert [r.token_id for r in res] == np.argmax(logits, axis=-1).tolist()
+
+
+@pytest.mark.parametrize("splits", [1, 2, 4])
+@pytest.mark.parametrize("N,K,T", [(37, 4096, 1), (3, 2056, 5), (1001, 4864, 8)])
+def test_matvec_splits_agree(rng, splits, N, K, T):
+    """Warps per row (split K, partial sums through shared memory): each split count matches numpy, any N."""
+    be = CUDABackend(cfg(), num_blocks=1)
+    be._matvec_forced_splits = splits
+    W = rng.standard_normal((N, K)).astype(np.float32) * 0.05
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    b = round_bf16(rng.standard_normal(N).astype(np.float32))
+    y0 = rng.standard_normal((T, N)).astype(np.float32)
+    ref = x.astype(np.float64) @ round_bf16(W).T.astype(np.float64) + b + y0
+    out = cp.asarray(y0)
+    be._linear(cp.asarray(x), be.upload(W), be.upload(b), out, accumulate=True)
+    assert rel_err(cp.asnumpy(out), ref) < 1e-5

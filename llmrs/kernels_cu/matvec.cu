@@ -8,7 +8,8 @@
 // NT tokens share each weight load (NT accumulators per lane, compile-time indexed: no local memory);
 // grid.y walks the tokens NT at a time. `accumulate` adds into y (the residual stream: x += W a in one pass).
 // x is f32 and stays in L1/L2 (each warp of a block re-reads it); K % 8 != 0 takes a scalar path.
-// Block = 4 warps (4 rows): small N still spreads over the SMs.
+// Block = 4 warps (4 rows, or 4/splits rows of `splits` warps each): small N still spreads over the SMs; the
+// host picks splits by shape (few rows, long K: the `down` and o/qkv projections of a 7B decode step).
 #include "common.cuh"
 
 template <int NT>
@@ -28,47 +29,79 @@ __device__ __forceinline__ void fma8(const float* wf, const float* __restrict__ 
 template <int NT>
 __device__ __forceinline__ void matvec_impl(const bf16_t* __restrict__ W, const float* __restrict__ x,
                                             const float* __restrict__ bias, float* __restrict__ y,
-                                            int N, int K, int T, int accumulate) {
-    const int lane = threadIdx.x & 31;
-    const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (n >= N) return;
+                                            int N, int K, int T, int accumulate, int splits) {
+    // splits (1, 2 or 4) warps share one row: warp s of the row reads chunks s*32 + lane + i*32*splits, so the
+    // row's warps together stream 512*splits contiguous bytes per step; the partial sums meet in shared memory
+    // in a fixed order (deterministic; splits = 1 is the one-warp-per-row kernel, same summation order).
+    __shared__ float red[4][NT];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int s = warp % splits;
+    const int n = blockIdx.x * (blockDim.x >> 5) / splits + warp / splits;
+    const bool live = n < N;
+    if (splits == 1 && !live) return;
     const int t0 = blockIdx.y * NT;
     float acc[NT];
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc[j] = 0.0f;
-    const bf16_t* w = W + (size_t)n * K;
-    if ((K & 7) == 0) {
+    const bf16_t* w = W + (size_t)(live ? n : 0) * K;
+    const int stride = 32 * splits;
+    if (!live) {
+    } else if ((K & 7) == 0) {
         const uint4* w4 = reinterpret_cast<const uint4*>(w);
         const int K8 = K >> 3;
-        int c = lane;
-        for (; c + 96 < K8; c += 128) {
-            const uint4 w0 = __ldg(w4 + c), w1 = __ldg(w4 + c + 32), w2 = __ldg(w4 + c + 64), w3 = __ldg(w4 + c + 96);
+        int c = s * 32 + lane;
+        for (; c + 3 * stride < K8; c += 4 * stride) {
+            const uint4 w0 = __ldg(w4 + c), w1 = __ldg(w4 + c + stride), w2 = __ldg(w4 + c + 2 * stride),
+                        w3 = __ldg(w4 + c + 3 * stride);
             float wf[8];
             unpack8(w0, wf); fma8<NT>(wf, x, K, T, t0, 8 * c, acc);
-            unpack8(w1, wf); fma8<NT>(wf, x, K, T, t0, 8 * (c + 32), acc);
-            unpack8(w2, wf); fma8<NT>(wf, x, K, T, t0, 8 * (c + 64), acc);
-            unpack8(w3, wf); fma8<NT>(wf, x, K, T, t0, 8 * (c + 96), acc);
+            unpack8(w1, wf); fma8<NT>(wf, x, K, T, t0, 8 * (c + stride), acc);
+            unpack8(w2, wf); fma8<NT>(wf, x, K, T, t0, 8 * (c + 2 * stride), acc);
+            unpack8(w3, wf); fma8<NT>(wf, x, K, T, t0, 8 * (c + 3 * stride), acc);
         }
-        for (; c < K8; c += 32) {
+        if (c < K8) {  // the last (up to 3) chunks: loads issued together, used in order
+            const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+            const bool v1 = c + stride < K8, v2 = c + 2 * stride < K8;
+            const uint4 w0 = __ldg(w4 + c), w1 = v1 ? __ldg(w4 + c + stride) : z,
+                        w2 = v2 ? __ldg(w4 + c + 2 * stride) : z;
             float wf[8];
-            unpack8(__ldg(w4 + c), wf);
-            fma8<NT>(wf, x, K, T, t0, 8 * c, acc);
+            unpack8(w0, wf); fma8<NT>(wf, x, K, T, t0, 8 * c, acc);
+            if (v1) { unpack8(w1, wf); fma8<NT>(wf, x, K, T, t0, 8 * (c + stride), acc); }
+            if (v2) { unpack8(w2, wf); fma8<NT>(wf, x, K, T, t0, 8 * (c + 2 * stride), acc); }
         }
     } else {
-        for (int k = lane; k < K; k += 32) {
+        for (int k = s * 32 + lane; k < K; k += stride) {
             const float wk = bf16_to_f32(w[k]);
 #pragma unroll
             for (int j = 0; j < NT; ++j)
                 if (t0 + j < T) acc[j] += wk * x[(size_t)(t0 + j) * K + k];
         }
     }
+    if (splits > 1) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const float v = warp_sum(acc[j]);
+            if (lane == 0) red[warp][j] = v;
+        }
+        __syncthreads();
+        if (!live || s != 0) return;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            float v = red[warp][j];
+            for (int i = 1; i < splits; ++i) v += red[warp + i][j];
+            acc[j] = v;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) acc[j] = warp_sum(acc[j]);
+    }
     const float b = bias ? bias[n] : 0.0f;
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-        const float s = warp_sum(acc[j]);
+        const float sum = acc[j];
         if (lane == 0 && t0 + j < T) {
             float* dst = y + (size_t)(t0 + j) * N + n;
-            *dst = accumulate ? *dst + (s + b) : s + b;
+            *dst = accumulate ? *dst + (sum + b) : sum + b;
         }
     }
 }
@@ -76,8 +109,8 @@ __device__ __forceinline__ void matvec_impl(const bf16_t* __restrict__ W, const 
 #define MATVEC(NT)                                                                                        \
     extern "C" __global__ void matvec_bf16_t##NT(const bf16_t* __restrict__ W, const float* __restrict__ x, \
                                                  const float* __restrict__ bias, float* __restrict__ y,     \
-                                                 int N, int K, int T, int accumulate) {                     \
-        matvec_impl<NT>(W, x, bias, y, N, K, T, accumulate);                                              \
+                                                 int N, int K, int T, int accumulate, int splits) {         \
+        matvec_impl<NT>(W, x, bias, y, N, K, T, accumulate, splits);                                      \
     }
 MATVEC(1)
 MATVEC(2)

@@ -137,6 +137,8 @@ class CUDABackend:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.matvec_max_tokens = matvec_max_tokens
+        forced = os.environ.get("LLMRS_MATVEC_SPLITS", "")
+        self._matvec_forced_splits = int(forced) if forced in ("1", "2", "4") else 0
         self.attn_splits: int | None = None  # None: chosen per step; tests force values
         self.k = get_kernels()  # compiles every kernel now (warm-up), not on the first request
         self.pad_block = num_blocks  # one extra block: padding rows of a graph bucket write here, nothing reads it
@@ -272,6 +274,17 @@ class CUDABackend:
         with self._span("rms_norm", "rms_norm", n, H):
             self.k.rms_norm((n,), (threads,), (x, NULL if rows is None else rows, w, out, np.int32(H), np.float32(eps)))
 
+    def _matvec_splits(self, N: int, K: int) -> int:
+        """Warps per output row of matvec_bf16 (1, 2 or 4), by shape only (the same for every token count, so a
+        row sums in the same order alone or in a batch): few rows and a long K (a 7B's down, o, qkv) leave
+        most SMs short of loads in flight with one warp a row; LLMRS_MATVEC_SPLITS forces one value."""
+        if K % 8:
+            return 1
+        if self._matvec_forced_splits:
+            return self._matvec_forced_splits
+        # measured on the H200 (T = 1): down 3584x18944 42.5 -> 39.0 us with 4; o/qkv (K = N) slower with 2 or 4
+        return 4 if K >= 4 * N and K >= 4096 and N * 4 <= 16384 else 1
+
     def _linear(self, x: Any, w: Any, bias: Any | None, out: Any, accumulate: bool = False,
                 name: str = "linear") -> None:
         """out (=|+=) x @ w.T (+ bias). x f32 [T, K] contiguous, w bf16 [N, K], out f32 [T, N] contiguous."""
@@ -282,12 +295,13 @@ class CUDABackend:
         assert w.shape[1] == K and out.shape == (T, N)
         if T <= self.matvec_max_tokens:
             nt = 1 if T == 1 else 2 if T == 2 else 4 if T <= 4 else 8
-            grid = (-(-N // MATVEC_ROWS_PER_BLOCK), -(-T // nt))
+            splits = self._matvec_splits(N, K)
+            grid = (-(-N * splits // MATVEC_ROWS_PER_BLOCK), -(-T // nt))
             fn = getattr(self.k, f"matvec_bf16_t{nt}")
             with self._span("matvec", name, T, N, K, accumulate, bias is not None):
                 fn(grid, (32 * MATVEC_ROWS_PER_BLOCK,),
                    (w, x, NULL if bias is None else bias, out, np.int32(N), np.int32(K), np.int32(T),
-                    np.int32(1 if accumulate else 0)))
+                    np.int32(1 if accumulate else 0), np.int32(splits)))
             return
         xb = self._buf("gemm_x", (T, K), np.uint16)
         with self._span("cast", "cast_bf16 " + name, T * K):
