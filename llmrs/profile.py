@@ -222,19 +222,10 @@ def plot(profiles: list[StepProfile], meta: dict[str, Any], path: Path) -> Path:
         ax.plot([], [], "o", color=colors[c], label=c)
     for i, p in enumerate(profiles):
         ax.plot([], [], markers[i % len(markers)], color="grey", label=p.label)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
-    ax.set_ylabel("achieved TFLOP/s")
-    ax.set_title(f"llmrs profile: {meta.get('model')} on {meta.get('gpu_name')}")
-    ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=8, loc="lower right")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    from llmrs.roofline.plot import save_roofline_axes
+
+    return save_roofline_axes(fig, ax, path, f"llmrs profile: {meta.get('model')} on {meta.get('gpu_name')}",
+                              "achieved TFLOP/s")
 
 
 # ---------------------------------------------------------------------- the timer (GPU)

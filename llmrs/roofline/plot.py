@@ -51,11 +51,18 @@ def plot_roofline(r: Roofline, gpu: GpuSpec, path: Path, measured: list[Measured
         ax.plot(m.intensity, m.achieved_flops / 1e12, "x", ms=9, mew=2, color=f"C{(i % 8) + 1}",
                 label=f"{m.label}: {100 * m.fraction_of_ceiling:.0f}% of ceiling")
     ax.plot([], [], "o", color="tab:blue", label=f"decode steps, context {r.context}")
+    return save_roofline_axes(fig, ax, path, f"{r.model} ({r.weight_format}) on {r.gpu_name}", "attainable TFLOP/s")
+
+
+def save_roofline_axes(fig, ax, path: Path, title: str, ylabel: str) -> Path:  # type: ignore[no-untyped-def]
+    """The classic roofline chart's log-log axes, labels and legend, then the PNG (shared with `llmrs profile`)."""
+    import matplotlib.pyplot as plt
+
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
-    ax.set_ylabel("attainable TFLOP/s")
-    ax.set_title(f"{r.model} ({r.weight_format}) on {r.gpu_name}")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8, loc="lower right")
     path = Path(path)
