@@ -16,6 +16,8 @@ import dataclasses
 import numpy as np
 import pytest
 
+from llmrs.errors import UserError
+
 from tests.cuda_helpers import rel_err, report, require_gpu
 
 cp = require_gpu()
@@ -151,8 +153,11 @@ def test_tiny_awq_quantized_path_equals_dequantized_bf16_path(arch, tiny_awq):
     compare_weights(f"awq tiny {arch} quantized vs --dequantize", quant, dense, prompts_for(kept.tokenizer))
 
 
-def test_smollm2_q4_1_kept_quantized_equals_dequantized_bf16_path(smollm2_path):
-    kept = load("smollm2-135m", keep_quantized=True)
+def test_smollm2_q4_1_kept_quantized_equals_dequantized_bf16_path():
+    try:  # GPU machines may lack the embedded package: skip there (LLMRS_EMBEDDED_DIR points at the file)
+        kept = load("smollm2-135m", keep_quantized=True)
+    except UserError as e:
+        pytest.skip(str(e))
     quant = ModelRunner(kept, num_blocks=64, device="cuda")
     assert isinstance(quant.model.w.layers[0].gate_up, Q.DeviceQuantWeight)
     dense = ModelRunner(load("smollm2-135m", keep_quantized=False), num_blocks=64, device="cuda")
