@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -159,19 +160,25 @@ class Model:
         self.backend = backend
 
     def forward(self, batch: StepBatch) -> np.ndarray:
-        c, B, w = self.config, self.backend, self.w
+        B, w = self.backend, self.w
+        x = self.decoder_layers(B.embedding(w.embed, batch.token_ids), batch)
+        x = B.gather_rows(x, batch.sample_rows)
+        x = B.rms_norm(x, w.norm, self.config.rms_norm_eps)
+        return B.to_host(B.linear(x, w.lm_head))
+
+    def decoder_layers(self, x: Any, batch: StepBatch, reduce: Callable[[Any], Any] = lambda t: t) -> Any:
+        """Every decoder layer over the residual stream `x`. `reduce` sums the o_proj and down_proj outputs
+        across tensor-parallel ranks (their rows are sharded); one device needs nothing."""
+        c, B = self.config, self.backend
         eps = c.rms_norm_eps
-        x = B.embedding(w.embed, batch.token_ids)
-        for n, layer in enumerate(w.layers):
+        for n, layer in enumerate(self.w.layers):
             h = B.rms_norm(x, layer.input_norm, eps)
             qkv = B.linear(h, layer.qkv, layer.qkv_bias)
             q, k, v = qkv[:, : c.q_size], qkv[:, c.q_size : c.q_size + c.kv_size], qkv[:, c.q_size + c.kv_size :]
             q, k = B.rope(q, k, batch.positions)
             B.write_kv(n, k, v, batch.slot_mapping)
             a = B.attention(n, q, batch)
-            x = B.add(x, B.linear(a, layer.o))
+            x = B.add(x, reduce(B.linear(a, layer.o)))
             h = B.rms_norm(x, layer.post_norm, eps)
-            x = B.add(x, B.linear(B.silu_mul(B.linear(h, layer.gate_up)), layer.down))
-        x = B.gather_rows(x, batch.sample_rows)
-        x = B.rms_norm(x, w.norm, eps)
-        return B.to_host(B.linear(x, w.lm_head))
+            x = B.add(x, reduce(B.linear(B.silu_mul(B.linear(h, layer.gate_up)), layer.down)))
+        return x

@@ -277,19 +277,9 @@ class TPShardModel(Model):
     def forward_tp(self, batch: StepBatch, comm: Communicator) -> Any:
         """Logits of batch.sample_rows [S, vocab] (backend-native, the same on every rank; a host array of
         shape [0, vocab] when the step samples nothing)."""
-        c, B, w = self.config, self.backend, self.w
-        eps = c.rms_norm_eps
-        x = self.embed(batch.token_ids, comm)
-        for n, layer in enumerate(w.layers):
-            h = B.rms_norm(x, layer.input_norm, eps)
-            qkv = B.linear(h, layer.qkv, layer.qkv_bias)
-            q, k, v = qkv[:, : c.q_size], qkv[:, c.q_size : c.q_size + c.kv_size], qkv[:, c.q_size + c.kv_size :]
-            q, k = B.rope(q, k, batch.positions)
-            B.write_kv(n, k, v, batch.slot_mapping)
-            a = B.attention(n, q, batch)
-            x = B.add(x, comm.all_reduce(B.linear(a, layer.o)))  # o_proj partial sums
-            h = B.rms_norm(x, layer.post_norm, eps)
-            x = B.add(x, comm.all_reduce(B.linear(B.silu_mul(B.linear(h, layer.gate_up)), layer.down)))
+        B, w = self.backend, self.w
+        eps = self.config.rms_norm_eps
+        x = self.decoder_layers(self.embed(batch.token_ids, comm), batch, comm.all_reduce)
         if len(batch.sample_rows) == 0:  # prefill chunks only: K/V written, no logits (and no zero-sized launches);
             return np.zeros((0, self.plan.config.vocab_size), dtype=np.float32)  # every rank skips the gather alike
         x = B.gather_rows(x, batch.sample_rows)
