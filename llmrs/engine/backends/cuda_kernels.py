@@ -27,6 +27,7 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "matvec_q4.cu": [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
                     + ["dequant_q4_bf16", "dequant_q8_bf16"],
     "attention.cu": ["attn_partial_d1", "attn_partial_d2", "attn_partial_d4", "attn_partial_d8", "attn_merge"],
+    "prefill_attention.cu": ["prefill_attn_d64", "prefill_attn_d128"],
     "sampling.cu": ["sample_tokens"],
 }
 
