@@ -39,6 +39,11 @@ def profile(
                                  help="Measure the ceilings now (1 GiB copy, 8192^3 bf16 GEMM) instead of the "
                                       "cached measured ones or the datasheet."),
     graphs: bool = typer.Option(True, "--graphs/--no-graphs", help="CUDA graphs for decode steps (wall times)."),
+    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size",
+                                             help="Run the model on this many GPUs (tensor parallelism over NCCL): "
+                                                  "rank 0's kernels and collectives are timed, per GPU."),
+    tp_link_gbs: Optional[float] = typer.Option(None, "--tp-link-gbs", show_default="the GPU's NVLink, one direction",
+                                                help="GPU-to-GPU GB/s the collectives are set against."),
     top: int = typer.Option(12, "--top", help="Kernels shown per step."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Also save the JSON here."),
@@ -54,10 +59,15 @@ def profile(
         raise UserError("give exactly one of MODEL, --model M or --synthetic PRESET")
     spec = SYNTHETIC_PREFIX + synthetic if synthetic else given[0]
     batches = parse_batches(batch)
+    if tensor_parallel_size != 1:
+        from llmrs.engine.tp_nccl import check_tp_size
+
+        check_tp_size(tensor_parallel_size, "cuda")
     err = Console(stderr=True)
     with err.status("profiling ...") as status:
         profiles, meta = prof.run_profile(spec, batches, context, prefill_len=prefill_len, steps=steps, gpu=gpu,
-                                          measure=measure, graphs=graphs, progress=lambda m: status.update(m))
+                                          measure=measure, graphs=graphs, progress=lambda m: status.update(m),
+                                          tp=tensor_parallel_size, link_gbs=tp_link_gbs)
     if out:
         prof.save_json(out, profiles, meta)
     if plot_path:

@@ -23,6 +23,7 @@ posts' table: matrix multiply, decode attention, prefill attention, everything e
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,9 +33,10 @@ import numpy as np
 
 from llmrs.errors import UserError
 
-CATEGORIES = ("matrix multiply", "decode attention", "prefill attention", "everything else")
+CATEGORIES = ("matrix multiply", "decode attention", "prefill attention", "communication", "everything else")
 MATMUL_KINDS = ("matvec", "gemm")
 ATTENTION_KINDS = ("attention", "attn_merge")
+COMM_KINDS = ("allreduce", "allgather")  # tensor parallel: NCCL on the step's stream (ceiling: the GPU link)
 
 
 # ---------------------------------------------------------------------- cost of one launch
@@ -75,6 +77,18 @@ def kernel_cost(kind: str, dims: tuple) -> tuple[float, float]:
     if kind == "sample":
         S, V = dims
         return float(12 * S * V), 5.0 * S * V
+    if kind == "add":
+        (n,) = dims
+        return float(12 * n), float(n)
+    if kind == "copy":
+        (n,) = dims
+        return float(8 * n), 0.0
+    if kind == "allreduce":  # bytes each GPU sends over its link in a ring all-reduce: 2 (N - 1) / N x payload
+        payload, n = dims
+        return 2.0 * (n - 1) / n * payload, float(payload // 4 * (n - 1))
+    if kind == "allgather":  # each GPU receives the other N - 1 slices
+        payload, n = dims
+        return float(payload * (n - 1)), 0.0
     return 0.0, 0.0
 
 
@@ -83,6 +97,8 @@ def category(kind: str, phase: str) -> str:
         return "matrix multiply"
     if kind in ATTENTION_KINDS:
         return "prefill attention" if phase == "prefill" else "decode attention"
+    if kind in COMM_KINDS:
+        return "communication"
     return "everything else"
 
 
@@ -132,8 +148,9 @@ class StepProfile:
 
 
 def aggregate(records: list[KernelRecord], steps: int, phase: str, bandwidth: float, peak_flops: float,
-              label: str, batch: int, tokens: int, wall_ms: float) -> StepProfile:
-    """Per-step kernel table and category times from `steps` steps' records; bandwidth in B/s, peak in FLOP/s."""
+              label: str, batch: int, tokens: int, wall_ms: float, link_bandwidth: float | None = None) -> StepProfile:
+    """Per-step kernel table and category times from `steps` steps' records; bandwidth in B/s, peak in FLOP/s;
+    collectives are set against `link_bandwidth` (B/s per direction between GPUs), not the memory's."""
     assert steps >= 1
     groups: dict[tuple[str, str], list[KernelRecord]] = {}
     for r in records:
@@ -143,14 +160,16 @@ def aggregate(records: list[KernelRecord], steps: int, phase: str, bandwidth: fl
         ms = sum(r.ms for r in rs) / steps
         nbytes = sum(r.nbytes for r in rs) / steps
         flops = sum(r.flops for r in rs) / steps
-        mem_ms, math_ms = nbytes / bandwidth * 1e3, flops / peak_flops * 1e3
+        comm = kind in COMM_KINDS
+        mem_ms = nbytes / ((link_bandwidth or bandwidth) if comm else bandwidth) * 1e3
+        math_ms = 0.0 if comm else flops / peak_flops * 1e3
         roof = max(mem_ms, math_ms)
         label_k = kind if kind == name else f"{kind} {name}"
         stats.append(KernelStat(
             kernel=label_k, category=category(kind, phase), calls=len(rs) / steps, ms=ms, nbytes=nbytes, flops=flops,
             gbs=nbytes / (ms * 1e-3) / 1e9 if ms > 0 else 0.0, tflops=flops / (ms * 1e-3) / 1e12 if ms > 0 else 0.0,
             roof_ms=roof, fraction_of_roof=roof / ms if ms > 0 else 0.0,
-            bound="memory" if mem_ms >= math_ms else "compute"))
+            bound="link" if comm else "memory" if mem_ms >= math_ms else "compute"))
     stats.sort(key=lambda s: -s.ms)
     cats = {c: 0.0 for c in CATEGORIES}
     for s in stats:
@@ -350,16 +369,19 @@ def _fill_kv(backend: Any, seed: int = 0) -> None:
 
 def run_profile(model: str, batches: list[int], context: int, prefill_len: int | None = None, steps: int = 10,
                 warmup: int = 3, gpu: str = "auto", measure: bool = False, graphs: bool = True,
-                progress: Any = None) -> tuple[list[StepProfile], dict[str, Any]]:
-    """Profile decode at each batch size (every sequence at `context` cached tokens) and one prefill."""
+                progress: Any = None, tp: int = 1, link_gbs: float | None = None,
+                ) -> tuple[list[StepProfile], dict[str, Any]]:
+    """Profile decode at each batch size (every sequence at `context` cached tokens) and one prefill.
+
+    With `tp` > 1 the model runs tensor-parallel (llmrs.engine.tp_nccl: rank 0 here, one worker process per
+    other GPU, every step broadcast as the engine does); rank 0's launches and NCCL calls are timed, its
+    figures are per GPU (its shard), and the collectives are set against `link_gbs` (default: the GPU's NVLink
+    figure in the database, one direction)."""
     from llmrs.engine.backends.cuda import cuda_available
 
     ok, why = cuda_available()
     if not ok:
         raise UserError(f"llmrs profile times kernels on a GPU and needs CuPy and an NVIDIA GPU: {why}")
-    from llmrs.engine.batch import build_step_batch
-    from llmrs.engine.sampling import SamplingParams, SamplingState, make_generator
-
     if context < 1 or steps < 1:
         raise UserError("--context and --steps must be at least 1")
     prefill_len = prefill_len or context
@@ -368,12 +390,44 @@ def run_profile(model: str, batches: list[int], context: int, prefill_len: int |
     per_seq = -(-(context + 1) // bs)
     num_blocks = max(max(batches) * per_seq, -(-prefill_len // bs))
     say = progress or (lambda msg: None)
-    say(f"loading {model} ({num_blocks} KV blocks)")
-    config, backend, m = _load(model, num_blocks, bs, graphs)
-    _fill_kv(backend)
+    say(f"loading {model} ({num_blocks} KV blocks{f', tensor parallel x{tp}' if tp > 1 else ''})")
+    runner = None
+    if tp > 1:
+        from llmrs.engine.loader import load
+        from llmrs.engine.tp_nccl import NcclTPRunner
+        from llmrs.roofline.gpus import get_gpu
+
+        if link_gbs is None:
+            link_gbs = get_gpu(gpu).nvlink_gbs
+            if not link_gbs:
+                raise UserError(f"{ceil.gpu_name} has no NVLink figure in the GPU database; pass --tp-link-gbs")
+        if not graphs:
+            os.environ["LLMRS_CUDA_GRAPHS"] = "0"  # the worker processes read it too
+        runner = NcclTPRunner(load(model), model, tp, block_size=bs, num_blocks=num_blocks)
+        backend = runner.backend
+        config = backend.config  # rank 0's shard (its vocabulary slice, heads, MLP columns)
+        forward_device = runner.forward_device
+    else:
+        config, backend, m = _load(model, num_blocks, bs, graphs)
+        forward_device = m.forward_device
+    try:
+        return _profile_steps(model, backend, config, forward_device, batches, context, prefill_len, steps, warmup,
+                              ceil, per_seq, bs, say, tp, link_gbs)
+    finally:
+        if runner is not None:
+            runner.shutdown()
+
+
+def _profile_steps(model: str, backend: Any, config: Any, forward_device: Any, batches: list[int], context: int,
+                   prefill_len: int, steps: int, warmup: int, ceil: Ceilings, per_seq: int, bs: int, say: Any,
+                   tp: int, link_gbs: float | None) -> tuple[list[StepProfile], dict[str, Any]]:
+    from llmrs.engine.batch import build_step_batch
+    from llmrs.engine.sampling import SamplingParams, SamplingState, make_generator
+
+    _fill_kv(backend)  # NOTE: tensor parallel: rank 0's cache only (the workers' caches stay zeros)
     backend.synchronize()
     rng = np.random.default_rng(0)
-    V = config.vocab_size
+    V = config.vocab_size if tp == 1 else backend.tp.vocab_size
 
     def state() -> Any:
         return SamplingState(SamplingParams(temperature=0.0), make_generator(0), [1], [], [])
@@ -385,7 +439,7 @@ def run_profile(model: str, batches: list[int], context: int, prefill_len: int |
             if timer is not None:
                 timer.hold(hold_ms)
             t = time.perf_counter()
-            backend.sample(m.forward_device(batch), states)
+            backend.sample(forward_device(batch), states)
             times.append(time.perf_counter() - t)
             if timer is not None:
                 timer.collect()
@@ -414,10 +468,11 @@ def run_profile(model: str, batches: list[int], context: int, prefill_len: int |
         timer.records.clear()
         run_steps(batch, states, steps, timer, min(500.0, 2.0 + 4.0 * eager_ms))
         profiles.append(aggregate(timer.records, steps, phase, ceil.bandwidth_gbs * 1e9, ceil.peak_tflops * 1e12,
-                                  label, B, tokens, wall))
+                                  label, B, tokens, wall, link_bandwidth=link_gbs * 1e9 if link_gbs else None))
     meta = {"model": model, "gpu_name": ceil.gpu_name, "bandwidth_gbs": round(ceil.bandwidth_gbs, 1),
             "peak_tflops": round(ceil.peak_tflops, 1), "ceilings": ceil.source, "context": context,
             "prefill_len": prefill_len, "steps": steps, "cuda_graphs": backend.graphs is not None,
+            "tensor_parallel": tp, "link_gbs": link_gbs,
             "note": "wall = median step with the engine's path (graphs when on); kernel times from eager "
                     "steps with CUDA events around every launch"}
     return profiles, meta

@@ -96,6 +96,9 @@ def test_user_mistakes_raise_user_error(app, tmp_path):
         ["bench", "--url", "http://127.0.0.1:1", "--sweep", "batch=1,2"],
         ["bench", "--url", "http://127.0.0.1:1", "--request-rate", "0"],
         ["report", str(tmp_path / "missing.json")],
+        ["bench", "--url", "http://127.0.0.1:1", "--tensor-parallel-size", "2"],  # only for the server bench starts
+        ["bench", "--server-cmd", "x --port {port}", "--serve-args", "--max-num-seqs 8"],
+        ["bench", "--tensor-parallel-size", "0"],
     ):
         res = _invoke(app, args)
         assert isinstance(res.exception, UserError), (args, res.output, res.exception)
@@ -105,6 +108,26 @@ def test_user_mistakes_raise_user_error(app, tmp_path):
     with pytest.raises(UserError, match="baseline"):
         _fake_results(tmp_path / "a.json", "x", 1.0)
         write_report([str(tmp_path / "a.json")], tmp_path / "r", baseline="nope")
+
+
+def test_embedded_server_command_carries_tensor_parallel_and_serve_args(app, tmp_path, monkeypatch):
+    from llmrs.bench import bench as bench_mod
+
+    seen = {}
+
+    def fake_run(opts):
+        seen["argv"] = bench_mod.llmrs_serve_argv(opts.model, opts.serve_args)
+        raise UserError("stop here")
+
+    monkeypatch.setattr(bench_mod, "run_bench", fake_run)
+    res = _invoke(app, ["bench", "-m", "synthetic:qwen2.5-72b", "--tensor-parallel-size", "2",
+                        "--serve-args", "--max-num-seqs 256 --gpu-memory-utilization 0.85"])
+    assert isinstance(res.exception, UserError)
+    argv = seen["argv"]
+    i = argv.index("serve")
+    assert argv[i + 1:i + 8] == ["synthetic:qwen2.5-72b", "--max-num-seqs", "256", "--gpu-memory-utilization", "0.85",
+                                 "--tensor-parallel-size", "2"]
+    assert argv[-2:] == ["--port", "{port}"]
 
 
 def test_server_cmd_that_dies_is_a_user_error_with_its_log(tmp_path):

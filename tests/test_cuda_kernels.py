@@ -53,8 +53,24 @@ def test_embedding_gathers_bf16_rows(rng, H, T):
     table = rng.standard_normal((301, H)).astype(np.float32)
     ids = rng.integers(0, 301, T).astype(np.int32)
     out = poison((T, H))
-    be.k.embedding_gather((T,), (256,), (be.upload(table), cp.asarray(ids), out, np.int32(H)))
+    be.k.embedding_gather((T,), (256,), (be.upload(table), cp.asarray(ids), out, np.int32(H), np.int32(0),
+                                         np.int32(301)))
     np.testing.assert_array_equal(cp.asnumpy(out), round_bf16(table)[ids])
+
+
+def test_embedding_of_a_vocabulary_slice_zeroes_other_ranks_tokens(rng):
+    """A tensor-parallel rank holds rows [start, start + rows) of the table: other tokens embed to zeros."""
+    be = CUDABackend(cfg(), num_blocks=1)
+    H, start, rows = 96, 100, 57
+    table = rng.standard_normal((rows, H)).astype(np.float32)
+    ids = np.array([0, 99, 100, 130, 156, 157, 300], dtype=np.int32)
+    out = poison((len(ids), H))
+    be.k.embedding_gather((len(ids),), (256,), (be.upload(table), cp.asarray(ids), out, np.int32(H),
+                                                np.int32(start), np.int32(rows)))
+    want = np.zeros((len(ids), H), np.float32)
+    mine = (ids >= start) & (ids < start + rows)
+    want[mine] = round_bf16(table)[ids[mine] - start]
+    np.testing.assert_array_equal(cp.asnumpy(out), want)
 
 
 @pytest.mark.parametrize("H,T", [(64, 1), (77, 3), (896, 7), (3584, 2), (5000, 1)])

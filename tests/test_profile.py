@@ -60,6 +60,22 @@ def test_aggregate_gives_per_step_times_categories_busy_and_roof_fractions():
     assert sum(p.share(c) for c in prof.CATEGORIES) == pytest.approx(1.0)
 
 
+def test_collectives_count_as_communication_against_the_link_bandwidth():
+    # qwen2.5-72b at TP=2, batch 1: one all-reduce of [1, 8192] f32 = 32 KiB payload; a ring moves 2(N-1)/N of it
+    nbytes, _ = prof.kernel_cost("allreduce", (32768, 2))
+    assert nbytes == 32768.0
+    assert prof.kernel_cost("allreduce", (32768, 4))[0] == 1.5 * 32768
+    assert prof.kernel_cost("allgather", (1000, 4))[0] == 3000.0
+    recs = records_of_one_decode_step() + [prof.KernelRecord("allreduce", "all_reduce", 0.010, 4.5e6, 0.0)] * 2
+    p = prof.aggregate(recs, steps=2, phase="decode", bandwidth=4e12, peak_flops=8e14, label="decode B=1", batch=1,
+                       tokens=1, wall_ms=0.050, link_bandwidth=450e9)
+    ar = next(s for s in p.kernels if s.kernel == "allreduce all_reduce")
+    assert ar.category == "communication" and ar.bound == "link"
+    assert ar.fraction_of_roof == pytest.approx(1.0)  # 4.5 MB / 450 GB/s = 10 us: its time
+    assert p.categories["communication"] == pytest.approx(0.010)
+    assert sum(p.share(c) for c in prof.CATEGORIES) == pytest.approx(1.0)
+
+
 def test_attention_of_a_prefill_step_counts_as_prefill_attention():
     p = prof.aggregate(records_of_one_decode_step(), steps=2, phase="prefill", bandwidth=4e12, peak_flops=8e14,
                        label="prefill 512", batch=1, tokens=512, wall_ms=0.010)

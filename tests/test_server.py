@@ -24,7 +24,19 @@ import openai
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = "smollm2-135m"
+# On the GPU machine the same suite runs against the CUDA backend (LLMRS_TEST_DEVICE=cuda) and tensor-parallel
+# (LLMRS_TEST_TP=2 with LLMRS_TEST_MODEL=<a checkpoint whose KV heads N divides>: SmolLM2 has 3 KV heads).
+MODEL = os.environ.get("LLMRS_TEST_MODEL") or "smollm2-135m"
+
+
+def _max_model_len() -> int:
+    from llmrs.engine.loader import resolve
+
+    return resolve(MODEL).config.max_position_embeddings
+
+
+MAX_LEN = _max_model_len()
+ABORTS = f'llmrs:request_success_total{{finished_reason="abort",model_name="{MODEL}"}}'
 API_KEY = "sekret-key"
 ALIAS = "tiny-alias"
 
@@ -40,6 +52,8 @@ class Server:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         # LLMRS_TEST_DEVICE=cuda runs the same tests against the GPU backend (on the GPU machine)
         device = ["--device", os.environ["LLMRS_TEST_DEVICE"]] if os.environ.get("LLMRS_TEST_DEVICE") else []
+        if os.environ.get("LLMRS_TEST_TP"):
+            device += ["--tensor-parallel-size", os.environ["LLMRS_TEST_TP"]]
         cmd = [sys.executable, "-m", "llmrs", "serve", MODEL, "--host", "127.0.0.1", "--port", str(self.port), *args,
                *device]
         self.proc = subprocess.Popen(cmd, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
@@ -117,7 +131,8 @@ def tok():
     from llmrs.engine.loader import resolve
     from llmrs.engine.tokenizer import Tokenizer
 
-    return Tokenizer.from_gguf(resolve(MODEL).gguf)
+    src = resolve(MODEL)
+    return Tokenizer.from_gguf(src.gguf) if src.gguf is not None else Tokenizer.from_hf_dir(src.path)
 
 
 class _StreamInThread(threading.Thread):
@@ -164,7 +179,7 @@ def wait_for(cond, timeout: float = 10.0) -> bool:
 def test_models_lists_the_served_name_with_its_context(server):
     models = server.client().models.list().data
     assert [m.id for m in models] == [MODEL]
-    assert models[0].owned_by == "llmrs" and models[0].model_extra["max_model_len"] == 8192
+    assert models[0].owned_by == "llmrs" and models[0].model_extra["max_model_len"] == MAX_LEN
 
 
 def test_completion_usage_equals_the_tokenizers_counts(server, tok):
@@ -275,7 +290,7 @@ def test_prompt_forms_lists_token_ids_and_echo(server, tok):
 def test_tokenize_and_detokenize_roundtrip(server, tok):
     text = "Hello world, café 🙂"
     r = post(server, "/tokenize", {"model": MODEL, "prompt": text}).json()
-    assert r == {"count": len(tok.encode(text)), "max_model_len": 8192, "tokens": tok.encode(text)}
+    assert r == {"count": len(tok.encode(text)), "max_model_len": MAX_LEN, "tokens": tok.encode(text)}
     assert post(server, "/detokenize", {"model": MODEL, "tokens": r["tokens"]}).json() == {"prompt": text}
     msgs = [{"role": "user", "content": "hi"}]
     assert post(server, "/tokenize", {"messages": msgs}).json()["tokens"] == tok.encode_chat(msgs)
@@ -305,7 +320,7 @@ def test_sixteen_concurrent_streams_equal_one_at_a_time(server):
 
 # ---------------------------------------------------------------------- disconnects free the blocks
 def test_client_disconnect_aborts_and_frees_kv_blocks(server):
-    before = server.metrics().get('llmrs:request_success_total{finished_reason="abort",model_name="smollm2-135m"}', 0)
+    before = server.metrics().get(ABORTS, 0)
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60, trust_env=False) as r:
         got, lines = [], r.iter_lines()  # NOTE: keep `lines` referenced: a dropped iterator closes the stream
@@ -321,7 +336,7 @@ def test_client_disconnect_aborts_and_frees_kv_blocks(server):
     m = server.metrics()
     assert m["llmrs:num_requests_running"] == 0
     assert m["llmrs:kv_cache_free_blocks"] == m["llmrs:kv_cache_num_blocks"]
-    assert m['llmrs:request_success_total{finished_reason="abort",model_name="smollm2-135m"}'] == before + 1
+    assert m[ABORTS] == before + 1
     # a non-streamed request whose client gives up is aborted too
     with pytest.raises(httpx.ReadTimeout):
         # 3000 tokens take far longer than the client waits, on the CPU (~30 ms/token) and on a GPU (~5 ms/token)
@@ -378,8 +393,8 @@ def test_malformed_json_and_non_object_bodies_are_400s(server):
 
 def test_prompt_plus_max_tokens_over_the_context_is_a_400(server):
     with pytest.raises(openai.BadRequestError) as e:
-        server.client().completions.create(model=MODEL, prompt="hello", max_tokens=8192)
-    assert "context" in e.value.message and "8192" in e.value.message
+        server.client().completions.create(model=MODEL, prompt="hello", max_tokens=MAX_LEN)
+    assert "context" in e.value.message and str(MAX_LEN) in e.value.message
 
 
 def test_unknown_model_is_a_404(server):

@@ -1,12 +1,15 @@
 """Tensor parallelism over NCCL on real GPUs (llmrs/engine/tp_nccl.py).
 
-STATUS: WRITTEN, NOT YET RUN: no multi-GPU machine was available when these were written. They skip unless
-CuPy sees at least 2 GPUs (4-rank cases skip below 4). What they pin:
+They skip unless CuPy sees at least 2 GPUs (4-rank cases skip below 4). What they pin:
 - NCCL itself through our communicator: all_reduce sums, all_gather stacks in rank order (2 processes);
-- a tiny Llama and a tiny Qwen2 at TP=2 (and 4): logits close to the single-GPU engine's, greedy tokens equal;
+- a tiny Llama and a tiny Qwen2 at TP=2 (and 4): logits close to the single-GPU engine's, greedy tokens equal,
+  decode steps replayed from CUDA graphs with the NCCL calls captured in them;
 - the engine (scheduler, one block pool in rank 0, batched chunked prefill + decode) at TP=2: same tokens;
 - synthetic Qwen2.5-7B at TP=2 (and 4): the same random weights as TP=1 (synthetic_shard), greedy tokens equal;
-- `llmrs serve --tensor-parallel-size 2` answers a chat completion through the official client.
+- `llmrs serve --tensor-parallel-size 2` answers a chat completion through the official client;
+- `llmrs profile` at TP=2 times the collectives as "communication".
+The whole server suite also runs at TP=2: LLMRS_TEST_TP=2 LLMRS_TEST_MODEL=<synth qwen2.5-0.5b dir> pytest
+tests/test_server.py (scripts/gpu_check.sh).
 Run: PYTHONPATH=. python -m pytest tests/test_tp_gpu.py -q -s   (NCCL_NVLS_ENABLE=0 is set by the code too)
 """
 
@@ -100,12 +103,16 @@ def test_tiny_model_tp_logits_close_and_greedy_tokens_equal_single_gpu(tiny, arc
     tp = NcclTPRunner(load(path), path, n, block_size=BS, num_blocks=32)
     try:
         got_logits, got = tp.execute(batch), _tokens(tp, prompt)
+        graphs = tp.backend.graphs
+        replays = 0 if graphs is None else graphs.replays
     finally:
         tp.shutdown()
     err = rel_err(got_logits, want_logits)
     report(f"tp{n}_{arch}_logits_rel_err", err)
     assert err < 1e-2
     assert got == want
+    if os.environ.get("LLMRS_CUDA_GRAPHS", "1") != "0":
+        assert replays >= 20  # the decode steps (all-reduces and the logits all-gather inside) ran as graphs
 
 
 def test_engine_at_tp2_batches_chunked_prefill_and_decode_like_one_gpu(tiny):
@@ -150,7 +157,8 @@ def test_serve_with_tp2_answers_a_chat_completion(tiny):
     from llmrs.bench.server import free_port
 
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **MULTICAST_OFF}
+    env = {**os.environ, **MULTICAST_OFF,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.Popen([sys.executable, "-m", "llmrs", "serve", str(tiny["qwen2"]), "--port", str(port),
                              "--tensor-parallel-size", "2", "--kv-cache-tokens", "2048"], env=env)
     try:
@@ -171,3 +179,18 @@ def test_serve_with_tp2_answers_a_chat_completion(tiny):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def test_profile_at_tp2_times_the_collectives_as_communication(tiny):
+    from llmrs import profile as prof
+
+    profiles, meta = prof.run_profile(str(tiny["llama"]), [1, 8], context=40, prefill_len=30, steps=3, gpu="auto",
+                                      tp=2)
+    assert meta["tensor_parallel"] == 2 and meta["link_gbs"] > 0
+    for p in profiles:
+        names = {k.kernel for k in p.kernels}
+        assert "allreduce all_reduce" in names and p.categories["communication"] > 0
+        ar = next(k for k in p.kernels if k.kernel == "allreduce all_reduce")
+        assert ar.calls == 1 + 2 * 3  # the embeddings, then o_proj and down_proj of each of the 3 layers
+        assert ar.bound == "link"
+    assert "allgather all_gather" in {k.kernel for k in profiles[0].kernels}

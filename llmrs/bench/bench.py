@@ -65,6 +65,7 @@ class BenchOptions:
     out_dir: Path = Path("bench-results")
     name: str | None = None
     command: str = ""
+    serve_args: tuple[str, ...] = ()  # more `llmrs serve` options for the server this bench starts itself
 
 
 def parse_sweep(text: str | None) -> tuple[str, list[float]] | None:
@@ -110,7 +111,7 @@ def server_context(o: BenchOptions, console: Console):
     if o.url and not o.server_cmd:
         yield o.url.rstrip("/"), {"managed": False}
         return
-    cmd = o.server_cmd or llmrs_serve_argv(o.model)
+    cmd = o.server_cmd or llmrs_serve_argv(o.model, o.serve_args)
     log = o.out_dir / f"{o.name or 'server'}.server.log"
     srv = ManagedServer.from_command(cmd, log, o.server_timeout)
     if o.url:

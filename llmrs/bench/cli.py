@@ -81,6 +81,8 @@ def bench(
     out_dir: Path = typer.Option(Path("bench-results"), "--out-dir", "-o", help="Where results JSON and CSVs go."),
     name: str = typer.Option(None, help="Results file stem [default: LABEL-YYYYmmdd-HHMMSS]."),
     report: Path = typer.Option(None, "--report", help="Also write a report (markdown + PNGs) of this run into this directory."),
+    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="Without --url/--server-cmd: start `llmrs serve` on this many GPUs (tensor parallelism over NCCL)."),
+    serve_args: str = typer.Option(None, "--serve-args", help="Without --url/--server-cmd: more options for the `llmrs serve` this bench starts, e.g. \"--max-num-seqs 256 --gpu-memory-utilization 0.85\"."),
 ) -> None:
     """Load-test an OpenAI-compatible server (ours, vLLM, SGLang, llama.cpp, ...): TTFT, TPOT, ITL, E2E, throughput, goodput."""
     from llmrs.bench.bench import BenchOptions, parse_sweep, run_bench
@@ -89,6 +91,14 @@ def bench(
 
     if url and not url.startswith(("http://", "https://")):
         raise UserError(f"--url {url!r}: expected http://HOST:PORT")
+    if (url or server_cmd) and (tensor_parallel_size != 1 or serve_args):
+        raise UserError("--tensor-parallel-size and --serve-args apply to the `llmrs serve` bench starts itself; "
+                        "with --url or --server-cmd, give them to your server")
+    if tensor_parallel_size < 1:
+        raise UserError(f"--tensor-parallel-size must be at least 1 (got {tensor_parallel_size})")
+    extra = shlex.split(serve_args or "")
+    if tensor_parallel_size != 1:
+        extra += ["--tensor-parallel-size", str(tensor_parallel_size)]
     try:
         slo_ms = parse_slo(slo)
     except ValueError as e:
@@ -106,7 +116,7 @@ def bench(
         sweep=parse_sweep(sweep), warmup=warmup, timeout=timeout, api_key=api_key, label=label, workers=workers,
         slo=slo_ms, percentiles=_percentiles(percentiles), tokenizer=tokenizer, ignore_eos=ignore_eos,
         temperature=temperature, endpoint=endpoint, out_dir=out_dir, name=name,
-        command=shlex.join(["llmrs", *sys.argv[1:]]),
+        command=shlex.join(["llmrs", *sys.argv[1:]]), serve_args=tuple(extra),
     )
     if burstiness <= 0 or not math.isfinite(burstiness):
         raise UserError("--burstiness must be a positive number")

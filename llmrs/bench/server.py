@@ -32,9 +32,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def llmrs_serve_argv(model: str | None) -> list[str]:
-    """The command for our own server; `{port}` is filled in at start."""
-    return [sys.executable, "-m", "llmrs", "serve", *([model] if model else []), "--host", "127.0.0.1", "--port", "{port}"]
+def llmrs_serve_argv(model: str | None, extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The command for our own server (`extra`: more `llmrs serve` options); `{port}` is filled in at start."""
+    return [sys.executable, "-m", "llmrs", "serve", *([model] if model else []), *extra, "--host", "127.0.0.1",
+            "--port", "{port}"]
 
 
 def _port_of(argv: list[str]) -> int:

@@ -259,7 +259,9 @@ class SimCommunicator:
 class TPShardModel(Model):
     """One rank's shard of the decoder: `Model.forward` with the collectives where the sharding needs them.
 
-    Runs on any backend through the Backend protocol (its op-by-op methods, not the CUDA fused step)."""
+    Runs on any backend through the Backend protocol (its op-by-op methods): the CPU simulation's path. On GPUs
+    each rank runs the fused CUDA step instead (CUDABackend with `tp=`, llmrs/engine/tp_nccl.py), the same
+    collectives at the same points."""
 
     def __init__(self, plan: ShardPlan, rank: int, weights: ModelWeights, backend: Backend):
         super().__init__(plan.rank_config(rank), weights, backend)

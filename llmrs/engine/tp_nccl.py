@@ -1,15 +1,14 @@
 """Tensor parallelism over NCCL: one process per GPU, rank 0 in the engine's own process.
 
-STATUS: WRITTEN, NOT YET RUN. No multi-GPU machine was available when this was written; the sharding and the
-per-rank forward it runs (`llmrs.engine.tp`) are checked on the CPU (tests/test_tp.py), this file's processes,
-NCCL calls and GPU memory sizing are not. tests/test_tp_gpu.py is what the first multi-GPU run must pass.
+Ran on 2 H200s (nvidia-h200-x2): tests/test_tp_gpu.py and the server suite at TP=2 (scripts/gpu_check.sh).
 
 Layout:
 - rank 0 is the calling process (the engine: scheduler, one block pool, sampler) on GPU 0; ranks 1..N-1 are
   `multiprocessing` "spawn" workers, rank r on GPU r. Each step rank 0 sends the StepBatch (plain numpy arrays)
-  down a pipe to every worker, then every rank runs `TPShardModel.forward_tp` on its CUDABackend; the
-  collectives in it are NCCL's, on the current CuPy stream (the one the backend launches on). Every rank ends
-  the step with the full logits; rank 0 samples them on its GPU, workers drop them.
+  down a pipe to every worker, then every rank runs its shard; the collectives are NCCL's, on the current CuPy
+  stream (the one the backend launches on). Every rank runs the fused CUDA step (`CUDABackend(..., tp=TPRank)`, cuda.py): decode steps replay CUDA graphs per batch
+  bucket with the all-reduces and the logits all-gather captured inside, exactly as on one GPU. Every rank
+  ends the step with the full logits; rank 0 samples them on its GPU, workers drop them.
 - start-up, over the pipes: workers say "ready" (CuPy imported, device selected) -> every rank creates its
   NCCL communicator (ncclCommInitRank, unique id made by rank 0) -> every rank loads the model and says how
   many KV blocks fit beside its shard -> rank 0 takes the minimum (the block pool is one) -> every rank builds
@@ -18,10 +17,11 @@ Layout:
 - NVLink multicast (NVLS) stays off in every process: `MULTICAST_OFF` is set in os.environ before CuPy / NCCL
   load, in rank 0 and in each worker (a spawned child also inherits it).
 
-Not done yet (later work): the fused CUDA step and CUDA graphs (ranks run the Backend protocol op by op);
-all-reduce in bf16 (activations are f32 here: twice the bytes of the roofline's bf16 figure); loading a real
-checkpoint shard by shard (each process reads every tensor as f32 on the host first, so a 70B checkpoint
-needs ~280 GB of host memory per process; synthetic models draw only their shard's share on each GPU).
+Not done yet (later work): all-reduce in bf16 (activations are f32 here: twice the bytes of the roofline's bf16
+figure; at decode the payload is a few KB and latency-bound); loading a real checkpoint shard by shard (each
+process reads every tensor as f32 on the host first, so a 70B checkpoint needs ~280 GB of host memory per
+process; synthetic models draw only their shard's share on each GPU); the step's broadcast is a pickle down
+a pipe per worker (a few KB, ~50-100 us of host time per step).
 """
 
 from __future__ import annotations
@@ -29,12 +29,14 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import traceback
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from llmrs.engine.batch import StepBatch
-from llmrs.engine.tp import ShardPlan, TPShardModel, shard_tensors
+from llmrs.engine.backends.cuda import CUDAModel
+from llmrs.engine.tp import ShardPlan, shard_tensors
 from llmrs.errors import UserError
 
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -96,10 +98,13 @@ class NcclCommunicator:
         return x
 
     def all_gather(self, x: Any) -> Any:
-        cp, nccl = self.cp, self.nccl
-        x = cp.ascontiguousarray(x, dtype=cp.float32)
-        out = cp.empty((self.world_size, *x.shape), dtype=cp.float32)
-        self.comm.allGather(x.data.ptr, out.data.ptr, x.size, nccl.NCCL_FLOAT32, self._stream())
+        x = self.cp.ascontiguousarray(x, dtype=self.cp.float32)
+        return self.all_gather_into(x, self.cp.empty((self.world_size, *x.shape), dtype=self.cp.float32))
+
+    def all_gather_into(self, x: Any, out: Any) -> Any:
+        """out [world_size, *x.shape] (contiguous f32, preallocated: what a CUDA graph captures) <- every rank's x."""
+        assert x.flags.c_contiguous and out.flags.c_contiguous and out.size == x.size * self.world_size
+        self.comm.allGather(x.data.ptr, out.data.ptr, x.size, self.nccl.NCCL_FLOAT32, self._stream())
         return out
 
     def destroy(self) -> None:
@@ -114,6 +119,24 @@ def new_unique_id() -> Any:
 
 
 # ---------------------------------------------------------------------------------------------- one rank
+@dataclass(frozen=True, slots=True)
+class TPRank:
+    """What a CUDABackend on a tensor-parallel rank needs (`CUDABackend(..., tp=TPRank(...))`): its fused step
+    then embeds its vocabulary slice, all-reduces the embeddings and every o_proj / down_proj partial sum, and
+    all-gathers the logits slices into the full vocabulary (cuda.py, `_forward_device`)."""
+
+    comm: Any  # NcclCommunicator
+    rank: int
+    world_size: int
+    vocab_range: tuple[int, int]  # (first token id, real rows) of the rank's embedding / lm_head slice
+    vocab_size: int  # the whole model's (the gathered logits are cut to it)
+
+    @classmethod
+    def of(cls, plan: ShardPlan, rank: int, comm: Any) -> "TPRank":
+        s, e = plan.vocab_range(rank)
+        return cls(comm, rank, plan.world_size, (s, e - s), plan.config.vocab_size)
+
+
 class _Rank:
     """What every rank does at start-up, in the order the module doc gives; rank 0 and workers share it."""
 
@@ -124,7 +147,7 @@ class _Rank:
         self.cp, self.rank, self.world_size = cp, rank, world_size
         cp.cuda.Device(rank).use()
         self.comm: NcclCommunicator | None = None
-        self.model: TPShardModel | None = None
+        self.model: CUDAModel | None = None
 
     def connect(self, unique_id: Any) -> None:
         self.comm = NcclCommunicator(self.rank, self.world_size, unique_id)
@@ -151,17 +174,19 @@ class _Rank:
         if num_blocks < 1:
             raise UserError(f"rank {self.rank}: no room for a KV cache beside its weight shard")
         rc = self.rank_config
-        backend = CUDABackend(rc, num_blocks=num_blocks, block_size=block_size)
+        backend = CUDABackend(rc, num_blocks=num_blocks, block_size=block_size,
+                              tp=TPRank.of(self.plan, self.rank, self.comm))
         if self.loaded.tensors is None:
             weights = synthetic_shard(self.plan, self.rank, backend)
         else:
             weights = build_weights(rc, shard_tensors(self.plan, self.loaded.tensors, self.rank), backend)
             self.loaded.tensors = None  # the host copy is no longer needed (rank 0's LoadedModel too)
-        self.model = TPShardModel(self.plan, self.rank, weights, backend)
+        self.model = CUDAModel(rc, weights, backend)
 
     def step(self, batch: StepBatch) -> Any:
+        """The fused step (CUDA graphs for decode, NCCL calls captured in them): full logits on the GPU, every rank."""
         assert self.model is not None and self.comm is not None
-        return self.model.forward_tp(batch, self.comm)
+        return self.model.forward_device(batch)
 
 
 def synthetic_shard(plan: ShardPlan, rank: int, backend: Any, seed: int = 0) -> Any:
@@ -307,17 +332,18 @@ class NcclTPRunner:
             if not p.is_alive():
                 raise RuntimeError(f"tensor-parallel rank {rank} died (exit code {p.exitcode})")
 
-    def _forward(self, batch: StepBatch) -> Any:
+    def forward_device(self, batch: StepBatch) -> Any:
+        """Broadcast the step, run rank 0's share: the full logits [S, vocab] on GPU 0."""
         self._check_workers()
         for c in self.conns:  # the broadcast of the step (pickled numpy arrays: a few KB)
             c.send(("step", batch))
         return self.rank0.step(batch)
 
     def execute(self, batch: StepBatch) -> np.ndarray:
-        return self.rank0.cp.asnumpy(self._forward(batch)).astype(np.float32, copy=False)
+        return self.rank0.cp.asnumpy(self.forward_device(batch)).astype(np.float32, copy=False)
 
     def execute_and_sample(self, batch: StepBatch, states: list) -> list:
-        return self.backend.sample(self._forward(batch), states)
+        return self.backend.sample(self.forward_device(batch), states)
 
     def shutdown(self) -> None:
         for c in self.conns:

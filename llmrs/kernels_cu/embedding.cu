@@ -1,11 +1,18 @@
-// embedding.cu: out[t, :] = float(table[ids[t], :])  (bf16 table [V, H] -> f32 rows [T, H]).
+// embedding.cu: out[t, :] = float(table[ids[t] - start, :]) for ids in [start, start + rows), zeros otherwise
+// (bf16 table [rows, H] -> f32 rows [T, H]). One GPU passes start 0 and rows = vocab; a tensor-parallel rank
+// holds the vocabulary slice [start, start + rows) and the all-reduce after it sums the ranks' rows.
 // One block per token; threads stride over the row (the gather reads one row per token: tiny traffic).
 #include "common.cuh"
 
 extern "C" __global__ void embedding_gather(const bf16_t* __restrict__ table, const int* __restrict__ ids,
-                                            float* __restrict__ out, int H) {
+                                            float* __restrict__ out, int H, int start, int rows) {
     const int t = blockIdx.x;
-    const bf16_t* row = table + (size_t)ids[t] * H;
+    const int local = ids[t] - start;
     float* o = out + (size_t)t * H;
+    if (local < 0 || local >= rows) {
+        for (int i = threadIdx.x; i < H; i += blockDim.x) o[i] = 0.0f;
+        return;
+    }
+    const bf16_t* row = table + (size_t)local * H;
     for (int i = threadIdx.x; i < H; i += blockDim.x) o[i] = bf16_to_f32(row[i]);
 }

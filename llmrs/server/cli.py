@@ -94,7 +94,7 @@ def serve(
     shutdown_timeout: float = typer.Option(5.0, "--shutdown-timeout", help="Seconds in-flight requests get to finish after Ctrl-C / SIGTERM before they are aborted."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level: critical, error, warning, info, debug."),
     access_log: bool = typer.Option(True, "--access-log/--no-access-log", help="Log one line per HTTP request."),
-    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="GPUs to split the model across (tensor parallelism over NCCL, one process per GPU; must divide the KV heads). NOTE: the multi-GPU path has not run on GPUs yet."),
+    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="GPUs to split the model across (tensor parallelism over NCCL, one process per GPU; must divide the KV heads)."),
     dequantize: bool = typer.Option(True, "--dequantize/--keep-quantized", help="--dequantize (default): quantized weights (AWQ, GGUF Q4_0/Q4_1/Q8_0) become bf16 at load. --keep-quantized: they stay packed on the GPU for the 4-bit matvec (opt-in until a quantized GEMM exists: batched and single-sequence greedy outputs can differ at near ties)."),
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API (continuous batching, paged KV cache, prefix caching)."""

@@ -116,7 +116,7 @@ class CUDABackend:
     name = "cuda"
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, matvec_max_tokens: int = 8,
-                 cuda_graphs: bool | None = None):
+                 cuda_graphs: bool | None = None, tp: Any = None):
         cp = _import_cupy()
         from cupy_backends.cuda.libs import cublas
 
@@ -134,6 +134,7 @@ class CUDABackend:
             raise UserError(f"head_dim {D} is odd; rotary embedding needs pairs")
         self.cp, self.cublas = cp, cublas
         self.config = c
+        self.tp = tp  # a TPRank (llmrs.engine.tp_nccl) on a tensor-parallel rank: `config` is then its shard's
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.matvec_max_tokens = matvec_max_tokens
@@ -412,31 +413,87 @@ class CUDABackend:
         att = self._buf("att", (T, Hq * D))
         gu = self._buf("gu", (T, 2 * I))
         act = self._buf("act", (T, I))
+        tp = self.tp
+        start, rows = (0, c.vocab_size) if tp is None else tp.vocab_range
         with self._span("embedding", "embedding_gather", T, H):
-            k.embedding_gather((T,), (256,), (w.embed, db.token_ids, x, np.int32(H)))
+            k.embedding_gather((T,), (256,), (w.embed, db.token_ids, x, np.int32(H), np.int32(start), np.int32(rows)))
+        if tp is not None:
+            self._all_reduce(x)  # every rank embedded the tokens of its vocabulary slice, zeros for the rest
+        # tensor parallel: o and down write the rank's partial sum into `part`, summed over the ranks in place
+        # (NCCL, on this stream), then added to the residual by the RMSNorm that follows (add_rms_norm)
+        part = self._buf("tp_part", (T, H)) if tp is not None else None
+        pending = False  # `part` holds a reduced down_proj output not yet added to x
         rope_threads = min(1024, max(32, -(-(Hq + Hkv) * D // 2 // 32) * 32))
         for n, layer in enumerate(w.layers):
-            self._rms_norm(x, layer.input_norm, eps, h)
+            if pending:
+                self._add_rms_norm(x, part, layer.input_norm, eps, h)
+            else:
+                self._rms_norm(x, layer.input_norm, eps, h)
             self._linear(h, layer.qkv, layer.qkv_bias, qkv, name="qkv")
             with self._span("rope_kv", "rope_write_kv", T, Hq, Hkv, D):
                 k.rope_write_kv((T,), (rope_threads,),
                                 (qkv, db.positions, self.inv_freq, db.slots, self.k_cache[n], self.v_cache[n],
                                  np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(self.block_size)))
             self._attention(n, qkv, n_qkv, db, att)
-            self._linear(att, layer.o, None, x, accumulate=True, name="o")
-            self._rms_norm(x, layer.post_norm, eps, h)
+            if tp is None:
+                self._linear(att, layer.o, None, x, accumulate=True, name="o")
+                self._rms_norm(x, layer.post_norm, eps, h)
+            else:
+                self._linear(att, layer.o, None, part, name="o")
+                self._all_reduce(part)
+                self._add_rms_norm(x, part, layer.post_norm, eps, h)
             self._linear(h, layer.gate_up, None, gu, name="gate_up")
             n_el = T * I
             with self._span("silu_mul", "silu_mul", T, I):
                 k.silu_mul((min(65535, -(-n_el // 256)),), (256,), (gu, act, np.int32(T), np.int32(I)))
-            self._linear(act, layer.down, None, x, accumulate=True, name="down")
+            if tp is None:
+                self._linear(act, layer.down, None, x, accumulate=True, name="down")
+            else:
+                self._linear(act, layer.down, None, part, name="down")
+                self._all_reduce(part)
+                pending = True
+        if pending:
+            with self._span("add", "add_inplace", T * H):
+                k.add_inplace((min(65535, -(-T * H // 256)),), (256,), (x, part, np.int64(T * H)))
         hs = self._buf("h_final", (S, H))
         if S:
             self._rms_norm(x, w.norm, eps, hs, rows=db.sample_rows, n_rows=S)
         logits = self._buf("logits", (S, c.vocab_size))
         if S:
             self._linear(hs, w.lm_head, None, logits, name="lm_head")
+        if tp is not None:  # every rank computed its vocabulary slice: gather them, rank order = vocabulary order
+            return self._gather_logits(logits, S)
         return logits
+
+    # ------------------------------------------------------------------ tensor parallel
+    def _all_reduce(self, x: Any) -> None:
+        """Sum `x` (contiguous f32) over the tensor-parallel ranks, in place, on the current stream."""
+        n = self.tp.world_size
+        with self._span("allreduce", "all_reduce", x.size * 4, n):
+            self.tp.comm.all_reduce(x)
+
+    def _add_rms_norm(self, x: Any, y: Any, w: Any, eps: float, out: Any) -> None:
+        """x += y (the residual), out = rms_norm(x): one launch."""
+        T, H = x.shape
+        with self._span("rms_norm", "add_rms_norm", T, H):
+            self.k.add_rms_norm((T,), (min(1024, max(32, -(-H // 32) * 32)),), (x, y, w, out, np.int32(H),
+                                                                                 np.float32(eps)))
+
+    def _gather_logits(self, part: Any, S: int) -> Any:
+        """[S, vocab] logits (a view of a workspace buffer) from every rank's [S, vocab_shard] slice."""
+        tp, cp = self.tp, self.cp
+        N, Vs = tp.world_size, part.shape[1]
+        full = self._buf("tp_logits_ranks", (N, S, Vs))
+        if S:
+            with self._span("allgather", "all_gather", part.size * 4, N):
+                tp.comm.all_gather_into(part, full)
+        if S <= 1:
+            flat = full.reshape(S, N * Vs)  # [N, 1, Vs] is already [1, N * Vs] in vocabulary order
+        else:
+            flat = self._buf("tp_logits", (S, N * Vs))
+            with self._span("copy", "logits_transpose", S * N * Vs):
+                cp.copyto(flat.reshape(S, N, Vs), full.transpose(1, 0, 2))
+        return flat[:, : tp.vocab_size]
 
     # ------------------------------------------------------------------ sampling
     def sample(self, logits: Any, states: list) -> list:
@@ -485,7 +542,8 @@ class CUDABackend:
         ids = cp.asarray(np.asarray(token_ids, dtype=np.int32)) if isinstance(token_ids, np.ndarray) else token_ids
         T, H = int(ids.shape[0]), table.shape[1]
         out = cp.empty((T, H), dtype=cp.float32)
-        self.k.embedding_gather((T,), (256,), (table, ids.astype(cp.int32), out, np.int32(H)))
+        self.k.embedding_gather((T,), (256,), (table, ids.astype(cp.int32), out, np.int32(H), np.int32(0),
+                                               np.int32(table.shape[0])))
         return out
 
     def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:

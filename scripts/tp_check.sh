@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Tensor parallelism on a multi-GPU machine (nvidia-h200-x2 here): the TP tests, the whole server suite at
+# TP=2, then (unless SKIP_BENCH=1) the synthetic Qwen2.5-72B figures: roofline --tp 2, profile, bench at 1 / 64 /
+# 256 concurrent. Results land in $OUT. Expects wheels of what the machine lacks in .whl/.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/llmrs-tp-out}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=$PWD:/tmp/site
+else
+  export PYTHONPATH=$PWD
+fi
+step() { echo; echo "=== $1 ($(date +%T))"; }
+TP=${TP:-2}
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  step "GPUs"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvidia-smi topo -m | head -5
+  step "TP tests"; LLMRS_GPU_REPORT=$OUT/tp_figures.jsonl timeout ${TP_TEST_TIMEOUT:-300} python3 -m pytest -x -v \
+    -p no:cacheprovider --durations=0 -o faulthandler_timeout=200 tests/test_tp_gpu.py 2>&1 | tee "$OUT/tp_tests.log" \
+    | grep -E "PASS|FAIL|ERROR|Error|error|passed|failed|slowest|s call|Timeout|File " | head -60
+  step "server suite at TP=$TP (synthetic qwen2.5-0.5b checkpoint: 2 KV heads)"
+  timeout 120 python3 -m llmrs synth --like qwen2.5-0.5b --out /tmp/q05 >/dev/null
+  LLMRS_TEST_DEVICE=cuda LLMRS_TEST_TP=$TP LLMRS_TEST_MODEL=/tmp/q05 timeout ${SERVER_TIMEOUT:-240} python3 -m pytest -q \
+    -p no:cacheprovider -x tests/test_server.py 2>&1 | tee "$OUT/server_tp_tests.log" | tail -15
+fi
+[ "${SKIP_BENCH:-0}" = 1 ] && exit 0
+M=${M:-qwen2.5-72b}
+step "roofline $M --tp $TP"; python3 -m llmrs roofline $M --gpu h200 --tp $TP --batch 1,64,256 --context 512 2>&1 | tail -20
+step "profile $M TP=$TP"; timeout 300 python3 -m llmrs profile --synthetic $M --tensor-parallel-size $TP --batch 1,64 \
+  --context 512 --steps 5 -o "$OUT/profile-$M-tp$TP.json" 2>&1 | tee "$OUT/profile-$M-tp$TP.txt" | head -40
+step "bench $M TP=$TP: 1, 64, 256 concurrent (prompt 256, 256 new tokens)"
+timeout ${BENCH_TIMEOUT:-420} python3 -m llmrs bench -m synthetic:$M --tensor-parallel-size $TP \
+  --serve-args "--device cuda --max-num-seqs 256" --sweep concurrency=1,64,256 -n 256 --input-len 256 --output-len 256 \
+  --ignore-eos --workers 8 --label llmrs-h200x$TP-$M -o "$OUT" --name bench-$M-tp$TP 2>&1 | tail -25
