@@ -309,3 +309,53 @@ class DeviceQuantWeight(_QuantLayout):
     scales: Any
     zeros: Any | None
 
+
+
+# ---------------------------------------------------------------------- Marlin-style GEMM layout (gemm_q4.cu)
+# qweight uint32 [N/32, K/32, 32 lanes, 4 words]: lane L (g = L // 4, t = L % 4) of the 32 x 32 tile (nb, kb)
+# holds in word i, nibble j the code of W[n, k] with n = 32 nb + 8 i + g and
+# k = 32 kb + 16 (j >> 2) + 8 ((j >> 1) & 1) + 2 t + (j & 1): its mma.m16n8k16 B fragments (b0 = nibbles 0, 1;
+# b1 = 2, 3 of the first k16 step, 4..7 the second) for four n8 tiles, in one 16-byte load.
+# Written with `xp` (numpy or cupy): the backend reorders on the GPU, the tests on the CPU.
+_MARLIN_FWD = (0, 3, 2, 6, 1, 4, 5, 7)  # (nb, i, g, kb, a, b, t, c) -> (nb, kb, g, t, i, a, b, c), j = 4a + 2b + c
+_MARLIN_INV = (0, 4, 2, 1, 5, 6, 3, 7)
+FP16_EIGHT = 0x4800  # fp16 8.0: Q4_0's implicit zero point
+
+
+def marlin_reorder(qweight: Any, xp: Any = np) -> Any:
+    """Row form uint32 [N, K/8] (natural nibble order) -> Marlin form uint32 [N/32, K/32, 32, 4]. N, K % 32 == 0."""
+    N, K = qweight.shape[0], qweight.shape[1] * 8
+    assert N % 32 == 0 and K % 32 == 0, (N, K)
+    codes = xp.empty((N, K // 8, 8), dtype=xp.uint8)
+    for j in range(8):  # nibble by nibble: temporaries of 4 bytes per 8 codes, not per code
+        codes[:, :, j] = ((qweight >> np.uint32(4 * j)) & np.uint32(0xF)).astype(xp.uint8)
+    tiles = xp.ascontiguousarray(codes.reshape(N // 32, 4, 8, K // 32, 2, 2, 4, 2).transpose(_MARLIN_FWD))
+    tiles = tiles.reshape(-1, 8)
+    out = xp.zeros(tiles.shape[0], dtype=xp.uint32)
+    for j in range(8):
+        out |= tiles[:, j].astype(xp.uint32) << np.uint32(4 * j)
+    return out.reshape(N // 32, K // 32, 32, 4)
+
+
+def marlin_unreorder(packed: Any, xp: Any = np) -> Any:
+    """The inverse of marlin_reorder: uint32 [N/32, K/32, 32, 4] -> row form uint32 [N, K/8]."""
+    NB, KB = packed.shape[0], packed.shape[1]
+    flat = packed.reshape(-1)
+    tiles = xp.empty((flat.shape[0], 8), dtype=xp.uint8)
+    for j in range(8):
+        tiles[:, j] = ((flat >> np.uint32(4 * j)) & np.uint32(0xF)).astype(xp.uint8)
+    codes = xp.ascontiguousarray(tiles.reshape(NB, KB, 8, 4, 4, 2, 2, 2).transpose(_MARLIN_INV))
+    codes = codes.reshape(NB * 32, KB * 4, 8)
+    out = xp.zeros(codes.shape[:2], dtype=xp.uint32)
+    for j in range(8):
+        out |= codes[:, :, j].astype(xp.uint32) << np.uint32(4 * j)
+    return out
+
+
+def marlin_scales(scales: Any, zeros: Any | None, xp: Any = np) -> Any:
+    """fp16 scales [N, K/G] and zeros / mins [N, K/G] (raw fp16 words or float16; None: Q4_0, z = 8) ->
+    uint32 [K/G, N], s in the low half and z (or m) in the high half: one 4-byte word per group and column."""
+    s = xp.ascontiguousarray(scales).view(xp.uint16).astype(xp.uint32)
+    z = (xp.full(s.shape, FP16_EIGHT, dtype=xp.uint32) if zeros is None
+         else xp.ascontiguousarray(zeros).view(xp.uint16).astype(xp.uint32))
+    return xp.ascontiguousarray((s | (z << np.uint32(16))).T)

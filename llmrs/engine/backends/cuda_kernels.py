@@ -29,6 +29,7 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "attention.cu": ["attn_partial_d1", "attn_partial_d2", "attn_partial_d4", "attn_partial_d8", "attn_merge"],
     "prefill_attention.cu": ["prefill_attn_d64", "prefill_attn_d128"],
     "sampling.cu": ["sample_tokens"],
+    "gemm_q4.cu": [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4)] + ["gemm_q4_reduce"],
 }
 
 _lock = threading.Lock()

@@ -1,0 +1,119 @@
+"""The Marlin-style 4-bit GEMM (llmrs/kernels_cu/gemm_q4.cu) for the prefill / batched path of quantized linears.
+
+`to_marlin(backend, w)` reorders a DeviceQuantWeight once, on the GPU, into the kernel's layout (a MarlinWeight:
+one 16-byte load hands each thread its mma fragments; scales and zeros as one word per group and column);
+`gemm_q4(backend, x_bf16, mw, bias, out, accumulate)` runs out[T, N] (=|+=) x @ W^T (+ bias) from it, and
+`linear_q4` does the same from f32 x (cast into the backend's `gemm_x` buffer first, as the cuBLAS path does).
+
+The weights the kernel multiplies equal dequant_q4_bf16's bf16 values (see the top of gemm_q4.cu), so the
+result equals dequantize + cuBLAS up to the f32 accumulation order.
+
+Shapes: N % 64, K % 64, G % 32 and K % G (to_marlin returns None otherwise: keep dequantize + cuBLAS); any T.
+Tiles: 128 columns x 16 MT tokens per block (MT 1 up to 16 tokens, 2 up to 32, else 4); when those tiles fill
+less than the GPU, K is split over grid.z (f32 partials, reduced in a fixed order: deterministic).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from llmrs.engine.quant import DeviceQuantWeight, marlin_reorder, marlin_scales
+
+NULL = np.uint64(0)
+THREADS = 128
+BN = 128  # output columns per block
+BK = 64  # k per pipeline stage
+MIN_KT_PER_SPLIT = 8  # a K slice of at least 512 keeps the 3-4 stage pipeline worth filling
+MAX_SPLITS = 8
+
+
+@dataclass(slots=True)
+class MarlinWeight:
+    """A 4-bit weight [N, K] in gemm_q4.cu's layout: qweight uint32 [N/32, K/32, 32, 4] (quant.marlin_reorder),
+    sz uint32 [K/G, N] (quant.marlin_scales: fp16 s low, fp16 z or m high); mode 0 zero point, 1 min."""
+
+    N: int
+    K: int
+    group_size: int
+    mode: int
+    qweight: Any
+    sz: Any
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.qweight.nbytes + self.sz.nbytes)
+
+
+def supported(N: int, K: int, G: int) -> bool:
+    return N % 64 == 0 and K % BK == 0 and G % 32 == 0 and G > 0 and K % G == 0
+
+
+def to_marlin(backend: Any, w: DeviceQuantWeight) -> MarlinWeight | None:
+    """The GEMM layout of a 4-bit DeviceQuantWeight (reordered on the GPU; the row form stays for the matvec),
+    or None where the kernel does not apply (q8, or a shape outside `supported`)."""
+    if w.kind != "q4" or not supported(w.N, w.K, w.group_size):
+        return None
+    cp = backend.cp
+    return MarlinWeight(w.N, w.K, w.group_size, 1 if w.mode == "min" else 0, marlin_reorder(w.qweight, cp),
+                        marlin_scales(w.scales, w.zeros, cp))
+
+
+def tile_rows(T: int) -> int:
+    """MT: m16 tiles of tokens per block."""
+    return 1 if T <= 16 else 2 if T <= 32 else 4
+
+
+def choose_splits(backend: Any, T: int, N: int, K: int) -> int:
+    """Slices of K so that the grid reaches about one block per SM (1 when the tiles already do)."""
+    tiles = -(-N // BN) * -(-T // (16 * tile_rows(T)))
+    return max(1, min(backend.num_sms // tiles, (K // BK) // MIN_KT_PER_SPLIT, MAX_SPLITS))
+
+
+def gemm_q4(backend: Any, x_bf16: Any, mw: MarlinWeight | None, bias: Any | None, out: Any,
+            accumulate: bool = False, splits: int | None = None, name: str = "linear") -> bool:
+    """out[T, N] (=|+=) x_bf16[T, K] @ W^T (+ bias): x bf16 words (uint16) contiguous, out f32 [T, N] contiguous,
+    bias f32 [N] or None. False (nothing launched) where mw is None or the shapes do not match: fall back."""
+    if mw is None:
+        return False
+    T, K = x_bf16.shape
+    N = mw.N
+    if (K != mw.K or out.shape != (T, N) or x_bf16.dtype != np.uint16 or out.dtype != np.float32
+            or not x_bf16.flags.c_contiguous or not out.flags.c_contiguous or T < 1):
+        return False
+    mt = tile_rows(T)
+    KT = K // BK
+    S = choose_splits(backend, T, N, K) if splits is None else max(1, min(int(splits), KT))
+    per = -(-KT // S)
+    S = -(-KT // per)  # no empty slice
+    grid = (-(-N // BN), -(-T // (16 * mt)), S)
+    fn = backend.k.fns[f"gemm_{'q4m' if mw.mode else 'q4z'}_m{mt}"]
+    b = NULL if bias is None else bias
+    with backend._span("gemm_q4", name, T, N, K, accumulate, bias is not None):
+        if S == 1:
+            fn(grid, (THREADS,), (mw.qweight, mw.sz, x_bf16, b, out, NULL, np.int32(T), np.int32(N), np.int32(K),
+                                  np.int32(mw.group_size), np.int32(1 if accumulate else 0), np.int32(per)))
+        else:
+            part = backend._buf("gemm_q4_part", (S, T, N), np.float32)
+            fn(grid, (THREADS,), (mw.qweight, mw.sz, x_bf16, NULL, out, part, np.int32(T), np.int32(N),
+                                  np.int32(K), np.int32(mw.group_size), np.int32(0), np.int32(per)))
+            n = T * N
+            backend.k.fns["gemm_q4_reduce"]((min(65535, -(-n // 256)),), (256,),
+                                            (part, b, out, np.int32(T), np.int32(N), np.int32(S),
+                                             np.int32(1 if accumulate else 0)))
+    return True
+
+
+def linear_q4(backend: Any, x: Any, mw: MarlinWeight | None, bias: Any | None, out: Any, accumulate: bool = False,
+              name: str = "linear") -> bool:
+    """gemm_q4 from f32 x [T, K]: cast into the backend's `gemm_x` bf16 buffer, then the GEMM. False (nothing
+    launched) where the GEMM does not apply."""
+    if mw is None or x.shape[1] != mw.K:
+        return False
+    T, K = x.shape
+    xb = backend._buf("gemm_x", (T, K), np.uint16)
+    with backend._span("cast", "cast_bf16 " + name, T * K):
+        backend._cast_bf16(x, xb)
+    return gemm_q4(backend, xb, mw, bias, out, accumulate, name=name)

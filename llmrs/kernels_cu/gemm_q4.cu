@@ -1,0 +1,278 @@
+// gemm_q4.cu: the Marlin-style 4-bit GEMM of the prefill / batched path:
+//   out[T, N] (= or +=) x[T, K] @ W[N, K]^T (+ bias[N]),  x bf16 (the backend's `gemm_x` cast), out f32,
+//   W 4-bit with group size G along K: mode "zero" (AWQ, Q4_0 with z = 8) w = (q - z) * s, mode "min" (Q4_1)
+//   w = q * s + m. N % 32 == 0, K % 64 == 0, G % 32 == 0 (the host asks N % 64, K % 64 and falls back else).
+//
+// Layout (made once at load by llmrs.engine.quant.marlin_reorder, pinned by tests/test_quant_marlin.py):
+//   qweight uint32 [N/32][K/32][32 lanes][4 words]: the 16 bytes of lane L (g = L / 4, t = L % 4) for the
+//   32 x 32 tile (nb, kb) are exactly that lane's mma.m16n8k16 B fragments for two k16 steps and four n8 tiles:
+//   word i (n8 tile i), nibble j (bits 4j..4j+3) holds W[n, k] with
+//     n = 32 nb + 8 i + g,   k = 32 kb + 16 (j >> 2) + 8 ((j >> 1) & 1) + 2 t + (j & 1)
+//   so nibbles (0, 1) are b0 of k16 step 0 (low half, high half), (2, 3) its b1, (4..7) the same for step 1.
+//   sz uint32 [K/G][N]: fp16 s in the low half, fp16 z (or m; 8.0 for Q4_0) in the high half.
+//
+// Dequantization, bit-exact with dequant_q4_bf16 (f32 (q - z) * s or s * q + m, rounded once to bf16):
+//   a code at bits 12..15 of a word, OR-ed into the f32 0x45000000, is the float 2048 + q; at bits 16..19 into
+//   0x43000000, 128 + q (one lop3 each; four shifts per word place all eight codes there). Then
+//     zero: fma(2048 + q, s, -(2048 + z) s): both products are exact in f32 (<= 12-bit integer times an fp16),
+//           so the fma returns the exact (q - z) s, which dequant_q4_bf16 also gets exactly;
+//     min:  fma((2048 + q) - 2048, s, m): the subtraction and q * s are exact, one rounding, as fadd(fmul).
+//   cvt.rn.bf16x2.f32 rounds to nearest even as f32_to_bf16 does (finite values). NOTE: a zero weight of a
+//   negative scale is +0 here and -0 there: equal values, invisible in every product and sum.
+//   Per weight: ~0.5 shift + 1 lop3 + 1 fma (2 in min) + 0.5 cvt, amortized over MT m16 tiles of tokens.
+//
+// Work: 4 warps per block, 128 columns (32 per warp) x 16 MT token rows; each warp holds all MT m16 tiles of
+// its 32 columns (acc 16 MT floats), so each dequantized B fragment feeds MT mma. K is walked in 64-wide
+// stages (two 32-k sub-blocks, each inside one group) through a STAGES-deep cp.async ring in shared memory:
+// x rows (16-byte chunks XOR-swizzled by row, ldmatrix.x4 conflict-free; rows >= T zero-filled), the warps'
+// packed weights (lane L reads its 16 bytes at L: conflict-free), the scale rows of both sub-blocks.
+// Split-K (gridDim.z > 1): each slice writes f32 partials [z][T][N], gemm_q4_reduce sums them in a fixed
+// order and applies bias / accumulate (deterministic).
+//
+// Registers / spills: see `llmrs ptx-check llmrs/kernels_cu/gemm_q4.cu` (must be clean: no local memory).
+#include "common.cuh"
+
+#define GQ_THREADS 128
+#define GQ_BN 128  // output columns per block
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    unsigned r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+// 16 bytes global -> shared, asynchronously; bytes = 0 fills zeros (src must still be a valid address)
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned* a, unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float gq_f16_to_f32(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// (v & MASK) | EXPO as a float: the code at bits 12..15 (EXPO 0x45000000) is 2048 + q, at 16..19 (0x43000000) 128 + q
+template <unsigned MASK, unsigned EXPO>
+__device__ __forceinline__ float code_at(unsigned v) {
+    unsigned r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(v), "n"(MASK), "n"(EXPO));
+    return __uint_as_float(r);
+}
+
+__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+#define P12(v) code_at<0x0000F000u, 0x45000000u>(v)
+#define P16(v) code_at<0x000F0000u, 0x43000000u>(v)
+
+// The weight from its magic float x = OFF + q. MODE 0: c = -(OFF + z) s, fma exact. MODE 1: c = m.
+template <int MODE, int OFF>
+__device__ __forceinline__ float deq(float x, float s, float c) {
+    return MODE == 0 ? __fmaf_rn(x, s, c) : __fmaf_rn(x - (float)OFF, s, c);
+}
+
+// b0, b1 of k16 step KS of one packed word (see the layout at the top). c12 / c16: the MODE-0 constants of the
+// codes found at bits 12 / 16 (MODE 1: both m).
+template <int MODE, int KS>
+__device__ __forceinline__ void frag_b(unsigned w, float s, float c12, float c16, unsigned& b0, unsigned& b1) {
+    if (KS == 0) {
+        const unsigned w8 = w << 8, w12 = w << 12;
+        b0 = pack_bf16x2(deq<MODE, 2048>(P12(w12), s, c12), deq<MODE, 2048>(P12(w8), s, c12));  // nibbles 0, 1
+        b1 = pack_bf16x2(deq<MODE, 128>(P16(w8), s, c16), deq<MODE, 2048>(P12(w), s, c12));    // nibbles 2, 3
+    } else {
+        const unsigned w8 = w >> 8, w12 = w >> 12;
+        b0 = pack_bf16x2(deq<MODE, 128>(P16(w), s, c16), deq<MODE, 2048>(P12(w8), s, c12));    // nibbles 4, 5
+        b1 = pack_bf16x2(deq<MODE, 128>(P16(w8), s, c16), deq<MODE, 128>(P16(w12), s, c16));   // nibbles 6, 7
+    }
+}
+
+template <int MT>
+struct GemmQ4Smem {
+    static constexpr int STAGES = MT == 4 ? 3 : 4;  // 39 KB at MT 4, 36 KB at 2, 28 KB at 1 (static limit 48 KB)
+    uint4 a[STAGES][16 * MT * 8];                   // x rows: 8 chunks of 16 bytes (64 bf16), swizzled
+    uint4 b[STAGES][256];                           // [warp][kb][lane] packed weights
+    uint4 s[STAGES][64];                            // [kb][128 columns] scale words
+};
+
+template <int MT>
+__device__ __forceinline__ void load_stage(GemmQ4Smem<MT>& sm, int st, int kt, const uint4* __restrict__ Bq,
+                                           const uint4* __restrict__ SZ, const uint4* __restrict__ X, int T, int N,
+                                           int K, int G, int m0, int nblk) {
+    const int tid = threadIdx.x, K8 = K >> 3, KB = K >> 5, NB = N >> 5;
+#pragma unroll
+    for (int c = tid; c < 16 * MT * 8; c += GQ_THREADS) {
+        const int r = c >> 3, cc = c & 7, m = m0 + r;
+        const uint4* src = X + (size_t)(m < T ? m : 0) * K8 + kt * 8 + cc;
+        cp_async16(smem_u32(&sm.a[st][r * 8 + (cc ^ (r & 7))]), src, m < T ? 16 : 0);
+    }
+#pragma unroll
+    for (int c = tid; c < 256; c += GQ_THREADS) {
+        const int nb = nblk * 4 + (c >> 6), kb = (c >> 5) & 1;
+        if (nb < NB) cp_async16(smem_u32(&sm.b[st][c]), Bq + ((size_t)nb * KB + 2 * kt + kb) * 32 + (c & 31), 16);
+    }
+    if (tid < 64) {
+        const int kb = tid >> 5, col = nblk * GQ_BN + 4 * (tid & 31);
+        if (col < N) cp_async16(smem_u32(&sm.s[st][tid]), SZ + ((size_t)((64 * kt + 32 * kb) / G) * N + col) / 4, 16);
+    }
+}
+
+template <int MT, int MODE>
+__device__ __forceinline__ void compute_stage(const GemmQ4Smem<MT>& sm, int st, int warp, int lane,
+                                              float (&acc)[MT][4][4]) {
+    const unsigned* S = reinterpret_cast<const unsigned*>(sm.s[st]);
+    const unsigned a_base = smem_u32(sm.a[st]);
+#pragma unroll
+    for (int kb = 0; kb < 2; ++kb) {
+        const uint4 q = sm.b[st][(warp * 2 + kb) * 32 + lane];
+        const unsigned wq[4] = {q.x, q.y, q.z, q.w};
+        float sc[4], c12[4], c16[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const unsigned sz = S[kb * GQ_BN + warp * 32 + 8 * i + (lane >> 2)];
+            const float s = gq_f16_to_f32((unsigned short)(sz & 0xffffu)), z = gq_f16_to_f32((unsigned short)(sz >> 16));
+            sc[i] = s;
+            c12[i] = MODE == 0 ? __fmul_rn(-(2048.0f + z), s) : z;
+            c16[i] = MODE == 0 ? __fmul_rn(-(128.0f + z), s) : z;
+        }
+#pragma unroll
+        for (int ks = 0; ks < 2; ++ks) {
+            unsigned a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                const int r = mt * 16 + (lane & 15), cc = (kb * 2 + ks) * 2 + (lane >> 4);
+                ldmatrix_x4(a[mt], a_base + (unsigned)(r * 8 + (cc ^ (r & 7))) * 16u);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                unsigned b0, b1;
+                if (ks == 0)
+                    frag_b<MODE, 0>(wq[i], sc[i], c12[i], c16[i], b0, b1);
+                else
+                    frag_b<MODE, 1>(wq[i], sc[i], c12[i], c16[i], b0, b1);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) mma_bf16(acc[mt][i], a[mt], b0, b1);
+            }
+        }
+    }
+}
+
+template <int MT, int MODE>
+__device__ __forceinline__ void gemm_q4_impl(const uint4* __restrict__ Bq, const uint4* __restrict__ SZ,
+                                             const uint4* __restrict__ X, const float* __restrict__ bias,
+                                             float* __restrict__ out, float* __restrict__ part, int T, int N, int K,
+                                             int G, int accumulate, int kt_per_split) {
+    constexpr int STAGES = GemmQ4Smem<MT>::STAGES;
+    __shared__ GemmQ4Smem<MT> sm;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int nblk = blockIdx.x, m0 = blockIdx.y * 16 * MT;
+    const int kt0 = blockIdx.z * kt_per_split, nk = min((K >> 6) - kt0, kt_per_split);
+    const bool active = (nblk * 4 + warp) * 32 < N;  // warp-uniform: the last block may reach past N
+
+    float acc[MT][4][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][i][e] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < nk) load_stage<MT>(sm, s, kt0 + s, Bq, SZ, X, T, N, K, G, m0, nblk);
+        cp_async_commit();  // always: the group count stays uniform
+    }
+    for (int it = 0; it < nk; ++it) {
+        cp_async_wait<STAGES - 2>();  // stage `it` has landed (for this thread) ...
+        __syncthreads();              // ... for every thread; and every warp is done with stage it - 1
+        const int nxt = it + STAGES - 1;
+        if (nxt < nk) load_stage<MT>(sm, nxt % STAGES, kt0 + nxt, Bq, SZ, X, T, N, K, G, m0, nblk);
+        cp_async_commit();
+        if (active) compute_stage<MT, MODE>(sm, it % STAGES, warp, lane, acc);
+    }
+    cp_async_wait<0>();
+    if (!active) return;
+
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int n = (nblk * 4 + warp) * 32 + 8 * i + 2 * t;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int m = m0 + mt * 16 + g + 8 * h;
+                if (m >= T) continue;
+                float v0 = acc[mt][i][2 * h], v1 = acc[mt][i][2 * h + 1];
+                if (part) {
+                    *reinterpret_cast<float2*>(part + ((size_t)blockIdx.z * T + m) * N + n) = make_float2(v0, v1);
+                    continue;
+                }
+                if (bias) {
+                    v0 += bias[n];
+                    v1 += bias[n + 1];
+                }
+                float2* dst = reinterpret_cast<float2*>(out + (size_t)m * N + n);
+                if (accumulate) {
+                    const float2 o = *dst;
+                    v0 = o.x + v0;
+                    v1 = o.y + v1;
+                }
+                *dst = make_float2(v0, v1);
+            }
+        }
+}
+
+#define GEMM_Q4(MT)                                                                                               \
+    extern "C" __global__ void __launch_bounds__(GQ_THREADS)                                                      \
+        gemm_q4z_m##MT(const uint4* __restrict__ Bq, const uint4* __restrict__ SZ, const uint4* __restrict__ X,    \
+                       const float* __restrict__ bias, float* __restrict__ out, float* __restrict__ part, int T,   \
+                       int N, int K, int G, int accumulate, int kt_per_split) {                                   \
+        gemm_q4_impl<MT, 0>(Bq, SZ, X, bias, out, part, T, N, K, G, accumulate, kt_per_split);                    \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(GQ_THREADS)                                                      \
+        gemm_q4m_m##MT(const uint4* __restrict__ Bq, const uint4* __restrict__ SZ, const uint4* __restrict__ X,    \
+                       const float* __restrict__ bias, float* __restrict__ out, float* __restrict__ part, int T,   \
+                       int N, int K, int G, int accumulate, int kt_per_split) {                                   \
+        gemm_q4_impl<MT, 1>(Bq, SZ, X, bias, out, part, T, N, K, G, accumulate, kt_per_split);                    \
+    }
+GEMM_Q4(1)
+GEMM_Q4(2)
+GEMM_Q4(4)
+
+// Split-K epilogue: out[t, n] (= or +=) sum over z of part[z, t, n] (z = 0, 1, ... in order) + bias[n].
+extern "C" __global__ void gemm_q4_reduce(const float* __restrict__ part, const float* __restrict__ bias,
+                                          float* __restrict__ out, int T, int N, int S, int accumulate) {
+    const long long total = (long long)T * N;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        float v = 0.0f;
+        for (int z = 0; z < S; ++z) v += part[z * total + idx];
+        if (bias) v += bias[idx % N];
+        out[idx] = accumulate ? out[idx] + v : v;
+    }
+}
