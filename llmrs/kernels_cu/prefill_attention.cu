@@ -22,12 +22,18 @@
 // "col" operand straight from ldmatrix; online softmax in f32 on the accumulators (exp2 with the scale
 // pre-multiplied by log2 e; row max/sum over the 4 lanes of a quad); P is repacked as bf16 A fragments in
 // registers (the C layout of two n8 tiles is the A layout of one k16 step) and O += P V with V through
-// ldmatrix.trans. The causal mask is applied only on tiles that reach past the warp's first row position.
+// ldmatrix.trans. The causal mask is applied only on tiles that reach past the warp's first row position;
+// those (diagonal) tiles also skip the MMAs of 16-key groups past the warp's last row, in a second copy of
+// the tile step, since the guards cost the unmasked tiles ~40% at long prompts when shared.
 // Q's staging buffer is the second K stage: it is read into registers before the first barrier of the loop,
 // and only after that barrier is the second tile copied there.
 //
 // Shared memory (dynamic): 2 stages x (K + V) x 64 x D bf16 = 32 KB (D 64) / 64 KB (D 128): the launch sets
-// the >48 KB opt-in. Registers (D 128): O 64 + S 32 + Q fragments 32 f32/b32 per thread.
+// the >48 KB opt-in. Registers (D 128): O 64 + S 32 + Q fragments 32 f32/b32 per thread; ptx-check (NVRTC
+// 13.5): 236-247 registers for D 128 (2 CTAs an SM), 157-164 for D 64, no spills on sm_80/86/89/90
+// (__launch_bounds__(128, 1): without the 1, ptxas held D 64 on sm_80 to 128 registers and spilled).
+// H200, 28/4 heads, D 128, one prompt: 2048 tokens 143 us (211 TFLOP/s), 4096 500 us (241 TFLOP/s);
+// attn_partial took 6.2 / 23.9 ms (tests/test_prefill_attention_gpu.py prints the sweep).
 // Numerics: Q and P are rounded to bf16 for the tensor cores (the row sums l use the f32 P); accumulation f32.
 // sm_80+ (mma bf16, cp.async, ldmatrix); compiled to an empty body below sm_80 so the module still loads.
 #include "common.cuh"
@@ -93,6 +99,11 @@ __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
 #endif
     return r;
 }
+
+template <bool B>
+struct BoolC {
+    static constexpr bool value = B;
+};
 
 // byte offset of 16-byte chunk `chunk` of row `row` in a [rows, D] bf16 tile, XOR-swizzled by row & 7
 template <int D>
@@ -177,6 +188,7 @@ __device__ __forceinline__ void prefill_attn_impl(
     const int r0 = warp * 16 + grp;  // this thread's rows: r0 and r0 + 8 (rows past n repeat row n-1's limit)
     const int lim0 = positions[t0 + min(r0, n - 1)], lim1 = positions[t0 + min(r0 + 8, n - 1)];
     const int warp_pos_min = positions[t0 + min(warp * 16, n - 1)];
+    const int warp_pos_max = positions[t0 + min(warp * 16 + 15, n - 1)];
     const bool warp_active = warp * 16 < n;
 
     float o[DT][4];
@@ -195,81 +207,94 @@ __device__ __forceinline__ void prefill_attn_impl(
         if (!warp_active) continue;
         const unsigned sK = sK0 + (it & 1) * TILE_BYTES, sV = sV0 + (it & 1) * TILE_BYTES;
         const int kv0 = it * PF_BK;
+        // the last 16-key group of this tile that any row of the warp sees (< 3 only on the diagonal: the
+        // groups past it are fully masked, so a masked tile skips their MMAs; the mask sets them to -inf)
+        const int kmax = min(PF_BK / 16 - 1, (warp_pos_max - kv0) >> 4);
+        // one tile; MASKED: a diagonal tile (causal mask, MMAs of fully masked 16-key groups skipped). Two
+        // copies: the guards inside the unrolled loops cost the unmasked tiles ~40% at long prompts.
+        auto tile_step = [&](auto masked_tag) {
+            constexpr bool MASKED = decltype(masked_tag)::value;
 
-        // S = Q K^T for 16 rows x 64 keys
-        float s[NT][4];
+            // S = Q K^T for 16 rows x 64 keys
+            float s[NT][4];
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+            for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
-        for (int kk = 0; kk < KS; ++kk) {
+            for (int kk = 0; kk < KS; ++kk) {
 #pragma unroll
-            for (int np = 0; np < NT / 2; ++np) {
-                unsigned b[4];
-                ldmatrix_x4(b, sK + swz<D>(np * 16 + k_row, 2 * kk + k_chunk));
-                mma_bf16(s[2 * np], qf[kk], b[0], b[1]);
-                mma_bf16(s[2 * np + 1], qf[kk], b[2], b[3]);
+                for (int np = 0; np < NT / 2; ++np) {
+                    if (!MASKED || np <= kmax) {
+                        unsigned b[4];
+                        ldmatrix_x4(b, sK + swz<D>(np * 16 + k_row, 2 * kk + k_chunk));
+                        mma_bf16(s[2 * np], qf[kk], b[0], b[1]);
+                        mma_bf16(s[2 * np + 1], qf[kk], b[2], b[3]);
+                    }
+                }
             }
-        }
-        // causal mask: only where the tile reaches past this warp's first row (also covers zero-filled keys)
-        if (kv0 + PF_BK - 1 > warp_pos_min) {
+            // causal mask: only where the tile reaches past this warp's first row (also covers zero-filled keys)
+            if constexpr (MASKED) {
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const int key = kv0 + nt * 8 + tig * 2;
+                    if (key > lim0) s[nt][0] = NEG_INF;
+                    if (key + 1 > lim0) s[nt][1] = NEG_INF;
+                    if (key > lim1) s[nt][2] = NEG_INF;
+                    if (key + 1 > lim1) s[nt][3] = NEG_INF;
+                }
+            }
+            // online softmax (row max over the quad's 4 lanes); key 0 is in tile 0 for every row, so m is finite
+            // from the first tile on and a fully masked row of a later tile only gets p = 0
+            float mx0 = NEG_INF, mx1 = NEG_INF;
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-                const int key = kv0 + nt * 8 + tig * 2;
-                if (key > lim0) s[nt][0] = NEG_INF;
-                if (key + 1 > lim0) s[nt][1] = NEG_INF;
-                if (key > lim1) s[nt][2] = NEG_INF;
-                if (key + 1 > lim1) s[nt][3] = NEG_INF;
+                mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
             }
-        }
-        // online softmax (row max over the quad's 4 lanes); key 0 is in tile 0 for every row, so m is finite
-        // from the first tile on and a fully masked row of a later tile only gets p = 0
-        float mx0 = NEG_INF, mx1 = NEG_INF;
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            const float mn0 = fmaxf(m0, mx0 * scale_log2), mn1 = fmaxf(m1, mx1 * scale_log2);
+            const float corr0 = exp2f(m0 - mn0), corr1 = exp2f(m1 - mn1);
+            m0 = mn0;
+            m1 = mn1;
+            float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float mn0 = fmaxf(m0, mx0 * scale_log2), mn1 = fmaxf(m1, mx1 * scale_log2);
-        const float corr0 = exp2f(m0 - mn0), corr1 = exp2f(m1 - mn1);
-        m0 = mn0;
-        m1 = mn1;
-        float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            s[nt][0] = exp2f(fmaf(s[nt][0], scale_log2, -mn0));
-            s[nt][1] = exp2f(fmaf(s[nt][1], scale_log2, -mn0));
-            s[nt][2] = exp2f(fmaf(s[nt][2], scale_log2, -mn1));
-            s[nt][3] = exp2f(fmaf(s[nt][3], scale_log2, -mn1));
-            sum0 += s[nt][0] + s[nt][1];
-            sum1 += s[nt][2] + s[nt][3];
-        }
-        l0 = l0 * corr0 + sum0;  // per-lane partial sums; the quad adds them up at the end
-        l1 = l1 * corr1 + sum1;
-#pragma unroll
-        for (int d = 0; d < DT; ++d) {
-            o[d][0] *= corr0; o[d][1] *= corr0;
-            o[d][2] *= corr1; o[d][3] *= corr1;
-        }
-        // O += P V: P's C fragments of n8 tiles 2kk, 2kk+1 are the A fragment of k16 step kk
-#pragma unroll
-        for (int kk = 0; kk < PF_BK / 16; ++kk) {
-            unsigned a[4];
-            a[0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
-            a[1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
-            a[2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            a[3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-            for (int np = 0; np < DT / 2; ++np) {
-                unsigned b[4];
-                ldmatrix_x4_trans(b, sV + swz<D>(kk * 16 + v_row, 2 * np + v_chunk));
-                mma_bf16(o[2 * np], a, b[0], b[1]);
-                mma_bf16(o[2 * np + 1], a, b[2], b[3]);
+            for (int nt = 0; nt < NT; ++nt) {
+                s[nt][0] = exp2f(fmaf(s[nt][0], scale_log2, -mn0));
+                s[nt][1] = exp2f(fmaf(s[nt][1], scale_log2, -mn0));
+                s[nt][2] = exp2f(fmaf(s[nt][2], scale_log2, -mn1));
+                s[nt][3] = exp2f(fmaf(s[nt][3], scale_log2, -mn1));
+                sum0 += s[nt][0] + s[nt][1];
+                sum1 += s[nt][2] + s[nt][3];
             }
-        }
+            l0 = l0 * corr0 + sum0;  // per-lane partial sums; the quad adds them up at the end
+            l1 = l1 * corr1 + sum1;
+#pragma unroll
+            for (int d = 0; d < DT; ++d) {
+                o[d][0] *= corr0; o[d][1] *= corr0;
+                o[d][2] *= corr1; o[d][3] *= corr1;
+            }
+            // O += P V: P's C fragments of n8 tiles 2kk, 2kk+1 are the A fragment of k16 step kk
+#pragma unroll
+            for (int kk = 0; kk < PF_BK / 16; ++kk) {
+                if (MASKED && kk > kmax) continue;  // P is 0 there
+                unsigned a[4];
+                a[0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+                a[1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+                a[2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                a[3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+                for (int np = 0; np < DT / 2; ++np) {
+                    unsigned b[4];
+                    ldmatrix_x4_trans(b, sV + swz<D>(kk * 16 + v_row, 2 * np + v_chunk));
+                    mma_bf16(o[2 * np], a, b[0], b[1]);
+                    mma_bf16(o[2 * np + 1], a, b[2], b[3]);
+                }
+            }
+        };
+        if (kv0 + PF_BK - 1 > warp_pos_min) tile_step(BoolC<true>{});
+        else tile_step(BoolC<false>{});
     }
 
     if (!warp_active) return;
@@ -291,7 +316,7 @@ __device__ __forceinline__ void prefill_attn_impl(
 }
 
 #define PREFILL_ATTN(D)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(PF_THREADS) prefill_attn_d##D(                                \
+    extern "C" __global__ void __launch_bounds__(PF_THREADS, 1) prefill_attn_d##D(                                \
         const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,                         \
         const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,              \
         const int* __restrict__ positions, const int* __restrict__ tiles, float* __restrict__ out, int Hq,     \
