@@ -1,0 +1,154 @@
+"""The Marlin-style 4-bit GEMM (llmrs/kernels_cu/gemm_q4.cu via cuda_q4gemm.gemm_q4) on the GPU: run on the GPU
+machine with `python3 -m pytest -q -m gpu tests/test_gemm_q4_gpu.py`; skips cleanly without CuPy or a GPU.
+
+- against numpy: x rounded to bf16 @ the dequantized weight rounded to bf16 (what dequant_q4_bf16 gives), float64
+  accumulation; fresh random inputs, T from 9 (one m16 tile, mostly padding) to 256, N with a half block
+  (576 = 4.5 x 128), G 128 and 32, zero (AWQ, Q4_0) and min (Q4_1) modes, accumulate and bias, one slice of K
+  and the automatic split-K; outputs poisoned with NaN first;
+- against the existing dequantize + cuBLAS path (the same bf16 weights: equal up to f32 summation order);
+- the GPU reorder equals the numpy one; shapes outside the kernel come back None / False (fall back);
+- timing beside dequantize + cuBLAS, reported (TFLOP/s), not asserted.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.cuda_helpers import rel_err, report, require_gpu
+
+cp = require_gpu()
+pytestmark = pytest.mark.gpu
+
+from llmrs.engine import quant as Q  # noqa: E402
+from llmrs.engine.backends.cuda import NULL, CUDABackend, round_bf16  # noqa: E402
+from llmrs.engine.backends.cuda_q4gemm import gemm_q4, linear_q4, to_marlin  # noqa: E402
+from llmrs.engine.config import ModelConfig  # noqa: E402
+from tests.test_quant_marlin import make_weight  # noqa: E402
+
+TOL = 2e-3  # measured errors are ~1e-6 (same bf16 inputs, f32 vs f64 sums); a wrong tile or group is >> TOL
+SHAPES = [(128, 256), (576, 1536), (3584, 3584)]
+FORMATS = [("awq", 128), ("awq", 32), ("q4_0", 32), ("q4_1", 32), ("q4_1", 128)]
+TOKENS = [9, 16, 33, 64, 200, 256]
+
+
+@pytest.fixture(scope="module")
+def backend():
+    c = ModelConfig(model_type="llama", vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                    num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    return CUDABackend(c, num_blocks=2, cuda_graphs=False)
+
+
+def to_bf16_device(backend, x):
+    xb = cp.empty(x.shape, dtype=cp.uint16)
+    backend._cast_bf16(cp.asarray(x), xb)
+    return xb
+
+
+def dequant_cublas(backend, x, dw, bias, out, accumulate):
+    """Today's GEMM path, explicitly: dequant_q4_bf16 into a bf16 matrix, then the backend's cuBLAS GEMM."""
+    N, K = dw.shape
+    wb = cp.empty((N, K), dtype=cp.uint16)
+    backend.k.dequant_q4_bf16((min(65535, -(-(N * K // 8) // 256)),), (256,),
+                              (dw.qweight, dw.scales, NULL if dw.zeros is None else dw.zeros, wb, np.int32(N),
+                               np.int32(K), np.int32(dw.group_size), np.int32(1 if dw.mode == "min" else 0)))
+    backend._linear(x, wb, bias, out, accumulate)
+
+
+def check(out, ref, what):
+    out = cp.asnumpy(out)
+    err = rel_err(out, ref)
+    row = max(rel_err(out[t], ref[t]) for t in range(ref.shape[0]))  # a wrong tail row or tile shows here
+    assert err < TOL and row < TOL, (what, err, row)
+    return err
+
+
+@pytest.mark.parametrize("N,K", SHAPES)
+@pytest.mark.parametrize("kind,G", FORMATS)
+def test_gemm_q4_matches_numpy_bf16_reference(backend, N, K, kind, G):
+    rng = np.random.default_rng(N + K + G)
+    w = make_weight(kind, N, K, G, rng)
+    dw = backend.upload_quantized(w)
+    mw = to_marlin(backend, dw)
+    assert mw is not None and mw.mode == (1 if kind == "q4_1" else 0)
+    np.testing.assert_array_equal(cp.asnumpy(mw.qweight), Q.marlin_reorder(w.qweight))
+    wref = round_bf16(w.dequantize()).astype(np.float64)
+    worst = 0.0
+    for idx, T in enumerate(TOKENS):
+        accumulate, with_bias = idx % 2 == 1, idx % 3 != 1
+        x = rng.standard_normal((T, K)).astype(np.float32)
+        bias = rng.standard_normal(N).astype(np.float32) if with_bias else None
+        y0 = rng.standard_normal((T, N)).astype(np.float32)
+        ref = round_bf16(x).astype(np.float64) @ wref.T
+        if bias is not None:
+            ref = ref + bias
+        if accumulate:
+            ref = ref + y0
+        xb = to_bf16_device(backend, x)
+        b = None if bias is None else cp.asarray(bias)
+        for splits in (1, None):
+            out = cp.asarray(y0) if accumulate else cp.full((T, N), np.nan, dtype=cp.float32)
+            assert gemm_q4(backend, xb, mw, b, out, accumulate, splits=splits)
+            worst = max(worst, check(out, ref, f"{kind} G{G} N{N} K{K} T{T} acc{accumulate} bias{with_bias} "
+                                               f"splits{splits}"))
+        out = cp.asarray(y0) if accumulate else cp.full((T, N), np.nan, dtype=cp.float32)
+        assert linear_q4(backend, cp.asarray(x), mw, b, out, accumulate)  # from f32 x, through gemm_x
+        worst = max(worst, check(out, ref, f"linear_q4 {kind} G{G} N{N} K{K} T{T}"))
+    report(f"gemm_q4 {kind} G{G} N{N} K{K}", {"rel": worst})
+
+
+@pytest.mark.parametrize("kind,G", [("awq", 128), ("q4_0", 32), ("q4_1", 32)])
+@pytest.mark.parametrize("T", [9, 40, 256])
+def test_gemm_q4_equals_dequantize_plus_cublas(backend, kind, G, T):
+    N, K = 576, 1536
+    rng = np.random.default_rng(T + G)
+    w = make_weight(kind, N, K, G, rng)
+    dw = backend.upload_quantized(w)
+    mw = to_marlin(backend, dw)
+    x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
+    bias = cp.asarray(rng.standard_normal(N).astype(np.float32))
+    y0 = cp.asarray(rng.standard_normal((T, N)).astype(np.float32))
+    for accumulate in (False, True):
+        ref = y0.copy() if accumulate else cp.zeros((T, N), dtype=cp.float32)
+        dequant_cublas(backend, x, dw, bias, ref, accumulate)
+        out = y0.copy() if accumulate else cp.full((T, N), np.nan, dtype=cp.float32)
+        assert linear_q4(backend, x, mw, bias, out, accumulate)
+        err = check(out, cp.asnumpy(ref).astype(np.float64), f"vs cublas {kind} T{T} acc{accumulate}")
+        report(f"gemm_q4 vs dequant+cublas {kind} G{G} T{T} acc{accumulate}", {"rel": err})
+
+
+def test_shapes_outside_the_kernel_fall_back(backend):
+    rng = np.random.default_rng(0)
+    assert to_marlin(backend, backend.upload_quantized(make_weight("awq", 96, 256, 128, rng))) is None  # N % 64
+    assert to_marlin(backend, backend.upload_quantized(make_weight("q4_0", 64, 96, 32, rng))) is None  # K % 64
+    q8 = Q.gguf_to_rows(np.zeros(64 * 64 // 32 * 34, dtype=np.uint8), 8, 64, 64)
+    assert to_marlin(backend, backend.upload_quantized(q8)) is None
+    out = cp.zeros((9, 64), dtype=cp.float32)
+    assert not gemm_q4(backend, cp.zeros((9, 64), dtype=cp.uint16), None, None, out)
+
+
+def test_gemm_q4_timing_beside_dequantize_plus_cublas(backend):
+    """Figures for the notes: 7B-like shapes (qkv, down), prefill-sized and batched-decode-sized T."""
+    rng = np.random.default_rng(5)
+    for N, K in [(4608, 3584), (3584, 18944)]:
+        w = make_weight("awq", N, K, 128, rng)
+        dw = backend.upload_quantized(w)
+        mw = to_marlin(backend, dw)
+        for T in (16, 64, 256, 1024):
+            x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
+            xb = to_bf16_device(backend, x)
+            out = cp.empty((T, N), dtype=cp.float32)
+            figures = {}
+            for label, fn in (("gemm_q4", lambda: gemm_q4(backend, xb, mw, None, out)),
+                              ("dequant+cublas", lambda: dequant_cublas(backend, x, dw, None, out, False))):
+                fn()
+                start, stop = cp.cuda.Event(), cp.cuda.Event()
+                start.record()
+                for _ in range(10):
+                    fn()
+                stop.record()
+                stop.synchronize()
+                us = cp.cuda.get_elapsed_time(start, stop) * 1e3 / 10
+                figures[label] = {"us": round(us, 1), "tflops": round(2 * T * N * K / us / 1e6, 1)}
+            report(f"gemm_q4 timing N{N} K{K} T{T}", figures)
+            print(f"N{N} K{K} T{T}: {figures}")

@@ -1,0 +1,123 @@
+"""The Marlin layout of the 4-bit GEMM (llmrs/kernels_cu/gemm_q4.cu), pinned on the CPU:
+
+- marlin_reorder / marlin_unreorder round-trip bit-exactly (random codes, several shapes);
+- each lane's 16-byte load holds exactly its mma.m16n8k16 B fragments (PTX: b_i holds B[row][col] with
+  row = 2 t + (i & 1) + 8 (i >= 2), col = g, for lane = 4 g + t), B[k][n] = W[n, k];
+- a numpy emulation of the kernel's decode (shift, lop3 into a magic float, fma, cvt.rn.bf16x2) gives, value
+  for value, the bf16 that dequant_q4_bf16 gives (the f32 dequantization rounded once), in all three formats;
+- the scale words: fp16 s low, fp16 z / m high (8.0 for Q4_0), group-major.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llmrs.engine import quant as Q
+
+SHAPES = [(32, 32), (64, 64), (96, 224), (160, 64), (64, 1056)]
+
+
+def random_words(rng, N, K):
+    return rng.integers(0, 1 << 32, size=(N, K // 8), dtype=np.uint64).astype(np.uint32)
+
+
+@pytest.mark.parametrize("N,K", SHAPES)
+def test_marlin_reorder_round_trips_bit_exactly(N, K):
+    qw = random_words(np.random.default_rng(N * K), N, K)
+    packed = Q.marlin_reorder(qw)
+    assert packed.shape == (N // 32, K // 32, 32, 4) and packed.dtype == np.uint32
+    np.testing.assert_array_equal(Q.marlin_unreorder(packed), qw)
+    assert sorted(Q.unpack_rows(qw).ravel().tolist()) == sorted(Q.unpack_rows(packed.reshape(N, K // 8)).ravel()
+                                                                 .tolist())  # a permutation of the codes
+
+
+def test_marlin_reorder_rejects_shapes_off_the_32_grid():
+    with pytest.raises(AssertionError):
+        Q.marlin_reorder(np.zeros((48, 4), dtype=np.uint32))
+
+
+def bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> the nearest bf16 (ties to even), as float32 (what cvt.rn.bf16x2.f32 gives for finite values)."""
+    u = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return (u.astype(np.uint32) << 16).view(np.float32)
+
+
+def thread_fragments(packed: np.ndarray, sz: np.ndarray, G: int, mode: int) -> np.ndarray:
+    """What each lane's registers hold after the kernel's decode, as bf16 values: [NB, KB, lane, ntile i, k16 step,
+    b0/b1, low/high half]. Mirrors frag_b / compute_stage of gemm_q4.cu operation for operation."""
+    NB, KB = packed.shape[:2]
+    w = packed.astype(np.uint32)[..., None]  # [NB, KB, 32, 4, 1]
+
+    def p12(v):
+        return ((v & np.uint32(0xF000)) | np.uint32(0x45000000)).view(np.float32)  # 2048 + q
+
+    def p16(v):
+        return ((v & np.uint32(0xF0000)) | np.uint32(0x43000000)).view(np.float32)  # 128 + q
+
+    u32 = np.uint32
+    x = np.concatenate([p12(w << u32(12)), p12(w << u32(8)), p16(w << u32(8)), p12(w),
+                        p16(w), p12(w >> u32(8)), p16(w >> u32(8)), p16(w >> u32(12))], axis=-1)  # nibbles 0..7
+    off = np.array([2048, 2048, 128, 2048, 128, 2048, 128, 128], dtype=np.float32)
+    # the scale word of column n = 32 nb + 8 i + g and sub-block kb: lane-dependent through g = lane // 4
+    lane = np.arange(32)
+    n = 32 * np.arange(NB)[:, None, None, None] + 8 * np.arange(4)[None, None, None, :] + (lane // 4)[None, None, :, None]
+    grp = (32 * np.arange(KB) // G)[None, :, None, None]
+    word = sz[grp, n]  # [NB, KB, 32, 4]
+    s = (word & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float32)[..., None]
+    z = (word >> 16).astype(np.uint16).view(np.float16).astype(np.float32)[..., None]
+    if mode == 0:  # fma(x, s, -(off + z) s): the product and the constant exact, so float64 then float32 is the fma
+        c = (-(off + z) * s).astype(np.float32)
+        v = (x.astype(np.float64) * s.astype(np.float64) + c.astype(np.float64)).astype(np.float32)
+    else:  # fma(x - off, s, m)
+        q = (x - off).astype(np.float32)
+        v = (q.astype(np.float64) * s.astype(np.float64) + z.astype(np.float64)).astype(np.float32)
+    return bf16(v).reshape(NB, KB, 32, 4, 2, 2, 2)
+
+
+def make_weight(kind: str, N: int, K: int, G: int, rng) -> Q.QuantWeight:
+    codes = rng.integers(0, 16, size=(N, K), dtype=np.uint8)
+    s = (rng.standard_normal((N, K // G)) * 0.01).astype(np.float16)
+    if kind == "awq":
+        z = rng.integers(0, 16, size=(N, K // G)).astype(np.float16)
+    elif kind == "q4_1":
+        z = (rng.standard_normal((N, K // G)) * 0.01).astype(np.float16)
+    else:
+        z = None
+    return Q.QuantWeight(kind, N, K, G, Q.pack_rows(codes), s, z)
+
+
+@pytest.mark.parametrize("kind,G", [("awq", 32), ("awq", 64), ("awq", 128), ("q4_0", 32), ("q4_1", 32), ("q4_1", 64)])
+def test_each_lane_load_decodes_to_its_mma_b_fragments_equal_to_dequant_bf16(kind, G):
+    N, K = 64, 256
+    w = make_weight(kind, N, K, G, np.random.default_rng(G))
+    packed = Q.marlin_reorder(w.qweight)
+    sz = Q.marlin_scales(w.scales, w.zeros)
+    frag = thread_fragments(packed, sz, G, 1 if kind == "q4_1" else 0)
+    ref = bf16(w.dequantize())  # dequant_q4_bf16: the exact f32 value rounded once
+    # PTX m16n8k16 .bf16 B fragment: element e (b0 low, b0 high, b1 low, b1 high) of lane 4g + t sits at
+    # row (k) 2t + (e & 1) + 8 (e >= 2), column (n) g; B = W^T of the 32 x 32 tile (nb, kb), n8 tile i, k16 step ks
+    for nb in range(N // 32):
+        for kb in range(K // 32):
+            for lane in range(32):
+                g, t = divmod(lane, 4)
+                for i in range(4):
+                    for ks in range(2):
+                        for e in range(4):
+                            row, col = 2 * t + (e & 1) + 8 * (e >= 2), g
+                            got = frag[nb, kb, lane, i, ks, e >> 1, e & 1]
+                            want = ref[32 * nb + 8 * i + col, 32 * kb + 16 * ks + row]
+                            assert got == want, (nb, kb, lane, i, ks, e, got, want)  # == : +0 and -0 are one value
+
+
+def test_marlin_scales_are_group_major_words_of_scale_and_zero():
+    rng = np.random.default_rng(3)
+    s = (rng.standard_normal((64, 3)) * 0.01).astype(np.float16)
+    z = rng.integers(0, 16, size=(64, 3)).astype(np.float16)
+    sz = Q.marlin_scales(s, z)
+    assert sz.shape == (3, 64) and sz.dtype == np.uint32
+    np.testing.assert_array_equal((sz & 0xFFFF).astype(np.uint16), s.view(np.uint16).T)
+    np.testing.assert_array_equal((sz >> 16).astype(np.uint16), z.view(np.uint16).T)
+    q4_0 = Q.marlin_scales(s.view(np.uint16), None)  # raw fp16 words, as DeviceQuantWeight holds them
+    np.testing.assert_array_equal((q4_0 >> 16).astype(np.uint16).view(np.float16), np.full((3, 64), 8.0, np.float16))
