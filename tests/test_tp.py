@@ -220,3 +220,53 @@ def test_cli_tensor_parallel_without_enough_gpus_exits_2_with_the_gpu_count(args
     assert p.returncode == 2
     assert f"--tensor-parallel-size 2 needs 2 GPUs; {visible_gpus()} visible" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def _widened(loaded, n):
+    from llmrs.engine.tp import widen_heads
+
+    c, t = widen_heads(loaded.config, loaded.tensors, n)
+    return dataclasses.replace(loaded, config=c, tensors=t)
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_widened_heads_compute_the_same_logits_and_shard_at_sizes_the_model_does_not_divide(tp_models, n):
+    """widen_heads: KV heads copied, dummy query heads with zero q/o weights: the same function, sharded at an N
+    the original's 4 KV heads do not allow (n = 3), and nothing widened where N divides them (n = 4)."""
+    loaded = tp_models["qwen2"]
+    wide = _widened(loaded, n)
+    c = wide.config
+    assert c.num_key_value_heads % n == 0 and c.num_attention_heads % c.num_key_value_heads == 0
+    if n == 4:
+        assert (c.num_attention_heads, c.num_key_value_heads) == (8, 4)
+    else:  # 4 KV heads x 3 copies, each with ceil(2 / 3) = 1 query slot: 12 query heads, 4 of them dummies
+        assert (c.num_attention_heads, c.num_key_value_heads) == (12, 12)
+    with pytest.raises(UserError):
+        ShardPlan(loaded.config, 3)
+    ref, wide_ref = reference(loaded), reference(wide)
+    tp = SimulatedTP(c, wide.tensors, n, NUM_BLOCKS, BS)
+    try:
+        for batch in mixed_steps():
+            want = ref.forward(batch)
+            np.testing.assert_allclose(wide_ref.forward(batch), want, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(tp.forward(batch), want, rtol=1e-4, atol=1e-4)
+    finally:
+        tp.close()
+
+
+def test_smollm2_widened_for_tp2_writes_a_checkpoint_with_the_same_logits(tmp_path):
+    """The checkpoint the GPU machine's server suite runs at TP=2 (tests/tp_widen.py): SmolLM2's 9 query / 3 KV
+    heads become 12 / 6 (3 dummies), and the reference logits of the written directory equal the GGUF's."""
+    from tests.tp_widen import write_widened
+
+    out = write_widened("smollm2-135m", tmp_path / "smollm2-tp2", 2)
+    orig, wide = load("smollm2-135m"), load(str(out))
+    assert (wide.config.num_attention_heads, wide.config.num_key_value_heads) == (12, 6)
+    ShardPlan(wide.config, 2)
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    assert wide.tokenizer.encode_chat(msgs) == orig.tokenizer.encode_chat(msgs)
+    assert wide.tokenizer.encode("Hello, world! ünïcödé") == orig.tokenizer.encode("Hello, world! ünïcödé")
+    ids = orig.tokenizer.encode_chat(msgs)
+    batch = build_step_batch([(ids, 0, list(range(-(-len(ids) // BS))), True)], BS)
+    np.testing.assert_allclose(reference(wide).forward(batch), reference(orig).forward(batch), rtol=1e-4, atol=1e-4)
+    assert wide.stop_token_ids == orig.stop_token_ids

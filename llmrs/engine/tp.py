@@ -363,3 +363,44 @@ def tp_engine(loaded: Any, config: EngineConfig, make_runner: Callable[[int], An
 
     wanted = kv_blocks(loaded, config) if config.kv_cache_tokens is not None or config.device == "cpu" else None
     return LLMEngine(loaded, config, runner=make_runner(wanted))
+
+
+# ---------------------------------------------------------------------------------------------- head widening
+def widen_heads(config: ModelConfig, tensors: dict[str, np.ndarray], n: int) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+    """The same function with head counts that `n` divides: every KV head copied r = n / gcd(Hkv, n) times, the
+    G query heads of a KV head spread over its copies, and the slots left over filled with dummy query heads
+    whose q_proj rows and o_proj columns are zero (their attention output is multiplied by zero), so the logits
+    equal the original's up to float summation order. What it costs: r x the K/V cache and k/v weights, and
+    the dummy heads' attention. For tests that need a real model (SmolLM2: 9 query / 3 KV heads) at TP=2."""
+    import math
+
+    c = config
+    Hq, Hkv, D, G = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.num_queries_per_kv
+    r = n // math.gcd(Hkv, n)
+    g2 = -(-G // r)  # query slots per KV copy
+    Hkv2, Hq2 = Hkv * r, Hkv * r * g2
+    src = np.full(Hq2, -1, dtype=np.int64)  # original query head in each new slot (-1: a dummy)
+    for k in range(Hkv):
+        for i in range(G):
+            src[(k * r + i // g2) * g2 + i % g2] = k * G + i
+    kv_src = np.repeat(np.arange(Hkv), r)  # original KV head of each new KV head
+
+    def heads(w: np.ndarray, which: np.ndarray) -> np.ndarray:  # rows of [H*D, ...] (or a bias [H*D]) by head
+        parts = w.reshape(-1, D, *w.shape[1:])
+        out = np.zeros((len(which), D, *w.shape[1:]), dtype=w.dtype)
+        real = which >= 0
+        out[real] = parts[which[real]]
+        return out.reshape(len(which) * D, *w.shape[1:])
+
+    out = dict(tensors)
+    for layer in range(c.num_hidden_layers):
+        p = f"model.layers.{layer}.self_attn."
+        out[p + "q_proj.weight"] = heads(tensors[p + "q_proj.weight"], src)
+        out[p + "k_proj.weight"] = heads(tensors[p + "k_proj.weight"], kv_src)
+        out[p + "v_proj.weight"] = heads(tensors[p + "v_proj.weight"], kv_src)
+        out[p + "o_proj.weight"] = np.ascontiguousarray(heads(tensors[p + "o_proj.weight"].T, src).T)
+        if c.attention_bias:
+            out[p + "q_proj.bias"] = heads(tensors[p + "q_proj.bias"], src)
+            out[p + "k_proj.bias"] = heads(tensors[p + "k_proj.bias"], kv_src)
+            out[p + "v_proj.bias"] = heads(tensors[p + "v_proj.bias"], kv_src)
+    return dataclasses.replace(c, num_attention_heads=Hq2, num_key_value_heads=Hkv2), out

@@ -107,8 +107,12 @@ class NcclCommunicator:
         self.comm.allGather(x.data.ptr, out.data.ptr, x.size, self.nccl.NCCL_FLOAT32, self._stream())
         return out
 
-    def destroy(self) -> None:
-        self.comm.destroy()
+    def abort(self) -> None:
+        """End this rank's communicator now (ncclCommAbort): never waits for a peer, unlike a destroy, which can
+        hang when a peer is gone (and runs at garbage collection if not called: so call this at shutdown)."""
+        comm, self.comm = self.comm, None
+        if comm is not None:
+            comm.abort()
 
 
 def new_unique_id() -> Any:
@@ -251,9 +255,8 @@ def _worker_main(rank: int, world_size: int, conn: Any, spec: str | None, block_
             if kind == "stop":
                 break
             r.step(payload)
-        r.cp.cuda.Device().synchronize()
-        if r.comm is not None:
-            r.comm.destroy()
+        conn.close()
+        os._exit(0)  # at once: no wait on a GPU whose collectives rank 0 may have abandoned, no destructors
     except BaseException:
         try:
             conn.send(("error", f"rank {rank}: {traceback.format_exc()}"))
@@ -346,16 +349,21 @@ class NcclTPRunner:
         return self.backend.sample(self.forward_device(batch), states)
 
     def shutdown(self) -> None:
+        """Stop the workers (they exit at once), then abort rank 0's communicator. Safe to call twice."""
         for c in self.conns:
             try:
                 c.send(("stop", None))
             except (BrokenPipeError, OSError):
                 pass
         for p in self.procs:
-            p.join(timeout=30)
+            p.join(timeout=10)
             if p.is_alive():
-                p.terminate()
+                p.kill()
+                p.join(timeout=5)
         self.procs, self.conns = [], []
+        rank0 = getattr(self, "rank0", None)
+        if rank0 is not None and rank0.comm is not None:
+            rank0.comm.abort()
 
 
 # ---------------------------------------------------------------------------------------------- CLI entry points
