@@ -11,6 +11,12 @@ result equals dequantize + cuBLAS up to the f32 accumulation order.
 Shapes: N % 64, K % 64, G % 32 and K % G (to_marlin returns None otherwise: keep dequantize + cuBLAS); any T.
 Tiles: 128 columns x 16 MT tokens per block (MT 1 up to 16 tokens, 2 up to 32, else 4); when those tiles fill
 less than the GPU, K is split over grid.z (f32 partials, reduced in a fixed order: deterministic).
+
+When: measured on the H200 (AWQ G 128, us; gemm_q4 / dequantize + cuBLAS): qkv 4608x3584 T 16: 35 / 76,
+T 64: 43 / 72, T 128: 63 / 81, T 256: 84 / 74; gate_up 37888x3584 T 128: 188 / 256, T 160: 266 / 267;
+down 3584x18944 T 64: 86 / 152, T 128: 166 / 155, T 256: 318 / 178. So the backend takes it for
+matvec_max_tokens < T <= MAX_TOKENS (128) and keeps dequantize + cuBLAS above, where cuBLAS's larger tiles win
+(this kernel reaches ~100-180 TFLOP/s at T >= 256, cuBLAS 300-400).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ BN = 128  # output columns per block
 BK = 64  # k per pipeline stage
 MIN_KT_PER_SPLIT = 8  # a K slice of at least 512 keeps the 3-4 stage pipeline worth filling
 MAX_SPLITS = 8
+MAX_TOKENS = 128  # above, dequantize + cuBLAS is faster (module docstring)
 
 
 @dataclass(slots=True)
