@@ -34,7 +34,7 @@ import numpy as np
 from llmrs.errors import UserError
 
 CATEGORIES = ("matrix multiply", "decode attention", "prefill attention", "communication", "everything else")
-MATMUL_KINDS = ("matvec", "gemm")
+MATMUL_KINDS = ("matvec", "gemm", "gemm_q4")
 ATTENTION_KINDS = ("attention", "attn_merge")
 COMM_KINDS = ("allreduce", "allgather")  # tensor parallel: NCCL on the step's stream (ceiling: the GPU link)
 
@@ -45,7 +45,8 @@ def kernel_cost(kind: str, dims: tuple) -> tuple[float, float]:
     if kind in MATMUL_KINDS:
         T, N, K, acc, bias = dims
         x_bytes = 4 if kind == "matvec" else 2  # the GEMM reads the bf16 copy of x (cast separately)
-        nbytes = 2 * N * K + x_bytes * T * K + 4 * T * N * (2 if acc else 1) + (4 * N if bias else 0)
+        w_bytes = 4.25 / 8 if kind == "gemm_q4" else 2  # 4-bit codes + an fp16 scale and zero per 128 (AWQ)
+        nbytes = w_bytes * N * K + x_bytes * T * K + 4 * T * N * (2 if acc else 1) + (4 * N if bias else 0)
         return float(nbytes), 2.0 * T * N * K
     if kind == "attention":
         T, Hq, Hkv, D, kv_tokens, qk_pairs, S = dims

@@ -106,8 +106,8 @@ def test_tiny_model_matches_cpu_reference(arch, mode, tiny_models):
     gpu = ModelRunner(loaded, num_blocks=32, device="cuda")
     assert gpu.device == "cuda" and type(gpu.backend).__name__ == "CUDABackend"
     path, ref = mode.split("/")
-    if path == "matvec":
-        gpu.backend.matvec_max_tokens = 1 << 30
+    if path == "matvec":  # f32 activations everywhere: matvecs, and the f32 attention kernel for prefill too
+        gpu.backend.matvec_max_tokens, gpu.backend.prefill_min_tokens = 1 << 30, None
     cpu = reference(loaded, 32, bf16_kv=ref == "bf16-kv-ref")
     compare(f"tiny {arch} {mode}", gpu, cpu, prompts_for(loaded.tokenizer), strict=mode == "matvec/bf16-kv-ref")
 
@@ -188,6 +188,7 @@ def test_batched_mixed_steps_equal_one_at_a_time(tiny_models):
     report("batched vs alone (default paths)", {"equal": together == alone, "alone": alone, "together": together})
     # same per-token arithmetic whatever the batch: matvec for every step, one attention split
     runner.backend.matvec_max_tokens, runner.backend.attn_splits = 1 << 30, 1
+    runner.backend.prefill_min_tokens = None  # the tensor-core prefill kernel tiles by sequence and rounds q to bf16
     alone, together = both()
     assert together == alone
 
@@ -204,7 +205,7 @@ def test_smollm2_gguf_matches_cpu_reference(mode):
     gpu = ModelRunner(loaded, num_blocks=64, device="cuda")
     path, ref = mode.split("/")
     if path == "matvec":
-        gpu.backend.matvec_max_tokens = 1 << 30
+        gpu.backend.matvec_max_tokens, gpu.backend.prefill_min_tokens = 1 << 30, None
     cpu = reference(loaded, 64, bf16_kv=ref == "bf16-kv-ref")
     tok = loaded.tokenizer
     prompts = [tok.encode("The capital of France is"),

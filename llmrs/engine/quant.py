@@ -308,7 +308,7 @@ class DeviceQuantWeight(_QuantLayout):
     qweight: Any
     scales: Any
     zeros: Any | None
-
+    marlin: Any = None  # the same weight reordered for the 4-bit GEMM (cuda_q4gemm.MarlinWeight), or None
 
 
 # ---------------------------------------------------------------------- Marlin-style GEMM layout (gemm_q4.cu)

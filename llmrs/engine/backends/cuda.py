@@ -48,6 +48,7 @@ NULL = np.uint64(0)
 MATVEC_ROWS_PER_BLOCK = 4
 ATTN_THREADS = 128
 ATTN_MAXG = 8  # query heads per attention block (MAXG in attention.cu)
+Q4_GEMM_MAX_TOKENS = 128  # cuda_q4gemm.MAX_TOKENS: measured on the H200 (7B shapes), cuBLAS on dequantized bf16 wins above
 CUBLAS_WORKSPACE_BYTES = 32 << 20
 _NO_SPAN = contextlib.nullcontext()
 _cublas_workspaces: dict[int, Any] = {}  # device id -> buffer: kept alive as long as the process (handles are shared)
@@ -110,6 +111,8 @@ class DeviceBatch:
     max_len: int  # the longest causal key range of any token (max position + 1)
     kv_tokens: int = 0  # profiling only: keys in cache over all sequences (sum of context_lens)
     qk_pairs: int = 0  # profiling only: (query, key) pairs attended (sum of position + 1)
+    prefill_tiles: Any = None  # the tensor-core prefill kernel's work tiles (cuda_prefill.plan_prefill_tiles)
+    n_prefill_tiles: int = 0  # 0: attention runs attn_partial
 
 
 class CUDABackend:
@@ -141,7 +144,15 @@ class CUDABackend:
         forced = os.environ.get("LLMRS_MATVEC_SPLITS", "")
         self._matvec_forced_splits = int(forced) if forced in ("1", "2", "4") else 0
         self.attn_splits: int | None = None  # None: chosen per step; tests force values
+        # prefill attention on tensor cores (cuda_prefill.py) for steps where a sequence brings at least this many
+        # new tokens; None: never (LLMRS_PREFILL_ATTN=0). Measured on the H200 (7B shape): a tie with attn_partial
+        # at 1 x 64 and 16 x 8 tokens, ahead from 16 x 16 and 1 x 128 on (1 x 256: 18 us vs 154 us).
+        self.prefill_min_tokens: int | None = 16
         self.k = get_kernels()  # compiles every kernel now (warm-up), not on the first request
+        from llmrs.engine.backends.cuda_prefill import prefill_supported
+
+        if os.environ.get("LLMRS_PREFILL_ATTN", "1") in ("0", "false", "no", "off") or not prefill_supported(self):
+            self.prefill_min_tokens = None
         self.pad_block = num_blocks  # one extra block: padding rows of a graph bucket write here, nothing reads it
         shape = (num_blocks + 1, c.num_key_value_heads, block_size, D)
         # NOTE: each layer's cache is a view of its first num_blocks blocks (the contract shape); the kernels
@@ -239,9 +250,14 @@ class CUDABackend:
         cp = self.cp
         if w.K % 32 or w.group_size % 32:
             raise UserError(f"quantized weight {w.shape}: K and the group size must be multiples of 32")
-        return DeviceQuantWeight(w.source, w.N, w.K, w.group_size, cp.asarray(np.ascontiguousarray(w.qweight)),
-                                 cp.asarray(np.ascontiguousarray(w.scales).view(np.uint16)),
-                                 None if w.zeros is None else cp.asarray(np.ascontiguousarray(w.zeros).view(np.uint16)))
+        from llmrs.engine.backends.cuda_q4gemm import to_marlin
+
+        dw = DeviceQuantWeight(w.source, w.N, w.K, w.group_size, cp.asarray(np.ascontiguousarray(w.qweight)),
+                               cp.asarray(np.ascontiguousarray(w.scales).view(np.uint16)),
+                               None if w.zeros is None else cp.asarray(np.ascontiguousarray(w.zeros).view(np.uint16)))
+        # NOTE: the GEMM's reordered copy sits beside the matvec's row-major one (~2x the 4-bit bytes)
+        dw.marlin = to_marlin(self, dw)
+        return dw
 
     def _cast_bf16(self, x: Any, out: Any) -> None:
         n = x.size
@@ -254,14 +270,20 @@ class CUDABackend:
         lens = np.diff(batch.query_start)
         token_seq = np.repeat(np.arange(B, dtype=np.int32), lens)
         bt = np.ascontiguousarray(batch.block_tables, dtype=np.int32)
+        tiles = np.zeros((0, 4), dtype=np.int32)
+        if self.prefill_min_tokens is not None and T and int(lens.max()) >= self.prefill_min_tokens:
+            from llmrs.engine.backends.cuda_prefill import plan_prefill_tiles
+
+            tiles = plan_prefill_tiles(batch.query_start, batch.positions)
         packed = np.concatenate([batch.token_ids.astype(np.int32), batch.positions.astype(np.int32),
                                  batch.slot_mapping.astype(np.int32), token_seq,
-                                 batch.sample_rows.astype(np.int32), bt.reshape(-1)])
+                                 batch.sample_rows.astype(np.int32), bt.reshape(-1), tiles.reshape(-1)])
         d = cp.asarray(packed)
-        o = np.cumsum([0, T, T, T, T, S])
+        o = np.cumsum([0, T, T, T, T, S, bt.size])
         db = DeviceBatch(T=T, S=S, token_ids=d[o[0]:o[1]], positions=d[o[1]:o[2]], slots=d[o[2]:o[3]],
-                         token_seq=d[o[3]:o[4]], sample_rows=d[o[4]:o[5]], block_tables=d[o[5]:],
-                         max_blocks=int(bt.shape[1]), max_len=int(batch.positions.max()) + 1 if T else 0)
+                         token_seq=d[o[3]:o[4]], sample_rows=d[o[4]:o[5]], block_tables=d[o[5]:o[6]],
+                         max_blocks=int(bt.shape[1]), max_len=int(batch.positions.max()) + 1 if T else 0,
+                         prefill_tiles=d[o[6]:], n_prefill_tiles=len(tiles))
         if self.profiler is not None:
             db.kv_tokens = int(np.sum(batch.context_lens))
             db.qk_pairs = int(np.sum(batch.positions.astype(np.int64) + 1))
@@ -321,9 +343,10 @@ class CUDABackend:
 
     def _linear_quant(self, x: Any, w: DeviceQuantWeight, bias: Any | None, out: Any, accumulate: bool,
                       name: str) -> None:
-        """_linear over a quantized weight (kernels_cu/matvec_q4.cu): up to matvec_max_tokens tokens the 4-/8-bit
-        matvec streams the packed weight; above, it is dequantized into a bf16 scratch (bit-exact with the
-        --dequantize weights) for the cuBLAS GEMM. NOTE: a Marlin-style 4-bit GEMM is the real target there."""
+        """_linear over a quantized weight: up to matvec_max_tokens tokens the 4-/8-bit matvec (matvec_q4.cu)
+        streams the packed weight; up to Q4_GEMM_MAX_TOKENS the Marlin-style 4-bit GEMM (gemm_q4.cu, weights
+        decoded to the same bf16 values --dequantize holds); above, the weight is dequantized into a bf16 scratch
+        (bit-exact with the --dequantize weights) for cuBLAS."""
         T, K = x.shape
         N, G = w.N, w.group_size
         assert w.K == K and out.shape == (T, N)
@@ -342,6 +365,11 @@ class CUDABackend:
                        (w.qweight, w.scales, NULL if w.zeros is None else w.zeros, x, b, out, np.int32(N),
                         np.int32(K), np.int32(T), np.int32(G), acc))
             return
+        if T <= Q4_GEMM_MAX_TOKENS:  # the Marlin-style 4-bit GEMM (gemm_q4.cu); above, dequantize + cuBLAS is faster
+            from llmrs.engine.backends.cuda_q4gemm import linear_q4
+
+            if linear_q4(self, x, w.marlin, bias, out, accumulate, name):
+                return
         wb = self._buf("dequant_w", (N, K), np.uint16)
         grid = (min(65535, -(-(N * K // 8) // 256)),)
         with self._span("dequant", "dequant " + name, N, K):
@@ -368,6 +396,11 @@ class CUDABackend:
 
     def _attention(self, layer: int, q: Any, q_stride: int, db: DeviceBatch, out: Any) -> None:
         """out [T, Hq*D] = paged causal attention of q (row stride q_stride) over layer's cache."""
+        if db.n_prefill_tiles:
+            from llmrs.engine.backends.cuda_prefill import prefill_attention
+
+            if prefill_attention(self, layer, q, q_stride, db, db.prefill_tiles, db.n_prefill_tiles, out):
+                return
         c = self.config
         T, Hq, Hkv, D = db.T, c.num_attention_heads, c.num_key_value_heads, c.head_dim
         S = self._splits(T, db.max_len)

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One lent H200 (or GPU 0 of a bigger machine): every GPU test, then the issue-8 figures for synthetic Qwen2.5
+# (reports/h200-qwen2.5/): single-stream decode (0.5B, 3B, 7B), the 7B through the server at 1 / 64 / 256
+# concurrent (prompt 256, 256 new tokens: TTFT, TPOT, output tok/s), and the 7B profile at 1 / 64 / 256.
+# Expects wheels of what the machine lacks in .whl/. Results land in $OUT. SKIP_TESTS=1 / SKIP_BENCH=1 skip parts.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/llmrs-perf-out}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=$PWD:/tmp/site
+else
+  export PYTHONPATH=$PWD
+fi
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+step() { echo; echo "=== $1 ($(date +%T))"; }
+step "GPU"; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  step "GPU tests"; LLMRS_GPU_REPORT=$OUT/gpu_figures.jsonl timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -m gpu \
+    -p no:cacheprovider -rs -x tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+fi
+[ "${SKIP_BENCH:-0}" = 1 ] && exit 0
+for p in qwen2.5-0.5b qwen2.5-3b qwen2.5-7b; do
+  step "decode bench $p"; timeout 100 python3 -m llmrs synth --like $p --decode-bench --bandwidth-gbs 4296 \
+    --prompt-len 256 --steps 256 --json "$OUT/decode-$p.json" 2>&1 | grep -E "ms_per_token|fraction_of_floor|rror"
+done
+step "serve synthetic qwen2.5-7b: 1, 64, 256 concurrent"
+python3 -m llmrs serve --synthetic qwen2.5-7b --device cuda --max-num-seqs 256 --port 8123 >"$OUT/serve-7b.log" 2>&1 &
+SRV=$!
+for i in $(seq 1 120); do curl -sf http://127.0.0.1:8123/health >/dev/null && break; sleep 1; done
+B="python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos --workers 8 -o $OUT"
+timeout 60 $B -c 1 -n 4 --label llmrs-h200-7b --name bench-7b-c1 2>&1 | tail -6
+timeout 150 $B --sweep concurrency=64,256 -n 256 --label llmrs-h200-7b --name bench-7b 2>&1 | tail -8
+kill -INT $SRV; wait $SRV
+step "profile qwen2.5-7b"; timeout 150 python3 -m llmrs profile --synthetic qwen2.5-7b --batch 1,64,256 --context 512 \
+  --steps 5 --top 10 --out "$OUT/profile-7b.json" >"$OUT/profile-7b.txt" 2>&1; head -14 "$OUT/profile-7b.txt"
