@@ -27,7 +27,16 @@ done
 step "serve synthetic qwen2.5-7b: 1, 64, 256 concurrent"
 python3 -m llmrs serve --synthetic qwen2.5-7b --device cuda --max-num-seqs 256 --port 8123 >"$OUT/serve-7b.log" 2>&1 &
 SRV=$!
-for i in $(seq 1 120); do curl -sf http://127.0.0.1:8123/health >/dev/null && break; sleep 1; done
+python3 - <<'PY'
+import time, httpx
+for _ in range(240):
+    try:
+        if httpx.get("http://127.0.0.1:8123/health", timeout=1).status_code == 200:
+            break
+    except httpx.HTTPError:
+        pass
+    time.sleep(0.5)
+PY
 B="python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos --workers 8 -o $OUT"
 timeout 60 $B -c 1 -n 4 --label llmrs-h200-7b --name bench-7b-c1 2>&1 | tail -6
 timeout 150 $B --sweep concurrency=64,256 -n 256 --label llmrs-h200-7b --name bench-7b 2>&1 | tail -8
