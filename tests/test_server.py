@@ -31,8 +31,12 @@ MODEL = os.environ.get("LLMRS_TEST_MODEL") or "smollm2-135m"
 
 def _max_model_len() -> int:
     from llmrs.engine.loader import resolve
+    from llmrs.errors import UserError
 
-    return resolve(MODEL).config.max_position_embeddings
+    try:
+        return resolve(MODEL).config.max_position_embeddings
+    except UserError as e:  # a GPU machine without the embedded package (make setup installs it everywhere else)
+        pytest.skip(str(e), allow_module_level=True)
 
 
 MAX_LEN = _max_model_len()
