@@ -186,6 +186,7 @@ def test_paged_attention_prefill_chunks_and_decodes(rng, head_dim, heads, kv, sp
     nb, bs = 64, 16
     be, ref = CUDABackend(c, num_blocks=nb), CPUBackend(c, num_blocks=nb)
     be.attn_splits = splits
+    be.prefill_min_tokens = None  # attn_partial itself (the tensor-core prefill kernel: test_prefill_attention_gpu.py)
     fill_caches(rng, be, ref)
     perm = rng.permutation(nb).tolist()
     # (new tokens, cached before): prefill 13; chunk of 5 after 20 cached; decode at 37; decode at 0; 300-token decode
