@@ -151,8 +151,7 @@ def _time(fn, reps=20):
 def test_prefill_attention_speed_against_the_decode_kernel(n_seqs, lengths):
     """Qwen2.5-7B attention shape (28 q / 4 kv heads, D 128), n_seqs fresh prompts of each length in one step:
     time both kernels with CUDA events (back-to-back launches: at the shortest lengths this is the launch
-    rate, not GPU time), report TFLOP/s (causal FLOPs 4 D Hq sum(pos + 1)); the tensor-core kernel must win
-    from 256 tokens a prompt."""
+    rate, not GPU time), report TFLOP/s (causal FLOPs 4 D Hq sum(pos + 1)). Run with -s for the table."""
     heads, kv, D, bs = 28, 4, 128, 16
     nb = n_seqs * -(-max(lengths) // bs) + 1
     be = CUDABackend(cfg(heads, kv, D), num_blocks=nb, block_size=bs, cuda_graphs=False)
@@ -168,7 +167,11 @@ def test_prefill_attention_speed_against_the_decode_kernel(n_seqs, lengths):
         tiles = plan_prefill_tiles(batch.query_start, batch.positions)
         td = cp.asarray(tiles.reshape(-1))
         t_new = _time(lambda: prefill_attention(be, 0, q, heads * D, db, td, tiles.shape[0], out))
-        t_old = _time(lambda: be._attention(0, q, heads * D, db, out))
+        be.prefill_min_tokens = None  # a step without tiles: _attention runs attn_partial
+        db_old = be.device_batch(batch)
+        be.prefill_min_tokens = 16
+        assert db_old.n_prefill_tiles == 0
+        t_old = _time(lambda: be._attention(0, q, heads * D, db_old, out))
         flops = 4.0 * D * heads * n_seqs * L * (L + 1) / 2
         rows.append((L, t_new, t_old))
         report(f"prefill_attn 7B-shape {n_seqs}x{L}", {"us": t_new * 1e6, "tflops": flops / t_new / 1e12,
@@ -176,7 +179,5 @@ def test_prefill_attention_speed_against_the_decode_kernel(n_seqs, lengths):
                                                        "attn_partial_tflops": flops / t_old / 1e12})
         print(f"{n_seqs:3d} x L={L:5d}  prefill_attn {t_new * 1e6:9.1f} us {flops / t_new / 1e12:7.1f} TFLOP/s   "
               f"attn_partial {t_old * 1e6:9.1f} us {flops / t_old / 1e12:7.1f} TFLOP/s")
-    for L, t_new, t_old in rows:
-        if L >= 256:
-            assert t_new < t_old, (L, t_new, t_old)
-    assert math.isfinite(rows[-1][1])
+    # figures only (reported, and recorded in reports/): timings are not asserted in tests
+    assert all(math.isfinite(t) and t > 0 for _, a, b in rows for t in (a, b))
