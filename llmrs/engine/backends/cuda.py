@@ -145,13 +145,15 @@ class CUDABackend:
         self._matvec_forced_splits = int(forced) if forced in ("1", "2", "4") else 0
         self.attn_splits: int | None = None  # None: chosen per step; tests force values
         # prefill attention on tensor cores (cuda_prefill.py) for steps where a sequence brings at least this many
-        # new tokens; None: never (LLMRS_PREFILL_ATTN=0). Measured on the H200 (7B shape): a tie with attn_partial
+        # new tokens (LLMRS_PREFILL_MIN_TOKENS, for experiments); None: never (LLMRS_PREFILL_ATTN=0). Measured on the
+        # H200 (7B shape): a tie with attn_partial
         # at 1 x 64 and 16 x 8 tokens, ahead from 16 x 16 and 1 x 128 on (1 x 256: 18 us vs 154 us).
-        self.prefill_min_tokens: int | None = 16
+        self.prefill_min_tokens: int | None = int(os.environ.get("LLMRS_PREFILL_MIN_TOKENS", "16"))
         self.k = get_kernels()  # compiles every kernel now (warm-up), not on the first request
         from llmrs.engine.backends.cuda_prefill import prefill_supported
 
-        if os.environ.get("LLMRS_PREFILL_ATTN", "1") in ("0", "false", "no", "off") or not prefill_supported(self):
+        if (os.environ.get("LLMRS_PREFILL_ATTN", "1") in ("0", "false", "no", "off") or not prefill_supported(self)
+                or self.prefill_min_tokens < 1):
             self.prefill_min_tokens = None
         self.pad_block = num_blocks  # one extra block: padding rows of a graph bucket write here, nothing reads it
         shape = (num_blocks + 1, c.num_key_value_heads, block_size, D)
