@@ -20,7 +20,7 @@ def synth(
     out: Optional[Path] = typer.Option(None, "--out", help="Write a Hugging Face-style checkpoint directory here."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random weights."),
     quant: Optional[str] = typer.Option(None, "--quant", show_default="bf16",
-                                        help="Write a quantized checkpoint instead: 'awq' (AutoAWQ 4-bit GEMM packing; --decode-bench stays bf16)."),
+                                        help="Write a quantized checkpoint instead: 'awq' (AutoAWQ 4-bit GEMM packing); with --decode-bench: time 4-bit weights packed on the GPU (the linear layers; embeddings and lm_head bf16)."),
     group_size: int = typer.Option(128, "--group-size", help="--quant awq: weights per scale/zero group."),
     decode_bench: bool = typer.Option(False, "--decode-bench",
                                       help="Build the weights on the GPU (no files) and time single-stream decode."),
@@ -50,8 +50,9 @@ def synth(
 
             bandwidth = measure_bandwidth(_import_cupy(), 1 << 30)
         with console.status(f"building {like} on the GPU and decoding ..."):
-            r = s.decode_benchmark(like, prompt_len=prompt_len, steps=steps, bandwidth_gbs=bandwidth)
-        t = Table(title=f"single-stream decode, synthetic {like} (bf16)")
+            r = s.decode_benchmark(like, prompt_len=prompt_len, steps=steps, bandwidth_gbs=bandwidth, quant=quant,
+                                   group_size=group_size)
+        t = Table(title=f"single-stream decode, synthetic {like} ({quant or 'bf16'})")
         for k in ("ms_per_token", "tok_s", "bytes_per_step", "achieved_gbs", "floor_ms_measured",
                   "fraction_of_floor_measured", "floor_ms_datasheet", "fraction_of_floor_datasheet", "prefill_ms"):
             if k in r:

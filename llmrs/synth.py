@@ -18,6 +18,7 @@ for timing, meaningless text.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import struct
@@ -257,13 +258,34 @@ def write_checkpoint(preset: str, out: Path, seed: int = 0, progress: Any = None
 
 
 # ---------------------------------------------------------------------- weights on the GPU
-def gpu_weights(c: ModelConfig, backend: Any, seed: int = 0) -> ModelWeights:
+def gpu_weights(c: ModelConfig, backend: Any, seed: int = 0, quant: str | None = None,
+                group_size: int = 128) -> ModelWeights:
     """Random weights drawn on the GPU in the backend's storage (bf16 matrices, f32 vectors); q/k/v and
-    gate/up already fused, as build_weights would give."""
+    gate/up already fused, as build_weights would give. quant="awq": the linear layers as packed 4-bit weights
+    (random codes, zero point 8, one scale giving about the bf16 draws' spread) in the form
+    CUDABackend.upload_quantized gives, with the 4-bit GEMM's reordered copy; embeddings and lm_head bf16."""
     from llmrs.engine.backends.cuda import round_bf16
+    from llmrs.errors import UserError
 
     cp = backend.cp
     rs = cp.random.RandomState(seed)
+    if quant not in (None, "awq"):
+        raise UserError(f"quant {quant!r}: synthetic GPU weights are bf16 (default) or awq")
+
+    def qmat(rows: int, cols: int) -> Any:
+        from llmrs.engine.backends.cuda_q4gemm import to_marlin
+        from llmrs.engine.quant import DeviceQuantWeight
+
+        if cols % group_size or group_size % 32:
+            raise UserError(f"--group-size {group_size} must be a multiple of 32 dividing {cols}")
+        words = rs.randint(0, 1 << 16, size=(rows, cols // 4), dtype=cp.int32).astype(cp.uint16)
+        qweight = cp.ascontiguousarray(words.view(cp.uint32))  # [rows, cols / 8]: 8 random 4-bit codes a word
+        fp16 = lambda v: cp.full((rows, cols // group_size), v, dtype=cp.float16).view(cp.uint16)  # noqa: E731
+        w = DeviceQuantWeight("awq", rows, cols, group_size, qweight, fp16(STD / 4.6), fp16(8.0))
+        w.marlin = to_marlin(backend, w)
+        return w
+
+    lin = (lambda r, k: qmat(r, k)) if quant == "awq" else (lambda r, k: mat(r, k))  # noqa: E731
 
     def mat(rows: int, cols: int) -> Any:
         x = rs.standard_normal((rows, cols), dtype=cp.float32)
@@ -279,8 +301,8 @@ def gpu_weights(c: ModelConfig, backend: Any, seed: int = 0) -> ModelWeights:
 
     h, i = c.hidden_size, c.intermediate_size
     n_qkv = c.q_size + 2 * c.kv_size
-    layers = [LayerWeights(input_norm=vec(h, 1.0), qkv=mat(n_qkv, h), qkv_bias=vec(n_qkv) if c.attention_bias else None,
-                           o=mat(h, c.q_size), post_norm=vec(h, 1.0), gate_up=mat(2 * i, h), down=mat(h, i))
+    layers = [LayerWeights(input_norm=vec(h, 1.0), qkv=lin(n_qkv, h), qkv_bias=vec(n_qkv) if c.attention_bias else None,
+                           o=lin(h, c.q_size), post_norm=vec(h, 1.0), gate_up=lin(2 * i, h), down=lin(h, i))
               for _ in range(c.num_hidden_layers)]
     embed = mat(c.vocab_size, h)
     lm_head = embed if c.tie_word_embeddings else mat(c.vocab_size, h)
@@ -288,7 +310,8 @@ def gpu_weights(c: ModelConfig, backend: Any, seed: int = 0) -> ModelWeights:
 
 
 def decode_benchmark(preset: str, prompt_len: int = 128, steps: int = 128, warmup: int = 8,
-                     bandwidth_gbs: float | None = None) -> dict[str, Any]:
+                     bandwidth_gbs: float | None = None, quant: str | None = None,
+                     group_size: int = 128) -> dict[str, Any]:
     """Single-stream greedy decode of a synthetic `preset` on the GPU: ms/token against the bandwidth floor
     (bytes a batch-1 step must read: every streamed weight + the KV read at the mean context, from the
     roofline cost model)."""
@@ -303,7 +326,7 @@ def decode_benchmark(preset: str, prompt_len: int = 128, steps: int = 128, warmu
     total = prompt_len + warmup + steps + 1
     backend = CUDABackend(c, num_blocks=-(-total // bs), block_size=bs)
     t0 = time.perf_counter()
-    model = CUDAModel(c, gpu_weights(c, backend), backend)
+    model = CUDAModel(c, gpu_weights(c, backend, quant=quant, group_size=group_size), backend)
     backend.synchronize()
     build_s = time.perf_counter() - t0
     table = list(range(-(-total // bs)))
@@ -325,8 +348,11 @@ def decode_benchmark(preset: str, prompt_len: int = 128, steps: int = 128, warmu
         cached += 1
     ms = 1000 * float(np.median(times))
     mean_ctx = prompt_len + warmup + steps // 2
-    cost = ModelCost.build(c, get_format("bf16")).decode_step(1, mean_ctx)
-    out = {"preset": preset, "prompt_len": prompt_len, "steps": steps, "ms_per_token": round(ms, 4),
+    fmt = get_format("bf16" if quant is None else "awq")
+    if quant is not None and group_size != 128:
+        fmt = dataclasses.replace(fmt, bits_per_weight=4 + 32 / group_size)
+    cost = ModelCost.build(c, fmt).decode_step(1, mean_ctx)
+    out = {"preset": preset, "weights": quant or "bf16", "prompt_len": prompt_len, "steps": steps, "ms_per_token": round(ms, 4),
            "tok_s": round(1000 / ms, 1), "ms_mean": round(1000 * float(np.mean(times)), 4),
            "bytes_per_step": cost.bytes, "achieved_gbs": round(cost.bytes / (ms * 1e-3) / 1e9, 1),
            "prefill_ms": round(1000 * prefill_s, 2), "weights_built_s": round(build_s, 2)}

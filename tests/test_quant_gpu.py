@@ -163,3 +163,15 @@ def test_smollm2_q4_1_kept_quantized_equals_dequantized_bf16_path():
     assert isinstance(quant.model.w.layers[0].gate_up, Q.DeviceQuantWeight)
     dense = ModelRunner(load("smollm2-135m", keep_quantized=False), num_blocks=64, device="cuda")
     compare_weights("smollm2 Q4_1 quantized vs --dequantize", quant, dense, prompts_for(kept.tokenizer))
+
+
+def test_synthetic_awq_decode_bench_runs_packed_weights():
+    """`llmrs synth --like P --quant awq --decode-bench`: 4-bit weights drawn on the GPU in the backend's packed
+    form (+ the GEMM's reordered copy), decoded through the 4-bit matvec; bytes from the awq format."""
+    from llmrs.synth import decode_benchmark
+
+    r = decode_benchmark("qwen2.5-0.5b", prompt_len=40, steps=8, warmup=2, quant="awq")
+    bf16 = decode_benchmark("qwen2.5-0.5b", prompt_len=40, steps=8, warmup=2)
+    assert r["weights"] == "awq" and r["ms_per_token"] > 0
+    assert r["bytes_per_step"] < 0.75 * bf16["bytes_per_step"]  # 4.25-bit linears, bf16 lm_head
+    report("decode awq qwen2.5-0.5b ms/token (8 steps)", r["ms_per_token"])
