@@ -1,0 +1,386 @@
+"""Host (Python) overhead of the serving path, with the GPU taken out: a fake runner that answers instantly.
+
+On an H200 a 256-sequence decode step of Qwen2.5-7B takes ~21 ms on the GPU, but the server delivered a TPOT
+of ~37 ms: the difference is host work (scheduling, StepBatch, stop checks, detokenizing, queue handoff, SSE).
+This harness runs the real engine, with a FakeRunner in place of the ModelRunner, and measures that host work:
+
+- `engine`: the real LLMEngine; N requests (random prompts, ignore_eos, greedy) run to completion; every step
+  timed; decode steps reported apart from prefill steps; a cProfile of the decode steps.
+- `async`: the real AsyncEngine (engine thread + asyncio streams), N consumers reading their streams; wall time
+  per decode step (the step loop and the consumers share the GIL, so this is what a stream really sees).
+- `server`: the real `llmrs serve` app (uvicorn, FastAPI routes, SSE) over the fake runner, loaded by the real
+  `llmrs bench` client; TPOT and output tok/s, plus the server's own per-step interval and a cProfile of its
+  engine thread and its event-loop thread.
+- `serve`: just the server (what `server` starts; usable with `llmrs bench --server-cmd`).
+
+The fake runner's tokens are deterministic ordinary text (a passage cycled from a per-sequence offset), never a
+stop token, so detokenization and stop checks do real work. `--gpu-ms` makes each step sleep (GIL released), as
+the real step waits on the GPU, to see how much host work hides under it.
+
+Usage:
+  python scripts/bench_host_overhead.py engine --seqs 64,256 [--profile] [--out reports/host-overhead/x.json]
+  python scripts/bench_host_overhead.py async --seqs 64,256
+  python scripts/bench_host_overhead.py server --seqs 64,256 [--gpu-ms 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import io
+import json
+import os
+import platform
+import pstats
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from llmrs.engine.config import EngineConfig
+from llmrs.engine.engine import AsyncEngine, LLMEngine
+from llmrs.engine.loader import load
+from llmrs.engine.sampling import SampleResult, SamplingParams
+
+PASSAGE = (
+    "Paged attention stores the keys and values of every sequence in fixed-size blocks, so memory is handed out "
+    "as the sequence grows and nothing is reserved for tokens that never come. Continuous batching admits new "
+    "requests at every step, and a request that finishes leaves at once: the GPU stays busy. The scheduler gives "
+    "each running request some tokens per step until its computed count catches up with its length; chunked "
+    "prefill, prefix caching and decode all fall out of that one rule. Numbers like 12345 and 3.14159, symbols "
+    "such as #, @ and %, and a little Unicode (café, naïve, Zürich, 東京, Привет, 🙂🚀) keep the detokenizer honest. "
+)
+
+
+class FakeRunner:
+    """Stands in for ModelRunner: `execute_and_sample` returns one token per sampled row at once (or after
+    `gpu_ms` of sleep). Token of sequence b at position p: pool[(p + 37 * first_block_b) % len(pool)]."""
+
+    def __init__(self, tokenizer, stop_ids: list[int], num_blocks: int, block_size: int, gpu_ms: float = 0.0):
+        ids = [t for t in tokenizer.encode(PASSAGE * 4, add_special_tokens=False) if t not in set(stop_ids)]
+        self.pool = np.asarray(ids, dtype=np.int64)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.gpu_s = gpu_ms / 1e3
+        self.time_s = 0.0  # host time spent in here (subtracted from the engine's)
+        self.step_starts: list[tuple[float, int, int]] = []  # (perf_counter, num_seqs, num_tokens) per step
+
+    def execute_and_sample(self, batch, states: list) -> list[SampleResult]:
+        t0 = time.perf_counter()
+        self.step_starts.append((t0, batch.num_seqs, batch.num_tokens))
+        rows = batch.sample_rows
+        seq = np.searchsorted(batch.query_start, rows, side="right") - 1
+        toks = self.pool[(batch.positions[rows].astype(np.int64) + 37 * batch.block_tables[seq, 0]) % len(self.pool)]
+        out = [SampleResult(t) for t in toks.tolist()]
+        if self.gpu_s:
+            time.sleep(self.gpu_s)
+        self.time_s += time.perf_counter() - t0
+        return out
+
+
+def random_prompts(n: int, length: int, vocab: int, stop_ids: list[int], seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    bad = set(stop_ids)
+    out = []
+    for _ in range(n):
+        ids = rng.integers(1000, min(vocab, 100_000), size=length).tolist()
+        out.append([t if t not in bad else 1000 for t in ids])
+    return out
+
+
+def build_engine(loaded, n: int, prompt_len: int, max_tokens: int, gpu_ms: float = 0.0) -> LLMEngine:
+    bs = 16
+    tokens = n * (prompt_len + max_tokens + bs)
+    cfg = EngineConfig(block_size=bs, kv_cache_tokens=tokens, max_num_seqs=n, max_num_batched_tokens=2048)
+    runner = FakeRunner(loaded.tokenizer, loaded.stop_token_ids, -(-tokens // bs), bs, gpu_ms)
+    return LLMEngine(loaded, cfg, runner=runner)
+
+
+def params(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def top_functions(prof: cProfile.Profile, n: int = 25) -> list[dict]:
+    st = pstats.Stats(prof)
+    rows = []
+    for (file, line, fn), (cc, nc, tt, ct, _) in st.stats.items():  # type: ignore[attr-defined]
+        short = file.split("/llmrs/")[-1] if "/llmrs/" in file else Path(file).name
+        rows.append({"function": f"{short}:{line}({fn})", "calls": nc, "tottime_s": round(tt, 4),
+                     "cumtime_s": round(ct, 4)})
+    rows.sort(key=lambda r: -r["tottime_s"])
+    return rows[:n]
+
+
+def print_profile(prof: cProfile.Profile, title: str, n: int = 25) -> str:
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(n)
+    text = s.getvalue()
+    print(f"--- cProfile ({title}), by own time ---")
+    print("\n".join(line for line in text.splitlines() if line.strip())[:6000])
+    return text
+
+
+# ---------------------------------------------------------------------- engine
+def run_engine(loaded, n: int, prompt_len: int, max_tokens: int, profile: bool) -> dict:
+    eng = build_engine(loaded, n, prompt_len, max_tokens)
+    runner: FakeRunner = eng.runner
+    for i, p in enumerate(random_prompts(n, prompt_len, loaded.config.vocab_size, loaded.stop_token_ids)):
+        eng.add_request(f"r{i}", p, params(max_tokens))
+    prof = cProfile.Profile() if profile else None
+    decode, other, out_tokens = [], [], 0
+    text_chars = 0
+    t_all = time.perf_counter()
+    while eng.has_unfinished():
+        r0 = runner.time_s
+        is_decode = not eng.scheduler.waiting and all(
+            s.num_computed_tokens == s.num_tokens - 1 for s in eng.scheduler.running)
+        if prof is not None and is_decode:
+            prof.enable()
+        t0 = time.perf_counter()
+        outs = eng.step()
+        dt = time.perf_counter() - t0
+        if prof is not None and is_decode:
+            prof.disable()
+        dt -= runner.time_s - r0
+        (decode if is_decode else other).append((dt, len(outs)))
+        out_tokens += sum(len(o.token_ids) for o in outs)
+        text_chars += sum(len(o.text) for o in outs)
+    total = time.perf_counter() - t_all - runner.time_s
+    assert out_tokens == n * max_tokens, (out_tokens, n * max_tokens)
+    d = np.array([x for x, _ in decode])
+    res = {
+        "seqs": n, "prompt_len": prompt_len, "max_tokens": max_tokens, "decode_steps": len(decode),
+        "other_steps": len(other), "output_tokens": out_tokens, "text_chars": text_chars,
+        "decode_step_us_mean": round(float(d.mean()) * 1e6, 1),
+        "decode_step_us_p50": round(float(np.median(d)) * 1e6, 1),
+        "decode_us_per_token": round(float(d.mean()) * 1e6 / n, 2),
+        "other_step_us_mean": round(float(np.mean([x for x, _ in other])) * 1e6, 1) if other else None,
+        "total_host_s": round(total, 3),
+        "total_us_per_output_token": round(total * 1e6 / out_tokens, 2),
+        "fake_runner_s": round(runner.time_s, 3),
+    }
+    print(f"engine  seqs={n:4d}: decode step {res['decode_step_us_mean']:8.1f} us "
+          f"({res['decode_us_per_token']:.2f} us/token; p50 {res['decode_step_us_p50']:.1f}), prefill-ish steps "
+          f"{res['other_step_us_mean']} us x {len(other)}, whole run {res['total_us_per_output_token']:.2f} us/output "
+          f"token (fake runner {runner.time_s * 1e3:.0f} ms excluded)")
+    if prof is not None:
+        print_profile(prof, f"engine decode steps, {n} seqs")
+        res["profile_top"] = top_functions(prof)
+    return res
+
+
+# ---------------------------------------------------------------------- async
+def run_async(loaded, n: int, prompt_len: int, max_tokens: int, gpu_ms: float, profile: bool) -> dict:
+    eng = build_engine(loaded, n, prompt_len, max_tokens, gpu_ms)
+    runner: FakeRunner = eng.runner
+    ae = AsyncEngine(eng, model_name="fake")
+    prof = cProfile.Profile() if profile else None
+    if prof is not None:  # cProfile sees only the thread that enables it: wrap the engine thread's loop
+        loop_fn = ae._loop
+
+        def profiled_loop() -> None:
+            prof.enable()
+            try:
+                loop_fn()
+            finally:
+                prof.disable()
+
+        ae._loop = profiled_loop  # type: ignore[method-assign]
+    prompts = random_prompts(n, prompt_len, loaded.config.vocab_size, loaded.stop_token_ids)
+
+    async def main() -> tuple[int, float]:
+        ae.start()
+        t0 = time.perf_counter()
+
+        async def consume(i: int) -> int:
+            got = 0
+            async for out in ae.add_request(f"r{i}", prompts[i], params(max_tokens)):
+                got += len(out.token_ids)
+            return got
+
+        counts = await asyncio.gather(*(consume(i) for i in range(n)))
+        dt = time.perf_counter() - t0
+        await ae.shutdown()
+        return sum(counts), dt
+
+    tokens, wall = asyncio.run(main())
+    assert tokens == n * max_tokens
+    starts = runner.step_starts
+    dec = [i for i, (_, b, t) in enumerate(starts) if b == n and t == n]
+    gaps = np.diff([starts[i][0] for i in dec]) if len(dec) > 1 else np.array([0.0])
+    res = {"seqs": n, "gpu_ms": gpu_ms, "wall_s": round(wall, 3), "output_tokens": tokens,
+           "output_tok_s": round(tokens / wall, 1), "decode_steps": len(dec),
+           "decode_step_interval_us_mean": round(float(gaps.mean()) * 1e6, 1),
+           "decode_step_interval_us_p50": round(float(np.median(gaps)) * 1e6, 1)}
+    print(f"async   seqs={n:4d} gpu_ms={gpu_ms:g}: decode step interval {res['decode_step_interval_us_mean']:8.1f} us "
+          f"(p50 {res['decode_step_interval_us_p50']:.1f}); {res['output_tok_s']:.0f} output tok/s")
+    if prof is not None:
+        print_profile(prof, f"engine thread, {n} seqs")
+        res["profile_top_engine_thread"] = top_functions(prof)
+    return res
+
+
+# ---------------------------------------------------------------------- serve / server
+def serve(args) -> None:
+    """`llmrs serve` over the fake runner (the app, routes and SSE are the real ones)."""
+    import uvicorn
+
+    from llmrs.server.app import ServerSettings, build_app
+
+    loaded = load(args.model)
+    eng = build_engine(loaded, args.max_num_seqs, args.max_model_tokens, 0, args.gpu_ms or 0.0)
+    runner: FakeRunner = eng.runner
+    ae = AsyncEngine(eng, model_name="fake")
+    profs: dict[str, cProfile.Profile] = {}
+    if args.profile_out:
+        profs["engine thread"] = cProfile.Profile()
+        loop_fn = ae._loop
+
+        def profiled_loop() -> None:
+            profs["engine thread"].enable()
+            try:
+                loop_fn()
+            finally:
+                profs["engine thread"].disable()
+
+        ae._loop = profiled_loop  # type: ignore[method-assign]
+        profs["event loop thread"] = cProfile.Profile()
+        profs["event loop thread"].enable()
+    app = build_app(ae, ServerSettings(served_names=["fake"], model_root=args.model))
+    try:
+        uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning",
+                                      access_log=False)).run()
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT that `llmrs bench` stops its server with
+        pass
+    if args.stats_out:
+        Path(args.stats_out).write_text(json.dumps([list(s) for s in runner.step_starts]))
+    if args.profile_out:
+        profs["event loop thread"].disable()
+        with open(args.profile_out, "w") as f:
+            json.dump({k: top_functions(p, 30) for k, p in profs.items()}, f)
+        for k, p in profs.items():
+            print_profile(p, k, 30)
+
+
+H200_STEP_MS = {64: 9.5, 256: 21.0}  # CUDA-graph decode step of synthetic Qwen2.5-7B, measured
+
+
+def run_server(args, n: int) -> dict:
+    gpu_ms = args.gpu_ms if args.gpu_ms is not None else H200_STEP_MS.get(n, 0.0)
+    tmp = Path(tempfile.mkdtemp(prefix="llmrs-host-"))
+    me = shlex.join([sys.executable, str(Path(__file__).resolve())])
+    server_cmd = (f"{me} serve --port {{port}} --model {shlex.quote(args.model)} --max-num-seqs {n} "
+                  f"--max-model-tokens {args.prompt_len + args.max_tokens} --gpu-ms {gpu_ms} "
+                  f"--stats-out {tmp / 'steps.json'}" + (f" --profile-out {tmp / 'prof.json'}" if args.profile else ""))
+    cmd = [sys.executable, "-m", "llmrs.cli", "bench", "--server-cmd", server_cmd, "--concurrency", str(n),
+           "--num-prompts", str(n * args.rounds), "--input-len", str(args.prompt_len), "--output-len",
+           str(args.max_tokens), "--ignore-eos", "--prompt-format", "ids", "--workers", str(args.workers),
+           "--out-dir", str(tmp), "--name", "bench"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(proc.stdout[-3000:], proc.stderr[-3000:])
+        raise SystemExit(f"bench failed ({proc.returncode})")
+    bench = json.loads((tmp / "bench.json").read_text())
+    summary = bench["runs"][0]["summary"]
+    starts = json.loads((tmp / "steps.json").read_text())
+    dec = [s[0] for s in starts if s[1] == s[2] and s[1] >= n * 0.9]
+    gaps = np.diff(dec)
+    gaps = gaps[gaps < 0.5] if len(gaps) else np.array([0.0])  # drop pauses between rounds
+    res = {"seqs": n, "gpu_ms": gpu_ms, "decode_step_interval_us_mean": round(float(gaps.mean()) * 1e6, 1),
+           "decode_step_interval_us_p50": round(float(np.median(gaps)) * 1e6, 1), "bench_summary": summary}
+    tpot = round(summary["tpot_ms"]["mean"], 2)
+    tput = round(summary["output_throughput"], 1)
+    res["mean_tpot_ms"], res["output_tok_s"] = tpot, tput
+    res["host_us_per_step"] = round(res["decode_step_interval_us_mean"] - gpu_ms * 1e3, 1)
+    print(f"server  seqs={n:4d} gpu_ms={gpu_ms:g}: server decode step interval "
+          f"{res['decode_step_interval_us_mean']:8.1f} us (p50 {res['decode_step_interval_us_p50']:.1f}; host "
+          f"{res['host_us_per_step']:.0f} us beyond the fake GPU step); "
+          f"client: TPOT {tpot} ms, {tput} output tok/s")
+    if args.profile and (tmp / "prof.json").exists():
+        res["profile_top"] = json.loads((tmp / "prof.json").read_text())
+        for k, rows in res["profile_top"].items():
+            print(f"--- server cProfile: {k} (top by own time) ---")
+            for r in rows[:20]:
+                print(f"  {r['tottime_s']:8.3f}s own {r['cumtime_s']:8.3f}s cum {r['calls']:8d}  {r['function']}")
+    return res
+
+
+# ---------------------------------------------------------------------- main
+def machine() -> dict:
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("mode", choices=["engine", "async", "server", "serve"])
+    ap.add_argument("--model", default="synthetic:qwen2.5-7b", help="its tokenizer and config are used (no weights)")
+    ap.add_argument("--seqs", default="64,256")
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--gpu-ms", type=float, default=None,
+                    help="sleep per step (GIL released), like a GPU wait [engine/async: 0; server: the H200's measured "
+                         "decode step of synthetic Qwen2.5-7B: 9.5 ms at 64 sequences, 21 ms at 256]")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--repeat", type=int, default=1, help="engine/async: runs per size; the best is kept")
+    ap.add_argument("--rounds", type=int, default=2, help="server: num-prompts = seqs * rounds")
+    ap.add_argument("--workers", type=int, default=1, help="server: bench client processes")
+    ap.add_argument("--label", default="")
+    ap.add_argument("--out", type=Path, default=None, help="results JSON")
+    # serve-only
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-model-tokens", type=int, default=512)
+    ap.add_argument("--stats-out", default=None)
+    ap.add_argument("--profile-out", default=None)
+    args = ap.parse_args()
+    if args.mode == "serve":
+        return serve(args)
+    if args.mode != "server" and args.gpu_ms is None:
+        args.gpu_ms = 0.0
+    loaded = load(args.model)
+    results = []
+    for n in [int(x) for x in args.seqs.split(",")]:
+        if args.mode == "server":
+            results.append(run_server(args, n))
+            continue
+        runs = []
+        for r in range(args.repeat):
+            prof = args.profile and r == args.repeat - 1
+            if args.mode == "engine":
+                runs.append(run_engine(loaded, n, args.prompt_len, args.max_tokens, prof))
+            else:
+                runs.append(run_async(loaded, n, args.prompt_len, args.max_tokens, args.gpu_ms, prof))
+        key = "decode_step_us_mean" if args.mode == "engine" else "decode_step_interval_us_mean"
+        best = min(runs, key=lambda x: x[key])
+        best["profile_top" if args.mode == "engine" else "profile_top_engine_thread"] = next(
+            (x.get("profile_top", x.get("profile_top_engine_thread")) for x in runs
+             if "profile_top" in x or "profile_top_engine_thread" in x), None)
+        best["all_runs_" + key] = [x[key] for x in runs]
+        results.append(best)
+    doc = {"mode": args.mode, "label": args.label, "model": args.model, "machine": machine(),
+           "command": shlex.join(["python", "scripts/bench_host_overhead.py", *sys.argv[1:]]),
+           "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+           "results": results}
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(doc, indent=1))
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
