@@ -206,6 +206,11 @@ class LLMEngine:
         return [results[r] for r in order]
 
 
+def _put_all(items: list[tuple[asyncio.Queue, Any]]) -> None:
+    for q, item in items:
+        q.put_nowait(item)
+
+
 class AsyncEngine:
     """The engine loop in one background thread; each request's deltas go to its own asyncio queue."""
 
@@ -303,11 +308,22 @@ class AsyncEngine:
 
     # ------------------------------------------------------------------ the loop (engine thread)
     def _deliver(self, outputs: list[StepOutput]) -> None:
+        """Hand a step's outputs to their streams: one thread-safe call per event loop, not one per output.
+
+        NOTE: each `call_soon_threadsafe` writes to the loop's self-pipe (a syscall, taken under the GIL); at 256
+        streams that was milliseconds per step."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, StepOutput]]] = {}
+        streams = self._streams
         for o in outputs:
-            target = self._streams.get(o.request_id)
+            target = streams.get(o.request_id)
             if target is not None:
                 loop, q = target
-                loop.call_soon_threadsafe(q.put_nowait, o)
+                items = by_loop.get(loop)
+                if items is None:
+                    items = by_loop[loop] = []
+                items.append((q, o))
+        for loop, items in by_loop.items():
+            loop.call_soon_threadsafe(_put_all, items)
 
     def _drain_commands(self) -> None:
         while True:
