@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +28,22 @@ def check_invariants(kv: KVCacheManager, live: dict[int, list[int]]) -> None:
     # a cached hash always points at a block whose stored tokens are its own
     for h, b in kv.pool.cached.items():
         assert b.block_hash == h and b.tokens is not None
+    # the incrementally kept table rows equal the block lists, -1 past them; freed rows are all -1
+    assert set(kv.row_of) == set(kv.req_blocks)
+    assert len(set(kv.row_of.values())) == len(kv.row_of)
+    for key, blocks in kv.req_blocks.items():
+        row = kv.table[kv.row_of[key]]
+        assert row[: len(blocks)].tolist() == [b.block_id for b in blocks]
+        assert (row[len(blocks):] == -1).all()
+    for r in kv._free_rows:
+        assert (kv.table[r] == -1).all()
+    keys = sorted(kv.req_blocks)
+    if keys:
+        rebuilt = np.full((len(keys), max(1, max(len(kv.req_blocks[k]) for k in keys))), -1, dtype=np.int32)
+        for i, k in enumerate(keys):
+            rebuilt[i, : len(kv.req_blocks[k])] = kv.block_ids(k)
+        got = kv.block_tables(keys)
+        assert got.dtype == np.int32 and np.array_equal(got, rebuilt)
 
 
 ops = st.lists(
@@ -35,10 +53,11 @@ ops = st.lists(
 )
 
 
+@pytest.mark.parametrize("num_blocks", [NUM_BLOCKS, 48])  # 48: past the table's first 8 x 8, so it grows
 @settings(max_examples=300, deadline=None)
-@given(ops)
-def test_any_op_sequence_leaks_nothing_and_refcounts_return_to_zero(program):
-    kv = KVCacheManager(NUM_BLOCKS, BS, enable_prefix_caching=True)
+@given(program=ops)
+def test_any_op_sequence_leaks_nothing_and_refcounts_return_to_zero(num_blocks, program):
+    kv = KVCacheManager(num_blocks, BS, enable_prefix_caching=True)
     live: dict[int, list[int]] = {}  # seq key -> its tokens, all computed
     next_key = 0
     for op, pick, tokens in program:
@@ -68,7 +87,7 @@ def test_any_op_sequence_leaks_nothing_and_refcounts_return_to_zero(program):
     for key in list(live):
         kv.free(key)
     check_invariants(kv, {})
-    assert kv.num_free_blocks == NUM_BLOCKS
+    assert kv.num_free_blocks == num_blocks
     assert all(b.ref_cnt == 0 for b in kv.pool.blocks)
 
 

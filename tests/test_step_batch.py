@@ -4,8 +4,10 @@ with scattered blocks, give the same logits as each sequence computed alone in o
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from llmrs.engine.batch import build_step_batch
+from llmrs.engine.batch import build_step_batch, build_step_batch_arrays
 from llmrs.engine.loader import load
 from llmrs.engine.runner import ModelRunner
 
@@ -33,3 +35,76 @@ def test_mixed_step_equals_sequences_alone(tiny_qwen2):
     logits = r.execute(s2)
     np.testing.assert_allclose(logits[0], alone["a"], atol=1e-4)
     np.testing.assert_allclose(logits[1], alone["b"], atol=1e-4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 70), st.integers(1, 40), st.booleans()), min_size=1, max_size=12),
+       st.sampled_from([1, 4, 16]))
+def test_vectorized_builder_equals_the_reference_builder(seqs, bs):
+    """build_step_batch_arrays (the scheduler's, from a padded block-table array) == build_step_batch."""
+    rng = np.random.default_rng(len(seqs) * 100 + bs)
+    entries = []
+    for cached, n, sample in seqs:
+        table = rng.permutation(1000)[: -(-(cached + n) // bs)].tolist()
+        entries.append((rng.integers(0, 50000, n).tolist(), cached, table, sample))
+    ref = build_step_batch(entries, bs)
+    tables = np.full((len(entries), max(len(t) for _, _, t, _ in entries)), -1, dtype=np.int32)
+    for i, (_, _, t, _) in enumerate(entries):
+        tables[i, : len(t)] = t
+    got = build_step_batch_arrays([t for e in entries for t in e[0]], [e[1] for e in entries],
+                                  [len(e[0]) for e in entries], tables, [e[3] for e in entries], bs)
+    got.validate(bs)
+    for f in ("token_ids", "positions", "query_start", "context_lens", "block_tables", "slot_mapping", "sample_rows"):
+        a, b = getattr(ref, f), getattr(got, f)
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), f
+
+
+class _RecordingRunner:
+    """Answers at once (token = position % 50 + 100, never EOS), keeping every batch it was given."""
+
+    def __init__(self, num_blocks: int):
+        self.num_blocks, self.batches = num_blocks, []
+
+    def execute_and_sample(self, batch, states):
+        from llmrs.engine.sampling import SampleResult
+
+        self.batches.append(batch)
+        return [SampleResult(int(p) % 50 + 100) for p in batch.positions[batch.sample_rows]]
+
+
+def test_scheduler_batches_equal_the_reference_builder_through_prefill_preemption_and_finish(smollm2):
+    """Every step of a run with chunked prefill, prefix hits, preemption and staggered finishes: the batch the
+    scheduler builds equals build_step_batch over the same sequences (their tokens and block lists)."""
+    from llmrs.engine.config import EngineConfig
+    from llmrs.engine.engine import LLMEngine
+    from llmrs.engine.sampling import SamplingParams
+
+    bs = 4
+    runner = _RecordingRunner(num_blocks=40)  # small: forces preemption
+    eng = LLMEngine(smollm2, EngineConfig(block_size=bs, max_num_seqs=6, max_num_batched_tokens=24), runner=runner)
+    rng = np.random.default_rng(0)
+    shared = rng.integers(1000, 5000, 9).tolist()
+    for i in range(9):
+        prompt = (shared if i % 2 else []) + rng.integers(1000, 5000, int(rng.integers(3, 30))).tolist()
+        eng.add_request(f"r{i}", prompt, SamplingParams(max_tokens=int(rng.integers(1, 25)), temperature=0.0,
+                                                        ignore_eos=True))
+    steps = 0
+    while eng.has_unfinished():
+        plan = eng.scheduler.schedule()
+        if plan is None:
+            break
+        entries = []
+        for seq, n in zip(plan.seqs, plan.num_new_tokens):
+            start = seq.num_computed_tokens
+            entries.append((seq.all_ids[start : start + n], start, eng.kv.block_ids(seq),
+                            start + n == seq.num_tokens))
+        ref = build_step_batch(entries, bs)
+        for f in ("token_ids", "positions", "query_start", "context_lens", "block_tables", "slot_mapping",
+                  "sample_rows"):
+            assert np.array_equal(getattr(ref, f), getattr(plan.batch, f)), (steps, f)
+        plan.batch.validate(bs)
+        results = runner.execute_and_sample(plan.batch, [s.sampling for s in plan.sample_seqs])
+        eng.scheduler.update(plan, results)
+        steps += 1
+    assert not eng.has_unfinished() and eng.scheduler.num_preemptions > 0
+    assert eng.kv.num_free_blocks == 40 and not eng.kv.row_of

@@ -97,3 +97,32 @@ def build_step_batch(
         slot_mapping=np.asarray(slots, dtype=np.int64),
         sample_rows=np.asarray(sample_rows, dtype=np.int32),
     )
+
+
+def build_step_batch_arrays(token_ids: list[int], num_cached: list[int], num_new: list[int],
+                            block_tables: np.ndarray, sample: list[bool], block_size: int) -> StepBatch:
+    """`build_step_batch` vectorized (what the scheduler calls every step): the same StepBatch, from the new
+    tokens of all sequences flattened, per-sequence counts, and the block tables already as one padded array."""
+    B = len(num_new)
+    cached = np.asarray(num_cached, dtype=np.int64)
+    new = np.asarray(num_new, dtype=np.int64)
+    assert B > 0 and int(new.min()) > 0
+    query_start = np.zeros(B + 1, dtype=np.int64)
+    np.cumsum(new, out=query_start[1:])
+    T = int(query_start[-1])
+    if T == B:  # one new token per sequence: a decode step
+        seq_of = np.arange(B)
+        positions = cached
+    else:
+        seq_of = np.repeat(np.arange(B), new)
+        positions = np.arange(T) - query_start[seq_of] + cached[seq_of]
+    slots = block_tables[seq_of, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    return StepBatch(
+        token_ids=np.asarray(token_ids, dtype=np.int32),
+        positions=positions.astype(np.int32),
+        query_start=query_start.astype(np.int32),
+        context_lens=(cached + new).astype(np.int32),
+        block_tables=block_tables,
+        slot_mapping=slots,
+        sample_rows=(query_start[1:][np.asarray(sample, dtype=bool)] - 1).astype(np.int32),
+    )

@@ -8,6 +8,10 @@ whose hash is cached and whose stored tokens match (the hit is confirmed by toke
 stopping at the first miss. The hit is capped so at least the prompt's last token is computed: its logits are
 what the first sampled token comes from.
 
+Block tables live twice: as `Block` lists (`req_blocks`, what ref counts and hashes hang on) and as rows of one
+growing int32 array (`table`, -1 past each sequence's blocks), kept in step by every change, so a step's
+`block_tables` is one fancy-indexing gather instead of a Python loop over sequences.
+
 Freed blocks keep their hash and go to the tail of the free queue; allocation takes from the head, so cached
 blocks are evicted in LRU order and a block freed just now is the last to go. A request frees its blocks in
 reverse order, so a sequence's tail (the least shareable part) is evicted before its head.
@@ -17,6 +21,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(slots=True, eq=False)
@@ -102,6 +108,10 @@ class KVCacheManager:
         self.req_hashes: dict[object, list[int]] = {}  # chain hashes of the sequence's full, cached blocks
         self.prefix_queries = 0  # prompt tokens looked up
         self.prefix_hits = 0  # of those, tokens found in the cache
+        # the block tables as array rows: row_of[key] is the key's row; -1 past its blocks
+        self.table = np.full((8, 8), -1, dtype=np.int32)
+        self.row_of: dict[object, int] = {}
+        self._free_rows: list[int] = list(range(7, -1, -1))
 
     @property
     def num_free_blocks(self) -> int:
@@ -112,6 +122,35 @@ class KVCacheManager:
 
     def block_ids(self, key: object) -> list[int]:
         return [b.block_id for b in self.req_blocks.get(key, [])]
+
+    def block_tables(self, keys: list) -> np.ndarray:
+        """[len(keys), max blocks among them] int32 block ids, padded with -1 (the StepBatch's block_tables)."""
+        rows = [self.row_of[k] for k in keys]
+        width = max((len(self.req_blocks[k]) for k in keys), default=0)
+        return self.table[rows, : max(width, 1)]
+
+    # ------------------------------------------------------------------ table rows
+    def _write_row(self, key: object, blocks: list[Block], start: int) -> None:
+        """Mirror blocks[start:] into the key's table row (taking a row, growing the table, as needed)."""
+        row = self.row_of.get(key)
+        if row is None:
+            if not self._free_rows:
+                n = self.table.shape[0]
+                self.table = np.concatenate([self.table, np.full_like(self.table, -1)])
+                self._free_rows = list(range(2 * n - 1, n - 1, -1))
+            row = self.row_of[key] = self._free_rows.pop()
+        if len(blocks) > self.table.shape[1]:
+            grown = np.full((self.table.shape[0], max(len(blocks), 2 * self.table.shape[1])), -1, dtype=np.int32)
+            grown[:, : self.table.shape[1]] = self.table
+            self.table = grown
+        if len(blocks) > start:
+            self.table[row, start : len(blocks)] = [b.block_id for b in blocks[start:]]
+
+    def _release_row(self, key: object, n: int) -> None:
+        row = self.row_of.pop(key, None)
+        if row is not None:
+            self.table[row, :n] = -1
+            self._free_rows.append(row)
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -142,7 +181,10 @@ class KVCacheManager:
         `computed` are prefix-cache hits for a sequence being admitted: they are referenced, not allocated.
         """
         blocks = self.req_blocks.get(key, [])
+        if not computed and -(-total_tokens // self.block_size) <= len(blocks) and key in self.req_blocks:
+            return True  # already covered (every decode step but one in block_size)
         computed = computed or []
+        start = len(blocks)
         # hits that sit in the free queue stop being free once touched: count them against the free pool
         free_hits = sum(1 for b in computed if b.ref_cnt == 0)
         need = self.blocks_needed(total_tokens) - len(blocks) - len(computed)
@@ -156,7 +198,14 @@ class KVCacheManager:
         if need > 0:
             blocks = blocks + self.pool.allocate(need)
         self.req_blocks[key] = blocks
+        self._write_row(key, blocks, start)
         return True
+
+    def num_hashed_blocks(self, key: object) -> int:
+        """Blocks of the sequence already registered in the prefix cache (cache_full_blocks has nothing to do
+        until num_computed // block_size exceeds it)."""
+        h = self.req_hashes.get(key)
+        return len(h) if h is not None else 0
 
     def cache_full_blocks(self, key: object, token_ids: list[int], num_computed: int) -> None:
         """Register the hashes of the sequence's blocks that are full and computed."""
@@ -179,10 +228,12 @@ class KVCacheManager:
         shared = self.req_blocks[parent][:full]
         self.pool.touch(shared)
         self.req_blocks[child] = list(shared)
+        self._write_row(child, shared, 0)
         self.req_hashes[child] = list(self.req_hashes.get(parent, []))[:full]
         return full * self.block_size
 
     def free(self, key: object) -> None:
         blocks = self.req_blocks.pop(key, [])
         self.req_hashes.pop(key, None)
+        self._release_row(key, len(blocks))
         self.pool.free(blocks)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from llmrs.engine.batch import StepBatch, build_step_batch
+from llmrs.engine.batch import StepBatch, build_step_batch_arrays
 from llmrs.engine.kv_cache import KVCacheManager
 from llmrs.engine.sampling import SampleResult
 from llmrs.engine.sequence import Sequence, SequenceStatus, StepOutput
@@ -55,7 +55,7 @@ class Scheduler:
         for seq in list(self.running):
             if budget == 0:
                 break
-            if seq not in self.running:  # preempted earlier in this loop
+            if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this loop
                 continue
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not self.kv.allocate_slots(seq, seq.num_computed_tokens + n):
@@ -94,27 +94,47 @@ class Scheduler:
         self.num_preemptions += 1
 
     def _build(self, planned: list[tuple[Sequence, int]], preempted: list[Sequence]) -> SchedulerOutput:
-        entries, sample_seqs = [], []
+        seqs = [s for s, _ in planned]
+        nums = [n for _, n in planned]
+        token_ids: list[int] = []
+        cached: list[int] = []
+        sample: list[bool] = []
+        sample_seqs = []
         for seq, n in planned:
             start = seq.num_computed_tokens
-            sample = start + n == seq.num_tokens  # caught up: the last token's logits give the next token
-            entries.append((seq.all_ids[start : start + n], start, self.kv.block_ids(seq), sample))
-            if sample:
+            end = start + n
+            caught_up = end == seq.num_tokens  # the last token's logits give the next token
+            if n == 1 and caught_up:  # decode: the one new token is the last one
+                token_ids.append(seq.output_ids[-1] if seq.output_ids else seq.prompt_ids[-1])
+            else:
+                token_ids.extend(seq.token_slice(start, end))
+            cached.append(start)
+            sample.append(caught_up)
+            if caught_up:
                 sample_seqs.append(seq)
-        batch = build_step_batch(entries, self.kv.block_size)
-        return SchedulerOutput(batch, [s for s, _ in planned], [n for _, n in planned], sample_seqs, preempted)
+        batch = build_step_batch_arrays(token_ids, cached, nums, self.kv.block_tables(seqs), sample,
+                                        self.kv.block_size)
+        return SchedulerOutput(batch, seqs, nums, sample_seqs, preempted)
 
     # ------------------------------------------------------------------ after the step
     def update(self, out: SchedulerOutput, results: list[SampleResult]) -> list[StepOutput]:
         assert len(results) == len(out.sample_seqs)
+        kv = self.kv
+        caching, bs = kv.pool.enable_prefix_caching, kv.block_size
         for seq, n in zip(out.seqs, out.num_new_tokens):
             seq.num_computed_tokens += n
-            self.kv.cache_full_blocks(seq, seq.all_ids, seq.num_computed_tokens)
+            if caching and seq.num_computed_tokens // bs > kv.num_hashed_blocks(seq):  # a block just filled
+                kv.cache_full_blocks(seq, seq.all_ids, seq.num_computed_tokens)
         outputs = []
+        finished = []
         for seq, res in zip(out.sample_seqs, results):
-            step = seq.append(res)
-            outputs.append(step)
+            outputs.append(seq.append(res))
             if seq.is_finished:
+                finished.append(seq)
+        if finished:
+            gone = set(finished)
+            self.running = [s for s in self.running if s not in gone]  # one pass, not a list.remove each
+            for seq in finished:
                 self.finish(seq)
         return outputs
 

@@ -71,6 +71,15 @@ class Sequence:
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
 
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """all_ids[start:end] without building all_ids (a decode step wants only the last token)."""
+        p = len(self.prompt_ids)
+        if start >= p:
+            return self.output_ids[start - p : end - p]
+        if end <= p:
+            return self.prompt_ids[start:end]
+        return self.prompt_ids[start:] + self.output_ids[: end - p]
+
     @property
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
