@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from llmrs.engine.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -78,3 +79,34 @@ def test_streaming_detokenizer_flushes_incomplete_tail(smollm2):
     detok = IncrementalDetokenizer(tok)
     streamed = "".join(detok.add(i) for i in ids[:-1]) + detok.finish()
     assert streamed == tok.decode(ids[:-1])
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_fast_detokenizer_gives_the_same_deltas_as_the_two_decode_path(smollm2, skip):
+    """The byte-table fast path of IncrementalDetokenizer: delta for delta what decoding the window twice gives,
+    on text, on text with random tokens (byte fragments, specials) mixed in, and on random ids."""
+    tok = smollm2.tokenizer
+    assert tok.token_bytes(skip) is not None  # a byte-level BPE: the fast path is on
+    rng = np.random.default_rng(1)
+    base = tok.encode(" ".join(TEXTS) + " 🙂🚀 日本語のテキスト", add_special_tokens=False)
+    V = tok.vocab_size
+    for trial in range(150):
+        if trial % 3 == 0:
+            ids = rng.integers(0, V, 40).tolist()
+        elif trial % 3 == 1:
+            ids = [t if rng.random() > 0.2 else int(rng.integers(0, V)) for t in base]
+        else:
+            ids = [t if rng.random() > 0.1 else int(rng.integers(0, 20)) for t in base]  # specials mixed in
+        prompt = rng.integers(0, V, 8).tolist()
+        fast = IncrementalDetokenizer(tok, prompt, skip, fast=True)
+        slow = IncrementalDetokenizer(tok, prompt, skip, fast=False)
+        assert [fast.add(i) for i in ids] + [fast.finish()] == [slow.add(i) for i in ids] + [slow.finish()]
+    assert tok.token_bytes(skip).ok
+
+
+def test_token_bytes_match_one_token_decodes(smollm2):
+    tok = smollm2.tokenizer
+    tb = tok.token_bytes(skip_special_tokens=False)
+    for i in list(range(0, 300)) + list(range(tok.vocab_size - 300, tok.vocab_size)):
+        assert tb.get(i).decode("utf-8", "replace") == tok.decode([i], skip_special_tokens=False)
+    assert tok.token_bytes(skip_special_tokens=True).get(0) == b""  # <|endoftext|> is special: skipped

@@ -41,6 +41,7 @@ class Tokenizer:
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     special_tokens: dict[str, str] = field(default_factory=dict)
+    _token_bytes: dict[bool, "TokenBytes | None"] = field(default_factory=dict, repr=False, compare=False)
 
     # ------------------------------------------------------------------ basics
     @property
@@ -55,6 +56,13 @@ class Tokenizer:
 
     def token_id(self, token: str) -> int | None:
         return self.tk.token_to_id(token)
+
+    def token_bytes(self, skip_special_tokens: bool = True) -> "TokenBytes | None":
+        """Each token's bytes as `decode` joins them (byte-level BPE only; None for other decoders)."""
+        tb = self._token_bytes.get(skip_special_tokens, False)
+        if tb is False:
+            tb = self._token_bytes[skip_special_tokens] = TokenBytes.build(self, skip_special_tokens)
+        return tb
 
     # ------------------------------------------------------------------ chat
     def apply_chat_template(
@@ -208,6 +216,69 @@ def render_chat_template(template: str, messages: list[dict[str, Any]], add_gene
 
 
 # ---------------------------------------------------------------------- streaming detokenizer
+def _bytes_to_unicode() -> dict[str, int]:
+    """GPT-2's byte <-> printable character table (what the ByteLevel pre-tokenizer / decoder use), inverted."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+class TokenBytes:
+    """token id -> the bytes a byte-level decode contributes for it, filled lazily.
+
+    A `tokenizers` ByteLevel decoder maps every character of every token through GPT-2's byte table (a token
+    with a character outside it contributes its own UTF-8 bytes), joins the bytes of all tokens, and decodes
+    the result as lossy UTF-8; skipped special tokens contribute nothing. So decode(ids) is
+    b"".join(bytes(i) for i in ids).decode("utf-8", "replace") exactly, and the streaming detokenizer can
+    decode one new token without re-decoding its window twice.
+    NOTE: each id is checked against the tokenizer's own one-token decode the first time it is seen; one
+    mismatch turns the table off (`ok` False) and every detokenizer goes back to `decode`.
+    """
+
+    __slots__ = ("tk", "skip", "specials", "cache", "ok", "_chars")
+
+    def __init__(self, tk: Any, skip: bool, specials: set[int]):
+        self.tk, self.skip, self.specials = tk, skip, specials
+        self.cache: dict[int, bytes] = {}
+        self.ok = True
+        self._chars = _bytes_to_unicode()
+
+    @classmethod
+    def build(cls, tok: "Tokenizer", skip: bool) -> "TokenBytes | None":
+        tk = tok.tk
+        if type(tk.decoder).__name__ != "ByteLevel" or not hasattr(tk, "get_added_tokens_decoder"):
+            return None
+        specials = {i for i, t in tk.get_added_tokens_decoder().items() if t.special}
+        return cls(tk, skip, specials)
+
+    def get(self, i: int) -> bytes | None:
+        b = self.cache.get(i)
+        if b is None:
+            b = self._compute(i)
+        return b
+
+    def _compute(self, i: int) -> bytes | None:
+        if not self.ok:
+            return None
+        tok = self.tk.id_to_token(i)
+        if tok is None or (self.skip and i in self.specials):
+            b = b""
+        else:
+            chars = self._chars
+            b = bytes(chars[c] for c in tok) if all(c in chars for c in tok) else tok.encode()
+        if b.decode("utf-8", "replace") != self.tk.decode([i], skip_special_tokens=self.skip):
+            self.ok = False
+            return None
+        self.cache[i] = b
+        return b
+
+
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas.
 
@@ -216,23 +287,50 @@ class IncrementalDetokenizer:
     (`prefix_offset`) and only emit once the new text does not end in U+FFFD, the replacement character a
     half-decoded UTF-8 sequence produces. `finish()` flushes whatever is left, so no text is ever dropped:
     the concatenated deltas equal a one-shot decode of all ids.
+
+    NOTE: the fast path (byte-level BPE tokenizers, `TokenBytes`) gives exactly the same deltas: while the
+    window's first part (ids[prefix_offset:read_offset]) is complete, valid UTF-8, decoding the whole window
+    is decoding that part and then the new tokens' bytes on their own; so one small UTF-8 decode of the new
+    tokens decides. Anything else (a character still open, invalid bytes) takes the two-decode path.
     """
 
-    __slots__ = ("tok", "ids", "prefix_offset", "read_offset", "skip_special_tokens", "text")
+    __slots__ = ("tok", "ids", "prefix_offset", "read_offset", "skip_special_tokens", "text", "_tb", "_clean")
 
-    def __init__(self, tok: Tokenizer, prompt_ids: list[int] | None = None, skip_special_tokens: bool = True):
+    def __init__(self, tok: Tokenizer, prompt_ids: list[int] | None = None, skip_special_tokens: bool = True,
+                 fast: bool = True):
         self.tok = tok
         self.ids: list[int] = list(prompt_ids or [])[-6:]
         self.prefix_offset = len(self.ids)
         self.read_offset = len(self.ids)
         self.skip_special_tokens = skip_special_tokens
         self.text = ""
+        self._tb = tok.token_bytes(skip_special_tokens) if fast else None
+        self._clean = True  # ids[prefix_offset:read_offset] decode to complete, valid UTF-8 (empty: yes)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def add(self, token_id: int) -> str:
         self.ids.append(token_id)
+        tb = self._tb
+        if tb is not None and self._clean and tb.ok:
+            if self.read_offset == len(self.ids) - 1:
+                nb = tb.get(token_id)
+            else:
+                parts = [tb.get(i) for i in self.ids[self.read_offset :]]
+                nb = None if None in parts else b"".join(parts)  # type: ignore[arg-type]
+            if nb is not None:
+                try:
+                    new = nb.decode("utf-8")
+                except UnicodeDecodeError:
+                    pass  # an open character or invalid bytes: the general path below decides
+                else:
+                    if not new or new.endswith("\ufffd"):
+                        return ""
+                    self.prefix_offset = self.read_offset
+                    self.read_offset = len(self.ids)
+                    self.text += new
+                    return new  # the new first part is these bytes: complete and valid, still clean
         prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
         full = self._decode(self.ids[self.prefix_offset :])
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
@@ -240,8 +338,20 @@ class IncrementalDetokenizer:
             self.prefix_offset = self.read_offset
             self.read_offset = len(self.ids)
             self.text += delta
+            if tb is not None:
+                self._clean = self._is_clean()
             return delta
         return ""
+
+    def _is_clean(self) -> bool:
+        parts = [self._tb.get(i) for i in self.ids[self.prefix_offset : self.read_offset]]  # type: ignore[union-attr]
+        if None in parts:
+            return False
+        try:
+            b"".join(parts).decode("utf-8")  # type: ignore[arg-type]
+        except UnicodeDecodeError:
+            return False
+        return True
 
     def finish(self) -> str:
         prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
@@ -249,4 +359,5 @@ class IncrementalDetokenizer:
         delta = full[len(prefix) :] if len(full) > len(prefix) else ""
         self.prefix_offset = self.read_offset = len(self.ids)
         self.text += delta
+        self._clean = True
         return delta
