@@ -123,6 +123,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         async def chunks() -> AsyncIterator[bytes]:
             head = {"id": rid, "object": "text_completion", "created": created, "model": model}
             tail = {"usage": None} if body.include_usage else {}
+            plain = sse.DeltaTemplate({**head, "choices": [{"index": sse.INDEX_MARK, "text": sse.TEXT_MARK,
+                                                            "logprobs": None, "finish_reason": None}], **tail})
             offsets: dict[int, int] = {}
             out_tokens: dict[int, int] = {}
             try:
@@ -136,7 +138,9 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                     lp = None
                     if body.logprobs is not None and out.logprobs:
                         lp, offsets[idx] = completion_logprobs(st, out.logprobs, offsets[idx])
-                    if not text and lp is None and out.finish_reason is None:
+                    if lp is None and out.finish_reason is None:
+                        if text:
+                            yield plain.render(idx, text)
                         continue
                     choice = {"index": idx, "text": text, "logprobs": lp, "finish_reason": out.finish_reason}
                     yield sse.event({**head, "choices": [choice], **tail})
@@ -199,6 +203,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         async def chunks() -> AsyncIterator[bytes]:
             head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
             tail = {"usage": None} if body.include_usage else {}
+            plain = sse.DeltaTemplate({**head, "choices": [{"index": sse.INDEX_MARK, "delta": {"content": sse.TEXT_MARK},
+                                                            "logprobs": None, "finish_reason": None}], **tail})
             out_tokens = [0] * params.n
             try:
                 for i in range(params.n):
@@ -208,7 +214,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
                 async for _, out in gen.events():
                     out_tokens[out.index] = out.num_output_tokens
                     lp = {"content": chat_logprobs(st, out.logprobs)} if logprobs is not None and out.logprobs else None
-                    if not out.text and lp is None and out.finish_reason is None:
+                    if lp is None and out.finish_reason is None:
+                        if out.text:
+                            yield plain.render(out.index, out.text)
                         continue
                     delta = {"content": out.text} if out.text else {}
                     choice = {"index": out.index, "delta": delta, "logprobs": lp, "finish_reason": out.finish_reason}
