@@ -69,11 +69,12 @@ class FakeRunner:
         self.block_size = block_size
         self.gpu_s = gpu_ms / 1e3
         self.time_s = 0.0  # host time spent in here (subtracted from the engine's)
-        self.step_starts: list[tuple[float, int, int]] = []  # (perf_counter, num_seqs, num_tokens) per step
+        # per step: (perf_counter, num_seqs, num_tokens, engine thread's CPU s, whole process's CPU s)
+        self.step_starts: list[tuple[float, int, int, float, float]] = []
 
     def execute_and_sample(self, batch, states: list) -> list[SampleResult]:
         t0 = time.perf_counter()
-        self.step_starts.append((t0, batch.num_seqs, batch.num_tokens))
+        self.step_starts.append((t0, batch.num_seqs, batch.num_tokens, time.thread_time(), time.process_time()))
         rows = batch.sample_rows
         seq = np.searchsorted(batch.query_start, rows, side="right") - 1
         toks = self.pool[(batch.positions[rows].astype(np.int64) + 37 * batch.block_tables[seq, 0]) % len(self.pool)]
@@ -289,19 +290,27 @@ def run_server(args, n: int) -> dict:
         raise SystemExit(f"bench failed ({proc.returncode})")
     bench = json.loads((tmp / "bench.json").read_text())
     summary = bench["runs"][0]["summary"]
-    starts = json.loads((tmp / "steps.json").read_text())
-    dec = [s[0] for s in starts if s[1] == s[2] and s[1] >= n * 0.9]
-    gaps = np.diff(dec)
-    gaps = gaps[gaps < 0.5] if len(gaps) else np.array([0.0])  # drop pauses between rounds
-    res = {"seqs": n, "gpu_ms": gpu_ms, "decode_step_interval_us_mean": round(float(gaps.mean()) * 1e6, 1),
-           "decode_step_interval_us_p50": round(float(np.median(gaps)) * 1e6, 1), "bench_summary": summary}
+    starts = np.array(json.loads((tmp / "steps.json").read_text()))
+    # consecutive full decode steps (one token for each of >= 90% of n sequences), pauses between rounds dropped
+    full = (starts[:, 1] == starts[:, 2]) & (starts[:, 1] >= n * 0.9)
+    pair = full[:-1] & full[1:]
+    d = np.diff(starts, axis=0)[pair]
+    d = d[d[:, 0] < 0.5]
+    gaps, eng_cpu, proc_cpu = d[:, 0], d[:, 3], d[:, 4]
+    res = {"seqs": n, "gpu_ms": gpu_ms, "decode_steps_measured": int(len(gaps)),
+           "decode_step_interval_us_mean": round(float(gaps.mean()) * 1e6, 1),
+           "decode_step_interval_us_p50": round(float(np.median(gaps)) * 1e6, 1),
+           "engine_thread_cpu_us_per_step": round(float(eng_cpu.mean()) * 1e6, 1),
+           "server_process_cpu_us_per_step": round(float(proc_cpu.mean()) * 1e6, 1),
+           "bench_summary": summary}
     tpot = round(summary["tpot_ms"]["mean"], 2)
     tput = round(summary["output_throughput"], 1)
     res["mean_tpot_ms"], res["output_tok_s"] = tpot, tput
     res["host_us_per_step"] = round(res["decode_step_interval_us_mean"] - gpu_ms * 1e3, 1)
     print(f"server  seqs={n:4d} gpu_ms={gpu_ms:g}: server decode step interval "
           f"{res['decode_step_interval_us_mean']:8.1f} us (p50 {res['decode_step_interval_us_p50']:.1f}; host "
-          f"{res['host_us_per_step']:.0f} us beyond the fake GPU step); "
+          f"{res['host_us_per_step']:.0f} us beyond the fake GPU step; CPU per step: engine thread "
+          f"{res['engine_thread_cpu_us_per_step']:.0f} us, whole server {res['server_process_cpu_us_per_step']:.0f} us); "
           f"client: TPOT {tpot} ms, {tput} output tok/s")
     if args.profile and (tmp / "prof.json").exists():
         res["profile_top"] = json.loads((tmp / "prof.json").read_text())
