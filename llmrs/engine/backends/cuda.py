@@ -144,6 +144,12 @@ class CUDABackend:
         forced = os.environ.get("LLMRS_MATVEC_SPLITS", "")
         self._matvec_forced_splits = int(forced) if forced in ("1", "2", "4") else 0
         self.attn_splits: int | None = None  # None: chosen per step; tests force values
+        # decode attention kernel: "partial" (attention.cu: a warp per key, a shuffle reduction per query head) or
+        # "gqa" (attention_gqa.cu: a lane per key, 32 keys a warp, the block's query heads from shared memory);
+        # the same arguments and outputs (attn_merge serves both). LLMRS_ATTN_KERNEL picks.
+        self.attn_kernel = os.environ.get("LLMRS_ATTN_KERNEL", "partial")
+        if self.attn_kernel not in ("partial", "gqa"):
+            raise UserError(f"LLMRS_ATTN_KERNEL={self.attn_kernel!r}: expected partial or gqa")
         # prefill attention on tensor cores (cuda_prefill.py) for steps where a sequence brings at least this many
         # new tokens (LLMRS_PREFILL_MIN_TOKENS, for experiments); None: never (LLMRS_PREFILL_ATTN=0). Measured on the
         # H200 (7B shape): a tie with attn_partial
@@ -391,6 +397,8 @@ class CUDABackend:
         blocks = T * c.num_key_value_heads * groups
         if max_len <= 128 or blocks >= 2 * self.num_sms:
             return 1
+        if self.attn_kernel == "gqa":  # 4 warps x 32 keys: at least 128 keys a split keeps every warp busy
+            return max(1, min(-(-max_len // 128), -(-4 * self.num_sms // blocks)))
         # A warp walks its keys one dependent round trip (block table, then K/V row) at a time, so a split of
         # 16 keys (4 per warp) keeps a short-context decode latency-bound on 4 keys, not 16; long contexts keep
         # 64-key splits (at most 64 splits, or what 64-key splits need) so attn_merge stays short.
@@ -413,8 +421,9 @@ class CUDABackend:
             part_ml = self._buf("attn_ml", (T * Hq * S * 2,))
         else:
             part_acc = part_ml = NULL
-        fn = getattr(self.k, f"attn_partial_d{self.dpl}")
-        with self._span("attention", f"attn_partial_d{self.dpl}", T, Hq, Hkv, D, db.kv_tokens, db.qk_pairs, S):
+        name = f"attn_partial{'_gqa' if self.attn_kernel == 'gqa' else ''}_d{self.dpl}"
+        fn = getattr(self.k, name)
+        with self._span("attention", name, T, Hq, Hkv, D, db.kv_tokens, db.qk_pairs, S):
             fn((T, Hkv * groups, S), (ATTN_THREADS,),
                (q, np.int32(q_stride), self.k_cache[layer], self.v_cache[layer], db.block_tables,
                 np.int32(db.max_blocks), db.token_seq, db.positions, out, part_acc, part_ml, np.int32(Hq),
