@@ -12,7 +12,7 @@ export PYTHONPATH=$PWD:/tmp/site CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 step() { echo; echo "=== $1 ($(date +%T))"; }
 {
 step "GPU tests"; LLMRS_GPU_REPORT=$R/gpu_figures.jsonl timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu \
-  -p no:cacheprovider -rs tests -s 2>&1 > $R/gpu_tests.log; grep -E "^(FAILED|ERROR)|passed|failed|SKIPPED" $R/gpu_tests.log | tail -15
+  -p no:cacheprovider -rs tests -s > $R/gpu_tests.log 2>&1; grep -E "^(FAILED|ERROR)|passed|failed|SKIPPED" $R/gpu_tests.log | tail -15
 grep -E "x L=|seqs|attn" $R/gpu_tests.log | grep -iE "us|TFLOP|GB/s" | head -30
 if [ -n "${LLMRS_EMBEDDED_DIR:-}" ]; then
   step "server suite on cuda (SmolLM2)"; LLMRS_TEST_DEVICE=cuda timeout 200 python3 -m pytest -q -p no:cacheprovider \
