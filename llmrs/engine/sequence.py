@@ -54,6 +54,7 @@ class Sequence:
     emitted: int = 0  # characters of `text` already handed out
     sampling: SamplingState = field(init=False)
     detok: IncrementalDetokenizer = field(init=False)
+    _length_limit: int = field(init=False)  # outputs at which "length" ends the sequence
 
     def __post_init__(self) -> None:
         p = self.params
@@ -61,6 +62,8 @@ class Sequence:
         stop_ids = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.eos_token_ids))
         self.sampling = SamplingState(p, make_generator(seed), self.prompt_ids, self.output_ids, stop_ids)
         self.detok = IncrementalDetokenizer(self.tokenizer, self.prompt_ids, p.skip_special_tokens)
+        limit = self.max_model_len - len(self.prompt_ids)
+        self._length_limit = limit if p.max_tokens is None else min(p.max_tokens, limit)
 
     # ------------------------------------------------------------------ lengths
     @property
@@ -89,6 +92,17 @@ class Sequence:
         """Add a sampled token, apply the stop rules, return the text delta this token releases."""
         p = self.params
         token = result.token_id
+        n_out = len(self.output_ids) + 1
+        if (not p.stop and p.logprobs is None and n_out < self._length_limit
+                and (n_out < p.min_tokens or token not in self.sampling.stop_ids)):
+            # NOTE: the common case, the same as the general path below: no stop strings (so nothing is held
+            # back and `emitted` is always len(text)), no logprobs, not the last token
+            self.output_ids.append(token)
+            delta = self.detok.add(token)
+            if delta:
+                self.text += delta
+                self.emitted = len(self.text)
+            return StepOutput(self.request_id, self.index, delta, [token], [], None)
         self.output_ids.append(token)
         if p.logprobs is not None:
             self.output_logprobs.append(result)
