@@ -85,6 +85,14 @@ class FakeRunner:
         return out
 
 
+def decode_diffs(starts: np.ndarray, n: int) -> np.ndarray:
+    """Differences of FakeRunner.step_starts rows between consecutive full decode steps (one token for each of
+    >= 90% of n sequences), pauses longer than 0.5 s (between rounds) dropped."""
+    full = (starts[:, 1] == starts[:, 2]) & (starts[:, 1] >= n * 0.9)
+    d = np.diff(starts, axis=0)[full[:-1] & full[1:]]
+    return d[d[:, 0] < 0.5]
+
+
 def random_prompts(n: int, length: int, vocab: int, stop_ids: list[int], seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     bad = set(stop_ids)
@@ -128,8 +136,8 @@ def print_profile(prof: cProfile.Profile, title: str, n: int = 25) -> str:
 
 
 # ---------------------------------------------------------------------- engine
-def run_engine(loaded, n: int, prompt_len: int, max_tokens: int, profile: bool) -> dict:
-    eng = build_engine(loaded, n, prompt_len, max_tokens)
+def run_engine(loaded, n: int, prompt_len: int, max_tokens: int, profile: bool, gpu_ms: float = 0.0) -> dict:
+    eng = build_engine(loaded, n, prompt_len, max_tokens, gpu_ms)
     runner: FakeRunner = eng.runner
     for i, p in enumerate(random_prompts(n, prompt_len, loaded.config.vocab_size, loaded.stop_token_ids)):
         eng.add_request(f"r{i}", p, params(max_tokens))
@@ -212,15 +220,17 @@ def run_async(loaded, n: int, prompt_len: int, max_tokens: int, gpu_ms: float, p
 
     tokens, wall = asyncio.run(main())
     assert tokens == n * max_tokens
-    starts = runner.step_starts
-    dec = [i for i, (_, b, t) in enumerate(starts) if b == n and t == n]
-    gaps = np.diff([starts[i][0] for i in dec]) if len(dec) > 1 else np.array([0.0])
+    d = decode_diffs(np.array(runner.step_starts), n)
     res = {"seqs": n, "gpu_ms": gpu_ms, "wall_s": round(wall, 3), "output_tokens": tokens,
-           "output_tok_s": round(tokens / wall, 1), "decode_steps": len(dec),
-           "decode_step_interval_us_mean": round(float(gaps.mean()) * 1e6, 1),
-           "decode_step_interval_us_p50": round(float(np.median(gaps)) * 1e6, 1)}
+           "output_tok_s": round(tokens / wall, 1), "decode_steps_measured": int(len(d)),
+           "decode_step_interval_us_mean": round(float(d[:, 0].mean()) * 1e6, 1),
+           "decode_step_interval_us_p50": round(float(np.median(d[:, 0])) * 1e6, 1),
+           "engine_thread_cpu_us_per_step": round(float(d[:, 3].mean()) * 1e6, 1),
+           "process_cpu_us_per_step": round(float(d[:, 4].mean()) * 1e6, 1)}
     print(f"async   seqs={n:4d} gpu_ms={gpu_ms:g}: decode step interval {res['decode_step_interval_us_mean']:8.1f} us "
-          f"(p50 {res['decode_step_interval_us_p50']:.1f}); {res['output_tok_s']:.0f} output tok/s")
+          f"(p50 {res['decode_step_interval_us_p50']:.1f}; CPU per step: engine thread "
+          f"{res['engine_thread_cpu_us_per_step']:.0f} us, process {res['process_cpu_us_per_step']:.0f} us); "
+          f"{res['output_tok_s']:.0f} output tok/s")
     if prof is not None:
         print_profile(prof, f"engine thread, {n} seqs")
         res["profile_top_engine_thread"] = top_functions(prof)
@@ -283,19 +293,15 @@ def run_server(args, n: int) -> dict:
            "--num-prompts", str(n * args.rounds), "--input-len", str(args.prompt_len), "--output-len",
            str(args.max_tokens), "--ignore-eos", "--prompt-format", "ids", "--workers", str(args.workers),
            "--out-dir", str(tmp), "--name", "bench"]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    path = [str(Path(__file__).resolve().parents[1])] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-3000:])
         raise SystemExit(f"bench failed ({proc.returncode})")
     bench = json.loads((tmp / "bench.json").read_text())
     summary = bench["runs"][0]["summary"]
-    starts = np.array(json.loads((tmp / "steps.json").read_text()))
-    # consecutive full decode steps (one token for each of >= 90% of n sequences), pauses between rounds dropped
-    full = (starts[:, 1] == starts[:, 2]) & (starts[:, 1] >= n * 0.9)
-    pair = full[:-1] & full[1:]
-    d = np.diff(starts, axis=0)[pair]
-    d = d[d[:, 0] < 0.5]
+    d = decode_diffs(np.array(json.loads((tmp / "steps.json").read_text())), n)
     gaps, eng_cpu, proc_cpu = d[:, 0], d[:, 3], d[:, 4]
     res = {"seqs": n, "gpu_ms": gpu_ms, "decode_steps_measured": int(len(gaps)),
            "decode_step_interval_us_mean": round(float(gaps.mean()) * 1e6, 1),
@@ -371,7 +377,7 @@ def main() -> None:
         for r in range(args.repeat):
             prof = args.profile and r == args.repeat - 1
             if args.mode == "engine":
-                runs.append(run_engine(loaded, n, args.prompt_len, args.max_tokens, prof))
+                runs.append(run_engine(loaded, n, args.prompt_len, args.max_tokens, prof, args.gpu_ms))
             else:
                 runs.append(run_async(loaded, n, args.prompt_len, args.max_tokens, args.gpu_ms, prof))
         key = "decode_step_us_mean" if args.mode == "engine" else "decode_step_interval_us_mean"
