@@ -48,6 +48,7 @@ NULL = np.uint64(0)
 MATVEC_ROWS_PER_BLOCK = 4
 ATTN_THREADS = 128
 ATTN_MAXG = 8  # query heads per attention block (MAXG in attention.cu)
+ATTN_GQA_MIN_BLOCKS = 128  # "auto": attn_partial_gqa from this many blocks a step (7B: 32 sequences); measured at 256+
 Q4_GEMM_MAX_TOKENS = 128  # cuda_q4gemm.MAX_TOKENS: measured on the H200 (7B shapes), cuBLAS on dequantized bf16 wins above
 CUBLAS_WORKSPACE_BYTES = 32 << 20
 _NO_SPAN = contextlib.nullcontext()
@@ -146,10 +147,14 @@ class CUDABackend:
         self.attn_splits: int | None = None  # None: chosen per step; tests force values
         # decode attention kernel: "partial" (attention.cu: a warp per key, a shuffle reduction per query head) or
         # "gqa" (attention_gqa.cu: a lane per key, 32 keys a warp, the block's query heads from shared memory);
-        # the same arguments and outputs (attn_merge serves both). LLMRS_ATTN_KERNEL picks.
-        self.attn_kernel = os.environ.get("LLMRS_ATTN_KERNEL", "partial")
-        if self.attn_kernel not in ("partial", "gqa"):
-            raise UserError(f"LLMRS_ATTN_KERNEL={self.attn_kernel!r}: expected partial or gqa")
+        # the same arguments and outputs (attn_merge serves both). "auto": gqa once a step has at least
+        # ATTN_GQA_MIN_BLOCKS (token, kv head, head group) blocks, partial below. Measured on the H200 (7B shape,
+        # context 512): B=256 12.9 -> 5.1 ms a step, B=64 4.3 -> 2.1 ms; one stream through the server 5.16 ->
+        # 5.41 ms/token with gqa (its 128-key splits leave a short single-sequence step with few blocks).
+        # LLMRS_ATTN_KERNEL=partial|gqa|auto.
+        self.attn_kernel = os.environ.get("LLMRS_ATTN_KERNEL", "auto")
+        if self.attn_kernel not in ("partial", "gqa", "auto"):
+            raise UserError(f"LLMRS_ATTN_KERNEL={self.attn_kernel!r}: expected partial, gqa or auto")
         # prefill attention on tensor cores (cuda_prefill.py) for steps where a sequence brings at least this many
         # new tokens (LLMRS_PREFILL_MIN_TOKENS, for experiments); None: never (LLMRS_PREFILL_ATTN=0). Measured on the
         # H200 (7B shape): a tie with attn_partial
@@ -389,7 +394,13 @@ class CUDABackend:
                                                       np.int32(1 if w.mode == "min" else 0)))
         self._linear(x, wb, bias, out, accumulate, name)
 
-    def _splits(self, T: int, max_len: int) -> int:
+    def _use_gqa(self, T: int) -> bool:
+        if self.attn_kernel != "auto":
+            return self.attn_kernel == "gqa"
+        c = self.config
+        return T * c.num_key_value_heads * -(-c.num_queries_per_kv // ATTN_MAXG) >= ATTN_GQA_MIN_BLOCKS
+
+    def _splits(self, T: int, max_len: int, gqa: bool = False) -> int:
         if self.attn_splits is not None:
             return max(1, min(self.attn_splits, max_len))
         c = self.config
@@ -397,8 +408,8 @@ class CUDABackend:
         blocks = T * c.num_key_value_heads * groups
         if max_len <= 128 or blocks >= 2 * self.num_sms:
             return 1
-        if self.attn_kernel == "gqa":  # 4 warps x 32 keys: at least 128 keys a split keeps every warp busy
-            return max(1, min(-(-max_len // 128), -(-4 * self.num_sms // blocks)))
+        if gqa:  # 4 warps x 32 keys: >= 128 keys a split; ~2 blocks per SM (H200, 7B, B=64: S=2 51 us, S=3 78 us)
+            return max(1, min(-(-max_len // 128), -(-2 * self.num_sms // blocks)))
         # A warp walks its keys one dependent round trip (block table, then K/V row) at a time, so a split of
         # 16 keys (4 per warp) keeps a short-context decode latency-bound on 4 keys, not 16; long contexts keep
         # 64-key splits (at most 64 splits, or what 64-key splits need) so attn_merge stays short.
@@ -413,7 +424,8 @@ class CUDABackend:
                 return
         c = self.config
         T, Hq, Hkv, D = db.T, c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        S = self._splits(T, db.max_len)
+        gqa = self._use_gqa(T)
+        S = self._splits(T, db.max_len, gqa)
         chunk = -(-db.max_len // S)
         groups = -(-c.num_queries_per_kv // ATTN_MAXG)
         if S > 1:
@@ -421,7 +433,7 @@ class CUDABackend:
             part_ml = self._buf("attn_ml", (T * Hq * S * 2,))
         else:
             part_acc = part_ml = NULL
-        name = f"attn_partial{'_gqa' if self.attn_kernel == 'gqa' else ''}_d{self.dpl}"
+        name = f"attn_partial{'_gqa' if gqa else ''}_d{self.dpl}"
         fn = getattr(self.k, name)
         with self._span("attention", name, T, Hq, Hkv, D, db.kv_tokens, db.qk_pairs, S):
             fn((T, Hkv * groups, S), (ATTN_THREADS,),
