@@ -22,14 +22,14 @@ for p in qwen2.5-0.5b qwen2.5-7b; do
   step "decode bench $p awq"; timeout 100 python3 -m llmrs synth --like $p --quant awq --decode-bench --bandwidth-gbs 4296 \
     --prompt-len 256 --steps 256 --json $R/decode-$p-awq.json 2>&1 | grep -E "ms_per_token|fraction_of_floor_meas|rror"
 done
-for k in partial gqa; do
+for k in ${PROFILE_KERNELS-partial gqa}; do
   step "profile 7B decode, attention kernel $k"
   LLMRS_ATTN_KERNEL=$k timeout 120 python3 -m llmrs profile --synthetic qwen2.5-7b --batch 64,256 --context 512 \
     --prefill-len 256 --steps 4 --top 6 --out $R/profile-7b-$k.json > $R/profile-7b-$k.txt 2>&1
   sed -n 1,16p $R/profile-7b-$k.txt; grep -E "attn_|attention" $R/profile-7b-$k.txt | head -6
 done
-step "serve synthetic qwen2.5-7b (attention ${SERVE_ATTN:-partial}): 64, 256 concurrent"
-LLMRS_ATTN_KERNEL=${SERVE_ATTN:-partial} python3 -m llmrs serve --synthetic qwen2.5-7b --device cuda --max-num-seqs 256 \
+step "serve synthetic qwen2.5-7b (attention ${SERVE_ATTN:-auto}): 1, 64, 256 concurrent"
+LLMRS_ATTN_KERNEL=${SERVE_ATTN:-auto} python3 -m llmrs serve --synthetic qwen2.5-7b --device cuda --max-num-seqs 256 \
   --port 8123 >$R/serve-7b.log 2>&1 &
 SRV=$!
 python3 - <<'PY'
@@ -42,6 +42,8 @@ for _ in range(240):
         pass
     time.sleep(0.5)
 PY
+timeout 60 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos --workers 8 \
+  -o $R -c 1 -n 3 --label llmrs-h200-7b --name bench-7b-final-c1 2>&1 | grep -E "TTFT|TPOT" | head -4
 timeout 150 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos --workers 8 \
   -o $R --sweep concurrency=64,256 -n 256 --label llmrs-h200-7b --name bench-7b-final 2>&1 | tail -8
 kill -INT $SRV; wait $SRV
