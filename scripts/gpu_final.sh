@@ -13,7 +13,7 @@ step() { echo; echo "=== $1 ($(date +%T))"; }
 {
 step "GPU tests"; LLMRS_GPU_REPORT=$R/gpu_figures.jsonl timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu \
   -p no:cacheprovider -rs tests -s > $R/gpu_tests.log 2>&1; grep -E "^(FAILED|ERROR)|passed|failed|SKIPPED" $R/gpu_tests.log | tail -15
-grep -E "x L=|seqs|attn" $R/gpu_tests.log | grep -iE "us|TFLOP|GB/s" | head -30
+grep -E "GB/s|TFLOP/s" $R/gpu_tests.log | grep -v "prefill_attn" | head -30
 if [ -n "${LLMRS_EMBEDDED_DIR:-}" ]; then
   step "server suite on cuda (SmolLM2)"; LLMRS_TEST_DEVICE=cuda timeout 200 python3 -m pytest -q -p no:cacheprovider \
     tests/test_server.py 2>&1 | tail -4
