@@ -175,3 +175,74 @@ def test_synthetic_awq_decode_bench_runs_packed_weights():
     assert r["weights"] == "awq" and r["ms_per_token"] > 0
     assert r["bytes_per_step"] < 0.75 * bf16["bytes_per_step"]  # 4.25-bit linears, bf16 lm_head
     report("decode awq qwen2.5-0.5b ms/token (8 steps)", r["ms_per_token"])
+
+
+# ---------------------------------------------------------------------- 4-bit matvec: rows per block, timing
+# matvec_q4.cu gives each block 4 rows (every warp works on all four, x read once per block): row counts that are
+# not a multiple of 4 leave guard rows in the last block (read row N - 1, store nothing); K long enough that a
+# thread walks several chunks (K = 8320: 260 chunks a row, 128 threads).
+ODD_ROWS = [(1, 4608), (7, 384), (33, 8320), (4609, 640)]
+
+
+@pytest.mark.parametrize("source,G", [("awq", 128), ("q4_0", 32), ("q4_1", 32)])
+@pytest.mark.parametrize("N,K", ODD_ROWS)
+@pytest.mark.parametrize("T", [1, 3, 8])
+def test_q4_matvec_rows_not_a_multiple_of_the_block_rows_match_numpy(backend, source, G, N, K, T):
+    w = make_weight(source, N, K, G, seed=3 * N + K + T)
+    rng = np.random.default_rng(N + T)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    dw = backend.upload_quantized(w)
+    ref = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
+    y0 = rng.standard_normal((T, N)).astype(np.float32)
+    y = cp.asarray(y0)  # guard rows must not write past N: a poisoned tail checks it
+    buf = cp.full(T * N + 64, np.nan, dtype=cp.float32)
+    out = buf[: T * N].reshape(T, N)
+    backend._linear(cp.asarray(x), dw, cp.asarray(bias), out)
+    err = rel_err(cp.asnumpy(out), ref + bias)
+    assert err < 2e-6 * np.sqrt(K), err
+    assert bool(cp.isnan(buf[T * N:]).all()), "wrote past the last row"
+    backend._linear(cp.asarray(x), dw, None, y, accumulate=True)
+    assert rel_err(cp.asnumpy(y), ref + y0) < 2e-6 * np.sqrt(K)
+    report(f"matvec q4 rows {source} N{N} K{K} T{T}", {"rel": err})
+
+
+QWEN7B_SHAPES = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
+HBM_TBPS = {"H200": 4.8, "H100": 3.35}  # for the printout only
+
+
+def test_q4_matvec_bandwidth_on_qwen2_5_7b_shapes(backend):
+    """Timing, not asserted: the 4-bit matvec (AWQ, G = 128) at T = 1 on a Qwen2.5-7B layer's shapes, GB/s of the
+    packed bytes (codes + fp16 scales + fp16 zeros), and the 28 layers' linears per token at those rates."""
+    rs = cp.random.RandomState(0)
+    G, layer_us, layer_bytes, figures = 128, 0.0, 0, {}
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    for name, (N, K) in QWEN7B_SHAPES.items():
+        words = rs.randint(0, 1 << 16, size=(N, K // 4), dtype=cp.int32).astype(cp.uint16)
+        qweight = cp.ascontiguousarray(words.view(cp.uint32))
+        scales = (rs.uniform(0.5, 1.5, size=(N, K // G), dtype=cp.float32) * 0.004).astype(cp.float16).view(cp.uint16)
+        zeros = rs.randint(0, 16, size=(N, K // G), dtype=cp.int32).astype(cp.float16).view(cp.uint16)
+        dw = Q.DeviceQuantWeight("awq", N, K, G, qweight, scales, zeros)
+        x = rs.standard_normal((1, K), dtype=cp.float32)
+        out = cp.empty((1, N), dtype=cp.float32)
+        for _ in range(3):
+            backend._linear(x, dw, None, out)
+        reps = 50
+        start.record()
+        for _ in range(reps):
+            backend._linear(x, dw, None, out)
+        stop.record()
+        stop.synchronize()
+        us = cp.cuda.get_elapsed_time(start, stop) * 1e3 / reps
+        nbytes = qweight.nbytes + scales.nbytes + zeros.nbytes
+        figures[name] = {"N": N, "K": K, "us": round(us, 2), "GB/s": round(nbytes / us / 1e3, 1)}
+        layer_us, layer_bytes = layer_us + us, layer_bytes + nbytes
+        del qweight, scales, zeros, dw, words
+    figures["layer"] = {"us": round(layer_us, 2), "GB/s": round(layer_bytes / layer_us / 1e3, 1),
+                        "28 layers ms": round(28 * layer_us / 1e3, 3),
+                        "floor ms at 4.8 TB/s": round(28 * layer_bytes / 4.8e12 * 1e3, 3)}
+    name = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    print(f"\nq4 matvec T=1, Qwen2.5-7B shapes, G=128 ({name}; HBM ceilings TB/s {HBM_TBPS}):")
+    for k, v in figures.items():
+        print(f"  {k:8s} {v}")
+    report("matvec q4 T1 qwen2.5-7b shapes", figures)

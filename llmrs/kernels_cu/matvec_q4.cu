@@ -10,17 +10,31 @@
 //   q8: Q int8 [N, K], S fp16 [N, K/32]: W = q * s  (Q8_0)
 // G is a multiple of 32, K of 32 (checked on the host).
 //
-// Layout of the work, as matvec.cu: one warp per output row, 4 warps per block; lane L reads the row's 16-byte
-// chunks L, L + 32, ... (a q4 chunk is 32 weights, a q8 chunk 16), two loads in flight before the first use.
-// A chunk lies inside one group, so its scale (and zero) is loaded once for the chunk; the G/32 lanes that
-// share a group read the same address in the same instruction (one transaction). Codes become floats with the
-// magic-number trick: the bits 0x4B000000 | q are the float 2^23 + q, so one subtraction of (2^23 + z) gives
-// q - z exactly: no integer-to-float conversion. The scale multiplies the chunk's partial dot once (q4z, q8);
-// q4m adds m * sum(x) of the chunk. fp32 accumulate, shuffle reduction, NT tokens share each weight load.
-// The per-weight cost is one shift+and+or+sub and one FMA per token; x (f32) comes from L1/L2.
+// Layout of the 4-bit matvec: a block (4 warps, the host's 32 * MATVEC_ROWS_PER_BLOCK threads) owns Q4_ROWS = 4
+// output rows, and every warp works on all four: thread i of the block takes the 16-byte chunks i, i + 128, ... of
+// each row (a chunk is 32 weights; the block streams 2 KB of each row per step, four 16-byte loads in flight per
+// thread). Per chunk the thread loads its 32 activations of each token once (8 float4 from L1/L2) and applies
+// them to the four rows' codes: x is read once per block, not once per row (the one-warp-per-row kernel read 128
+// bytes of x per 16 bytes of codes and was L1-bound at ~0.4 TB/s on the H200). The partial sums meet through a
+// transposed warp reduction (4 * NT values in 4 * NT - 1 + log2(32 / (4 * NT)) shuffles) and shared memory, in a
+// fixed order: deterministic for a fixed launch shape. Rows past N read row N - 1 and store nothing.
 //
-// Registers: the 32 unpacked weights of a chunk live in registers (compile-time indices after unrolling);
+// A chunk lies inside one group, so its scale (and zero) is loaded once per row for the chunk; the G/32 threads that
+// share a group read the same address in the same instruction. Codes become floats with the magic-number trick,
+// without shifts: the nibble at bits 4p..4p+3 of a word (p = 0..3; the high half of the word after one >> 16) ORed
+// with the exponent of 2^(23 - 4p) is the float 2^(23 - 4p) + q (its ULP is 2^-4p), so one LOP3 and one subtraction
+// of (2^(23 - 4p) + z) give q - z exactly. q4z: acc += s * sum((q - z) x) per chunk; q4m: w = q, acc += s * dot +
+// m * sum(x) (sum(x) shared by the four rows). fp32 throughout, NT tokens share each weight load.
+// Per weight and token: ~1.1 integer ops + 1 FADD (decode, once per weight) + 1 FFMA (per token).
+//
+// Registers: decoded weights live in registers 4 per row at a time (compile-time indices after unrolling).
+// Left alone, ptxas hoists every decode of a chunk (~200 registers at NT = 1, 3 blocks an SM); __launch_bounds__
+// caps them by token count (Q4_MIN_BLOCKS): sm_80..sm_90, NVRTC 13.5: 72 / 96 / 128 / 255 registers at NT = 1 / 2 /
+// 4 / 8, no spills. A tighter cap spilled (64 at NT = 1 on sm_90, 80 at NT = 2). The chunk loop stays rolled
+// (unroll 1): unrolled, it hoists the next chunk's loads and decodes and needs the registers again.
 // `llmrs ptx-check` must show no local memory for any entry point.
+//
+// The 8-bit matvec (Q8_0) is still one warp per output row, as matvec.cu.
 //
 // NOTE: this is the memory-bound decode kernel. Above 8 tokens the backend dequantizes into a bf16 scratch
 // (dequant_q4_bf16 / dequant_q8_bf16, bit-exact with the CPU's float32 dequantization rounded to bf16) and
@@ -38,29 +52,141 @@ __device__ __forceinline__ float f16_to_f32(unsigned short h) {
 
 __device__ __forceinline__ float code_f32(unsigned bits) { return __uint_as_float(0x4B000000u | bits); }
 
-// One 32-weight q4 chunk against NT tokens. MODE 0: w = q - off' (off = 2^23 + z), acc += s * dot.
-// MODE 1: w = q (off = 2^23), acc += s * dot + m * sum(x).
+#define Q4_ROWS 4  // output rows per block (MATVEC_ROWS_PER_BLOCK in backends/cuda.py: the grid is ceil(N / 4) blocks)
+#define Q4_WARPS 4  // warps per block: the host launches 32 * MATVEC_ROWS_PER_BLOCK threads (the launch bound)
+
+// The exponent word of 2^(23 - 4p): ORed with a nibble in place at bits 4p..4p+3 it is the float 2^(23 - 4p) + q.
+__device__ __forceinline__ unsigned q4_expo(int p) { return (150u - 4u * (unsigned)p) << 23; }
+
+__device__ __forceinline__ unsigned word_of(uint4 a, int i) { return i == 0 ? a.x : i == 1 ? a.y : i == 2 ? a.z : a.w; }
+
+// One 32-weight chunk of each of the Q4_ROWS rows against NT tokens: w[r] the codes, s[r] the scale, z[r] the zero
+// (MODE 0) or the min (MODE 1); acc[r * NT + t]. x rows past T repeat row T - 1 (computed, never stored).
 template <int NT, int MODE>
-__device__ __forceinline__ void q4_chunk(uint4 w, float s, float off, float m, const float* __restrict__ x, int K,
-                                         int T, int t0, int k0, float* acc) {
-    float wf[32];
-    const unsigned u[4] = {w.x, w.y, w.z, w.w};
+__device__ __forceinline__ void q4_chunk_rows(const uint4* w, const float* s, const float* z,
+                                              const float* __restrict__ x, int K, int T, int t0, int k0, float* acc) {
+    float off[Q4_ROWS][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int r = 0; r < Q4_ROWS; ++r)
 #pragma unroll
-        for (int j = 0; j < 8; ++j) wf[8 * i + j] = code_f32((u[i] >> (4 * j)) & 0xFu) - off;
+        for (int p = 0; p < 4; ++p)
+            off[r][p] = MODE == 0 ? __uint_as_float(q4_expo(p)) + z[r] : __uint_as_float(q4_expo(p));
+    float d[Q4_ROWS * NT], sx[NT];
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-        if (t0 + t < T) {
-            const float4* xp = reinterpret_cast<const float4*>(x + (size_t)(t0 + t) * K + k0);
-            float d = 0.0f, sx = 0.0f;
+    for (int i = 0; i < Q4_ROWS * NT; ++i) d[i] = 0.0f;
 #pragma unroll
-            for (int v = 0; v < 8; ++v) {
-                const float4 a = xp[v];
-                d += wf[4 * v] * a.x + wf[4 * v + 1] * a.y + wf[4 * v + 2] * a.z + wf[4 * v + 3] * a.w;
-                if (MODE == 1) sx += (a.x + a.y) + (a.z + a.w);
+    for (int t = 0; t < NT; ++t) sx[t] = 0.0f;
+#pragma unroll
+    for (int v = 0; v < 8; ++v) {  // weights 4v..4v+3 of the chunk: nibbles 4 (v & 1) .. +3 of word v >> 1
+        float wf[Q4_ROWS][4];
+#pragma unroll
+        for (int r = 0; r < Q4_ROWS; ++r) {
+            const unsigned u = word_of(w[r], v >> 1), b = (v & 1) ? u >> 16 : u;
+#pragma unroll
+            for (int p = 0; p < 4; ++p) wf[r][p] = __uint_as_float((b & (0xFu << (4 * p))) | q4_expo(p)) - off[r][p];
+        }
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const int tt = min(t0 + t, T - 1);
+            const float4 a = __ldg(reinterpret_cast<const float4*>(x + (size_t)tt * K + k0) + v);
+#pragma unroll
+            for (int r = 0; r < Q4_ROWS; ++r) {
+                float& dd = d[r * NT + t];
+                dd = fmaf(wf[r][0], a.x, dd);
+                dd = fmaf(wf[r][1], a.y, dd);
+                dd = fmaf(wf[r][2], a.z, dd);
+                dd = fmaf(wf[r][3], a.w, dd);
             }
-            acc[t] += MODE == 1 ? s * d + m * sx : s * d;
+            if (MODE == 1) sx[t] += (a.x + a.y) + (a.z + a.w);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < Q4_ROWS; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+            acc[r * NT + t] += MODE == 1 ? s[r] * d[r * NT + t] + z[r] * sx[t] : s[r] * d[r * NT + t];
+}
+
+// Sums each of V values (V = 2^LV <= 32) over the warp in V - 1 + 5 - LV shuffles instead of 5 V: each halving step
+// (H values kept, offset O) a lane swaps half of its values with lane ^ O and keeps the half its bit O selects.
+// Afterwards every lane holds the full sum of value L >> (5 - LV) (checked by a numpy simulation of the exchange).
+// A template recursion, not a loop: the loop was left rolled, its array in local memory.
+template <int H, int O>
+__device__ __forceinline__ void transpose_halve(float* v, int lane) {
+    if constexpr (H >= 1) {
+        const unsigned up = (lane & O) ? 0xffffffffu : 0u;
+#pragma unroll
+        for (int i = 0; i < H; ++i) {
+            // NOTE: bit masks, not `up ? v[i] : v[i + H]`: the compiler may turn that into a select of addresses
+            const unsigned lo = __float_as_uint(v[i]), hi = __float_as_uint(v[i + H]);
+            const float send = __uint_as_float((lo & up) | (hi & ~up)), keep = __uint_as_float((hi & up) | (lo & ~up));
+            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+        }
+        transpose_halve<H / 2, O / 2>(v, lane);
+    }
+}
+
+template <int V>
+__device__ __forceinline__ float warp_sum_transposed(float* v, int lane) {
+    transpose_halve<V / 2, 16>(v, lane);
+    float r = v[0];
+#pragma unroll
+    for (int o = 16 / V; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+    return r;
+}
+
+template <int NT, int MODE>
+__device__ __forceinline__ void matvec_q4_impl(const uint4* __restrict__ Q, const unsigned short* __restrict__ S,
+                                               const unsigned short* __restrict__ Z, const float* __restrict__ x,
+                                               const float* __restrict__ bias, float* __restrict__ y, int N, int K,
+                                               int T, int G, int accumulate) {
+    constexpr int V = Q4_ROWS * NT;  // partial sums per thread: 4, 8, 16 or 32
+    constexpr int LV = V == 4 ? 2 : V == 8 ? 3 : V == 16 ? 4 : 5;
+    __shared__ float red[Q4_WARPS][V];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int row0 = blockIdx.x * Q4_ROWS, t0 = blockIdx.y * NT;
+    const int C = K >> 5, KG = K / G, cpg = G >> 5;  // chunks per row, groups per row, chunks per group
+    const int gsh = (cpg & (cpg - 1)) == 0 ? __ffs(cpg) - 1 : -1;  // G / 32 a power of two: a shift
+    const uint4* q[Q4_ROWS];
+    int srow[Q4_ROWS];  // first scale (zero) of each row
+#pragma unroll
+    for (int r = 0; r < Q4_ROWS; ++r) {
+        const int n = min(row0 + r, N - 1);
+        q[r] = Q + (size_t)n * C;
+        srow[r] = n * KG;
+    }
+    const float zdef = MODE == 0 ? 8.0f : 0.0f;  // Q4_0: z = 8; a Q4_1 without mins is not a format
+    float acc[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) acc[i] = 0.0f;
+    const int step = 32 * nw;
+    int c = threadIdx.x;
+#pragma unroll 1
+    for (; c < C; c += step) {
+        uint4 wa[Q4_ROWS];
+#pragma unroll
+        for (int r = 0; r < Q4_ROWS; ++r) wa[r] = __ldg(q[r] + c);
+        const int ga = gsh >= 0 ? c >> gsh : c / cpg;
+        float sa[Q4_ROWS], za[Q4_ROWS];
+#pragma unroll
+        for (int r = 0; r < Q4_ROWS; ++r) {
+            sa[r] = f16_to_f32(__ldg(S + srow[r] + ga));
+            za[r] = Z ? f16_to_f32(__ldg(Z + srow[r] + ga)) : zdef;
+        }
+        q4_chunk_rows<NT, MODE>(wa, sa, za, x, K, T, t0, 32 * c, acc);
+    }
+    // acc[r * NT + t]: warp sums, then the block's warps in order
+    const float sum = warp_sum_transposed<V>(acc, lane);
+    if ((lane & ((32 >> LV) - 1)) == 0) red[warp][lane >> (5 - LV)] = sum;
+    __syncthreads();
+    if (threadIdx.x < V) {
+        const int i = threadIdx.x, r = i / NT, t = i % NT, n = row0 + r;
+        if (n < N && t0 + t < T) {
+            float v = red[0][i];
+            for (int w = 1; w < nw; ++w) v += red[w][i];
+            const float b = bias ? bias[n] : 0.0f;
+            float* dst = y + (size_t)(t0 + t) * N + n;
+            *dst = accumulate ? *dst + (v + b) : v + b;
         }
     }
 }
@@ -77,42 +203,6 @@ __device__ __forceinline__ void store_rows(const float* acc, const float* __rest
             *dst = accumulate ? *dst + (s + b) : s + b;
         }
     }
-}
-
-template <int NT, int MODE>
-__device__ __forceinline__ void matvec_q4_impl(const uint4* __restrict__ Q, const unsigned short* __restrict__ S,
-                                               const unsigned short* __restrict__ Z, const float* __restrict__ x,
-                                               const float* __restrict__ bias, float* __restrict__ y, int N, int K,
-                                               int T, int G, int accumulate) {
-    const int lane = threadIdx.x & 31;
-    const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (n >= N) return;
-    const int t0 = blockIdx.y * NT;
-    float acc[NT];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) acc[j] = 0.0f;
-    const int C = K >> 5, KG = K / G, cpg = G >> 5;  // chunks per row, groups per row, chunks per group
-    const uint4* q = Q + (size_t)n * C;
-    const unsigned short* s = S + (size_t)n * KG;
-    const unsigned short* z = Z ? Z + (size_t)n * KG : nullptr;
-    const float zdef = MODE == 0 ? 8.0f : 0.0f;  // Q4_0: z = 8; a Q4_1 without mins is not a format
-    int c = lane;
-    for (; c + 32 < C; c += 64) {
-        const uint4 a = __ldg(q + c), b = __ldg(q + c + 32);
-        const int ga = c / cpg, gb = (c + 32) / cpg;
-        const float sa = f16_to_f32(__ldg(s + ga)), sb = f16_to_f32(__ldg(s + gb));
-        const float za = z ? f16_to_f32(__ldg(z + ga)) : zdef, zb = z ? f16_to_f32(__ldg(z + gb)) : zdef;
-        q4_chunk<NT, MODE>(a, sa, MODE == 0 ? MAGIC + za : MAGIC, za, x, K, T, t0, 32 * c, acc);
-        q4_chunk<NT, MODE>(b, sb, MODE == 0 ? MAGIC + zb : MAGIC, zb, x, K, T, t0, 32 * (c + 32), acc);
-    }
-    for (; c < C; c += 32) {
-        const uint4 a = __ldg(q + c);
-        const int ga = c / cpg;
-        const float sa = f16_to_f32(__ldg(s + ga));
-        const float za = z ? f16_to_f32(__ldg(z + ga)) : zdef;
-        q4_chunk<NT, MODE>(a, sa, MODE == 0 ? MAGIC + za : MAGIC, za, x, K, T, t0, 32 * c, acc);
-    }
-    store_rows<NT>(acc, bias, y, n, N, T, t0, lane, accumulate);
 }
 
 // One 16-weight q8 chunk: signed bytes b -> (b ^ 0x80) = b + 128 as an unsigned byte, minus (2^23 + 128).
@@ -165,17 +255,20 @@ __device__ __forceinline__ void matvec_q8_impl(const uint4* __restrict__ Q, cons
     store_rows<NT>(acc, bias, y, n, N, T, t0, lane, accumulate);
 }
 
+#define Q4_MIN_BLOCKS(NT) ((NT) == 1 ? 7 : (NT) == 2 ? 5 : (NT) == 4 ? 4 : 2)  // blocks an SM: the register cap
 #define MATVEC_Q(NT)                                                                                              \
-    extern "C" __global__ void matvec_q4z_t##NT(const uint4* __restrict__ Q, const unsigned short* __restrict__ S,  \
-                                                const unsigned short* __restrict__ Z, const float* __restrict__ x,  \
-                                                const float* __restrict__ bias, float* __restrict__ y, int N,       \
-                                                int K, int T, int G, int accumulate) {                              \
+    extern "C" __global__ void __launch_bounds__(32 * Q4_WARPS, Q4_MIN_BLOCKS(NT))                                \
+        matvec_q4z_t##NT(const uint4* __restrict__ Q, const unsigned short* __restrict__ S,                       \
+                         const unsigned short* __restrict__ Z, const float* __restrict__ x,                       \
+                         const float* __restrict__ bias, float* __restrict__ y, int N, int K, int T, int G,       \
+                         int accumulate) {                                                                        \
         matvec_q4_impl<NT, 0>(Q, S, Z, x, bias, y, N, K, T, G, accumulate);                                       \
     }                                                                                                             \
-    extern "C" __global__ void matvec_q4m_t##NT(const uint4* __restrict__ Q, const unsigned short* __restrict__ S,  \
-                                                const unsigned short* __restrict__ Z, const float* __restrict__ x,  \
-                                                const float* __restrict__ bias, float* __restrict__ y, int N,       \
-                                                int K, int T, int G, int accumulate) {                              \
+    extern "C" __global__ void __launch_bounds__(32 * Q4_WARPS, Q4_MIN_BLOCKS(NT))                                \
+        matvec_q4m_t##NT(const uint4* __restrict__ Q, const unsigned short* __restrict__ S,                       \
+                         const unsigned short* __restrict__ Z, const float* __restrict__ x,                       \
+                         const float* __restrict__ bias, float* __restrict__ y, int N, int K, int T, int G,       \
+                         int accumulate) {                                                                        \
         matvec_q4_impl<NT, 1>(Q, S, Z, x, bias, y, N, K, T, G, accumulate);                                       \
     }                                                                                                             \
     extern "C" __global__ void matvec_q8_t##NT(const uint4* __restrict__ Q, const unsigned short* __restrict__ S,   \
