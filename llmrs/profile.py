@@ -44,7 +44,7 @@ def kernel_cost(kind: str, dims: tuple) -> tuple[float, float]:
     """(bytes, FLOPs) of one launch from its shapes, as CUDABackend passes them to `_span`."""
     if kind in MATMUL_KINDS:
         T, N, K, acc, bias = dims
-        x_bytes = 4 if kind == "matvec" else 2  # the GEMM reads the bf16 copy of x (cast separately)
+        x_bytes = 4 if kind == "matvec" else 2  # the GEMM reads x as bf16 (cast separately, or by its producer)
         w_bytes = 4.25 / 8 if kind == "gemm_q4" else 2  # 4-bit codes + an fp16 scale and zero per 128 (AWQ)
         nbytes = w_bytes * N * K + x_bytes * T * K + 4 * T * N * (2 if acc else 1) + (4 * N if bias else 0)
         return float(nbytes), 2.0 * T * N * K
@@ -56,16 +56,16 @@ def kernel_cost(kind: str, dims: tuple) -> tuple[float, float]:
     if kind == "attn_merge":
         T, Hq, D, S = dims
         return float(4 * T * Hq * S * (D + 2) + 4 * T * Hq * D), 3.0 * T * Hq * S * D
-    if kind == "rms_norm":
-        n, H = dims
-        return float(8 * n * H + 4 * H), 4.0 * n * H
+    if kind == "rms_norm":  # (n, H) f32 out, or (n, H, 2): bf16 out (rms_norm_bf16, a GEMM's input)
+        n, H, *out = dims
+        return float((4 + (out[0] if out else 4)) * n * H + 4 * H), 4.0 * n * H
     if kind == "rope_kv":
         T, Hq, Hkv, D = dims
         nbytes = 4 * T * (Hq + 2 * Hkv) * D + 4 * T * (Hq + Hkv) * D + 2 * 2 * T * Hkv * D
         return float(nbytes), 6.0 * T * (Hq + Hkv) * D
-    if kind == "silu_mul":
-        T, I = dims
-        return float(12 * T * I), 5.0 * T * I
+    if kind == "silu_mul":  # (T, I) f32 out, or (T, I, 2): bf16 out (silu_mul_bf16, down's GEMM input)
+        T, I, *out = dims
+        return float((8 + (out[0] if out else 4)) * T * I), 5.0 * T * I
     if kind == "embedding":
         T, H = dims
         return float(6 * T * H), 0.0

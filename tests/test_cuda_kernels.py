@@ -280,3 +280,68 @@ def test_matvec_splits_agree(rng, splits, N, K, T):
     out = cp.asarray(y0)
     be._linear(cp.asarray(x), be.upload(W), be.upload(b), out, accumulate=True)
     assert rel_err(cp.asnumpy(out), ref) < 1e-5
+
+
+# ---------------------------------------------------------------------- bf16 producers of GEMM inputs
+def wide(rng, shape, scale=1.0):
+    """Random f32 spanning many binades, so every rounding case of bf16 shows up."""
+    return (rng.standard_normal(shape) * scale * 10 ** rng.uniform(-3, 3, shape)).astype(np.float32)
+
+
+@pytest.mark.parametrize("T", [1, 3, 17])
+@pytest.mark.parametrize("H", [64, 77, 896, 3584, 5000])
+def test_bf16_norms_and_silu_mul_equal_the_cast_of_their_f32_outputs(rng, H, T):
+    """rms_norm_bf16 / add_rms_norm_bf16 / silu_mul_bf16 write exactly bf16_bits(f32 kernel output): the fused
+    GEMM input is bit-identical to f32 + cast_f32_bf16."""
+    be = CUDABackend(cfg(), num_blocks=1)
+    be.matvec_max_tokens = 0  # every T takes the GEMM-input (bf16) path of _silu_mul_for
+    x, y = wide(rng, (T, H)), wide(rng, (T, H))
+    w = be.upload(round_bf16(rng.standard_normal(H).astype(np.float32)))
+    xd = cp.asarray(x)
+    f32, b16 = poison((T, H)), cp.full((T, H), 0xFFFF, dtype=cp.uint16)
+    be._rms_norm(xd, w, 1e-6, f32)
+    be._rms_norm_bf16(xd, w, 1e-6, b16)
+    np.testing.assert_array_equal(cp.asnumpy(b16), bf16_bits(cp.asnumpy(f32)))
+    rows = cp.asarray(np.array([T - 1, 0, T // 2], dtype=np.int32))
+    f32r, b16r = poison((3, H)), cp.full((3, H), 0xFFFF, dtype=cp.uint16)
+    be._rms_norm(xd, w, 1e-6, f32r, rows=rows, n_rows=3)
+    be._rms_norm_bf16(xd, w, 1e-6, b16r, rows=rows, n_rows=3)
+    np.testing.assert_array_equal(cp.asnumpy(b16r), bf16_bits(cp.asnumpy(f32r)))
+    x1, x2, yd = cp.asarray(x), cp.asarray(x), cp.asarray(y)
+    be._add_rms_norm(x1, yd, w, 1e-6, f32)
+    be._rms_norm_bf16(x2, w, 1e-6, b16, y=yd)
+    np.testing.assert_array_equal(cp.asnumpy(x2), cp.asnumpy(x1))  # the residual, f32, the same in both
+    np.testing.assert_array_equal(cp.asnumpy(b16), bf16_bits(cp.asnumpy(f32)))
+    gu = cp.asarray(wide(rng, (T, 2 * H), scale=4.0))
+    act = be._silu_mul_for(None, gu)
+    assert act.dtype == cp.uint16 and act.shape == (T, H)
+    np.testing.assert_array_equal(cp.asnumpy(act), bf16_bits(cp.asnumpy(be.silu_mul(gu))))
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("lens", [[40], [5, 3, 4, 2, 6, 3, 5, 4, 2, 3, 6, 4]])  # 12 sampled rows: lm_head on cuBLAS
+def test_fused_bf16_gemm_inputs_give_identical_logits_and_one_cast_per_layer(tmp_path, arch, lens):
+    """A prefill step with the bf16 producers on and off: the same logits bit for bit; on, the only cast left
+    per layer is the attention output's (before o), off, four (qkv, o, gate_up, down) and lm_head's."""
+    from llmrs.engine.loader import load
+    from llmrs.engine.runner import ModelRunner
+    from tests.conftest import write_tiny_model
+
+    r = ModelRunner(load(str(write_tiny_model(tmp_path / arch, arch))), num_blocks=64, device="cuda")
+    be = r.backend
+    prng = np.random.default_rng(len(lens))
+    batch = build_step_batch([(prng.integers(3, 400, n).tolist(), 0, [4 * i, 4 * i + 1, 4 * i + 2], True)
+                              for i, n in enumerate(lens)], 16)
+    assert batch.num_tokens > be.matvec_max_tokens
+    casts = []
+    cast = be._cast_bf16
+    be._cast_bf16 = lambda x, out: (casts.append(x.shape), cast(x, out))[1]
+    logits = {}
+    for fuse in (False, True, False):
+        be.fuse_bf16 = fuse
+        casts.clear()
+        logits[fuse] = cp.asnumpy(be._forward_device(r.model.w, be.device_batch(batch)))
+        L, S = r.config.num_hidden_layers, len(lens)
+        assert len(casts) == (1 if fuse else 4) * L + (S > be.matvec_max_tokens and not fuse)
+    assert np.isfinite(logits[True]).all()
+    np.testing.assert_array_equal(logits[True], logits[False])

@@ -1,16 +1,29 @@
 // elementwise.cu: the small glue kernels of the forward pass (grid-stride loops, f32 unless named).
 //   silu_mul:      out[t, i] = silu(gu[t, i]) * gu[t, I + i]      (gate/up fused: gu is [T, 2I])
+//   silu_mul_bf16: the same, out as bf16 words (round to nearest even): the down projection's GEMM input,
+//                  written here instead of by a separate cast; the f32 value is silu_mul's own expression
+//                  (silu_mul_f), so out == cast_f32_bf16(silu_mul out) bit for bit. Grid (x: I, y: tokens).
 //   add_bias:      y[t, n] += b[n]                                  (after a cuBLAS GEMM)
 //   add_inplace:   x[i] += y[i]
 //   cast_f32_bf16: y[i] = bf16(x[i])  (round to nearest even; GEMM operands, weights at upload)
 #include "common.cuh"
 
+__device__ __forceinline__ float silu_mul_f(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
 extern "C" __global__ void silu_mul(const float* __restrict__ gu, float* __restrict__ out, int T, int I) {
     const size_t n = (size_t)T * I;
     for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n; idx += (size_t)gridDim.x * blockDim.x) {
         const size_t t = idx / I, i = idx % I;
-        const float g = gu[t * 2 * I + i], u = gu[t * 2 * I + I + i];
-        out[idx] = g / (1.0f + expf(-g)) * u;
+        out[idx] = silu_mul_f(gu[t * 2 * I + i], gu[t * 2 * I + I + i]);
+    }
+}
+
+extern "C" __global__ void silu_mul_bf16(const float* __restrict__ gu, bf16_t* __restrict__ out, int T, int I) {
+    for (int t = blockIdx.y; t < T; t += gridDim.y) {
+        const float* g = gu + (size_t)t * 2 * I;
+        bf16_t* o = out + (size_t)t * I;
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < I; i += gridDim.x * blockDim.x)
+            o[i] = f32_to_bf16(silu_mul_f(g[i], g[I + i]));
     }
 }
 

@@ -118,6 +118,9 @@ class DeviceBatch:
 
 class CUDABackend:
     name = "cuda"
+    # GEMM inputs written as bf16 by their producers (rms_norm_bf16, add_rms_norm_bf16, silu_mul_bf16) instead of
+    # f32 + cast_f32_bf16: the same bits, two launches fewer per layer; False (tests) keeps the f32 + cast path
+    fuse_bf16 = True
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, matvec_max_tokens: int = 8,
                  cuda_graphs: bool | None = None, tp: Any = None):
@@ -323,7 +326,10 @@ class CUDABackend:
 
     def _linear(self, x: Any, w: Any, bias: Any | None, out: Any, accumulate: bool = False,
                 name: str = "linear") -> None:
-        """out (=|+=) x @ w.T (+ bias). x f32 [T, K] contiguous, w bf16 [N, K], out f32 [T, N] contiguous."""
+        """out (=|+=) x @ w.T (+ bias). x f32 [T, K] contiguous, w bf16 [N, K], out f32 [T, N] contiguous.
+        x may already be bf16 words (uint16) where `_gemm_takes_bf16(w, T)`: the GEMM then reads it uncast."""
+        x_bf16 = x.dtype == np.uint16
+        assert not x_bf16 or self._gemm_takes_bf16(w, x.shape[0]), "bf16 activations only on the bf16 GEMM path"
         if isinstance(w, DeviceQuantWeight):
             return self._linear_quant(x, w, bias, out, accumulate, name)
         T, K = x.shape
@@ -339,9 +345,12 @@ class CUDABackend:
                    (w, x, NULL if bias is None else bias, out, np.int32(N), np.int32(K), np.int32(T),
                     np.int32(1 if accumulate else 0), np.int32(splits)))
             return
-        xb = self._buf("gemm_x", (T, K), np.uint16)
-        with self._span("cast", "cast_bf16 " + name, T * K):
-            self._cast_bf16(x, xb)
+        if x_bf16:
+            xb = x
+        else:
+            xb = self._buf("gemm_x", (T, K), np.uint16)
+            with self._span("cast", "cast_bf16 " + name, T * K):
+                self._cast_bf16(x, xb)
         with self._span("gemm", name, T, N, K, accumulate, False):
             # row-major out[T, N] = x[T, K] @ w[N, K]^T  <=>  column-major out^T[N, T] = w^T' ... (op(A) = W^T view)
             gemm = self.cublas.gemmEx if self._raw_gemm is None else self._raw_gemm
@@ -393,6 +402,59 @@ class CUDABackend:
                                                       np.int32(N), np.int32(K), np.int32(G),
                                                       np.int32(1 if w.mode == "min" else 0)))
         self._linear(x, wb, bias, out, accumulate, name)
+
+    def _gemm_takes_bf16(self, w: Any, T: int) -> bool:
+        """Whether `_linear` over `w` with T tokens runs cuBLAS on a plain bf16 matrix, so that the producer of
+        its input writes bf16 words itself (`fuse_bf16`); quantized weights and the matvec take f32."""
+        return self.fuse_bf16 and T > self.matvec_max_tokens and not isinstance(w, DeviceQuantWeight)
+
+    def _rms_norm_bf16(self, x: Any, w: Any, eps: float, out: Any, y: Any = None, rows: Any = None,
+                       n_rows: int | None = None) -> None:
+        """rms_norm (or, with y, add_rms_norm: x += y first) into bf16 words `out` [n, H] (uint16): the bits
+        cast_f32_bf16 makes of the f32 kernel's output (the same expression, block size and rounding)."""
+        H = x.shape[1]
+        n = x.shape[0] if n_rows is None else n_rows
+        threads = min(1024, max(32, -(-H // 32) * 32))  # as _rms_norm and _add_rms_norm: the same reduction tree
+        assert out.dtype == np.uint16 and out.shape == (n, H)
+        if y is None:
+            with self._span("rms_norm", "rms_norm_bf16", n, H, 2):
+                self.k.rms_norm_bf16((n,), (threads,), (x, NULL if rows is None else rows, w, out, np.int32(H),
+                                                        np.float32(eps)))
+        else:
+            assert rows is None
+            with self._span("rms_norm", "add_rms_norm_bf16", n, H, 2):
+                self.k.add_rms_norm_bf16((n,), (threads,), (x, y, w, out, np.int32(H), np.float32(eps)))
+
+    def _norm_for(self, lin: Any, x: Any, w: Any, eps: float, y: Any = None) -> Any:
+        """The input of the linear over `lin`: rms_norm(x) (after x += y when y is given) in the "h" workspace
+        (f32), or in "h_bf16" as bf16 words when `_gemm_takes_bf16` (no cast before the GEMM)."""
+        T, H = x.shape
+        if self._gemm_takes_bf16(lin, T):
+            out = self._buf("h_bf16", (T, H), np.uint16)
+            self._rms_norm_bf16(x, w, eps, out, y=y)
+        else:
+            out = self._buf("h", (T, H))
+            if y is None:
+                self._rms_norm(x, w, eps, out)
+            else:
+                self._add_rms_norm(x, y, w, eps, out)
+        return out
+
+    def _silu_mul_for(self, lin: Any, gu: Any) -> Any:
+        """silu(gate) * up of gu [T, 2I], the input of the linear over `lin` (down): f32 in "act", or bf16 words
+        in "act_bf16" when `_gemm_takes_bf16` (no cast before the GEMM)."""
+        T, I = gu.shape[0], gu.shape[1] // 2
+        if self._gemm_takes_bf16(lin, T):
+            act = self._buf("act_bf16", (T, I), np.uint16)
+            with self._span("silu_mul", "silu_mul_bf16", T, I, 2):
+                self.k.silu_mul_bf16((min(65535, -(-I // 256)), min(65535, T)), (256,),
+                                     (gu, act, np.int32(T), np.int32(I)))
+        else:
+            act = self._buf("act", (T, I))
+            n_el = T * I
+            with self._span("silu_mul", "silu_mul", T, I):
+                self.k.silu_mul((min(65535, -(-n_el // 256)),), (256,), (gu, act, np.int32(T), np.int32(I)))
+        return act
 
     def _use_gqa(self, T: int) -> bool:
         if self.attn_kernel != "auto":
@@ -464,11 +526,9 @@ class CUDABackend:
         n_qkv = (Hq + 2 * Hkv) * D
         eps = c.rms_norm_eps
         x = self._buf("x", (T, H))
-        h = self._buf("h", (T, H))
         qkv = self._buf("qkv", (T, n_qkv))
         att = self._buf("att", (T, Hq * D))
         gu = self._buf("gu", (T, 2 * I))
-        act = self._buf("act", (T, I))
         tp = self.tp
         start, rows = (0, c.vocab_size) if tp is None else tp.vocab_range
         with self._span("embedding", "embedding_gather", T, H):
@@ -480,11 +540,10 @@ class CUDABackend:
         part = self._buf("tp_part", (T, H)) if tp is not None else None
         pending = False  # `part` holds a reduced down_proj output not yet added to x
         rope_threads = min(1024, max(32, -(-(Hq + Hkv) * D // 2 // 32) * 32))
+        # NOTE: the norms and silu_mul feeding qkv, gate_up and down write bf16 words when that GEMM runs on a bf16
+        # matrix (`_norm_for`, `_silu_mul_for`); the attention output is cast before o as before
         for n, layer in enumerate(w.layers):
-            if pending:
-                self._add_rms_norm(x, part, layer.input_norm, eps, h)
-            else:
-                self._rms_norm(x, layer.input_norm, eps, h)
+            h = self._norm_for(layer.qkv, x, layer.input_norm, eps, y=part if pending else None)
             self._linear(h, layer.qkv, layer.qkv_bias, qkv, name="qkv")
             with self._span("rope_kv", "rope_write_kv", T, Hq, Hkv, D):
                 k.rope_write_kv((T,), (rope_threads,),
@@ -493,15 +552,13 @@ class CUDABackend:
             self._attention(n, qkv, n_qkv, db, att)
             if tp is None:
                 self._linear(att, layer.o, None, x, accumulate=True, name="o")
-                self._rms_norm(x, layer.post_norm, eps, h)
+                h = self._norm_for(layer.gate_up, x, layer.post_norm, eps)
             else:
                 self._linear(att, layer.o, None, part, name="o")
                 self._all_reduce(part)
-                self._add_rms_norm(x, part, layer.post_norm, eps, h)
+                h = self._norm_for(layer.gate_up, x, layer.post_norm, eps, y=part)
             self._linear(h, layer.gate_up, None, gu, name="gate_up")
-            n_el = T * I
-            with self._span("silu_mul", "silu_mul", T, I):
-                k.silu_mul((min(65535, -(-n_el // 256)),), (256,), (gu, act, np.int32(T), np.int32(I)))
+            act = self._silu_mul_for(layer.down, gu)
             if tp is None:
                 self._linear(act, layer.down, None, x, accumulate=True, name="down")
             else:
@@ -511,9 +568,13 @@ class CUDABackend:
         if pending:
             with self._span("add", "add_inplace", T * H):
                 k.add_inplace((min(65535, -(-T * H // 256)),), (256,), (x, part, np.int64(T * H)))
-        hs = self._buf("h_final", (S, H))
-        if S:
-            self._rms_norm(x, w.norm, eps, hs, rows=db.sample_rows, n_rows=S)
+        if self._gemm_takes_bf16(w.lm_head, S):  # many sampled rows (a large decode batch): lm_head on cuBLAS
+            hs = self._buf("h_final_bf16", (S, H), np.uint16)
+            self._rms_norm_bf16(x, w.norm, eps, hs, rows=db.sample_rows, n_rows=S)
+        else:
+            hs = self._buf("h_final", (S, H))
+            if S:
+                self._rms_norm(x, w.norm, eps, hs, rows=db.sample_rows, n_rows=S)
         logits = self._buf("logits", (S, c.vocab_size))
         if S:
             self._linear(hs, w.lm_head, None, logits, name="lm_head")

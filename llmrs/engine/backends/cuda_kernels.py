@@ -20,8 +20,8 @@ OPTIONS = ("-std=c++17",)
 # file -> entry points (extern "C")
 ENTRY_POINTS: dict[str, list[str]] = {
     "embedding.cu": ["embedding_gather"],
-    "rmsnorm.cu": ["rms_norm", "add_rms_norm"],
-    "elementwise.cu": ["silu_mul", "add_bias", "add_inplace", "cast_f32_bf16"],
+    "rmsnorm.cu": ["rms_norm", "add_rms_norm", "rms_norm_bf16", "add_rms_norm_bf16"],
+    "elementwise.cu": ["silu_mul", "add_bias", "add_inplace", "cast_f32_bf16", "silu_mul_bf16"],
     "rope_kv.cu": ["rope_write_kv", "write_kv"],
     "matvec.cu": ["matvec_bf16_t1", "matvec_bf16_t2", "matvec_bf16_t4", "matvec_bf16_t8"],
     "matvec_q4.cu": [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
