@@ -34,7 +34,7 @@ import numpy as np
 from llmrs.errors import UserError
 
 CATEGORIES = ("matrix multiply", "decode attention", "prefill attention", "communication", "everything else")
-MATMUL_KINDS = ("matvec", "gemm", "gemm_q4")
+MATMUL_KINDS = ("matvec", "gemm", "gemm_q4", "matvec_q")
 ATTENTION_KINDS = ("attention", "attn_merge")
 COMM_KINDS = ("allreduce", "allgather")  # tensor parallel: NCCL on the step's stream (ceiling: the GPU link)
 
@@ -42,6 +42,10 @@ COMM_KINDS = ("allreduce", "allgather")  # tensor parallel: NCCL on the step's s
 # ---------------------------------------------------------------------- cost of one launch
 def kernel_cost(kind: str, dims: tuple) -> tuple[float, float]:
     """(bytes, FLOPs) of one launch from its shapes, as CUDABackend passes them to `_span`."""
+    if kind == "matvec_q":  # a quantized weight's own packed bytes (codes + scales + zeros), f32 x
+        T, N, K, acc, bias, w_bytes = dims
+        nbytes = w_bytes + 4 * T * K + 4 * T * N * (2 if acc else 1) + (4 * N if bias else 0)
+        return float(nbytes), 2.0 * T * N * K
     if kind in MATMUL_KINDS:
         T, N, K, acc, bias = dims
         x_bytes = 4 if kind == "matvec" else 2  # the GEMM reads x as bf16 (cast separately, or by its producer)

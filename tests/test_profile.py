@@ -33,6 +33,15 @@ def test_matvec_cost_counts_weights_once_and_the_accumulated_output_twice():
     assert gemm_bytes == 2 * 100 * 200 + 2 * 64 * 200 + 4 * 64 * 100  # bf16 x, f32 out
 
 
+def test_quantized_matvec_cost_counts_the_packed_bytes():
+    # AWQ G128 4608x3584: codes 4608*3584/2 + fp16 scale and zero per 128 = 4.25 bits a weight
+    w_bytes = 4608 * 3584 // 2 + 2 * 2 * 4608 * 3584 // 128
+    nbytes, flops = prof.kernel_cost("matvec_q", (1, 4608, 3584, False, False, w_bytes))
+    assert nbytes == w_bytes + 4 * 3584 + 4 * 4608 and w_bytes * 8 / (4608 * 3584) == 4.25
+    assert flops == 2 * 4608 * 3584
+    assert prof.category("matvec_q", "decode") == "matrix multiply"
+
+
 def test_attention_cost_reads_each_sequence_kv_once():
     # 4 sequences x 512 cached keys, qwen2.5-7b heads: K and V, bf16, 4 KV heads x 128 dims
     nbytes, flops = prof.kernel_cost("attention", (4, 28, 4, 128, 4 * 512, 4 * 512, 1))

@@ -233,3 +233,18 @@ def test_synth_quant_awq_writes_a_checkpoint_that_loads_and_runs(tmp_path):
     assert logits.shape == (49152,) and np.isfinite(logits).all()
     with pytest.raises(UserError, match="group size 128"):
         write_checkpoint("smollm2-135m", tmp_path / "x", quant="awq")
+
+
+def test_gpu_weight_bytes_counts_packed_4bit_weights_not_bf16(tiny_pair):
+    """The KV sizing on a GPU subtracts what the weights really take: ~4.25-bit packed linears (twice: the
+    matvec's rows + the 4-bit GEMM's copy) instead of 2 bytes a parameter."""
+    from llmrs.engine.engine import gpu_weight_bytes
+
+    dense_dir, awq_dir = tiny_pair
+    dense, kept = load(str(dense_dir)), load(str(awq_dir), keep_quantized=True)
+    c = dense.config
+    vectors = sum(t.size for t in dense.tensors.values() if t.ndim == 1)
+    assert gpu_weight_bytes(dense) == 2 * (c.num_parameters() - vectors) + 4 * vectors
+    linear = [t for t in kept.tensors.values() if isinstance(t, Q.QuantWeight)]
+    assert linear and gpu_weight_bytes(kept) == gpu_weight_bytes(dense) - sum(
+        2 * t.N * t.K - 2 * t.nbytes for t in linear)

@@ -67,9 +67,27 @@ class RequestResult:
     finish_reasons: list[str | None] = field(default_factory=list)
 
 
+def gpu_weight_bytes(loaded: LoadedModel) -> int:
+    """Bytes the CUDA backend holds for the weights: bf16 matrices, f32 vectors, and a quantized linear's packed
+    arrays (twice for 4-bit: the matvec's row-major form + the 4-bit GEMM's reordered copy). Synthetic models
+    (drawn on the GPU in bf16): 2 bytes a parameter."""
+    from llmrs.engine.quant import QuantWeight
+
+    if loaded.tensors is None:
+        return 2 * loaded.config.num_parameters()
+    total = 0
+    for t in loaded.tensors.values():
+        if isinstance(t, QuantWeight):
+            total += t.nbytes * (2 if t.kind == "q4" else 1)
+        else:
+            total += (2 if t.ndim == 2 else 4) * int(t.size)
+    return total
+
+
 def kv_blocks(loaded: LoadedModel, cfg: EngineConfig) -> int:
     """KV blocks to allocate: --kv-cache-tokens when given (or on the CPU, 16,384 tokens by default); on the
-    GPU, what fits in --gpu-memory-utilization of its memory after the bf16 weights and an activation reserve."""
+    GPU, what fits in --gpu-memory-utilization of its memory after the weights (`gpu_weight_bytes`: bf16, or the
+    packed bytes of weights kept quantized) and an activation reserve."""
     if cfg.kv_cache_tokens is not None:
         return -(-cfg.kv_cache_tokens // cfg.block_size)
     if resolve_device(cfg.device) != "cuda":
@@ -77,7 +95,7 @@ def kv_blocks(loaded: LoadedModel, cfg: EngineConfig) -> int:
     from llmrs.engine.backends.cuda import CUDABackend
 
     c = loaded.config
-    weight_bytes = 2 * c.num_parameters()
+    weight_bytes = gpu_weight_bytes(loaded)
     blocks = CUDABackend.blocks_that_fit(c, weight_bytes, cfg.gpu_memory_utilization, cfg.block_size)
     if blocks < 1:
         raise UserError(f"no room for a KV cache: {weight_bytes / 1e9:.1f} GB of weights at "

@@ -376,7 +376,7 @@ class CUDABackend:
             nt = 1 if T == 1 else 2 if T == 2 else 4 if T <= 4 else 8
             grid = (-(-N // MATVEC_ROWS_PER_BLOCK), -(-T // nt))
             b, acc = NULL if bias is None else bias, np.int32(1 if accumulate else 0)
-            with self._span("matvec", name, T, N, K, accumulate, bias is not None):
+            with self._span("matvec_q", name, T, N, K, accumulate, bias is not None, w.nbytes):
                 if w.kind == "q8":
                     self.k.fns[f"matvec_q8_t{nt}"](grid, (32 * MATVEC_ROWS_PER_BLOCK,),
                                                    (w.qweight, w.scales, x, b, out, np.int32(N), np.int32(K),
