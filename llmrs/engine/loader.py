@@ -127,15 +127,29 @@ def keep_quantized_env(keep: bool) -> Iterator[None]:
             os.environ["LLMRS_KEEP_QUANTIZED"] = old
 
 
-def load(spec: str | None, keep_quantized: bool | None = None) -> LoadedModel:
+def load(spec: str | None, keep_quantized: bool | None = None, read_tensors: bool = True) -> LoadedModel:
     """Config, tensors and tokenizer of MODEL. Tensors are float32 numpy arrays (quantized checkpoints dequantized
     exactly), except with `keep_quantized`, where quantized linear weights (AWQ, GGUF Q4_0/Q4_1/Q8_0) stay
     `llmrs.engine.quant.QuantWeight` (build_weights hands them to backends that take them, dequantizes for the
-    others). keep_quantized None reads LLMRS_KEEP_QUANTIZED=1 (how `llmrs serve` asks, through the engine)."""
+    others). keep_quantized None reads LLMRS_KEEP_QUANTIZED=1 (how `llmrs serve` asks, through the engine).
+
+    `read_tensors=False` reads none of them (LoadedModel.tensors is None, as for a synthetic model): config, tokenizer
+    and stop ids only, for callers that read the weights another way (tensor-parallel ranks, each its own slices:
+    llmrs/engine/shard_load.py). A safetensors checkpoint's bytes_by_dtype still comes from its headers."""
     if keep_quantized is None:
         keep_quantized = os.environ.get("LLMRS_KEEP_QUANTIZED", "0") == "1"
     src = resolve(spec)
     c = src.config
+    if not read_tensors and src.kind != "synthetic":
+        if src.kind == "hf":
+            from llmrs.engine.shard_load import SafetensorsCheckpoint
+
+            src.bytes_by_dtype = SafetensorsCheckpoint(src.path).bytes_by_dtype  # headers only
+            tokenizer = Tokenizer.from_hf_dir(src.path)
+        else:
+            assert src.gguf is not None
+            tokenizer = Tokenizer.from_gguf(src.gguf)
+        return _loaded(src, None, tokenizer)
     if src.kind == "synthetic":
         from llmrs.synth import write_tokenizer
 
@@ -157,7 +171,11 @@ def load(spec: str | None, keep_quantized: bool | None = None) -> LoadedModel:
         tokenizer = Tokenizer.from_gguf(src.gguf)
     if tensors is not None and c.tie_word_embeddings and "lm_head.weight" in tensors:
         del tensors["lm_head.weight"]
-    stop = list(c.eos_token_ids)
+    return _loaded(src, tensors, tokenizer)
+
+
+def _loaded(src: ModelSource, tensors: dict[str, np.ndarray] | None, tokenizer: Tokenizer) -> LoadedModel:
+    stop = list(src.config.eos_token_ids)
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in stop:
         stop.append(tokenizer.eos_token_id)
-    return LoadedModel(source=src, config=c, tensors=tensors, tokenizer=tokenizer, stop_token_ids=stop)
+    return LoadedModel(source=src, config=src.config, tensors=tensors, tokenizer=tokenizer, stop_token_ids=stop)

@@ -18,10 +18,10 @@ Layout:
   load, in rank 0 and in each worker (a spawned child also inherits it).
 
 Not done yet (later work): all-reduce in bf16 (activations are f32 here: twice the bytes of the roofline's bf16
-figure; at decode the payload is a few KB and latency-bound); loading a real checkpoint shard by shard (each
-process reads every tensor as f32 on the host first, so a 70B checkpoint needs ~280 GB of host memory per
-process; synthetic models draw only their shard's share on each GPU); the step's broadcast is a pickle down
-a pipe per worker (a few KB, ~50-100 us of host time per step).
+figure; at decode the payload is a few KB and latency-bound); GGUF and AWQ checkpoints still load whole in
+each process (every tensor on the host first; plain safetensors checkpoints are read rank by rank, each process
+only its slices: llmrs/engine/shard_load.py); the step's broadcast is a pickle down a pipe per worker (a few KB,
+~50-100 us of host time per step).
 """
 
 from __future__ import annotations
@@ -158,12 +158,26 @@ class _Rank:
 
     def load(self, spec: str | None, loaded: Any, block_size: int, gpu_memory_utilization: float,
              num_blocks: int | None, max_blocks: int) -> int:
-        """Load the model (rank 0 passes its own LoadedModel) and return the KV blocks that fit here."""
-        from llmrs.engine.backends.cuda import CUDABackend
-        from llmrs.engine.loader import load
+        """Load the rank's tensors (rank 0 passes its own LoadedModel) and return the KV blocks that fit here.
 
-        self.loaded = loaded if loaded is not None else load(spec)
-        self.plan = ShardPlan(self.loaded.config, self.world_size)
+        A plain safetensors checkpoint: the config from `resolve` (config.json) and only this rank's slices from
+        disk (`load_rank_tensors`), unless rank 0 was handed every tensor already. GGUF and AWQ checkpoints: every
+        tensor on the host, sliced at build. Synthetic models: drawn on the GPU at build."""
+        from llmrs.engine.backends.cuda import CUDABackend
+        from llmrs.engine.loader import load, resolve
+        from llmrs.engine.shard_load import load_rank_tensors, reads_shards
+
+        src = resolve(spec) if loaded is None else loaded.source
+        self.shard: dict[str, np.ndarray] | None = None  # the rank's tensors, read rank by rank
+        if reads_shards(src) and (loaded is None or loaded.tensors is None):
+            self.loaded = None
+            self.plan = ShardPlan(src.config, self.world_size)
+            self.shard = load_rank_tensors(src.path, self.plan, self.rank)
+        else:
+            if loaded is None or (loaded.tensors is None and src.kind != "synthetic"):
+                loaded = load(spec)  # e.g. rank 0 of a GGUF checkpoint handed load(spec, read_tensors=False)
+            self.loaded = loaded
+            self.plan = ShardPlan(loaded.config, self.world_size)
         self.rank_config = self.plan.rank_config(self.rank)
         if num_blocks is not None:
             return num_blocks
@@ -180,7 +194,10 @@ class _Rank:
         rc = self.rank_config
         backend = CUDABackend(rc, num_blocks=num_blocks, block_size=block_size,
                               tp=TPRank.of(self.plan, self.rank, self.comm))
-        if self.loaded.tensors is None:
+        if self.shard is not None:
+            weights = build_weights(rc, self.shard, backend)
+            self.shard = None
+        elif self.loaded.tensors is None:
             weights = synthetic_shard(self.plan, self.rank, backend)
         else:
             weights = build_weights(rc, shard_tensors(self.plan, self.loaded.tensors, self.rank), backend)
@@ -373,7 +390,7 @@ def tp_runner_for_generate(model: str | None, world_size: int, max_len_hint: int
 
     import atexit
 
-    loaded = load(model)
+    loaded = load(model, read_tensors=False)  # config, tokenizer, stop ids: each rank reads its own tensors
     tokens = min(loaded.config.max_position_embeddings, max_len_hint)
     runner = NcclTPRunner(loaded, model, world_size, block_size=block_size, num_blocks=-(-tokens // block_size))
     atexit.register(runner.shutdown)
@@ -393,7 +410,7 @@ def tp_async_engine(model: str | None, world_size: int, device: str = "auto", ma
     from llmrs.engine.tp import tp_engine
 
     check_tp_size(world_size, device)
-    loaded = load(model)
+    loaded = load(model, read_tensors=False)  # config, tokenizer, stop ids: each rank reads its own tensors
     cfg = EngineConfig(block_size=block_size, kv_cache_tokens=kv_cache_tokens, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens, device="cuda",
                        gpu_memory_utilization=gpu_memory_utilization)
