@@ -6,7 +6,16 @@ f32 holding bf16-rounded values; the KV cache is bf16 in the contract layout
 `[num_blocks, num_kv_heads, block_size, head_dim]` per layer. Activations and the residual stream stay f32,
 so the CPU reference fed the same bf16-rounded weights differs only by bf16 K/V and, in GEMMs, bf16
 activations. Linear layers: for up to `matvec_max_tokens` tokens the one-warp-per-row matvec (f32 x, bf16 W:
-decode is memory-bound), otherwise cuBLAS gemmEx (bf16 x bf16 -> f32, f32 accumulate).
+decode is memory-bound), otherwise cuBLAS gemmEx (bf16 x bf16 -> f32, f32 accumulate), whose bf16 inputs the
+norms and SiLU x up write directly (`fuse_bf16`: the same bits as f32 + a cast). Quantized weights (quant.py):
+4-bit matvec up to 8 tokens, the Marlin-style 4-bit GEMM up to 128 (cuda_q4gemm.py), dequantize + cuBLAS above.
+
+Attention: `_attention` picks per step: the tensor-core prefill kernel (cuda_prefill.py) when a sequence brings
+`prefill_min_tokens` or more new tokens; else attn_partial (attention.cu) or, from ATTN_GQA_MIN_BLOCKS blocks a
+step, attn_partial_gqa (attention_gqa.cu); both split along the keys and share attn_merge.
+
+Tensor parallelism: with `tp=TPRank` (tp_nccl.py) the same fused step embeds the rank's vocabulary slice, sums
+the embeddings and every o/down partial over the ranks with NCCL on the step's stream, and gathers the logits.
 
 `forward(weights, batch)` is the fused step the engine runs (`CUDAModel`): residual adds ride in the
 o/down projections (matvec `accumulate`, GEMM beta = 1), RoPE is fused with the K/V cache write, and the
