@@ -13,6 +13,9 @@ This harness runs the real engine, with a FakeRunner in place of the ModelRunner
   engine thread and its event-loop thread.
 - `serve`: just the server (what `server` starts; usable with `llmrs bench --server-cmd`).
 
+`--engine-process` (server / serve): the server as `llmrs serve --engine-process` runs it, the engine core (with the
+fake runner) in a child process; then the per-step CPU figures are the core process's.
+
 The fake runner's tokens are deterministic ordinary text (a passage cycled from a per-sequence offset), never a
 stop token, so detokenization and stop checks do real work. `--gpu-ms` makes each step sleep (GIL released), as
 the real step waits on the GPU, to see how much host work hides under it.
@@ -20,7 +23,7 @@ the real step waits on the GPU, to see how much host work hides under it.
 Usage:
   python scripts/bench_host_overhead.py engine --seqs 64,256 [--profile] [--out reports/host-overhead/x.json]
   python scripts/bench_host_overhead.py async --seqs 64,256
-  python scripts/bench_host_overhead.py server --seqs 64,256 [--gpu-ms 0]
+  python scripts/bench_host_overhead.py server --seqs 64,256 [--gpu-ms 0] [--engine-process]
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import functools
 import io
 import json
 import os
@@ -62,7 +66,11 @@ class FakeRunner:
     """Stands in for ModelRunner: `execute_and_sample` returns one token per sampled row at once (or after
     `gpu_ms` of sleep). Token of sequence b at position p: pool[(p + 37 * first_block_b) % len(pool)]."""
 
-    def __init__(self, tokenizer, stop_ids: list[int], num_blocks: int, block_size: int, gpu_ms: float = 0.0):
+    device = "cpu"  # what the server prints
+
+    def __init__(self, tokenizer, stop_ids: list[int], num_blocks: int, block_size: int, gpu_ms: float = 0.0,
+                 stats_out: str | None = None):
+        self.stats_out = stats_out
         ids = [t for t in tokenizer.encode(PASSAGE * 4, add_special_tokens=False) if t not in set(stop_ids)]
         self.pool = np.asarray(ids, dtype=np.int64)
         self.num_blocks = num_blocks
@@ -84,6 +92,11 @@ class FakeRunner:
         self.time_s += time.perf_counter() - t0
         return out
 
+    def shutdown(self) -> None:
+        """Called by the engine core process when it stops (--engine-process): write the step timestamps."""
+        if self.stats_out:
+            Path(self.stats_out).write_text(json.dumps([list(s) for s in self.step_starts]))
+
 
 def decode_diffs(starts: np.ndarray, n: int) -> np.ndarray:
     """Differences of FakeRunner.step_starts rows between consecutive full decode steps (one token for each of
@@ -103,12 +116,18 @@ def random_prompts(n: int, length: int, vocab: int, stop_ids: list[int], seed: i
     return out
 
 
-def build_engine(loaded, n: int, prompt_len: int, max_tokens: int, gpu_ms: float = 0.0) -> LLMEngine:
+def build_engine(loaded, n: int, prompt_len: int, max_tokens: int, gpu_ms: float = 0.0,
+                 stats_out: str | None = None) -> LLMEngine:
     bs = 16
     tokens = n * (prompt_len + max_tokens + bs)
     cfg = EngineConfig(block_size=bs, kv_cache_tokens=tokens, max_num_seqs=n, max_num_batched_tokens=2048)
-    runner = FakeRunner(loaded.tokenizer, loaded.stop_token_ids, -(-tokens // bs), bs, gpu_ms)
+    runner = FakeRunner(loaded.tokenizer, loaded.stop_token_ids, -(-tokens // bs), bs, gpu_ms, stats_out)
     return LLMEngine(loaded, cfg, runner=runner)
+
+
+def build_engine_in_core(model: str, n: int, prompt_len: int, gpu_ms: float, stats_out: str | None) -> LLMEngine:
+    """The factory the engine core process calls (--engine-process): the fake-runner engine, built there."""
+    return build_engine(load(model), n, prompt_len, 0, gpu_ms, stats_out)
 
 
 def params(max_tokens: int) -> SamplingParams:
@@ -244,12 +263,19 @@ def serve(args) -> None:
 
     from llmrs.server.app import ServerSettings, build_app
 
-    loaded = load(args.model)
-    eng = build_engine(loaded, args.max_num_seqs, args.max_model_tokens, 0, args.gpu_ms or 0.0)
-    runner: FakeRunner = eng.runner
-    ae = AsyncEngine(eng, model_name="fake")
     profs: dict[str, cProfile.Profile] = {}
-    if args.profile_out:
+    runner: FakeRunner | None = None
+    if args.engine_process:
+        from llmrs.engine.core_process import ProcessEngine
+
+        factory = functools.partial(build_engine_in_core, args.model, args.max_num_seqs, args.max_model_tokens,
+                                    args.gpu_ms or 0.0, args.stats_out)
+        ae = ProcessEngine.spawn(load(args.model, read_tensors=False), factory, model_name="fake")
+    else:
+        eng = build_engine(load(args.model), args.max_num_seqs, args.max_model_tokens, 0, args.gpu_ms or 0.0)
+        runner = eng.runner
+        ae = AsyncEngine(eng, model_name="fake")
+    if args.profile_out and runner is not None:
         profs["engine thread"] = cProfile.Profile()
         loop_fn = ae._loop
 
@@ -261,6 +287,7 @@ def serve(args) -> None:
                 profs["engine thread"].disable()
 
         ae._loop = profiled_loop  # type: ignore[method-assign]
+    if args.profile_out:
         profs["event loop thread"] = cProfile.Profile()
         profs["event loop thread"].enable()
     app = build_app(ae, ServerSettings(served_names=["fake"], model_root=args.model))
@@ -269,7 +296,7 @@ def serve(args) -> None:
                                       access_log=False)).run()
     except KeyboardInterrupt:  # uvicorn re-raises the SIGINT that `llmrs bench` stops its server with
         pass
-    if args.stats_out:
+    if args.stats_out and runner is not None:  # with --engine-process, the core writes them as it stops
         Path(args.stats_out).write_text(json.dumps([list(s) for s in runner.step_starts]))
     if args.profile_out:
         profs["event loop thread"].disable()
@@ -288,7 +315,8 @@ def run_server(args, n: int) -> dict:
     me = shlex.join([sys.executable, str(Path(__file__).resolve())])
     server_cmd = (f"{me} serve --port {{port}} --model {shlex.quote(args.model)} --max-num-seqs {n} "
                   f"--max-model-tokens {args.prompt_len + args.max_tokens} --gpu-ms {gpu_ms} "
-                  f"--stats-out {tmp / 'steps.json'}" + (f" --profile-out {tmp / 'prof.json'}" if args.profile else ""))
+                  f"--stats-out {tmp / 'steps.json'}" + (f" --profile-out {tmp / 'prof.json'}" if args.profile else "")
+                  + (" --engine-process" if args.engine_process else ""))
     cmd = [sys.executable, "-m", "llmrs.cli", "bench", "--server-cmd", server_cmd, "--concurrency", str(n),
            "--num-prompts", str(n * args.rounds), "--input-len", str(args.prompt_len), "--output-len",
            str(args.max_tokens), "--ignore-eos", "--prompt-format", "ids", "--workers", str(args.workers),
@@ -303,7 +331,7 @@ def run_server(args, n: int) -> dict:
     summary = bench["runs"][0]["summary"]
     d = decode_diffs(np.array(json.loads((tmp / "steps.json").read_text())), n)
     gaps, eng_cpu, proc_cpu = d[:, 0], d[:, 3], d[:, 4]
-    res = {"seqs": n, "gpu_ms": gpu_ms, "decode_steps_measured": int(len(gaps)),
+    res = {"seqs": n, "gpu_ms": gpu_ms, "engine_process": args.engine_process, "decode_steps_measured": int(len(gaps)),
            "decode_step_interval_us_mean": round(float(gaps.mean()) * 1e6, 1),
            "decode_step_interval_us_p50": round(float(np.median(gaps)) * 1e6, 1),
            "engine_thread_cpu_us_per_step": round(float(eng_cpu.mean()) * 1e6, 1),
@@ -316,7 +344,8 @@ def run_server(args, n: int) -> dict:
     print(f"server  seqs={n:4d} gpu_ms={gpu_ms:g}: server decode step interval "
           f"{res['decode_step_interval_us_mean']:8.1f} us (p50 {res['decode_step_interval_us_p50']:.1f}; host "
           f"{res['host_us_per_step']:.0f} us beyond the fake GPU step; CPU per step: engine thread "
-          f"{res['engine_thread_cpu_us_per_step']:.0f} us, whole server {res['server_process_cpu_us_per_step']:.0f} us); "
+          f"{res['engine_thread_cpu_us_per_step']:.0f} us, whole {'core' if args.engine_process else 'server'} "
+          f"{res['server_process_cpu_us_per_step']:.0f} us); "
           f"client: TPOT {tpot} ms, {tput} output tok/s")
     if args.profile and (tmp / "prof.json").exists():
         res["profile_top"] = json.loads((tmp / "prof.json").read_text())
@@ -354,6 +383,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="engine/async: runs per size; the best is kept")
     ap.add_argument("--rounds", type=int, default=2, help="server: num-prompts = seqs * rounds")
     ap.add_argument("--workers", type=int, default=1, help="server: bench client processes")
+    ap.add_argument("--engine-process", action="store_true",
+                    help="server/serve: the engine core (with the fake runner) in its own process, as "
+                         "`llmrs serve --engine-process`")
     ap.add_argument("--label", default="")
     ap.add_argument("--out", type=Path, default=None, help="results JSON")
     # serve-only

@@ -27,6 +27,37 @@ class EngineOverloaded(Exception):
     """Too many requests already wait (the server answers 429)."""
 
 
+class EngineDeadError(RuntimeError):
+    """The engine loop (thread or core process) is gone: new requests get a 503, open streams end in an error."""
+
+
+def check_request(prompt_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int,
+                  num_blocks: int, block_size: int) -> tuple[list[int], SamplingParams]:
+    """Validate a request (raises UserError); returns its prompt as ints and its own copy of the params, with
+    max_tokens filled in. Pure, so the API server process can run it without the engine (--engine-process)."""
+    params = dataclasses.replace(params)  # the request's own copy: max_tokens may be filled in below
+    params.validate()
+    prompt_ids = [int(t) for t in prompt_ids]
+    if not prompt_ids:
+        raise UserError("the prompt is empty")
+    if any(t < 0 or t >= vocab_size for t in prompt_ids):
+        raise UserError(f"prompt token ids must be in [0, {vocab_size})")
+    if params.max_tokens is None:
+        params.max_tokens = max_model_len - len(prompt_ids)
+    total = len(prompt_ids) + params.max_tokens
+    if len(prompt_ids) >= max_model_len or total > max_model_len:
+        raise UserError(
+            f"this model's maximum context length is {max_model_len} tokens; the request needs {total} "
+            f"({len(prompt_ids)} in the prompt, {params.max_tokens} in max_tokens)"
+        )
+    if -(-total // block_size) > num_blocks:
+        raise UserError(
+            f"the request needs {total} tokens of KV cache; the cache holds "
+            f"{num_blocks * block_size} (raise --kv-cache-tokens)"
+        )
+    return prompt_ids, params
+
+
 @dataclass(slots=True)
 class RequestOutput:
     """One event on a request's stream: a delta for one choice."""
@@ -131,27 +162,8 @@ class LLMEngine:
     # ------------------------------------------------------------------ requests
     def make_sequences(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> list[Sequence]:
         """Validate a request and build its n sequences (raises UserError; changes no engine state)."""
-        params = dataclasses.replace(params)  # the request's own copy: max_tokens may be filled in below
-        params.validate()
-        prompt_ids = [int(t) for t in prompt_ids]
-        if not prompt_ids:
-            raise UserError("the prompt is empty")
-        vocab = self.loaded.config.vocab_size
-        if any(t < 0 or t >= vocab for t in prompt_ids):
-            raise UserError(f"prompt token ids must be in [0, {vocab})")
-        if params.max_tokens is None:
-            params.max_tokens = self.max_model_len - len(prompt_ids)
-        total = len(prompt_ids) + params.max_tokens
-        if len(prompt_ids) >= self.max_model_len or total > self.max_model_len:
-            raise UserError(
-                f"this model's maximum context length is {self.max_model_len} tokens; the request needs {total} "
-                f"({len(prompt_ids)} in the prompt, {params.max_tokens} in max_tokens)"
-            )
-        if self.kv.blocks_needed(total) > self.kv.pool.num_blocks:
-            raise UserError(
-                f"the request needs {total} tokens of KV cache; the cache holds "
-                f"{self.kv.pool.num_blocks * self.kv.block_size} (raise --kv-cache-tokens)"
-            )
+        prompt_ids, params = check_request(prompt_ids, params, self.loaded.config.vocab_size, self.max_model_len,
+                                           self.kv.pool.num_blocks, self.kv.block_size)
         stop = self.loaded.stop_token_ids
         return [Sequence(request_id, list(prompt_ids), params, self.tokenizer, stop, self.max_model_len, index=i)
                 for i in range(params.n)]
@@ -282,12 +294,16 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         return self._stats
 
+    @property
+    def device(self) -> str:
+        return self.engine.runner.device
+
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str | None, prompt_ids: list[int], params: SamplingParams
                     ) -> AsyncIterator[RequestOutput]:
         """Validate and queue a request; returns its stream (raises UserError / EngineOverloaded at once)."""
         if self.error is not None:
-            raise RuntimeError(f"engine loop died: {self.error}")
+            raise EngineDeadError(f"engine loop died: {self.error}")
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._streams:
             raise UserError(f"duplicate request id {request_id}")
@@ -375,5 +391,5 @@ class AsyncEngine:
         except BaseException as e:  # a bug, not a user error: fail every open stream loudly
             self.error = e
             for loop, q in list(self._streams.values()):
-                loop.call_soon_threadsafe(q.put_nowait, RuntimeError(f"engine loop failed: {e!r}"))
+                loop.call_soon_threadsafe(q.put_nowait, EngineDeadError(f"engine loop failed: {e!r}"))
             raise

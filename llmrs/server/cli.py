@@ -2,7 +2,8 @@
 
 Order of start-up: bind the port (a busy port fails at once, before the model loads), load the model and build
 the engine, then serve. Ctrl-C / SIGTERM: stop accepting, give in-flight requests --shutdown-timeout seconds to
-finish, abort the rest (their blocks freed), stop the engine thread, exit 0.
+finish, abort the rest (their blocks freed), stop the engine thread (or the engine core process, with
+--engine-process), exit 0.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ def serve(
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level: critical, error, warning, info, debug."),
     access_log: bool = typer.Option(True, "--access-log/--no-access-log", help="Log one line per HTTP request."),
     tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="GPUs to split the model across (tensor parallelism over NCCL, one process per GPU; must divide the KV heads)."),
+    engine_process: bool = typer.Option(False, "--engine-process/--no-engine-process", envvar="LLMRS_ENGINE_PROCESS", help="Run the engine core (scheduler, KV cache, model, sampling, detokenizing) in its own process; this one keeps HTTP, the tokenizer and the streams, so per-stream HTTP work does not share a GIL with the step loop."),
     dequantize: bool = typer.Option(True, "--dequantize/--keep-quantized", help="--dequantize (default): quantized weights (AWQ, GGUF Q4_0/Q4_1/Q8_0) become bf16 at load. --keep-quantized: they stay packed on the GPU for the 4-bit matvec (opt-in until a quantized GEMM exists: batched and single-sequence greedy outputs can differ at near ties)."),
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API (continuous batching, paged KV cache, prefix caching)."""
@@ -115,6 +117,12 @@ def serve(
     if log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
         raise UserError(f"--log-level {log_level!r}: choose critical, error, warning, info or debug")
     make_engine = AsyncEngine.from_args
+    if engine_process:
+        if tensor_parallel_size != 1:
+            raise UserError("--engine-process and --tensor-parallel-size do not combine yet: leave one of them out")
+        from llmrs.engine.core_process import ProcessEngine
+
+        make_engine = ProcessEngine.from_args
     if tensor_parallel_size != 1:  # checked before the port is bound and the model loads
         from functools import partial
 
@@ -135,7 +143,9 @@ def serve(
                                            max_body_bytes=max_body_bytes, block_size=BLOCK_SIZE))
     bound = sock.getsockname()
     console.print(f"[dim]loaded {model} in {time.perf_counter() - t0:.1f}s; max_model_len {engine.max_model_len}, "
-                  f"KV cache {engine.kv_cache_tokens} tokens on {engine.engine.runner.device}[/dim]")
+                  f"KV cache {engine.kv_cache_tokens} tokens on {engine.device}[/dim]")
+    if engine_process:
+        console.print(f"[dim]engine core: process {engine.pid}[/dim]")
     console.print(f"serving [cyan]{name}[/] on http://{host}:{bound[1]}/v1 (Ctrl-C to stop)")
     config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on",
                             timeout_graceful_shutdown=shutdown_timeout + 5.0, timeout_keep_alive=5)

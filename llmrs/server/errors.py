@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from llmrs.engine.engine import EngineDeadError
 from llmrs.errors import UserError
 
 log = logging.getLogger("llmrs.server")
@@ -116,6 +117,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(UserError)
     async def _user(_: Request, e: UserError) -> JSONResponse:
         return error_response(400, str(e))
+
+    @app.exception_handler(EngineDeadError)
+    async def _dead(_: Request, e: EngineDeadError) -> JSONResponse:
+        return error_response(503, f"the engine is not available: {e}")
 
     @app.exception_handler(Exception)
     async def _bug(_: Request, e: Exception) -> JSONResponse:

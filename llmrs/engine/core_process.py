@@ -1,0 +1,352 @@
+"""The engine core in its own process (`llmrs serve --engine-process`), as vLLM V1 runs it.
+
+Why: in one process, the step loop (a thread) and the event loop (HTTP, SSE, one async generator chain per
+stream) share the GIL; at 256 streams the event loop's ~7 ms of work per step lands on the step's critical path.
+Here the child process owns the LLMEngine (scheduler, KV cache, runner/model, sampling, detokenization: the text
+is the same as in one process, made by the same `Sequence` code) and runs the step loop; the API server process
+keeps HTTP, the tokenizer (/tokenize, chat templates, logprob strings) and the asyncio streams.
+
+Wire (two one-way `multiprocessing.Pipe`s, pickle):
+- server -> core: a list of commands per send, `("add", request_id, prompt_ids, params)`, `("abort", request_id)`,
+  `("stop",)`; a sender thread batches whatever queued up, so the event loop never blocks on the pipe.
+- core -> server: once per step (or after commands changed its state) ONE message
+  `("step", outputs, stats, adds_seen, rejected)`: `outputs` are `(request_id, index, text, token_ids, logprobs,
+  finish_reason)` tuples for every request that advanced, `stats` the EngineStats after the step (for /metrics,
+  --max-waiting, default max_tokens), `adds_seen` how many adds the core has taken (so the server counts the ones
+  still in the pipe as waiting), `rejected` the `(request_id, message)` of adds the core refused.
+- start-up: `("ready", info)` or `("failed", "user" | "bug", message)`; a core that fails later sends
+  `("error", message)` before it exits. The server reads the pipe with `loop.add_reader` (no thread); EOF while not
+  stopping means the core died: /health answers 503, open streams end in an error, new requests get a 503.
+
+The core ignores SIGINT / SIGTERM (Ctrl-C reaches the whole process group): the server stops it with "stop" after
+its own shutdown, and it exits on its own when the server's end of the pipe closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import multiprocessing
+import multiprocessing.connection
+import os
+import queue
+import signal
+import threading
+import traceback
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from llmrs.engine.config import EngineConfig
+from llmrs.engine.engine import (
+    EngineDeadError, EngineOverloaded, EngineStats, LLMEngine, RequestOutput, check_request,
+)
+from llmrs.engine.loader import LoadedModel, load
+from llmrs.engine.sampling import SamplingParams
+from llmrs.errors import UserError
+
+ENV = "LLMRS_ENGINE_PROCESS"
+
+
+def engine_process_env() -> bool:
+    """LLMRS_ENGINE_PROCESS=1 turns --engine-process on (how the server test suite runs in this mode)."""
+    return os.environ.get(ENV, "0") not in ("", "0", "false", "no")
+
+
+def build_engine(model: str | None, config: EngineConfig, keep_quantized: bool) -> LLMEngine:
+    """The default factory: what `AsyncEngine.from_args` builds, in the core process."""
+    return LLMEngine(load(model, keep_quantized=keep_quantized), config)
+
+
+# ---------------------------------------------------------------------- the core (child process)
+def core_main(factory: Callable[[], LLMEngine], commands, outputs) -> None:
+    """Entry point of the core process: build the engine, say ready, run the loop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        engine = factory()
+    except UserError as e:
+        outputs.send(("failed", "user", str(e)))
+        return
+    except BaseException:  # noqa: BLE001 - reported to the server, which prints it
+        outputs.send(("failed", "bug", traceback.format_exc()))
+        return
+    outputs.send(("ready", {"max_model_len": engine.max_model_len, "num_blocks": engine.kv.pool.num_blocks,
+                            "block_size": engine.kv.block_size, "device": engine.runner.device,
+                            "stats": engine.stats()}))
+    try:
+        run_core(engine, commands, outputs)
+    except EOFError:  # the server's end of the pipe closed: it is gone, so is the core
+        pass
+    except BaseException as e:  # a bug: tell the server why before dying
+        try:
+            outputs.send(("error", f"{type(e).__name__}: {e}"))
+        except OSError:
+            pass
+        raise
+    finally:
+        shutdown = getattr(engine.runner, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+
+def run_core(engine: LLMEngine, commands, outputs) -> None:
+    """The step loop: take every queued command, step if anything runs, send one message for the step."""
+    adds_seen = 0
+    while True:
+        pending: list = []
+        rejected: list[tuple[str, str]] = []
+        stop = changed = False
+        # block only when idle; EOF (the server is gone) raises EOFError here and ends the process
+        while commands.poll(None if not (engine.has_unfinished() or changed) else 0):
+            changed = True
+            for cmd in commands.recv():
+                kind = cmd[0]
+                if kind == "add":
+                    _, rid, prompt_ids, params = cmd
+                    adds_seen += 1
+                    try:
+                        engine.add_sequences(rid, engine.make_sequences(rid, prompt_ids, params))
+                    except UserError as e:  # the server checked it already: only if the two disagree
+                        rejected.append((rid, str(e)))
+                elif kind == "abort":
+                    pending.extend(engine.abort(cmd[1]))
+                else:
+                    stop = True
+        if not stop and engine.has_unfinished():
+            pending.extend(engine.step())
+        outputs.send(("step", [(o.request_id, o.index, o.text, o.token_ids, o.logprobs, o.finish_reason)
+                               for o in pending], engine.stats(), adds_seen, rejected))
+        if stop:
+            return
+
+
+# ---------------------------------------------------------------------- the server side
+class ProcessEngine:
+    """AsyncEngine's interface (add_request -> stream of RequestOutput, abort, stats, start, shutdown, error) over
+    an engine core in a child process."""
+
+    def __init__(self, loaded: LoadedModel, proc, commands, outputs, info: dict, max_waiting: int | None = None,
+                 model_name: str | None = None):
+        self.loaded = loaded
+        self.tokenizer = loaded.tokenizer
+        self.config = loaded.config
+        self.max_model_len: int = info["max_model_len"]
+        self.block_size: int = info["block_size"]
+        self.num_blocks: int = info["num_blocks"]
+        self.kv_cache_tokens = self.num_blocks * self.block_size
+        self.device: str = info["device"]
+        self.model_name = model_name or loaded.source.name
+        self.max_waiting = max_waiting
+        self.error: BaseException | None = None
+        self._proc, self._commands, self._outputs = proc, commands, outputs
+        self._stats: EngineStats = info["stats"]
+        self._streams: dict[str, tuple[asyncio.Queue, list[int], int]] = {}
+        self._send_q: queue.SimpleQueue = queue.SimpleQueue()
+        self._sender: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._gone: asyncio.Future | None = None
+        self._stopping = False
+        self._adds_sent = self._adds_seen = 0
+        self._ids = itertools.count()
+
+    @classmethod
+    def spawn(cls, loaded: LoadedModel, factory: Callable[[], LLMEngine], max_waiting: int | None = None,
+              model_name: str | None = None) -> "ProcessEngine":
+        """Start the core process (`factory` builds its LLMEngine there; it must pickle) and wait until it is
+        ready. A core that fails to start raises here: UserError for a user's mistake, RuntimeError for a bug."""
+        ctx = multiprocessing.get_context("spawn")
+        cmd_recv, cmd_send = ctx.Pipe(duplex=False)
+        out_recv, out_send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=core_main, args=(factory, cmd_recv, out_send), name="llmrs-engine-core",
+                           daemon=True)
+        proc.start()
+        cmd_recv.close()  # the child's ends: closed here, so the child's death is an EOF on our end
+        out_send.close()
+        try:
+            msg = _wait_ready(proc, out_recv)
+        except BaseException:
+            proc.kill()
+            proc.join(5)
+            raise
+        return cls(loaded, proc, cmd_send, out_recv, msg, max_waiting, model_name)
+
+    @classmethod
+    def from_args(cls, model: str | None, device: str = "auto", max_num_seqs: int = 64,
+                  max_num_batched_tokens: int = 2048, kv_cache_tokens: int | None = None, block_size: int = 16,
+                  max_waiting: int | None = None, served_model_name: str | None = None,
+                  gpu_memory_utilization: float = 0.9) -> "ProcessEngine":
+        """AsyncEngine.from_args's options; the core loads the weights, this process only config + tokenizer."""
+        keep = os.environ.get("LLMRS_KEEP_QUANTIZED", "0") == "1"
+        cfg = EngineConfig(block_size=block_size, kv_cache_tokens=kv_cache_tokens, max_num_seqs=max_num_seqs,
+                           max_num_batched_tokens=max_num_batched_tokens, device=device,
+                           gpu_memory_utilization=gpu_memory_utilization)
+        loaded = load(model, read_tensors=False)
+        return cls.spawn(loaded, functools.partial(build_engine, model, cfg, keep), max_waiting, served_model_name)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Called on the server's event loop: read the core's messages there, start the sender thread."""
+        assert self._loop is None
+        self._loop = asyncio.get_running_loop()
+        self._gone = self._loop.create_future()
+        self._loop.add_reader(self._outputs.fileno(), self._on_readable)
+        self._sender = threading.Thread(target=self._send_loop, name="llmrs-core-sender", daemon=True)
+        self._sender.start()
+
+    async def shutdown(self, abort_running: bool = True) -> None:
+        if abort_running:
+            for rid in list(self._streams):
+                await self.abort(rid)
+        else:
+            while self._streams and self.error is None:
+                await asyncio.sleep(0.01)
+        self._stopping = True
+        if self._gone is None:  # never started: nothing reads the core's messages
+            try:
+                self._commands.send([("stop",)])
+            except OSError:
+                pass
+        elif self.error is None:
+            self._send_q.put(("stop",))
+            try:  # the core answers the queued aborts, then exits: EOF
+                await asyncio.wait_for(asyncio.shield(self._gone), timeout=30)
+            except TimeoutError:
+                pass
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._proc.join, 10)
+        if self._proc.is_alive():
+            self._proc.kill()
+            await loop.run_in_executor(None, self._proc.join, 5)
+        self._close_reader()
+        self._send_q.put(None)
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, request_id: str | None, prompt_ids: list[int], params: SamplingParams
+                    ) -> AsyncIterator[RequestOutput]:
+        """Validate and queue a request; returns its stream (raises UserError / EngineOverloaded /
+        EngineDeadError at once)."""
+        if self.error is not None:
+            raise self.error
+        if self._stopping:
+            raise EngineDeadError("the engine is shutting down")
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self._streams:
+            raise UserError(f"duplicate request id {request_id}")
+        in_pipe = self._adds_sent - self._adds_seen
+        if self.max_waiting is not None and self._stats.num_waiting + in_pipe >= self.max_waiting:
+            raise EngineOverloaded(f"{self._stats.num_waiting + in_pipe} requests already wait "
+                                   f"(--max-waiting {self.max_waiting})")
+        prompt_ids, params = check_request(prompt_ids, params, self.config.vocab_size, self.max_model_len,
+                                           self.num_blocks, self.block_size)
+        q: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = (q, [0] * params.n, len(prompt_ids))
+        self._adds_sent += 1
+        self._send_q.put(("add", request_id, prompt_ids, params))
+        return self._stream(request_id, q, params.n)
+
+    async def _stream(self, request_id: str, q: asyncio.Queue, n: int) -> AsyncIterator[RequestOutput]:
+        finished = 0
+        try:
+            while finished < n:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item.finish_reason is not None:
+                    finished += 1
+                yield item
+        finally:
+            if finished < n and self.error is None:  # the consumer went away: abort now
+                self._send_q.put(("abort", request_id))
+            self._streams.pop(request_id, None)
+
+    async def abort(self, request_id: str) -> None:
+        if self.error is None:
+            self._send_q.put(("abort", request_id))
+
+    # ------------------------------------------------------------------ the pipes
+    def _send_loop(self) -> None:
+        """Sender thread: one pipe write for whatever queued up (blocking here, never on the event loop)."""
+        while True:
+            batch = [self._send_q.get()]
+            while True:
+                try:
+                    batch.append(self._send_q.get_nowait())
+                except queue.Empty:
+                    break
+            cmds = [c for c in batch if c is not None]
+            try:
+                if cmds:
+                    self._commands.send(cmds)
+            except OSError:  # the core is gone; the reader reports it
+                return
+            if len(cmds) < len(batch) or any(c[0] == "stop" for c in cmds):
+                return
+
+    def _on_readable(self) -> None:
+        try:
+            while self._outputs.poll():
+                self._handle(self._outputs.recv())
+        except (EOFError, OSError):
+            self._core_gone()
+
+    def _handle(self, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "error":
+            self.error = EngineDeadError(f"the engine core process failed: {msg[1]}")
+            return
+        _, outputs, self._stats, self._adds_seen, rejected = msg
+        streams = self._streams
+        for rid, index, text, token_ids, logprobs, finish_reason in outputs:
+            target = streams.get(rid)
+            if target is None:
+                continue
+            q, counts, n_prompt = target
+            counts[index] += len(token_ids)
+            q.put_nowait(RequestOutput(rid, index, text, token_ids, logprobs, finish_reason, n_prompt, counts[index]))
+        for rid, message in rejected:
+            target = streams.get(rid)
+            if target is not None:
+                target[0].put_nowait(UserError(message))
+
+    def _core_gone(self) -> None:
+        self._close_reader()
+        if not self._stopping and self.error is None:
+            self._proc.join(1)
+            self.error = EngineDeadError(f"the engine core process died (exit code {self._proc.exitcode})")
+        if self.error is not None:
+            for q, _, _ in list(self._streams.values()):
+                q.put_nowait(self.error)
+        if self._gone is not None and not self._gone.done():
+            self._gone.set_result(None)
+
+    def _close_reader(self) -> None:
+        if self._loop is not None and not self._outputs.closed:
+            self._loop.remove_reader(self._outputs.fileno())
+            self._outputs.close()
+
+
+def _wait_ready(proc, outputs) -> dict[str, Any]:
+    while True:
+        ready = multiprocessing.connection.wait([outputs, proc.sentinel])
+        if outputs in ready:
+            try:
+                msg = outputs.recv()
+            except EOFError:
+                msg = None
+            if msg is not None and msg[0] == "ready":
+                return msg[1]
+            if msg is not None and msg[0] == "failed":
+                if msg[1] == "user":
+                    raise UserError(msg[2])
+                raise RuntimeError(f"the engine core process failed to start:\n{msg[2]}")
+        if proc.sentinel in ready or (outputs in ready):
+            proc.join(5)
+            raise RuntimeError(f"the engine core process exited during start-up (exit code {proc.exitcode})")

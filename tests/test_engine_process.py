@@ -1,0 +1,214 @@
+"""`llmrs serve --engine-process`: the engine core in a child process, against the one-process server.
+
+Real servers (`python -m llmrs serve smollm2-135m` subprocesses on 127.0.0.1), raw SSE. The rest of the server's
+behaviour is pinned by tests/test_server.py, which runs in this mode too with LLMRS_ENGINE_PROCESS=1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "smollm2-135m"
+
+
+def _check_model() -> None:
+    from llmrs.engine.loader import resolve
+    from llmrs.errors import UserError
+
+    try:
+        resolve(MODEL)
+    except UserError as e:
+        pytest.skip(str(e), allow_module_level=True)
+
+
+_check_model()
+
+
+class Server:
+    def __init__(self, args: list[str], log: Path):
+        from llmrs.bench.server import free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        env.pop("LLMRS_ENGINE_PROCESS", None)  # each server here says which mode it runs in
+        cmd = [sys.executable, "-m", "llmrs", "serve", MODEL, "--host", "127.0.0.1", "--port", str(self.port),
+               "--kv-cache-tokens", "4096", *args]
+        self.proc = subprocess.Popen(cmd, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+
+    def wait_ready(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"server exited early:\n{self.log.read_text()[-3000:]}"
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2, trust_env=False).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"server not ready after {timeout}s:\n{self.log.read_text()[-3000:]}")
+
+    def core_pid(self) -> int:
+        m = re.search(r"engine core: process (\d+)", self.log.read_text())
+        assert m, self.log.read_text()[-3000:]
+        return int(m.group(1))
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped) counts as gone
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def sse_events(url: str, body: dict, path: str) -> list[dict | str]:
+    """Every `data:` payload of a streamed request; the chunk ids and timestamps dropped."""
+    out: list[dict | str] = []
+    with httpx.stream("POST", url + path, json=body, timeout=120, trust_env=False) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                payload = line[6:]
+                if payload == "[DONE]":
+                    out.append(payload)
+                    continue
+                ev = json.loads(payload)
+                ev.pop("id"), ev.pop("created")
+                out.append(ev)
+    return out
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    logs = tmp_path_factory.mktemp("engine-process")
+    plain = Server([], logs / "plain.log")
+    proc = Server(["--engine-process"], logs / "proc.log")
+    try:
+        plain.wait_ready()
+        proc.wait_ready()
+        core = proc.core_pid()
+        assert alive(core)
+        yield plain, proc
+    finally:
+        rc_plain, rc_proc = plain.stop(), proc.stop()
+    assert rc_plain == 0, plain.log.read_text()[-3000:]
+    assert rc_proc == 0, proc.log.read_text()[-3000:]
+    assert not alive(core), "the engine core outlived its server"
+
+
+REQUESTS = [
+    ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True}),
+    ("/v1/completions", {"prompt": ["Paged attention is", "Le café de Zürich"], "max_tokens": 12, "logprobs": 2,
+                         "stop": ["\n\n"]}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 20,
+                              "logprobs": True, "top_logprobs": 1}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), REQUESTS, ids=["completion", "two-prompts-logprobs-stop", "chat"])
+def test_engine_process_streams_the_same_greedy_events_as_one_process(pair, path, body):
+    plain, proc = pair
+    body = {"model": MODEL, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, **body}
+    want = sse_events(plain.url, body, path)
+    got = sse_events(proc.url, body, path)
+    assert want[-1] == "[DONE]" and want[-2]["usage"]["completion_tokens"] > 0
+    assert got == want
+
+
+def test_concurrent_greedy_streams_equal_the_one_process_server(pair):
+    plain, proc = pair
+    bodies = [{"model": MODEL, "prompt": f"Story number {i}:", "max_tokens": 16, "temperature": 0, "stream": True,
+               "ignore_eos": True} for i in range(6)]
+
+    def run_all(url: str) -> list:
+        results: list = [None] * len(bodies)
+
+        def one(i: int) -> None:
+            results[i] = sse_events(url, bodies[i], "/v1/completions")
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        return results
+
+    assert run_all(proc.url) == run_all(plain.url)
+
+
+def test_a_dead_core_fails_health_and_requests_without_hanging(tmp_path):
+    srv = Server(["--engine-process"], tmp_path / "serve.log")
+    try:
+        srv.wait_ready()
+        core = srv.core_pid()
+        events: list[str] = []
+        first = threading.Event()
+
+        def stream() -> None:
+            body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 3000, "ignore_eos": True,
+                    "stream": True}
+            with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60, trust_env=False) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        events.append(line[6:])
+                        first.set()
+
+        t = threading.Thread(target=stream, daemon=True)
+        t.start()
+        assert first.wait(60)
+        os.kill(core, signal.SIGKILL)
+        t.join(10)
+        assert not t.is_alive(), "the stream hangs after the core died"
+        assert events[-1] == "[DONE]"
+        err = json.loads(events[-2])["error"]
+        assert "engine core process died" in err["message"]
+
+        h = httpx.get(srv.url + "/health", timeout=5, trust_env=False)
+        assert h.status_code == 503 and "engine core process died" in h.text
+        r = httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2},
+                       timeout=5, trust_env=False)
+        assert r.status_code == 503
+        assert "engine core process died" in r.json()["error"]["message"]
+        r = httpx.post(srv.url + "/v1/chat/completions", timeout=5, trust_env=False,
+                       json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "stream": True})
+        assert r.status_code == 503
+        # what does not need the engine still answers
+        tok = httpx.post(srv.url + "/tokenize", json={"prompt": "Hello"}, timeout=5, trust_env=False)
+        assert tok.status_code == 200 and tok.json()["count"] > 0
+    finally:
+        rc = srv.stop()
+    assert rc == 0, srv.log.read_text()[-3000:]
+
+
+def test_engine_process_and_tensor_parallel_do_not_combine_yet():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    r = subprocess.run([sys.executable, "-m", "llmrs", "serve", MODEL, "--engine-process", "--tensor-parallel-size",
+                        "2", "--port", "0"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "--engine-process and --tensor-parallel-size do not combine yet" in r.stdout + r.stderr
