@@ -125,8 +125,11 @@ def build_engine(loaded, n: int, prompt_len: int, max_tokens: int, gpu_ms: float
     return LLMEngine(loaded, cfg, runner=runner)
 
 
-def build_engine_in_core(model: str, n: int, prompt_len: int, gpu_ms: float, stats_out: str | None) -> LLMEngine:
+def build_engine_in_core(model: str, n: int, prompt_len: int, gpu_ms: float, stats_out: str | None,
+                         core_cpus: str | None = None) -> LLMEngine:
     """The factory the engine core process calls (--engine-process): the fake-runner engine, built there."""
+    if core_cpus:
+        os.sched_setaffinity(0, cpu_list(core_cpus))
     return build_engine(load(model), n, prompt_len, 0, gpu_ms, stats_out)
 
 
@@ -263,13 +266,15 @@ def serve(args) -> None:
 
     from llmrs.server.app import ServerSettings, build_app
 
+    if args.server_cpus:  # the engine core process (spawned below) inherits it
+        os.sched_setaffinity(0, cpu_list(args.server_cpus))
     profs: dict[str, cProfile.Profile] = {}
     runner: FakeRunner | None = None
     if args.engine_process:
         from llmrs.engine.core_process import ProcessEngine
 
         factory = functools.partial(build_engine_in_core, args.model, args.max_num_seqs, args.max_model_tokens,
-                                    args.gpu_ms or 0.0, args.stats_out)
+                                    args.gpu_ms or 0.0, args.stats_out, args.core_cpus)
         ae = ProcessEngine.spawn(load(args.model, read_tensors=False), factory, model_name="fake")
     else:
         eng = build_engine(load(args.model), args.max_num_seqs, args.max_model_tokens, 0, args.gpu_ms or 0.0)
@@ -316,14 +321,17 @@ def run_server(args, n: int) -> dict:
     server_cmd = (f"{me} serve --port {{port}} --model {shlex.quote(args.model)} --max-num-seqs {n} "
                   f"--max-model-tokens {args.prompt_len + args.max_tokens} --gpu-ms {gpu_ms} "
                   f"--stats-out {tmp / 'steps.json'}" + (f" --profile-out {tmp / 'prof.json'}" if args.profile else "")
-                  + (" --engine-process" if args.engine_process else ""))
+                  + (" --engine-process" if args.engine_process else "")
+                  + (f" --server-cpus {args.server_cpus}" if args.server_cpus else "")
+                  + (f" --core-cpus {args.core_cpus}" if args.core_cpus else ""))
     cmd = [sys.executable, "-m", "llmrs.cli", "bench", "--server-cmd", server_cmd, "--concurrency", str(n),
            "--num-prompts", str(n * args.rounds), "--input-len", str(args.prompt_len), "--output-len",
            str(args.max_tokens), "--ignore-eos", "--prompt-format", "ids", "--workers", str(args.workers),
            "--out-dir", str(tmp), "--name", "bench"]
     path = [str(Path(__file__).resolve().parents[1])] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    pin = (lambda: os.sched_setaffinity(0, cpu_list(args.client_cpus))) if args.client_cpus else None
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, preexec_fn=pin)
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-3000:])
         raise SystemExit(f"bench failed ({proc.returncode})")
@@ -331,7 +339,8 @@ def run_server(args, n: int) -> dict:
     summary = bench["runs"][0]["summary"]
     d = decode_diffs(np.array(json.loads((tmp / "steps.json").read_text())), n)
     gaps, eng_cpu, proc_cpu = d[:, 0], d[:, 3], d[:, 4]
-    res = {"seqs": n, "gpu_ms": gpu_ms, "engine_process": args.engine_process, "decode_steps_measured": int(len(gaps)),
+    res = {"seqs": n, "gpu_ms": gpu_ms, "engine_process": args.engine_process, "server_cpus": args.server_cpus, "core_cpus": args.core_cpus,
+           "client_cpus": args.client_cpus, "decode_steps_measured": int(len(gaps)),
            "decode_step_interval_us_mean": round(float(gaps.mean()) * 1e6, 1),
            "decode_step_interval_us_p50": round(float(np.median(gaps)) * 1e6, 1),
            "engine_thread_cpu_us_per_step": round(float(eng_cpu.mean()) * 1e6, 1),
@@ -357,6 +366,15 @@ def run_server(args, n: int) -> dict:
 
 
 # ---------------------------------------------------------------------- main
+def cpu_list(spec: str) -> set[int]:
+    """'0', '1,3' or '2-5' -> a set of CPU numbers (for os.sched_setaffinity)."""
+    out: set[int] = set()
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
 def machine() -> dict:
     cpu = platform.processor()
     try:
@@ -386,6 +404,11 @@ def main() -> None:
     ap.add_argument("--engine-process", action="store_true",
                     help="server/serve: the engine core (with the fake runner) in its own process, as "
                          "`llmrs serve --engine-process`")
+    ap.add_argument("--server-cpus", default=None, help="server/serve: pin the server (and its engine core process) "
+                    "to these CPUs, e.g. 1 or 2-3 (Linux)")
+    ap.add_argument("--core-cpus", default=None, help="server/serve with --engine-process: pin the engine core "
+                    "process to these CPUs")
+    ap.add_argument("--client-cpus", default=None, help="server: pin the `llmrs bench` client to these CPUs, e.g. 0")
     ap.add_argument("--label", default="")
     ap.add_argument("--out", type=Path, default=None, help="results JSON")
     # serve-only
