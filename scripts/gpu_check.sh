@@ -5,13 +5,8 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/llmrs-gpu-out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=$PWD:/tmp/site
-else
-  export PYTHONPATH=$PWD
-fi
-step() { echo; echo "=== $1"; }
+. "$(dirname "$0")/gpu_lib.sh"
+use_wheels || exit 1
 step "GPU"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 step "doctor"; timeout 120 python3 -m llmrs doctor
 step "GPU tests (every test marked gpu)"; LLMRS_GPU_REPORT=$OUT/gpu_figures.jsonl timeout 420 python3 -m pytest -q -m gpu \

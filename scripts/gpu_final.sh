@@ -5,11 +5,11 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/llmrs-final}; mkdir -p "$OUT"; R=/tmp/res; mkdir -p $R
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=$PWD:/tmp/site CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+. "$(dirname "$0")/gpu_lib.sh"
+use_wheels || exit 1
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 [ -f /tmp/models/part1 ] && [ -f .gguf/part2 ] && cat /tmp/models/part1 .gguf/part2 > /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf ] && export LLMRS_EMBEDDED_DIR=/tmp/models
-step() { echo; echo "=== $1 ($(date +%T))"; }
 {
 step "GPU tests"; LLMRS_GPU_REPORT=$R/gpu_figures.jsonl timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu \
   -p no:cacheprovider -rs tests -s > $R/gpu_tests.log 2>&1; grep -E "^(FAILED|ERROR)|passed|failed|SKIPPED" $R/gpu_tests.log | tail -15
@@ -32,16 +32,7 @@ step "serve synthetic qwen2.5-7b (attention ${SERVE_ATTN:-auto}): 1, 64, 256 con
 LLMRS_ATTN_KERNEL=${SERVE_ATTN:-auto} python3 -m llmrs serve --synthetic qwen2.5-7b --device cuda --max-num-seqs 256 \
   --port 8123 >$R/serve-7b.log 2>&1 &
 SRV=$!
-python3 - <<'PY'
-import time, httpx
-for _ in range(240):
-    try:
-        if httpx.get("http://127.0.0.1:8123/health", timeout=1).status_code == 200:
-            break
-    except httpx.HTTPError:
-        pass
-    time.sleep(0.5)
-PY
+wait_health 8123 120
 timeout 60 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos --workers 8 \
   -o $R -c 1 -n 3 --label llmrs-h200-7b --name bench-7b-final-c1 2>&1 | grep -E "TTFT|TPOT" | head -4
 timeout 150 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos --workers 8 \

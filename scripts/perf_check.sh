@@ -6,14 +6,9 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/llmrs-perf-out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=$PWD:/tmp/site
-else
-  export PYTHONPATH=$PWD
-fi
+. "$(dirname "$0")/gpu_lib.sh"
+use_wheels || exit 1
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-step() { echo; echo "=== $1 ($(date +%T))"; }
 step "GPU"; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   step "GPU tests"; LLMRS_GPU_REPORT=$OUT/gpu_figures.jsonl timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -m gpu \
@@ -27,16 +22,7 @@ done
 step "serve synthetic qwen2.5-7b: 1, 64, 256 concurrent"
 python3 -m llmrs serve --synthetic qwen2.5-7b --device cuda --max-num-seqs 256 --port 8123 >"$OUT/serve-7b.log" 2>&1 &
 SRV=$!
-python3 - <<'PY'
-import time, httpx
-for _ in range(240):
-    try:
-        if httpx.get("http://127.0.0.1:8123/health", timeout=1).status_code == 200:
-            break
-    except httpx.HTTPError:
-        pass
-    time.sleep(0.5)
-PY
+wait_health 8123 120
 B="python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos --workers 8 -o $OUT"
 timeout 60 $B -c 1 -n 4 --label llmrs-h200-7b --name bench-7b-c1 2>&1 | tail -6
 timeout 150 $B --sweep concurrency=64,256 -n 256 --label llmrs-h200-7b --name bench-7b 2>&1 | tail -8

@@ -5,13 +5,8 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/llmrs-tp-out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=$PWD:/tmp/site
-else
-  export PYTHONPATH=$PWD
-fi
-step() { echo; echo "=== $1 ($(date +%T))"; }
+. "$(dirname "$0")/gpu_lib.sh"
+use_wheels || exit 1
 TP=${TP:-2}
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   step "GPUs"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvidia-smi topo -m | head -5
@@ -40,16 +35,7 @@ step "bench $M TP=$TP: 1, 64, 256 concurrent (prompt 256, 256 new tokens)"
 python3 -m llmrs serve --synthetic $M --tensor-parallel-size $TP --device cuda --max-num-seqs 256 --port 8124 \
   >"$OUT/serve-$M-tp$TP.log" 2>&1 &
 SRV=$!
-python3 - <<'PY'
-import time, httpx
-for _ in range(600):
-    try:
-        if httpx.get("http://127.0.0.1:8124/health", timeout=1).status_code == 200:
-            break
-    except httpx.HTTPError:
-        pass
-    time.sleep(0.5)
-PY
+wait_health 8124 300
 B="python3 -m llmrs bench --url http://127.0.0.1:8124 --input-len 256 --ignore-eos --workers 8 -o $OUT"
 timeout 90 $B -c 1 -n 2 --output-len 256 --label llmrs-h200x$TP-$M --name bench-$M-tp$TP-c1 2>&1 | tail -4
 timeout ${BENCH_TIMEOUT:-240} $B --sweep concurrency=64,256 -n 256 --output-len 256 --label llmrs-h200x$TP-$M \

@@ -13,14 +13,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = "smollm2-135m"
+MODEL = os.environ.get("LLMRS_TEST_MODEL") or "smollm2-135m"  # as tests/test_server.py, whose Server runs it
 
 
 def _check_model() -> None:
@@ -35,44 +34,21 @@ def _check_model() -> None:
 
 _check_model()
 
+from tests.test_server import Server as BaseServer  # noqa: E402
 
-class Server:
+
+class Server(BaseServer):
+    """tests/test_server.py's server (LLMRS_TEST_DEVICE / LLMRS_TEST_TP apply), each saying its own mode."""
+
+    drop_env = ("LLMRS_ENGINE_PROCESS",)
+
     def __init__(self, args: list[str], log: Path):
-        from llmrs.bench.server import free_port
-
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-        env.pop("LLMRS_ENGINE_PROCESS", None)  # each server here says which mode it runs in
-        cmd = [sys.executable, "-m", "llmrs", "serve", MODEL, "--host", "127.0.0.1", "--port", str(self.port),
-               "--kv-cache-tokens", "4096", *args]
-        self.proc = subprocess.Popen(cmd, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
-
-    def wait_ready(self, timeout: float = 180.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"server exited early:\n{self.log.read_text()[-3000:]}"
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2, trust_env=False).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"server not ready after {timeout}s:\n{self.log.read_text()[-3000:]}")
+        super().__init__(["--kv-cache-tokens", "4096", *args], log)
 
     def core_pid(self) -> int:
         m = re.search(r"engine core: process (\d+)", self.log.read_text())
         assert m, self.log.read_text()[-3000:]
         return int(m.group(1))
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise
 
 
 def alive(pid: int) -> bool:

@@ -47,6 +47,8 @@ ALIAS = "tiny-alias"
 
 # ---------------------------------------------------------------------- servers
 class Server:
+    drop_env: tuple[str, ...] = ()  # environment variables the server process must not inherit
+
     def __init__(self, args: list[str], log: Path):
         from llmrs.bench.server import free_port
 
@@ -54,6 +56,8 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        for k in self.drop_env:
+            env.pop(k, None)
         # LLMRS_TEST_DEVICE=cuda runs the same tests against the GPU backend (on the GPU machine)
         device = ["--device", os.environ["LLMRS_TEST_DEVICE"]] if os.environ.get("LLMRS_TEST_DEVICE") else []
         if os.environ.get("LLMRS_TEST_TP"):
