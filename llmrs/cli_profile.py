@@ -13,13 +13,9 @@ from llmrs.errors import UserError
 
 
 def parse_batches(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise UserError(f"--batch: expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise UserError(f"--batch: expected positive integers, got {text!r}")
-    return values
+    from llmrs.roofline.cli import parse_ints
+
+    return parse_ints(text, "--batch")
 
 
 def profile(

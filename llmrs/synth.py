@@ -258,17 +258,39 @@ def write_checkpoint(preset: str, out: Path, seed: int = 0, progress: Any = None
 
 
 # ---------------------------------------------------------------------- weights on the GPU
+class GpuDraws:
+    """The random draws of synthetic GPU weights, in call order from one generator: `mat` a bf16 matrix of
+    N(0, STD) values, `vec` an f32 vector holding bf16-rounded ones. gpu_weights and tp_nccl.synthetic_shard (which
+    slices each matrix as soon as it is drawn) make the same calls in the same order, so TP=N holds TP=1's weights."""
+
+    def __init__(self, backend: Any, seed: int = 0):
+        self.backend, self.cp = backend, backend.cp
+        self.rs = backend.cp.random.RandomState(seed)
+
+    def mat(self, rows: int, cols: int) -> Any:
+        x = self.rs.standard_normal((rows, cols), dtype=self.cp.float32)
+        x *= STD
+        w = self.backend.upload_bf16(x)
+        del x
+        return w
+
+    def vec(self, n: int) -> Any:
+        from llmrs.engine.backends.cuda import round_bf16
+
+        cp = self.cp
+        return cp.asarray(round_bf16(cp.asnumpy(self.rs.standard_normal((n,), dtype=cp.float32) * STD)))
+
+
 def gpu_weights(c: ModelConfig, backend: Any, seed: int = 0, quant: str | None = None,
                 group_size: int = 128) -> ModelWeights:
     """Random weights drawn on the GPU in the backend's storage (bf16 matrices, f32 vectors); q/k/v and
     gate/up already fused, as build_weights would give. quant="awq": the linear layers as packed 4-bit weights
     (random codes, zero point 8, one scale giving about the bf16 draws' spread) in the form
     CUDABackend.upload_quantized gives, with the 4-bit GEMM's reordered copy; embeddings and lm_head bf16."""
-    from llmrs.engine.backends.cuda import round_bf16
     from llmrs.errors import UserError
 
     cp = backend.cp
-    rs = cp.random.RandomState(seed)
+    draws = GpuDraws(backend, seed)
     if quant not in (None, "awq"):
         raise UserError(f"quant {quant!r}: synthetic GPU weights are bf16 (default) or awq")
 
@@ -278,35 +300,23 @@ def gpu_weights(c: ModelConfig, backend: Any, seed: int = 0, quant: str | None =
 
         if cols % group_size or group_size % 32:
             raise UserError(f"--group-size {group_size} must be a multiple of 32 dividing {cols}")
-        words = rs.randint(0, 1 << 16, size=(rows, cols // 4), dtype=cp.int32).astype(cp.uint16)
+        words = draws.rs.randint(0, 1 << 16, size=(rows, cols // 4), dtype=cp.int32).astype(cp.uint16)
         qweight = cp.ascontiguousarray(words.view(cp.uint32))  # [rows, cols / 8]: 8 random 4-bit codes a word
         fp16 = lambda v: cp.full((rows, cols // group_size), v, dtype=cp.float16).view(cp.uint16)  # noqa: E731
         w = DeviceQuantWeight("awq", rows, cols, group_size, qweight, fp16(STD / 4.6), fp16(8.0))
         w.marlin = to_marlin(backend, w)
         return w
 
-    lin = (lambda r, k: qmat(r, k)) if quant == "awq" else (lambda r, k: mat(r, k))  # noqa: E731
-
-    def mat(rows: int, cols: int) -> Any:
-        x = rs.standard_normal((rows, cols), dtype=cp.float32)
-        x *= STD
-        w = backend.upload_bf16(x)
-        del x
-        return w
-
-    def vec(n: int, value: float | None = None) -> Any:
-        if value is not None:
-            return cp.full((n,), value, dtype=cp.float32)
-        return cp.asarray(round_bf16(cp.asnumpy(rs.standard_normal((n,), dtype=cp.float32) * STD)))
-
+    lin = qmat if quant == "awq" else draws.mat
     h, i = c.hidden_size, c.intermediate_size
     n_qkv = c.q_size + 2 * c.kv_size
-    layers = [LayerWeights(input_norm=vec(h, 1.0), qkv=lin(n_qkv, h), qkv_bias=vec(n_qkv) if c.attention_bias else None,
-                           o=lin(h, c.q_size), post_norm=vec(h, 1.0), gate_up=lin(2 * i, h), down=lin(h, i))
+    ones = cp.full((h,), 1.0, dtype=cp.float32)  # the norms (read-only: one array serves them all)
+    layers = [LayerWeights(input_norm=ones, qkv=lin(n_qkv, h), qkv_bias=draws.vec(n_qkv) if c.attention_bias else None,
+                           o=lin(h, c.q_size), post_norm=ones, gate_up=lin(2 * i, h), down=lin(h, i))
               for _ in range(c.num_hidden_layers)]
-    embed = mat(c.vocab_size, h)
-    lm_head = embed if c.tie_word_embeddings else mat(c.vocab_size, h)
-    return ModelWeights(embed=embed, layers=layers, norm=vec(h, 1.0), lm_head=lm_head)
+    embed = draws.mat(c.vocab_size, h)
+    lm_head = embed if c.tie_word_embeddings else draws.mat(c.vocab_size, h)
+    return ModelWeights(embed=embed, layers=layers, norm=ones, lm_head=lm_head)
 
 
 def decode_benchmark(preset: str, prompt_len: int = 128, steps: int = 128, warmup: int = 8,

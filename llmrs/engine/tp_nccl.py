@@ -215,25 +215,15 @@ def synthetic_shard(plan: ShardPlan, rank: int, backend: Any, seed: int = 0) -> 
     matrix sliced as soon as it is drawn, so TP=N holds exactly the weights TP=1 would (greedy tokens can be
     compared) while no GPU ever holds more than its shard plus one full matrix.
 
-    NOTE: keep the draw order in step with gpu_weights."""
-    from llmrs.engine.backends.cuda import round_bf16
+    NOTE: keep the draw order in step with gpu_weights (both draw through llmrs.synth.GpuDraws)."""
     from llmrs.engine.model import LayerWeights, ModelWeights
-    from llmrs.synth import STD
     from llmrs.engine.tp import _take_rows, _vocab_rows
+    from llmrs.synth import GpuDraws
 
     cp = backend.cp
     c = plan.config
-    rs = cp.random.RandomState(seed)
-
-    def mat(rows: int, cols: int) -> Any:
-        x = rs.standard_normal((rows, cols), dtype=cp.float32)
-        x *= STD
-        w = backend.upload_bf16(x)
-        del x
-        return w
-
-    def vec(n: int) -> Any:
-        return cp.asarray(round_bf16(cp.asnumpy(rs.standard_normal((n,), dtype=cp.float32) * STD)))
+    draws = GpuDraws(backend, seed)
+    mat, vec = draws.mat, draws.vec
 
     h, i, D = c.hidden_size, c.intermediate_size, c.head_dim
     n_qkv = c.q_size + 2 * c.kv_size

@@ -37,7 +37,8 @@ def _exit(code: int) -> None:
     raise SystemExit(code)
 
 
-def _parse_ints(text: str, what: str) -> list[int]:
+def parse_ints(text: str, what: str) -> list[int]:
+    """Comma-separated positive integers (`--batch 1,64,256`), else a UserError naming the option `what`."""
     try:
         values = [int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
@@ -113,7 +114,7 @@ def roofline(
         raise UserError(f"--kv-dtype: expected one of {', '.join(KV_DTYPE_BYTES)}, got {kv_dtype!r}")
     if compute_dtype is not None and compute_dtype not in PEAK_FIELDS:
         raise UserError(f"--compute-dtype: expected one of {', '.join(PEAK_FIELDS)}, got {compute_dtype!r}")
-    batches = _parse_ints(batch, "--batch")
+    batches = parse_ints(batch, "--batch")
     out: dict[str, Any] = {}
     console = _console()
     if measure:

@@ -58,10 +58,15 @@ MATVEC_ROWS_PER_BLOCK = 4
 ATTN_THREADS = 128
 ATTN_MAXG = 8  # query heads per attention block (MAXG in attention.cu)
 ATTN_GQA_MIN_BLOCKS = 128  # "auto": attn_partial_gqa from this many blocks a step (7B: 32 sequences); measured at 256+
-Q4_GEMM_MAX_TOKENS = 128  # cuda_q4gemm.MAX_TOKENS: measured on the H200 (7B shapes), cuBLAS on dequantized bf16 wins above
 CUBLAS_WORKSPACE_BYTES = 32 << 20
 _NO_SPAN = contextlib.nullcontext()
 _cublas_workspaces: dict[int, Any] = {}  # device id -> buffer: kept alive as long as the process (handles are shared)
+
+
+def norm_threads(H: int) -> int:
+    """Threads of an RMSNorm block (one row): the same for the f32, fused-residual and bf16-output kernels, so
+    they sum the squares in the same order (the bf16 outputs are then the exact cast of the f32 ones)."""
+    return min(1024, max(32, -(-H // 32) * 32))
 
 
 def round_bf16(a: np.ndarray) -> np.ndarray:
@@ -168,9 +173,9 @@ class CUDABackend:
         if self.attn_kernel not in ("partial", "gqa", "auto"):
             raise UserError(f"LLMRS_ATTN_KERNEL={self.attn_kernel!r}: expected partial, gqa or auto")
         # prefill attention on tensor cores (cuda_prefill.py) for steps where a sequence brings at least this many
-        # new tokens (LLMRS_PREFILL_MIN_TOKENS, for experiments); None: never (LLMRS_PREFILL_ATTN=0). Measured on the
-        # H200 (7B shape): a tie with attn_partial
-        # at 1 x 64 and 16 x 8 tokens, ahead from 16 x 16 and 1 x 128 on (1 x 256: 18 us vs 154 us).
+        # new tokens (LLMRS_PREFILL_MIN_TOKENS, for experiments); None: never (LLMRS_PREFILL_ATTN=0). Measured on
+        # the H200 (7B shape): a tie with attn_partial at 1 x 64 and 16 x 8 tokens, ahead from 16 x 16 and 1 x 128
+        # on (1 x 256: 18 us vs 154 us).
         self.prefill_min_tokens: int | None = int(os.environ.get("LLMRS_PREFILL_MIN_TOKENS", "16"))
         self.k = get_kernels()  # compiles every kernel now (warm-up), not on the first request
         from llmrs.engine.backends.cuda_prefill import prefill_supported
@@ -318,7 +323,7 @@ class CUDABackend:
     def _rms_norm(self, x: Any, w: Any, eps: float, out: Any, rows: Any = None, n_rows: int | None = None) -> None:
         H = x.shape[1]
         n = x.shape[0] if n_rows is None else n_rows
-        threads = min(1024, max(32, -(-H // 32) * 32 if H < 1024 else 1024))
+        threads = norm_threads(H)
         with self._span("rms_norm", "rms_norm", n, H):
             self.k.rms_norm((n,), (threads,), (x, NULL if rows is None else rows, w, out, np.int32(H), np.float32(eps)))
 
@@ -375,7 +380,7 @@ class CUDABackend:
     def _linear_quant(self, x: Any, w: DeviceQuantWeight, bias: Any | None, out: Any, accumulate: bool,
                       name: str) -> None:
         """_linear over a quantized weight: up to matvec_max_tokens tokens the 4-/8-bit matvec (matvec_q4.cu)
-        streams the packed weight; up to Q4_GEMM_MAX_TOKENS the Marlin-style 4-bit GEMM (gemm_q4.cu, weights
+        streams the packed weight; up to cuda_q4gemm.MAX_TOKENS the Marlin-style 4-bit GEMM (gemm_q4.cu, weights
         decoded to the same bf16 values --dequantize holds); above, the weight is dequantized into a bf16 scratch
         (bit-exact with the --dequantize weights) for cuBLAS."""
         T, K = x.shape
@@ -396,11 +401,11 @@ class CUDABackend:
                        (w.qweight, w.scales, NULL if w.zeros is None else w.zeros, x, b, out, np.int32(N),
                         np.int32(K), np.int32(T), np.int32(G), acc))
             return
-        if T <= Q4_GEMM_MAX_TOKENS:  # the Marlin-style 4-bit GEMM (gemm_q4.cu); above, dequantize + cuBLAS is faster
-            from llmrs.engine.backends.cuda_q4gemm import linear_q4
+        from llmrs.engine.backends.cuda_q4gemm import MAX_TOKENS, linear_q4
 
-            if linear_q4(self, x, w.marlin, bias, out, accumulate, name):
-                return
+        # the Marlin-style 4-bit GEMM (gemm_q4.cu); above MAX_TOKENS dequantize + cuBLAS is faster (measured)
+        if T <= MAX_TOKENS and linear_q4(self, x, w.marlin, bias, out, accumulate, name):
+            return
         wb = self._buf("dequant_w", (N, K), np.uint16)
         grid = (min(65535, -(-(N * K // 8) // 256)),)
         with self._span("dequant", "dequant " + name, N, K):
@@ -423,7 +428,7 @@ class CUDABackend:
         cast_f32_bf16 makes of the f32 kernel's output (the same expression, block size and rounding)."""
         H = x.shape[1]
         n = x.shape[0] if n_rows is None else n_rows
-        threads = min(1024, max(32, -(-H // 32) * 32))  # as _rms_norm and _add_rms_norm: the same reduction tree
+        threads = norm_threads(H)
         assert out.dtype == np.uint16 and out.shape == (n, H)
         if y is None:
             with self._span("rms_norm", "rms_norm_bf16", n, H, 2):
@@ -602,8 +607,7 @@ class CUDABackend:
         """x += y (the residual), out = rms_norm(x): one launch."""
         T, H = x.shape
         with self._span("rms_norm", "add_rms_norm", T, H):
-            self.k.add_rms_norm((T,), (min(1024, max(32, -(-H // 32) * 32)),), (x, y, w, out, np.int32(H),
-                                                                                 np.float32(eps)))
+            self.k.add_rms_norm((T,), (norm_threads(H),), (x, y, w, out, np.int32(H), np.float32(eps)))
 
     def _gather_logits(self, part: Any, S: int) -> Any:
         """[S, vocab] logits (a view of a workspace buffer) from every rank's [S, vocab_shard] slice."""
@@ -681,9 +685,7 @@ class CUDABackend:
     def add_rms_norm(self, x: Any, y: Any, weight: Any, eps: float) -> Any:
         """x += y in place (the residual), returns rms_norm(x)."""
         out = self.cp.empty_like(x)
-        H = x.shape[1]
-        self.k.add_rms_norm((x.shape[0],), (min(1024, max(32, -(-H // 32) * 32)),),
-                            (x, self.cp.ascontiguousarray(y), weight, out, np.int32(H), np.float32(eps)))
+        self._add_rms_norm(x, self.cp.ascontiguousarray(y), weight, eps, out)
         return out
 
     def linear(self, x: Any, w: Any, bias: Any | None = None) -> Any:
