@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Two calls on a lent H200 that check what CPU-only sessions changed, then measure the engine-process split.
+#   PART=tests bash scripts/gpu_verify.sh   every GPU test; the server suite on cuda (SmolLM2, in one process and
+#                                           with --engine-process); tests/test_engine_process.py on cuda
+#   PART=perf  bash scripts/gpu_verify.sh   llmrs profile at batch 1 (0.5B, 3B, 7B: the per-kernel table of one
+#                                           stream); the 7B through the server at 1 / 64 / 256 concurrent, in one
+#                                           process and with --engine-process, each sweep run twice
+# Results: $OUT/summary-$PART.txt + $OUT/results-$PART.tgz. Expects wheels in .whl/; the SmolLM2 GGUF as
+# /tmp/models/part1 (an earlier call) + .gguf/part2 (carried).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+PART=${PART:-tests}
+OUT=${OUT:-/tmp/llmrs-verify}; mkdir -p "$OUT"; R=/tmp/res-$PART; mkdir -p $R
+. "$(dirname "$0")/gpu_lib.sh"
+use_wheels || exit 1
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+[ -f /tmp/models/part1 ] && [ -f .gguf/part2 ] && cat /tmp/models/part1 .gguf/part2 > /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
+[ -f /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf ] && export LLMRS_EMBEDDED_DIR=/tmp/models
+
+serve_bench() {  # $1 label, $2.. extra serve args
+  local label=$1; shift
+  step "serve synthetic qwen2.5-7b $label: 1, then 64/256 concurrent twice"
+  python3 -m llmrs serve --synthetic qwen2.5-7b --device cuda --max-num-seqs 256 --port 8123 "$@" \
+    >$R/serve-7b-$label.log 2>&1 &
+  local srv=$!
+  wait_health 8123 150 || { tail -20 $R/serve-7b-$label.log; kill $srv; return; }
+  timeout 60 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos \
+    --workers 8 -o $R -c 1 -n 3 --label $label --name bench-7b-$label-c1 2>&1 | grep -E "TTFT|TPOT" | head -4
+  for run in 1 2; do
+    timeout 120 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos \
+      --workers 8 -o $R --sweep concurrency=64,256 -n 256 --label $label --name bench-7b-$label-run$run 2>&1 | tail -5
+  done
+  kill -INT $srv; wait $srv
+}
+
+{
+if [ "$PART" = tests ]; then
+  step "GPU tests"; LLMRS_GPU_REPORT=$R/gpu_figures.jsonl timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu \
+    -p no:cacheprovider -rs tests -s > $R/gpu_tests.log 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed|SKIPPED" $R/gpu_tests.log | tail -15
+  step "server suite on cuda, one process"; LLMRS_TEST_DEVICE=cuda timeout 150 python3 -m pytest -q \
+    -p no:cacheprovider tests/test_server.py 2>&1 | tail -4
+  step "server suite + engine-process tests on cuda, --engine-process"; LLMRS_TEST_DEVICE=cuda LLMRS_ENGINE_PROCESS=1 \
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_server.py tests/test_engine_process.py 2>&1 | tail -4
+else
+  for p in qwen2.5-0.5b qwen2.5-3b qwen2.5-7b; do
+    step "profile $p, one stream"
+    timeout 100 python3 -m llmrs profile --synthetic $p --batch 1 --context 512 --prefill-len 256 --steps 5 --top 14 \
+      --out $R/profile-$p-b1.json > $R/profile-$p-b1.txt 2>&1
+    cat $R/profile-$p-b1.txt
+  done
+  serve_bench oneproc
+  serve_bench engproc --engine-process
+fi
+} 2>&1 | tee $OUT/summary-$PART.txt
+tar czf $OUT/results-$PART.tgz -C $R .
