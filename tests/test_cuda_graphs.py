@@ -130,3 +130,21 @@ def test_prefill_steps_run_eagerly(runner):
     batch = build_step_batch([(prompts_of(1, 3)[0] + [5, 6], 0, [0, 1, 2], True)], BS)
     runner.execute(batch)
     assert runner.backend.graphs.replays == before
+
+
+@pytest.mark.gpu
+def test_graphs_use_programmatic_dependent_launch_on_hopper(runner):
+    """On sm_90+ every decode graph is captured with programmatic launches (no silent fallback: the capture
+    check in cuda_graphs.py drops PDL only if a replay differs from the eager step); below sm_90 none are. The
+    graph tests above compare those replays with eager steps."""
+    import cupy as cp
+
+    backend = runner.backend
+    greedy_decode(runner, prompts_of(2, seed=11), 3, graphs=True)
+    assert backend.graphs.graphs
+    if int(cp.cuda.Device().compute_capability) >= 90:
+        assert backend.k.pdl_capable, "the PDL capture failed and fell back (stderr says why)"
+        assert all(g.pdl for g in backend.graphs.graphs.values())
+        assert backend.k.pdl_launches > 0
+    else:
+        assert not any(g.pdl for g in backend.graphs.graphs.values())

@@ -42,6 +42,7 @@ __device__ __forceinline__ void attn_partial_impl(
     const int* __restrict__ token_seq, const int* __restrict__ positions, float* __restrict__ out,
     float* __restrict__ part_acc, float* __restrict__ part_ml, int Hq, int Hkv, int D, int block_size,
     int chunk, float scale) {
+    pdl_enter();
     __shared__ float s_m[ATTN_WARPS][MAXG], s_l[ATTN_WARPS][MAXG];
     __shared__ float s_acc[ATTN_WARPS][MAXG][32 * DPL];
     const int t = blockIdx.x, S = gridDim.z, s = blockIdx.z;
@@ -142,6 +143,7 @@ ATTN(8)
 // grid (T, Hq), block >= D threads (rounded to a warp multiple): combine the splits of one (token, head).
 extern "C" __global__ void attn_merge(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
                                       float* __restrict__ out, int Hq, int D, int S) {
+    pdl_enter();
     const int t = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
     if (d >= D) return;
     const size_t p0 = ((size_t)t * Hq + head) * S;

@@ -92,6 +92,7 @@ __device__ __forceinline__ void attn_partial_gqa_impl(
     const int* __restrict__ token_seq, const int* __restrict__ positions, float* __restrict__ out,
     float* __restrict__ part_acc, float* __restrict__ part_ml, int Hq, int Hkv, int D, int block_size,
     int chunk, float scale) {
+    pdl_enter();
     constexpr int DMAX = 32 * DPL;                 // head dims of a block (D <= DMAX)
     constexpr int NP = DMAX / 8;                   // 16-byte pieces of a key row
     constexpr int VK = DPL == 8 ? 16 : 32;         // keys per V tile

@@ -49,3 +49,28 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
     v = lane < nw ? red[lane] : 0.0f;
     return warp_sum(v);
 }
+
+// Programmatic dependent launch (sm_90+; no-ops below, and when the kernel was launched without the attribute).
+// Inside a decode graph the backend launches its kernels with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+// (cuda_kernels.PDL_KERNELS), so kernel n+1's blocks start while kernel n drains. The contract of every such kernel:
+//   pdl_trigger() first (lets the next kernel launch once every block of this one has started), then
+//   pdl_wait() before reading anything an earlier kernel of the stream wrote and before writing anything
+//   (it returns once the previous kernel has finished and its writes are visible). Only data no kernel writes
+//   (weights, norms, the step's index arrays copied before the graph) may be read before pdl_wait().
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// the usual prologue of a kernel that prefetches nothing
+__device__ __forceinline__ void pdl_enter() {
+    pdl_trigger();
+    pdl_wait();
+}

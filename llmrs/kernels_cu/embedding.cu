@@ -6,6 +6,7 @@
 
 extern "C" __global__ void embedding_gather(const bf16_t* __restrict__ table, const int* __restrict__ ids,
                                             float* __restrict__ out, int H, int start, int rows) {
+    pdl_enter();
     const int t = blockIdx.x;
     const int local = ids[t] - start;
     float* o = out + (size_t)t * H;

@@ -186,6 +186,7 @@ __device__ __forceinline__ void gemm_q4_impl(const uint4* __restrict__ Bq, const
                                              const uint4* __restrict__ X, const float* __restrict__ bias,
                                              float* __restrict__ out, float* __restrict__ part, int T, int N, int K,
                                              int G, int accumulate, int kt_per_split) {
+    pdl_enter();
     constexpr int STAGES = GemmQ4Smem<MT>::STAGES;
     __shared__ GemmQ4Smem<MT> sm;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -267,6 +268,7 @@ GEMM_Q4(4)
 // Split-K epilogue: out[t, n] (= or +=) sum over z of part[z, t, n] (z = 0, 1, ... in order) + bias[n].
 extern "C" __global__ void gemm_q4_reduce(const float* __restrict__ part, const float* __restrict__ bias,
                                           float* __restrict__ out, int T, int N, int S, int accumulate) {
+    pdl_enter();
     const long long total = (long long)T * N;
     for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
          idx += (long long)gridDim.x * blockDim.x) {

@@ -4,7 +4,8 @@
 //
 // Decode is memory-bound: each weight is used once per token, so the kernel's job is to stream W at full
 // bandwidth. Each warp owns one output row; its 32 lanes read consecutive 16-byte chunks (8 bf16) of the
-// row, four chunks in flight per lane before the first use, and reduce with shuffles (no shared memory).
+// row, software-pipelined (the next four chunks in flight while the current four are used), and reduce with
+// shuffles (no shared memory). Inside a decode graph the first loads go out before pdl_wait (common.cuh).
 // NT tokens share each weight load (NT accumulators per lane, compile-time indexed: no local memory);
 // grid.y walks the tokens NT at a time. `accumulate` adds into y (the residual stream: x += W a in one pass).
 // x is f32 and stays in L1/L2 (each warp of a block re-reads it); K % 8 != 0 takes a scalar path.
@@ -38,38 +39,43 @@ __device__ __forceinline__ void matvec_impl(const bf16_t* __restrict__ W, const 
     const int s = warp % splits;
     const int n = blockIdx.x * (blockDim.x >> 5) / splits + warp / splits;
     const bool live = n < N;
-    if (splits == 1 && !live) return;
+    if (splits == 1 && !live) return;  // (a block's last warps past N: no loads, no stores)
     const int t0 = blockIdx.y * NT;
     float acc[NT];
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc[j] = 0.0f;
     const bf16_t* w = W + (size_t)(live ? n : 0) * K;
     const int stride = 32 * splits;
+    pdl_trigger();
     if (!live) {
     } else if ((K & 7) == 0) {
+        // software-pipelined: the next 4 chunks are loaded before the current 4 are used (8 x 16 bytes in flight
+        // per lane); the first 4 are loaded before pdl_wait (weights: no earlier kernel writes them), so inside
+        // a decode graph they stream while the previous kernel drains. Chunks are used in order c, c + stride,
+        // ..., the one summation order for every NT.
         const uint4* w4 = reinterpret_cast<const uint4*>(w);
         const int K8 = K >> 3;
+        const uint4 z = make_uint4(0u, 0u, 0u, 0u);
         int c = s * 32 + lane;
-        for (; c + 3 * stride < K8; c += 4 * stride) {
-            const uint4 w0 = __ldg(w4 + c), w1 = __ldg(w4 + c + stride), w2 = __ldg(w4 + c + 2 * stride),
-                        w3 = __ldg(w4 + c + 3 * stride);
+        uint4 p0 = c < K8 ? __ldg(w4 + c) : z, p1 = c + stride < K8 ? __ldg(w4 + c + stride) : z,
+              p2 = c + 2 * stride < K8 ? __ldg(w4 + c + 2 * stride) : z,
+              p3 = c + 3 * stride < K8 ? __ldg(w4 + c + 3 * stride) : z;
+        pdl_wait();
+        while (c < K8) {
+            const int cn = c + 4 * stride;
+            const uint4 n0 = cn < K8 ? __ldg(w4 + cn) : z, n1 = cn + stride < K8 ? __ldg(w4 + cn + stride) : z,
+                        n2 = cn + 2 * stride < K8 ? __ldg(w4 + cn + 2 * stride) : z,
+                        n3 = cn + 3 * stride < K8 ? __ldg(w4 + cn + 3 * stride) : z;
             float wf[8];
-            unpack8(w0, wf); fma8<NT>(wf, x, K, T, t0, 8 * c, acc);
-            unpack8(w1, wf); fma8<NT>(wf, x, K, T, t0, 8 * (c + stride), acc);
-            unpack8(w2, wf); fma8<NT>(wf, x, K, T, t0, 8 * (c + 2 * stride), acc);
-            unpack8(w3, wf); fma8<NT>(wf, x, K, T, t0, 8 * (c + 3 * stride), acc);
-        }
-        if (c < K8) {  // the last (up to 3) chunks: loads issued together, used in order
-            const uint4 z = make_uint4(0u, 0u, 0u, 0u);
-            const bool v1 = c + stride < K8, v2 = c + 2 * stride < K8;
-            const uint4 w0 = __ldg(w4 + c), w1 = v1 ? __ldg(w4 + c + stride) : z,
-                        w2 = v2 ? __ldg(w4 + c + 2 * stride) : z;
-            float wf[8];
-            unpack8(w0, wf); fma8<NT>(wf, x, K, T, t0, 8 * c, acc);
-            if (v1) { unpack8(w1, wf); fma8<NT>(wf, x, K, T, t0, 8 * (c + stride), acc); }
-            if (v2) { unpack8(w2, wf); fma8<NT>(wf, x, K, T, t0, 8 * (c + 2 * stride), acc); }
+            unpack8(p0, wf); fma8<NT>(wf, x, K, T, t0, 8 * c, acc);
+            if (c + stride < K8) { unpack8(p1, wf); fma8<NT>(wf, x, K, T, t0, 8 * (c + stride), acc); }
+            if (c + 2 * stride < K8) { unpack8(p2, wf); fma8<NT>(wf, x, K, T, t0, 8 * (c + 2 * stride), acc); }
+            if (c + 3 * stride < K8) { unpack8(p3, wf); fma8<NT>(wf, x, K, T, t0, 8 * (c + 3 * stride), acc); }
+            p0 = n0; p1 = n1; p2 = n2; p3 = n3;
+            c = cn;
         }
     } else {
+        pdl_wait();
         for (int k = s * 32 + lane; k < K; k += stride) {
             const float wk = bf16_to_f32(w[k]);
 #pragma unroll

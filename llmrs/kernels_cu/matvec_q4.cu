@@ -140,6 +140,7 @@ __device__ __forceinline__ void matvec_q4_impl(const uint4* __restrict__ Q, cons
                                                const unsigned short* __restrict__ Z, const float* __restrict__ x,
                                                const float* __restrict__ bias, float* __restrict__ y, int N, int K,
                                                int T, int G, int accumulate) {
+    pdl_enter();
     constexpr int V = Q4_ROWS * NT;  // partial sums per thread: 4, 8, 16 or 32
     constexpr int LV = V == 4 ? 2 : V == 8 ? 3 : V == 16 ? 4 : 5;
     __shared__ float red[Q4_WARPS][V];
@@ -234,6 +235,7 @@ template <int NT>
 __device__ __forceinline__ void matvec_q8_impl(const uint4* __restrict__ Q, const unsigned short* __restrict__ S,
                                                const float* __restrict__ x, const float* __restrict__ bias,
                                                float* __restrict__ y, int N, int K, int T, int accumulate) {
+    pdl_enter();
     const int lane = threadIdx.x & 31;
     const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (n >= N) return;

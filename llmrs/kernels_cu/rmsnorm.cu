@@ -47,21 +47,25 @@ __device__ __forceinline__ void add_rms_norm_row(float* __restrict__ x, const fl
 
 extern "C" __global__ void rms_norm(const float* __restrict__ x, const int* __restrict__ rows,
                                     const float* __restrict__ w, float* __restrict__ out, int H, float eps) {
+    pdl_enter();
     rms_norm_row(x, rows, w, out, H, eps);
 }
 
 extern "C" __global__ void rms_norm_bf16(const float* __restrict__ x, const int* __restrict__ rows,
                                          const float* __restrict__ w, bf16_t* __restrict__ out, int H, float eps) {
+    pdl_enter();
     rms_norm_row(x, rows, w, out, H, eps);
 }
 
 extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __restrict__ y,
                                         const float* __restrict__ w, float* __restrict__ out, int H, float eps) {
+    pdl_enter();
     add_rms_norm_row(x, y, w, out, H, eps);
 }
 
 extern "C" __global__ void add_rms_norm_bf16(float* __restrict__ x, const float* __restrict__ y,
                                              const float* __restrict__ w, bf16_t* __restrict__ out, int H,
                                              float eps) {
+    pdl_enter();
     add_rms_norm_row(x, y, w, out, H, eps);
 }

@@ -23,6 +23,7 @@ extern "C" __global__ void rope_write_kv(float* __restrict__ qkv, const int* __r
                                          const float* __restrict__ inv_freq, const int* __restrict__ slots,
                                          bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache,
                                          int Hq, int Hkv, int D, int block_size) {
+    pdl_enter();
     const int t = blockIdx.x, half = D / 2;
     const float pos = (float)positions[t];
     float* row = qkv + (size_t)t * (Hq + 2 * Hkv) * D;

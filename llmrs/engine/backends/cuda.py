@@ -461,7 +461,8 @@ class CUDABackend:
         if self._gemm_takes_bf16(lin, T):
             act = self._buf("act_bf16", (T, I), np.uint16)
             with self._span("silu_mul", "silu_mul_bf16", T, I, 2):
-                self.k.silu_mul_bf16((min(65535, -(-I // 256)), min(65535, T)), (256,),
+                n = I // 4 if I % 4 == 0 else I  # elements a thread: 4 (vectorized) or 1
+                self.k.silu_mul_bf16((min(65535, -(-n // 256)), min(65535, T)), (256,),
                                      (gu, act, np.int32(T), np.int32(I)))
         else:
             act = self._buf("act", (T, I))

@@ -19,6 +19,11 @@ backend) and the handle bound to the capturing stream. So during capture the bac
 Used for pure decode steps (one token per sequence, every sequence sampled); anything else, or a capture that
 fails, runs eagerly. Replay gives the same math as the eager step of the padded shape: tokens equal to
 eager's with the same split count (tests/test_cuda_graphs.py).
+
+Programmatic dependent launch: on sm_90+ the capture launches our kernels with the PDL attribute
+(cuda_kernels.py), so inside a replay each kernel's blocks start (and the matvec's first weight loads go out)
+while the previous kernel drains. If the driver refuses such a capture, the backend captures without it from then
+on.
 """
 
 from __future__ import annotations
@@ -104,6 +109,7 @@ class _Graph:
     logits: Any  # [B, vocab] in the graph workspace
     nb: int
     copied: Any = None  # event after the last host-to-device copy: `host` is free to refill once it has passed
+    pdl: bool = False  # captured with programmatic dependent launches (cuda_kernels.PDL_KERNELS)
 
 
 class DecodeGraphs:
@@ -181,6 +187,31 @@ class DecodeGraphs:
         real = tables[:n]
         real[real < 0] = pad
 
+    def _record(self, w: Any, db: Any, pdl: bool) -> tuple[Any, Any]:
+        """One capture of the step on self.stream: (logits view, graph). With `pdl` the kernels of
+        cuda_kernels.PDL_KERNELS are captured with programmatic launch edges."""
+        b = self.b
+        b._raw_gemm = RawCublas.gemm_ex
+        b.k.pdl = pdl
+        self.stream.begin_capture()
+        try:
+            logits = b._forward_device(w, db)
+        finally:
+            b._raw_gemm = None
+            b.k.pdl = False
+            graph = self.stream.end_capture()
+        return logits, graph
+
+    def _replays_like(self, graph: Any, logits: Any, ref: Any) -> bool:
+        """Replays `graph` once (on the padding batch it was captured with) and compares its logits with the
+        eager step's `ref`: the guard that keeps a programmatic-launch graph only if it computes the same step
+        (the same kernels and shapes: equal up to cuBLAS's choice of algorithm inside a capture)."""
+        cp = self.cp
+        graph.launch(stream=self.stream)
+        self.stream.synchronize()
+        scale = float(cp.abs(ref).max()) if ref.size else 0.0
+        return bool(cp.allclose(logits, ref, rtol=1e-3, atol=1e-3 * max(scale, 1e-6)))
+
     def _capture(self, w: Any, B: int, cap: int) -> _Graph | None:
         from llmrs.engine.backends.cuda import DeviceBatch
 
@@ -200,18 +231,25 @@ class DecodeGraphs:
             before = {k: v.data.ptr for k, v in self.ws.items()}
             cp.cuda.Device().synchronize()
             with self.stream:
-                b._forward_device(w, db)  # warm-up: sizes the workspace, loads modules, picks cuBLAS algorithms
+                # warm-up: sizes the workspace, loads modules, picks cuBLAS algorithms; its logits check the replay
+                ref = b._forward_device(w, db).copy()
                 self.stream.synchronize()
                 if any(self.ws[k].data.ptr != p for k, p in before.items()):
                     self.graphs.clear()  # a buffer moved: older graphs point at freed memory
                 RawCublas.set_stream(b._handle, self.stream.ptr)
-                b._raw_gemm = RawCublas.gemm_ex
-                self.stream.begin_capture()
+                # NOTE: not on tensor-parallel ranks: the check replays NCCL calls, which all ranks must do together
+                pdl = b.k.pdl_capable and b.tp is None
                 try:
-                    logits = b._forward_device(w, db)
-                finally:
-                    b._raw_gemm = None
-                    graph = self.stream.end_capture()
+                    logits, graph = self._record(w, db, pdl=pdl)
+                    if pdl and not self._replays_like(graph, logits, ref):
+                        raise RuntimeError("its replay's logits differ from the eager step's")
+                except Exception as e:
+                    if not pdl:
+                        raise
+                    print(f"llmrs: CUDA graph capture with programmatic dependent launch failed ({e}); "
+                          "capturing without it", file=sys.stderr)
+                    b.k.pdl_capable = pdl = False
+                    logits, graph = self._record(w, db, pdl=False)
             self.stream.synchronize()
         except Exception as e:  # a capture the driver refuses: this shape runs eagerly from now on
             self.failed.add(key)
@@ -221,7 +259,7 @@ class DecodeGraphs:
         finally:
             b._ws = saved
             b.cublas.setStream(b._handle, cp.cuda.get_current_stream().ptr)
-        g = _Graph(graph=graph, host=host, dev=dev, logits=logits, nb=nb)
+        g = _Graph(graph=graph, host=host, dev=dev, logits=logits, nb=nb, pdl=pdl)
         self.graphs[key] = g
         self.captures += 1
         return g

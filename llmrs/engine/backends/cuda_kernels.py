@@ -5,10 +5,20 @@ the compiled module on disk (~/.cupy/kernel_cache), so later processes only load
 pasted into each source before compiling (rather than `-I`): the disk cache is keyed by the source text, so
 an edit to the header must change the key. `get_kernels()` compiles every file and looks up every entry
 point at once: the backend calls it at start (warm-up), never on a request's path.
+
+Programmatic dependent launch (PDL, sm_90+): the kernels in PDL_KERNELS follow common.cuh's contract
+(pdl_trigger, then pdl_wait before touching what an earlier kernel wrote). While `Kernels.pdl` is set (the
+decode-graph capture sets it, cuda_graphs.py) they are launched through the driver's cuLaunchKernelEx with
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, so in the graph each one starts while its predecessor
+drains (the matvec streams its first weights meanwhile) instead of after a full drain and launch. Outside a
+capture they launch through CuPy as before (a ctypes launch costs more host time than CuPy's). LLMRS_PDL=0 turns
+it off; GPUs below compute capability 9.0 never use it.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 import re
 import threading
 from pathlib import Path
@@ -33,6 +43,16 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "gemm_q4.cu": [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4)] + ["gemm_q4_reduce"],
 }
 
+# kernels that keep common.cuh's PDL contract (pdl_enter / pdl_trigger + pdl_wait before dependent reads and writes)
+PDL_KERNELS = frozenset(
+    ["embedding_gather", "rms_norm", "add_rms_norm", "rms_norm_bf16", "add_rms_norm_bf16", "silu_mul", "add_bias",
+     "add_inplace", "cast_f32_bf16", "silu_mul_bf16", "rope_write_kv", "attn_merge", "gemm_q4_reduce"]
+    + [f"matvec_bf16_t{nt}" for nt in (1, 2, 4, 8)]
+    + [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
+    + [f"attn_partial_d{d}" for d in (1, 2, 4, 8)] + [f"attn_partial_gqa_d{d}" for d in (1, 2, 4, 8)]
+    + [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4)])
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
 _lock = threading.Lock()
 _cache: dict[int, "Kernels"] = {}
 
@@ -44,17 +64,113 @@ def kernel_source(name: str) -> str:
     return re.sub(r'#include\s+"common\.cuh"', lambda _: common, src)
 
 
+class _LaunchAttr(ctypes.Structure):  # CUlaunchAttribute: id, 4 bytes of padding, a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int),
+                ("value_rest", ctypes.c_char * 60)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p), ("attrs", ctypes.c_void_p),
+                ("numAttrs", ctypes.c_uint)]
+
+
+_SCALARS = {"int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint64": ctypes.c_uint64,
+            "float32": ctypes.c_float, "uint32": ctypes.c_uint32}
+
+
+def kernel_params(args: tuple) -> tuple[Any, list]:
+    """cuLaunchKernelEx's `void **kernelParams` for `args` as CuPy passes them (device arrays -> their pointer,
+    numpy scalars -> their C type); returns (the array, the values it points at: keep both alive)."""
+    vals: list = []
+    for a in args:
+        data = getattr(a, "data", None)
+        if hasattr(data, "ptr"):  # a cupy.ndarray (its view's own pointer)
+            vals.append(ctypes.c_void_p(data.ptr))
+        elif type(a).__name__ in _SCALARS:
+            vals.append(_SCALARS[type(a).__name__](a.item()))
+        else:
+            raise TypeError(f"PDL launch: unsupported kernel argument {type(a).__name__} (use numpy scalars)")
+    arr = (ctypes.c_void_p * max(1, len(vals)))(*[ctypes.addressof(v) for v in vals])
+    return arr, vals
+
+
+def _dim3(d: Any) -> tuple[int, int, int]:
+    t = tuple(int(v) for v in (d if isinstance(d, tuple) else (d,)))
+    return (t + (1, 1, 1))[:3]
+
+
+class PdlKernel:
+    """A kernel of PDL_KERNELS: launched like a RawKernel; through cuLaunchKernelEx with programmatic stream
+    serialization while its Kernels' `pdl` flag is set."""
+
+    __slots__ = ("raw", "owner", "name")
+
+    def __init__(self, raw: Any, owner: "Kernels", name: str):
+        self.raw, self.owner, self.name = raw, owner, name
+
+    def __call__(self, grid: Any, block: Any, args: tuple, shared_mem: int = 0) -> None:
+        if not self.owner.pdl:
+            self.raw(grid, block, args, shared_mem=shared_mem)
+            return
+        import cupy as cp
+
+        g, b = _dim3(grid), _dim3(block)
+        attr = _LaunchAttr(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
+        cfg = _LaunchConfig(g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, cp.cuda.get_current_stream().ptr,
+                            ctypes.addressof(attr), 1)
+        params, _keep = kernel_params(args)
+        status = _driver().cuLaunchKernelEx(ctypes.byref(cfg), ctypes.c_void_p(self.raw.kernel.ptr), params, None)
+        if status:
+            raise RuntimeError(f"cuLaunchKernelEx({self.name}) failed: CUresult {status}")
+        self.owner.pdl_launches += 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.raw, name)
+
+
+_libcuda: Any = None
+
+
+def _driver() -> Any:
+    global _libcuda
+    if _libcuda is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        lib.cuLaunchKernelEx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        lib.cuLaunchKernelEx.restype = ctypes.c_int
+        _libcuda = lib
+    return _libcuda
+
+
+def pdl_supported(cp: Any) -> bool:
+    """Compute capability 9.0+ (griddepcontrol), a driver with cuLaunchKernelEx, and LLMRS_PDL not 0."""
+    if os.environ.get("LLMRS_PDL", "1") in ("0", "false", "no", "off"):
+        return False
+    try:
+        if int(cp.cuda.Device().compute_capability) < 90:
+            return False
+        _driver()
+    except (OSError, AttributeError, ValueError):
+        return False
+    return True
+
+
 class Kernels:
     """Every entry point as a `cupy.RawKernel`-like callable: `k.rms_norm(grid, block, args)`."""
 
     def __init__(self, cp: Any):
         self.modules: dict[str, Any] = {}
         self.fns: dict[str, Any] = {}
+        self.pdl = False  # set while a decode graph is captured (cuda_graphs.py), when `pdl_capable`
+        self.pdl_capable = pdl_supported(cp)
+        self.pdl_launches = 0
         for fname, names in ENTRY_POINTS.items():
             mod = cp.RawModule(code=kernel_source(fname), options=OPTIONS)
             self.modules[fname] = mod
             for n in names:
-                self.fns[n] = mod.get_function(n)  # compiles (or loads from the disk cache) now
+                raw = mod.get_function(n)  # compiles (or loads from the disk cache) now
+                self.fns[n] = PdlKernel(raw, self, n) if n in PDL_KERNELS else raw
 
     def __getattr__(self, name: str) -> Any:
         try:
