@@ -345,3 +345,89 @@ def test_fused_bf16_gemm_inputs_give_identical_logits_and_one_cast_per_layer(tmp
         assert len(casts) == (1 if fuse else 4) * L + (S > be.matvec_max_tokens and not fuse)
     assert np.isfinite(logits[True]).all()
     np.testing.assert_array_equal(logits[True], logits[False])
+
+
+@pytest.mark.parametrize("T", [1, 2, 3, 8])
+@pytest.mark.parametrize("heads,kv,head_dim,hidden", [(8, 2, 64, 512), (14, 2, 64, 77), (7, 1, 128, 384),
+                                                      (4, 4, 32, 200)])
+def test_paired_matvec_epilogues_equal_matvec_plus_their_kernels(rng, T, heads, kv, head_dim, hidden):
+    """matvec_rope_bf16 (qkv + bias, RoPE, K/V into the cache) and matvec_silu_bf16 (gate_up, SiLU x up) write the
+    same bits as the matvec followed by rope_write_kv / silu_mul, for odd K (77: the scalar path) and every NT."""
+    c = cfg(heads, kv, head_dim, hidden=hidden, inter=3 * 37)
+    nb = 8 * T  # 8 blocks (128 positions) of its own per sequence: no two tokens write one slot
+    be = CUDABackend(c, num_blocks=nb)
+    n_qkv = (heads + 2 * kv) * head_dim
+    w_qkv = be.upload(rng.standard_normal((n_qkv, hidden)).astype(np.float32) / np.sqrt(hidden))
+    bias = be.upload(rng.standard_normal(n_qkv).astype(np.float32))
+    w_gu = be.upload(rng.standard_normal((2 * c.intermediate_size, hidden)).astype(np.float32) / np.sqrt(hidden))
+    x = cp.asarray(rng.standard_normal((T, hidden)).astype(np.float32))
+    perm = rng.permutation(nb).tolist()
+    batch = build_step_batch([([int(v)], int(rng.integers(0, 128)), perm[8 * i:8 * i + 8], True)
+                              for i, v in enumerate(rng.integers(3, 99, T))], be.block_size)
+    db = be.device_batch(batch)
+    assert be._pair_epilogue(w_qkv, T) and be._pair_epilogue(w_gu, T)
+
+    def caches():
+        return [cp.asnumpy(a).copy() for a in (be.k_cache[0], be.v_cache[0])]
+
+    for a in (be.k_cache[0], be.v_cache[0]):
+        a[...] = 0
+    ref = poison((T, n_qkv))
+    be._linear(x, w_qkv, bias, ref, name="qkv")
+    threads = min(1024, max(32, -(-(heads + kv) * head_dim // 2 // 32) * 32))
+    be.k.rope_write_kv((T,), (threads,), (ref, db.positions, be.inv_freq, db.slots, be.k_cache[0], be.v_cache[0],
+                                          np.int32(heads), np.int32(kv), np.int32(head_dim), np.int32(be.block_size)))
+    want_cache = caches()
+    for a in (be.k_cache[0], be.v_cache[0]):
+        a[...] = 0
+    got = poison((T, n_qkv))
+    be._matvec_pair("rope", x, w_qkv, got, bias=bias, db=db, layer=0)
+    q = heads * head_dim
+    np.testing.assert_array_equal(cp.asnumpy(got)[:, :q], cp.asnumpy(ref)[:, :q])
+    for g, w_ in zip(caches(), want_cache):
+        np.testing.assert_array_equal(g, w_)
+    assert np.any(want_cache[0] != 0) and np.any(want_cache[1] != 0)
+
+    gu = poison((T, 2 * c.intermediate_size))
+    be._linear(x, w_gu, None, gu, name="gate_up")
+    want = cp.asnumpy(be.silu_mul(gu))
+    act = poison((T, c.intermediate_size))
+    be._matvec_pair("silu", x, w_gu, act)
+    np.testing.assert_array_equal(cp.asnumpy(act), want)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("n_seqs", [1, 3, 8])
+def test_fused_epilogues_give_identical_decode_logits(tmp_path, arch, n_seqs):
+    """A decode step (the matvec path) with RoPE / SiLU fused into their projections and without: the same logits
+    and the same K/V cache, bit for bit, and two launches fewer per layer."""
+    from llmrs.engine.loader import load
+    from llmrs.engine.runner import ModelRunner
+    from tests.conftest import write_tiny_model
+
+    r = ModelRunner(load(str(write_tiny_model(tmp_path / arch, arch))), num_blocks=64, device="cuda")
+    be = r.backend
+    prng = np.random.default_rng(n_seqs)
+    batch = build_step_batch([([int(prng.integers(3, 400))], int(prng.integers(1, 40)), [4 * i, 4 * i + 1,
+                                                                                        4 * i + 2], True)
+                              for i in range(n_seqs)], 16)
+    out = {}
+    for fuse in (False, True):
+        be.fuse_epilogues = fuse
+        for a in be.k_cache + be.v_cache:
+            a[...] = 0
+        launches = []
+        rope, silu = be.k.rope_write_kv, be.k.silu_mul
+        be.k.fns["rope_write_kv"] = lambda *a, **k: (launches.append("rope"), rope(*a, **k))
+        be.k.fns["silu_mul"] = lambda *a, **k: (launches.append("silu"), silu(*a, **k))
+        try:
+            logits = cp.asnumpy(be._forward_device(r.model.w, be.device_batch(batch)))
+        finally:
+            be.k.fns["rope_write_kv"], be.k.fns["silu_mul"] = rope, silu
+        out[fuse] = (logits, [cp.asnumpy(a) for a in be.k_cache + be.v_cache])
+        assert len(launches) == (0 if fuse else 2 * r.config.num_hidden_layers)
+    be.fuse_epilogues = CUDABackend.fuse_epilogues
+    assert np.isfinite(out[True][0]).all()
+    np.testing.assert_array_equal(out[True][0], out[False][0])
+    for a, b in zip(out[True][1], out[False][1]):
+        np.testing.assert_array_equal(a, b)

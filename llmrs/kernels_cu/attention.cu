@@ -11,8 +11,9 @@
 // Warp w takes keys w, w+4, ...; each lane holds DPL = D/32 dims of q, of the accumulators and of each key,
 // so the dot product is DPL FMAs + a shuffle reduction per head, and the softmax is online (running max m,
 // running sum l, rescaled accumulator), f32 throughout with expf. The 4 warps merge through shared memory.
-// With one split the block writes the normalized output; otherwise it writes (acc, m, l) partials and
-// attn_merge combines the splits: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).
+// With one split the block writes the normalized output; otherwise it writes (acc, m, l) partials and the last
+// split block of its (token, head group) to finish combines them (attn_merge_if_last, common.cuh):
+// out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), in split order.
 // Register arrays are indexed only by unrolled constants (no local memory; ptx-check pins it).
 #include "common.cuh"
 
@@ -40,8 +41,8 @@ __device__ __forceinline__ void attn_partial_impl(
     const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,
     const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,
     const int* __restrict__ token_seq, const int* __restrict__ positions, float* __restrict__ out,
-    float* __restrict__ part_acc, float* __restrict__ part_ml, int Hq, int Hkv, int D, int block_size,
-    int chunk, float scale) {
+    float* __restrict__ part_acc, float* __restrict__ part_ml, int* __restrict__ tickets, int Hq, int Hkv, int D,
+    int block_size, int chunk, float scale) {
     pdl_enter();
     __shared__ float s_m[ATTN_WARPS][MAXG], s_l[ATTN_WARPS][MAXG];
     __shared__ float s_acc[ATTN_WARPS][MAXG][32 * DPL];
@@ -123,6 +124,7 @@ __device__ __forceinline__ void attn_partial_impl(
             if (d == 0) { part_ml[2 * pi] = M; part_ml[2 * pi + 1] = Ls; }
         }
     }
+    if (S > 1) attn_merge_if_last(part_acc, part_ml, out, tickets, t, g * G + h0, gn, Hq, D, S);
 }
 
 #define ATTN(DPL)                                                                                             \
@@ -130,36 +132,12 @@ __device__ __forceinline__ void attn_partial_impl(
         const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,                        \
         const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,             \
         const int* __restrict__ token_seq, const int* __restrict__ positions, float* __restrict__ out,        \
-        float* __restrict__ part_acc, float* __restrict__ part_ml, int Hq, int Hkv, int D, int block_size,    \
-        int chunk, float scale) {                                                                             \
+        float* __restrict__ part_acc, float* __restrict__ part_ml, int* __restrict__ tickets, int Hq, int Hkv, \
+        int D, int block_size, int chunk, float scale) {                                                      \
         attn_partial_impl<DPL>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, token_seq, positions, \
-                               out, part_acc, part_ml, Hq, Hkv, D, block_size, chunk, scale);                 \
+                               out, part_acc, part_ml, tickets, Hq, Hkv, D, block_size, chunk, scale);        \
     }
 ATTN(1)
 ATTN(2)
 ATTN(4)
 ATTN(8)
-
-// grid (T, Hq), block >= D threads (rounded to a warp multiple): combine the splits of one (token, head).
-extern "C" __global__ void attn_merge(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
-                                      float* __restrict__ out, int Hq, int D, int S) {
-    pdl_enter();
-    const int t = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
-    if (d >= D) return;
-    const size_t p0 = ((size_t)t * Hq + head) * S;
-    // unrolled so that the splits' loads are in flight together (S is 8-64 at short decode contexts); the sums
-    // still run in split order
-    float M = NEG_INF;
-#pragma unroll 8
-    for (int s = 0; s < S; ++s) M = fmaxf(M, part_ml[2 * (p0 + s)]);
-    float Ls = 0.0f, A = 0.0f;
-#pragma unroll 8
-    for (int s = 0; s < S; ++s) {
-        const float ms = part_ml[2 * (p0 + s)];
-        if (ms == NEG_INF) continue;  // a split past this token's causal limit: no keys
-        const float e = expf(ms - M);
-        Ls += part_ml[2 * (p0 + s) + 1] * e;
-        A += part_acc[(p0 + s) * D + d] * e;
-    }
-    out[(size_t)t * Hq * D + (size_t)head * D + d] = A / Ls;
-}

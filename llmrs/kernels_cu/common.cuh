@@ -50,6 +50,19 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
     return warp_sum(v);
 }
 
+// silu(gate) * up: the one expression of silu_mul / silu_mul_bf16 (elementwise.cu) and matvec_silu_bf16 (matvec.cu)
+__device__ __forceinline__ float silu_mul_f(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+// Rotary angles reach tens of thousands of radians: the f32 angle (as numpy forms it) is reduced to [-pi, pi] in
+// double, then __sincosf (abs error ~1e-6). Plain sincosf would carry its Payne-Hanek slow path, which lives in
+// local memory (ptx-check flags it). Shared by rope_write_kv (rope_kv.cu) and matvec_rope_bf16 (matvec.cu).
+__device__ __forceinline__ void rope_sincos(float angle, float* sn, float* cs) {
+    const double two_pi = 6.283185307179586;
+    const double a = (double)angle;
+    const float r = (float)(a - rint(a / two_pi) * two_pi);
+    __sincosf(r, sn, cs);
+}
+
 // Programmatic dependent launch (sm_90+; no-ops below, and when the kernel was launched without the attribute).
 // Inside a decode graph the backend launches its kernels with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 // (cuda_kernels.PDL_KERNELS), so kernel n+1's blocks start while kernel n drains. The contract of every such kernel:
@@ -73,4 +86,39 @@ __device__ __forceinline__ void pdl_wait() {
 __device__ __forceinline__ void pdl_enter() {
     pdl_trigger();
     pdl_wait();
+}
+
+// The end of a split-K decode attention block (attention.cu, attention_gqa.cu) that stored its split's partial
+// (acc, max, sum) for the heads [head0, head0 + gn) of token t: the last of the S split blocks of (t, head group)
+// to finish merges every split in split order (so the sums are the same whatever order the blocks ran in) into
+// out, then re-arms its ticket. `tickets` [T * gridDim.y] int32: zero before the first launch, zero again after
+// each. The partials are read through L2 (__ldcg): other blocks wrote them, published by __threadfence before
+// their ticket. Splits past a token's causal limit (no keys: max = -inf) are skipped.
+template <int UNUSED = 0>
+__device__ __forceinline__ void attn_merge_if_last(const float* part_acc, const float* part_ml, float* __restrict__ out,
+                                                   int* tickets, int t, int head0, int gn, int Hq, int D, int S) {
+    __shared__ int s_last;
+    __threadfence();
+    __syncthreads();
+    int* ticket = tickets + (size_t)t * gridDim.y + blockIdx.y;
+    if (threadIdx.x == 0) s_last = atomicAdd(ticket, 1) == S - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    for (int idx = threadIdx.x; idx < gn * D; idx += blockDim.x) {
+        const int head = head0 + idx / D, d = idx % D;
+        const size_t p0 = ((size_t)t * Hq + head) * S;
+        float M = NEG_INF;
+        for (int s = 0; s < S; ++s) M = fmaxf(M, __ldcg(part_ml + 2 * (p0 + s)));
+        float Ls = 0.0f, A = 0.0f;
+        for (int s = 0; s < S; ++s) {
+            const float ms = __ldcg(part_ml + 2 * (p0 + s));
+            if (ms == NEG_INF) continue;
+            const float e = expf(ms - M);
+            Ls += __ldcg(part_ml + 2 * (p0 + s) + 1) * e;
+            A += __ldcg(part_acc + (p0 + s) * D + d) * e;
+        }
+        out[(size_t)t * Hq * D + (size_t)head * D + d] = A / Ls;
+    }
+    if (threadIdx.x == 0) *ticket = 0;
 }

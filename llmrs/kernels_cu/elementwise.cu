@@ -9,8 +9,6 @@
 //   cast_f32_bf16: y[i] = bf16(x[i])  (round to nearest even; GEMM operands, weights at upload)
 #include "common.cuh"
 
-__device__ __forceinline__ float silu_mul_f(float g, float u) { return g / (1.0f + expf(-g)) * u; }
-
 extern "C" __global__ void silu_mul(const float* __restrict__ gu, float* __restrict__ out, int T, int I) {
     pdl_enter();
     const size_t n = (size_t)T * I;

@@ -27,27 +27,20 @@ __device__ __forceinline__ void fma8(const float* wf, const float* __restrict__ 
     }
 }
 
+// The sums of row n (this warp's share when splits > 1) for tokens t0 .. t0+NT-1, reduced over the warp (every
+// lane holds them) and, with splits > 1, over the row's warps through `red` (then valid in warp s == 0 only).
 template <int NT>
-__device__ __forceinline__ void matvec_impl(const bf16_t* __restrict__ W, const float* __restrict__ x,
-                                            const float* __restrict__ bias, float* __restrict__ y,
-                                            int N, int K, int T, int accumulate, int splits) {
-    // splits (1, 2 or 4) warps share one row: warp s of the row reads chunks s*32 + lane + i*32*splits, so the
-    // row's warps together stream 512*splits contiguous bytes per step; the partial sums meet in shared memory
-    // in a fixed order (deterministic; splits = 1 is the one-warp-per-row kernel, same summation order).
-    __shared__ float red[4][NT];
+__device__ __forceinline__ void matvec_row_sums(const bf16_t* __restrict__ W, const float* __restrict__ x, int N,
+                                                int K, int T, int t0, int n, bool live, int s, int splits,
+                                                float (*red)[NT], float* acc) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int s = warp % splits;
-    const int n = blockIdx.x * (blockDim.x >> 5) / splits + warp / splits;
-    const bool live = n < N;
-    if (splits == 1 && !live) return;  // (a block's last warps past N: no loads, no stores)
-    const int t0 = blockIdx.y * NT;
-    float acc[NT];
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc[j] = 0.0f;
     const bf16_t* w = W + (size_t)(live ? n : 0) * K;
     const int stride = 32 * splits;
     pdl_trigger();
     if (!live) {
+        pdl_wait();
     } else if ((K & 7) == 0) {
         // software-pipelined: the next 4 chunks are loaded before the current 4 are used (8 x 16 bytes in flight
         // per lane); the first 4 are loaded before pdl_wait (weights: no earlier kernel writes them), so inside
@@ -101,6 +94,25 @@ __device__ __forceinline__ void matvec_impl(const bf16_t* __restrict__ W, const 
 #pragma unroll
         for (int j = 0; j < NT; ++j) acc[j] = warp_sum(acc[j]);
     }
+}
+
+template <int NT>
+__device__ __forceinline__ void matvec_impl(const bf16_t* __restrict__ W, const float* __restrict__ x,
+                                            const float* __restrict__ bias, float* __restrict__ y,
+                                            int N, int K, int T, int accumulate, int splits) {
+    // splits (1, 2 or 4) warps share one row: warp s of the row reads chunks s*32 + lane + i*32*splits, so the
+    // row's warps together stream 512*splits contiguous bytes per step; the partial sums meet in shared memory
+    // in a fixed order (deterministic; splits = 1 is the one-warp-per-row kernel, same summation order).
+    __shared__ float red[4][NT];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int s = warp % splits;
+    const int n = blockIdx.x * (blockDim.x >> 5) / splits + warp / splits;
+    const bool live = n < N;
+    if (splits == 1 && !live) return;  // (a block's last warps past N: no loads, no stores)
+    const int t0 = blockIdx.y * NT;
+    float acc[NT];
+    matvec_row_sums<NT>(W, x, N, K, T, t0, n, live, s, splits, red, acc);
+    if (!live || s != 0) return;
     const float b = bias ? bias[n] : 0.0f;
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
@@ -109,6 +121,73 @@ __device__ __forceinline__ void matvec_impl(const bf16_t* __restrict__ W, const 
             float* dst = y + (size_t)(t0 + j) * N + n;
             *dst = accumulate ? *dst + (sum + b) : sum + b;
         }
+    }
+}
+
+// Paired rows with a fused epilogue (one warp a row, splits = 1): a block's 4 warps compute 2 pairs of rows
+// (warps 2i and 2i+1: pair blockIdx.x * 2 + i), the pair meets in shared memory and one thread per token finishes
+// it. The row sums are matvec_impl's (same order), the epilogues the same expressions as the kernels they
+// replace, so the outputs are bit-identical to matvec + that kernel.
+//   matvec_silu_bf16: W = gate_up [2I, K]; pair i = (gate row i, up row I + i); act[t, i] = silu(g) * u (f32)
+//                     (silu_mul in elementwise.cu).
+//   matvec_rope_bf16: W = qkv [(Hq + 2 Hkv) D, K] + bias; pair p = head h = p / (D/2), i = p % (D/2): rows
+//                     (h D + i, h D + i + D/2); q heads rotated in place in y (= qkv), k heads rotated and v heads
+//                     as they are written to the paged caches as bf16 (rope_write_kv in rope_kv.cu).
+#define EPI_SILU 1
+#define EPI_ROPE 2
+
+template <int NT, int EPI>
+__device__ __forceinline__ void matvec_pair_impl(const bf16_t* __restrict__ W, const float* __restrict__ x,
+                                                 const float* __restrict__ bias, float* __restrict__ y, int N,
+                                                 int K, int T, const int* __restrict__ positions,
+                                                 const float* __restrict__ inv_freq, const int* __restrict__ slots,
+                                                 bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache,
+                                                 int Hq, int Hkv, int D, int block_size) {
+    __shared__ float pair[4][NT];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, member = warp & 1;
+    const int P = N / 2;  // pairs
+    const int p = blockIdx.x * 2 + (warp >> 1);
+    const bool live = p < P;
+    const int half = D / 2;
+    const int h = EPI == EPI_ROPE ? p / half : 0, i = EPI == EPI_ROPE ? p % half : p;
+    const int n = EPI == EPI_SILU ? (member ? P + p : p) : h * D + i + (member ? half : 0);
+    const int t0 = blockIdx.y * NT;
+    float acc[NT];
+    matvec_row_sums<NT>(W, x, N, K, T, t0, n, live, 0, 1, nullptr, acc);
+    const float b = (bias && live) ? bias[n] : 0.0f;
+    if (lane == 0) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) pair[warp][j] = acc[j] + b;
+    }
+    __syncthreads();
+    if (!live || member != 0 || lane >= NT || t0 + lane >= T) return;
+    const float a = pair[warp][lane], c = pair[warp + 1][lane];
+    const int t = t0 + lane;
+    if (EPI == EPI_SILU) {
+        y[(size_t)t * P + p] = silu_mul_f(a, c);
+        return;
+    }
+    float* row = y + (size_t)t * N + h * D;
+    if (h >= Hq + Hkv) {  // a v head: to the cache as it is
+        const int s = slots[t];
+        const long long r = ((long long)(s / block_size) * Hkv + (h - Hq - Hkv)) * block_size + s % block_size;
+        bf16_t* dst = v_cache + r * D;
+        dst[i] = f32_to_bf16(a);
+        dst[i + half] = f32_to_bf16(c);
+        return;
+    }
+    float sn, cs;
+    rope_sincos(__fmul_rn((float)positions[t], inv_freq[i]), &sn, &cs);
+    const float y1 = a * cs - c * sn, y2 = c * cs + a * sn;
+    if (h < Hq) {
+        row[i] = y1;
+        row[i + half] = y2;
+    } else {
+        const int s = slots[t];
+        const long long r = ((long long)(s / block_size) * Hkv + (h - Hq)) * block_size + s % block_size;
+        bf16_t* dst = k_cache + r * D;
+        dst[i] = f32_to_bf16(y1);
+        dst[i + half] = f32_to_bf16(y2);
     }
 }
 
@@ -122,3 +201,28 @@ MATVEC(1)
 MATVEC(2)
 MATVEC(4)
 MATVEC(8)
+
+#define MATVEC_SILU(NT)                                                                                         \
+    extern "C" __global__ void matvec_silu_bf16_t##NT(const bf16_t* __restrict__ W, const float* __restrict__ x, \
+                                                      float* __restrict__ act, int N, int K, int T) {            \
+        matvec_pair_impl<NT, EPI_SILU>(W, x, nullptr, act, N, K, T, nullptr, nullptr, nullptr, nullptr, nullptr, \
+                                       0, 0, 2, 0);                                                              \
+    }
+MATVEC_SILU(1)
+MATVEC_SILU(2)
+MATVEC_SILU(4)
+MATVEC_SILU(8)
+
+#define MATVEC_ROPE(NT)                                                                                          \
+    extern "C" __global__ void matvec_rope_bf16_t##NT(                                                           \
+        const bf16_t* __restrict__ W, const float* __restrict__ x, const float* __restrict__ bias,              \
+        float* __restrict__ qkv, int N, int K, int T, const int* __restrict__ positions,                         \
+        const float* __restrict__ inv_freq, const int* __restrict__ slots, bf16_t* __restrict__ k_cache,         \
+        bf16_t* __restrict__ v_cache, int Hq, int Hkv, int D, int block_size) {                                  \
+        matvec_pair_impl<NT, EPI_ROPE>(W, x, bias, qkv, N, K, T, positions, inv_freq, slots, k_cache, v_cache,   \
+                                       Hq, Hkv, D, block_size);                                                  \
+    }
+MATVEC_ROPE(1)
+MATVEC_ROPE(2)
+MATVEC_ROPE(4)
+MATVEC_ROPE(8)

@@ -7,17 +7,9 @@
 // slot s = slot_mapping[t]: cache[(s / bs) , head, s % bs, :] of the [blocks, Hkv, bs, D] layout; with
 // k_cache == nullptr k is rotated in place instead (the Backend.rope protocol path).
 //   write_kv: the protocol's separate cache write: k, v [T, Hkv * D] f32 -> the two caches.
-// One block per token. Angles reach tens of thousands of radians: the f32 angle (as numpy forms it) is
-// reduced to [-pi, pi] in double, then __sincosf (abs error ~1e-6). Plain sincosf would carry its
-// Payne-Hanek slow path, which lives in local memory (ptx-check flags it).
+// One block per token. The angle's sine and cosine: rope_sincos (common.cuh). matvec_rope_bf16 (matvec.cu) does
+// the same work in the q/k/v projection's epilogue for decode-sized steps.
 #include "common.cuh"
-
-__device__ __forceinline__ void rope_sincos(float angle, float* sn, float* cs) {
-    const double two_pi = 6.283185307179586;
-    const double a = (double)angle;
-    const float r = (float)(a - rint(a / two_pi) * two_pi);
-    __sincosf(r, sn, cs);
-}
 
 extern "C" __global__ void rope_write_kv(float* __restrict__ qkv, const int* __restrict__ positions,
                                          const float* __restrict__ inv_freq, const int* __restrict__ slots,

@@ -12,7 +12,8 @@ norms and SiLU x up write directly (`fuse_bf16`: the same bits as f32 + a cast).
 
 Attention: `_attention` picks per step: the tensor-core prefill kernel (cuda_prefill.py) when a sequence brings
 `prefill_min_tokens` or more new tokens; else attn_partial (attention.cu) or, from ATTN_GQA_MIN_BLOCKS blocks a
-step, attn_partial_gqa (attention_gqa.cu); both split along the keys and share attn_merge.
+step, attn_partial_gqa (attention_gqa.cu); both split along the keys, and the last split block of each (token,
+head group) merges the splits in the same launch (attn_merge_if_last in common.cuh).
 
 Tensor parallelism: with `tp=TPRank` (tp_nccl.py) the same fused step embeds the rank's vocabulary slice, sums
 the embeddings and every o/down partial over the ranks with NCCL on the step's stream, and gathers the logits.
@@ -135,6 +136,10 @@ class CUDABackend:
     # GEMM inputs written as bf16 by their producers (rms_norm_bf16, add_rms_norm_bf16, silu_mul_bf16) instead of
     # f32 + cast_f32_bf16: the same bits, two launches fewer per layer; False (tests) keeps the f32 + cast path
     fuse_bf16 = True
+    # decode-sized steps (the matvec path): RoPE + the K/V cache write in the qkv projection's epilogue and
+    # SiLU x up in gate_up's (matvec_rope_bf16 / matvec_silu_bf16: bit-identical, two launches fewer per layer);
+    # LLMRS_FUSE_EPILOGUES=0 (and tests) keep the separate kernels
+    fuse_epilogues = os.environ.get("LLMRS_FUSE_EPILOGUES", "1") not in ("0", "false", "no", "off")
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, matvec_max_tokens: int = 8,
                  cuda_graphs: bool | None = None, tp: Any = None):
@@ -164,7 +169,7 @@ class CUDABackend:
         self.attn_splits: int | None = None  # None: chosen per step; tests force values
         # decode attention kernel: "partial" (attention.cu: a warp per key, a shuffle reduction per query head) or
         # "gqa" (attention_gqa.cu: a lane per key, 32 keys a warp, the block's query heads from shared memory);
-        # the same arguments and outputs (attn_merge serves both). "auto": gqa once a step has at least
+        # the same arguments and outputs (both merge their splits in the launch). "auto": gqa once a step has at least
         # ATTN_GQA_MIN_BLOCKS (token, kv head, head group) blocks, partial below. Measured on the H200 (7B shape,
         # context 512): B=256 12.9 -> 5.1 ms a step, B=64 4.3 -> 2.1 ms; one stream through the server 5.16 ->
         # 5.41 ms/token with gqa (its 128-key splits leave a short single-sequence step with few blocks).
@@ -246,6 +251,14 @@ class CUDABackend:
             cur = cp.empty(max(n, 1), dtype=dtype)
             self._ws[name] = cur
         return cur[:n].reshape(shape)
+
+    def _tickets(self, n: int) -> Any:
+        """The split attention's merge tickets (int32, zero between launches: each launch's last blocks re-arm
+        theirs), in the current workspace (a graph's own while it is captured), grown zeroed, never shrunk."""
+        cur = self._ws.get("attn_tickets")
+        if cur is None or cur.size < n:
+            cur = self._ws["attn_tickets"] = self.cp.zeros(max(n, 1), dtype=self.cp.int32)
+        return cur[:n]
 
     def _pinned(self, name: str, n: int, dtype: Any) -> np.ndarray:
         """A persistent page-locked host buffer (copies from it skip the driver's staging; grown, never shrunk)."""
@@ -377,6 +390,34 @@ class CUDABackend:
             with self._span("add_bias", "add_bias " + name, T, N):
                 self.k.add_bias((min(65535, -(-n // 256)),), (256,), (out, bias, np.int32(T), np.int32(N)))
 
+    def _pair_epilogue(self, w: Any, T: int) -> bool:
+        """Whether the projection over `w` runs as a paired-row matvec with its follower fused (`fuse_epilogues`):
+        a bf16 matrix on the matvec path with one warp a row."""
+        return (self.fuse_epilogues and T <= self.matvec_max_tokens and not isinstance(w, DeviceQuantWeight)
+                and self._matvec_splits(w.shape[0], w.shape[1]) == 1)
+
+    def _matvec_pair(self, epi: str, x: Any, w: Any, out: Any, bias: Any = None, db: DeviceBatch | None = None,
+                     layer: int = 0) -> None:
+        """matvec.cu's paired-row kernels: "silu" (gate_up -> act [T, I] = silu(gate) * up) or "rope" (qkv + bias
+        -> q rotated in `out`, k rotated and v into layer's cache); the same bits as `_linear` + silu_mul /
+        rope_write_kv."""
+        T, K = x.shape
+        N = w.shape[0]
+        nt = 1 if T == 1 else 2 if T == 2 else 4 if T <= 4 else 8
+        grid = (-(-(N // 2) // 2), -(-T // nt))  # 2 pairs (4 warps) a block
+        block = (32 * MATVEC_ROWS_PER_BLOCK,)
+        if epi == "silu":
+            with self._span("matvec", "gate_up+silu", T, N, K, False, False):
+                self.k.fns[f"matvec_silu_bf16_t{nt}"](grid, block, (w, x, out, np.int32(N), np.int32(K), np.int32(T)))
+            return
+        c = self.config
+        with self._span("matvec", "qkv+rope", T, N, K, False, bias is not None):
+            self.k.fns[f"matvec_rope_bf16_t{nt}"](
+                grid, block, (w, x, NULL if bias is None else bias, out, np.int32(N), np.int32(K), np.int32(T),
+                              db.positions, self.inv_freq, db.slots, self.k_cache[layer], self.v_cache[layer],
+                              np.int32(c.num_attention_heads), np.int32(c.num_key_value_heads), np.int32(c.head_dim),
+                              np.int32(self.block_size)))
+
     def _linear_quant(self, x: Any, w: DeviceQuantWeight, bias: Any | None, out: Any, accumulate: bool,
                       name: str) -> None:
         """_linear over a quantized weight: up to matvec_max_tokens tokens the 4-/8-bit matvec (matvec_q4.cu)
@@ -489,7 +530,7 @@ class CUDABackend:
             return max(1, min(-(-max_len // 128), -(-2 * self.num_sms // blocks)))
         # A warp walks its keys one dependent round trip (block table, then K/V row) at a time, so a split of
         # 16 keys (4 per warp) keeps a short-context decode latency-bound on 4 keys, not 16; long contexts keep
-        # 64-key splits (at most 64 splits, or what 64-key splits need) so attn_merge stays short.
+        # 64-key splits (at most 64 splits, or what 64-key splits need) so the merge stays short.
         return max(1, min(-(-max_len // 16), -(-4 * self.num_sms // blocks), max(64, -(-max_len // 64))))
 
     def _attention(self, layer: int, q: Any, q_stride: int, db: DeviceBatch, out: Any) -> None:
@@ -505,22 +546,19 @@ class CUDABackend:
         S = self._splits(T, db.max_len, gqa)
         chunk = -(-db.max_len // S)
         groups = -(-c.num_queries_per_kv // ATTN_MAXG)
-        if S > 1:
+        if S > 1:  # split partials, merged by the last split block of each (token, head group) in the same launch
             part_acc = self._buf("attn_acc", (T * Hq * S * D,))
             part_ml = self._buf("attn_ml", (T * Hq * S * 2,))
+            tickets = self._tickets(T * Hkv * groups)
         else:
-            part_acc = part_ml = NULL
+            part_acc = part_ml = tickets = NULL
         name = f"attn_partial{'_gqa' if gqa else ''}_d{self.dpl}"
         fn = getattr(self.k, name)
         with self._span("attention", name, T, Hq, Hkv, D, db.kv_tokens, db.qk_pairs, S):
             fn((T, Hkv * groups, S), (ATTN_THREADS,),
                (q, np.int32(q_stride), self.k_cache[layer], self.v_cache[layer], db.block_tables,
-                np.int32(db.max_blocks), db.token_seq, db.positions, out, part_acc, part_ml, np.int32(Hq),
+                np.int32(db.max_blocks), db.token_seq, db.positions, out, part_acc, part_ml, tickets, np.int32(Hq),
                 np.int32(Hkv), np.int32(D), np.int32(self.block_size), np.int32(chunk), self.scale))
-        if S > 1:
-            with self._span("attn_merge", "attn_merge", T, Hq, D, S):
-                self.k.attn_merge((T, Hq), (-(-D // 32) * 32,), (part_acc, part_ml, out, np.int32(Hq), np.int32(D),
-                                                                 np.int32(S)))
 
     # ------------------------------------------------------------------ the fused step
     def forward(self, w: ModelWeights, batch: StepBatch, to_host: bool = True) -> Any:
@@ -559,11 +597,14 @@ class CUDABackend:
         # matrix (`_norm_for`, `_silu_mul_for`); the attention output is cast before o as before
         for n, layer in enumerate(w.layers):
             h = self._norm_for(layer.qkv, x, layer.input_norm, eps, y=part if pending else None)
-            self._linear(h, layer.qkv, layer.qkv_bias, qkv, name="qkv")
-            with self._span("rope_kv", "rope_write_kv", T, Hq, Hkv, D):
-                k.rope_write_kv((T,), (rope_threads,),
-                                (qkv, db.positions, self.inv_freq, db.slots, self.k_cache[n], self.v_cache[n],
-                                 np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(self.block_size)))
+            if self._pair_epilogue(layer.qkv, T):
+                self._matvec_pair("rope", h, layer.qkv, qkv, bias=layer.qkv_bias, db=db, layer=n)
+            else:
+                self._linear(h, layer.qkv, layer.qkv_bias, qkv, name="qkv")
+                with self._span("rope_kv", "rope_write_kv", T, Hq, Hkv, D):
+                    k.rope_write_kv((T,), (rope_threads,),
+                                    (qkv, db.positions, self.inv_freq, db.slots, self.k_cache[n], self.v_cache[n],
+                                     np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(self.block_size)))
             self._attention(n, qkv, n_qkv, db, att)
             if tp is None:
                 self._linear(att, layer.o, None, x, accumulate=True, name="o")
@@ -572,8 +613,12 @@ class CUDABackend:
                 self._linear(att, layer.o, None, part, name="o")
                 self._all_reduce(part)
                 h = self._norm_for(layer.gate_up, x, layer.post_norm, eps, y=part)
-            self._linear(h, layer.gate_up, None, gu, name="gate_up")
-            act = self._silu_mul_for(layer.down, gu)
+            if self._pair_epilogue(layer.gate_up, T):
+                act = self._buf("act", (T, I))
+                self._matvec_pair("silu", h, layer.gate_up, act)
+            else:
+                self._linear(h, layer.gate_up, None, gu, name="gate_up")
+                act = self._silu_mul_for(layer.down, gu)
             if tp is None:
                 self._linear(act, layer.down, None, x, accumulate=True, name="down")
             else:

@@ -1,0 +1,135 @@
+"""Per-kernel times inside CUDA graphs (as decode steps replay them), for the single-stream shapes of a preset.
+
+`llmrs profile` times eager launches with CUDA events around each one, which inflates small kernels by the
+launch and event overhead; decode steps replay graphs (with programmatic dependent launch on sm_90+). This
+captures REPEAT back-to-back launches of one kernel into a graph the way DecodeGraphs does, replays it, and
+reports the time per launch and the fraction of the bandwidth floor for the matvecs: the projections at every
+warps-per-row split, the paired-epilogue kernels, the RMSNorm and the decode attention at a given context.
+
+    python3 scripts/bench_kernels_graph.py --like qwen2.5-7b --context 512 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--like", default="qwen2.5-7b")
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--tokens", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=28)
+    ap.add_argument("--bandwidth-gbs", type=float, default=4296.0)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+
+    import cupy as cp
+
+    from llmrs.engine.backends.cuda import CUDABackend
+    from llmrs.engine.batch import build_step_batch
+    from llmrs.roofline.presets import preset_config
+
+    c = preset_config(a.like)
+    T, H, I = a.tokens, c.hidden_size, c.intermediate_size
+    Hq, Hkv, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    bs = 16
+    nbps = -(-(a.context + 1) // bs)
+    be = CUDABackend(dataclasses.replace(c, num_hidden_layers=1), num_blocks=T * nbps + 1, cuda_graphs=False)
+    gen = cp.random.default_rng(0)
+
+    def mat(n, k):
+        return be.upload_bf16(gen.standard_normal((n, k), dtype=cp.float32) * 0.02)
+
+    n_qkv = (Hq + 2 * Hkv) * D
+    W = {"qkv": mat(n_qkv, H), "o": mat(H, Hq * D), "gate_up": mat(2 * I, H), "down": mat(H, I)}
+    bias = cp.zeros(n_qkv, dtype=cp.float32)
+    x = {k: gen.standard_normal((T, w.shape[1]), dtype=cp.float32) for k, w in W.items()}
+    y = {k: cp.zeros((T, w.shape[0]), dtype=cp.float32) for k, w in W.items()}
+    for cache in (be.k_cache[0], be.v_cache[0]):
+        cache[...] = (gen.standard_normal(cache.shape, dtype=cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
+    batch = build_step_batch([([5], a.context, list(range(i * nbps, (i + 1) * nbps)), True) for i in range(T)], bs)
+    db = be.device_batch(batch)
+    stream = cp.cuda.Stream(non_blocking=True)
+
+    def graph_us(fn) -> float:
+        with stream:
+            fn()  # warm-up (buffers, modules)
+            stream.synchronize()
+            be.k.pdl = be.k.pdl_capable
+            stream.begin_capture()
+            try:
+                for _ in range(a.repeat):
+                    fn()
+            finally:
+                be.k.pdl = False
+                g = stream.end_capture()
+            g.launch(stream)
+            stream.synchronize()
+            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+            e0.record(stream)
+            for _ in range(10):
+                g.launch(stream)
+            e1.record(stream)
+            e1.synchronize()
+        return cp.cuda.get_elapsed_time(e0, e1) * 1e3 / (10 * a.repeat)
+
+    rows = []
+
+    def add(name, us, nbytes=None):
+        r = {"kernel": name, "us": round(us, 2)}
+        if nbytes:
+            r["GB/s"] = round(nbytes / (us * 1e-6) / 1e9)
+            r["of_floor"] = round(nbytes / (a.bandwidth_gbs * 1e9) / (us * 1e-6), 3)
+        rows.append(r)
+        print(f"{name:34s} {us:8.2f} us" + (f"  {r['GB/s']:6d} GB/s  {100 * r['of_floor']:5.1f}% of floor"
+                                            if nbytes else ""), flush=True)
+
+    for name, w in W.items():
+        N, K = w.shape
+        for splits in (1, 2, 4):
+            be._matvec_forced_splits = splits
+            us = graph_us(lambda: be._linear(x[name], w, None, y[name], name=name))
+            add(f"matvec {name} splits={splits}", us, 2 * N * K)
+        be._matvec_forced_splits = 0
+        print(f"  (backend's choice for {name}: splits={be._matvec_splits(N, K)})")
+    act = cp.zeros((T, I), dtype=cp.float32)
+    add("matvec gate_up+silu", graph_us(lambda: be._matvec_pair("silu", x["gate_up"], W["gate_up"], act)),
+        2 * 2 * I * H)
+    qkv = cp.zeros((T, n_qkv), dtype=cp.float32)
+    add("matvec qkv+rope", graph_us(lambda: be._matvec_pair("rope", x["qkv"], W["qkv"], qkv, bias=bias, db=db)),
+        2 * n_qkv * H)
+    h = cp.zeros((T, H), dtype=cp.float32)
+    nw = cp.ones(H, dtype=cp.float32)
+    add("rms_norm", graph_us(lambda: be._rms_norm(x["qkv"], nw, 1e-6, h)))
+    xx = x["qkv"].copy()
+    add("add_rms_norm", graph_us(lambda: be._add_rms_norm(xx, x["qkv"], nw, 1e-6, h)))
+    threads = min(1024, max(32, -(-(Hq + Hkv) * D // 2 // 32) * 32))
+    add("rope_write_kv", graph_us(lambda: be.k.rope_write_kv(
+        (T,), (threads,), (qkv, db.positions, be.inv_freq, db.slots, be.k_cache[0], be.v_cache[0], np.int32(Hq),
+                           np.int32(Hkv), np.int32(D), np.int32(bs)))))
+    gu = cp.zeros((T, 2 * I), dtype=cp.float32)
+    add("silu_mul", graph_us(lambda: be._silu_mul_for(W["down"], gu)))
+    att = cp.zeros((T, Hq * D), dtype=cp.float32)
+    kv_bytes = 2 * 2 * T * (a.context + 1) * Hkv * D
+    for S in (None, 1, 4, 8, 16, 32, 64):
+        be.attn_splits = S
+        label = f"attention splits={S if S else be._splits(T, db.max_len)}{' (auto)' if S is None else ''}"
+        add(label, graph_us(lambda: be._attention(0, qkv, n_qkv, db, att)), kv_bytes)
+    be.attn_splits = None
+    out = {"preset": a.like, "tokens": T, "context": a.context, "repeat": a.repeat, "pdl": be.k.pdl_capable,
+           "gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "rows": rows}
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# One call on a lent H200: an A/B of one environment switch (AB_VAR, default LLMRS_PDL; e.g. LLMRS_FUSE_EPILOGUES)
+# on single-stream decode, after the GPU tests.
+#   GPU tests (TESTS=0 skips them), then the single-stream decode bench (prompt 256, 256 tokens) of synthetic
+#   Qwen2.5 0.5B / 3B / 7B (MODELS) with $AB_VAR=0 and 1 side by side, twice each, the 7B AWQ (AWQ=0 skips);
+#   KBENCH=1: scripts/bench_kernels_graph.py (each kernel's time inside a graph) for the 7B and 0.5B;
+#   PROFILE=1: `llmrs profile --batch 1` of the 0.5B and 7B; SERVE=1: the 7B through `llmrs serve` at 1 stream and
+#   64 / 256 concurrent (two sweeps).
+# Results: $OUT/summary.txt + $OUT/results.tgz. Expects wheels in .whl/.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/llmrs-ab}; mkdir -p "$OUT"; R=/tmp/res-ab; mkdir -p $R
+. "$(dirname "$0")/gpu_lib.sh"
+use_wheels || exit 1
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+{
+if [ "${TESTS:-1}" = 1 ]; then
+  step "GPU tests"; LLMRS_GPU_REPORT=$R/gpu_figures.jsonl timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu \
+    -p no:cacheprovider -rs tests ${TEST_ARGS:-} > $R/gpu_tests.log 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed|SKIPPED|capture" $R/gpu_tests.log | tail -15
+fi
+if [ "${KBENCH:-0}" = 1 ]; then
+  for p in qwen2.5-7b qwen2.5-0.5b; do
+    step "kernels inside graphs, $p, one token, context 512"
+    timeout 120 python3 scripts/bench_kernels_graph.py --like $p --context 512 --json $R/kernels-graph-$p.json 2>&1 | tail -32
+  done
+fi
+AB_VAR=${AB_VAR:-LLMRS_PDL}
+for p in ${MODELS:-qwen2.5-0.5b qwen2.5-3b qwen2.5-7b}; do
+  for run in 1 2; do
+    for v in 0 1; do
+      env $AB_VAR=$v timeout 120 python3 -m llmrs synth --like $p --decode-bench --bandwidth-gbs 4296 --prompt-len 256 \
+        --steps 256 --json $R/decode-$p-ab$v-run$run.json > $R/decode-$p-ab$v-run$run.log 2>&1
+      python3 - $R/decode-$p-ab$v-run$run.json "$p $AB_VAR=$v run $run" <<'PY'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+    print(f"{sys.argv[2]:44s} {r['ms_per_token']:.3f} ms/token  {100 * r['fraction_of_floor_measured']:.1f}% of floor")
+except Exception as e:
+    print(sys.argv[2], "FAILED", e)
+PY
+    done
+  done
+done
+if [ "${AWQ:-1}" = 1 ]; then
+  for v in 0 1; do
+    echo "7B AWQ $AB_VAR=$v"; env $AB_VAR=$v timeout 150 python3 -m llmrs synth --like qwen2.5-7b --quant awq --decode-bench --bandwidth-gbs 4296 \
+      --prompt-len 256 --steps 256 --json $R/decode-7b-awq-ab$v.json 2>&1 | grep -E "ms_per_token|rror"
+  done
+fi
+if [ "${PROFILE:-0}" = 1 ]; then
+  for p in qwen2.5-0.5b qwen2.5-7b; do
+    step "profile $p, one stream"
+    timeout 100 python3 -m llmrs profile --synthetic $p --batch 1 --context 512 --prefill-len 256 --steps 5 --top 14 \
+      --out $R/profile-$p-b1.json > $R/profile-$p-b1.txt 2>&1
+    sed -n 1,30p $R/profile-$p-b1.txt
+  done
+fi
+if [ "${SERVE:-0}" = 1 ]; then
+  step "serve synthetic qwen2.5-7b: 1 stream, then 64/256 concurrent twice"
+  python3 -m llmrs serve --synthetic qwen2.5-7b --device cuda --max-num-seqs 256 --port 8123 >$R/serve-7b.log 2>&1 &
+  SRV=$!
+  if wait_health 8123 150; then
+    timeout 60 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos \
+      --workers 8 -o $R -c 1 -n 4 --label llmrs-h200-7b --name bench-7b-c1 2>&1 | grep -E "TTFT|TPOT" | head -4
+    for run in 1 2; do
+      timeout 120 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos \
+        --workers 8 -o $R --sweep concurrency=64,256 -n 256 --label llmrs-h200-7b --name bench-7b-run$run 2>&1 | tail -5
+    done
+  else
+    tail -20 $R/serve-7b.log
+  fi
+  kill -INT $SRV; wait $SRV
+fi
+} 2>&1 | tee $OUT/summary.txt
+grep -h "capture\|Traceback" $R/*.log | sort | uniq -c | head >> $OUT/summary.txt
+tar czf $OUT/results.tgz -C $R .
