@@ -35,7 +35,7 @@ from llmrs.errors import UserError
 
 CATEGORIES = ("matrix multiply", "decode attention", "prefill attention", "communication", "everything else")
 MATMUL_KINDS = ("matvec", "gemm", "gemm_q4", "matvec_q")
-ATTENTION_KINDS = ("attention",)
+ATTENTION_KINDS = ("attention", "attn_merge")
 COMM_KINDS = ("allreduce", "allgather")  # tensor parallel: NCCL on the step's stream (ceiling: the GPU link)
 
 
@@ -54,10 +54,12 @@ def kernel_cost(kind: str, dims: tuple) -> tuple[float, float]:
         return float(nbytes), 2.0 * T * N * K
     if kind == "attention":
         T, Hq, Hkv, D, kv_tokens, qk_pairs, S = dims
-        # with splits: the partials written, read back by the merging blocks, and the output
-        out_bytes = 2 * 4 * T * Hq * S * (D + 2) + 4 * T * Hq * D if S > 1 else 4 * T * Hq * D
+        out_bytes = 4 * T * Hq * S * (D + 2) if S > 1 else 4 * T * Hq * D  # partials, or the output
         nbytes = 2 * 2 * kv_tokens * Hkv * D + 4 * T * Hq * D + out_bytes
-        return float(nbytes), 4.0 * qk_pairs * Hq * D + (3.0 * T * Hq * S * D if S > 1 else 0.0)
+        return float(nbytes), 4.0 * qk_pairs * Hq * D
+    if kind == "attn_merge":
+        T, Hq, D, S = dims
+        return float(4 * T * Hq * S * (D + 2) + 4 * T * Hq * D), 3.0 * T * Hq * S * D
     if kind == "rms_norm":  # (n, H) f32 out, or (n, H, 2): bf16 out (rms_norm_bf16, a GEMM's input)
         n, H, *out = dims
         return float((4 + (out[0] if out else 4)) * n * H + 4 * H), 4.0 * n * H

@@ -120,11 +120,14 @@ def main() -> None:
     add("silu_mul", graph_us(lambda: be._silu_mul_for(W["down"], gu)))
     att = cp.zeros((T, Hq * D), dtype=cp.float32)
     kv_bytes = 2 * 2 * T * (a.context + 1) * Hkv * D
-    for S in (None, 1, 4, 8, 16, 32, 64):
-        be.attn_splits = S
-        label = f"attention splits={S if S else be._splits(T, db.max_len)}{' (auto)' if S is None else ''}"
-        add(label, graph_us(lambda: be._attention(0, qkv, n_qkv, db, att)), kv_bytes)
-    be.attn_splits = None
+    for kernel in ("partial", "gqa"):
+        be.attn_kernel = kernel
+        for S in (None, 1, 4, 8, 16, 32, 64):
+            be.attn_splits = S
+            auto = be._splits(T, db.max_len, be._use_gqa(T))
+            label = f"attention {kernel} splits={S if S else auto}{' (auto)' if S is None else ''}"
+            add(label, graph_us(lambda: be._attention(0, qkv, n_qkv, db, att)), kv_bytes)
+    be.attn_splits, be.attn_kernel = None, "auto"
     out = {"preset": a.like, "tokens": T, "context": a.context, "repeat": a.repeat, "pdl": be.k.pdl_capable,
            "gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "rows": rows}
     if a.json:

@@ -22,7 +22,7 @@ fi
 if [ "${KBENCH:-0}" = 1 ]; then
   for p in qwen2.5-7b qwen2.5-0.5b; do
     step "kernels inside graphs, $p, one token, context 512"
-    timeout 120 python3 scripts/bench_kernels_graph.py --like $p --context 512 --json $R/kernels-graph-$p.json 2>&1 | tail -32
+    timeout 120 python3 scripts/bench_kernels_graph.py --like $p --context 512 --json $R/kernels-graph-$p.json 2>&1 | tail -40
   done
 fi
 AB_VAR=${AB_VAR:-LLMRS_PDL}

@@ -1,6 +1,6 @@
 """attn_partial_gqa (attention_gqa.cu), the one-key-per-lane decode attention, against a float64 numpy reference
 and against attn_partial (attention.cu) on the same inputs: head dims 8, 20 (element loads), 32, 64, 128, 256,
-GQA ratios 1, 4, 7, 9 (9 > MAXG: two head groups), 1, 3 and 8 splits (the last split block merges), a batch
+GQA ratios 1, 4, 7, 9 (9 > MAXG: two head groups), 1, 3 and 8 splits (attn_merge combines the partials), a batch
 mixing decodes at contexts 1, 15, 16, 17, 300, 512, a fresh prefill and a prefill chunk over a cached prefix,
 shuffled block tables, NaN in every cache slot no token may read and in the outputs before the launch.
 Then a timing figure at the Qwen2.5-7B shape (28/4 heads, head_dim 128) for 64 and 256 decodes at context 512:
@@ -53,13 +53,13 @@ def launch(be: CUDABackend, fn, q, q_stride: int, db, S: int, bufs=None):
     chunk = -(-db.max_len // S)
     groups = -(-c.num_queries_per_kv // ATTN_MAXG)
     out, part_acc, part_ml = bufs if bufs is not None else buffers(be, T, S)
-    tickets = be._tickets(T * Hkv * groups) if S > 1 else NULL
     fn((T, Hkv * groups, S), (ATTN_THREADS,),
        (q, np.int32(q_stride), be.k_cache[0], be.v_cache[0], db.block_tables, np.int32(db.max_blocks),
-        db.token_seq, db.positions, out, part_acc, part_ml, tickets, np.int32(Hq), np.int32(Hkv), np.int32(D),
+        db.token_seq, db.positions, out, part_acc, part_ml, np.int32(Hq), np.int32(Hkv), np.int32(D),
         np.int32(BS), np.int32(chunk), be.scale))
-    if S > 1:  # every ticket re-armed by its merging block
-        assert int(tickets.sum()) == 0
+    if S > 1:
+        be.k.attn_merge((T, Hq), (-(-D // 32) * 32,), (part_acc, part_ml, out, np.int32(Hq), np.int32(D),
+                                                       np.int32(S)))
     return out
 
 
@@ -151,7 +151,7 @@ def _event_us(fn, reps: int = 20) -> float:
 
 def test_gqa_attention_timing_7b_decode():
     """Qwen2.5-7B attention (28 query heads, 4 KV heads, head_dim 128, bf16 cache, block 16): 64 and 256 decodes
-    at context 512, attn_partial vs attn_partial_gqa (merging in the launch where split) at the backend's split choice,
+    at context 512, attn_partial vs attn_partial_gqa (+ attn_merge where split) at the backend's split choice,
     plus the new kernel at other splits and register budgets. Printed and reported; timings are not asserted
     (outputs are: the two kernels must agree)."""
     heads, kv, D, ctx = 28, 4, 128, 512

@@ -8,31 +8,53 @@
 //
 // attn_partial: grid (T, Hkv * head_groups, splits), 4 warps. A block owns one kv head and up to MAXG of its
 // query heads (GQA: each key/value row is loaded once for the whole group) and keys [s*chunk, (s+1)*chunk).
-// Warp w takes keys w, w+4, ...; each lane holds DPL = D/32 dims of q, of the accumulators and of each key,
+// Warp w takes keys w, w+4, ... (the next key's block-table entry and K/V rows are loaded while the current key
+// is used); each lane holds DPL = D/32 dims of q, of the accumulators and of each key,
 // so the dot product is DPL FMAs + a shuffle reduction per head, and the softmax is online (running max m,
 // running sum l, rescaled accumulator), f32 throughout with expf. The 4 warps merge through shared memory.
-// With one split the block writes the normalized output; otherwise it writes (acc, m, l) partials and the last
-// split block of its (token, head group) to finish combines them (attn_merge_if_last, common.cuh):
-// out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), in split order.
+// With one split the block writes the normalized output; otherwise it writes (acc, m, l) partials and
+// attn_merge combines the splits: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).
 // Register arrays are indexed only by unrolled constants (no local memory; ptx-check pins it).
 #include "common.cuh"
 
 #define ATTN_WARPS 4
 #define MAXG 8
+// blocks per SM the register budget must allow: 1 (no cap) except head_dim 64, where ptxas's own choice with the
+// prefetched K/V row put 4 bytes in local memory on sm_86/sm_89 (ptx-check); 4 (<= 128 registers) fixes it
+#define ATTN_MIN_BLOCKS(DPL) ((DPL) == 2 ? 4 : 1)
 
+// A lane's DPL bf16 values of a K or V row as raw bits (what one load returns), unpacked when used: the next
+// key's rows wait in these while the current key is computed.
+template <int DPL> struct Raw { typedef unsigned short T; };
+template <> struct Raw<2> { typedef unsigned T; };
+template <> struct Raw<4> { typedef uint2 T; };
+template <> struct Raw<8> { typedef uint4 T; };
+
+__device__ __forceinline__ void unpack_raw(unsigned short r, float* f) { f[0] = bf16_to_f32(r); }
+__device__ __forceinline__ void unpack_raw(unsigned r, float* f) {
+    f[0] = __uint_as_float(r << 16); f[1] = __uint_as_float(r & 0xffff0000u);
+}
+__device__ __forceinline__ void unpack_raw(uint2 r, float* f) {
+    f[0] = __uint_as_float(r.x << 16); f[1] = __uint_as_float(r.x & 0xffff0000u);
+    f[2] = __uint_as_float(r.y << 16); f[3] = __uint_as_float(r.y & 0xffff0000u);
+}
+__device__ __forceinline__ void unpack_raw(uint4 r, float* f) { unpack8(r, f); }
+
+// key j's K and V rows (this lane's DPL dims) of kv head g as raw bits; zeros past `end` or for idle lanes
 template <int DPL>
-__device__ __forceinline__ void load_row(const bf16_t* __restrict__ p, float* f) {
-    if constexpr (DPL == 8) {
-        unpack8(*reinterpret_cast<const uint4*>(p), f);
-    } else if constexpr (DPL == 4) {
-        const uint2 u = *reinterpret_cast<const uint2*>(p);
-        f[0] = __uint_as_float(u.x << 16); f[1] = __uint_as_float(u.x & 0xffff0000u);
-        f[2] = __uint_as_float(u.y << 16); f[3] = __uint_as_float(u.y & 0xffff0000u);
-    } else if constexpr (DPL == 2) {
-        const unsigned u = *reinterpret_cast<const unsigned*>(p);
-        f[0] = __uint_as_float(u << 16); f[1] = __uint_as_float(u & 0xffff0000u);
+__device__ __forceinline__ void load_kv(const bf16_t* __restrict__ k_cache, const bf16_t* __restrict__ v_cache,
+                                        const int* __restrict__ table, int j, int end, bool active, int Hkv, int g,
+                                        int block_size, int D, int lane, typename Raw<DPL>::T& k,
+                                        typename Raw<DPL>::T& v) {
+    typedef typename Raw<DPL>::T R;
+    if (active && j < end) {
+        const size_t base = (((size_t)table[j / block_size] * Hkv + g) * block_size + j % block_size) * D
+                            + lane * DPL;
+        k = *reinterpret_cast<const R*>(k_cache + base);
+        v = *reinterpret_cast<const R*>(v_cache + base);
     } else {
-        f[0] = bf16_to_f32(p[0]);
+        k = R{};
+        v = R{};
     }
 }
 
@@ -41,8 +63,8 @@ __device__ __forceinline__ void attn_partial_impl(
     const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,
     const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,
     const int* __restrict__ token_seq, const int* __restrict__ positions, float* __restrict__ out,
-    float* __restrict__ part_acc, float* __restrict__ part_ml, int* __restrict__ tickets, int Hq, int Hkv, int D,
-    int block_size, int chunk, float scale) {
+    float* __restrict__ part_acc, float* __restrict__ part_ml, int Hq, int Hkv, int D, int block_size,
+    int chunk, float scale) {
     pdl_enter();
     __shared__ float s_m[ATTN_WARPS][MAXG], s_l[ATTN_WARPS][MAXG];
     __shared__ float s_acc[ATTN_WARPS][MAXG][32 * DPL];
@@ -67,16 +89,16 @@ __device__ __forceinline__ void attn_partial_impl(
             qr[h][i] = (h < gn && active) ? q[(size_t)t * q_stride + (size_t)(g * G + h0 + h) * D + lane * DPL + i] * scale : 0.0f;
         }
     }
+    // key j's K and V rows in kf / vf; the next key's (j + ATTN_WARPS) are loaded before key j is used, so a warp
+    // has one block-table + K/V round trip in flight while it computes (the sums are unchanged)
+    typename Raw<DPL>::T kr, vr;
+    load_kv<DPL>(k_cache, v_cache, table, start + warp, end, active, Hkv, g, block_size, D, lane, kr, vr);
+#pragma unroll 1
     for (int j = start + warp; j < end; j += ATTN_WARPS) {
-        const size_t base = (((size_t)table[j / block_size] * Hkv + g) * block_size + j % block_size) * D + lane * DPL;
         float kf[DPL], vf[DPL];
-        if (active) {
-            load_row<DPL>(k_cache + base, kf);
-            load_row<DPL>(v_cache + base, vf);
-        } else {
-#pragma unroll
-            for (int i = 0; i < DPL; ++i) kf[i] = vf[i] = 0.0f;
-        }
+        unpack_raw(kr, kf);
+        unpack_raw(vr, vf);
+        load_kv<DPL>(k_cache, v_cache, table, j + ATTN_WARPS, end, active, Hkv, g, block_size, D, lane, kr, vr);
 #pragma unroll
         for (int h = 0; h < MAXG; ++h) {
             if (h < gn) {
@@ -124,20 +146,43 @@ __device__ __forceinline__ void attn_partial_impl(
             if (d == 0) { part_ml[2 * pi] = M; part_ml[2 * pi + 1] = Ls; }
         }
     }
-    if (S > 1) attn_merge_if_last(part_acc, part_ml, out, tickets, t, g * G + h0, gn, Hq, D, S);
 }
 
 #define ATTN(DPL)                                                                                             \
-    extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_partial_d##DPL(                        \
+    extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_MIN_BLOCKS(DPL)) attn_partial_d##DPL(  \
         const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,                        \
         const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,             \
         const int* __restrict__ token_seq, const int* __restrict__ positions, float* __restrict__ out,        \
-        float* __restrict__ part_acc, float* __restrict__ part_ml, int* __restrict__ tickets, int Hq, int Hkv, \
-        int D, int block_size, int chunk, float scale) {                                                      \
+        float* __restrict__ part_acc, float* __restrict__ part_ml, int Hq, int Hkv, int D, int block_size,    \
+        int chunk, float scale) {                                                                             \
         attn_partial_impl<DPL>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, token_seq, positions, \
-                               out, part_acc, part_ml, tickets, Hq, Hkv, D, block_size, chunk, scale);        \
+                               out, part_acc, part_ml, Hq, Hkv, D, block_size, chunk, scale);                 \
     }
 ATTN(1)
 ATTN(2)
 ATTN(4)
 ATTN(8)
+
+// grid (T, Hq), block >= D threads (rounded to a warp multiple): combine the splits of one (token, head).
+extern "C" __global__ void attn_merge(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
+                                      float* __restrict__ out, int Hq, int D, int S) {
+    pdl_enter();
+    const int t = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
+    if (d >= D) return;
+    const size_t p0 = ((size_t)t * Hq + head) * S;
+    // unrolled so that the splits' loads are in flight together (S is 8-64 at short decode contexts); the sums
+    // still run in split order
+    float M = NEG_INF;
+#pragma unroll 8
+    for (int s = 0; s < S; ++s) M = fmaxf(M, part_ml[2 * (p0 + s)]);
+    float Ls = 0.0f, A = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s < S; ++s) {
+        const float ms = part_ml[2 * (p0 + s)];
+        if (ms == NEG_INF) continue;  // a split past this token's causal limit: no keys
+        const float e = expf(ms - M);
+        Ls += part_ml[2 * (p0 + s) + 1] * e;
+        A += part_acc[(p0 + s) * D + d] * e;
+    }
+    out[(size_t)t * Hq * D + (size_t)head * D + d] = A / Ls;
+}

@@ -1,5 +1,5 @@
 // attention_gqa.cu: attn_partial_gqa, a drop-in for attention.cu's attn_partial (same arguments, grid, causal
-// limits, splits and outputs: the last split block merges the partials) built for decode, where attn_partial is
+// limits, splits and outputs: attn_merge combines its partials) built for decode, where attn_partial is
 // latency-bound: its warps walk one key at a time (block table, then K and V rows: dependent round trips) and
 // pay a 5-step shuffle reduction per key per query head.
 //
@@ -90,8 +90,8 @@ __device__ __forceinline__ void attn_partial_gqa_impl(
     const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,
     const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,
     const int* __restrict__ token_seq, const int* __restrict__ positions, float* __restrict__ out,
-    float* __restrict__ part_acc, float* __restrict__ part_ml, int* __restrict__ tickets, int Hq, int Hkv, int D,
-    int block_size, int chunk, float scale) {
+    float* __restrict__ part_acc, float* __restrict__ part_ml, int Hq, int Hkv, int D, int block_size,
+    int chunk, float scale) {
     pdl_enter();
     constexpr int DMAX = 32 * DPL;                 // head dims of a block (D <= DMAX)
     constexpr int NP = DMAX / 8;                   // 16-byte pieces of a key row
@@ -269,7 +269,6 @@ __device__ __forceinline__ void attn_partial_gqa_impl(
             if (d == 0) { part_ml[2 * pi] = M; part_ml[2 * pi + 1] = Ls; }
         }
     }
-    if (S > 1) attn_merge_if_last(part_acc, part_ml, out, tickets, t, g * G + h0, gn, Hq, D, S);
 }
 
 #define ATTN_GQA(DPL)                                                                                          \
@@ -278,11 +277,10 @@ __device__ __forceinline__ void attn_partial_gqa_impl(
         const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,                         \
         const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,              \
         const int* __restrict__ token_seq, const int* __restrict__ positions, float* __restrict__ out,         \
-        float* __restrict__ part_acc, float* __restrict__ part_ml, int* __restrict__ tickets, int Hq, int Hkv,  \
-        int D, int block_size, int chunk, float scale) {                                                       \
+        float* __restrict__ part_acc, float* __restrict__ part_ml, int Hq, int Hkv, int D, int block_size,     \
+        int chunk, float scale) {                                                                              \
         attn_partial_gqa_impl<DPL>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, token_seq,         \
-                                   positions, out, part_acc, part_ml, tickets, Hq, Hkv, D, block_size, chunk,  \
-                                   scale);                                                                     \
+                                   positions, out, part_acc, part_ml, Hq, Hkv, D, block_size, chunk, scale);   \
     }
 ATTN_GQA(1)
 ATTN_GQA(2)

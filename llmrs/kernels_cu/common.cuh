@@ -87,38 +87,3 @@ __device__ __forceinline__ void pdl_enter() {
     pdl_trigger();
     pdl_wait();
 }
-
-// The end of a split-K decode attention block (attention.cu, attention_gqa.cu) that stored its split's partial
-// (acc, max, sum) for the heads [head0, head0 + gn) of token t: the last of the S split blocks of (t, head group)
-// to finish merges every split in split order (so the sums are the same whatever order the blocks ran in) into
-// out, then re-arms its ticket. `tickets` [T * gridDim.y] int32: zero before the first launch, zero again after
-// each. The partials are read through L2 (__ldcg): other blocks wrote them, published by __threadfence before
-// their ticket. Splits past a token's causal limit (no keys: max = -inf) are skipped.
-template <int UNUSED = 0>
-__device__ __forceinline__ void attn_merge_if_last(const float* part_acc, const float* part_ml, float* __restrict__ out,
-                                                   int* tickets, int t, int head0, int gn, int Hq, int D, int S) {
-    __shared__ int s_last;
-    __threadfence();
-    __syncthreads();
-    int* ticket = tickets + (size_t)t * gridDim.y + blockIdx.y;
-    if (threadIdx.x == 0) s_last = atomicAdd(ticket, 1) == S - 1;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    for (int idx = threadIdx.x; idx < gn * D; idx += blockDim.x) {
-        const int head = head0 + idx / D, d = idx % D;
-        const size_t p0 = ((size_t)t * Hq + head) * S;
-        float M = NEG_INF;
-        for (int s = 0; s < S; ++s) M = fmaxf(M, __ldcg(part_ml + 2 * (p0 + s)));
-        float Ls = 0.0f, A = 0.0f;
-        for (int s = 0; s < S; ++s) {
-            const float ms = __ldcg(part_ml + 2 * (p0 + s));
-            if (ms == NEG_INF) continue;
-            const float e = expf(ms - M);
-            Ls += __ldcg(part_ml + 2 * (p0 + s) + 1) * e;
-            A += __ldcg(part_acc + (p0 + s) * D + d) * e;
-        }
-        out[(size_t)t * Hq * D + (size_t)head * D + d] = A / Ls;
-    }
-    if (threadIdx.x == 0) *ticket = 0;
-}

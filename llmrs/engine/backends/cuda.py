@@ -12,8 +12,7 @@ norms and SiLU x up write directly (`fuse_bf16`: the same bits as f32 + a cast).
 
 Attention: `_attention` picks per step: the tensor-core prefill kernel (cuda_prefill.py) when a sequence brings
 `prefill_min_tokens` or more new tokens; else attn_partial (attention.cu) or, from ATTN_GQA_MIN_BLOCKS blocks a
-step, attn_partial_gqa (attention_gqa.cu); both split along the keys, and the last split block of each (token,
-head group) merges the splits in the same launch (attn_merge_if_last in common.cuh).
+step, attn_partial_gqa (attention_gqa.cu); both split along the keys and share attn_merge.
 
 Tensor parallelism: with `tp=TPRank` (tp_nccl.py) the same fused step embeds the rank's vocabulary slice, sums
 the embeddings and every o/down partial over the ranks with NCCL on the step's stream, and gathers the logits.
@@ -169,7 +168,7 @@ class CUDABackend:
         self.attn_splits: int | None = None  # None: chosen per step; tests force values
         # decode attention kernel: "partial" (attention.cu: a warp per key, a shuffle reduction per query head) or
         # "gqa" (attention_gqa.cu: a lane per key, 32 keys a warp, the block's query heads from shared memory);
-        # the same arguments and outputs (both merge their splits in the launch). "auto": gqa once a step has at least
+        # the same arguments and outputs (attn_merge serves both). "auto": gqa once a step has at least
         # ATTN_GQA_MIN_BLOCKS (token, kv head, head group) blocks, partial below. Measured on the H200 (7B shape,
         # context 512): B=256 12.9 -> 5.1 ms a step, B=64 4.3 -> 2.1 ms; one stream through the server 5.16 ->
         # 5.41 ms/token with gqa (its 128-key splits leave a short single-sequence step with few blocks).
@@ -251,14 +250,6 @@ class CUDABackend:
             cur = cp.empty(max(n, 1), dtype=dtype)
             self._ws[name] = cur
         return cur[:n].reshape(shape)
-
-    def _tickets(self, n: int) -> Any:
-        """The split attention's merge tickets (int32, zero between launches: each launch's last blocks re-arm
-        theirs), in the current workspace (a graph's own while it is captured), grown zeroed, never shrunk."""
-        cur = self._ws.get("attn_tickets")
-        if cur is None or cur.size < n:
-            cur = self._ws["attn_tickets"] = self.cp.zeros(max(n, 1), dtype=self.cp.int32)
-        return cur[:n]
 
     def _pinned(self, name: str, n: int, dtype: Any) -> np.ndarray:
         """A persistent page-locked host buffer (copies from it skip the driver's staging; grown, never shrunk)."""
@@ -530,7 +521,7 @@ class CUDABackend:
             return max(1, min(-(-max_len // 128), -(-2 * self.num_sms // blocks)))
         # A warp walks its keys one dependent round trip (block table, then K/V row) at a time, so a split of
         # 16 keys (4 per warp) keeps a short-context decode latency-bound on 4 keys, not 16; long contexts keep
-        # 64-key splits (at most 64 splits, or what 64-key splits need) so the merge stays short.
+        # 64-key splits (at most 64 splits, or what 64-key splits need) so attn_merge stays short.
         return max(1, min(-(-max_len // 16), -(-4 * self.num_sms // blocks), max(64, -(-max_len // 64))))
 
     def _attention(self, layer: int, q: Any, q_stride: int, db: DeviceBatch, out: Any) -> None:
@@ -546,19 +537,22 @@ class CUDABackend:
         S = self._splits(T, db.max_len, gqa)
         chunk = -(-db.max_len // S)
         groups = -(-c.num_queries_per_kv // ATTN_MAXG)
-        if S > 1:  # split partials, merged by the last split block of each (token, head group) in the same launch
+        if S > 1:
             part_acc = self._buf("attn_acc", (T * Hq * S * D,))
             part_ml = self._buf("attn_ml", (T * Hq * S * 2,))
-            tickets = self._tickets(T * Hkv * groups)
         else:
-            part_acc = part_ml = tickets = NULL
+            part_acc = part_ml = NULL
         name = f"attn_partial{'_gqa' if gqa else ''}_d{self.dpl}"
         fn = getattr(self.k, name)
         with self._span("attention", name, T, Hq, Hkv, D, db.kv_tokens, db.qk_pairs, S):
             fn((T, Hkv * groups, S), (ATTN_THREADS,),
                (q, np.int32(q_stride), self.k_cache[layer], self.v_cache[layer], db.block_tables,
-                np.int32(db.max_blocks), db.token_seq, db.positions, out, part_acc, part_ml, tickets, np.int32(Hq),
+                np.int32(db.max_blocks), db.token_seq, db.positions, out, part_acc, part_ml, np.int32(Hq),
                 np.int32(Hkv), np.int32(D), np.int32(self.block_size), np.int32(chunk), self.scale))
+        if S > 1:
+            with self._span("attn_merge", "attn_merge", T, Hq, D, S):
+                self.k.attn_merge((T, Hq), (-(-D // 32) * 32,), (part_acc, part_ml, out, np.int32(Hq), np.int32(D),
+                                                                 np.int32(S)))
 
     # ------------------------------------------------------------------ the fused step
     def forward(self, w: ModelWeights, batch: StepBatch, to_host: bool = True) -> Any:

@@ -36,7 +36,7 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "matvec.cu": [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16") for nt in (1, 2, 4, 8)],
     "matvec_q4.cu": [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
                     + ["dequant_q4_bf16", "dequant_q8_bf16"],
-    "attention.cu": ["attn_partial_d1", "attn_partial_d2", "attn_partial_d4", "attn_partial_d8"],
+    "attention.cu": ["attn_partial_d1", "attn_partial_d2", "attn_partial_d4", "attn_partial_d8", "attn_merge"],
     "attention_gqa.cu": ["attn_partial_gqa_d1", "attn_partial_gqa_d2", "attn_partial_gqa_d4", "attn_partial_gqa_d8"],
     "prefill_attention.cu": ["prefill_attn_d64", "prefill_attn_d128"],
     "sampling.cu": ["sample_tokens"],
@@ -46,7 +46,7 @@ ENTRY_POINTS: dict[str, list[str]] = {
 # kernels that keep common.cuh's PDL contract (pdl_enter / pdl_trigger + pdl_wait before dependent reads and writes)
 PDL_KERNELS = frozenset(
     ["embedding_gather", "rms_norm", "add_rms_norm", "rms_norm_bf16", "add_rms_norm_bf16", "silu_mul", "add_bias",
-     "add_inplace", "cast_f32_bf16", "silu_mul_bf16", "rope_write_kv", "gemm_q4_reduce"]
+     "add_inplace", "cast_f32_bf16", "silu_mul_bf16", "rope_write_kv", "attn_merge", "gemm_q4_reduce"]
     + [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16") for nt in (1, 2, 4, 8)]
     + [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
     + [f"attn_partial_d{d}" for d in (1, 2, 4, 8)] + [f"attn_partial_gqa_d{d}" for d in (1, 2, 4, 8)]
