@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One call on a lent H200: an A/B of one environment switch (AB_VAR, default LLMRS_PDL; e.g. LLMRS_FUSE_EPILOGUES)
+# One call on a lent H200: an A/B of one environment switch (AB_VAR, default LLMRS_PDL; e.g. LLMRS_FUSE_EPILOGUES;
+# AB_VALUES, default "0 1", e.g. "auto gqa" for LLMRS_ATTN_KERNEL)
 # on single-stream decode, after the GPU tests.
 #   GPU tests (TESTS=0 skips them), then the single-stream decode bench (prompt 256, 256 tokens) of synthetic
 #   Qwen2.5 0.5B / 3B / 7B (MODELS) with $AB_VAR=0 and 1 side by side, twice each, the 7B AWQ (AWQ=0 skips);
@@ -28,7 +29,7 @@ fi
 AB_VAR=${AB_VAR:-LLMRS_PDL}
 for p in ${MODELS:-qwen2.5-0.5b qwen2.5-3b qwen2.5-7b}; do
   for run in 1 2; do
-    for v in 0 1; do
+    for v in ${AB_VALUES:-0 1}; do
       env $AB_VAR=$v timeout 120 python3 -m llmrs synth --like $p --decode-bench --bandwidth-gbs 4296 --prompt-len 256 \
         --steps 256 --json $R/decode-$p-ab$v-run$run.json > $R/decode-$p-ab$v-run$run.log 2>&1
       python3 - $R/decode-$p-ab$v-run$run.json "$p $AB_VAR=$v run $run" <<'PY'
@@ -43,7 +44,7 @@ PY
   done
 done
 if [ "${AWQ:-1}" = 1 ]; then
-  for v in 0 1; do
+  for v in ${AB_VALUES:-0 1}; do
     echo "7B AWQ $AB_VAR=$v"; env $AB_VAR=$v timeout 150 python3 -m llmrs synth --like qwen2.5-7b --quant awq --decode-bench --bandwidth-gbs 4296 \
       --prompt-len 256 --steps 256 --json $R/decode-7b-awq-ab$v.json 2>&1 | grep -E "ms_per_token|rror"
   done
