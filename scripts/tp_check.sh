@@ -28,7 +28,7 @@ if [ "${SKIP_SERVER:-0}" != 1 ]; then
 fi
 [ "${SKIP_BENCH:-0}" = 1 ] && exit 0
 M=${M:-qwen2.5-72b}
-step "roofline $M --tp $TP"; python3 -m llmrs roofline $M --gpu h200 --tp $TP --batch 1,64,256 --context 512 2>&1 | tail -20
+step "roofline $M --tp $TP"; python3 -m llmrs roofline -m $M --gpu h200 --tp $TP --batch 1,64,256 --context 512 2>&1 | tail -20
 step "profile $M TP=$TP"; timeout 300 python3 -m llmrs profile --synthetic $M --tensor-parallel-size $TP --batch 1,64 \
   --context 512 --steps 5 -o "$OUT/profile-$M-tp$TP.json" 2>&1 | tee "$OUT/profile-$M-tp$TP.txt" | head -40
 step "bench $M TP=$TP: 1, 64, 256 concurrent (prompt 256, 256 new tokens)"
