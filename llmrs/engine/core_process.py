@@ -1,4 +1,5 @@
-"""The engine core in its own process (`llmrs serve --engine-process`), as vLLM V1 runs it.
+"""The engine core in its own process, as vLLM V1 runs it: `llmrs serve`'s default (`--no-engine-process` keeps
+one process).
 
 Why: in one process, the step loop (a thread) and the event loop (HTTP, SSE, one async generator chain per
 stream) share the GIL; at 256 streams the event loop's ~7 ms of work per step lands on the step's critical path.
@@ -44,14 +45,6 @@ from llmrs.engine.engine import (
 from llmrs.engine.loader import LoadedModel, load
 from llmrs.engine.sampling import SamplingParams
 from llmrs.errors import UserError
-
-ENV = "LLMRS_ENGINE_PROCESS"
-
-
-def engine_process_env() -> bool:
-    """LLMRS_ENGINE_PROCESS=1 turns --engine-process on (how the server test suite runs in this mode)."""
-    return os.environ.get(ENV, "0") not in ("", "0", "false", "no")
-
 
 def build_engine(model: str | None, config: EngineConfig, keep_quantized: bool) -> LLMEngine:
     """The default factory: what `AsyncEngine.from_args` builds, in the core process."""
