@@ -10,8 +10,11 @@ use_wheels || exit 1
 TP=${TP:-2}
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   step "GPUs"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvidia-smi topo -m | head -5
-  step "TP tests"; LLMRS_GPU_REPORT=$OUT/tp_figures.jsonl timeout ${TP_TEST_TIMEOUT:-300} python3 -m pytest -x -v \
-    -p no:cacheprovider --durations=0 -o faulthandler_timeout=200 tests/test_tp_gpu.py 2>&1 | tee "$OUT/tp_tests.log" \
+  # a test still running after 90 s prints every thread's stack (and each worker its own, LLMRS_TP_STACKS) before
+  # the outer timeout can kill it: the TP=2 tiny-Llama test did not finish in 200 s once (2026-11-29 16:31)
+  step "TP tests"; LLMRS_TP_STACKS=90 LLMRS_GPU_REPORT=$OUT/tp_figures.jsonl timeout ${TP_TEST_TIMEOUT:-300} \
+    python3 -m pytest -x -v -s -p no:cacheprovider --durations=0 -o faulthandler_timeout=90 tests/test_tp_gpu.py 2>&1 \
+    | tee "$OUT/tp_tests.log" \
     | grep -E "PASS|FAIL|ERROR|Error|error|passed|failed|slowest|s call|Timeout|File " | head -60
 fi
 if [ "${SKIP_SERVER:-0}" != 1 ]; then

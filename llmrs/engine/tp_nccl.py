@@ -247,8 +247,14 @@ def synthetic_shard(plan: ShardPlan, rank: int, backend: Any, seed: int = 0) -> 
 
 def _worker_main(rank: int, world_size: int, conn: Any, spec: str | None, block_size: int,
                  gpu_memory_utilization: float, num_blocks: int | None, max_blocks: int) -> None:
-    """Ranks 1..N-1: start-up handshake, then one forward per StepBatch received, until "stop"."""
+    """Ranks 1..N-1: start-up handshake, then one forward per StepBatch received, until "stop".
+    LLMRS_TP_STACKS=S (diagnostics): every S seconds the worker prints its Python stack to stderr."""
     multicast_off()
+    stacks = os.environ.get("LLMRS_TP_STACKS", "")
+    if stacks:
+        import faulthandler
+
+        faulthandler.dump_traceback_later(float(stacks), repeat=True)
     try:
         r = _Rank(rank, world_size)
         conn.send(("ready", None))
