@@ -162,3 +162,41 @@ def test_async_engine_rejects_when_too_many_wait(smol):
             eng.add_request(None, [1, 2, 3], SamplingParams(max_tokens=2))
 
     asyncio.run(main())
+
+
+def test_warmup_runs_a_request_then_leaves_no_trace(smol):
+    """LLMEngine.warmup (run before serving on the GPU): one throwaway prefill + decodes through the real step,
+    then blocks free, prefix cache empty, counters zero, and later requests come out as on a fresh engine (no
+    prefix hit on the warm-up's prompt either)."""
+    cfg = EngineConfig(kv_cache_tokens=2048, max_num_batched_tokens=64)
+    eng = LLMEngine(smol, cfg)
+    seconds = eng.warmup(prompt_len=48, decode_steps=3)
+    assert seconds > 0 and not eng.has_unfinished() and not eng.requests
+    st = eng.stats()
+    assert st.num_free_blocks == st.num_blocks and not eng.kv.pool.cached
+    assert (st.prefix_queries, st.prefix_hits, st.prompt_tokens_total, st.generation_tokens_total,
+            st.computed_tokens_total, st.num_preemptions) == (0, 0, 0, 0, 0, 0)
+    vocab = smol.config.vocab_size
+    warm_prompt = [1 + (i * 7919) % (vocab - 1) for i in range(48)]
+    prompts = prompts_of_different_lengths(smol.tokenizer, 4) + [warm_prompt]
+    params = SamplingParams(max_tokens=8, **GREEDY)
+    got = [r.token_ids for r in eng.generate(prompts, params)]
+    fresh = [r.token_ids for r in LLMEngine(smol, cfg).generate(prompts, params)]
+    assert got == fresh
+    assert eng.stats().prefix_hits == 0
+
+
+def test_warmup_for_serving_only_on_the_gpu_and_not_when_turned_off(smol, monkeypatch):
+    from llmrs.engine.engine import warm_up_for_serving
+
+    eng = LLMEngine(smol, EngineConfig(kv_cache_tokens=1024))
+    calls = []
+    monkeypatch.setattr(eng, "warmup", lambda: calls.append(eng.runner.device))
+    warm_up_for_serving(eng)  # the CPU: nothing to warm
+    assert calls == []
+    monkeypatch.setattr(eng.runner, "device", "cuda")
+    warm_up_for_serving(eng)
+    assert calls == ["cuda"]
+    monkeypatch.setenv("LLMRS_WARMUP", "0")
+    warm_up_for_serving(eng)
+    assert calls == ["cuda"]

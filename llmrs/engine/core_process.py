@@ -40,15 +40,17 @@ from typing import Any
 
 from llmrs.engine.config import EngineConfig
 from llmrs.engine.engine import (
-    EngineDeadError, EngineOverloaded, EngineStats, LLMEngine, RequestOutput, check_request,
+    EngineDeadError, EngineOverloaded, EngineStats, LLMEngine, RequestOutput, check_request, warm_up_for_serving,
 )
 from llmrs.engine.loader import LoadedModel, load
 from llmrs.engine.sampling import SamplingParams
 from llmrs.errors import UserError
 
 def build_engine(model: str | None, config: EngineConfig, keep_quantized: bool) -> LLMEngine:
-    """The default factory: what `AsyncEngine.from_args` builds, in the core process."""
-    return LLMEngine(load(model, keep_quantized=keep_quantized), config)
+    """The default factory: what `AsyncEngine.from_args` builds (warmed up on the GPU), in the core process."""
+    engine = LLMEngine(load(model, keep_quantized=keep_quantized), config)
+    warm_up_for_serving(engine)
+    return engine
 
 
 # ---------------------------------------------------------------------- the core (child process)

@@ -87,6 +87,14 @@ class BlockPool:
         b.block_hash, b.tokens = block_hash, tokens
         self.cached[block_hash] = b
 
+    def forget_cached(self) -> None:
+        """Empty the prefix cache (every block keeps its place in the free queue): after the engine's warm-up, so
+        that no request finds its throwaway prompt. Only with no sequence holding a block."""
+        assert self.num_free_blocks == self.num_blocks, "forget_cached with blocks in use"
+        for b in self.cached.values():
+            b.block_hash, b.tokens = None, None
+        self.cached.clear()
+
     def _evict(self, b: Block) -> None:
         if b.block_hash is not None:
             if self.cached.get(b.block_hash) is b:
