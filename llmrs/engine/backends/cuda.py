@@ -18,8 +18,9 @@ Tensor parallelism: with `tp=TPRank` (tp_nccl.py) the same fused step embeds the
 the embeddings and every o/down partial over the ranks with NCCL on the step's stream, and gathers the logits.
 
 `forward(weights, batch)` is the fused step the engine runs (`CUDAModel`): residual adds ride in the
-o/down projections (matvec `accumulate`, GEMM beta = 1), RoPE is fused with the K/V cache write, and the
-sampled rows are gathered inside the final RMSNorm. The Backend protocol methods (`embedding`, `linear`,
+o/down projections (matvec `accumulate`, GEMM beta = 1), RoPE is fused with the K/V cache write (and, on the
+matvec path, both ride in the qkv projection's epilogue, as SiLU x up rides in gate_up's: `fuse_epilogues`), and
+the sampled rows are gathered inside the final RMSNorm. The Backend protocol methods (`embedding`, `linear`,
 ...) are kept for `Model.forward` and for the kernel-by-kernel tests.
 
 GPU sampling: `sample(logits_on_device, states)` samples every row in one launch (greedy, temperature,
@@ -29,7 +30,8 @@ that need penalties, logprobs or a min_tokens mask fall back to the CPU sampler 
 CUDA graphs (`cuda_graphs.DecodeGraphs`): a pure decode step (one token per sequence, every row sampled)
 replays a graph captured per (batch bucket, context cap) over static buffers; anything else runs eagerly.
 `LLMRS_CUDA_GRAPHS=0` turns them off. The KV cache holds one extra block (`pad_block`, never handed out by the
-block pool) where the padding rows of a bucket write their K/V.
+block pool) where the padding rows of a bucket write their K/V. On sm_90+ the graphs are captured with
+programmatic dependent launches (cuda_kernels.PDL_KERNELS).
 
 Profiling (`llmrs profile`): set `backend.profiler` to a `llmrs.profile.KernelTimer` and every launch of the
 eager step is bracketed by CUDA events (`_span`); graphs are bypassed while it is set.
