@@ -38,7 +38,7 @@ if [ "$PART" = tests ]; then
   step "GPU tests"; LLMRS_GPU_REPORT=$R/gpu_figures.jsonl timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu \
     -p no:cacheprovider -rs tests -s > $R/gpu_tests.log 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed|SKIPPED" $R/gpu_tests.log | tail -15
-  step "server suite on cuda, one process"; LLMRS_TEST_DEVICE=cuda timeout 150 python3 -m pytest -q \
+  step "server suite on cuda, one process"; LLMRS_TEST_DEVICE=cuda LLMRS_ENGINE_PROCESS=0 timeout 150 python3 -m pytest -q \
     -p no:cacheprovider tests/test_server.py 2>&1 | tail -4
   step "server suite + engine-process tests on cuda, --engine-process"; LLMRS_TEST_DEVICE=cuda LLMRS_ENGINE_PROCESS=1 \
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_server.py tests/test_engine_process.py 2>&1 | tail -4
@@ -49,7 +49,7 @@ else
       --out $R/profile-$p-b1.json > $R/profile-$p-b1.txt 2>&1
     cat $R/profile-$p-b1.txt
   done
-  serve_bench oneproc
+  serve_bench oneproc --no-engine-process
   serve_bench engproc --engine-process
 fi
 } 2>&1 | tee $OUT/summary-$PART.txt
