@@ -40,17 +40,11 @@ from typing import Any
 
 from llmrs.engine.config import EngineConfig
 from llmrs.engine.engine import (
-    EngineDeadError, EngineOverloaded, EngineStats, LLMEngine, RequestOutput, check_request, warm_up_for_serving,
+    EngineDeadError, EngineOverloaded, EngineStats, LLMEngine, RequestOutput, check_request, serving_engine,
 )
 from llmrs.engine.loader import LoadedModel, load
 from llmrs.engine.sampling import SamplingParams
 from llmrs.errors import UserError
-
-def build_engine(model: str | None, config: EngineConfig, keep_quantized: bool) -> LLMEngine:
-    """The default factory: what `AsyncEngine.from_args` builds (warmed up on the GPU), in the core process."""
-    engine = LLMEngine(load(model, keep_quantized=keep_quantized), config)
-    warm_up_for_serving(engine)
-    return engine
 
 
 # ---------------------------------------------------------------------- the core (child process)
@@ -177,7 +171,7 @@ class ProcessEngine:
                            max_num_batched_tokens=max_num_batched_tokens, device=device,
                            gpu_memory_utilization=gpu_memory_utilization)
         loaded = load(model, read_tensors=False)
-        return cls.spawn(loaded, functools.partial(build_engine, model, cfg, keep), max_waiting, served_model_name)
+        return cls.spawn(loaded, functools.partial(serving_engine, model, cfg, keep), max_waiting, served_model_name)
 
     @property
     def pid(self) -> int | None:

@@ -100,11 +100,18 @@ class RequestResult:
 
 
 def warm_up_for_serving(engine: "LLMEngine") -> None:
-    """`LLMEngine.warmup` where it pays: an engine on the GPU (the server builds its engine through here);
-    LLMRS_WARMUP=0 skips it."""
+    """`LLMEngine.warmup` where it pays: an engine on the GPU; LLMRS_WARMUP=0 skips it."""
     if getattr(engine.runner, "device", "cpu") == "cuda" and os.environ.get("LLMRS_WARMUP", "1") not in (
             "0", "false", "no", "off"):
         engine.warmup()
+
+
+def serving_engine(model: str | None, config: EngineConfig, keep_quantized: bool | None = None) -> "LLMEngine":
+    """The LLMEngine `llmrs serve` runs, in its own process (AsyncEngine) or in the engine core's (ProcessEngine):
+    loaded, built and warmed up. keep_quantized None: load()'s reading of LLMRS_KEEP_QUANTIZED."""
+    engine = LLMEngine(load(model, keep_quantized=keep_quantized), config)
+    warm_up_for_serving(engine)
+    return engine
 
 
 def gpu_weight_bytes(loaded: LoadedModel) -> int:
@@ -299,11 +306,10 @@ class AsyncEngine:
                   max_num_batched_tokens: int = 2048, kv_cache_tokens: int | None = None, block_size: int = 16,
                   max_waiting: int | None = None, served_model_name: str | None = None,
                   gpu_memory_utilization: float = 0.9) -> "AsyncEngine":
-        engine = LLMEngine(load(model), EngineConfig(
+        engine = serving_engine(model, EngineConfig(
             block_size=block_size, kv_cache_tokens=kv_cache_tokens, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, device=device,
             gpu_memory_utilization=gpu_memory_utilization))
-        warm_up_for_serving(engine)
         return cls(engine, max_waiting=max_waiting, model_name=served_model_name)
 
     # ------------------------------------------------------------------ lifecycle
