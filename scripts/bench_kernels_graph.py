@@ -34,7 +34,7 @@ def main() -> None:
 
     import cupy as cp
 
-    from llmrs.engine.backends.cuda import CUDABackend
+    from llmrs.engine.backends.cuda import CUDABackend, rope_threads
     from llmrs.engine.batch import build_step_batch
     from llmrs.roofline.presets import preset_config
 
@@ -112,7 +112,7 @@ def main() -> None:
     add("rms_norm", graph_us(lambda: be._rms_norm(x["qkv"], nw, 1e-6, h)))
     xx = x["qkv"].copy()
     add("add_rms_norm", graph_us(lambda: be._add_rms_norm(xx, x["qkv"], nw, 1e-6, h)))
-    threads = min(1024, max(32, -(-(Hq + Hkv) * D // 2 // 32) * 32))
+    threads = rope_threads(Hq, Hkv, D)
     add("rope_write_kv", graph_us(lambda: be.k.rope_write_kv(
         (T,), (threads,), (qkv, db.positions, be.inv_freq, db.slots, be.k_cache[0], be.v_cache[0], np.int32(Hq),
                            np.int32(Hkv), np.int32(D), np.int32(bs)))))

@@ -15,11 +15,7 @@ OUT=${OUT:-/tmp/llmrs-ab}; mkdir -p "$OUT"; R=/tmp/res-ab; mkdir -p $R
 use_wheels || exit 1
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 {
-if [ "${TESTS:-1}" = 1 ]; then
-  step "GPU tests"; LLMRS_GPU_REPORT=$R/gpu_figures.jsonl timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu \
-    -p no:cacheprovider -rs tests ${TEST_ARGS:-} > $R/gpu_tests.log 2>&1
-  grep -E "^(FAILED|ERROR)|passed|failed|SKIPPED|capture" $R/gpu_tests.log | tail -15
-fi
+[ "${TESTS:-1}" = 1 ] && gpu_tests
 if [ "${KBENCH:-0}" = 1 ]; then
   for p in qwen2.5-7b qwen2.5-0.5b; do
     step "kernels inside graphs, $p, one token, context 512"
@@ -57,22 +53,7 @@ if [ "${PROFILE:-0}" = 1 ]; then
     sed -n 1,30p $R/profile-$p-b1.txt
   done
 fi
-if [ "${SERVE:-0}" = 1 ]; then
-  step "serve synthetic qwen2.5-7b: 1 stream, then 64/256 concurrent twice"
-  python3 -m llmrs serve --synthetic qwen2.5-7b --device cuda --max-num-seqs 256 --port 8123 >$R/serve-7b.log 2>&1 &
-  SRV=$!
-  if wait_health 8123 150; then
-    timeout 60 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos \
-      --workers 8 -o $R -c 1 -n 4 --label llmrs-h200-7b --name bench-7b-c1 2>&1 | grep -E "TTFT|TPOT" | head -4
-    for run in 1 2; do
-      timeout 120 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos \
-        --workers 8 -o $R --sweep concurrency=64,256 -n 256 --label llmrs-h200-7b --name bench-7b-run$run 2>&1 | tail -5
-    done
-  else
-    tail -20 $R/serve-7b.log
-  fi
-  kill -INT $SRV; wait $SRV
-fi
+[ "${SERVE:-0}" = 1 ] && serve_bench llmrs-h200-7b
 } 2>&1 | tee $OUT/summary.txt
 grep -h "capture\|Traceback" $R/*.log | sort | uniq -c | head >> $OUT/summary.txt
 tar czf $OUT/results.tgz -C $R .

@@ -1,6 +1,9 @@
 # Shared by the GPU-machine scripts (gpu_check.sh, perf_check.sh, gpu_final.sh, tp_check.sh): source it.
 # use_wheels: install the wheels carried in .whl/ (what the lent machine lacks) into /tmp/site, set PYTHONPATH.
 # step TITLE: a section header with the time.  wait_health PORT [SECONDS]: until GET /health answers 200.
+# gpu_tests: `pytest -m gpu tests` into $R/gpu_tests.log (figures in $R/gpu_figures.jsonl), its summary printed.
+# serve_bench LABEL [SERVE ARGS]: `llmrs serve` of synthetic Qwen2.5-7B, `llmrs bench` at 1 stream, then 64 / 256
+#   concurrent twice (prompt 256, 256 new tokens); results bench-7b-LABEL-*.json in $R.
 use_wheels() {
   if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -25,4 +28,25 @@ while time.monotonic() < deadline:
     time.sleep(0.5)
 sys.exit(f"no /health on port {port} within {limit:g}s")
 PY
+}
+gpu_tests() {
+  step "GPU tests"; LLMRS_GPU_REPORT=$R/gpu_figures.jsonl timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu \
+    -p no:cacheprovider -rs tests ${TEST_ARGS:-} > $R/gpu_tests.log 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed|SKIPPED|capture" $R/gpu_tests.log | tail -15
+}
+serve_bench() {
+  local label=$1; shift
+  step "serve synthetic qwen2.5-7b $label: 1 stream, then 64/256 concurrent twice"
+  python3 -m llmrs serve --synthetic qwen2.5-7b --device cuda --max-num-seqs 256 --port 8123 "$@" \
+    >$R/serve-7b-$label.log 2>&1 &
+  local srv=$!
+  wait_health 8123 150 || { tail -20 $R/serve-7b-$label.log; kill $srv; return; }
+  timeout 60 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos \
+    --workers 8 -o $R -c 1 -n ${C1_REQUESTS:-4} --label $label --name bench-7b-$label-c1 2>&1 | grep -E "TTFT|TPOT" \
+    | head -4
+  for run in 1 2; do
+    timeout 120 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos \
+      --workers 8 -o $R --sweep concurrency=64,256 -n 256 --label $label --name bench-7b-$label-run$run 2>&1 | tail -5
+  done
+  kill -INT $srv; wait $srv
 }

@@ -17,27 +17,9 @@ export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 [ -f /tmp/models/part1 ] && [ -f .gguf/part2 ] && cat /tmp/models/part1 .gguf/part2 > /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf ] && export LLMRS_EMBEDDED_DIR=/tmp/models
 
-serve_bench() {  # $1 label, $2.. extra serve args
-  local label=$1; shift
-  step "serve synthetic qwen2.5-7b $label: 1, then 64/256 concurrent twice"
-  python3 -m llmrs serve --synthetic qwen2.5-7b --device cuda --max-num-seqs 256 --port 8123 "$@" \
-    >$R/serve-7b-$label.log 2>&1 &
-  local srv=$!
-  wait_health 8123 150 || { tail -20 $R/serve-7b-$label.log; kill $srv; return; }
-  timeout 60 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos \
-    --workers 8 -o $R -c 1 -n 3 --label $label --name bench-7b-$label-c1 2>&1 | grep -E "TTFT|TPOT" | head -4
-  for run in 1 2; do
-    timeout 120 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos \
-      --workers 8 -o $R --sweep concurrency=64,256 -n 256 --label $label --name bench-7b-$label-run$run 2>&1 | tail -5
-  done
-  kill -INT $srv; wait $srv
-}
-
 {
 if [ "$PART" = tests ]; then
-  step "GPU tests"; LLMRS_GPU_REPORT=$R/gpu_figures.jsonl timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu \
-    -p no:cacheprovider -rs tests -s > $R/gpu_tests.log 2>&1
-  grep -E "^(FAILED|ERROR)|passed|failed|SKIPPED" $R/gpu_tests.log | tail -15
+  gpu_tests
   step "server suite on cuda, one process"; LLMRS_TEST_DEVICE=cuda LLMRS_ENGINE_PROCESS=0 timeout 150 python3 -m pytest -q \
     -p no:cacheprovider tests/test_server.py 2>&1 | tail -4
   step "server suite + engine-process tests on cuda, --engine-process"; LLMRS_TEST_DEVICE=cuda LLMRS_ENGINE_PROCESS=1 \

@@ -12,7 +12,7 @@ cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
 from llmrs.engine.backends.cpu import CPUBackend  # noqa: E402
-from llmrs.engine.backends.cuda import CUDABackend, bf16_bits, round_bf16  # noqa: E402
+from llmrs.engine.backends.cuda import CUDABackend, bf16_bits, rope_threads, round_bf16  # noqa: E402
 from llmrs.engine.batch import build_step_batch  # noqa: E402
 from llmrs.engine.config import ModelConfig  # noqa: E402
 from llmrs.engine.sampling import SamplingParams, SamplingState, filter_probs, make_generator  # noqa: E402
@@ -156,7 +156,7 @@ def test_rope_and_kv_write_match_reference(rng, head_dim, heads, kv, llama3):
     for layer_cache in (be.k_cache[0], be.v_cache[0]):
         layer_cache.fill(0x7FC0)  # bf16 NaN everywhere
     d = cp.asarray(qkv)
-    threads = min(1024, max(32, -(-(heads + kv) * head_dim // 2 // 32) * 32))
+    threads = rope_threads(heads, kv, head_dim)
     be.k.rope_write_kv((T,), (threads,), (d, cp.asarray(positions), be.inv_freq, cp.asarray(slots.astype(np.int32)),
                                           be.k_cache[0], be.v_cache[0], np.int32(heads), np.int32(kv),
                                           np.int32(head_dim), np.int32(bs)))
@@ -374,7 +374,7 @@ def test_paired_matvec_epilogues_equal_matvec_plus_their_kernels(rng, T, heads, 
         a[...] = 0
     ref = poison((T, n_qkv))
     be._linear(x, w_qkv, bias, ref, name="qkv")
-    threads = min(1024, max(32, -(-(heads + kv) * head_dim // 2 // 32) * 32))
+    threads = rope_threads(heads, kv, head_dim)
     be.k.rope_write_kv((T,), (threads,), (ref, db.positions, be.inv_freq, db.slots, be.k_cache[0], be.v_cache[0],
                                           np.int32(heads), np.int32(kv), np.int32(head_dim), np.int32(be.block_size)))
     want_cache = caches()

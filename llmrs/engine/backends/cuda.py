@@ -75,6 +75,16 @@ def norm_threads(H: int) -> int:
     return min(1024, max(32, -(-H // 32) * 32))
 
 
+def rope_threads(Hq: int, Hkv: int, D: int) -> int:
+    """Threads of a rope_write_kv block (one token): one per rotated pair of its q and k heads, in whole warps."""
+    return min(1024, max(32, -(-(Hq + Hkv) * D // 2 // 32) * 32))
+
+
+def matvec_nt(T: int) -> int:
+    """Tokens a matvec block computes together (the kernels' NT: 1, 2, 4 or 8) for a step of T <= 8 tokens."""
+    return 1 if T == 1 else 2 if T == 2 else 4 if T <= 4 else 8
+
+
 def round_bf16(a: np.ndarray) -> np.ndarray:
     """float32 values rounded to the nearest bf16 (ties to even), as float32: what the GPU stores."""
     return (bf16_bits(a).astype(np.uint32) << 16).view(np.float32)
@@ -361,7 +371,7 @@ class CUDABackend:
         N = w.shape[0]
         assert w.shape[1] == K and out.shape == (T, N)
         if T <= self.matvec_max_tokens:
-            nt = 1 if T == 1 else 2 if T == 2 else 4 if T <= 4 else 8
+            nt = matvec_nt(T)
             splits = self._matvec_splits(N, K)
             grid = (-(-N * splits // MATVEC_ROWS_PER_BLOCK), -(-T // nt))
             fn = getattr(self.k, f"matvec_bf16_t{nt}")
@@ -401,7 +411,7 @@ class CUDABackend:
         rope_write_kv."""
         T, K = x.shape
         N = w.shape[0]
-        nt = 1 if T == 1 else 2 if T == 2 else 4 if T <= 4 else 8
+        nt = matvec_nt(T)
         grid = (-(-(N // 2) // 2), -(-T // nt))  # 2 pairs (4 warps) a block
         block = (32 * MATVEC_ROWS_PER_BLOCK,)
         if epi == "silu":
@@ -426,7 +436,7 @@ class CUDABackend:
         N, G = w.N, w.group_size
         assert w.K == K and out.shape == (T, N)
         if T <= self.matvec_max_tokens:
-            nt = 1 if T == 1 else 2 if T == 2 else 4 if T <= 4 else 8
+            nt = matvec_nt(T)
             grid = (-(-N // MATVEC_ROWS_PER_BLOCK), -(-T // nt))
             b, acc = NULL if bias is None else bias, np.int32(1 if accumulate else 0)
             with self._span("matvec_q", name, T, N, K, accumulate, bias is not None, w.nbytes):
@@ -595,7 +605,7 @@ class CUDABackend:
         # (NCCL, on this stream), then added to the residual by the RMSNorm that follows (add_rms_norm)
         part = self._buf("tp_part", (T, H)) if tp is not None else None
         pending = False  # `part` holds a reduced down_proj output not yet added to x
-        rope_threads = min(1024, max(32, -(-(Hq + Hkv) * D // 2 // 32) * 32))
+        threads_rope = rope_threads(Hq, Hkv, D)
         # NOTE: the norms and silu_mul feeding qkv, gate_up and down write bf16 words when that GEMM runs on a bf16
         # matrix (`_norm_for`, `_silu_mul_for`); the attention output is cast before o as before
         for n, layer in enumerate(w.layers):
@@ -605,7 +615,7 @@ class CUDABackend:
             else:
                 self._linear(h, layer.qkv, layer.qkv_bias, qkv, name="qkv")
                 with self._span("rope_kv", "rope_write_kv", T, Hq, Hkv, D):
-                    k.rope_write_kv((T,), (rope_threads,),
+                    k.rope_write_kv((T,), (threads_rope,),
                                     (qkv, db.positions, self.inv_freq, db.slots, self.k_cache[n], self.v_cache[n],
                                      np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(self.block_size)))
             self._attention(n, qkv, n_qkv, db, att)
@@ -750,7 +760,7 @@ class CUDABackend:
         buf[:, : Hq * D] = q.reshape(T, -1)
         buf[:, Hq * D : (Hq + Hkv) * D] = k.reshape(T, -1)
         pos = cp.asarray(np.asarray(positions, dtype=np.int32)) if isinstance(positions, np.ndarray) else positions
-        threads = min(1024, max(32, -(-(Hq + Hkv) * D // 2 // 32) * 32))
+        threads = rope_threads(Hq, Hkv, D)
         self.k.rope_write_kv((T,), (threads,), (buf, pos.astype(cp.int32), self.inv_freq, NULL, NULL, NULL,
                                                 np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(self.block_size)))
         return buf[:, : Hq * D].reshape(T, Hq, D), buf[:, Hq * D : (Hq + Hkv) * D].reshape(T, Hkv, D)
