@@ -22,8 +22,8 @@ eager's with the same split count (tests/test_cuda_graphs.py).
 
 Programmatic dependent launch: on sm_90+ the capture launches our kernels with the PDL attribute
 (cuda_kernels.py), so inside a replay each kernel's blocks start (and the matvec's first weight loads go out)
-while the previous kernel drains. If the driver refuses such a capture, the backend captures without it from then
-on.
+while the previous kernel drains. If such a capture fails, or one replay of it differs from the eager step, the
+backend captures without it from then on (and says so on stderr).
 """
 
 from __future__ import annotations
