@@ -6,7 +6,8 @@
 #   Qwen2.5 0.5B / 3B / 7B (MODELS) with $AB_VAR=0 and 1 side by side, twice each, the 7B AWQ (AWQ=0 skips);
 #   KBENCH=1: scripts/bench_kernels_graph.py (each kernel's time inside a graph) for the 7B and 0.5B;
 #   PROFILE=1: `llmrs profile --batch 1` of the 0.5B and 7B; SERVE=1: the 7B through `llmrs serve` at 1 stream and
-#   64 / 256 concurrent (two sweeps).
+#   64 / 256 concurrent (two sweeps); SERVE_AB=1: that for each value of $AB_VAR (e.g. LLMRS_ASYNC_SCHEDULING).
+#   The decode bench reports the run-ahead ms/token and, in brackets, the one with the host waiting for each token.
 # Results: $OUT/summary.txt + $OUT/results.tgz. Expects wheels in .whl/.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -32,7 +33,8 @@ for p in ${MODELS:-qwen2.5-0.5b qwen2.5-3b qwen2.5-7b}; do
 import json, sys
 try:
     r = json.load(open(sys.argv[1]))
-    print(f"{sys.argv[2]:44s} {r['ms_per_token']:.3f} ms/token  {100 * r['fraction_of_floor_measured']:.1f}% of floor")
+    print(f"{sys.argv[2]:44s} {r['ms_per_token']:.3f} ms/token  {100 * r['fraction_of_floor_measured']:.1f}% of floor"
+          f"  (host waiting for each token: {r.get('ms_per_token_sync', float('nan')):.3f})")
 except Exception as e:
     print(sys.argv[2], "FAILED", e)
 PY
@@ -54,6 +56,9 @@ if [ "${PROFILE:-0}" = 1 ]; then
   done
 fi
 [ "${SERVE:-0}" = 1 ] && serve_bench llmrs-h200-7b
+if [ "${SERVE_AB:-0}" = 1 ]; then
+  for v in ${AB_VALUES:-0 1}; do (export $AB_VAR=$v; serve_bench ab$v); done
+fi
 } 2>&1 | tee $OUT/summary.txt
 grep -h "capture\|Traceback" $R/*.log | sort | uniq -c | head >> $OUT/summary.txt
 tar czf $OUT/results.tgz -C $R .

@@ -94,10 +94,10 @@ def test_scheduler_batches_equal_the_reference_builder_through_prefill_preemptio
         if plan is None:
             break
         entries = []
-        for seq, n in zip(plan.seqs, plan.num_new_tokens):
-            start = seq.num_computed_tokens
+        for seq, n, after in zip(plan.seqs, plan.num_new_tokens, plan.computed_after):
+            start = after - n  # (the plan already counts its tokens as computed)
             entries.append((seq.all_ids[start : start + n], start, eng.kv.block_ids(seq),
-                            start + n == seq.num_tokens))
+                            start + n == len(seq.all_ids)))
         ref = build_step_batch(entries, bs)
         for f in ("token_ids", "positions", "query_start", "context_lens", "block_tables", "slot_mapping",
                   "sample_rows"):

@@ -11,7 +11,10 @@ Fields (all plain numpy host arrays):
 - block_tables[B, max_blocks]: block ids per sequence, padded with -1;
 - slot_mapping[T]: cache slot (block_id * block_size + offset) each new token's K/V is written to;
 - sample_rows[S]: rows of the flattened token axis whose logits are returned (the last token of each
-  sequence that finishes its prompt this step or decodes).
+  sequence that finishes its prompt this step or decodes);
+- feed[T] (None in most steps): for a step planned before the previous step's tokens were known, the rows whose
+  token id is a placeholder: feed[t] = j >= 0 means "row t's token is sample j of the step launched just before
+  this one on the same runner" (the runner fills it in, on the device), -1 keeps token_ids[t].
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class StepBatch:
     block_tables: np.ndarray
     slot_mapping: np.ndarray
     sample_rows: np.ndarray
+    feed: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,3 +188,12 @@ class EngineConfig:
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     device: str = "cpu"
+    # plan and launch step n+1 before step n's tokens are back (its decode inputs are filled in on the device),
+    # so the host's work of a step (detokenizing, streaming, planning) overlaps the GPU's. None: on when the
+    # model runs on one GPU (LLMRS_ASYNC_SCHEDULING=0 turns it off); True/False force it (tests run it on the CPU)
+    async_scheduling: bool | None = None
+
+
+def async_scheduling_allowed() -> bool:
+    """LLMRS_ASYNC_SCHEDULING (`llmrs serve --no-async-scheduling` sets it to 0): off with 0 / false / no / off."""
+    return os.environ.get("LLMRS_ASYNC_SCHEDULING", "1").lower() not in ("0", "false", "no", "off")

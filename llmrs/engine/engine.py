@@ -1,5 +1,6 @@
-"""LLMEngine (schedule -> run -> sample -> update, one `step()`) and AsyncEngine (the step loop in one
-background thread, handing each request's deltas to its own asyncio stream)."""
+"""LLMEngine (schedule -> run -> sample -> update, one `step()`; with async scheduling the next step is planned
+and launched before the one in flight is finished) and AsyncEngine (the step loop in one background thread,
+handing each request's deltas to its own asyncio stream)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmrs.engine.config import EngineConfig
+from llmrs.engine.config import EngineConfig, async_scheduling_allowed
 from llmrs.engine.kv_cache import KVCacheManager
 from llmrs.engine.loader import LoadedModel, load
 from llmrs.engine.runner import ModelRunner, resolve_device
-from llmrs.engine.sampling import SampleResult, SamplingParams
+from llmrs.engine.sampling import SampleResult, SamplingParams, needs_host_sampler
 from llmrs.engine.scheduler import Scheduler
 from llmrs.engine.sequence import Sequence, StepOutput
 from llmrs.errors import UserError
@@ -114,6 +115,15 @@ def serving_engine(model: str | None, config: EngineConfig, keep_quantized: bool
     return engine
 
 
+def use_async_scheduling(cfg: EngineConfig, runner: Any) -> bool:
+    """EngineConfig.async_scheduling resolved: only runners that can launch a step without waiting for it."""
+    if not hasattr(runner, "launch"):
+        return False
+    if cfg.async_scheduling is not None:
+        return cfg.async_scheduling
+    return getattr(runner, "device", "cpu") == "cuda" and async_scheduling_allowed()
+
+
 def gpu_weight_bytes(loaded: LoadedModel) -> int:
     """Bytes the CUDA backend holds for the weights: bf16 matrices, f32 vectors, and a quantized linear's packed
     arrays (twice for 4-bit: the matvec's row-major form + the 4-bit GEMM's reordered copy). Synthetic models
@@ -167,6 +177,9 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, self.max_model_len)
         self.requests: dict[str, list[Sequence]] = {}
+        self.async_scheduling = use_async_scheduling(cfg, runner)
+        self._inflight: tuple[Any, Any] | None = None  # (plan, runner handle) of the step launched ahead
+        self._host_sampled: set[str] = set()  # requests whose sampling needs the step before it done
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.computed_tokens_total = 0  # tokens actually run through the model (prefix hits excluded)
@@ -187,6 +200,8 @@ class LLMEngine:
     def add_sequences(self, request_id: str, seqs: list[Sequence]) -> None:
         assert request_id not in self.requests, f"duplicate request id {request_id}"
         self.requests[request_id] = seqs
+        if needs_host_sampler(seqs[0].params):
+            self._host_sampled.add(request_id)
         self.prompt_tokens_total += len(seqs[0].prompt_ids)
         for s in seqs:
             self.scheduler.add(s)
@@ -197,6 +212,7 @@ class LLMEngine:
     def abort(self, request_id: str) -> list[StepOutput]:
         """Finish every choice of a request with reason "abort", freeing its blocks now."""
         outs = []
+        self._host_sampled.discard(request_id)
         for seq in self.requests.pop(request_id, []):
             if not seq.is_finished:
                 seq.finish("abort")
@@ -205,7 +221,7 @@ class LLMEngine:
         return outs
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self._inflight is not None or self.scheduler.has_unfinished()
 
     def warmup(self, prompt_len: int = 256, decode_steps: int = 4) -> float:
         """Run one throwaway request (a prefill of `prompt_len` tokens, then `decode_steps` decodes) before serving,
@@ -232,16 +248,45 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ the step
     def step(self) -> list[StepOutput]:
+        """Plan a step, run it, sample, apply the tokens; returns the outputs it released.
+
+        With async scheduling the step planned here is launched before the step in flight is finished (its
+        decode inputs still in flight are filled in on the device), then that earlier step's tokens are applied
+        and its outputs returned: the first call returns [], and the host's work on step n overlaps the GPU's
+        on step n+1. Requests whose sampling reads their earlier tokens (penalties, min_tokens, logprobs) make
+        the engine finish the step in flight first and then run step by step while they are there."""
+        if self.async_scheduling and not self._host_sampled:
+            plan = self.scheduler.schedule()
+            launched = None if plan is None else (plan, self.runner.launch(plan.batch, self._states(plan)))
+            outputs = self._finish_inflight()
+            self._inflight = launched
+            return outputs
+        if self._inflight is not None:
+            return self._finish_inflight()
         plan = self.scheduler.schedule()
         if plan is None:
             return []
-        results = self.runner.execute_and_sample(plan.batch, [s.sampling for s in plan.sample_seqs])
+        return self._apply(plan, self.runner.execute_and_sample(plan.batch, self._states(plan)))
+
+    @staticmethod
+    def _states(plan: Any) -> list:
+        return [s.sampling for s in plan.sample_seqs]
+
+    def _finish_inflight(self) -> list[StepOutput]:
+        if self._inflight is None:
+            return []
+        plan, handle = self._inflight
+        self._inflight = None
+        return self._apply(plan, handle.wait())
+
+    def _apply(self, plan: Any, results: list[SampleResult]) -> list[StepOutput]:
         outputs = self.scheduler.update(plan, results)
         self.computed_tokens_total += plan.batch.num_tokens
         self.generation_tokens_total += len(outputs)
         for o in outputs:
             if o.finish_reason is not None and all(s.is_finished for s in self.requests.get(o.request_id, [])):
                 self.requests.pop(o.request_id, None)
+                self._host_sampled.discard(o.request_id)
         return outputs
 
     def stats(self) -> EngineStats:

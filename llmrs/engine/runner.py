@@ -13,9 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from llmrs.engine.batch import StepBatch, build_step_batch
+from llmrs.engine.config import async_scheduling_allowed
 from llmrs.engine.loader import LoadedModel
 from llmrs.engine.model import Model, build_weights
-from llmrs.engine.sampling import SamplingParams, sample
+from llmrs.engine.sampling import SamplingParams, needs_host_sampler, sample
 from llmrs.engine.sequence import Sequence, StepOutput
 from llmrs.errors import UserError
 
@@ -60,6 +61,7 @@ class ModelRunner:
             self.backend = CPUBackend(self.config, num_blocks=num_blocks, block_size=block_size)
             self.model = Model(self.config, build_weights(self.config, loaded.tensors, self.backend), self.backend)
         self.max_model_len = self.config.max_position_embeddings
+        self._last_tokens = np.zeros(0, dtype=np.int32)  # the CPU's last samples (what `feed` rows read)
 
     def execute(self, batch: StepBatch) -> np.ndarray:
         """Run one step; returns the logits of batch.sample_rows as float32 [S, vocab]."""
@@ -68,9 +70,33 @@ class ModelRunner:
     def execute_and_sample(self, batch: StepBatch, states: list) -> list:
         """Run one step and sample each of `states` (in sample_rows order): on the GPU in one launch when the
         backend can (logits never leave the device), else with the CPU sampler."""
+        return self.launch(batch, states).wait()
+
+    def launch(self, batch: StepBatch, states: list) -> "Launched":
+        """Start one step and its sampling; `.wait()` on the result gives the SampleResults. On the GPU this
+        returns once the work is queued, so the caller can plan the next step meanwhile; that step's
+        `batch.feed` rows take their tokens from this step's samples (on the device). The CPU runs it here."""
         if self.device == "cuda":
-            return self.backend.sample(self.model.forward_device(batch), states)
-        return sample(self.execute(batch), states)
+            return self.backend.sample_launch(self.model.forward_device(batch), states)
+        if batch.feed is not None:
+            fed = batch.feed >= 0
+            batch.token_ids = batch.token_ids.copy()
+            batch.token_ids[fed] = self._last_tokens[batch.feed[fed]]
+        results = sample(self.execute(batch), states)
+        self._last_tokens = np.fromiter((r.token_id for r in results), dtype=np.int32, count=len(results))
+        return Launched(results)
+
+
+class Launched:
+    """A step whose sampled tokens are already on the host (the CPU runner; the GPU's host-sampler path)."""
+
+    __slots__ = ("results",)
+
+    def __init__(self, results: list) -> None:
+        self.results = results
+
+    def wait(self) -> list:
+        return self.results
 
 
 @dataclass(slots=True)
@@ -94,9 +120,12 @@ def check_prompt_fits(prompt_len: int, max_model_len: int) -> None:
 
 
 def stream_generate(
-    runner: ModelRunner, prompt_ids: list[int], params: SamplingParams, stats: GenerationStats | None = None
+    runner: ModelRunner, prompt_ids: list[int], params: SamplingParams, stats: GenerationStats | None = None,
+    run_ahead: bool | None = None,
 ) -> Iterator[StepOutput]:
-    """Generate for one prompt, yielding a StepOutput (text delta + token) per sampled token."""
+    """Generate for one prompt, yielding a StepOutput (text delta + token) per sampled token. `run_ahead`
+    (default: on a GPU, unless the sampling needs the host sampler) launches each step before the previous
+    step's token is back."""
     params.validate()
     check_prompt_fits(len(prompt_ids), runner.max_model_len)
     bs = runner.block_size
@@ -109,6 +138,13 @@ def stream_generate(
     table = list(range(blocks_needed))
     stats = stats if stats is not None else GenerationStats()
     stats.prompt_tokens = len(prompt_ids)
+    if run_ahead is None:
+        run_ahead = (getattr(runner, "device", "cpu") == "cuda" and hasattr(runner, "launch")
+                     and not needs_host_sampler(params)
+                     and async_scheduling_allowed())
+    if run_ahead:
+        yield from _run_ahead(runner, seq, table, max_len - len(prompt_ids), stats)
+        return
     new_tokens, cached = list(prompt_ids), 0
     while True:
         t0 = time.perf_counter()
@@ -126,3 +162,39 @@ def stream_generate(
         if seq.is_finished:
             return
         new_tokens = [result.token_id]
+
+
+def _run_ahead(runner: ModelRunner, seq: Sequence, table: list[int], max_outputs: int,
+               stats: GenerationStats) -> Iterator[StepOutput]:
+    """stream_generate's loop with the next step launched before this one's token is back: its input is that
+    token, put in place on the device (StepBatch.feed), so the host's work (detokenizing, the caller's printing)
+    overlaps the GPU's. Stopping on a stop token wastes the one step already launched."""
+    bs = runner.block_size
+    t0 = time.perf_counter()
+    cached = len(seq.prompt_ids)
+    step = runner.launch(build_step_batch([(list(seq.prompt_ids), 0, table, True)], bs), [seq.sampling])
+    launched = 1
+    t_first = None
+    while True:
+        ahead = None
+        if launched < max_outputs:
+            batch = build_step_batch([([0], cached, table, True)], bs)
+            batch.feed = np.zeros(1, dtype=np.int32)  # the token of the step in flight
+            ahead = runner.launch(batch, [seq.sampling])
+            cached += 1
+            launched += 1
+        result = step.wait()[0]
+        now = time.perf_counter()
+        if t_first is None:
+            t_first = now
+            stats.prefill_s = now - t0
+        else:
+            stats.decode_s = now - t_first
+        out = seq.append(result)
+        stats.output_tokens += 1
+        yield out
+        if seq.is_finished:
+            if ahead is not None:
+                ahead.wait()  # the extra step's read-back buffer is free again
+            return
+        step = ahead

@@ -78,6 +78,14 @@ class SamplingState:
     stop_ids: list[int]  # ids that end the request (EOS unless ignore_eos, + stop_token_ids)
 
 
+def needs_host_sampler(p: SamplingParams) -> bool:
+    """Sampling that reads the request's earlier tokens on the host (penalties, a min_tokens mask) or returns
+    what only the host sampler computes (logprobs). A step of such a request is not planned before the previous
+    step's tokens are in (async scheduling), and the GPU sampler hands it to the host one."""
+    return (p.logprobs is not None or p.repetition_penalty != 1.0 or bool(p.presence_penalty)
+            or bool(p.frequency_penalty) or p.min_tokens > 0)
+
+
 def make_generator(seed: int | None) -> np.random.Generator:
     # any integer is a valid seed (OpenAI's API allows negative ones); numpy wants a non-negative one
     return np.random.default_rng(None if seed is None else seed % 2**64)

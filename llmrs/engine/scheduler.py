@@ -7,12 +7,22 @@ Running sequences are served first, oldest first; then waiting ones are admitted
 When blocks run out, the most recently admitted running sequence is preempted: its blocks are freed and it
 goes back to the front of the waiting queue, to be recomputed (prompt + what it generated so far) later.
 A step that preempted admits nobody new, so the freed blocks go to the sequences already running.
+
+Planning runs one step ahead of the results when the engine asks it to (async scheduling, vLLM V1's): a planned
+step advances its sequences' computed counts at once, and each token it will sample counts as pending
+(`Sequence.num_pending`). The next plan can then be made before those tokens are known: a decode row whose input
+is a pending token gets a placeholder id and `StepBatch.feed` names the sample of the previous step that the
+runner puts there on the device. `update` fills the pending tokens in later, skipping sequences that ended
+(stop token, abort) while the step ran ahead: their extra token is thrown away. Sequences whose outputs in flight
+reach max_tokens are not planned again.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from llmrs.engine.batch import StepBatch, build_step_batch_arrays
 from llmrs.engine.kv_cache import KVCacheManager
@@ -27,6 +37,7 @@ class SchedulerOutput:
     num_new_tokens: list[int]
     sample_seqs: list[Sequence]  # sequences whose last new token is sampled, in sample_rows order
     preempted: list[Sequence] = field(default_factory=list)
+    computed_after: list[int] = field(default_factory=list)  # each sequence's computed tokens after the step
 
 
 class Scheduler:
@@ -57,6 +68,8 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this loop
                 continue
+            if seq.num_pending and seq.at_length_limit:  # ends with the tokens in flight
+                continue
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not self.kv.allocate_slots(seq, seq.num_computed_tokens + n):
                 victim = self.running.pop()
@@ -70,6 +83,8 @@ class Scheduler:
 
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             seq = self.waiting[0]
+            if seq.num_pending:  # preempted while its last step ran ahead: back once that step's token is in
+                break
             hits = self.kv.get_computed_blocks(seq.all_ids)
             computed = len(hits) * self.kv.block_size
             n = min(seq.num_tokens - computed, budget)
@@ -100,34 +115,54 @@ class Scheduler:
         cached: list[int] = []
         sample: list[bool] = []
         sample_seqs = []
+        after: list[int] = []
+        feed: list[tuple[int, int]] = []  # (row, sample of the previous step) for inputs still in flight
         for seq, n in planned:
             start = seq.num_computed_tokens
             end = start + n
             caught_up = end == seq.num_tokens  # the last token's logits give the next token
             if n == 1 and caught_up:  # decode: the one new token is the last one
-                token_ids.append(seq.output_ids[-1] if seq.output_ids else seq.prompt_ids[-1])
+                if seq.num_pending:
+                    feed.append((len(token_ids), seq.pending_index))
+                    token_ids.append(0)
+                else:
+                    token_ids.append(seq.output_ids[-1] if seq.output_ids else seq.prompt_ids[-1])
             else:
+                assert not seq.num_pending, "a multi-token step over a token in flight"
                 token_ids.extend(seq.token_slice(start, end))
             cached.append(start)
             sample.append(caught_up)
+            seq.num_computed_tokens = end
+            after.append(end)
             if caught_up:
+                seq.num_pending += 1
+                seq.pending_index = len(sample_seqs)
                 sample_seqs.append(seq)
         batch = build_step_batch_arrays(token_ids, cached, nums, self.kv.block_tables(seqs), sample,
                                         self.kv.block_size)
-        return SchedulerOutput(batch, seqs, nums, sample_seqs, preempted)
+        if feed:
+            batch.feed = np.full(len(token_ids), -1, dtype=np.int32)
+            rows, src = zip(*feed)
+            batch.feed[list(rows)] = src
+        return SchedulerOutput(batch, seqs, nums, sample_seqs, preempted, after)
 
     # ------------------------------------------------------------------ after the step
     def update(self, out: SchedulerOutput, results: list[SampleResult]) -> list[StepOutput]:
+        """Apply a step's sampled tokens (in sample_seqs order); returns the outputs of the sequences still on."""
         assert len(results) == len(out.sample_seqs)
         kv = self.kv
-        caching, bs = kv.pool.enable_prefix_caching, kv.block_size
-        for seq, n in zip(out.seqs, out.num_new_tokens):
-            seq.num_computed_tokens += n
-            if caching and seq.num_computed_tokens // bs > kv.num_hashed_blocks(seq):  # a block just filled
-                kv.cache_full_blocks(seq, seq.all_ids, seq.num_computed_tokens)
+        if kv.pool.enable_prefix_caching:
+            bs, running = kv.block_size, SequenceStatus.RUNNING
+            for seq, computed in zip(out.seqs, out.computed_after):
+                # a sequence preempted or finished since the step was planned has no blocks to register
+                if seq.status is running and computed // bs > kv.num_hashed_blocks(seq):  # a block just filled
+                    kv.cache_full_blocks(seq, seq.all_ids, computed)
         outputs = []
         finished = []
         for seq, res in zip(out.sample_seqs, results):
+            seq.num_pending -= 1
+            if seq.is_finished:  # ended (stop token, abort) while this step ran ahead: its token is dropped
+                continue
             outputs.append(seq.append(res))
             if seq.is_finished:
                 finished.append(seq)

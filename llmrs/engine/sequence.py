@@ -48,7 +48,12 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
     stop_reason: str | int | None = None
-    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache (or are being written by a planned step)
+    # tokens sampled by planned steps whose results are not back yet (at most 2 with one step run ahead: the
+    # one the step in flight samples, and the one the step planned after it samples); the newest one is entry
+    # `pending_index` of the last planned step's samples, which the next step reads on the device
+    num_pending: int = 0
+    pending_index: int = -1
     block_table: list[int] = field(default_factory=list)
     text: str = ""  # decoded output, stop string removed
     emitted: int = 0  # characters of `text` already handed out
@@ -72,7 +77,13 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        """Prompt + outputs, counting the sampled tokens still in flight."""
+        return len(self.prompt_ids) + len(self.output_ids) + self.num_pending
+
+    @property
+    def at_length_limit(self) -> bool:
+        """The outputs (in flight included) reach max_tokens / the context: the sequence ends with them."""
+        return len(self.output_ids) + self.num_pending >= self._length_limit
 
     def token_slice(self, start: int, end: int) -> list[int]:
         """all_ids[start:end] without building all_ids (a decode step wants only the last token)."""
@@ -120,7 +131,7 @@ class Sequence:
                 self.text = self.text[:idx]
                 self.finish("stop", stop_reason=s)
                 return self._delta([token], flush=True)
-        if (p.max_tokens is not None and n_out >= p.max_tokens) or self.num_tokens >= self.max_model_len:
+        if (p.max_tokens is not None and n_out >= p.max_tokens) or len(self.prompt_ids) + n_out >= self.max_model_len:
             self.finish("length")
             return self._delta([token], flush=True)
         return self._delta([token], flush=False)

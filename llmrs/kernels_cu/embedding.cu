@@ -17,3 +17,11 @@ extern "C" __global__ void embedding_gather(const bf16_t* __restrict__ table, co
     const bf16_t* row = table + (size_t)local * H;
     for (int i = threadIdx.x; i < H; i += blockDim.x) o[i] = bf16_to_f32(row[i]);
 }
+
+// feed_tokens: ids[t] = prev[feed[t]] where feed[t] >= 0, else ids[t] unchanged. Async scheduling: a step planned
+// before the previous step's samples reached the host takes them here, from the sampler's output on the device.
+extern "C" __global__ void feed_tokens(int* __restrict__ ids, const int* __restrict__ feed,
+                                       const int* __restrict__ prev, int T) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < T && feed[t] >= 0) ids[t] = prev[feed[t]];
+}

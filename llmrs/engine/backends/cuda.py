@@ -218,6 +218,10 @@ class CUDABackend:
         self._set_cublas_workspace()
         self._ws: dict[str, Any] = {}
         self._pin: dict[str, np.ndarray] = {}
+        self._staged: dict[str, tuple[int, list[Any]]] = {}  # name -> (last half used, its copies' events)
+        # the sampler's output, kept until the next step's feed_tokens has read it (grown preserving its contents)
+        self._samples = cp.zeros(256, dtype=cp.int32)
+        self._launches = 0  # sample_launch calls: which half of the token read-back buffer a step uses
         self.profiler: Any = None  # a llmrs.profile.KernelTimer while `llmrs profile` measures
         self._raw_gemm: Any = None  # set by DecodeGraphs while capturing: CuPy's gemmEx refuses stream capture
         if cuda_graphs is None:
@@ -277,6 +281,33 @@ class CUDABackend:
             cur = self._pin[name] = np.frombuffer(mem, dtype=dtype, count=size)
         return cur[:n]
 
+    def _stage(self, name: str, a: np.ndarray) -> Any:
+        """`a` in a device workspace buffer, by an async copy from a page-locked buffer. Two such buffers per name
+        take turns, each refilled only once its last copy is done, so the host can stage step n+1's data while
+        step n's copy may still wait in the stream (async scheduling)."""
+        cp = self.cp
+        half, events = self._staged.get(name, (1, [None, None]))
+        half = 1 - half
+        if events[half] is not None:
+            events[half].synchronize()
+        h = self._pinned(f"{name}.{half}", a.size, a.dtype)
+        h[:] = a.reshape(-1)
+        stream = cp.cuda.get_current_stream()
+        d = self._buf(name, (a.size,), a.dtype)
+        d.set(h, stream=stream)
+        ev = events[half] or cp.cuda.Event(disable_timing=True)
+        ev.record(stream)
+        events[half] = ev
+        self._staged[name] = (half, events)
+        return d
+
+    def feed(self, token_ids: Any, feed: np.ndarray) -> None:
+        """Rows of device `token_ids` with feed[t] >= 0 take sample feed[t] of the last sampled step (StepBatch.feed:
+        async scheduling planned this step before those samples were on the host)."""
+        T = int(feed.shape[0])
+        self.k.feed_tokens((-(-T // 256),), (256,), (token_ids, self._stage("feed", feed.astype(np.int32, copy=False)),
+                                                     self._samples, np.int32(T)))
+
     # ------------------------------------------------------------------ weights
     def upload(self, w: np.ndarray) -> Any:
         """Matrices -> bf16 words on the GPU (rounded there); vectors -> f32 holding bf16-rounded values."""
@@ -329,7 +360,7 @@ class CUDABackend:
         packed = np.concatenate([batch.token_ids.astype(np.int32), batch.positions.astype(np.int32),
                                  batch.slot_mapping.astype(np.int32), token_seq,
                                  batch.sample_rows.astype(np.int32), bt.reshape(-1), tiles.reshape(-1)])
-        d = cp.asarray(packed)
+        d = self._stage("batch", packed)  # async: the host may run ahead of the GPU (async scheduling)
         o = np.cumsum([0, T, T, T, T, S, bt.size])
         db = DeviceBatch(T=T, S=S, token_ids=d[o[0]:o[1]], positions=d[o[1]:o[2]], slots=d[o[2]:o[3]],
                          token_seq=d[o[3]:o[4]], sample_rows=d[o[4]:o[5]], block_tables=d[o[5]:o[6]],
@@ -581,7 +612,10 @@ class CUDABackend:
             logits = self.graphs.run(w, batch)
             if logits is not None:
                 return self.cp.asnumpy(logits) if to_host else logits
-        logits = self._forward_device(w, self.device_batch(batch))
+        db = self.device_batch(batch)
+        if batch.feed is not None:
+            self.feed(db.token_ids, batch.feed)
+        logits = self._forward_device(w, db)
         return self.cp.asnumpy(logits) if to_host else logits
 
     def _forward_device(self, w: ModelWeights, db: DeviceBatch) -> Any:
@@ -686,24 +720,38 @@ class CUDABackend:
 
     # ------------------------------------------------------------------ sampling
     def sample(self, logits: Any, states: list) -> list:
-        """One token per row of device `logits` [S, V] (row i belongs to states[i]), in one launch.
+        """One token per row of device `logits` [S, V] (row i belongs to states[i]); see sample_launch."""
+        return self.sample_launch(logits, states).wait()
 
-        Falls back to the CPU sampler (llmrs.engine.sampling.sample) when a request needs penalties,
+    def sample_launch(self, logits: Any, states: list) -> Any:
+        """Queue the sampling of one token per row of device `logits` [S, V] (row i belongs to states[i]) in one
+        launch and the copy of the tokens to the host; `.wait()` on the result gives the SampleResults. The tokens
+        also stay on the device for the next step's `feed`. At most two launches may be outstanding (their
+        read-back buffers take turns).
+
+        Falls back to the CPU sampler (llmrs.engine.sampling.sample, synchronous) when a request needs penalties,
         logprobs or a min_tokens mask. Draws one uniform per non-greedy request from its own generator.
         """
-        from llmrs.engine.sampling import SampleResult, sample as cpu_sample
+        from llmrs.engine.runner import Launched
+        from llmrs.engine.sampling import sample as cpu_sample
 
         cp = self.cp
         S = len(states)
         assert logits.shape[0] == S
         if S == 0:
-            return []
+            return Launched([])
+        if self._samples.size < S:  # grown, keeping what a feed of the next step may still read
+            grown = cp.zeros(max(S, 2 * self._samples.size), dtype=cp.int32)
+            grown[: self._samples.size] = self._samples
+            self._samples = grown
+        out = self._samples[:S]
         if any(needs_cpu_sampler(st) for st in states):
-            return cpu_sample(cp.asnumpy(logits).astype(np.float32), states)
+            results = cpu_sample(cp.asnumpy(logits).astype(np.float32), states)
+            out.set(np.fromiter((r.token_id for r in results), dtype=np.int32, count=S))
+            return Launched(results)
         V = logits.shape[1]
-        # one pinned staging buffer, one async copy: [temperature | top_p | min_p | uniform | top_k bits]
-        params = self._pinned("sample_params", 5 * S, np.float32)
-        params[:] = 0
+        # one staged copy: [temperature | top_p | min_p | uniform | top_k bits]
+        params = np.zeros(5 * S, dtype=np.float32)
         f, top_k = params[: 4 * S].reshape(4, S), params[4 * S :].view(np.int32)
         for i, st in enumerate(states):
             p = st.params
@@ -713,17 +761,20 @@ class CUDABackend:
             top_k[i] = p.top_k if p.top_k and p.top_k > 0 else 0
             if not p.greedy:
                 f[3, i] = st.generator.random()
-        d = self._buf("sample_params", (5 * S,))
-        d.set(params, stream=cp.cuda.get_current_stream())
+        d = self._stage("sample_params", params)
         fd, kd = d[: 4 * S].reshape(4, S), d[4 * S :].view(cp.int32)
         work = self._buf("sample_work", (S, V))
-        out = self._buf("sample_out", (S,), np.int32)
         with self._span("sample", "sample_tokens", S, V):
             self.k.sample_tokens((S,), (1024,), (cp.ascontiguousarray(logits), np.int32(V), fd[0], kd, fd[1],
                                                 fd[2], fd[3], work, out))
-        tokens = self._pinned("sample_tokens", S, np.int32)
-        out.get(out=tokens)  # synchronous: the step is finished when this returns
-        return [SampleResult(int(t)) for t in tokens]
+        self._launches += 1
+        tokens = self._pinned(f"sample_tokens.{self._launches % 2}", S, np.int32)
+        stream = cp.cuda.get_current_stream()
+        cp.cuda.runtime.memcpyAsync(tokens.ctypes.data, out.data.ptr, 4 * S, cp.cuda.runtime.memcpyDeviceToHost,
+                                    stream.ptr)
+        done = cp.cuda.Event(disable_timing=True)
+        done.record(stream)
+        return SampledOnDevice(done, tokens)
 
     # ------------------------------------------------------------------ Backend protocol (Model.forward, tests)
     def embedding(self, table: Any, token_ids: Any) -> Any:
@@ -810,6 +861,21 @@ class CUDABackend:
 
     def synchronize(self) -> None:
         self.cp.cuda.Device().synchronize()
+
+
+class SampledOnDevice:
+    """A step's sampling queued on the GPU: wait() blocks until its tokens are on the host."""
+
+    __slots__ = ("done", "tokens")
+
+    def __init__(self, done: Any, tokens: np.ndarray) -> None:
+        self.done, self.tokens = done, tokens
+
+    def wait(self) -> list:
+        from llmrs.engine.sampling import SampleResult
+
+        self.done.synchronize()
+        return [SampleResult(t) for t in self.tokens.tolist()]
 
 
 def needs_cpu_sampler(st: Any) -> bool:

@@ -149,6 +149,8 @@ class DecodeGraphs:
         self._fill(g, batch, B)
         stream = self.cp.cuda.get_current_stream()
         g.dev.set(g.host, stream=stream)  # pinned: an async copy
+        if batch.feed is not None:  # tokens still on the device (async scheduling)
+            self.b.feed(g.dev[:n], batch.feed)
         g.copied = g.copied or self.cp.cuda.Event(disable_timing=True)
         g.copied.record(stream)
         g.graph.launch(stream=self.cp.cuda.get_current_stream())

@@ -29,7 +29,7 @@ OPTIONS = ("-std=c++17",)
 
 # file -> entry points (extern "C")
 ENTRY_POINTS: dict[str, list[str]] = {
-    "embedding.cu": ["embedding_gather"],
+    "embedding.cu": ["embedding_gather", "feed_tokens"],
     "rmsnorm.cu": ["rms_norm", "add_rms_norm", "rms_norm_bf16", "add_rms_norm_bf16"],
     "elementwise.cu": ["silu_mul", "add_bias", "add_inplace", "cast_f32_bf16", "silu_mul_bf16"],
     "rope_kv.cu": ["rope_write_kv", "write_kv"],

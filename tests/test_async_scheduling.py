@@ -1,0 +1,208 @@
+"""Async scheduling (EngineConfig.async_scheduling): step n+1 is planned and launched before step n's tokens are
+back, its decode inputs taken from step n's samples by the runner (StepBatch.feed). On the CPU the runner does
+the same bookkeeping synchronously, so every output must equal the step-by-step engine's exactly: through
+chunked prefill, prefix hits, preemption, stop tokens and strings, seeds, n > 1 and aborts, with no block left
+behind. (tests/test_cuda_graphs.py runs the GPU form.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llmrs.engine.config import EngineConfig
+from llmrs.engine.engine import LLMEngine
+from llmrs.engine.loader import load
+from llmrs.engine.runner import ModelRunner, stream_generate
+from llmrs.engine.sampling import SamplingParams
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return load("smollm2-135m")
+
+
+def engine(smol, run_ahead: bool, **cfg) -> tuple[LLMEngine, list[bool]]:
+    """An engine whose runner records, per launch, whether the step had inputs fed from the step before."""
+    e = LLMEngine(smol, EngineConfig(async_scheduling=run_ahead, **cfg))
+    fed: list[bool] = []
+    launch = e.runner.launch
+
+    def recording(batch, states):
+        fed.append(batch.feed is not None)
+        return launch(batch, states)
+
+    e.runner.launch = recording
+    return e, fed
+
+
+def workload(smol) -> tuple[list[list[int]], list[SamplingParams]]:
+    tok = smol.tokenizer
+    system = "You are a careful assistant who answers briefly. " * 4
+    texts = [system + "What is 2+2?", system + "Name a color.", "def add(a, b):", "The history of Rome:",
+             "List three fruits:", "Bonjour, comment", "Why is the sky blue?"]
+    prompts = [tok.encode(t) for t in texts]
+    # the greedy continuation of prompt 0, to pick a stop token and a stop string that occur in it
+    ref = LLMEngine(smol, EngineConfig(kv_cache_tokens=4096, async_scheduling=False)).generate(
+        [prompts[0]], SamplingParams(max_tokens=12, **GREEDY))[0]
+    stop_token = ref.token_ids[0][5]
+    stop_text = ref.texts[0][len(ref.texts[0]) // 2:][:3] or "the"
+    params = [
+        SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=[stop_token]),  # ends on a token
+        SamplingParams(max_tokens=12, **GREEDY),  # prompt 0 again: a prefix hit
+        SamplingParams(max_tokens=14, **GREEDY),
+        SamplingParams(max_tokens=10, temperature=0.0, stop=[stop_text]),  # a stop string (maybe unmet)
+        SamplingParams(max_tokens=9, temperature=0.9, top_p=0.9, seed=7, ignore_eos=True),
+        SamplingParams(max_tokens=11, temperature=1.0, seed=3, n=2, ignore_eos=True),
+        SamplingParams(max_tokens=1, **GREEDY),  # done after its prefill
+        SamplingParams(max_tokens=13, temperature=0.0),  # EOS allowed
+    ]
+    return [prompts[0]] + prompts, params
+
+
+def run(smol, run_ahead: bool, **cfg):
+    e, fed = engine(smol, run_ahead, **cfg)
+    prompts, params = workload(smol)
+    results = e.generate(prompts, params)
+    st = e.stats()
+    assert not e.has_unfinished()
+    assert st.num_free_blocks == st.num_blocks, "blocks leaked"
+    assert not e.requests
+    return [(r.token_ids, r.texts, r.finish_reasons) for r in results], fed, e
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(kv_cache_tokens=4096, max_num_seqs=16, max_num_batched_tokens=512),
+    # chunked prefills, and a cache too small for everyone: preemptions while steps run ahead
+    dict(kv_cache_tokens=8 * 16, max_num_seqs=8, max_num_batched_tokens=24),
+], ids=["roomy", "chunked+preempting"])
+def test_async_scheduling_gives_the_step_by_step_outputs(smol, cfg):
+    ahead, fed_ahead, e_ahead = run(smol, True, **cfg)
+    step, fed_step, e_step = run(smol, False, **cfg)
+    assert ahead == step
+    assert any(fed_ahead) and not any(fed_step)  # steps really were planned before their inputs were known
+    assert {r[2][0] for r in step} >= {"stop", "length"}
+    if cfg["max_num_batched_tokens"] < 100:  # admitted over several steps: prefix hits (prompts 0-2 share text)
+        assert e_ahead.scheduler.num_preemptions > 0
+        assert e_ahead.stats().prefix_hits > 0 and e_step.stats().prefix_hits > 0
+
+
+def test_abort_while_a_step_runs_ahead_frees_everything(smol):
+    tok = smol.tokenizer
+    prompts = [tok.encode("Hello " * 20), tok.encode("The sea is"), tok.encode("One two three")]
+    params = SamplingParams(max_tokens=20, **GREEDY)
+    e, fed = engine(smol, True, kv_cache_tokens=2048)
+    for i, p in enumerate(prompts):
+        e.add_request(f"r{i}", p, params)
+    got: dict[str, list[int]] = {f"r{i}": [] for i in range(3)}
+    for _ in range(6):
+        for o in e.step():
+            got[o.request_id] += o.token_ids
+    assert e._inflight is not None  # a step is in flight, its successor planned
+    outs = e.abort("r0")
+    assert [o.finish_reason for o in outs] == ["abort"]
+    n_r0 = len(got["r0"])
+    while e.has_unfinished():
+        for o in e.step():
+            got[o.request_id] += o.token_ids
+    assert len(got["r0"]) == n_r0  # nothing after the abort
+    assert e.stats().num_free_blocks == e.stats().num_blocks and not e.requests
+    ref = LLMEngine(smol, EngineConfig(kv_cache_tokens=2048, async_scheduling=False))
+    for i in (1, 2):
+        assert got[f"r{i}"] == ref.generate([prompts[i]], params)[0].token_ids[0]
+    assert any(fed)
+
+
+def test_requests_that_need_the_host_sampler_run_step_by_step(smol):
+    """Penalties read the previous token on the host: while such a request runs, no step is planned ahead, and
+    every output still equals the step-by-step engine's."""
+    tok = smol.tokenizer
+    prompts = [tok.encode("Tell me about the ocean."), tok.encode("List three fruits:")]
+    params = [SamplingParams(max_tokens=10, **GREEDY),
+              SamplingParams(max_tokens=6, temperature=0.0, repetition_penalty=1.3, ignore_eos=True)]
+    outs = {}
+    for ahead in (True, False):
+        e, fed = engine(smol, ahead, kv_cache_tokens=2048)
+        e.add_request("plain", prompts[0], params[0])
+        got = {"plain": [], "penalty": []}
+        for _ in range(3):  # plain alone: runs ahead
+            for o in e.step():
+                got[o.request_id] += o.token_ids
+        e.add_request("penalty", prompts[1], params[1])
+        n_before = len(fed)
+        while e.has_unfinished():
+            for o in e.step():
+                got[o.request_id] += o.token_ids
+        outs[ahead] = got
+        if ahead:
+            assert any(fed[:n_before])
+            # from the penalty request's arrival until it ended, no step took fed inputs
+            assert not any(fed[n_before:n_before + params[1].max_tokens])
+        assert e.stats().num_free_blocks == e.stats().num_blocks
+    assert outs[True] == outs[False]
+
+
+def test_stream_generate_run_ahead_equals_step_by_step(smol):
+    runner = ModelRunner(smol, num_blocks=64, block_size=16, device="cpu")
+    ids = smol.tokenizer.encode("The quick brown fox")
+    plain = SamplingParams(max_tokens=10, **GREEDY)
+    ref = [o.token_ids[0] for o in stream_generate(runner, ids, plain, run_ahead=False)]
+    assert [o.token_ids[0] for o in stream_generate(runner, ids, plain, run_ahead=True)] == ref
+    # ends on a stop token: the step launched past it is dropped
+    stop = SamplingParams(max_tokens=10, temperature=0.0, stop_token_ids=[ref[3]])
+    ahead = list(stream_generate(runner, ids, stop, run_ahead=True))
+    assert [o.token_ids[0] for o in ahead] == ref[:4] and ahead[-1].finish_reason == "stop"
+    one = SamplingParams(max_tokens=1, **GREEDY)
+    assert [o.token_ids[0] for o in stream_generate(runner, ids, one, run_ahead=True)] == ref[:1]
+
+
+# ---------------------------------------------------------------------- on the GPU
+@pytest.fixture(scope="module")
+def tiny_cuda(tmp_path_factory):
+    from tests.conftest import write_tiny_model
+    from tests.cuda_helpers import require_gpu
+
+    require_gpu()
+    return load(str(write_tiny_model(tmp_path_factory.mktemp("async") / "qwen2", "qwen2")))
+
+
+@pytest.mark.gpu
+def test_gpu_async_scheduling_gives_the_step_by_step_tokens(tiny_cuda):
+    """Fed inputs through both device paths: decode graphs (pure decode steps) and eager steps (decodes mixed
+    with prefill chunks). Every request ends by length, so both modes run the same batches: equal tokens."""
+    from llmrs.engine.backends.cuda_graphs import is_pure_decode
+
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(3, 400, int(rng.integers(4, 60))).tolist() for _ in range(7)]
+    params = [SamplingParams(max_tokens=int(m), **GREEDY) for m in rng.integers(3, 30, 5)]
+    params += [SamplingParams(max_tokens=20, temperature=0.8, top_k=20, seed=11, ignore_eos=True),
+               SamplingParams(max_tokens=25, temperature=1.0, top_p=0.9, seed=12, ignore_eos=True)]
+    results, kinds = {}, {}
+    for ahead in (True, False):
+        e = LLMEngine(tiny_cuda, EngineConfig(device="cuda", kv_cache_tokens=4096, max_num_seqs=8,
+                                              max_num_batched_tokens=48, async_scheduling=ahead))
+        seen: list[tuple[bool, bool]] = []
+        launch = e.runner.launch
+
+        def recording(batch, states, launch=launch, seen=seen):
+            seen.append((batch.feed is not None, is_pure_decode(batch)))
+            return launch(batch, states)
+
+        e.runner.launch = recording
+        results[ahead] = [r.token_ids for r in e.generate(prompts, params)]
+        kinds[ahead] = set(seen)
+        assert e.stats().num_free_blocks == e.stats().num_blocks
+    assert results[True] == results[False]
+    assert (True, True) in kinds[True] and (True, False) in kinds[True]  # fed graph steps and fed eager steps
+    assert not any(fed for fed, _ in kinds[False])
+
+
+@pytest.mark.gpu
+def test_gpu_stream_generate_run_ahead_equals_step_by_step(tiny_cuda):
+    runner = ModelRunner(tiny_cuda, num_blocks=32, block_size=16, device="cuda")
+    ids = list(range(5, 40))
+    for params in (SamplingParams(max_tokens=40, **GREEDY),
+                   SamplingParams(max_tokens=30, temperature=0.9, seed=4, ignore_eos=True)):
+        ref = [o.token_ids[0] for o in stream_generate(runner, ids, params, run_ahead=False)]
+        assert [o.token_ids[0] for o in stream_generate(runner, ids, params, run_ahead=True)] == ref
