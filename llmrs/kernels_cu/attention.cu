@@ -65,7 +65,7 @@ __device__ __forceinline__ void attn_partial_impl(
     const int* __restrict__ token_seq, const int* __restrict__ positions, float* __restrict__ out,
     float* __restrict__ part_acc, float* __restrict__ part_ml, int Hq, int Hkv, int D, int block_size,
     int chunk, float scale) {
-    pdl_enter();
+    pdl_trigger();
     __shared__ float s_m[ATTN_WARPS][MAXG], s_l[ATTN_WARPS][MAXG];
     __shared__ float s_acc[ATTN_WARPS][MAXG][32 * DPL];
     const int t = blockIdx.x, S = gridDim.z, s = blockIdx.z;
@@ -77,6 +77,8 @@ __device__ __forceinline__ void attn_partial_impl(
     const int L = positions[t] + 1;
     const int start = s * chunk, end = min(L, start + chunk);
     const int* table = block_tables + (size_t)token_seq[t] * max_blocks;
+    prefetch_kv_l2(k_cache, v_cache, table, start, min(end, L - 1), Hkv, g, block_size, D);
+    pdl_wait();  // q and this token's K/V row are the previous kernels'
 
     float qr[MAXG][DPL], acc[MAXG][DPL], m[MAXG], l[MAXG];
 #pragma unroll

@@ -92,7 +92,7 @@ __device__ __forceinline__ void attn_partial_gqa_impl(
     const int* __restrict__ token_seq, const int* __restrict__ positions, float* __restrict__ out,
     float* __restrict__ part_acc, float* __restrict__ part_ml, int Hq, int Hkv, int D, int block_size,
     int chunk, float scale) {
-    pdl_enter();
+    pdl_trigger();
     constexpr int DMAX = 32 * DPL;                 // head dims of a block (D <= DMAX)
     constexpr int NP = DMAX / 8;                   // 16-byte pieces of a key row
     constexpr int VK = DPL == 8 ? 16 : 32;         // keys per V tile
@@ -117,6 +117,8 @@ __device__ __forceinline__ void attn_partial_gqa_impl(
     const int L = positions[t] + 1;
     const int start = s * chunk, end = min(L, start + chunk);
     const int* table = block_tables + (size_t)token_seq[t] * max_blocks;
+    prefetch_kv_l2(k_cache, v_cache, table, start, min(end, L - 1), Hkv, g, block_size, D);
+    pdl_wait();  // q and this token's K/V row are the previous kernels'
 
     for (int i = threadIdx.x; i < QF; i += blockDim.x) {
         const int h = i / DMAX, d = i % DMAX;

@@ -87,3 +87,24 @@ __device__ __forceinline__ void pdl_enter() {
     pdl_trigger();
     pdl_wait();
 }
+
+// Decode attention's prologue before pdl_wait(): pull the K and V rows of keys [start, stop) of kv head g into L2
+// (the block's threads stride over (key, 128-byte line) pairs; block table = the token's, host-written). A
+// prefetch hands nothing to the thread and L2 is the GPU's point of coherence, so this is safe for any row; the
+// callers stop before the token's own key (L - 1, written by the kernel before them) anyway. In a decode graph
+// the DRAM round trips then overlap the previous kernel's tail: after the wait, the reads hit L2.
+// -DLLMRS_NO_KV_PREFETCH (LLMRS_KV_PREFETCH=0) leaves it out, for A/B runs.
+__device__ __forceinline__ void prefetch_kv_l2(const bf16_t* k_cache, const bf16_t* v_cache,
+                                               const int* table, int start, int stop, int Hkv, int g,
+                                               int block_size, int D) {
+#ifndef LLMRS_NO_KV_PREFETCH
+    const int lines = (2 * D + 127) / 128;  // 128-byte lines of a bf16 row
+    const int n = (stop - start) * lines;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int j = start + i / lines, c = i - (i / lines) * lines;
+        const size_t off = (((size_t)table[j / block_size] * Hkv + g) * block_size + j % block_size) * D + c * 64;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(k_cache + off));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(v_cache + off));
+    }
+#endif
+}

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels_cu"
-OPTIONS = ("-std=c++17",)
+OPTIONS = ("-std=c++17",) + (  # LLMRS_KV_PREFETCH=0: decode attention without its L2 prefetch (A/B runs)
+    ("-DLLMRS_NO_KV_PREFETCH",) if os.environ.get("LLMRS_KV_PREFETCH", "1") in ("0", "false", "no", "off") else ())
 
 # file -> entry points (extern "C")
 ENTRY_POINTS: dict[str, list[str]] = {
