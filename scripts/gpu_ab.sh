@@ -6,7 +6,8 @@
 #   Qwen2.5 0.5B / 3B / 7B (MODELS) with $AB_VAR=0 and 1 side by side, twice each, the 7B AWQ (AWQ=0 skips);
 #   KBENCH=1: scripts/bench_kernels_graph.py (each kernel's time inside a graph) for the 7B and 0.5B;
 #   PROFILE=1: `llmrs profile --batch 1` of the 0.5B and 7B; SERVE=1: the 7B through `llmrs serve` at 1 stream and
-#   64 / 256 concurrent (two sweeps); SERVE_AB=1: that for each value of $AB_VAR (e.g. LLMRS_ASYNC_SCHEDULING).
+#   64 / 256 concurrent (two sweeps); SERVE_AB=1: that for each value of $AB_VAR (e.g. LLMRS_ASYNC_SCHEDULING);
+#   SERVE_MODELS="qwen2.5-7b qwen2.5-7b-awq": that for each synthetic model. MODELS="" skips the decode bench.
 #   The decode bench reports the run-ahead ms/token and, in brackets, the one with the host waiting for each token.
 # Results: $OUT/summary.txt + $OUT/results.tgz. Expects wheels in .whl/.
 set -uo pipefail
@@ -24,7 +25,7 @@ if [ "${KBENCH:-0}" = 1 ]; then
   done
 fi
 AB_VAR=${AB_VAR:-LLMRS_PDL}
-for p in ${MODELS:-qwen2.5-0.5b qwen2.5-3b qwen2.5-7b}; do
+for p in ${MODELS-qwen2.5-0.5b qwen2.5-3b qwen2.5-7b}; do
   for run in 1 2; do
     for v in ${AB_VALUES:-0 1}; do
       env $AB_VAR=$v timeout 120 python3 -m llmrs synth --like $p --decode-bench --bandwidth-gbs 4296 --prompt-len 256 \
@@ -56,6 +57,7 @@ if [ "${PROFILE:-0}" = 1 ]; then
   done
 fi
 [ "${SERVE:-0}" = 1 ] && serve_bench llmrs-h200-7b
+for m in ${SERVE_MODELS:-}; do SERVE_MODEL=$m serve_bench $m; done
 if [ "${SERVE_AB:-0}" = 1 ]; then
   for v in ${AB_VALUES:-0 1}; do (export $AB_VAR=$v; serve_bench ab$v); done
 fi

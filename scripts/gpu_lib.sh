@@ -2,8 +2,9 @@
 # use_wheels: install the wheels carried in .whl/ (what the lent machine lacks) into /tmp/site, set PYTHONPATH.
 # step TITLE: a section header with the time.  wait_health PORT [SECONDS]: until GET /health answers 200.
 # gpu_tests: `pytest -m gpu tests` into $R/gpu_tests.log (figures in $R/gpu_figures.jsonl), its summary printed.
-# serve_bench LABEL [SERVE ARGS]: `llmrs serve` of synthetic Qwen2.5-7B, `llmrs bench` at 1 stream, then 64 / 256
-#   concurrent twice (prompt 256, 256 new tokens); results bench-7b-LABEL-*.json in $R.
+# serve_bench LABEL [SERVE ARGS]: `llmrs serve` of synthetic Qwen2.5-7B ($SERVE_MODEL: another preset, e.g.
+#   qwen2.5-7b-awq), `llmrs bench` at 1 stream, then 64 / 256 concurrent twice (prompt 256, 256 new tokens);
+#   results bench-7b-LABEL-*.json in $R.
 use_wheels() {
   if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -36,8 +37,8 @@ gpu_tests() {
 }
 serve_bench() {
   local label=$1; shift
-  step "serve synthetic qwen2.5-7b $label: 1 stream, then 64/256 concurrent twice"
-  python3 -m llmrs serve --synthetic qwen2.5-7b --device cuda --max-num-seqs 256 --port 8123 "$@" \
+  step "serve synthetic ${SERVE_MODEL:-qwen2.5-7b} $label: 1 stream, then 64/256 concurrent twice"
+  python3 -m llmrs serve --synthetic ${SERVE_MODEL:-qwen2.5-7b} --device cuda --max-num-seqs 256 --port 8123 "$@" \
     >$R/serve-7b-$label.log 2>&1 &
   local srv=$!
   wait_health 8123 150 || { tail -20 $R/serve-7b-$label.log; kill $srv; return; }

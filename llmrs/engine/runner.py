@@ -51,7 +51,9 @@ class ModelRunner:
             if loaded.tensors is None:
                 from llmrs.synth import gpu_weights
 
-                weights = gpu_weights(self.config, self.backend)
+                q = loaded.source.quantization  # synthetic AWQ: packed 4-bit linears, drawn on the GPU
+                weights = gpu_weights(self.config, self.backend, quant="awq" if q else None,
+                                      group_size=q["group_size"] if q else 128)
             else:
                 weights = build_weights(self.config, loaded.tensors, self.backend)
             self.model = CUDAModel(self.config, weights, self.backend)

@@ -87,7 +87,7 @@ def serve(
     max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", help="Tokens computed per engine step at most (prefill chunks + decode tokens)."),
     kv_cache_tokens: Optional[int] = typer.Option(None, "--kv-cache-tokens", show_default="CPU: 16384; GPU: from --gpu-memory-utilization", help="KV-cache capacity in tokens."),
     gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", help="GPU: share of the GPU's memory for weights + activations + KV cache (the KV cache gets what is left)."),
-    synthetic: Optional[str] = typer.Option(None, "--synthetic", help="Instead of MODEL: a preset's exact shapes (e.g. qwen2.5-7b) with random bf16 weights drawn on the GPU."),
+    synthetic: Optional[str] = typer.Option(None, "--synthetic", help="Instead of MODEL: a preset's exact shapes (e.g. qwen2.5-7b) with random bf16 weights drawn on the GPU; PRESET-awq (e.g. qwen2.5-7b-awq): its linear layers AWQ 4-bit, group 128, kept packed."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="LLMRS_API_KEY", help="Require 'Authorization: Bearer KEY' on every /v1 route."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", show_default="MODEL", help="Model name clients send and /v1/models lists."),
     max_waiting: Optional[int] = typer.Option(None, "--max-waiting", show_default="no limit", help="Answer 429 when this many requests already wait."),
