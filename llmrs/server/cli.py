@@ -18,6 +18,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from llmrs.cli_engine import DEQUANT_HELP
 from llmrs.engine.loader import DEFAULT_MODEL, SYNTHETIC_PREFIX, keep_quantized_env
 from llmrs.errors import UserError
 
@@ -99,7 +100,7 @@ def serve(
     tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="GPUs to split the model across (tensor parallelism over NCCL, one process per GPU; must divide the KV heads)."),
     engine_process: Optional[bool] = typer.Option(None, "--engine-process/--no-engine-process", envvar="LLMRS_ENGINE_PROCESS", show_default="on, off with --tensor-parallel-size", help="Run the engine core (scheduler, KV cache, model, sampling, detokenizing) in its own process; this one keeps HTTP, the tokenizer and the streams, so per-stream HTTP work does not share a GIL with the step loop (H200, 7B, 256 streams: 1.45x the output tok/s of one process)."),
     async_scheduling: Optional[bool] = typer.Option(None, "--async-scheduling/--no-async-scheduling", envvar="LLMRS_ASYNC_SCHEDULING", show_default="on with one GPU", help="Plan and launch each decode step before the previous step's tokens are back (they are fed on the GPU), so detokenizing, streaming and planning overlap the GPU's work."),
-    dequantize: bool = typer.Option(True, "--dequantize/--keep-quantized", help="--dequantize (default): quantized weights (AWQ, GGUF Q4_0/Q4_1/Q8_0) become bf16 at load. --keep-quantized: they stay packed on the GPU for the 4-bit matvec (opt-in until a quantized GEMM exists: batched and single-sequence greedy outputs can differ at near ties)."),
+    dequantize: bool = typer.Option(False, "--dequantize/--keep-quantized", help=DEQUANT_HELP),
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API (continuous batching, paged KV cache, prefix caching)."""
     import uvicorn
