@@ -56,14 +56,19 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as e:  # click usage errors carry their own exit code
-        import click
-
-        if isinstance(e, click.exceptions.Exit):
+        if _is_click(e, "Exit"):
             sys.exit(e.exit_code)
-        if isinstance(e, click.ClickException):
+        if _is_click(e, "ClickException"):  # a usage mistake: click's message and usage line, no traceback
             e.show()
             sys.exit(2)
         raise
+
+
+def _is_click(e: BaseException, name: str) -> bool:
+    """`e` is click's exception class `name`, or the same class of the click copy newer typer vendors
+    (typer._click), which click's own isinstance checks do not see."""
+    return any(c.__name__ == name and c.__module__ in ("click.exceptions", "typer._click.exceptions")
+               for c in type(e).__mro__)
 
 
 if __name__ == "__main__":

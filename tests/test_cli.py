@@ -29,6 +29,14 @@ def assert_user_error(res: subprocess.CompletedProcess, *words: str) -> None:
         assert w in lines[0], (w, lines[0])
 
 
+@pytest.mark.parametrize("args", [["generate"], ["generate", "The capital of France is"], ["serve", "--port", "x"],
+                                  ["no-such-command"]])
+def test_usage_mistakes_get_the_usage_line_and_exit_2_without_a_traceback(args):
+    res = llmrs(*args)
+    assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
+    assert "Traceback" not in res.stderr and "Usage:" in res.stderr and "Error" in res.stderr, res.stderr[-2000:]
+
+
 def test_generate_streams_text_and_prints_summary(tiny_llama):
     res = llmrs("generate", "--model", str(tiny_llama), "-p", "Hello world", "--max-tokens", "8")
     assert res.returncode == 0, res.stderr
