@@ -12,7 +12,7 @@ cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
 from llmrs.engine.backends.cpu import CPUBackend  # noqa: E402
-from llmrs.engine.backends.cuda import CUDABackend, bf16_bits, rope_threads, round_bf16  # noqa: E402
+from llmrs.engine.backends.cuda import NULL, CUDABackend, bf16_bits, rope_threads, round_bf16  # noqa: E402
 from llmrs.engine.batch import build_step_batch  # noqa: E402
 from llmrs.engine.config import ModelConfig  # noqa: E402
 from llmrs.engine.sampling import SamplingParams, SamplingState, filter_probs, make_generator  # noqa: E402
@@ -159,7 +159,7 @@ def test_rope_and_kv_write_match_reference(rng, head_dim, heads, kv, llama3):
     threads = rope_threads(heads, kv, head_dim)
     be.k.rope_write_kv((T,), (threads,), (d, cp.asarray(positions), be.inv_freq, cp.asarray(slots.astype(np.int32)),
                                           be.k_cache[0], be.v_cache[0], np.int32(heads), np.int32(kv),
-                                          np.int32(head_dim), np.int32(bs)))
+                                          np.int32(head_dim), np.int32(bs), NULL))
     assert rel_err(cp.asnumpy(d[:, : heads * head_dim]), rq.reshape(T, -1)) < 1e-5
     blocks, offs = slots // bs, slots % bs
     for cache, want in ((be.k_cache[0], ref.k_cache[0]), (be.v_cache[0], ref.v_cache[0])):
@@ -347,6 +347,41 @@ def test_fused_bf16_gemm_inputs_give_identical_logits_and_one_cast_per_layer(tmp
     np.testing.assert_array_equal(logits[True], logits[False])
 
 
+@pytest.mark.parametrize("lens", [[40], [5, 3, 4, 2]])  # a prefill; a mixed batch of 14 tokens
+def test_qkv_bias_in_rope_gives_identical_logits_and_caches(tmp_path, lens):
+    """GEMM-sized steps of a Qwen2 model (q/k/v bias): the bias added by rope_write_kv instead of add_bias gives
+    the same logits and K/V cache bit for bit, one launch fewer per layer."""
+    from llmrs.engine.loader import load
+    from llmrs.engine.runner import ModelRunner
+    from tests.conftest import write_tiny_model
+
+    r = ModelRunner(load(str(write_tiny_model(tmp_path / "qwen2", "qwen2"))), num_blocks=64, device="cuda")
+    be = r.backend
+    prng = np.random.default_rng(sum(lens))
+    batch = build_step_batch([(prng.integers(3, 400, n).tolist(), 0, [4 * i, 4 * i + 1, 4 * i + 2], True)
+                              for i, n in enumerate(lens)], 16)
+    assert batch.num_tokens > be.matvec_max_tokens
+    out = {}
+    add_bias = be.k.add_bias
+    for fold in (False, True):
+        be.fold_qkv_bias = fold
+        for a in be.k_cache + be.v_cache:
+            a[...] = 0
+        launches = []
+        be.k.fns["add_bias"] = lambda *a, **k: (launches.append(1), add_bias(*a, **k))
+        try:
+            logits = cp.asnumpy(be._forward_device(r.model.w, be.device_batch(batch)))
+        finally:
+            be.k.fns["add_bias"] = add_bias
+        out[fold] = (logits, [cp.asnumpy(a) for a in be.k_cache + be.v_cache])
+        assert len(launches) == (0 if fold else r.config.num_hidden_layers)
+    be.fold_qkv_bias = CUDABackend.fold_qkv_bias
+    assert np.isfinite(out[True][0]).all()
+    np.testing.assert_array_equal(out[True][0], out[False][0])
+    for a, b in zip(out[True][1], out[False][1]):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("T", [1, 2, 3, 8])
 @pytest.mark.parametrize("heads,kv,head_dim,hidden", [(8, 2, 64, 512), (14, 2, 64, 77), (7, 1, 128, 384),
                                                       (4, 4, 32, 200)])
@@ -376,7 +411,8 @@ def test_paired_matvec_epilogues_equal_matvec_plus_their_kernels(rng, T, heads, 
     be._linear(x, w_qkv, bias, ref, name="qkv")
     threads = rope_threads(heads, kv, head_dim)
     be.k.rope_write_kv((T,), (threads,), (ref, db.positions, be.inv_freq, db.slots, be.k_cache[0], be.v_cache[0],
-                                          np.int32(heads), np.int32(kv), np.int32(head_dim), np.int32(be.block_size)))
+                                          np.int32(heads), np.int32(kv), np.int32(head_dim), np.int32(be.block_size),
+                                          NULL))
     want_cache = caches()
     for a in (be.k_cache[0], be.v_cache[0]):
         a[...] = 0

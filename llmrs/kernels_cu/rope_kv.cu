@@ -5,7 +5,10 @@
 //   y_i = x_i cos - x_{i+D/2} sin,   y_{i+D/2} = x_{i+D/2} cos + x_i sin.
 // q is rotated in place. With k_cache != nullptr the rotated k and the unrotated v are written as bf16 to
 // slot s = slot_mapping[t]: cache[(s / bs) , head, s % bs, :] of the [blocks, Hkv, bs, D] layout; with
-// k_cache == nullptr k is rotated in place instead (the Backend.rope protocol path).
+// k_cache == nullptr k is rotated in place instead (the Backend.rope protocol path). With bias != nullptr
+// (Qwen2's q/k/v bias, [(Hq + 2 Hkv) * D]) each value is x + bias first: the same f32 add as add_bias after the
+// GEMM, one launch fewer (the bias then reaches q in the buffer and k, v in the cache; v stays unbiased in qkv
+// when the cache is written, as nothing reads it there).
 //   write_kv: the protocol's separate cache write: k, v [T, Hkv * D] f32 -> the two caches.
 // One block per token. The angle's sine and cosine: rope_sincos (common.cuh). matvec_rope_bf16 (matvec.cu) does
 // the same work in the q/k/v projection's epilogue for decode-sized steps.
@@ -14,7 +17,7 @@
 extern "C" __global__ void rope_write_kv(float* __restrict__ qkv, const int* __restrict__ positions,
                                          const float* __restrict__ inv_freq, const int* __restrict__ slots,
                                          bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache,
-                                         int Hq, int Hkv, int D, int block_size) {
+                                         int Hq, int Hkv, int D, int block_size, const float* __restrict__ bias) {
     pdl_enter();
     const int t = blockIdx.x, half = D / 2;
     const float pos = (float)positions[t];
@@ -32,7 +35,11 @@ extern "C" __global__ void rope_write_kv(float* __restrict__ qkv, const int* __r
         float sn, cs;
         rope_sincos(__fmul_rn(pos, inv_freq[i]), &sn, &cs);
         float* p = row + (size_t)h * D;
-        const float x1 = p[i], x2 = p[i + half];
+        float x1 = p[i], x2 = p[i + half];
+        if (bias != nullptr) {
+            x1 += bias[h * D + i];
+            x2 += bias[h * D + i + half];
+        }
         const float y1 = x1 * cs - x2 * sn, y2 = x2 * cs + x1 * sn;
         if (h < Hq || !write) {
             p[i] = y1;
@@ -43,11 +50,18 @@ extern "C" __global__ void rope_write_kv(float* __restrict__ qkv, const int* __r
             dst[i + half] = f32_to_bf16(y2);
         }
     }
-    if (!write) return;
-    const float* v = row + (size_t)(Hq + Hkv) * D;
+    float* v = row + (size_t)(Hq + Hkv) * D;
+    const float* vb = bias != nullptr ? bias + (size_t)(Hq + Hkv) * D : nullptr;
+    if (!write) {
+        if (vb != nullptr)
+            for (int idx = threadIdx.x; idx < Hkv * D; idx += blockDim.x) v[idx] += vb[idx];
+        return;
+    }
     for (int idx = threadIdx.x; idx < Hkv * D; idx += blockDim.x) {
         const int h = idx / D, d = idx % D;
-        v_cache[((blk * Hkv + h) * block_size + off) * (size_t)D + d] = f32_to_bf16(v[idx]);
+        float x = v[idx];
+        if (vb != nullptr) x += vb[idx];
+        v_cache[((blk * Hkv + h) * block_size + off) * (size_t)D + d] = f32_to_bf16(x);
     }
 }
 

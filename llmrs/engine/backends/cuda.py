@@ -155,6 +155,9 @@ class CUDABackend:
     # SiLU x up in gate_up's (matvec_rope_bf16 / matvec_silu_bf16: bit-identical, two launches fewer per layer);
     # LLMRS_FUSE_EPILOGUES=0 (and tests) keep the separate kernels
     fuse_epilogues = os.environ.get("LLMRS_FUSE_EPILOGUES", "1") not in ("0", "false", "no", "off")
+    # GEMM-sized steps (prefill, batches above matvec_max_tokens): the q/k/v bias added by rope_write_kv, not by a
+    # separate add_bias launch (bit-identical); False (tests) keeps add_bias
+    fold_qkv_bias = True
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, matvec_max_tokens: int = 8,
                  cuda_graphs: bool | None = None, tp: Any = None):
@@ -429,6 +432,11 @@ class CUDABackend:
             with self._span("add_bias", "add_bias " + name, T, N):
                 self.k.add_bias((min(65535, -(-n // 256)),), (256,), (out, bias, np.int32(T), np.int32(N)))
 
+    def _bias_in_rope(self, w: Any, T: int) -> bool:
+        """Whether the q/k/v bias is added by rope_write_kv instead of add_bias: where `_linear` would run the bf16
+        GEMM and then add_bias (`fold_qkv_bias`; the matvec adds it in its epilogue already)."""
+        return self.fold_qkv_bias and not isinstance(w, DeviceQuantWeight) and T > self.matvec_max_tokens
+
     def _pair_epilogue(self, w: Any, T: int) -> bool:
         """Whether the projection over `w` runs as a paired-row matvec with its follower fused (`fuse_epilogues`):
         a bf16 matrix on the matvec path with one warp a row."""
@@ -647,11 +655,14 @@ class CUDABackend:
             if self._pair_epilogue(layer.qkv, T):
                 self._matvec_pair("rope", h, layer.qkv, qkv, bias=layer.qkv_bias, db=db, layer=n)
             else:
-                self._linear(h, layer.qkv, layer.qkv_bias, qkv, name="qkv")
+                # on the bf16 GEMM path the bias rides in rope_write_kv (the same f32 add as add_bias, one launch less)
+                fold = layer.qkv_bias is not None and self._bias_in_rope(layer.qkv, T)
+                self._linear(h, layer.qkv, None if fold else layer.qkv_bias, qkv, name="qkv")
                 with self._span("rope_kv", "rope_write_kv", T, Hq, Hkv, D):
                     k.rope_write_kv((T,), (threads_rope,),
                                     (qkv, db.positions, self.inv_freq, db.slots, self.k_cache[n], self.v_cache[n],
-                                     np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(self.block_size)))
+                                     np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(self.block_size),
+                                     layer.qkv_bias if fold else NULL))
             self._attention(n, qkv, n_qkv, db, att)
             if tp is None:
                 self._linear(att, layer.o, None, x, accumulate=True, name="o")
@@ -813,7 +824,8 @@ class CUDABackend:
         pos = cp.asarray(np.asarray(positions, dtype=np.int32)) if isinstance(positions, np.ndarray) else positions
         threads = rope_threads(Hq, Hkv, D)
         self.k.rope_write_kv((T,), (threads,), (buf, pos.astype(cp.int32), self.inv_freq, NULL, NULL, NULL,
-                                                np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(self.block_size)))
+                                                np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(self.block_size),
+                                                NULL))
         return buf[:, : Hq * D].reshape(T, Hq, D), buf[:, Hq * D : (Hq + Hkv) * D].reshape(T, Hkv, D)
 
     def write_kv(self, layer: int, k: Any, v: Any, slot_mapping: Any) -> None:
