@@ -148,3 +148,22 @@ def test_eos_stops_and_is_not_in_text(smollm2):
     ids = tok.encode("Fine.", add_special_tokens=False) + [2] + tok.encode(" extra", add_special_tokens=False)
     out, seq = run_sequence(tok, ids, SamplingParams(max_tokens=100))
     assert out == "Fine." and seq.finish_reason == "stop" and seq.output_ids[-1] == 2
+
+
+def test_host_sampler_rules_agree():
+    """needs_host_sampler (async scheduling: never plan ahead of such a request) covers every step the GPU sampler
+    hands to the host (backends.cuda.needs_cpu_sampler, importable without a GPU)."""
+    import itertools
+
+    from llmrs.engine.backends.cuda import needs_cpu_sampler
+    from llmrs.engine.sampling import SamplingParams, SamplingState, make_generator, needs_host_sampler
+
+    for lp, rep, pres, freq, mt, n_out, stop in itertools.product((None, 0), (1.0, 1.2), (0.0, 0.5), (0.0, 0.5),
+                                                                (0, 3), (0, 5), ([], [2])):
+        p = SamplingParams(logprobs=lp, repetition_penalty=rep, presence_penalty=pres, frequency_penalty=freq,
+                           min_tokens=mt, max_tokens=8)
+        st = SamplingState(p, make_generator(0), [1, 2], list(range(n_out)), stop)
+        if needs_cpu_sampler(st):
+            assert needs_host_sampler(p)
+        if not needs_host_sampler(p):
+            assert not needs_cpu_sampler(st)

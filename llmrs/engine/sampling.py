@@ -78,12 +78,23 @@ class SamplingState:
     stop_ids: list[int]  # ids that end the request (EOS unless ignore_eos, + stop_token_ids)
 
 
+def penalized_or_logprobs(p: SamplingParams) -> bool:
+    """Penalties (they read the request's earlier tokens) or logprobs (only the host sampler computes them)."""
+    return (p.logprobs is not None or p.repetition_penalty != 1.0 or bool(p.presence_penalty)
+            or bool(p.frequency_penalty))
+
+
+def min_tokens_pending(st: SamplingState) -> bool:
+    """The min_tokens mask applies to this step: fewer outputs than min_tokens, and stop ids to mask."""
+    return len(st.output_ids) < st.params.min_tokens and bool(st.stop_ids)
+
+
 def needs_host_sampler(p: SamplingParams) -> bool:
     """Sampling that reads the request's earlier tokens on the host (penalties, a min_tokens mask) or returns
-    what only the host sampler computes (logprobs). A step of such a request is not planned before the previous
-    step's tokens are in (async scheduling), and the GPU sampler hands it to the host one."""
-    return (p.logprobs is not None or p.repetition_penalty != 1.0 or bool(p.presence_penalty)
-            or bool(p.frequency_penalty) or p.min_tokens > 0)
+    what only the host sampler computes (logprobs), at some step of the request. A step of such a request is not
+    planned before the previous step's tokens are in (async scheduling); the GPU sampler hands the steps where it
+    applies (backends.cuda.needs_cpu_sampler) to the host one."""
+    return penalized_or_logprobs(p) or p.min_tokens > 0
 
 
 def make_generator(seed: int | None) -> np.random.Generator:
@@ -136,7 +147,7 @@ def sample_row(logits: np.ndarray, st: SamplingState) -> SampleResult:
     p = st.params
     raw = logits
     logits = apply_penalties(logits.astype(np.float64, copy=True), st)
-    if len(st.output_ids) < p.min_tokens and st.stop_ids:
+    if min_tokens_pending(st):
         logits[np.asarray(st.stop_ids)] = -np.inf
     if p.greedy:
         token = int(np.argmax(logits))
@@ -165,8 +176,7 @@ def sample_row(logits: np.ndarray, st: SamplingState) -> SampleResult:
 def sample(logits: np.ndarray, states: list[SamplingState]) -> list[SampleResult]:
     """Sample one token per row of `logits` [S, vocab] (row i belongs to states[i])."""
     assert logits.shape[0] == len(states)
-    if all(s.params.greedy and s.params.logprobs is None and s.params.repetition_penalty == 1.0
-           and not s.params.presence_penalty and not s.params.frequency_penalty
-           and len(s.output_ids) >= s.params.min_tokens for s in states):
+    if all(s.params.greedy and not penalized_or_logprobs(s.params) and len(s.output_ids) >= s.params.min_tokens
+           for s in states):
         return [SampleResult(int(t)) for t in np.argmax(logits, axis=-1)]  # fast path: plain greedy batch
     return [sample_row(logits[i], st) for i, st in enumerate(states)]

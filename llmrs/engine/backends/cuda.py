@@ -892,9 +892,9 @@ class SampledOnDevice:
 
 def needs_cpu_sampler(st: Any) -> bool:
     """What the GPU sampler does not do: penalties, logprobs, a pending min_tokens mask."""
-    p = st.params
-    return (p.logprobs is not None or p.repetition_penalty != 1.0 or bool(p.presence_penalty)
-            or bool(p.frequency_penalty) or (len(st.output_ids) < p.min_tokens and bool(st.stop_ids)))
+    from llmrs.engine.sampling import min_tokens_pending, penalized_or_logprobs
+
+    return penalized_or_logprobs(st.params) or min_tokens_pending(st)
 
 
 class CUDAModel(Model):
