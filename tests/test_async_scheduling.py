@@ -157,6 +157,107 @@ def test_stream_generate_run_ahead_equals_step_by_step(smol):
     assert [o.token_ids[0] for o in stream_generate(runner, ids, one, run_ahead=True)] == ref[:1]
 
 
+# ---------------------------------------------------------------------- randomized, against a paged fake model
+class PagedFake:
+    """A runner whose "model" reads the paged cache like attention does: each sampled token is a hash of every
+    token in the sequence's context, gathered through its block table from a fake KV cache that each step writes
+    at its slots (fed rows take the previous launch's samples first, as the GPU's feed_tokens does). A wrong feed,
+    slot, block table, prefix hit or stale block changes the tokens; a never-written slot fails at once."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.kv = np.full(num_blocks * block_size, -1, dtype=np.int64)
+        self.last = np.zeros(0, dtype=np.int64)
+        self.fed = 0
+
+    def launch(self, batch, states):
+        import zlib
+
+        from llmrs.engine.runner import Launched
+        from llmrs.engine.sampling import SampleResult
+
+        ids = batch.token_ids.astype(np.int64)
+        if batch.feed is not None:
+            ids = ids.copy()
+            fed = batch.feed >= 0
+            ids[fed] = self.last[batch.feed[fed]]
+            self.fed += 1
+        self.kv[batch.slot_mapping] = ids
+        bs, out = self.block_size, []
+        for row, st in zip(batch.sample_rows, states):
+            b = int(np.searchsorted(batch.query_start, row, side="right")) - 1
+            pos = np.arange(int(batch.context_lens[b]))
+            ctx = self.kv[batch.block_tables[b, pos // bs].astype(np.int64) * bs + pos % bs]
+            assert (ctx >= 0).all(), "a context slot no step wrote"
+            h = zlib.crc32(ctx.tobytes())
+            if not st.params.greedy:
+                h ^= int(st.generator.random() * (1 << 20))
+            out.append(SampleResult(100 + h % 40))  # 40 ordinary ids: stop ids among them hit often
+        self.last = np.fromiter((r.token_id for r in out), dtype=np.int64, count=len(out))
+        return Launched(out)
+
+    def execute_and_sample(self, batch, states):
+        return self.launch(batch, states).wait()
+
+
+def scripted_run(smol, seed: int, ahead: bool) -> tuple[dict, set, LLMEngine, PagedFake]:
+    """One random serving session, the same script for both modes: requests arriving over the steps (shared
+    prefixes, n = 1 or 2, seeds, stop ids, stop strings, max_tokens 1-40), aborts at given calls."""
+    rng = np.random.default_rng(seed)
+    bs, blocks = 4, int(rng.integers(24, 64))
+    fake = PagedFake(blocks, bs)
+    e = LLMEngine(smol, EngineConfig(block_size=bs, max_num_seqs=int(rng.integers(2, 9)),
+                                     max_num_batched_tokens=int(rng.integers(8, 48)), async_scheduling=ahead),
+                  runner=fake)
+    shared = rng.integers(200, 3000, 12).tolist()
+    n_req = 24
+    arrive = np.sort(rng.integers(0, 60, n_req))
+    abort_at = {int(rng.integers(0, n_req)): int(rng.integers(1, 80)) for _ in range(4)}
+    reqs = []
+    for i in range(n_req):
+        prompt = (shared[: int(rng.integers(0, 13))] + rng.integers(200, 3000, int(rng.integers(1, 20))).tolist())
+        kind = int(rng.integers(0, 4))
+        stop_text = smol.tokenizer.decode([int(rng.integers(100, 140))]).strip()
+        params = SamplingParams(max_tokens=int(rng.integers(1, 41)), ignore_eos=True,
+                                temperature=0.0 if kind < 2 else 0.8, seed=int(rng.integers(0, 99)),
+                                n=2 if kind == 3 else 1,
+                                stop_token_ids=[int(rng.integers(100, 140))] if kind % 2 else [],
+                                stop=[stop_text] if kind == 2 and stop_text else [])
+        reqs.append((f"r{i}", prompt, params))
+    got: dict[str, dict[int, list[int]]] = {r[0]: {} for r in reqs}
+    aborted: set[str] = set()
+    call, nxt = 0, 0
+    while nxt < n_req or e.has_unfinished():
+        while nxt < n_req and arrive[nxt] <= call:
+            e.add_request(*reqs[nxt])
+            nxt += 1
+        for i, at in abort_at.items():
+            if at == call and reqs[i][0] in e.requests:
+                e.abort(reqs[i][0])
+                aborted.add(reqs[i][0])
+        for o in e.step():
+            got[o.request_id].setdefault(o.index, []).extend(o.token_ids)
+        call += 1
+        assert call < 5000
+    return got, aborted, e, fake
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_randomized_serving_runs_ahead_with_the_step_by_step_tokens(smol, seed):
+    ahead, ab_a, e_a, fake_a = scripted_run(smol, seed, True)
+    step, ab_s, e_s, _ = scripted_run(smol, seed, False)
+    assert fake_a.fed > 0
+    for rid in ahead:
+        if rid in ab_a or rid in ab_s:  # aborted at the same call, but the modes had delivered different amounts
+            for i in set(ahead[rid]) | set(step[rid]):
+                a, b = ahead[rid].get(i, []), step[rid].get(i, [])
+                assert a[: len(b)] == b[: len(a)], rid
+        else:
+            assert ahead[rid] == step[rid], rid
+    for e in (e_a, e_s):
+        assert e.stats().num_free_blocks == e.stats().num_blocks and not e.requests and not e.kv.row_of
+
+
 # ---------------------------------------------------------------------- on the GPU
 @pytest.fixture(scope="module")
 def tiny_cuda(tmp_path_factory):
