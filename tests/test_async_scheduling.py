@@ -239,13 +239,23 @@ def scripted_run(smol, seed: int, ahead: bool) -> tuple[dict, set, LLMEngine, Pa
             got[o.request_id].setdefault(o.index, []).extend(o.token_ids)
         call += 1
         assert call < 5000
-    return got, aborted, e, fake
+    return got, aborted, e, fake, reqs
+
+
+def alone(smol, reqs: list, rid: str) -> dict[int, list[int]]:
+    """Request `rid` by itself on a roomy engine without prefix caching, step by step."""
+    fake = PagedFake(512, 4)
+    e = LLMEngine(smol, EngineConfig(block_size=4, enable_prefix_caching=False, async_scheduling=False),
+                  runner=fake)
+    rid, prompt, params = next(r for r in reqs if r[0] == rid)
+    res = e.generate([prompt], params)[0]
+    return {i: t for i, t in enumerate(res.token_ids) if t}
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_randomized_serving_runs_ahead_with_the_step_by_step_tokens(smol, seed):
-    ahead, ab_a, e_a, fake_a = scripted_run(smol, seed, True)
-    step, ab_s, e_s, _ = scripted_run(smol, seed, False)
+    ahead, ab_a, e_a, fake_a, reqs = scripted_run(smol, seed, True)
+    step, ab_s, e_s, _, _ = scripted_run(smol, seed, False)
     assert fake_a.fed > 0
     for rid in ahead:
         if rid in ab_a or rid in ab_s:  # aborted at the same call, but the modes had delivered different amounts
@@ -254,6 +264,8 @@ def test_randomized_serving_runs_ahead_with_the_step_by_step_tokens(smol, seed):
                 assert a[: len(b)] == b[: len(a)], rid
         else:
             assert ahead[rid] == step[rid], rid
+            if int(rid[1:]) % 4 == 0:  # and both equal the request run alone (scheduling changes no token)
+                assert step[rid] == alone(smol, reqs, rid), rid
     for e in (e_a, e_s):
         assert e.stats().num_free_blocks == e.stats().num_blocks and not e.requests and not e.kv.row_of
 
