@@ -411,6 +411,54 @@ def test_malformed_json_and_non_object_bodies_are_400s(server):
     assert "role" in _error(post(server, "/v1/chat/completions", {"messages": [{"content": "hi"}]}), 400)
 
 
+_FUZZ_VALUES = [None, -1, 0, 1, 2, 3, 2**31, -2**63, 2**64, 1e308, -0.5, 0.5, 1.5, "", "x", "2", "x" * 5000, [],
+                [1, "a"], [-5], [10**9], [[1, 2]], {}, {"a": 1}, True, False, ["", "a"], [{"role": "user"}],
+                [{"role": "user", "content": 5}], [{"role": "robot", "content": "hi"}]]
+_FUZZ_KEYS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+              "min_p", "n", "stop", "seed", "logprobs", "top_logprobs", "echo", "stream", "stream_options",
+              "min_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty", "stop_token_ids",
+              "ignore_eos", "skip_special_tokens", "user", "logit_bias", "suffix", "tokens", "add_special_tokens"]
+
+
+def test_fuzzed_bodies_never_get_a_500_and_leave_no_blocks(server):
+    """300 random mutations of valid bodies (a field set to a wrong type, an edge value or junk, or removed) on
+    completions, chat, tokenize and detokenize: every answer is a 2xx or a 4xx with an OpenAI error object (a
+    stream read to its end), never a 5xx, and afterwards the server is healthy with every KV block free."""
+    import random
+
+    rnd = random.Random(0)
+    bases = {"/v1/completions": {"model": MODEL, "prompt": "Hi", "max_tokens": 3},
+             "/v1/chat/completions": {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+                                      "max_tokens": 3},
+             "/tokenize": {"model": MODEL, "prompt": "Hi"},
+             "/detokenize": {"model": MODEL, "tokens": [1, 2]}}
+    seen: dict[int, int] = {}
+    for i in range(300):
+        path = rnd.choice(list(bases))
+        body = dict(bases[path])
+        for _ in range(rnd.randint(1, 3)):
+            key = rnd.choice(list(body) + _FUZZ_KEYS)
+            if rnd.random() < 0.15:
+                body.pop(key, None)
+            else:
+                body[key] = rnd.choice(_FUZZ_VALUES)
+        if body.get("stream") is True and isinstance(body.get("n"), int) and body["n"] > 2:
+            body["n"] = 2  # a valid n in the billions would just be slow, not wrong
+        if isinstance(body.get("n"), int) and body["n"] > 4:
+            body["n"] = 4
+        with httpx.stream("POST", server.url + path, json=body, timeout=120, trust_env=False) as r:
+            text = r.read().decode()
+        seen[r.status_code] = seen.get(r.status_code, 0) + 1
+        assert r.status_code < 500, (i, path, body, text[:500])
+        if r.status_code >= 400:
+            assert set(json.loads(text)["error"]) == {"message", "type", "param", "code"}, text[:300]
+        elif body.get("stream") is True and path.startswith("/v1/"):
+            assert text.rstrip().endswith("data: [DONE]"), text[-300:]
+    assert seen.get(200, 0) > 10 and sum(v for k, v in seen.items() if 400 <= k < 500) > 100, seen
+    assert httpx.get(server.url + "/health", timeout=10, trust_env=False).status_code == 200
+    assert wait_for(lambda: server.metrics()["llmrs:kv_cache_usage_perc"] == 0.0), server.metrics()
+
+
 def test_prompt_plus_max_tokens_over_the_context_is_a_400(server):
     with pytest.raises(openai.BadRequestError) as e:
         server.client().completions.create(model=MODEL, prompt="hello", max_tokens=MAX_LEN)
