@@ -423,10 +423,11 @@ _FUZZ_KEYS = ["model", "prompt", "messages", "max_tokens", "max_completion_token
 def test_fuzzed_bodies_never_get_a_500_and_leave_no_blocks(server):
     """300 random mutations of valid bodies (a field set to a wrong type, an edge value or junk, or removed) on
     completions, chat, tokenize and detokenize: every answer is a 2xx or a 4xx with an OpenAI error object (a
-    stream read to its end), never a 5xx, and afterwards the server is healthy with every KV block free."""
+    stream read to its end), never a 5xx, and afterwards the server is healthy with every KV block free. FUZZ_SEED
+    picks another draw (seeds 0-12 pass)."""
     import random
 
-    rnd = random.Random(0)
+    rnd = random.Random(int(os.environ.get("FUZZ_SEED", "0")))
     bases = {"/v1/completions": {"model": MODEL, "prompt": "Hi", "max_tokens": 3},
              "/v1/chat/completions": {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
                                       "max_tokens": 3},
@@ -446,6 +447,8 @@ def test_fuzzed_bodies_never_get_a_500_and_leave_no_blocks(server):
             body["n"] = 2  # a valid n in the billions would just be slow, not wrong
         if isinstance(body.get("n"), int) and body["n"] > 4:
             body["n"] = 4
+        if path.startswith("/v1/") and "max_tokens" not in body and "max_completion_tokens" not in body:
+            body["max_tokens"] = 3  # without it a request may run to the context's end: right, but slow here
         with httpx.stream("POST", server.url + path, json=body, timeout=120, trust_env=False) as r:
             text = r.read().decode()
         seen[r.status_code] = seen.get(r.status_code, 0) + 1
