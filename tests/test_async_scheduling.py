@@ -270,6 +270,78 @@ def test_randomized_serving_runs_ahead_with_the_step_by_step_tokens(smol, seed):
         assert e.stats().num_free_blocks == e.stats().num_blocks and not e.requests and not e.kv.row_of
 
 
+# ---------------------------------------------------------------------- through the server
+def test_server_with_async_scheduling_streams_what_the_step_by_step_server_streams(tmp_path):
+    """`llmrs serve` (engine core in its own process) with LLMRS_ASYNC_SCHEDULING=always, on the CPU, against one
+    with it off: 10 concurrent streams (greedy, seeded sampling, stop strings, stop ids, n = 2, EOS allowed) give
+    the same text, token counts and finish reasons; a client that drops its stream mid-way leaves no block."""
+    import asyncio
+    import threading
+
+    import httpx
+    import openai
+
+    from tests.test_server import MODEL, Server
+
+    class AheadServer(Server):
+        extra_env = {"LLMRS_ASYNC_SCHEDULING": "always"}
+
+    class StepServer(Server):
+        extra_env = {"LLMRS_ASYNC_SCHEDULING": "0"}
+
+    bodies = [dict(prompt=f"Story {i}: once upon a time", max_tokens=12 + i, temperature=0.0 if i % 3 else 0.9,
+                   seed=i, stop=[" the"] if i % 4 == 1 else None, n=2 if i == 5 else 1,
+                   extra_body={"stop_token_ids": [13]} if i % 4 == 2 else None) for i in range(10)]
+
+    async def run_all(url: str) -> list:
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+        async def one(b: dict) -> list:
+            kw = {k: v for k, v in b.items() if v is not None}
+            stream = await client.completions.create(model=MODEL, stream=True, **kw)
+            out: dict[int, list] = {}
+            async for ch in stream:
+                for c in ch.choices:
+                    t = out.setdefault(c.index, ["", None])
+                    t[0] += c.text
+                    t[1] = c.finish_reason or t[1]
+            return sorted(out.items())
+
+        try:
+            return await asyncio.gather(*(one(b) for b in bodies))
+        finally:
+            await client.close()
+
+    results = {}
+    for name, cls in (("ahead", AheadServer), ("step", StepServer)):
+        srv = cls(["--kv-cache-tokens", "2048"], tmp_path / f"{name}.log")
+        try:
+            srv.wait_ready()
+            assert ("async scheduling" in srv.log.read_text()) == (name == "ahead"), srv.log.read_text()[-1000:]
+            results[name] = asyncio.run(run_all(srv.url))
+            if name == "ahead":  # a client gone mid-stream: aborted, every block back
+                got = []
+                with httpx.stream("POST", f"{srv.url}/v1/completions", json={
+                        "model": MODEL, "prompt": "Count:", "max_tokens": 200, "ignore_eos": True, "stream": True},
+                        timeout=60, trust_env=False) as r:
+                    lines = r.iter_lines()
+                    for line in lines:
+                        got.append(line)
+                        if len([x for x in got if x.startswith("data: ")]) == 3:
+                            break
+                deadline = threading.Event()
+                for _ in range(200):
+                    if srv.metrics()["llmrs:kv_cache_usage_perc"] == 0.0:
+                        break
+                    deadline.wait(0.05)
+                assert srv.metrics()["llmrs:kv_cache_usage_perc"] == 0.0
+        finally:
+            assert srv.stop() == 0, srv.log.read_text()[-2000:]
+    assert results["ahead"] == results["step"]
+    reasons = {r[1] for res in results["step"] for _, r in res}
+    assert "length" in reasons and "stop" in reasons
+
+
 # ---------------------------------------------------------------------- on the GPU
 @pytest.fixture(scope="module")
 def tiny_cuda(tmp_path_factory):

@@ -48,6 +48,7 @@ ALIAS = "tiny-alias"
 # ---------------------------------------------------------------------- servers
 class Server:
     drop_env: tuple[str, ...] = ()  # environment variables the server process must not inherit
+    extra_env: dict[str, str] = {}  # and ones it gets
 
     def __init__(self, args: list[str], log: Path):
         from llmrs.bench.server import free_port
@@ -58,6 +59,7 @@ class Server:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         for k in self.drop_env:
             env.pop(k, None)
+        env.update(self.extra_env)
         # LLMRS_TEST_DEVICE=cuda runs the same tests against the GPU backend (on the GPU machine)
         device = ["--device", os.environ["LLMRS_TEST_DEVICE"]] if os.environ.get("LLMRS_TEST_DEVICE") else []
         if os.environ.get("LLMRS_TEST_TP"):

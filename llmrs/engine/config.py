@@ -190,10 +190,23 @@ class EngineConfig:
     device: str = "cpu"
     # plan and launch step n+1 before step n's tokens are back (its decode inputs are filled in on the device),
     # so the host's work of a step (detokenizing, streaming, planning) overlaps the GPU's. None: on when the
-    # model runs on one GPU (LLMRS_ASYNC_SCHEDULING=0 turns it off); True/False force it (tests run it on the CPU)
+    # model runs on one GPU (async_scheduling_default: LLMRS_ASYNC_SCHEDULING=0 off, =always also on the CPU);
+    # True/False force it (tests run it on the CPU)
     async_scheduling: bool | None = None
 
 
 def async_scheduling_allowed() -> bool:
     """LLMRS_ASYNC_SCHEDULING (`llmrs serve --no-async-scheduling` sets it to 0): off with 0 / false / no / off."""
     return os.environ.get("LLMRS_ASYNC_SCHEDULING", "1").lower() not in ("0", "false", "no", "off")
+
+
+def async_scheduling_forced() -> bool:
+    """LLMRS_ASYNC_SCHEDULING=always (`llmrs serve --async-scheduling`): on for any runner that can launch, the
+    CPU's included (where it only shows that the two schedules agree: the CPU runs each step at once)."""
+    return os.environ.get("LLMRS_ASYNC_SCHEDULING", "").lower() == "always"
+
+
+def async_scheduling_default(device: str) -> bool:
+    """Whether a runner on `device` that can launch runs ahead when nothing says otherwise: on a GPU unless
+    LLMRS_ASYNC_SCHEDULING=0, anywhere with =always."""
+    return async_scheduling_forced() or (device == "cuda" and async_scheduling_allowed())

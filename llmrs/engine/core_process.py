@@ -62,6 +62,7 @@ def core_main(factory: Callable[[], LLMEngine], commands, outputs) -> None:
         return
     outputs.send(("ready", {"max_model_len": engine.max_model_len, "num_blocks": engine.kv.pool.num_blocks,
                             "block_size": engine.kv.block_size, "device": engine.runner.device,
+                            "async_scheduling": engine.async_scheduling,
                             "stats": engine.stats()}))
     try:
         run_core(engine, commands, outputs)
@@ -125,6 +126,7 @@ class ProcessEngine:
         self.num_blocks: int = info["num_blocks"]
         self.kv_cache_tokens = self.num_blocks * self.block_size
         self.device: str = info["device"]
+        self.async_scheduling: bool = info["async_scheduling"]
         self.model_name = model_name or loaded.source.name
         self.max_waiting = max_waiting
         self.error: BaseException | None = None

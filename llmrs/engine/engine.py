@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmrs.engine.config import EngineConfig, async_scheduling_allowed
+from llmrs.engine.config import EngineConfig, async_scheduling_default
 from llmrs.engine.kv_cache import KVCacheManager
 from llmrs.engine.loader import LoadedModel, load
 from llmrs.engine.runner import ModelRunner, resolve_device
@@ -121,7 +121,7 @@ def use_async_scheduling(cfg: EngineConfig, runner: Any) -> bool:
         return False
     if cfg.async_scheduling is not None:
         return cfg.async_scheduling
-    return getattr(runner, "device", "cpu") == "cuda" and async_scheduling_allowed()
+    return async_scheduling_default(getattr(runner, "device", "cpu"))
 
 
 def gpu_weight_bytes(loaded: LoadedModel) -> int:
@@ -381,6 +381,10 @@ class AsyncEngine:
     @property
     def device(self) -> str:
         return self.engine.runner.device
+
+    @property
+    def async_scheduling(self) -> bool:
+        return self.engine.async_scheduling
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str | None, prompt_ids: list[int], params: SamplingParams

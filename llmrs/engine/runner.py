@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llmrs.engine.batch import StepBatch, build_step_batch
-from llmrs.engine.config import async_scheduling_allowed
+from llmrs.engine.config import async_scheduling_default
 from llmrs.engine.loader import LoadedModel
 from llmrs.engine.model import Model, build_weights
 from llmrs.engine.sampling import SamplingParams, needs_host_sampler, sample
@@ -141,9 +141,8 @@ def stream_generate(
     stats = stats if stats is not None else GenerationStats()
     stats.prompt_tokens = len(prompt_ids)
     if run_ahead is None:
-        run_ahead = (getattr(runner, "device", "cpu") == "cuda" and hasattr(runner, "launch")
-                     and not needs_host_sampler(params)
-                     and async_scheduling_allowed())
+        run_ahead = (hasattr(runner, "launch") and not needs_host_sampler(params)
+                     and async_scheduling_default(getattr(runner, "device", "cpu")))
     if run_ahead:
         yield from _run_ahead(runner, seq, table, max_len - len(prompt_ids), stats)
         return

@@ -99,7 +99,7 @@ def serve(
     access_log: bool = typer.Option(True, "--access-log/--no-access-log", help="Log one line per HTTP request."),
     tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="GPUs to split the model across (tensor parallelism over NCCL, one process per GPU; must divide the KV heads)."),
     engine_process: Optional[bool] = typer.Option(None, "--engine-process/--no-engine-process", envvar="LLMRS_ENGINE_PROCESS", show_default="on, off with --tensor-parallel-size", help="Run the engine core (scheduler, KV cache, model, sampling, detokenizing) in its own process; this one keeps HTTP, the tokenizer and the streams, so per-stream HTTP work does not share a GIL with the step loop (H200, 7B, 256 streams: 1.45x the output tok/s of one process)."),
-    async_scheduling: Optional[bool] = typer.Option(None, "--async-scheduling/--no-async-scheduling", envvar="LLMRS_ASYNC_SCHEDULING", show_default="on with one GPU", help="Plan and launch each decode step before the previous step's tokens are back (they are fed on the GPU), so detokenizing, streaming and planning overlap the GPU's work."),
+    async_scheduling: Optional[bool] = typer.Option(None, "--async-scheduling/--no-async-scheduling", show_default="on with one GPU", help="Plan and launch each decode step before the previous step's tokens are back (they are fed on the GPU), so detokenizing, streaming and planning overlap the GPU's work. Default: on with one GPU (LLMRS_ASYNC_SCHEDULING=0 turns it off); --async-scheduling also on the CPU."),
     dequantize: bool = typer.Option(False, "--dequantize/--keep-quantized", help=DEQUANT_HELP),
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API (continuous batching, paged KV cache, prefix caching)."""
@@ -120,7 +120,7 @@ def serve(
     if log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
         raise UserError(f"--log-level {log_level!r}: choose critical, error, warning, info or debug")
     if async_scheduling is not None:  # read where the engine is built (this process or the engine core's)
-        os.environ["LLMRS_ASYNC_SCHEDULING"] = "1" if async_scheduling else "0"
+        os.environ["LLMRS_ASYNC_SCHEDULING"] = "always" if async_scheduling else "0"
     make_engine = AsyncEngine.from_args
     if engine_process is None:  # the default: the core in its own process, except under tensor parallelism (not yet)
         engine_process = tensor_parallel_size == 1
@@ -150,7 +150,8 @@ def serve(
                                            max_body_bytes=max_body_bytes, block_size=BLOCK_SIZE))
     bound = sock.getsockname()
     console.print(f"[dim]loaded {model} in {time.perf_counter() - t0:.1f}s; max_model_len {engine.max_model_len}, "
-                  f"KV cache {engine.kv_cache_tokens} tokens on {engine.device}[/dim]")
+                  f"KV cache {engine.kv_cache_tokens} tokens on {engine.device}"
+                  f"{', async scheduling' if engine.async_scheduling else ''}[/dim]")
     if engine_process:
         console.print(f"[dim]engine core: process {engine.pid}[/dim]")
     console.print(f"serving [cyan]{name}[/] on http://{host}:{bound[1]}/v1 (Ctrl-C to stop)")
