@@ -109,6 +109,11 @@ def test_user_mistakes_exit_2_with_one_line():
     assert p.returncode == 2 and "no such file" in p.stderr
     p = ptx_check(str(FIX / "clean_matvec.cu"), "--arch", "ampere")
     assert p.returncode == 2 and "--arch" in p.stderr
+    # a well-formed name this NVRTC does not know: one line naming what it does know, no compiler logs
+    p = ptx_check(str(FIX / "clean_matvec.cu"), "--arch", "sm_86,sm_99")
+    assert p.returncode == 2 and "--arch sm_99: NVRTC" in p.stderr and "sm_86" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and "compile error" not in p.stdout + p.stderr
+    assert ptx_check(str(FIX / "clean_matvec.cu"), "--arch", "sm_90a").returncode == 0
 
 
 def test_parsers_read_ptx_and_ptxas_output():

@@ -191,7 +191,7 @@ def ptx_check(
     """
     from llmrs.roofline import render
     from llmrs.roofline.ptx.check import KERNELS_DIR, discover, run_check
-    from llmrs.roofline.ptx.toolchain import find_toolchain
+    from llmrs.roofline.ptx.toolchain import find_toolchain, supported_archs
 
     archs = [a.strip() for a in arch.split(",") if a.strip()]
     bad = [a for a in archs if not _ARCH_RE.match(a)]
@@ -211,6 +211,11 @@ def ptx_check(
             console.print(msg)
         return
     tc = find_toolchain()
+    known = supported_archs()
+    unknown = [a for a in archs if known and int(re.match(r"sm_(\d+)", a).group(1)) not in known]
+    if unknown:
+        raise UserError(f"--arch {', '.join(unknown)}: NVRTC {tc.nvrtc_version} compiles for "
+                        + ", ".join(f"sm_{n}" for n in known))
     results, errors = run_check(paths, archs, tc, list(allow or []))
     if as_json:
         _emit_json({

@@ -75,6 +75,15 @@ def include_dirs() -> list[Path]:
     return out
 
 
+def supported_archs() -> list[int]:
+    """The sm_NN numbers this NVRTC compiles for (nvrtcGetSupportedArchs; empty where it cannot say)."""
+    try:
+        err, archs = nvrtc_module().nvrtcGetSupportedArchs()
+    except (AttributeError, UserError):
+        return []
+    return [int(a) for a in archs] if int(err) == 0 else []
+
+
 def nvrtc_module():  # type: ignore[no-untyped-def]
     """The cuda.bindings.nvrtc module, with libnvrtc loadable; UserError with the install hint otherwise."""
     try:
