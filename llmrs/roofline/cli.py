@@ -133,8 +133,8 @@ def roofline(
             return
     if model is None:
         raise UserError("--model is required (a preset such as qwen2.5-7b, a model directory or a .gguf)")
+    src = resolve_model(model)  # a mistyped model is named before a missing GPU driver
     spec = get_gpu(gpu)
-    src = resolve_model(model)
     cost = build_cost(src, fmt, lm_head_format, KV_DTYPE_BYTES[kv_dtype], compute_dtype)
     r = analyze(spec, cost, src.label, batches, context, prompts, prompt_len, max_batched_tokens, use_measured)
     tpr = None
