@@ -40,8 +40,12 @@ def synth(
         raise UserError("give --out DIR (write a checkpoint) or --decode-bench (time decode on the GPU)")
     if out is not None:
         with console.status(f"writing {like} to {out} ..."):
-            info = s.write_checkpoint(like, out, seed=seed, progress=lambda f: console.print(f"[dim]wrote {f}[/dim]"),
-                                      quant=quant, group_size=group_size)
+            try:
+                info = s.write_checkpoint(like, out, seed=seed,
+                                          progress=lambda f: console.print(f"[dim]wrote {f}[/dim]"),
+                                          quant=quant, group_size=group_size)
+            except OSError as e:  # an unwritable or full destination: the user's to fix
+                raise UserError(f"--out {out}: cannot write there ({e.strerror or e})") from None
         console.print(f"[bold]{info['parameters']:,}[/bold] parameters ({info['quant']}), {info['bytes'] / 1e9:.2f} GB in "
                       f"{len(info['files'])} file(s) -> {out}")
     if decode_bench:

@@ -118,3 +118,9 @@ def test_synthetic_model_without_gpu_says_so():
 
 def test_unknown_synthetic_preset():
     assert_user_error(llmrs("info", "synthetic:qwen9-1b"), "qwen9-1b")
+
+
+def test_synth_into_a_place_it_cannot_write_is_a_user_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")  # a file where the output directory's parent should be
+    assert_user_error(llmrs("synth", "--like", "smollm2-135m", "--out", str(blocker / "ckpt")), "--out", "cannot write")
