@@ -120,6 +120,22 @@ def test_unknown_synthetic_preset():
     assert_user_error(llmrs("info", "synthetic:qwen9-1b"), "qwen9-1b")
 
 
+def test_outputs_to_places_that_cannot_be_written_are_user_errors(tmp_path):
+    """report -o, bench -o (checked before the run, so a long benchmark never ends unable to save) and
+    roofline --plot under a path whose parent is a file: one error line each."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    bad = str(blocker / "sub")
+    res = llmrs("bench", "--url", "http://127.0.0.1:9", "--model", "m", "-n", "1", "--prompt-format", "ids",
+                "-o", bad)
+    assert_user_error(res, "--out-dir", "cannot write")
+    results = ROOT / "reports" / "h200-qwen2.5" / "bias-fold" / "ttft-c1.json"  # a committed bench results file
+    assert_user_error(llmrs("report", str(results), "-o", bad), "--out", "cannot write")
+    pytest.importorskip("matplotlib")
+    res = llmrs("roofline", "-m", "qwen2.5-7b", "--gpu", "h200", "--plot", str(blocker / "x.png"))
+    assert_user_error(res, "--plot", "cannot write")
+
+
 def test_synth_into_a_place_it_cannot_write_is_a_user_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")  # a file where the output directory's parent should be

@@ -120,6 +120,9 @@ def bench(
     )
     if burstiness <= 0 or not math.isfinite(burstiness):
         raise UserError("--burstiness must be a positive number")
+    _writable_dir(out_dir, "--out-dir")  # before the run, not after it: the results must have somewhere to go
+    if report:
+        _writable_dir(report, "--report")
     path = run_bench(opts)
     if report:
         from llmrs.bench.report import write_report
@@ -136,7 +139,18 @@ def report(
     """Side-by-side comparison of saved bench results: report.md + throughput / latency PNGs, deterministic names."""
     from llmrs.bench.report import write_report
 
+    _writable_dir(out, "--out")
     write_report([str(p) for p in results], out, baseline=baseline, title=title)
+
+
+def _writable_dir(d: Path, flag: str) -> None:
+    """Create `d` if needed; a place that cannot be written (a file in the way, no permission) is a UserError."""
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{flag} {d}: cannot write there ({e.strerror or e})") from None
+    if not os.access(d, os.W_OK):
+        raise UserError(f"{flag} {d}: cannot write there (no permission)")
 
 
 def register(app: typer.Typer) -> None:

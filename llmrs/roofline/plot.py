@@ -66,8 +66,12 @@ def save_roofline_axes(fig, ax, path: Path, title: str, ylabel: str) -> Path:  #
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8, loc="lower right")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=130)
+    except OSError as e:  # an unwritable place: the user's to fix
+        raise UserError(f"--plot {path}: cannot write the chart there ({e.strerror or e})") from None
+    finally:
+        plt.close(fig)
     return path
