@@ -107,6 +107,8 @@ def test_project_kernels_dir_is_the_default():
 def test_user_mistakes_exit_2_with_one_line():
     p = ptx_check("nope.cu")
     assert p.returncode == 2 and "no such file" in p.stderr
+    p = ptx_check(str(Path(__file__)))  # a file that is not CUDA
+    assert p.returncode == 2 and "not a CUDA source" in p.stderr and "compile error" not in p.stdout + p.stderr
     p = ptx_check(str(FIX / "clean_matvec.cu"), "--arch", "ampere")
     assert p.returncode == 2 and "--arch" in p.stderr
     # a well-formed name this NVRTC does not know: one line naming what it does know, no compiler logs

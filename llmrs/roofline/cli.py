@@ -200,6 +200,8 @@ def ptx_check(
     for f in files or []:
         if not f.exists():
             raise UserError(f"{f}: no such file or directory")
+        if f.is_file() and f.suffix != ".cu":
+            raise UserError(f"{f}: not a CUDA source (expected a .cu file or a directory of them)")
     paths = discover(list(files or []))
     console = _console()
     if not paths:
