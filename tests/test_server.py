@@ -464,6 +464,30 @@ def test_fuzzed_bodies_never_get_a_500_and_leave_no_blocks(server):
     assert wait_for(lambda: server.metrics()["llmrs:kv_cache_usage_perc"] == 0.0), server.metrics()
 
 
+def test_max_model_len_and_no_prefix_caching(tmp_path):
+    """--max-model-len caps the served context (models lists it; a request over it is a 400);
+    --no-enable-prefix-caching computes a repeated prompt again (no prefix hits); a --max-model-len over the
+    model's own context is one error line at startup."""
+    srv = Server(["--kv-cache-tokens", "2048", "--max-model-len", "256", "--no-enable-prefix-caching"],
+                 tmp_path / "capped.log")
+    try:
+        srv.wait_ready()
+        model = httpx.get(srv.url + "/v1/models", timeout=10, trust_env=False).json()["data"][0]
+        assert model["max_model_len"] == 256
+        body = {"model": MODEL, "prompt": "word " * 100, "max_tokens": 2}
+        for _ in range(2):
+            assert post(srv, "/v1/completions", body).status_code == 200
+        assert srv.metrics()["llmrs:prefix_cache_hits_total"] == 0.0  # (the default server has hits here)
+        message = _error(post(srv, "/v1/completions", {**body, "max_tokens": 200}), 400)
+        assert "256" in message
+    finally:
+        assert srv.stop() == 0
+    bad = Server(["--kv-cache-tokens", "2048", "--max-model-len", "10000000"], tmp_path / "bad.log")
+    assert bad.proc.wait(120) == 2
+    log = bad.log.read_text()
+    assert "--max-model-len 10000000" in log and "Traceback" not in log, log[-2000:]
+
+
 def test_prompt_plus_max_tokens_over_the_context_is_a_400(server):
     with pytest.raises(openai.BadRequestError) as e:
         server.client().completions.create(model=MODEL, prompt="hello", max_tokens=MAX_LEN)

@@ -158,7 +158,7 @@ def kv_blocks(loaded: LoadedModel, cfg: EngineConfig) -> int:
         raise UserError(f"no room for a KV cache: {weight_bytes / 1e9:.1f} GB of weights at "
                         f"--gpu-memory-utilization {cfg.gpu_memory_utilization}")
     # never more than every sequence at full length could use
-    return min(blocks, -(-c.max_position_embeddings * cfg.max_num_seqs // cfg.block_size))
+    return min(blocks, -(-(cfg.max_model_len or c.max_position_embeddings) * cfg.max_num_seqs // cfg.block_size))
 
 
 class LLMEngine:
@@ -172,8 +172,11 @@ class LLMEngine:
                                  device=cfg.device)
         self.runner = runner
         num_blocks = runner.num_blocks
-        self.max_model_len = min(cfg.max_model_len or loaded.config.max_position_embeddings,
-                                 loaded.config.max_position_embeddings)
+        mpe = loaded.config.max_position_embeddings
+        if cfg.max_model_len is not None and not 2 <= cfg.max_model_len <= mpe:
+            raise UserError(f"--max-model-len {cfg.max_model_len}: the model's context is {mpe} tokens "
+                            f"(give 2..{mpe})")
+        self.max_model_len = cfg.max_model_len or mpe
         self.kv = KVCacheManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, self.max_model_len)
         self.requests: dict[str, list[Sequence]] = {}
@@ -350,11 +353,13 @@ class AsyncEngine:
     def from_args(cls, model: str | None, device: str = "auto", max_num_seqs: int = 64,
                   max_num_batched_tokens: int = 2048, kv_cache_tokens: int | None = None, block_size: int = 16,
                   max_waiting: int | None = None, served_model_name: str | None = None,
-                  gpu_memory_utilization: float = 0.9) -> "AsyncEngine":
+                  gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
+                  enable_prefix_caching: bool = True) -> "AsyncEngine":
         engine = serving_engine(model, EngineConfig(
             block_size=block_size, kv_cache_tokens=kv_cache_tokens, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, device=device,
-            gpu_memory_utilization=gpu_memory_utilization))
+            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+            enable_prefix_caching=enable_prefix_caching))
         return cls(engine, max_waiting=max_waiting, model_name=served_model_name)
 
     # ------------------------------------------------------------------ lifecycle

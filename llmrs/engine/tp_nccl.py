@@ -396,7 +396,8 @@ def tp_runner_for_generate(model: str | None, world_size: int, max_len_hint: int
 def tp_async_engine(model: str | None, world_size: int, device: str = "auto", max_num_seqs: int = 64,
                     max_num_batched_tokens: int = 2048, kv_cache_tokens: int | None = None, block_size: int = 16,
                     max_waiting: int | None = None, served_model_name: str | None = None,
-                    gpu_memory_utilization: float = 0.9) -> Any:
+                    gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
+                    enable_prefix_caching: bool = True) -> Any:
     """`llmrs serve --tensor-parallel-size N`: AsyncEngine.from_args with a tensor-parallel runner."""
     import atexit
 
@@ -409,8 +410,9 @@ def tp_async_engine(model: str | None, world_size: int, device: str = "auto", ma
     loaded = load(model, read_tensors=False)  # config, tokenizer, stop ids: each rank reads its own tensors
     cfg = EngineConfig(block_size=block_size, kv_cache_tokens=kv_cache_tokens, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens, device="cuda",
-                       gpu_memory_utilization=gpu_memory_utilization)
-    cap = -(-loaded.config.max_position_embeddings * max_num_seqs // block_size)  # as kv_blocks caps it
+                       gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                       enable_prefix_caching=enable_prefix_caching)
+    cap = -(-(max_model_len or loaded.config.max_position_embeddings) * max_num_seqs // block_size)  # as kv_blocks
 
     def make_runner(num_blocks: int | None) -> NcclTPRunner:
         runner = NcclTPRunner(loaded, model, world_size, block_size=block_size, num_blocks=num_blocks,

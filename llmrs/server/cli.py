@@ -85,6 +85,8 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8000, "--port", help="Port to listen on."),
     max_num_seqs: int = typer.Option(64, "--max-num-seqs", help="Sequences in the running batch at most."),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Context length served (prompt + output), at most the model's own; also caps the KV cache the GPU sizes [default: the model's]."),
+    enable_prefix_caching: bool = typer.Option(True, "--enable-prefix-caching/--no-enable-prefix-caching", help="Reuse the KV blocks of prompt prefixes computed before."),
     max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", help="Tokens computed per engine step at most (prefill chunks + decode tokens)."),
     kv_cache_tokens: Optional[int] = typer.Option(None, "--kv-cache-tokens", show_default="CPU: 16384; GPU: from --gpu-memory-utilization", help="KV-cache capacity in tokens."),
     gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", help="GPU: share of the GPU's memory for weights + activations + KV cache (the KV cache gets what is left)."),
@@ -109,6 +111,7 @@ def serve(
     from llmrs.server.app import ServerSettings, build_app
 
     for name, value, low in (("--max-num-seqs", max_num_seqs, 1), ("--max-num-batched-tokens", max_num_batched_tokens, 1),
+                             ("--max-model-len", max_model_len, 2),
                              ("--kv-cache-tokens", kv_cache_tokens, BLOCK_SIZE), ("--max-body-bytes", max_body_bytes, 1),
                              ("--max-waiting", max_waiting, 0)):
         if value is not None and value < low:
@@ -145,7 +148,8 @@ def serve(
         engine = make_engine(model, device=device, max_num_seqs=max_num_seqs,
                                        max_num_batched_tokens=max_num_batched_tokens, kv_cache_tokens=kv_cache_tokens,
                                        block_size=BLOCK_SIZE, max_waiting=max_waiting,
-                                       gpu_memory_utilization=gpu_memory_utilization)
+                                       gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                                       enable_prefix_caching=enable_prefix_caching)
     app = build_app(engine, ServerSettings(served_names=[name], model_root=model, api_key=api_key,
                                            max_body_bytes=max_body_bytes, block_size=BLOCK_SIZE))
     bound = sock.getsockname()
