@@ -51,6 +51,7 @@ from llmrs.engine.batch import StepBatch
 from llmrs.engine.config import ModelConfig
 from llmrs.engine.model import Model, ModelWeights, rope_inv_freq
 from llmrs.engine.quant import DeviceQuantWeight
+from llmrs.engine.sampling import SampleResult, min_tokens_pending, penalized_or_logprobs
 from llmrs.errors import UserError
 
 CUDA_R_32F, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT = 0, 14, 68, -1
@@ -884,16 +885,12 @@ class SampledOnDevice:
         self.done, self.tokens = done, tokens
 
     def wait(self) -> list:
-        from llmrs.engine.sampling import SampleResult
-
         self.done.synchronize()
         return [SampleResult(t) for t in self.tokens.tolist()]
 
 
 def needs_cpu_sampler(st: Any) -> bool:
     """What the GPU sampler does not do: penalties, logprobs, a pending min_tokens mask."""
-    from llmrs.engine.sampling import min_tokens_pending, penalized_or_logprobs
-
     return penalized_or_logprobs(st.params) or min_tokens_pending(st)
 
 
