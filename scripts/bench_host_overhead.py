@@ -86,16 +86,7 @@ class FakeRunner:
         self.step_starts: list[tuple[float, int, int, float, float]] = []
 
     def execute_and_sample(self, batch, states: list) -> list[SampleResult]:
-        t0 = time.perf_counter()
-        self.step_starts.append((t0, batch.num_seqs, batch.num_tokens, time.thread_time(), time.process_time()))
-        rows = batch.sample_rows
-        seq = np.searchsorted(batch.query_start, rows, side="right") - 1
-        toks = self.pool[(batch.positions[rows].astype(np.int64) + 37 * batch.block_tables[seq, 0]) % len(self.pool)]
-        out = [SampleResult(t) for t in toks.tolist()]
-        if self.gpu_s:
-            time.sleep(self.gpu_s)
-        self.time_s += time.perf_counter() - t0
-        return out
+        return self.launch(batch, states).wait()
 
     def launch(self, batch, states: list):
         """Async scheduling's entry point: the tokens at once, but `wait()` returns only when a GPU that runs the
