@@ -195,18 +195,10 @@ class EngineConfig:
     async_scheduling: bool | None = None
 
 
-def async_scheduling_allowed() -> bool:
-    """LLMRS_ASYNC_SCHEDULING (`llmrs serve --no-async-scheduling` sets it to 0): off with 0 / false / no / off."""
-    return os.environ.get("LLMRS_ASYNC_SCHEDULING", "1").lower() not in ("0", "false", "no", "off")
-
-
-def async_scheduling_forced() -> bool:
-    """LLMRS_ASYNC_SCHEDULING=always (`llmrs serve --async-scheduling`): on for any runner that can launch, the
-    CPU's included (where it only shows that the two schedules agree: the CPU runs each step at once)."""
-    return os.environ.get("LLMRS_ASYNC_SCHEDULING", "").lower() == "always"
-
-
 def async_scheduling_default(device: str) -> bool:
-    """Whether a runner on `device` that can launch runs ahead when nothing says otherwise: on a GPU unless
-    LLMRS_ASYNC_SCHEDULING=0, anywhere with =always."""
-    return async_scheduling_forced() or (device == "cuda" and async_scheduling_allowed())
+    """Whether a runner on `device` that can launch runs ahead when nothing says otherwise, from
+    LLMRS_ASYNC_SCHEDULING: on a GPU unless it is 0 / false / no / off (`llmrs serve --no-async-scheduling`), on any
+    device with `always` (`llmrs serve --async-scheduling`; on the CPU it only shows that the two schedules agree:
+    the CPU runs each step at once)."""
+    v = os.environ.get("LLMRS_ASYNC_SCHEDULING", "1").lower()
+    return v == "always" or (device == "cuda" and v not in ("0", "false", "no", "off"))

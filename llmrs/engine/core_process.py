@@ -38,9 +38,9 @@ import traceback
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from llmrs.engine.config import EngineConfig
 from llmrs.engine.engine import (
-    EngineDeadError, EngineOverloaded, EngineStats, LLMEngine, RequestOutput, check_request, serving_engine,
+    EngineDeadError, EngineOverloaded, EngineStats, LLMEngine, RequestOutput, check_request, serving_config,
+    serving_engine,
 )
 from llmrs.engine.loader import LoadedModel, load
 from llmrs.engine.sampling import SamplingParams
@@ -163,17 +163,11 @@ class ProcessEngine:
         return cls(loaded, proc, cmd_send, out_recv, msg, max_waiting, model_name)
 
     @classmethod
-    def from_args(cls, model: str | None, device: str = "auto", max_num_seqs: int = 64,
-                  max_num_batched_tokens: int = 2048, kv_cache_tokens: int | None = None, block_size: int = 16,
-                  max_waiting: int | None = None, served_model_name: str | None = None,
-                  gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
-                  enable_prefix_caching: bool = True) -> "ProcessEngine":
+    def from_args(cls, model: str | None, max_waiting: int | None = None, served_model_name: str | None = None,
+                  **engine_options: Any) -> "ProcessEngine":
         """AsyncEngine.from_args's options; the core loads the weights, this process only config + tokenizer."""
         keep = os.environ.get("LLMRS_KEEP_QUANTIZED", "0") == "1"
-        cfg = EngineConfig(block_size=block_size, kv_cache_tokens=kv_cache_tokens, max_num_seqs=max_num_seqs,
-                           max_num_batched_tokens=max_num_batched_tokens, device=device,
-                           gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                           enable_prefix_caching=enable_prefix_caching)
+        cfg = serving_config(**engine_options)
         loaded = load(model, read_tensors=False)
         return cls.spawn(loaded, functools.partial(serving_engine, model, cfg, keep), max_waiting, served_model_name)
 

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmrs.engine.config import EngineConfig, async_scheduling_default
+from llmrs.engine.config import EngineConfig, ModelConfig, async_scheduling_default
 from llmrs.engine.kv_cache import KVCacheManager
 from llmrs.engine.loader import LoadedModel, load
 from llmrs.engine.runner import ModelRunner, resolve_device
@@ -107,6 +107,12 @@ def warm_up_for_serving(engine: "LLMEngine") -> None:
         engine.warmup()
 
 
+def serving_config(**options: Any) -> EngineConfig:
+    """The EngineConfig of `llmrs serve`'s engine factories (AsyncEngine.from_args, ProcessEngine.from_args,
+    tp_nccl.tp_async_engine): their keyword options are EngineConfig's fields, the device `auto` unless given."""
+    return EngineConfig(**{"device": "auto", **options})
+
+
 def serving_engine(model: str | None, config: EngineConfig, keep_quantized: bool | None = None) -> "LLMEngine":
     """The LLMEngine `llmrs serve` runs, in its own process (AsyncEngine) or in the engine core's (ProcessEngine):
     loaded, built and warmed up. keep_quantized None: load()'s reading of LLMRS_KEEP_QUANTIZED."""
@@ -157,8 +163,12 @@ def kv_blocks(loaded: LoadedModel, cfg: EngineConfig) -> int:
     if blocks < 1:
         raise UserError(f"no room for a KV cache: {weight_bytes / 1e9:.1f} GB of weights at "
                         f"--gpu-memory-utilization {cfg.gpu_memory_utilization}")
-    # never more than every sequence at full length could use
-    return min(blocks, -(-(cfg.max_model_len or c.max_position_embeddings) * cfg.max_num_seqs // cfg.block_size))
+    return min(blocks, max_kv_blocks(c, cfg))
+
+
+def max_kv_blocks(c: ModelConfig, cfg: EngineConfig) -> int:
+    """Never more KV blocks than every sequence at full length could use."""
+    return -(-(cfg.max_model_len or c.max_position_embeddings) * cfg.max_num_seqs // cfg.block_size)
 
 
 class LLMEngine:
@@ -350,16 +360,10 @@ class AsyncEngine:
         self.error: BaseException | None = None
 
     @classmethod
-    def from_args(cls, model: str | None, device: str = "auto", max_num_seqs: int = 64,
-                  max_num_batched_tokens: int = 2048, kv_cache_tokens: int | None = None, block_size: int = 16,
-                  max_waiting: int | None = None, served_model_name: str | None = None,
-                  gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
-                  enable_prefix_caching: bool = True) -> "AsyncEngine":
-        engine = serving_engine(model, EngineConfig(
-            block_size=block_size, kv_cache_tokens=kv_cache_tokens, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, device=device,
-            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-            enable_prefix_caching=enable_prefix_caching))
+    def from_args(cls, model: str | None, max_waiting: int | None = None, served_model_name: str | None = None,
+                  **engine_options: Any) -> "AsyncEngine":
+        """`engine_options`: EngineConfig's fields (serving_config)."""
+        engine = serving_engine(model, serving_config(**engine_options))
         return cls(engine, max_waiting=max_waiting, model_name=served_model_name)
 
     # ------------------------------------------------------------------ lifecycle

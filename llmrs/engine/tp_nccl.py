@@ -393,30 +393,25 @@ def tp_runner_for_generate(model: str | None, world_size: int, max_len_hint: int
     return runner
 
 
-def tp_async_engine(model: str | None, world_size: int, device: str = "auto", max_num_seqs: int = 64,
-                    max_num_batched_tokens: int = 2048, kv_cache_tokens: int | None = None, block_size: int = 16,
-                    max_waiting: int | None = None, served_model_name: str | None = None,
-                    gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
-                    enable_prefix_caching: bool = True) -> Any:
+def tp_async_engine(model: str | None, world_size: int, max_waiting: int | None = None,
+                    served_model_name: str | None = None, **engine_options: Any) -> Any:
     """`llmrs serve --tensor-parallel-size N`: AsyncEngine.from_args with a tensor-parallel runner."""
     import atexit
+    import dataclasses
 
-    from llmrs.engine.config import EngineConfig
-    from llmrs.engine.engine import AsyncEngine
+    from llmrs.engine.engine import AsyncEngine, max_kv_blocks, serving_config
     from llmrs.engine.loader import load
     from llmrs.engine.tp import tp_engine
 
-    check_tp_size(world_size, device)
+    cfg = serving_config(**engine_options)
+    check_tp_size(world_size, cfg.device)
+    cfg = dataclasses.replace(cfg, device="cuda")
     loaded = load(model, read_tensors=False)  # config, tokenizer, stop ids: each rank reads its own tensors
-    cfg = EngineConfig(block_size=block_size, kv_cache_tokens=kv_cache_tokens, max_num_seqs=max_num_seqs,
-                       max_num_batched_tokens=max_num_batched_tokens, device="cuda",
-                       gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                       enable_prefix_caching=enable_prefix_caching)
-    cap = -(-(max_model_len or loaded.config.max_position_embeddings) * max_num_seqs // block_size)  # as kv_blocks
+    cap = max_kv_blocks(loaded.config, cfg)
 
     def make_runner(num_blocks: int | None) -> NcclTPRunner:
-        runner = NcclTPRunner(loaded, model, world_size, block_size=block_size, num_blocks=num_blocks,
-                              gpu_memory_utilization=gpu_memory_utilization, max_blocks=cap)
+        runner = NcclTPRunner(loaded, model, world_size, block_size=cfg.block_size, num_blocks=num_blocks,
+                              gpu_memory_utilization=cfg.gpu_memory_utilization, max_blocks=cap)
         atexit.register(runner.shutdown)
         return runner
 
