@@ -23,14 +23,15 @@ def smol():
     return load("smollm2-135m")
 
 
-def engine(smol, run_ahead: bool, **cfg) -> tuple[LLMEngine, list[bool]]:
-    """An engine whose runner records, per launch, whether the step had inputs fed from the step before."""
-    e = LLMEngine(smol, EngineConfig(async_scheduling=run_ahead, **cfg))
-    fed: list[bool] = []
+def engine(model, run_ahead: bool, note=lambda batch: batch.feed is not None, **cfg) -> tuple[LLMEngine, list]:
+    """An engine whose runner records `note(batch)` per launch (default: whether the step had inputs fed from the
+    step before)."""
+    e = LLMEngine(model, EngineConfig(async_scheduling=run_ahead, **cfg))
+    fed: list = []
     launch = e.runner.launch
 
     def recording(batch, states):
-        fed.append(batch.feed is not None)
+        fed.append(note(batch))
         return launch(batch, states)
 
     e.runner.launch = recording
@@ -276,12 +277,11 @@ def test_server_with_async_scheduling_streams_what_the_step_by_step_server_strea
     with it off: 10 concurrent streams (greedy, seeded sampling, stop strings, stop ids, n = 2, EOS allowed) give
     the same text, token counts and finish reasons; a client that drops its stream mid-way leaves no block."""
     import asyncio
-    import threading
 
     import httpx
     import openai
 
-    from tests.test_server import MODEL, Server
+    from tests.test_server import MODEL, Server, wait_for
 
     class AheadServer(Server):
         extra_env = {"LLMRS_ASYNC_SCHEDULING": "always"}
@@ -320,21 +320,16 @@ def test_server_with_async_scheduling_streams_what_the_step_by_step_server_strea
             assert ("async scheduling" in srv.log.read_text()) == (name == "ahead"), srv.log.read_text()[-1000:]
             results[name] = asyncio.run(run_all(srv.url))
             if name == "ahead":  # a client gone mid-stream: aborted, every block back
-                got = []
+                events = 0
                 with httpx.stream("POST", f"{srv.url}/v1/completions", json={
                         "model": MODEL, "prompt": "Count:", "max_tokens": 200, "ignore_eos": True, "stream": True},
                         timeout=60, trust_env=False) as r:
-                    lines = r.iter_lines()
+                    lines = r.iter_lines()  # NOTE: keep it referenced: a dropped iterator closes the stream
                     for line in lines:
-                        got.append(line)
-                        if len([x for x in got if x.startswith("data: ")]) == 3:
+                        events += line.startswith("data: ")
+                        if events == 3:
                             break
-                deadline = threading.Event()
-                for _ in range(200):
-                    if srv.metrics()["llmrs:kv_cache_usage_perc"] == 0.0:
-                        break
-                    deadline.wait(0.05)
-                assert srv.metrics()["llmrs:kv_cache_usage_perc"] == 0.0
+                assert wait_for(lambda: srv.metrics()["llmrs:kv_cache_usage_perc"] == 0.0), srv.metrics()
         finally:
             assert srv.stop() == 0, srv.log.read_text()[-2000:]
     assert results["ahead"] == results["step"]
@@ -365,16 +360,8 @@ def test_gpu_async_scheduling_gives_the_step_by_step_tokens(tiny_cuda):
                SamplingParams(max_tokens=25, temperature=1.0, top_p=0.9, seed=12, ignore_eos=True)]
     results, kinds = {}, {}
     for ahead in (True, False):
-        e = LLMEngine(tiny_cuda, EngineConfig(device="cuda", kv_cache_tokens=4096, max_num_seqs=8,
-                                              max_num_batched_tokens=48, async_scheduling=ahead))
-        seen: list[tuple[bool, bool]] = []
-        launch = e.runner.launch
-
-        def recording(batch, states, launch=launch, seen=seen):
-            seen.append((batch.feed is not None, is_pure_decode(batch)))
-            return launch(batch, states)
-
-        e.runner.launch = recording
+        e, seen = engine(tiny_cuda, ahead, note=lambda b: (b.feed is not None, is_pure_decode(b)), device="cuda",
+                         kv_cache_tokens=4096, max_num_seqs=8, max_num_batched_tokens=48)
         results[ahead] = [r.token_ids for r in e.generate(prompts, params)]
         kinds[ahead] = set(seen)
         assert e.stats().num_free_blocks == e.stats().num_blocks
