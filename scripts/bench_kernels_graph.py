@@ -34,7 +34,7 @@ def main() -> None:
 
     import cupy as cp
 
-    from llmrs.engine.backends.cuda import CUDABackend, rope_threads
+    from llmrs.engine.backends.cuda import NULL, CUDABackend, rope_threads
     from llmrs.engine.batch import build_step_batch
     from llmrs.roofline.presets import preset_config
 
@@ -115,7 +115,7 @@ def main() -> None:
     threads = rope_threads(Hq, Hkv, D)
     add("rope_write_kv", graph_us(lambda: be.k.rope_write_kv(
         (T,), (threads,), (qkv, db.positions, be.inv_freq, db.slots, be.k_cache[0], be.v_cache[0], np.int32(Hq),
-                           np.int32(Hkv), np.int32(D), np.int32(bs), np.uint64(0)))))
+                           np.int32(Hkv), np.int32(D), np.int32(bs), NULL))))
     gu = cp.zeros((T, 2 * I), dtype=cp.float32)
     add("silu_mul", graph_us(lambda: be._silu_mul_for(W["down"], gu)))
     att = cp.zeros((T, Hq * D), dtype=cp.float32)
