@@ -121,3 +121,64 @@ def test_marlin_scales_are_group_major_words_of_scale_and_zero():
     np.testing.assert_array_equal((sz >> 16).astype(np.uint16), z.view(np.uint16).T)
     q4_0 = Q.marlin_scales(s.view(np.uint16), None)  # raw fp16 words, as DeviceQuantWeight holds them
     np.testing.assert_array_equal((q4_0 >> 16).astype(np.uint16).view(np.float16), np.full((3, 64), 8.0, np.float16))
+
+
+# ---------------------------------------------------------------------- gemv_q4 (decode) over the same layout
+def gemv_emulated(packed: np.ndarray, sz: np.ndarray, x: np.ndarray, G: int, mode: int) -> np.ndarray:
+    """out[T, N] as gemm_q4.cu's gemv_q4 computes it, operation by operation in float64: per k32 block each lane's
+    four words become bf16x2 registers (128 + nibble p, 128 + nibble p + 4) = lop3(w >> 4p), the A registers pair
+    the lane's x values to match (x rounded to bf16), mma sums slot by slot, a ones-mma sums x, and each group ends
+    with acc += s (C - (128 + z) X) (zero) or s (C - 128 X) + m X (min)."""
+    NB, KB = packed.shape[:2]
+    T, K = x.shape
+    xb = bf16(x).astype(np.float64)
+    out = np.zeros((T, 32 * NB))
+    u32 = np.uint32
+    for nb in range(NB):
+        acc = np.zeros((T, 32))
+        C = np.zeros((T, 32))
+        X = np.zeros(T)
+        for kb in range(KB):
+            for lane in range(32):
+                g, t = divmod(lane, 4)
+                k0 = 32 * kb + 2 * t
+                # A: (slot 2t, 2t+1) and (slot 2t+8, 2t+9) of step 0 / 1, from the float2 loads at k0, +8, +16, +24
+                a = {0: ((k0, k0 + 16), (k0 + 1, k0 + 17)), 1: ((k0 + 8, k0 + 24), (k0 + 9, k0 + 25))}
+                for i in range(4):
+                    w = u32(packed[nb, kb, lane, i])
+                    r = [(w >> u32(4 * p)) & u32(0x000F000F) | u32(0x43004300) for p in range(4)]
+                    vals = [(int(v) & 0xFFFF, int(v) >> 16) for v in r]  # bf16 halves: low, high
+                    for step in range(2):
+                        b0, b1 = vals[2 * step], vals[2 * step + 1]
+                        for (klo, khi), (blo, bhi) in zip(a[step], (b0, b1)):
+                            for h, (k, code) in enumerate(((klo, blo), (khi, bhi))):
+                                assert code >> 8 == 0x43  # 128 + q: the magic exponent untouched
+                                # this slot pair sits in column n = 8 i + g of B and in A's row (token) m
+                                C[:, 8 * i + g] += xb[:, k] * (128 + (code & 0xF))
+            X += xb[:, 32 * kb: 32 * kb + 32].sum(axis=1)
+            if (kb + 1) % (G // 32) == 0 or kb + 1 == KB:
+                word = sz[32 * kb // G, 32 * nb: 32 * nb + 32]
+                s = (word & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float64)
+                z = (word >> 16).astype(np.uint16).view(np.float16).astype(np.float64)
+                if mode == 0:
+                    acc += s * (C - (128 + z) * X[:, None])
+                else:
+                    acc += s * (C - 128 * X[:, None]) + z * X[:, None]
+                C[:] = 0
+                X[:] = 0
+        out[:, 32 * nb: 32 * nb + 32] = acc
+    return out
+
+
+@pytest.mark.parametrize("kind,G", [("awq", 32), ("awq", 128), ("q4_0", 32), ("q4_1", 64)])
+def test_gemv_slot_pairing_and_group_algebra_give_x_at_the_exact_weights(kind, G):
+    """The GEMV's A/B slot pairing (codes as lop3 gives them, x packed to match) and its scale/zero algebra
+    reproduce bf16(x) @ W^T of the exact weights (W not rounded)."""
+    N, K, T = 64, 256, 3
+    rng = np.random.default_rng(G + len(kind))
+    w = make_weight(kind, N, K, G, rng)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    got = gemv_emulated(Q.marlin_reorder(w.qweight), Q.marlin_scales(w.scales, w.zeros), x, G,
+                        1 if kind == "q4_1" else 0)
+    want = bf16(x).astype(np.float64) @ w.dequantize().astype(np.float64).T
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)

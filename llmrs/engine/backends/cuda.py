@@ -156,6 +156,9 @@ class CUDABackend:
     # SiLU x up in gate_up's (matvec_rope_bf16 / matvec_silu_bf16: bit-identical, two launches fewer per layer);
     # LLMRS_FUSE_EPILOGUES=0 (and tests) keep the separate kernels
     fuse_epilogues = os.environ.get("LLMRS_FUSE_EPILOGUES", "1") not in ("0", "false", "no", "off")
+    # decode over 4-bit weights: gemv_q4 (tensor cores, the Marlin layout) instead of matvec_q4 (f32 FMA, the row
+    # layout); LLMRS_Q4_GEMV=0 for A/B runs, tests that need matvec_q4's f32 activations set it False
+    q4_gemv = os.environ.get("LLMRS_Q4_GEMV", "1") not in ("0", "false", "no", "off")
     # GEMM-sized steps (prefill, batches above matvec_max_tokens): the q/k/v bias added by rope_write_kv, not by a
     # separate add_bias launch (bit-identical); False (tests) keeps add_bias
     fold_qkv_bias = True
@@ -406,6 +409,12 @@ class CUDABackend:
         N = w.shape[0]
         assert w.shape[1] == K and out.shape == (T, N)
         if T <= self.matvec_max_tokens:
+            from llmrs.engine.backends.cuda_q4gemm import gemv_q4
+
+            # 4-bit: the tensor-core GEMV over the GEMM's layout (gemm_q4.cu); the row-major matvec for 8-bit and
+            # shapes the layout lacks (or LLMRS_Q4_GEMV=0)
+            if self.q4_gemv and w.kind == "q4" and gemv_q4(self, x, w.marlin, bias, out, accumulate, name, w.nbytes):
+                return
             nt = matvec_nt(T)
             splits = self._matvec_splits(N, K)
             grid = (-(-N * splits // MATVEC_ROWS_PER_BLOCK), -(-T // nt))
@@ -476,6 +485,12 @@ class CUDABackend:
         N, G = w.N, w.group_size
         assert w.K == K and out.shape == (T, N)
         if T <= self.matvec_max_tokens:
+            from llmrs.engine.backends.cuda_q4gemm import gemv_q4
+
+            # 4-bit: the tensor-core GEMV over the GEMM's layout (gemm_q4.cu); the row-major matvec for 8-bit and
+            # shapes the layout lacks (or LLMRS_Q4_GEMV=0)
+            if self.q4_gemv and w.kind == "q4" and gemv_q4(self, x, w.marlin, bias, out, accumulate, name, w.nbytes):
+                return
             nt = matvec_nt(T)
             grid = (-(-N // MATVEC_ROWS_PER_BLOCK), -(-T // nt))
             b, acc = NULL if bias is None else bias, np.int32(1 if accumulate else 0)

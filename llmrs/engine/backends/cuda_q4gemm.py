@@ -35,6 +35,9 @@ BK = 64  # k per pipeline stage
 MIN_KT_PER_SPLIT = 8  # a K slice of at least 512 keeps the 3-4 stage pipeline worth filling
 MAX_SPLITS = 8
 MAX_TOKENS = 128  # above, dequantize + cuBLAS is faster (module docstring)
+GEMV_MAX_TOKENS = 8  # gemv_q4: x's tokens are the rows 0..7 of one m16 tile
+GEMV_WARPS = 8  # GV_WARPS in gemm_q4.cu: warps per block (one 32-column tile each, K split over them)
+GEMV_SEM_TILES = 1 << 16  # per-tile counters of the split-K hand-off: N up to 2M columns
 
 
 @dataclass(slots=True)
@@ -110,6 +113,40 @@ def gemm_q4(backend: Any, x_bf16: Any, mw: MarlinWeight | None, bias: Any | None
             backend.k.fns["gemm_q4_reduce"]((min(65535, -(-n // 256)),), (256,),
                                             (part, b, out, np.int32(T), np.int32(N), np.int32(S),
                                              np.int32(1 if accumulate else 0)))
+    return True
+
+
+def gemv_splits(backend: Any, N: int, K: int, splits: int | None = None) -> tuple[int, int]:
+    """(S, kb_per_warp) of gemv_q4: K slices over grid.y so that the 32-column tiles times S reach about two
+    blocks per SM (or `splits`, for tests), each warp of a block taking kb_per_warp consecutive k32 blocks."""
+    NB, KB = N // 32, K // 32
+    S = max(1, min(-(-2 * backend.num_sms // NB) if splits is None else splits, -(-KB // GEMV_WARPS)))
+    per = -(-KB // (S * GEMV_WARPS))
+    return -(-KB // (GEMV_WARPS * per)), per  # no empty slice
+
+
+def gemv_q4(backend: Any, x: Any, mw: MarlinWeight | None, bias: Any | None, out: Any, accumulate: bool = False,
+            name: str = "linear", nbytes: int = 0, splits: int | None = None) -> bool:
+    """out[T, N] (=|+=) x[T, K] @ W^T (+ bias) for T <= GEMV_MAX_TOKENS from f32 x, over the GEMM's layout
+    (gemm_q4.cu's gemv_q4: the decode path; x rounded to bf16, the weights exact). False (nothing launched)
+    where it does not apply: fall back."""
+    if mw is None:
+        return False
+    T, K = x.shape
+    N = mw.N
+    if (K != mw.K or not 1 <= T <= GEMV_MAX_TOKENS or out.shape != (T, N) or x.dtype != np.float32
+            or out.dtype != np.float32 or not x.flags.c_contiguous or not out.flags.c_contiguous):
+        return False
+    S, per = gemv_splits(backend, N, K, splits)
+    sem = backend._ws.get("gemv_q4_sem")
+    if sem is None:  # zeros once; each launch's last block per tile puts its counter back to 0
+        sem = backend._ws["gemv_q4_sem"] = backend.cp.zeros(GEMV_SEM_TILES, dtype=backend.cp.int32)
+    part = backend._buf("gemv_q4_part", (S, T, N), np.float32) if S > 1 else NULL
+    fn = backend.k.fns[f"gemv_{'q4m' if mw.mode else 'q4z'}"]
+    with backend._span("matvec_q", name, T, N, K, accumulate, bias is not None, nbytes or mw.nbytes):
+        fn((N // 32, S), (32 * GEMV_WARPS,), (mw.qweight, mw.sz, x, NULL if bias is None else bias, out, part, sem,
+                                             np.int32(T), np.int32(N), np.int32(K), np.int32(mw.group_size),
+                                             np.int32(1 if accumulate else 0), np.int32(per)))
     return True
 
 

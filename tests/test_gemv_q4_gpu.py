@@ -1,0 +1,145 @@
+"""The 4-bit decode GEMV (llmrs/kernels_cu/gemm_q4.cu's gemv_q4 via cuda_q4gemm.gemv_q4) on the GPU: run on the
+GPU machine with `python3 -m pytest -q -m gpu tests/test_gemv_q4_gpu.py`; skips cleanly without CuPy or a GPU.
+
+- against numpy: x rounded to bf16 @ the exact dequantized weight (not rounded: the kernel applies scale and zero
+  in f32 after the group's mma), float64; fresh random inputs, T = 1..8, G 32 / 64 / 128, zero (AWQ, Q4_0) and
+  min (Q4_1) modes, bias and accumulate, one K slice and several (the split-K hand-off through the last block of
+  each tile), outputs poisoned with NaN and a poisoned tail past N;
+- repeated launches give the same bits (fixed reduction order; the per-tile counters go back to 0);
+- the backend's decode dispatch takes it for 4-bit weights in the layout and keeps matvec_q4 otherwise;
+- timing on Qwen2.5-7B shapes beside matvec_q4 (GB/s of the packed bytes), reported, not asserted.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.cuda_helpers import rel_err, report, require_gpu
+
+cp = require_gpu()
+pytestmark = pytest.mark.gpu
+
+from llmrs.engine.backends.cuda import CUDABackend, round_bf16  # noqa: E402
+from llmrs.engine.backends.cuda_q4gemm import gemv_q4, gemv_splits, to_marlin  # noqa: E402
+from llmrs.engine.config import ModelConfig  # noqa: E402
+from tests.test_quant_marlin import make_weight  # noqa: E402
+
+TOL = 2e-5  # measured ~1e-6 (f32 sums of exact products); a wrong slot pairing or group is O(1)
+CASES = [("awq", 64, 64, 32), ("awq", 576, 1536, 128), ("awq", 4608, 3584, 128), ("awq", 128, 8192, 64),
+         ("q4_0", 3584, 2048, 32), ("q4_1", 1024, 4096, 32), ("q4_1", 192, 1152, 128)]
+
+
+@pytest.fixture(scope="module")
+def backend():
+    c = ModelConfig(model_type="llama", vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                    num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    return CUDABackend(c, num_blocks=2, cuda_graphs=False)
+
+
+@pytest.mark.parametrize("kind,N,K,G", CASES)
+def test_gemv_q4_matches_numpy_on_exact_weights(backend, kind, N, K, G):
+    rng = np.random.default_rng(N + K + G)
+    w = make_weight(kind, N, K, G, rng)
+    mw = to_marlin(backend, backend.upload_quantized(w))
+    wref = w.dequantize().astype(np.float64)
+    worst = 0.0
+    for T in range(1, 9):
+        accumulate, with_bias = T % 2 == 0, T % 3 != 0
+        x = rng.standard_normal((T, K)).astype(np.float32)
+        bias = rng.standard_normal(N).astype(np.float32) if with_bias else None
+        y0 = rng.standard_normal((T, N)).astype(np.float32)
+        ref = round_bf16(x).astype(np.float64) @ wref.T + (0 if bias is None else bias) + (y0 if accumulate else 0)
+        b = None if bias is None else cp.asarray(bias)
+        for splits in (1, 3, None):
+            buf = cp.full(T * N + 64, np.nan, dtype=cp.float32)
+            out = buf[: T * N].reshape(T, N)
+            if accumulate:
+                out[...] = cp.asarray(y0)
+            assert gemv_q4(backend, cp.asarray(x), mw, b, out, accumulate, splits=splits)
+            got = cp.asnumpy(out)
+            err = rel_err(got, ref)
+            row = max(rel_err(got[t], ref[t]) for t in range(T))
+            assert err < TOL and row < TOL, (kind, N, K, G, T, splits, err, row)
+            assert bool(cp.isnan(buf[T * N:]).all()), "wrote past the output"
+            worst = max(worst, err)
+    report(f"gemv_q4 {kind} N{N} K{K} G{G}", {"rel": worst, "splits auto": gemv_splits(backend, N, K)})
+
+
+def test_gemv_q4_repeats_bit_exactly_and_resets_its_counters(backend):
+    rng = np.random.default_rng(11)
+    N, K = 3584, 18944  # Qwen2.5-7B down: several K slices per tile
+    mw = to_marlin(backend, backend.upload_quantized(make_weight("awq", N, K, 128, rng)))
+    x = cp.asarray(rng.standard_normal((2, K)).astype(np.float32))
+    first = cp.empty((2, N), dtype=cp.float32)
+    assert gemv_q4(backend, x, mw, None, first)
+    assert gemv_splits(backend, N, K)[0] > 1
+    for _ in range(5):
+        again = cp.empty((2, N), dtype=cp.float32)
+        assert gemv_q4(backend, x, mw, None, again)
+        assert bool((again == first).all())
+    assert int(backend._ws["gemv_q4_sem"].sum()) == 0
+
+
+def test_decode_dispatch_takes_gemv_for_the_layout_and_matvec_otherwise(backend, monkeypatch):
+    rng = np.random.default_rng(4)
+    calls = []
+    import llmrs.engine.backends.cuda_q4gemm as qg
+
+    real = qg.gemv_q4
+    monkeypatch.setattr(qg, "gemv_q4", lambda *a, **k: calls.append(a[2] is not None) or real(*a, **k))
+    for N, K, in_layout in [(256, 512, True), (96, 512, False)]:  # N % 64: no Marlin copy, matvec_q4
+        w = make_weight("awq", N, K, 128, rng)
+        dw = backend.upload_quantized(w)
+        x = rng.standard_normal((3, K)).astype(np.float32)
+        out = cp.asnumpy(backend.linear(cp.asarray(x), dw))
+        exact = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
+        ref = round_bf16(x).astype(np.float64) @ w.dequantize().astype(np.float64).T if in_layout else exact
+        assert rel_err(out, ref) < TOL
+        assert calls[-1] == in_layout
+        backend.q4_gemv = False  # LLMRS_Q4_GEMV=0: the f32 matvec for the same weight
+        try:
+            assert rel_err(cp.asnumpy(backend.linear(cp.asarray(x), dw)), exact) < 2e-6 * np.sqrt(K)
+        finally:
+            backend.q4_gemv = True
+
+
+QWEN7B = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
+
+
+def test_gemv_q4_bandwidth_on_qwen2_5_7b_shapes_beside_matvec_q4(backend):
+    """Timing, not asserted: AWQ G128 at T = 1 and 4, GB/s of the packed bytes (codes + fp16 scales + zeros)."""
+    rng = np.random.default_rng(0)
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    totals: dict[str, float] = {}
+    lines = []
+    for name, (N, K) in QWEN7B.items():
+        w = make_weight("awq", N, K, 128, rng)
+        dw = backend.upload_quantized(w)
+        nbytes = dw.nbytes
+        for T in (1, 4):
+            x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
+            out = cp.empty((T, N), dtype=cp.float32)
+            figures = {}
+            for label, flag in (("gemv_q4", True), ("matvec_q4", False)):
+                backend.q4_gemv = flag
+                try:
+                    for _ in range(3):
+                        backend._linear(x, dw, None, out)
+                    start.record()
+                    for _ in range(50):
+                        backend._linear(x, dw, None, out)
+                    stop.record()
+                    stop.synchronize()
+                finally:
+                    backend.q4_gemv = True
+                us = cp.cuda.get_elapsed_time(start, stop) * 1e3 / 50
+                figures[label] = {"us": round(us, 2), "GB/s": round(nbytes / us / 1e3, 1)}
+                totals[f"{label} T{T}"] = totals.get(f"{label} T{T}", 0.0) + us
+            lines.append(f"  {name:8s} N{N} K{K} T{T}: {figures}")
+            report(f"gemv_q4 timing {name} T{T}", figures)
+        del dw
+    totals = {k: round(28 * v / 1e3, 3) for k, v in totals.items()}
+    print("\nAWQ G128 linears of Qwen2.5-7B, one layer (launches back to back, no graph):\n" + "\n".join(lines))
+    print(f"  28 layers, ms: {totals}")
+    report("gemv_q4 timing qwen2.5-7b 28 layers ms", totals)
