@@ -84,10 +84,10 @@ def test_gemv_q4_repeats_bit_exactly_and_resets_its_counters(backend):
 def test_decode_dispatch_takes_gemv_for_the_layout_and_matvec_otherwise(backend, monkeypatch):
     rng = np.random.default_rng(4)
     calls = []
-    import llmrs.engine.backends.cuda_q4gemm as qg
+    import llmrs.engine.backends.cuda as cuda_backend
 
-    real = qg.gemv_q4
-    monkeypatch.setattr(qg, "gemv_q4", lambda *a, **k: calls.append(a[2] is not None) or real(*a, **k))
+    real = cuda_backend.gemv_q4
+    monkeypatch.setattr(cuda_backend, "gemv_q4", lambda *a, **k: calls.append(a[2] is not None) or real(*a, **k))
     for N, K, in_layout in [(256, 512, True), (96, 512, False)]:  # N % 64: no Marlin copy, matvec_q4
         w = make_weight("awq", N, K, 128, rng)
         dw = backend.upload_quantized(w)
@@ -97,6 +97,11 @@ def test_decode_dispatch_takes_gemv_for_the_layout_and_matvec_otherwise(backend,
         ref = round_bf16(x).astype(np.float64) @ w.dequantize().astype(np.float64).T if in_layout else exact
         assert rel_err(out, ref) < TOL
         assert calls[-1] == in_layout
+        n_calls = len(calls)
+        one = rng.standard_normal((1, K)).astype(np.float32)  # one token: matvec_q4 (GEMV_MIN_TOKENS)
+        got = cp.asnumpy(backend.linear(cp.asarray(one), dw))
+        assert len(calls) == n_calls
+        assert rel_err(got, one.astype(np.float64) @ w.dequantize().astype(np.float64).T) < 2e-6 * np.sqrt(K)
         backend.q4_gemv = False  # LLMRS_Q4_GEMV=0: the f32 matvec for the same weight
         try:
             assert rel_err(cp.asnumpy(backend.linear(cp.asarray(x), dw)), exact) < 2e-6 * np.sqrt(K)
@@ -107,10 +112,28 @@ def test_decode_dispatch_takes_gemv_for_the_layout_and_matvec_otherwise(backend,
 QWEN7B = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
 
 
+def graph_us(fn, reps: int = 50) -> float:
+    """GPU time of one fn() call: `reps` calls captured in a CUDA graph, replayed (no host launch cost inside)."""
+    fn()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        for _ in range(reps):
+            fn()
+        graph = stream.end_capture()
+        graph.launch(stream)
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record(stream)
+        graph.launch(stream)
+        stop.record(stream)
+    stop.synchronize()
+    return cp.cuda.get_elapsed_time(start, stop) * 1e3 / reps
+
+
 def test_gemv_q4_bandwidth_on_qwen2_5_7b_shapes_beside_matvec_q4(backend):
-    """Timing, not asserted: AWQ G128 at T = 1 and 4, GB/s of the packed bytes (codes + fp16 scales + zeros)."""
+    """Timing, not asserted: AWQ G128 at T = 1 and 4, GB/s of the packed bytes (codes + fp16 scales + zeros),
+    each kernel timed inside a CUDA graph (back-to-back launches from Python would time the host)."""
     rng = np.random.default_rng(0)
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
     totals: dict[str, float] = {}
     lines = []
     for name, (N, K) in QWEN7B.items():
@@ -122,24 +145,18 @@ def test_gemv_q4_bandwidth_on_qwen2_5_7b_shapes_beside_matvec_q4(backend):
             out = cp.empty((T, N), dtype=cp.float32)
             figures = {}
             for label, flag in (("gemv_q4", True), ("matvec_q4", False)):
-                backend.q4_gemv = flag
+                backend.q4_gemv = flag  # off: backend._linear takes matvec_q4 at any T
                 try:
-                    for _ in range(3):
-                        backend._linear(x, dw, None, out)
-                    start.record()
-                    for _ in range(50):
-                        backend._linear(x, dw, None, out)
-                    stop.record()
-                    stop.synchronize()
+                    us = graph_us(lambda: gemv_q4(backend, x, dw.marlin, None, out) if flag
+                                  else backend._linear(x, dw, None, out))
                 finally:
                     backend.q4_gemv = True
-                us = cp.cuda.get_elapsed_time(start, stop) * 1e3 / 50
                 figures[label] = {"us": round(us, 2), "GB/s": round(nbytes / us / 1e3, 1)}
                 totals[f"{label} T{T}"] = totals.get(f"{label} T{T}", 0.0) + us
             lines.append(f"  {name:8s} N{N} K{K} T{T}: {figures}")
             report(f"gemv_q4 timing {name} T{T}", figures)
         del dw
     totals = {k: round(28 * v / 1e3, 3) for k, v in totals.items()}
-    print("\nAWQ G128 linears of Qwen2.5-7B, one layer (launches back to back, no graph):\n" + "\n".join(lines))
+    print("\nAWQ G128 linears of Qwen2.5-7B, one layer (inside a CUDA graph):\n" + "\n".join(lines))
     print(f"  28 layers, ms: {totals}")
     report("gemv_q4 timing qwen2.5-7b 28 layers ms", totals)

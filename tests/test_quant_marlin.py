@@ -125,10 +125,10 @@ def test_marlin_scales_are_group_major_words_of_scale_and_zero():
 
 # ---------------------------------------------------------------------- gemv_q4 (decode) over the same layout
 def gemv_emulated(packed: np.ndarray, sz: np.ndarray, x: np.ndarray, G: int, mode: int) -> np.ndarray:
-    """out[T, N] as gemm_q4.cu's gemv_q4 computes it, operation by operation in float64: per k32 block each lane's
-    four words become bf16x2 registers (128 + nibble p, 128 + nibble p + 4) = lop3(w >> 4p), the A registers pair
-    the lane's x values to match (x rounded to bf16), mma sums slot by slot, a ones-mma sums x, and each group ends
-    with acc += s (C - (128 + z) X) (zero) or s (C - 128 X) + m X (min)."""
+    """out[T, N] as gemm_q4.cu's gemv_q4 computes it, in float64: per k32 block each lane's four words become bf16x2
+    registers (128 + nibble p, 128 + nibble p + 4) = lop3(w >> 4p) (the codes' mma operand), the lane's x values
+    are paired to match in the other operand (x rounded to bf16), mma sums slot by slot, a ones-mma sums x, and
+    each group ends with acc += s (C - (128 + z) X) (zero) or s (C - 128 X) + m X (min)."""
     NB, KB = packed.shape[:2]
     T, K = x.shape
     xb = bf16(x).astype(np.float64)
@@ -142,7 +142,7 @@ def gemv_emulated(packed: np.ndarray, sz: np.ndarray, x: np.ndarray, G: int, mod
             for lane in range(32):
                 g, t = divmod(lane, 4)
                 k0 = 32 * kb + 2 * t
-                # A: (slot 2t, 2t+1) and (slot 2t+8, 2t+9) of step 0 / 1, from the float2 loads at k0, +8, +16, +24
+                # x: (slot 2t, 2t+1) and (slot 2t+8, 2t+9) of step 0 / 1, from the float2 loads at k0, +8, +16, +24
                 a = {0: ((k0, k0 + 16), (k0 + 1, k0 + 17)), 1: ((k0 + 8, k0 + 24), (k0 + 9, k0 + 25))}
                 for i in range(4):
                     w = u32(packed[nb, kb, lane, i])
@@ -153,7 +153,7 @@ def gemv_emulated(packed: np.ndarray, sz: np.ndarray, x: np.ndarray, G: int, mod
                         for (klo, khi), (blo, bhi) in zip(a[step], (b0, b1)):
                             for h, (k, code) in enumerate(((klo, blo), (khi, bhi))):
                                 assert code >> 8 == 0x43  # 128 + q: the magic exponent untouched
-                                # this slot pair sits in column n = 8 i + g of B and in A's row (token) m
+                                # this slot pair: column n = 8 i + g of the tile, every token
                                 C[:, 8 * i + g] += xb[:, k] * (128 + (code & 0xF))
             X += xb[:, 32 * kb: 32 * kb + 32].sum(axis=1)
             if (kb + 1) % (G // 32) == 0 or kb + 1 == KB:

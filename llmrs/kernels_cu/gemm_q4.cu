@@ -281,28 +281,32 @@ extern "C" __global__ void gemm_q4_reduce(const float* __restrict__ part, const 
 
 // ---------------------------------------------------------------------- the decode GEMV over the same layout
 // gemv_q4{z,m}: out[T, N] (= or +=) x[T, K] @ W^T (+ bias) for T <= 8 tokens (decode), x f32 (the matvec's
-// input), W the Marlin layout above (no second copy read). Memory-bound: the goal is streaming the packed bytes,
-// so a warp owns one 32-column tile (nb) and a contiguous run of k32 blocks (kb), each one coalesced 512-byte
-// load (16 bytes a lane), several in flight (GV_DEPTH, the next ones loaded while the current ones are used;
-// the first ones before pdl_wait: weights are never written by a kernel).
+// input), W the Marlin layout above (no second copy read). Memory-bound: a warp owns one 32-column tile (nb) and
+// a contiguous run of k32 blocks (kb), each one coalesced 512-byte load (16 bytes a lane), software-pipelined as
+// matvec.cu is: the next GV_DEPTH loads go out before the current ones are used, the first ones before pdl_wait
+// (weights are never written by a kernel: in a graph they stream while the previous kernel drains). No barrier
+// until the warps of a block (one tile, K split over them) meet at the end. (Measured on the H200 against a
+// cp.async ring of 8 stages a warp at 72 registers: slower, 2.79 vs 2.19 ms for a 7B's linears.)
 //
-// Tensor cores with x as the A operand (m16: tokens in rows 0..7, rows 8..15 zero) and the codes as B:
+// Tensor cores, the codes as the A operand (m16 = 16 of the tile's columns: rows g and g + 8 of the mma are the
+// lane's words 2j and 2j + 1, i.e. columns 16 j + g and 16 j + 8 + g) and x as B (n8 = the tokens):
 //   - one lop3 turns two codes into a bf16x2 of (128 + q): the nibbles at bits 0..3 and 16..19 of (w >> 4p),
 //     p = 0..3, give the pairs (nibble p, nibble p + 4). mma only needs A and B to agree on which k each slot
-//     holds, so the slots take those pairs as they come, and the lane's A registers are packed to match:
-//     slot pair (2t, 2t + 1) of k16 step 0 holds k (2t, 16 + 2t), pair (2t + 8, 2t + 9) holds (2t + 1, 17 + 2t);
-//     step 1 the same plus 8 (k relative to 32 kb; the Marlin k of nibble j at the top of this file).
+//     holds, so the slots take those pairs as they come and x is packed to match: slot pair (2t, 2t + 1) of k16
+//     step 0 holds k (2t, 16 + 2t), pair (2t + 8, 2t + 9) holds (2t + 1, 17 + 2t); step 1 the same plus 8 (k
+//     relative to 32 kb; the Marlin k of nibble j at the top of this file).
 //   - the codes enter raw (128 + q: exact in bf16), the scale and zero after the group's mma: per group
-//     C = sum (128 + q) x and X = sum x (one more mma against ones, so X sums the same bf16 x), then
+//     C = sum (128 + q) x and X = sum x (one more mma, ones against x, so X sums the same bf16 x), then
 //       zero: acc += s (C - (128 + z) X) = sum (q - z) s x;   min: acc += s (C - 128 X) + m X = sum (q s + m) x.
 //     The cancellation costs ~4 of the f32 accumulator's 24 bits; the weights are exact (not rounded to bf16),
-//     x is rounded to bf16 as the GEMM paths round it.
-//   Per 32 weights a lane: 1 load, 3 shifts + 4 lop3, 2 mma (+ 1/4 x fragment and ones mma shared by 4 words).
-// Block: 8 warps on one 32-column tile, K split over the warps and over gridDim.y (S slices); the warps meet in
-// shared memory in a fixed order; with S > 1 each block writes its f32 partial and the last block of the tile
-// (a counter per tile, reset by that block) sums the S partials in slice order: deterministic, one launch.
-#define GV_WARPS 8
-#define GV_DEPTH 4
+//     x is rounded to bf16 as the GEMM paths round it. (tests/test_quant_marlin.py emulates this in numpy.)
+//   Per 32 weights a lane: one 4-byte share of a load, 3 shifts + 4 lop3, 1 mma; per k32 block 2 ones mma and
+//   x's B registers (4 float2 from L1, lanes of tokens < T only).
+// K is split over the block's warps and over gridDim.y (S slices); the warps meet in shared memory in a fixed
+// order; with S > 1 each block writes its f32 partial and the last block of the tile (a counter per tile, reset
+// by that block) sums the S partials in slice order: deterministic, one launch.
+#define GV_WARPS 4
+#define GV_DEPTH 4  // k32 blocks in flight a warp while the previous GV_DEPTH are used (registers)
 #define GV_BF16_ONES 0x3F803F80u
 
 __device__ __forceinline__ unsigned bf16x2_code(unsigned w) {
@@ -311,45 +315,54 @@ __device__ __forceinline__ unsigned bf16x2_code(unsigned w) {
     return r;
 }
 
-// one k32 block: x fragments for the lane's token (row g, clamped), four words' mma, the ones mma
-__device__ __forceinline__ void gemv_kb(uint4 q, const float* __restrict__ xr, float (&c)[4][4], float (&cx)[4]) {
-    const float2 x0 = *reinterpret_cast<const float2*>(xr), x1 = *reinterpret_cast<const float2*>(xr + 8);
-    const float2 x2 = *reinterpret_cast<const float2*>(xr + 16), x3 = *reinterpret_cast<const float2*>(xr + 24);
-    const unsigned a0[4] = {pack_bf16x2(x0.x, x2.x), 0u, pack_bf16x2(x0.y, x2.y), 0u};
-    const unsigned a1[4] = {pack_bf16x2(x1.x, x3.x), 0u, pack_bf16x2(x1.y, x3.y), 0u};
-    const unsigned wq[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const unsigned w = wq[i];
-        mma_bf16(c[i], a0, bf16x2_code(w), bf16x2_code(w >> 4));
-        mma_bf16(c[i], a1, bf16x2_code(w >> 8), bf16x2_code(w >> 12));
-    }
-    mma_bf16(cx, a0, GV_BF16_ONES, GV_BF16_ONES);
-    mma_bf16(cx, a1, GV_BF16_ONES, GV_BF16_ONES);
+// x's B registers of one kb for the lane's token (zeros for a lane whose token is >= T): step 0 b0, b1, step 1 b0, b1
+__device__ __forceinline__ uint4 gemv_xb(const float* __restrict__ xr, bool live) {
+    if (!live) return make_uint4(0u, 0u, 0u, 0u);
+    const float2 x0 = __ldg(reinterpret_cast<const float2*>(xr)), x1 = __ldg(reinterpret_cast<const float2*>(xr + 8));
+    const float2 x2 = __ldg(reinterpret_cast<const float2*>(xr + 16));
+    const float2 x3 = __ldg(reinterpret_cast<const float2*>(xr + 24));
+    return make_uint4(pack_bf16x2(x0.x, x2.x), pack_bf16x2(x0.y, x2.y), pack_bf16x2(x1.x, x3.x),
+                      pack_bf16x2(x1.y, x3.y));
 }
 
-// the group's scale and zero (min) into acc; c and cx start over
+// one k32 block: two m16 tiles of codes (words 0, 1 and 2, 3) x two k16 steps, and the ones mma for X
+__device__ __forceinline__ void gemv_kb(uint4 q, uint4 xb, float (&c)[2][4], float (&cx)[4]) {
+    const unsigned wq[4] = {q.x, q.y, q.z, q.w};
+    const unsigned ones[4] = {GV_BF16_ONES, GV_BF16_ONES, GV_BF16_ONES, GV_BF16_ONES};
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const unsigned lo = wq[2 * j], hi = wq[2 * j + 1];
+        const unsigned a0[4] = {bf16x2_code(lo), bf16x2_code(hi), bf16x2_code(lo >> 4), bf16x2_code(hi >> 4)};
+        const unsigned a1[4] = {bf16x2_code(lo >> 8), bf16x2_code(hi >> 8), bf16x2_code(lo >> 12),
+                                bf16x2_code(hi >> 12)};
+        mma_bf16(c[j], a0, xb.x, xb.y);
+        mma_bf16(c[j], a1, xb.z, xb.w);
+    }
+    mma_bf16(cx, ones, xb.x, xb.y);
+    mma_bf16(cx, ones, xb.z, xb.w);
+}
+
+// the group's scale and zero (min) into acc; sw[2 j + r]: the scale word of column 16 j + 8 r + g; c[j][2 r + h]
+// is (that column, token 2 t + h), cx[h] = X of token 2 t + h. c and cx start over.
 template <int MODE>
-__device__ __forceinline__ void gemv_flush(const unsigned* __restrict__ SZ, int grp, int N, int col0, float (&c)[4][4],
-                                           float (&cx)[4], float (&acc)[4][2]) {
-    const float X = cx[0];
+__device__ __forceinline__ void gemv_flush(const unsigned (&sw)[4], float (&c)[2][4], float (&cx)[4],
+                                           float (&acc)[2][4]) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const uint2 sz = __ldg(reinterpret_cast<const uint2*>(SZ + (size_t)grp * N + col0 + 8 * i));
-        const unsigned w2[2] = {sz.x, sz.y};
+    for (int j = 0; j < 2; ++j)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const float s = gq_f16_to_f32((unsigned short)(w2[h] & 0xffffu));
-            const float z = gq_f16_to_f32((unsigned short)(w2[h] >> 16));
-            if (MODE == 0) {
-                acc[i][h] = fmaf(s, fmaf(-(128.0f + z), X, c[i][h]), acc[i][h]);
-            } else {
-                acc[i][h] = fmaf(s, fmaf(-128.0f, X, c[i][h]), fmaf(z, X, acc[i][h]));
+        for (int r = 0; r < 2; ++r) {
+            const unsigned w = sw[2 * j + r];
+            const float s = gq_f16_to_f32((unsigned short)(w & 0xffffu)), z = gq_f16_to_f32((unsigned short)(w >> 16));
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float& a = acc[j][2 * r + h];
+                if (MODE == 0)
+                    a = fmaf(s, fmaf(-(128.0f + z), cx[h], c[j][2 * r + h]), a);
+                else
+                    a = fmaf(s, fmaf(-128.0f, cx[h], c[j][2 * r + h]), fmaf(z, cx[h], a));
+                c[j][2 * r + h] = 0.0f;
             }
         }
-#pragma unroll
-        for (int e = 0; e < 4; ++e) c[i][e] = 0.0f;
-    }
 #pragma unroll
     for (int e = 0; e < 4; ++e) cx[e] = 0.0f;
 }
@@ -358,88 +371,110 @@ template <int MODE>
 __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ,
                                              const float* __restrict__ x, const float* __restrict__ bias,
                                              float* __restrict__ out, float* __restrict__ part, int* __restrict__ sem,
-                                             int T, int N, int K, int G, int accumulate, int kb_per_warp) {
+                                             int T, int N, int K, int G, int accumulate, int kpw) {
     pdl_trigger();
-    __shared__ float red[GV_WARPS][8][32];
+    __shared__ float red[GV_WARPS][8][36];  // [warp][token][column] (36: conflict-free stores)
     __shared__ int last;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int nb = blockIdx.x, KB = K >> 5, cpg = G >> 5;
-    const int kb_lo = min(KB, (blockIdx.y * GV_WARPS + warp) * kb_per_warp), kb_hi = min(KB, kb_lo + kb_per_warp);
+    const int kb_lo = min(KB, (blockIdx.y * GV_WARPS + warp) * kpw), kb_hi = min(KB, kb_lo + kpw);
     const uint4* wp = Bq + (size_t)nb * KB * 32 + lane;
-    uint4 buf[GV_DEPTH];
+    uint4 qn[GV_DEPTH];
 #pragma unroll
     for (int d = 0; d < GV_DEPTH; ++d)
-        if (kb_lo + d < kb_hi) buf[d] = __ldg(wp + (size_t)(kb_lo + d) * 32);
+        if (kb_lo + d < kb_hi) qn[d] = __ldg(wp + (size_t)(kb_lo + d) * 32);
     pdl_wait();  // x (and out, part) come from earlier kernels
 
-    const float* xr = x + (size_t)min(g, T - 1) * K + 2 * t;
-    const int col0 = nb * 32 + 2 * t;
-    float c[4][4], cx[4], acc[4][2];
+    const bool live = g < T;
+    const float* xr = x + (size_t)(live ? g : 0) * K + 2 * t;
+    const unsigned* szc = SZ + nb * 32 + g;  // + group * N + 16 j + 8 r
+    float c[2][4], cx[4], acc[2][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) c[i][e] = 0.0f;
-        acc[i][0] = acc[i][1] = 0.0f;
-    }
-#pragma unroll
-    for (int e = 0; e < 4; ++e) cx[e] = 0.0f;
+    for (int e = 0; e < 4; ++e) c[0][e] = c[1][e] = cx[e] = acc[0][e] = acc[1][e] = 0.0f;
     for (int base = kb_lo; base < kb_hi; base += GV_DEPTH) {
-        uint4 cur[GV_DEPTH];
+        // this batch's codes (loaded a batch ago), x's B registers and scale words (L1 / L2), then the next
+        // batch's codes go out before any of this batch is used
+        uint4 q[GV_DEPTH], xb[GV_DEPTH];
+        unsigned sw[GV_DEPTH][4];
 #pragma unroll
-        for (int d = 0; d < GV_DEPTH; ++d) cur[d] = buf[d];
+        for (int d = 0; d < GV_DEPTH; ++d) {
+            q[d] = qn[d];
+            const int kb = min(base + d, kb_hi - 1);
+            xb[d] = gemv_xb(xr + 32 * kb, live);
+            const unsigned* sp = szc + (size_t)(kb / cpg) * N;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sw[d][e] = __ldg(sp + 8 * e);  // e = 2 j + r: column 16 j + 8 r + g
+        }
 #pragma unroll
         for (int d = 0; d < GV_DEPTH; ++d)
-            if (base + GV_DEPTH + d < kb_hi) buf[d] = __ldg(wp + (size_t)(base + GV_DEPTH + d) * 32);
+            if (base + GV_DEPTH + d < kb_hi) qn[d] = __ldg(wp + (size_t)(base + GV_DEPTH + d) * 32);
 #pragma unroll
         for (int d = 0; d < GV_DEPTH; ++d) {
             const int kb = base + d;
             if (kb < kb_hi) {
-                gemv_kb(cur[d], xr + 32 * kb, c, cx);
-                if (kb + 1 == kb_hi || (kb + 1) % cpg == 0) gemv_flush<MODE>(SZ, kb / cpg, N, col0, c, cx, acc);
+                gemv_kb(q[d], xb[d], c, cx);
+                if (kb + 1 == kb_hi || (kb + 1) % cpg == 0) gemv_flush<MODE>(sw[d], c, cx, acc);
             }
         }
     }
-    // lane (g, t) holds token g, columns 8 i + 2 t + h of the tile
+    // lane (g, t): column 16 j + 8 r + g, token 2 t + h in acc[j][2 r + h]
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        red[warp][g][8 * i + 2 * t] = acc[i][0];
-        red[warp][g][8 * i + 2 * t + 1] = acc[i][1];
-    }
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) red[warp][2 * t + h][16 * j + 8 * r + g] = acc[j][2 * r + h];
     __syncthreads();
-    const int m = threadIdx.x >> 5, j = lane, n = nb * 32 + j;  // 256 threads: (token, column)
-    float v = 0.0f;
+    float v[2];  // thread tid: (token, column) pairs tid and tid + 128 of the 8 x 32
 #pragma unroll
-    for (int w = 0; w < GV_WARPS; ++w) v += red[w][m][j];
+    for (int p = 0; p < 2; ++p) {
+        const int m = (tid >> 5) + 4 * p;
+        v[p] = 0.0f;
+#pragma unroll
+        for (int w = 0; w < GV_WARPS; ++w) v[p] += red[w][m][lane];
+    }
+    const int n = nb * 32 + lane;
     if (gridDim.y > 1) {
-        if (m < T) part[((size_t)blockIdx.y * T + m) * N + n] = v;
-        __threadfence();
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            const int m = (tid >> 5) + 4 * p;
+            if (m < T) {
+                part[((size_t)blockIdx.y * T + m) * N + n] = v[p];
+                __threadfence();  // the write, visible before the count below says so
+            }
+        }
         __syncthreads();
-        if (threadIdx.x == 0) last = atomicAdd(sem + nb, 1) == (int)gridDim.y - 1;
+        if (tid == 0) last = atomicAdd(sem + nb, 1) == (int)gridDim.y - 1;
         __syncthreads();
         if (!last) return;
         __threadfence();
-        if (m < T) {
-            v = 0.0f;
-            for (int z = 0; z < (int)gridDim.y; ++z) v += __ldcg(part + ((size_t)z * T + m) * N + n);
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            const int m = (tid >> 5) + 4 * p;
+            if (m < T) {
+                v[p] = 0.0f;
+                for (int z = 0; z < (int)gridDim.y; ++z) v[p] += __ldcg(part + ((size_t)z * T + m) * N + n);
+            }
         }
-        if (threadIdx.x == 0) sem[nb] = 0;  // ready for the next launch (stream order)
+        if (tid == 0) sem[nb] = 0;  // ready for the next launch (stream order)
     }
-    if (m < T) {
-        if (bias) v += bias[n];
-        float* dst = out + (size_t)m * N + n;
-        *dst = accumulate ? *dst + v : v;
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+        const int m = (tid >> 5) + 4 * p;
+        if (m < T) {
+            const float o = v[p] + (bias ? bias[n] : 0.0f);
+            float* dst = out + (size_t)m * N + n;
+            *dst = accumulate ? *dst + o : o;
+        }
     }
 }
 
-extern "C" __global__ void __launch_bounds__(32 * GV_WARPS, 2)
-    gemv_q4z(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ, const float* __restrict__ x,
-             const float* __restrict__ bias, float* __restrict__ out, float* __restrict__ part, int* __restrict__ sem,
-             int T, int N, int K, int G, int accumulate, int kb_per_warp) {
-    gemv_q4_impl<0>(Bq, SZ, x, bias, out, part, sem, T, N, K, G, accumulate, kb_per_warp);
-}
-extern "C" __global__ void __launch_bounds__(32 * GV_WARPS, 2)
-    gemv_q4m(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ, const float* __restrict__ x,
-             const float* __restrict__ bias, float* __restrict__ out, float* __restrict__ part, int* __restrict__ sem,
-             int T, int N, int K, int G, int accumulate, int kb_per_warp) {
-    gemv_q4_impl<1>(Bq, SZ, x, bias, out, part, sem, T, N, K, G, accumulate, kb_per_warp);
-}
+#define GEMV_Q4(NAME, MODE)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(32 * GV_WARPS, 4)                                                \
+        NAME(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ, const float* __restrict__ x,          \
+             const float* __restrict__ bias, float* __restrict__ out, float* __restrict__ part,                   \
+             int* __restrict__ sem, int T, int N, int K, int G, int accumulate, int kpw) {                        \
+        gemv_q4_impl<MODE>(Bq, SZ, x, bias, out, part, sem, T, N, K, G, accumulate, kpw);                         \
+    }
+GEMV_Q4(gemv_q4z, 0)
+GEMV_Q4(gemv_q4m, 1)

@@ -35,8 +35,14 @@ BK = 64  # k per pipeline stage
 MIN_KT_PER_SPLIT = 8  # a K slice of at least 512 keeps the 3-4 stage pipeline worth filling
 MAX_SPLITS = 8
 MAX_TOKENS = 128  # above, dequantize + cuBLAS is faster (module docstring)
-GEMV_MAX_TOKENS = 8  # gemv_q4: x's tokens are the rows 0..7 of one m16 tile
-GEMV_WARPS = 8  # GV_WARPS in gemm_q4.cu: warps per block (one 32-column tile each, K split over them)
+GEMV_MAX_TOKENS = 8  # gemv_q4: x's tokens are the 8 columns of one n8 tile
+# the backend's decode path takes gemv_q4 from 2 tokens; one token stays on matvec_q4 (row layout, f32 FMA).
+# Measured on the H200 (tests/test_gemv_q4_gpu.py, AWQ G128, a Qwen2.5-7B layer's four linears inside a graph,
+# x 28 layers): T = 1 gemv 2.19 ms vs matvec 2.24 but the decode bench 3.43 vs 3.40 ms/token; T = 4 2.26 vs 7.75
+GEMV_MIN_TOKENS = 2
+GEMV_WARPS = 4  # GV_WARPS in gemm_q4.cu: warps per block (a block: one 32-column tile, K split over its warps)
+GEMV_DEPTH = 4  # GV_DEPTH: k32 blocks a warp has in flight (its runs are multiples of it)
+GEMV_BLOCKS_PER_SM = 4  # resident at once: 128 registers x 128 threads (ptx-check)
 GEMV_SEM_TILES = 1 << 16  # per-tile counters of the split-K hand-off: N up to 2M columns
 
 
@@ -117,11 +123,13 @@ def gemm_q4(backend: Any, x_bf16: Any, mw: MarlinWeight | None, bias: Any | None
 
 
 def gemv_splits(backend: Any, N: int, K: int, splits: int | None = None) -> tuple[int, int]:
-    """(S, kb_per_warp) of gemv_q4: K slices over grid.y so that the 32-column tiles times S reach about two
-    blocks per SM (or `splits`, for tests), each warp of a block taking kb_per_warp consecutive k32 blocks."""
+    """(S, kb_per_warp) of gemv_q4: K slices over grid.y so that the 32-column tiles times S reach about
+    GEMV_BLOCKS_PER_SM blocks per SM (or `splits`, for tests), each warp taking a multiple of GEMV_DEPTH
+    consecutive k32 blocks."""
     NB, KB = N // 32, K // 32
-    S = max(1, min(-(-2 * backend.num_sms // NB) if splits is None else splits, -(-KB // GEMV_WARPS)))
-    per = -(-KB // (S * GEMV_WARPS))
+    want = -(-GEMV_BLOCKS_PER_SM * backend.num_sms // NB) if splits is None else splits
+    S = max(1, min(want, -(-KB // (GEMV_WARPS * GEMV_DEPTH))))
+    per = -(-KB // (S * GEMV_WARPS * GEMV_DEPTH)) * GEMV_DEPTH
     return -(-KB // (GEMV_WARPS * per)), per  # no empty slice
 
 
