@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from llmrs.engine.backends.cuda_q4gemm import GEMV_MIN_TOKENS, gemv_q4
+from llmrs.engine.backends.cuda_q4gemm import gemv_q4, gemv_takes
 from llmrs.engine.batch import StepBatch
 from llmrs.engine.config import ModelConfig
 from llmrs.engine.model import Model, ModelWeights, rope_inv_freq
@@ -480,9 +480,10 @@ class CUDABackend:
         N, G = w.N, w.group_size
         assert w.K == K and out.shape == (T, N)
         if T <= self.matvec_max_tokens:
-            # 4-bit from GEMV_MIN_TOKENS tokens: the tensor-core GEMV over the GEMM's layout (gemm_q4.cu); the
-            # row-major matvec for one token, 8-bit and shapes the layout lacks (or LLMRS_Q4_GEMV=0)
-            if (self.q4_gemv and w.kind == "q4" and T >= GEMV_MIN_TOKENS
+            # 4-bit: the tensor-core GEMV over the GEMM's layout (gemm_q4.cu) where it is the faster one
+            # (cuda_q4gemm.gemv_takes); the row-major matvec for 8-bit, for one token of a smaller N, and for
+            # shapes the layout lacks (or LLMRS_Q4_GEMV=0)
+            if (self.q4_gemv and w.kind == "q4" and gemv_takes(self, T, N)
                     and gemv_q4(self, x, w.marlin, bias, out, accumulate, name, w.nbytes)):
                 return
             nt = matvec_nt(T)

@@ -36,9 +36,10 @@ MIN_KT_PER_SPLIT = 8  # a K slice of at least 512 keeps the 3-4 stage pipeline w
 MAX_SPLITS = 8
 MAX_TOKENS = 128  # above, dequantize + cuBLAS is faster (module docstring)
 GEMV_MAX_TOKENS = 8  # gemv_q4: x's tokens are the 8 columns of one n8 tile
-# the backend's decode path takes gemv_q4 from 2 tokens; one token stays on matvec_q4 (row layout, f32 FMA).
-# Measured on the H200 (tests/test_gemv_q4_gpu.py, AWQ G128, a Qwen2.5-7B layer's four linears inside a graph,
-# x 28 layers): T = 1 gemv 2.19 ms vs matvec 2.24 but the decode bench 3.43 vs 3.40 ms/token; T = 4 2.26 vs 7.75
+# The backend's decode path takes gemv_q4 from 2 tokens, and for one token where the 32-column tiles alone fill
+# the GPU (no split-K hand-off); one token of a smaller N stays on matvec_q4 (row layout, f32 FMA). Measured on the
+# H200 (tests/test_gemv_q4_gpu.py, AWQ G128, Qwen2.5-7B shapes inside a graph, us gemv / matvec): T = 1 gate_up
+# 36.7 / 43.6 (S = 1), qkv 9.0 / 8.8, o 6.9 / 6.0, down 25.5 / 21.3 (S = 4-5); T = 4 the four 72 / 277.
 GEMV_MIN_TOKENS = 2
 GEMV_WARPS = 4  # GV_WARPS in gemm_q4.cu: warps per block (a block: one 32-column tile, K split over its warps)
 GEMV_DEPTH = 4  # GV_DEPTH: k32 blocks a warp has in flight (its runs are multiples of it)
@@ -131,6 +132,11 @@ def gemv_splits(backend: Any, N: int, K: int, splits: int | None = None) -> tupl
     S = max(1, min(want, -(-KB // (GEMV_WARPS * GEMV_DEPTH))))
     per = -(-KB // (S * GEMV_WARPS * GEMV_DEPTH)) * GEMV_DEPTH
     return -(-KB // (GEMV_WARPS * per)), per  # no empty slice
+
+
+def gemv_takes(backend: Any, T: int, N: int) -> bool:
+    """Whether the backend's decode path runs T tokens through gemv_q4 (GEMV_MIN_TOKENS above)."""
+    return T >= GEMV_MIN_TOKENS or N // 32 >= GEMV_BLOCKS_PER_SM * backend.num_sms
 
 
 def gemv_q4(backend: Any, x: Any, mw: MarlinWeight | None, bias: Any | None, out: Any, accumulate: bool = False,
