@@ -351,9 +351,9 @@ def _load(model: str, num_blocks: int, block_size: int, graphs: bool) -> tuple[A
     loaded = load(model)
     backend = CUDABackend(loaded.config, num_blocks=num_blocks, block_size=block_size, cuda_graphs=graphs)
     if loaded.tensors is None:
-        from llmrs.synth import gpu_weights
+        from llmrs.synth import synthetic_weights
 
-        weights = gpu_weights(loaded.config, backend)
+        weights = synthetic_weights(loaded, backend)  # "synthetic:PRESET-awq": packed 4-bit linears
     else:
         weights = build_weights(loaded.config, loaded.tensors, backend)
     return loaded.config, backend, CUDAModel(loaded.config, weights, backend)

@@ -281,6 +281,13 @@ class GpuDraws:
         return cp.asarray(round_bf16(cp.asnumpy(self.rs.standard_normal((n,), dtype=cp.float32) * STD)))
 
 
+def synthetic_weights(loaded: Any, backend: Any) -> ModelWeights:
+    """gpu_weights for a synthetic LoadedModel (no tensors): packed AWQ 4-bit linears where its source says so
+    ("synthetic:PRESET-awq"), bf16 otherwise."""
+    q = loaded.source.quantization
+    return gpu_weights(loaded.config, backend, quant="awq" if q else None, group_size=q["group_size"] if q else 128)
+
+
 def gpu_weights(c: ModelConfig, backend: Any, seed: int = 0, quant: str | None = None,
                 group_size: int = 128) -> ModelWeights:
     """Random weights drawn on the GPU in the backend's storage (bf16 matrices, f32 vectors); q/k/v and

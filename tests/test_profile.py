@@ -171,3 +171,18 @@ def test_profile_of_real_steps_on_the_gpu(tmp_path):
     assert profiles[-1].categories["prefill attention"] > 0 and profiles[0].categories["decode attention"] > 0
     prof.save_json(tmp_path / "p.json", profiles, meta)
     assert json.loads((tmp_path / "p.json").read_text())["steps"][2]["batch"] == 12
+
+
+@pytest.mark.gpu
+def test_profile_of_a_synthetic_awq_preset_runs_its_packed_weights():
+    """`llmrs profile --synthetic qwen2.5-0.5b-awq`: the 4-bit linears drawn packed (as `llmrs serve` draws them),
+    timed as quantized kernels against their packed bytes; not the preset's bf16 weights."""
+    from tests.cuda_helpers import require_gpu
+
+    require_gpu()
+    profiles, _ = prof.run_profile("synthetic:qwen2.5-0.5b-awq", [1, 4], context=40, prefill_len=30, steps=2,
+                                   gpu="auto")
+    for p in profiles[:2]:
+        names = [k.kernel for k in p.kernels]
+        assert any(n.startswith("matvec_q ") for n in names), names
+        assert not any(n.startswith("matvec qkv") or n.startswith("matvec gate_up") for n in names), names

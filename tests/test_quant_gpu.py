@@ -136,7 +136,7 @@ def test_tiny_awq_matvec_everywhere_equals_cpu_reference_on_exact_weights(arch, 
     kept = load(str(tiny_awq[arch]), keep_quantized=True)
     gpu = ModelRunner(kept, num_blocks=32, device="cuda")
     assert isinstance(gpu.model.w.layers[0].qkv, Q.DeviceQuantWeight)
-    gpu.backend.matvec_max_tokens = 1 << 30  # prefill through the 4-bit matvec too: f32 activations
+    gpu.backend.quant_matvec_max_tokens = 1 << 30  # prefill through the 4-bit matvec too: f32 activations
     gpu.backend.q4_gemv = False  # and decode (the GEMV rounds x to bf16)
     gpu.backend.prefill_min_tokens = None  # and the f32 attention kernel (the tensor-core one rounds q to bf16)
     cpu = exact_reference(load(str(tiny_awq[arch])), 32)

@@ -49,11 +49,9 @@ class ModelRunner:
 
             self.backend = CUDABackend(self.config, num_blocks=num_blocks, block_size=block_size)
             if loaded.tensors is None:
-                from llmrs.synth import gpu_weights
+                from llmrs.synth import synthetic_weights
 
-                q = loaded.source.quantization  # synthetic AWQ: packed 4-bit linears, drawn on the GPU
-                weights = gpu_weights(self.config, self.backend, quant="awq" if q else None,
-                                      group_size=q["group_size"] if q else 128)
+                weights = synthetic_weights(loaded, self.backend)  # drawn on the GPU (AWQ: packed 4-bit linears)
             else:
                 weights = build_weights(self.config, loaded.tensors, self.backend)
             self.model = CUDAModel(self.config, weights, self.backend)

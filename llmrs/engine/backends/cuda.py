@@ -186,7 +186,10 @@ class CUDABackend:
         self.tp = tp  # a TPRank (llmrs.engine.tp_nccl) on a tensor-parallel rank: `config` is then its shard's
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self.matvec_max_tokens = matvec_max_tokens
+        # bf16 weights: the matvec up to this many tokens, cuBLAS above (LLMRS_MATVEC_MAX_TOKENS, for measuring
+        # the crossover); quantized weights: their decode kernels up to quant_matvec_max_tokens (the GEMV's 8)
+        self.matvec_max_tokens = int(os.environ.get("LLMRS_MATVEC_MAX_TOKENS", matvec_max_tokens))
+        self.quant_matvec_max_tokens = 8
         forced = os.environ.get("LLMRS_MATVEC_SPLITS", "")
         self._matvec_forced_splits = int(forced) if forced in ("1", "2", "4") else 0
         self.attn_splits: int | None = None  # None: chosen per step; tests force values
@@ -472,14 +475,14 @@ class CUDABackend:
 
     def _linear_quant(self, x: Any, w: DeviceQuantWeight, bias: Any | None, out: Any, accumulate: bool,
                       name: str) -> None:
-        """_linear over a quantized weight: up to matvec_max_tokens tokens the 4-/8-bit matvec (matvec_q4.cu)
+        """_linear over a quantized weight: up to quant_matvec_max_tokens tokens the 4-/8-bit matvec (matvec_q4.cu)
         streams the packed weight; up to cuda_q4gemm.MAX_TOKENS the Marlin-style 4-bit GEMM (gemm_q4.cu, weights
         decoded to the same bf16 values --dequantize holds); above, the weight is dequantized into a bf16 scratch
         (bit-exact with the --dequantize weights) for cuBLAS."""
         T, K = x.shape
         N, G = w.N, w.group_size
         assert w.K == K and out.shape == (T, N)
-        if T <= self.matvec_max_tokens:
+        if T <= self.quant_matvec_max_tokens:
             # 4-bit: the tensor-core GEMV over the GEMM's layout (gemm_q4.cu) where it is the faster one
             # (cuda_q4gemm.gemv_takes); the row-major matvec for 8-bit, for one token of a smaller N, and for
             # shapes the layout lacks (or LLMRS_Q4_GEMV=0)
