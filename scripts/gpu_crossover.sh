@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One call on a lent H200: the decode-step walls behind two crossovers, from `llmrs profile` (graphs on):
+#   bf16 matvec vs cuBLAS for 1-8 tokens (LLMRS_MATVEC_MAX_TOKENS 8 / 2 / 1) on synthetic Qwen2.5 7B and 0.5B;
+#   4-bit gemv_q4 vs matvec_q4 (LLMRS_Q4_GEMV 1 / 0) on the 7B AWQ. After the GPU tests these touch (TESTS=0 skips).
+# Results under $OUT (profile JSON + text); the step-wall lines printed. Expects wheels in .whl/.
+set -uo pipefail
+. scripts/gpu_lib.sh; use_wheels
+R=$OUT; mkdir -p $R
+if [ "${TESTS:-1}" = 1 ]; then
+  step "GPU tests (profile, quant, gemv, cuda kernels)"
+  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_profile.py tests/test_quant_gpu.py \
+    tests/test_gemv_q4_gpu.py tests/test_cuda_kernels.py > $R/gpu_tests.log 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" $R/gpu_tests.log | tail -8
+fi
+prof() {  # label, synthetic preset, batches, then VAR=VALUE settings
+  local label=$1 preset=$2 batches=$3; shift 3
+  env "$@" timeout 150 python3 -m llmrs profile --synthetic $preset --batch $batches --context 512 --prefill-len 16 \
+    --steps 5 --top 4 --out $R/profile-$label.json > $R/profile-$label.txt 2>&1
+  printf "%-34s %s\n" "$label" "$(grep -E 'step wall ms|rror' $R/profile-$label.txt | head -2 | tr -s ' │' ' ')"
+}
+step "decode step wall ms (columns: the batches, then prefill 16)"
+for v in 8 2 1; do prof 7b-mvmax$v qwen2.5-7b 1,2,3,4,8 LLMRS_MATVEC_MAX_TOKENS=$v; done
+for v in 8 1; do prof 0.5b-mvmax$v qwen2.5-0.5b 1,2,4,8 LLMRS_MATVEC_MAX_TOKENS=$v; done
+for v in 1 0; do prof 7b-awq-gemv$v qwen2.5-7b-awq 1,2,4,8 LLMRS_Q4_GEMV=$v; done
