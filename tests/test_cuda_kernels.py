@@ -97,7 +97,7 @@ def test_rms_norm_and_fused_residual(rng, H, T):
                                    (4608, 3584, 2), (300, 160, 6)])
 @pytest.mark.parametrize("bias,accumulate", [(False, False), (True, True)])
 def test_matvec_matches_numpy(rng, N, K, T, bias, accumulate):
-    be = CUDABackend(cfg(), num_blocks=1)
+    be = CUDABackend(cfg(), num_blocks=1, matvec_max_tokens=8)  # the matvec at every T here (default: T = 1)
     W = rng.standard_normal((N, K)).astype(np.float32) * 0.05
     x = rng.standard_normal((T, K)).astype(np.float32)
     b = round_bf16(rng.standard_normal(N).astype(np.float32)) if bias else None
@@ -270,7 +270,7 @@ def test_gpu_sampling_falls_back_to_cpu_for_penalties_and_logprobs(rng):
 @pytest.mark.parametrize("N,K,T", [(37, 4096, 1), (3, 2056, 5), (1001, 4864, 8)])
 def test_matvec_splits_agree(rng, splits, N, K, T):
     """Warps per row (split K, partial sums through shared memory): each split count matches numpy, any N."""
-    be = CUDABackend(cfg(), num_blocks=1)
+    be = CUDABackend(cfg(), num_blocks=1, matvec_max_tokens=8)
     be._matvec_forced_splits = splits
     W = rng.standard_normal((N, K)).astype(np.float32) * 0.05
     x = rng.standard_normal((T, K)).astype(np.float32)
@@ -390,7 +390,7 @@ def test_paired_matvec_epilogues_equal_matvec_plus_their_kernels(rng, T, heads, 
     same bits as the matvec followed by rope_write_kv / silu_mul, for odd K (77: the scalar path) and every NT."""
     c = cfg(heads, kv, head_dim, hidden=hidden, inter=3 * 37)
     nb = 8 * T  # 8 blocks (128 positions) of its own per sequence: no two tokens write one slot
-    be = CUDABackend(c, num_blocks=nb)
+    be = CUDABackend(c, num_blocks=nb, matvec_max_tokens=8)
     n_qkv = (heads + 2 * kv) * head_dim
     w_qkv = be.upload(rng.standard_normal((n_qkv, hidden)).astype(np.float32) / np.sqrt(hidden))
     bias = be.upload(rng.standard_normal(n_qkv).astype(np.float32))

@@ -5,10 +5,11 @@ Numbers: matrices are stored bf16 (raw uint16 words: numpy and CuPy have no bflo
 f32 holding bf16-rounded values; the KV cache is bf16 in the contract layout
 `[num_blocks, num_kv_heads, block_size, head_dim]` per layer. Activations and the residual stream stay f32,
 so the CPU reference fed the same bf16-rounded weights differs only by bf16 K/V and, in GEMMs, bf16
-activations. Linear layers: for up to `matvec_max_tokens` tokens the one-warp-per-row matvec (f32 x, bf16 W:
-decode is memory-bound), otherwise cuBLAS gemmEx (bf16 x bf16 -> f32, f32 accumulate), whose bf16 inputs the
-norms and SiLU x up write directly (`fuse_bf16`: the same bits as f32 + a cast). Quantized weights (quant.py):
-4-bit matvec up to 8 tokens, the Marlin-style 4-bit GEMM up to 128 (cuda_q4gemm.py), dequantize + cuBLAS above.
+activations. Linear layers: for up to `matvec_max_tokens` tokens (MATVEC_MAX_TOKENS: one) the one-warp-per-row
+matvec (f32 x, bf16 W: decode is memory-bound), otherwise cuBLAS gemmEx (bf16 x bf16 -> f32, f32 accumulate),
+whose bf16 inputs the norms and SiLU x up write directly (`fuse_bf16`: the same bits as f32 + a cast). Quantized
+weights (quant.py): up to 8 tokens the 4-bit GEMV (gemm_q4.cu, tensor cores; cuda_q4gemm.gemv_takes) or the
+4-/8-bit matvec (matvec_q4.cu), the Marlin-style 4-bit GEMM up to 128 (cuda_q4gemm.py), dequantize + cuBLAS above.
 
 Attention: `_attention` picks per step: the tensor-core prefill kernel (cuda_prefill.py) when a sequence brings
 `prefill_min_tokens` or more new tokens; else attn_partial (attention.cu) or, from ATTN_GQA_MIN_BLOCKS blocks a
@@ -59,6 +60,11 @@ CUDA_R_32F, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT = 0, 14, 68, -1
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
 NULL = np.uint64(0)
 MATVEC_ROWS_PER_BLOCK = 4
+# bf16 weights: the matvec for one token, cuBLAS from two. Measured on the H200 (`LLMRS_MATVEC_MAX_TOKENS=8|2|1
+# llmrs profile --synthetic qwen2.5-7b --batch 1,2,3,4,8`, graph wall ms per decode step, scripts/gpu_crossover.sh):
+# 7B with the matvec up to 8 tokens 4.93 / 6.61 / 11.16 / 11.14 / 22.43, cuBLAS from 2 4.93 / 5.28 / 5.23 / 5.26 /
+# 5.53 (the f32 matvec is compute-bound from 2-3 tokens); 0.5B B = 2 1.08 matvec vs 1.27 cuBLAS, B = 4 2.55 vs 1.27.
+MATVEC_MAX_TOKENS = 1
 ATTN_THREADS = 128
 ATTN_MAXG = 8  # query heads per attention block (MAXG in attention.cu)
 ATTN_GQA_MIN_BLOCKS = 128  # "auto": attn_partial_gqa from this many blocks a step (7B: 32 sequences); measured at 256+
@@ -164,7 +170,7 @@ class CUDABackend:
     # separate add_bias launch (bit-identical); False (tests) keeps add_bias
     fold_qkv_bias = True
 
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, matvec_max_tokens: int = 8,
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, matvec_max_tokens: int = MATVEC_MAX_TOKENS,
                  cuda_graphs: bool | None = None, tp: Any = None):
         cp = _import_cupy()
         from cupy_backends.cuda.libs import cublas
