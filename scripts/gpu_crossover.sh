@@ -3,10 +3,10 @@
 #   bf16 matvec vs cuBLAS for 1-8 tokens (LLMRS_MATVEC_MAX_TOKENS 8 / 2 / 1) on synthetic Qwen2.5 7B and 0.5B;
 #   4-bit gemv_q4 vs matvec_q4 (LLMRS_Q4_GEMV 1 / 0) on the 7B AWQ. After the GPU tests these touch (TESTS=0 skips;
 #   TESTS=all: every GPU test); PROFILES=0 skips the profiles; SERVE=1 adds the server runs at the end.
-# Results under $OUT (profile JSON + text); the step-wall lines printed. Expects wheels in .whl/.
+# Results: $OUT/results.tgz (profile JSON + text, bench JSON, logs); the step-wall lines printed. Expects wheels in .whl/.
 set -uo pipefail
 . scripts/gpu_lib.sh; use_wheels
-R=$OUT; mkdir -p $R
+R=/tmp/res-crossover; mkdir -p $R
 if [ "${TESTS:-1}" != 0 ]; then
   step "GPU tests (${TESTS:-1})"
   files="tests/test_profile.py tests/test_quant_gpu.py tests/test_gemv_q4_gpu.py tests/test_cuda_kernels.py"
@@ -44,3 +44,4 @@ if [ "${SERVE:-0}" = 1 ]; then
   serve_small 7b-mvmax8 qwen2.5-7b LLMRS_MATVEC_MAX_TOKENS=8
   serve_small 7b-awq-gemv1 qwen2.5-7b-awq LLMRS_Q4_GEMV=1
 fi
+grep -E "^(FAILED|ERROR)" $R/gpu_tests.log > /dev/null 2>&1; tar czf $OUT/results.tgz -C $R .
