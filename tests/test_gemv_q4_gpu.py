@@ -2,12 +2,13 @@
 GPU machine with `python3 -m pytest -q -m gpu tests/test_gemv_q4_gpu.py`; skips cleanly without CuPy or a GPU.
 
 - against numpy: x rounded to bf16 @ the exact dequantized weight (not rounded: the kernel applies scale and zero
-  in f32 after the group's mma), float64; fresh random inputs, T = 1..8, G 32 / 64 / 128, zero (AWQ, Q4_0) and
+  in f32 after the group's mma), float64; fresh random inputs, T = 1..16 (one and two tiles of 8 tokens), G 32 / 64 / 128, zero (AWQ, Q4_0) and
   min (Q4_1) modes, bias and accumulate, one K slice and several (the split-K hand-off through the last block of
   each tile), outputs poisoned with NaN and a poisoned tail past N;
 - repeated launches give the same bits (fixed reduction order; the per-tile counters go back to 0);
 - the backend's decode dispatch takes it for 4-bit weights in the layout and keeps matvec_q4 otherwise;
-- timing on Qwen2.5-7B shapes beside matvec_q4 (GB/s of the packed bytes), reported, not asserted.
+- timing on Qwen2.5-7B shapes beside matvec_q4 (T = 1, 4) and the 4-bit GEMM (T = 16), GB/s of the packed bytes,
+  reported, not asserted.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
 from llmrs.engine.backends.cuda import CUDABackend, round_bf16  # noqa: E402
-from llmrs.engine.backends.cuda_q4gemm import gemv_q4, gemv_splits, to_marlin  # noqa: E402
+from llmrs.engine.backends.cuda_q4gemm import gemv_q4, gemv_splits, linear_q4, to_marlin  # noqa: E402
 from llmrs.engine.config import ModelConfig  # noqa: E402
 from tests.test_quant_marlin import make_weight  # noqa: E402
 
@@ -44,7 +45,7 @@ def test_gemv_q4_matches_numpy_on_exact_weights(backend, kind, N, K, G):
     mw = to_marlin(backend, backend.upload_quantized(w))
     wref = w.dequantize().astype(np.float64)
     worst = 0.0
-    for T in range(1, 9):
+    for T in list(range(1, 10)) + [12, 15, 16]:
         accumulate, with_bias = T % 2 == 0, T % 3 != 0
         x = rng.standard_normal((T, K)).astype(np.float32)
         bias = rng.standard_normal(N).astype(np.float32) if with_bias else None
@@ -107,6 +108,11 @@ def test_decode_dispatch_takes_gemv_for_the_layout_and_matvec_otherwise(backend,
             assert rel_err(cp.asnumpy(backend.linear(cp.asarray(x), dw)), exact) < 2e-6 * np.sqrt(K)
         finally:
             backend.q4_gemv = True
+        if in_layout:  # 9..16 tokens: the GEMV's two-tile form, not the 4-bit GEMM
+            x12 = rng.standard_normal((12, K)).astype(np.float32)
+            got = cp.asnumpy(backend.linear(cp.asarray(x12), dw))
+            assert len(calls) == n_calls + 1 and calls[-1]
+            assert rel_err(got, round_bf16(x12).astype(np.float64) @ w.dequantize().astype(np.float64).T) < TOL
 
 
 QWEN7B = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
@@ -131,7 +137,7 @@ def graph_us(fn, reps: int = 50) -> float:
 
 
 def test_gemv_q4_bandwidth_on_qwen2_5_7b_shapes_beside_matvec_q4(backend):
-    """Timing, not asserted: AWQ G128 at T = 1 and 4, GB/s of the packed bytes (codes + fp16 scales + zeros),
+    """Timing, not asserted: AWQ G128 at T = 1, 4, 16, GB/s of the packed bytes (codes + fp16 scales + zeros),
     each kernel timed inside a CUDA graph (back-to-back launches from Python would time the host)."""
     rng = np.random.default_rng(0)
     totals: dict[str, float] = {}
@@ -140,14 +146,16 @@ def test_gemv_q4_bandwidth_on_qwen2_5_7b_shapes_beside_matvec_q4(backend):
         w = make_weight("awq", N, K, 128, rng)
         dw = backend.upload_quantized(w)
         nbytes = dw.nbytes
-        for T in (1, 4):
+        for T in (1, 4, 16):
             x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
             out = cp.empty((T, N), dtype=cp.float32)
             figures = {}
-            for label, flag in (("gemv_q4", True), ("matvec_q4", False)):
+            other = "gemm_q4" if T > 8 else "matvec_q4"
+            for label, flag in (("gemv_q4", True), (other, False)):
                 backend.q4_gemv = flag  # off: backend._linear takes matvec_q4 at any T
                 try:
                     us = graph_us(lambda: gemv_q4(backend, x, dw.marlin, None, out) if flag
+                                  else linear_q4(backend, x, dw.marlin, None, out) if T > 8
                                   else backend._linear(x, dw, None, out))
                 finally:
                     backend.q4_gemv = True

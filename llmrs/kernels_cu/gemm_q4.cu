@@ -325,8 +325,10 @@ __device__ __forceinline__ uint4 gemv_xb(const float* __restrict__ xr, bool live
                       pack_bf16x2(x1.y, x3.y));
 }
 
-// one k32 block: two m16 tiles of codes (words 0, 1 and 2, 3) x two k16 steps, and the ones mma for X
-__device__ __forceinline__ void gemv_kb(uint4 q, uint4 xb, float (&c)[2][4], float (&cx)[4]) {
+// one k32 block: two m16 tiles of codes (words 0, 1 and 2, 3) x two k16 steps against each n8 tile of tokens
+// (xb[u]: tokens 8 u + g), and the ones mma for X of each
+template <int NU>
+__device__ __forceinline__ void gemv_kb(uint4 q, const uint4 (&xb)[NU], float (&c)[NU][2][4], float (&cx)[NU][4]) {
     const unsigned wq[4] = {q.x, q.y, q.z, q.w};
     const unsigned ones[4] = {GV_BF16_ONES, GV_BF16_ONES, GV_BF16_ONES, GV_BF16_ONES};
 #pragma unroll
@@ -335,18 +337,24 @@ __device__ __forceinline__ void gemv_kb(uint4 q, uint4 xb, float (&c)[2][4], flo
         const unsigned a0[4] = {bf16x2_code(lo), bf16x2_code(hi), bf16x2_code(lo >> 4), bf16x2_code(hi >> 4)};
         const unsigned a1[4] = {bf16x2_code(lo >> 8), bf16x2_code(hi >> 8), bf16x2_code(lo >> 12),
                                 bf16x2_code(hi >> 12)};
-        mma_bf16(c[j], a0, xb.x, xb.y);
-        mma_bf16(c[j], a1, xb.z, xb.w);
+#pragma unroll
+        for (int u = 0; u < NU; ++u) {
+            mma_bf16(c[u][j], a0, xb[u].x, xb[u].y);
+            mma_bf16(c[u][j], a1, xb[u].z, xb[u].w);
+        }
     }
-    mma_bf16(cx, ones, xb.x, xb.y);
-    mma_bf16(cx, ones, xb.z, xb.w);
+#pragma unroll
+    for (int u = 0; u < NU; ++u) {
+        mma_bf16(cx[u], ones, xb[u].x, xb[u].y);
+        mma_bf16(cx[u], ones, xb[u].z, xb[u].w);
+    }
 }
 
-// the group's scale and zero (min) into acc; sw[2 j + r]: the scale word of column 16 j + 8 r + g; c[j][2 r + h]
-// is (that column, token 2 t + h), cx[h] = X of token 2 t + h. c and cx start over.
-template <int MODE>
-__device__ __forceinline__ void gemv_flush(const unsigned (&sw)[4], float (&c)[2][4], float (&cx)[4],
-                                           float (&acc)[2][4]) {
+// the group's scale and zero (min) into acc; sw[2 j + r]: the scale word of column 16 j + 8 r + g; c[u][j][2 r + h]
+// is (that column, token 8 u + 2 t + h), cx[u][h] = X of that token. c and cx start over.
+template <int MODE, int NU>
+__device__ __forceinline__ void gemv_flush(const unsigned (&sw)[4], float (&c)[NU][2][4], float (&cx)[NU][4],
+                                           float (&acc)[NU][2][4]) {
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -354,26 +362,32 @@ __device__ __forceinline__ void gemv_flush(const unsigned (&sw)[4], float (&c)[2
             const unsigned w = sw[2 * j + r];
             const float s = gq_f16_to_f32((unsigned short)(w & 0xffffu)), z = gq_f16_to_f32((unsigned short)(w >> 16));
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float& a = acc[j][2 * r + h];
-                if (MODE == 0)
-                    a = fmaf(s, fmaf(-(128.0f + z), cx[h], c[j][2 * r + h]), a);
-                else
-                    a = fmaf(s, fmaf(-128.0f, cx[h], c[j][2 * r + h]), fmaf(z, cx[h], a));
-                c[j][2 * r + h] = 0.0f;
-            }
+            for (int u = 0; u < NU; ++u)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    float& a = acc[u][j][2 * r + h];
+                    if (MODE == 0)
+                        a = fmaf(s, fmaf(-(128.0f + z), cx[u][h], c[u][j][2 * r + h]), a);
+                    else
+                        a = fmaf(s, fmaf(-128.0f, cx[u][h], c[u][j][2 * r + h]), fmaf(z, cx[u][h], a));
+                    c[u][j][2 * r + h] = 0.0f;
+                }
         }
 #pragma unroll
-    for (int e = 0; e < 4; ++e) cx[e] = 0.0f;
+    for (int u = 0; u < NU; ++u)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) cx[u][e] = 0.0f;
 }
 
-template <int MODE>
+// NU n8 tiles of tokens: T <= 8 NU
+template <int MODE, int NU>
 __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ,
                                              const float* __restrict__ x, const float* __restrict__ bias,
                                              float* __restrict__ out, float* __restrict__ part, int* __restrict__ sem,
                                              int T, int N, int K, int G, int accumulate, int kpw) {
     pdl_trigger();
-    __shared__ float red[GV_WARPS][8][36];  // [warp][token][column] (36: conflict-free stores)
+    constexpr int TOK = 8 * NU;
+    __shared__ float red[GV_WARPS][TOK][36];  // [warp][token][column] (36: conflict-free stores)
     __shared__ int last;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int nb = blockIdx.x, KB = K >> 5, cpg = G >> 5;
@@ -385,22 +399,30 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
         if (kb_lo + d < kb_hi) qn[d] = __ldg(wp + (size_t)(kb_lo + d) * 32);
     pdl_wait();  // x (and out, part) come from earlier kernels
 
-    const bool live = g < T;
-    const float* xr = x + (size_t)(live ? g : 0) * K + 2 * t;
-    const unsigned* szc = SZ + nb * 32 + g;  // + group * N + 16 j + 8 r
-    float c[2][4], cx[4], acc[2][4];
+    bool live[NU];
+    const float* xr[NU];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) c[0][e] = c[1][e] = cx[e] = acc[0][e] = acc[1][e] = 0.0f;
+    for (int u = 0; u < NU; ++u) {
+        live[u] = 8 * u + g < T;
+        xr[u] = x + (size_t)(live[u] ? 8 * u + g : 0) * K + 2 * t;
+    }
+    const unsigned* szc = SZ + nb * 32 + g;  // + group * N + 16 j + 8 r
+    float c[NU][2][4], cx[NU][4], acc[NU][2][4];
+#pragma unroll
+    for (int u = 0; u < NU; ++u)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) c[u][0][e] = c[u][1][e] = cx[u][e] = acc[u][0][e] = acc[u][1][e] = 0.0f;
     for (int base = kb_lo; base < kb_hi; base += GV_DEPTH) {
         // this batch's codes (loaded a batch ago), x's B registers and scale words (L1 / L2), then the next
         // batch's codes go out before any of this batch is used
-        uint4 q[GV_DEPTH], xb[GV_DEPTH];
+        uint4 q[GV_DEPTH], xb[GV_DEPTH][NU];
         unsigned sw[GV_DEPTH][4];
 #pragma unroll
         for (int d = 0; d < GV_DEPTH; ++d) {
             q[d] = qn[d];
             const int kb = min(base + d, kb_hi - 1);
-            xb[d] = gemv_xb(xr + 32 * kb, live);
+#pragma unroll
+            for (int u = 0; u < NU; ++u) xb[d][u] = gemv_xb(xr[u] + 32 * kb, live[u]);
             const unsigned* sp = szc + (size_t)(kb / cpg) * N;
 #pragma unroll
             for (int e = 0; e < 4; ++e) sw[d][e] = __ldg(sp + 8 * e);  // e = 2 j + r: column 16 j + 8 r + g
@@ -412,22 +434,25 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
         for (int d = 0; d < GV_DEPTH; ++d) {
             const int kb = base + d;
             if (kb < kb_hi) {
-                gemv_kb(q[d], xb[d], c, cx);
-                if (kb + 1 == kb_hi || (kb + 1) % cpg == 0) gemv_flush<MODE>(sw[d], c, cx, acc);
+                gemv_kb<NU>(q[d], xb[d], c, cx);
+                if (kb + 1 == kb_hi || (kb + 1) % cpg == 0) gemv_flush<MODE, NU>(sw[d], c, cx, acc);
             }
         }
     }
-    // lane (g, t): column 16 j + 8 r + g, token 2 t + h in acc[j][2 r + h]
+    // lane (g, t): column 16 j + 8 r + g, token 8 u + 2 t + h in acc[u][j][2 r + h]
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
+    for (int u = 0; u < NU; ++u)
 #pragma unroll
-        for (int r = 0; r < 2; ++r)
+        for (int j = 0; j < 2; ++j)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) red[warp][2 * t + h][16 * j + 8 * r + g] = acc[j][2 * r + h];
+            for (int r = 0; r < 2; ++r)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) red[warp][8 * u + 2 * t + h][16 * j + 8 * r + g] = acc[u][j][2 * r + h];
     __syncthreads();
-    float v[2];  // thread tid: (token, column) pairs tid and tid + 128 of the 8 x 32
+    constexpr int P = TOK / 4;  // (token, column) pairs a thread: tid + 128 p of the TOK x 32
+    float v[P];
 #pragma unroll
-    for (int p = 0; p < 2; ++p) {
+    for (int p = 0; p < P; ++p) {
         const int m = (tid >> 5) + 4 * p;
         v[p] = 0.0f;
 #pragma unroll
@@ -436,7 +461,7 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
     const int n = nb * 32 + lane;
     if (gridDim.y > 1) {
 #pragma unroll
-        for (int p = 0; p < 2; ++p) {
+        for (int p = 0; p < P; ++p) {
             const int m = (tid >> 5) + 4 * p;
             if (m < T) {
                 part[((size_t)blockIdx.y * T + m) * N + n] = v[p];
@@ -449,7 +474,7 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
         if (!last) return;
         __threadfence();
 #pragma unroll
-        for (int p = 0; p < 2; ++p) {
+        for (int p = 0; p < P; ++p) {
             const int m = (tid >> 5) + 4 * p;
             if (m < T) {
                 v[p] = 0.0f;
@@ -459,7 +484,7 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
         if (tid == 0) sem[nb] = 0;  // ready for the next launch (stream order)
     }
 #pragma unroll
-    for (int p = 0; p < 2; ++p) {
+    for (int p = 0; p < P; ++p) {
         const int m = (tid >> 5) + 4 * p;
         if (m < T) {
             const float o = v[p] + (bias ? bias[n] : 0.0f);
@@ -469,12 +494,14 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
     }
 }
 
-#define GEMV_Q4(NAME, MODE)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(32 * GV_WARPS, 4)                                                \
+#define GEMV_Q4(NAME, MODE, NU, MINB)                                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * GV_WARPS, MINB)                                             \
         NAME(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ, const float* __restrict__ x,          \
              const float* __restrict__ bias, float* __restrict__ out, float* __restrict__ part,                   \
              int* __restrict__ sem, int T, int N, int K, int G, int accumulate, int kpw) {                        \
-        gemv_q4_impl<MODE>(Bq, SZ, x, bias, out, part, sem, T, N, K, G, accumulate, kpw);                         \
+        gemv_q4_impl<MODE, NU>(Bq, SZ, x, bias, out, part, sem, T, N, K, G, accumulate, kpw);                     \
     }
-GEMV_Q4(gemv_q4z, 0)
-GEMV_Q4(gemv_q4m, 1)
+GEMV_Q4(gemv_q4z, 0, 1, 4)
+GEMV_Q4(gemv_q4m, 1, 1, 4)
+GEMV_Q4(gemv_q4z_t16, 0, 2, 3)  // 9..16 tokens: two n8 tiles of tokens, every code decoded once for both
+GEMV_Q4(gemv_q4m_t16, 1, 2, 3)

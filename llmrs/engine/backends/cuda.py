@@ -8,8 +8,9 @@ so the CPU reference fed the same bf16-rounded weights differs only by bf16 K/V 
 activations. Linear layers: for up to `matvec_max_tokens` tokens (MATVEC_MAX_TOKENS: one) the one-warp-per-row
 matvec (f32 x, bf16 W: decode is memory-bound), otherwise cuBLAS gemmEx (bf16 x bf16 -> f32, f32 accumulate),
 whose bf16 inputs the norms and SiLU x up write directly (`fuse_bf16`: the same bits as f32 + a cast). Quantized
-weights (quant.py): up to 8 tokens the 4-bit GEMV (gemm_q4.cu, tensor cores; cuda_q4gemm.gemv_takes) or the
-4-/8-bit matvec (matvec_q4.cu), the Marlin-style 4-bit GEMM up to 128 (cuda_q4gemm.py), dequantize + cuBLAS above.
+weights (quant.py): up to 16 tokens the 4-bit GEMV (gemm_q4.cu, tensor cores; cuda_q4gemm.gemv_takes) or, up to
+8, the 4-/8-bit matvec (matvec_q4.cu); the Marlin-style 4-bit GEMM up to 128 (cuda_q4gemm.py), dequantize + cuBLAS
+above.
 
 Attention: `_attention` picks per step: the tensor-core prefill kernel (cuda_prefill.py) when a sequence brings
 `prefill_min_tokens` or more new tokens; else attn_partial (attention.cu) or, from ATTN_GQA_MIN_BLOCKS blocks a
@@ -48,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from llmrs.engine.backends.cuda_q4gemm import gemv_q4, gemv_takes
+from llmrs.engine.backends.cuda_q4gemm import GEMV_MAX_TOKENS, MAX_TOKENS, gemv_q4, gemv_takes, linear_q4
 from llmrs.engine.batch import StepBatch
 from llmrs.engine.config import ModelConfig
 from llmrs.engine.model import Model, ModelWeights, rope_inv_freq
@@ -481,8 +482,9 @@ class CUDABackend:
 
     def _linear_quant(self, x: Any, w: DeviceQuantWeight, bias: Any | None, out: Any, accumulate: bool,
                       name: str) -> None:
-        """_linear over a quantized weight: up to quant_matvec_max_tokens tokens the 4-/8-bit matvec (matvec_q4.cu)
-        streams the packed weight; up to cuda_q4gemm.MAX_TOKENS the Marlin-style 4-bit GEMM (gemm_q4.cu, weights
+        """_linear over a quantized weight: up to quant_matvec_max_tokens tokens the 4-bit GEMV (gemm_q4.cu's
+        gemv_q4, where cuda_q4gemm.gemv_takes) or the 4-/8-bit matvec (matvec_q4.cu) streams the packed weight; up
+        to GEMV_MAX_TOKENS the GEMV; up to cuda_q4gemm.MAX_TOKENS the Marlin-style 4-bit GEMM (gemm_q4.cu, weights
         decoded to the same bf16 values --dequantize holds); above, the weight is dequantized into a bf16 scratch
         (bit-exact with the --dequantize weights) for cuBLAS."""
         T, K = x.shape
@@ -509,9 +511,11 @@ class CUDABackend:
                        (w.qweight, w.scales, NULL if w.zeros is None else w.zeros, x, b, out, np.int32(N),
                         np.int32(K), np.int32(T), np.int32(G), acc))
             return
-        from llmrs.engine.backends.cuda_q4gemm import MAX_TOKENS, linear_q4
-
-        # the Marlin-style 4-bit GEMM (gemm_q4.cu); above MAX_TOKENS dequantize + cuBLAS is faster (measured)
+        # up to GEMV_MAX_TOKENS the GEMV (two tiles of 8 tokens); then the Marlin-style 4-bit GEMM (gemm_q4.cu);
+        # above MAX_TOKENS dequantize + cuBLAS is faster (measured)
+        if (T <= GEMV_MAX_TOKENS and self.q4_gemv and w.kind == "q4"
+                and gemv_q4(self, x, w.marlin, bias, out, accumulate, name, w.nbytes)):
+            return
         if T <= MAX_TOKENS and linear_q4(self, x, w.marlin, bias, out, accumulate, name):
             return
         wb = self._buf("dequant_w", (N, K), np.uint16)

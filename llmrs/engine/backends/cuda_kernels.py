@@ -42,14 +42,14 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "prefill_attention.cu": ["prefill_attn_d64", "prefill_attn_d128"],
     "sampling.cu": ["sample_tokens"],
     "gemm_q4.cu": [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4)]
-                  + ["gemm_q4_reduce", "gemv_q4z", "gemv_q4m"],
+                  + ["gemm_q4_reduce", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"],
 }
 
 # kernels that keep common.cuh's PDL contract (pdl_enter / pdl_trigger + pdl_wait before dependent reads and writes)
 PDL_KERNELS = frozenset(
     ["embedding_gather", "rms_norm", "add_rms_norm", "rms_norm_bf16", "add_rms_norm_bf16", "silu_mul", "add_bias",
      "add_inplace", "cast_f32_bf16", "silu_mul_bf16", "rope_write_kv", "attn_merge", "gemm_q4_reduce",
-     "gemv_q4z", "gemv_q4m"]
+     "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"]
     + [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16") for nt in (1, 2, 4, 8)]
     + [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
     + [f"attn_partial_d{d}" for d in (1, 2, 4, 8)] + [f"attn_partial_gqa_d{d}" for d in (1, 2, 4, 8)]

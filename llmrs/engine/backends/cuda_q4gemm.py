@@ -35,7 +35,7 @@ BK = 64  # k per pipeline stage
 MIN_KT_PER_SPLIT = 8  # a K slice of at least 512 keeps the 3-4 stage pipeline worth filling
 MAX_SPLITS = 8
 MAX_TOKENS = 128  # above, dequantize + cuBLAS is faster (module docstring)
-GEMV_MAX_TOKENS = 8  # gemv_q4: x's tokens are the 8 columns of one n8 tile
+GEMV_MAX_TOKENS = 16  # gemv_q4: x's tokens are the columns of one n8 tile (gemv_q4z / q4m) or two (.._t16)
 # The backend's decode path takes gemv_q4 from 2 tokens, and for one token where the 32-column tiles alone fill
 # the GPU (no split-K hand-off); one token of a smaller N stays on matvec_q4 (row layout, f32 FMA). Measured on the
 # H200 (tests/test_gemv_q4_gpu.py, AWQ G128, Qwen2.5-7B shapes inside a graph, us gemv / matvec): T = 1 gate_up
@@ -156,7 +156,7 @@ def gemv_q4(backend: Any, x: Any, mw: MarlinWeight | None, bias: Any | None, out
     if sem is None:  # zeros once; each launch's last block per tile puts its counter back to 0
         sem = backend._ws["gemv_q4_sem"] = backend.cp.zeros(GEMV_SEM_TILES, dtype=backend.cp.int32)
     part = backend._buf("gemv_q4_part", (S, T, N), np.float32) if S > 1 else NULL
-    fn = backend.k.fns[f"gemv_{'q4m' if mw.mode else 'q4z'}"]
+    fn = backend.k.fns[f"gemv_{'q4m' if mw.mode else 'q4z'}{'_t16' if T > 8 else ''}"]
     with backend._span("matvec_q", name, T, N, K, accumulate, bias is not None, nbytes or mw.nbytes):
         fn((N // 32, S), (32 * GEMV_WARPS,), (mw.qweight, mw.sz, x, NULL if bias is None else bias, out, part, sem,
                                              np.int32(T), np.int32(N), np.int32(K), np.int32(mw.group_size),
