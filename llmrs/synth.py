@@ -293,7 +293,8 @@ def gpu_weights(c: ModelConfig, backend: Any, seed: int = 0, quant: str | None =
     """Random weights drawn on the GPU in the backend's storage (bf16 matrices, f32 vectors); q/k/v and
     gate/up already fused, as build_weights would give. quant="awq": the linear layers as packed 4-bit weights
     (random codes, zero point 8, one scale giving about the bf16 draws' spread) in the form
-    CUDABackend.upload_quantized gives, with the 4-bit GEMM's reordered copy; embeddings and lm_head bf16."""
+    CUDABackend.upload_quantized gives (add_gemm_layout: the 4-bit GEMM's reordered copy, the row form only where
+    read); embeddings and lm_head bf16."""
     from llmrs.errors import UserError
 
     cp = backend.cp
@@ -302,7 +303,6 @@ def gpu_weights(c: ModelConfig, backend: Any, seed: int = 0, quant: str | None =
         raise UserError(f"quant {quant!r}: synthetic GPU weights are bf16 (default) or awq")
 
     def qmat(rows: int, cols: int) -> Any:
-        from llmrs.engine.backends.cuda_q4gemm import to_marlin
         from llmrs.engine.quant import DeviceQuantWeight
 
         if cols % group_size or group_size % 32:
@@ -310,9 +310,8 @@ def gpu_weights(c: ModelConfig, backend: Any, seed: int = 0, quant: str | None =
         words = draws.rs.randint(0, 1 << 16, size=(rows, cols // 4), dtype=cp.int32).astype(cp.uint16)
         qweight = cp.ascontiguousarray(words.view(cp.uint32))  # [rows, cols / 8]: 8 random 4-bit codes a word
         fp16 = lambda v: cp.full((rows, cols // group_size), v, dtype=cp.float16).view(cp.uint16)  # noqa: E731
-        w = DeviceQuantWeight("awq", rows, cols, group_size, qweight, fp16(STD / 4.6), fp16(8.0))
-        w.marlin = to_marlin(backend, w)
-        return w
+        return backend.add_gemm_layout(DeviceQuantWeight("awq", rows, cols, group_size, qweight, fp16(STD / 4.6),
+                                                         fp16(8.0)))
 
     lin = qmat if quant == "awq" else draws.mat
     h, i = c.hidden_size, c.intermediate_size

@@ -7,6 +7,8 @@ GPU machine with `python3 -m pytest -q -m gpu tests/test_gemv_q4_gpu.py`; skips 
   each tile), outputs poisoned with NaN and a poisoned tail past N;
 - repeated launches give the same bits (fixed reduction order; the per-tile counters go back to 0);
 - the backend's decode dispatch takes it for 4-bit weights in the layout and keeps matvec_q4 otherwise;
+- a weight whose tiles fill the GPU holds only the reordered copy, and every token count still works from it
+  (dequant_marlin_bf16 bit-exact with dequant_q4_bf16);
 - timing on Qwen2.5-7B shapes beside matvec_q4 (T = 1, 4) and the 4-bit GEMM (T = 16), GB/s of the packed bytes,
   reported, not asserted.
 """
@@ -21,7 +23,7 @@ from tests.cuda_helpers import rel_err, report, require_gpu
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
-from llmrs.engine.backends.cuda import CUDABackend, round_bf16  # noqa: E402
+from llmrs.engine.backends.cuda import NULL, CUDABackend, round_bf16  # noqa: E402
 from llmrs.engine.backends.cuda_q4gemm import gemv_q4, gemv_splits, linear_q4, to_marlin  # noqa: E402
 from llmrs.engine.config import ModelConfig  # noqa: E402
 from tests.test_quant_marlin import make_weight  # noqa: E402
@@ -115,6 +117,41 @@ def test_decode_dispatch_takes_gemv_for_the_layout_and_matvec_otherwise(backend,
             assert rel_err(got, round_bf16(x12).astype(np.float64) @ w.dequantize().astype(np.float64).T) < TOL
 
 
+@pytest.mark.parametrize("kind,G", [("awq", 128), ("q4_0", 32), ("q4_1", 64)])
+def test_weights_whose_tiles_fill_the_gpu_hold_only_the_reordered_copy(backend, kind, G):
+    """N / 32 >= 4 x SMs (a 7B's gate_up): the GEMV takes even one token, so the row form is released and every
+    path reads the GEMM's copy: the GEMV up to 16 tokens, the 4-bit GEMM up to 128, above it dequant_marlin_bf16
+    (bit-exact with dequant_q4_bf16 from the row form) + cuBLAS."""
+    from llmrs.engine.backends.cuda_q4gemm import dequant_marlin
+
+    rng = np.random.default_rng(G)
+    N, K = 128 * backend.num_sms, 512
+    w = make_weight(kind, N, K, G, rng)
+    dw = backend.upload_quantized(w)
+    assert dw.qweight is None and dw.scales is None and dw.marlin is not None
+    assert dw.nbytes == dw.marlin.nbytes and dw.gpu_nbytes == dw.marlin.nbytes
+    exact = w.dequantize().astype(np.float64)
+    rounded = round_bf16(w.dequantize()).astype(np.float64)
+    for T in (1, 5, 12, 40, 200):
+        x = rng.standard_normal((T, K)).astype(np.float32)
+        out = cp.asnumpy(backend.linear(cp.asarray(x), dw))
+        ref = round_bf16(x).astype(np.float64) @ (exact if T <= 16 else rounded).T
+        assert rel_err(out, ref) < TOL, (kind, T)
+    wb = cp.empty((N, K), dtype=cp.uint16)
+    dequant_marlin(backend, dw.marlin, wb)
+    backend.q4_gemv = False  # LLMRS_Q4_GEMV=0: the row form stays (matvec_q4 reads it)
+    try:
+        both = backend.upload_quantized(w)
+    finally:
+        backend.q4_gemv = True
+    assert both.qweight is not None and both.gpu_nbytes > both.nbytes
+    wr = cp.empty((N, K), dtype=cp.uint16)
+    backend.k.dequant_q4_bf16((min(65535, -(-(N * K // 8) // 256)),), (256,),
+                              (both.qweight, both.scales, NULL if both.zeros is None else both.zeros, wr, np.int32(N),
+                               np.int32(K), np.int32(G), np.int32(1 if kind == "q4_1" else 0)))
+    np.testing.assert_array_equal(cp.asnumpy(wb), cp.asnumpy(wr))
+
+
 QWEN7B = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
 
 
@@ -144,7 +181,11 @@ def test_gemv_q4_bandwidth_on_qwen2_5_7b_shapes_beside_matvec_q4(backend):
     lines = []
     for name, (N, K) in QWEN7B.items():
         w = make_weight("awq", N, K, 128, rng)
-        dw = backend.upload_quantized(w)
+        backend.q4_gemv = False  # keep the row form of every shape: matvec_q4 is timed beside
+        try:
+            dw = backend.upload_quantized(w)
+        finally:
+            backend.q4_gemv = True
         nbytes = dw.nbytes
         for T in (1, 4, 16):
             x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))

@@ -236,8 +236,8 @@ def test_synth_quant_awq_writes_a_checkpoint_that_loads_and_runs(tmp_path):
 
 
 def test_gpu_weight_bytes_counts_packed_4bit_weights_not_bf16(tiny_pair):
-    """The KV sizing on a GPU subtracts what the weights really take: ~4.25-bit packed linears (twice: the
-    matvec's rows + the 4-bit GEMM's copy) instead of 2 bytes a parameter."""
+    """The KV sizing on a GPU subtracts what the weights really take: ~4.25-bit packed linears (twice where the
+    matvec's rows stay beside the 4-bit GEMM's copy) instead of 2 bytes a parameter."""
     from llmrs.engine.engine import gpu_weight_bytes
 
     dense_dir, awq_dir = tiny_pair
@@ -245,9 +245,22 @@ def test_gpu_weight_bytes_counts_packed_4bit_weights_not_bf16(tiny_pair):
     c = dense.config
     vectors = sum(t.size for t in dense.tensors.values() if t.ndim == 1)
     assert gpu_weight_bytes(dense) == 2 * (c.num_parameters() - vectors) + 4 * vectors
+    from llmrs.engine.backends.cuda_q4gemm import supported
+
     linear = [t for t in kept.tensors.values() if isinstance(t, Q.QuantWeight)]
-    assert linear and gpu_weight_bytes(kept) == gpu_weight_bytes(dense) - sum(
-        2 * t.N * t.K - 2 * t.nbytes for t in linear)
+    assert linear and gpu_weight_bytes(kept) == gpu_weight_bytes(dense) - sum(  # the GEMM's copy where it applies
+        2 * t.N * t.K - (1 + supported(t.N, t.K, t.group_size)) * t.nbytes for t in linear)
+    # where the GEMV takes one token (N / 32 >= 4 x the GPU's SMs) the row form is released: one copy
+    from types import SimpleNamespace
+
+    from tests.test_quant_marlin import make_weight
+
+    rng = np.random.default_rng(0)
+    big, small = make_weight("awq", 256, 256, 128, rng), make_weight("awq", 64, 256, 128, rng)  # 8 / 2 tiles
+    model = SimpleNamespace(tensors={"a": big, "b": small}, config=None)
+    assert gpu_weight_bytes(model) == 2 * (big.nbytes + small.nbytes)  # no GPU figure: both copies everywhere
+    assert gpu_weight_bytes(model, num_sms=2) == big.nbytes + 2 * small.nbytes
+    assert gpu_weight_bytes(model, num_sms=3) == 2 * (big.nbytes + small.nbytes)
 
 
 def test_synthetic_awq_preset_resolves_to_the_preset_with_awq_quantization():

@@ -130,18 +130,25 @@ def use_async_scheduling(cfg: EngineConfig, runner: Any) -> bool:
     return async_scheduling_default(getattr(runner, "device", "cpu"))
 
 
-def gpu_weight_bytes(loaded: LoadedModel) -> int:
+def gpu_weight_bytes(loaded: LoadedModel, num_sms: int | None = None) -> int:
     """Bytes the CUDA backend holds for the weights: bf16 matrices, f32 vectors, and a quantized linear's packed
-    arrays (twice for 4-bit: the matvec's row-major form + the 4-bit GEMM's reordered copy). Synthetic models
-    (drawn on the GPU): 2 bytes a parameter (an upper bound for the -awq ones)."""
+    arrays: for 4-bit, the 4-bit GEMM's reordered copy and the matvec's row-major form where the backend keeps it
+    (cuda_q4gemm.row_form_needed, which depends on the GPU's `num_sms`; None counts both everywhere, the upper
+    bound). Synthetic models (drawn on the GPU): 2 bytes a parameter (an upper bound for the -awq ones)."""
+    from llmrs.engine.backends.cuda import CUDABackend
+    from llmrs.engine.backends.cuda_q4gemm import row_form_needed, supported
     from llmrs.engine.quant import QuantWeight
 
     if loaded.tensors is None:
         return 2 * loaded.config.num_parameters()
+    gemv = CUDABackend.q4_gemv
     total = 0
     for t in loaded.tensors.values():
         if isinstance(t, QuantWeight):
-            total += t.nbytes * (2 if t.kind == "q4" else 1)
+            copies = 1
+            if t.kind == "q4" and supported(t.N, t.K, t.group_size):
+                copies = 1 + int(num_sms is None or row_form_needed(t.N, num_sms, gemv))
+            total += t.nbytes * copies
         else:
             total += (2 if t.ndim == 2 else 4) * int(t.size)
     return total
@@ -158,7 +165,7 @@ def kv_blocks(loaded: LoadedModel, cfg: EngineConfig) -> int:
     from llmrs.engine.backends.cuda import CUDABackend
 
     c = loaded.config
-    weight_bytes = gpu_weight_bytes(loaded)
+    weight_bytes = gpu_weight_bytes(loaded, CUDABackend.device_sms())
     blocks = CUDABackend.blocks_that_fit(c, weight_bytes, cfg.gpu_memory_utilization, cfg.block_size)
     if blocks < 1:
         raise UserError(f"no room for a KV cache: {weight_bytes / 1e9:.1f} GB of weights at "

@@ -305,10 +305,23 @@ class DeviceQuantWeight(_QuantLayout):
     N: int
     K: int
     group_size: int
-    qweight: Any
+    qweight: Any  # None once the backend dropped the row form (cuda_q4gemm.row_form_needed): marlin holds it
     scales: Any
     zeros: Any | None
     marlin: Any = None  # the same weight reordered for the 4-bit GEMM (cuda_q4gemm.MarlinWeight), or None
+
+    @property
+    def nbytes(self) -> int:
+        """The format's packed bytes (codes + scales + zeros), from whichever copy the GPU holds."""
+        if self.qweight is None:
+            return int(self.marlin.nbytes)
+        return int(self.qweight.nbytes + self.scales.nbytes + (0 if self.zeros is None else self.zeros.nbytes))
+
+    @property
+    def gpu_nbytes(self) -> int:
+        """Bytes the GPU holds for it: the row form and / or the GEMM's reordered copy."""
+        row = 0 if self.qweight is None else self.nbytes
+        return row + (0 if self.marlin is None else int(self.marlin.nbytes))
 
 
 # ---------------------------------------------------------------------- Marlin-style GEMM layout (gemm_q4.cu)

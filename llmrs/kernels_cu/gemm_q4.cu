@@ -279,6 +279,50 @@ extern "C" __global__ void gemm_q4_reduce(const float* __restrict__ part, const 
     }
 }
 
+// ---------------------------------------------------------------------- dequantization from this layout
+// dequant_marlin_bf16: W[n, k] as bf16 (uint32 pairs [N][K/2]) from the layout above, for cuBLAS above
+// cuda_q4gemm.MAX_TOKENS where the backend keeps no row-major copy (dequant_q4_bf16 reads that one): frag_b's
+// values, i.e. bit-exact with dequant_q4_bf16 (see the top). One thread a lane record (32 codes of 4 columns),
+// b0 / b1 of each k16 step stored as the bf16 pairs they are (k = 2t, 2t + 1 and 2t + 8, 2t + 9); grid-stride.
+template <int MODE>
+__device__ __forceinline__ void dequant_marlin_impl(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ,
+                                                    unsigned* __restrict__ out, int N, int K, int G) {
+    const int KB = K >> 5;
+    const long long records = (long long)(N >> 5) * KB * 32;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < records;
+         idx += (long long)gridDim.x * blockDim.x) {
+        const int lane = (int)(idx & 31), kb = (int)((idx >> 5) % KB), nb = (int)((idx >> 5) / KB);
+        const int g = lane >> 2, t = lane & 3;
+        const uint4 q = Bq[idx];
+        const unsigned wq[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int n = nb * 32 + 8 * i + g;
+            const unsigned sz = SZ[(size_t)(32 * kb / G) * N + n];
+            const float s = gq_f16_to_f32((unsigned short)(sz & 0xffffu)), z = gq_f16_to_f32((unsigned short)(sz >> 16));
+            const float c12 = MODE == 0 ? __fmul_rn(-(2048.0f + z), s) : z;
+            const float c16 = MODE == 0 ? __fmul_rn(-(128.0f + z), s) : z;
+            unsigned* row = out + ((size_t)n * K + 32 * kb + 2 * t) / 2;
+            unsigned b0, b1;
+            frag_b<MODE, 0>(wq[i], s, c12, c16, b0, b1);
+            row[0] = b0;
+            row[4] = b1;
+            frag_b<MODE, 1>(wq[i], s, c12, c16, b0, b1);
+            row[8] = b0;
+            row[12] = b1;
+        }
+    }
+}
+
+extern "C" __global__ void dequant_marlin_q4z_bf16(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ,
+                                                   unsigned* __restrict__ out, int N, int K, int G) {
+    dequant_marlin_impl<0>(Bq, SZ, out, N, K, G);
+}
+extern "C" __global__ void dequant_marlin_q4m_bf16(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ,
+                                                   unsigned* __restrict__ out, int N, int K, int G) {
+    dequant_marlin_impl<1>(Bq, SZ, out, N, K, G);
+}
+
 // ---------------------------------------------------------------------- the decode GEMV over the same layout
 // gemv_q4{z,m}: out[T, N] (= or +=) x[T, K] @ W^T (+ bias) for T <= 8 tokens (decode), x f32 (the matvec's
 // input), W the Marlin layout above (no second copy read). Memory-bound: a warp owns one 32-column tile (nb) and

@@ -49,7 +49,8 @@ from typing import Any
 
 import numpy as np
 
-from llmrs.engine.backends.cuda_q4gemm import GEMV_MAX_TOKENS, MAX_TOKENS, gemv_q4, gemv_takes, linear_q4
+from llmrs.engine.backends.cuda_q4gemm import (GEMV_MAX_TOKENS, MAX_TOKENS, dequant_marlin, gemv_q4, gemv_takes,
+                                               linear_q4)
 from llmrs.engine.batch import StepBatch
 from llmrs.engine.config import ModelConfig
 from llmrs.engine.model import Model, ModelWeights, rope_inv_freq
@@ -272,6 +273,11 @@ class CUDABackend:
         return 2 * config.num_hidden_layers * config.num_key_value_heads * block_size * config.head_dim * 2
 
     @staticmethod
+    def device_sms() -> int:
+        """The current GPU's streaming multiprocessors (before a backend exists: the KV sizing)."""
+        return int(_import_cupy().cuda.Device().attributes["MultiProcessorCount"])
+
+    @staticmethod
     def blocks_that_fit(config: ModelConfig, weight_bytes: int, gpu_memory_utilization: float = 0.9,
                         block_size: int = 16, activation_reserve: int = 1 << 30) -> int:
         """KV blocks that fit in utilization x total GPU memory after the weights and an activation reserve."""
@@ -350,13 +356,19 @@ class CUDABackend:
         cp = self.cp
         if w.K % 32 or w.group_size % 32:
             raise UserError(f"quantized weight {w.shape}: K and the group size must be multiples of 32")
-        from llmrs.engine.backends.cuda_q4gemm import to_marlin
-
         dw = DeviceQuantWeight(w.source, w.N, w.K, w.group_size, cp.asarray(np.ascontiguousarray(w.qweight)),
                                cp.asarray(np.ascontiguousarray(w.scales).view(np.uint16)),
                                None if w.zeros is None else cp.asarray(np.ascontiguousarray(w.zeros).view(np.uint16)))
-        # NOTE: the GEMM's reordered copy sits beside the matvec's row-major one (~2x the 4-bit bytes)
+        return self.add_gemm_layout(dw)
+
+    def add_gemm_layout(self, dw: DeviceQuantWeight) -> DeviceQuantWeight:
+        """A 4-bit weight's reordered copy for the GEMV / GEMM (cuda_q4gemm.to_marlin); its row form is released
+        where no kernel reads it (cuda_q4gemm.row_form_needed), else both stay (~2x the 4-bit bytes)."""
+        from llmrs.engine.backends.cuda_q4gemm import row_form_needed, to_marlin
+
         dw.marlin = to_marlin(self, dw)
+        if dw.marlin is not None and not row_form_needed(dw.N, self.num_sms, self.q4_gemv):
+            dw.qweight = dw.scales = dw.zeros = None
         return dw
 
     def _cast_bf16(self, x: Any, out: Any) -> None:
@@ -494,7 +506,7 @@ class CUDABackend:
             # 4-bit: the tensor-core GEMV over the GEMM's layout (gemm_q4.cu) where it is the faster one
             # (cuda_q4gemm.gemv_takes); the row-major matvec for 8-bit, for one token of a smaller N, and for
             # shapes the layout lacks (or LLMRS_Q4_GEMV=0)
-            if (self.q4_gemv and w.kind == "q4" and gemv_takes(self, T, N)
+            if (w.kind == "q4" and (w.qweight is None or self.q4_gemv and gemv_takes(self, T, N))
                     and gemv_q4(self, x, w.marlin, bias, out, accumulate, name, w.nbytes)):
                 return
             nt = matvec_nt(T)
@@ -513,7 +525,7 @@ class CUDABackend:
             return
         # up to GEMV_MAX_TOKENS the GEMV (two tiles of 8 tokens); then the Marlin-style 4-bit GEMM (gemm_q4.cu);
         # above MAX_TOKENS dequantize + cuBLAS is faster (measured)
-        if (T <= GEMV_MAX_TOKENS and self.q4_gemv and w.kind == "q4"
+        if (T <= GEMV_MAX_TOKENS and (self.q4_gemv or w.qweight is None) and w.kind == "q4"
                 and gemv_q4(self, x, w.marlin, bias, out, accumulate, name, w.nbytes)):
             return
         if T <= MAX_TOKENS and linear_q4(self, x, w.marlin, bias, out, accumulate, name):
@@ -521,7 +533,9 @@ class CUDABackend:
         wb = self._buf("dequant_w", (N, K), np.uint16)
         grid = (min(65535, -(-(N * K // 8) // 256)),)
         with self._span("dequant", "dequant " + name, N, K):
-            if w.kind == "q8":
+            if w.qweight is None:  # only the reordered copy on the GPU
+                dequant_marlin(self, w.marlin, wb)
+            elif w.kind == "q8":
                 self.k.dequant_q8_bf16(grid, (256,), (w.qweight, w.scales, wb, np.int32(N), np.int32(K)))
             else:
                 self.k.dequant_q4_bf16(grid, (256,), (w.qweight, w.scales, NULL if w.zeros is None else w.zeros, wb,

@@ -42,7 +42,8 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "prefill_attention.cu": ["prefill_attn_d64", "prefill_attn_d128"],
     "sampling.cu": ["sample_tokens"],
     "gemm_q4.cu": [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4)]
-                  + ["gemm_q4_reduce", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"],
+                  + ["gemm_q4_reduce", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16",
+                     "dequant_marlin_q4z_bf16", "dequant_marlin_q4m_bf16"],
 }
 
 # kernels that keep common.cuh's PDL contract (pdl_enter / pdl_trigger + pdl_wait before dependent reads and writes)

@@ -69,8 +69,10 @@ def supported(N: int, K: int, G: int) -> bool:
 
 
 def to_marlin(backend: Any, w: DeviceQuantWeight) -> MarlinWeight | None:
-    """The GEMM layout of a 4-bit DeviceQuantWeight (reordered on the GPU; the row form stays for the matvec),
-    or None where the kernel does not apply (q8, or a shape outside `supported`)."""
+    """The GEMM layout of a 4-bit DeviceQuantWeight (reordered on the GPU), or None where the kernel does not apply
+    (q8, or a shape outside `supported`); the one it has when its row form is gone (`row_form_needed`)."""
+    if w.qweight is None:
+        return w.marlin
     if w.kind != "q4" or not supported(w.N, w.K, w.group_size):
         return None
     cp = backend.cp
@@ -139,6 +141,14 @@ def gemv_takes(backend: Any, T: int, N: int) -> bool:
     return T >= GEMV_MIN_TOKENS or N // 32 >= GEMV_BLOCKS_PER_SM * backend.num_sms
 
 
+def row_form_needed(N: int, num_sms: int, gemv: bool = True) -> bool:
+    """Whether a 4-bit weight of N output columns that has the GEMM layout keeps its row-major copy on the GPU:
+    only matvec_q4 reads it (one token of a smaller N, or LLMRS_Q4_GEMV=0); every other path reads the reordered
+    copy (the GEMV, the GEMM, dequant_marlin_bf16 above MAX_TOKENS). Weights whose tiles fill the GPU at one
+    token (a 7B's gate_up: 56% of its 4-bit bytes) hold one copy."""
+    return not gemv or N // 32 < GEMV_BLOCKS_PER_SM * num_sms
+
+
 def gemv_q4(backend: Any, x: Any, mw: MarlinWeight | None, bias: Any | None, out: Any, accumulate: bool = False,
             name: str = "linear", nbytes: int = 0, splits: int | None = None) -> bool:
     """out[T, N] (=|+=) x[T, K] @ W^T (+ bias) for T <= GEMV_MAX_TOKENS from f32 x, over the GEMM's layout
@@ -162,6 +172,15 @@ def gemv_q4(backend: Any, x: Any, mw: MarlinWeight | None, bias: Any | None, out
                                              np.int32(T), np.int32(N), np.int32(K), np.int32(mw.group_size),
                                              np.int32(1 if accumulate else 0), np.int32(per)))
     return True
+
+
+def dequant_marlin(backend: Any, mw: MarlinWeight, out: Any) -> None:
+    """out uint16 [N, K] (bf16) = the weight, from the GEMM layout (gemm_q4.cu's dequant_marlin_bf16: bit-exact
+    with dequant_q4_bf16 from the row form)."""
+    records = mw.N // 32 * (mw.K // 32) * 32
+    backend.k.fns[f"dequant_marlin_{'q4m' if mw.mode else 'q4z'}_bf16"](
+        (min(65535, -(-records // 256)),), (256,),
+        (mw.qweight, mw.sz, out, np.int32(mw.N), np.int32(mw.K), np.int32(mw.group_size)))
 
 
 def linear_q4(backend: Any, x: Any, mw: MarlinWeight | None, bias: Any | None, out: Any, accumulate: bool = False,
