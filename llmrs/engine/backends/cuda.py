@@ -509,6 +509,7 @@ class CUDABackend:
             if (w.kind == "q4" and (w.qweight is None or self.q4_gemv and gemv_takes(self, T, N))
                     and gemv_q4(self, x, w.marlin, bias, out, accumulate, name, w.nbytes)):
                 return
+            assert w.qweight is not None, f"{name}: only the reordered 4-bit copy is held, and gemv_q4 refused {x.shape}"
             nt = matvec_nt(T)
             grid = (-(-N // MATVEC_ROWS_PER_BLOCK), -(-T // nt))
             b, acc = NULL if bias is None else bias, np.int32(1 if accumulate else 0)
