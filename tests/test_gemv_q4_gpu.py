@@ -2,13 +2,13 @@
 GPU machine with `python3 -m pytest -q -m gpu tests/test_gemv_q4_gpu.py`; skips cleanly without CuPy or a GPU.
 
 - against numpy: x rounded to bf16 @ the exact dequantized weight (not rounded: the kernel applies scale and zero
-  in f32 after the group's mma), float64; fresh random inputs, T = 1..16 (one and two tiles of 8 tokens), G 32 / 64 / 128, zero (AWQ, Q4_0) and
-  min (Q4_1) modes, bias and accumulate, one K slice and several (the split-K hand-off through the last block of
+  in f32 after the group's mma), float64; fresh random inputs, T = 1..16 (one and two tiles of 8 tokens),
+  G 32 / 64 / 128, zero (AWQ, Q4_0) and min (Q4_1) modes, bias and accumulate, one K slice and several (the split-K hand-off through the last block of
   each tile), outputs poisoned with NaN and a poisoned tail past N;
 - repeated launches give the same bits (fixed reduction order; the per-tile counters go back to 0);
 - the backend's decode dispatch takes it for 4-bit weights in the layout and keeps matvec_q4 otherwise;
 - a weight whose tiles fill the GPU holds only the reordered copy, and every token count still works from it
-  (dequant_marlin_bf16 bit-exact with dequant_q4_bf16);
+  (dequant_marlin_bf16 equal in value to dequant_q4_bf16);
 - timing on Qwen2.5-7B shapes beside matvec_q4 (T = 1, 4) and the 4-bit GEMM (T = 16), GB/s of the packed bytes,
   reported, not asserted.
 """
@@ -121,7 +121,7 @@ def test_decode_dispatch_takes_gemv_for_the_layout_and_matvec_otherwise(backend,
 def test_weights_whose_tiles_fill_the_gpu_hold_only_the_reordered_copy(backend, kind, G):
     """N / 32 >= 4 x SMs (a 7B's gate_up): the GEMV takes even one token, so the row form is released and every
     path reads the GEMM's copy: the GEMV up to 16 tokens, the 4-bit GEMM up to 128, above it dequant_marlin_bf16
-    (bit-exact with dequant_q4_bf16 from the row form) + cuBLAS."""
+    (the values dequant_q4_bf16 gives from the row form) + cuBLAS."""
     from llmrs.engine.backends.cuda_q4gemm import dequant_marlin
 
     rng = np.random.default_rng(G)

@@ -282,7 +282,8 @@ extern "C" __global__ void gemm_q4_reduce(const float* __restrict__ part, const 
 // ---------------------------------------------------------------------- dequantization from this layout
 // dequant_marlin_bf16: W[n, k] as bf16 (uint32 pairs [N][K/2]) from the layout above, for cuBLAS above
 // cuda_q4gemm.MAX_TOKENS where the backend keeps no row-major copy (dequant_q4_bf16 reads that one): frag_b's
-// values, i.e. bit-exact with dequant_q4_bf16 (see the top). One thread a lane record (32 codes of 4 columns),
+// values, i.e. dequant_q4_bf16's (see the top: equal values, +0 where it has -0 for a zero weight of a negative
+// scale; tests/test_gemv_q4_gpu.py). One thread a lane record (32 codes of 4 columns),
 // b0 / b1 of each k16 step stored as the bf16 pairs they are (k = 2t, 2t + 1 and 2t + 8, 2t + 9); grid-stride.
 template <int MODE>
 __device__ __forceinline__ void dequant_marlin_impl(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ,
@@ -299,7 +300,8 @@ __device__ __forceinline__ void dequant_marlin_impl(const uint4* __restrict__ Bq
         for (int i = 0; i < 4; ++i) {
             const int n = nb * 32 + 8 * i + g;
             const unsigned sz = SZ[(size_t)(32 * kb / G) * N + n];
-            const float s = gq_f16_to_f32((unsigned short)(sz & 0xffffu)), z = gq_f16_to_f32((unsigned short)(sz >> 16));
+            const float s = gq_f16_to_f32((unsigned short)(sz & 0xffffu));
+            const float z = gq_f16_to_f32((unsigned short)(sz >> 16));
             const float c12 = MODE == 0 ? __fmul_rn(-(2048.0f + z), s) : z;
             const float c16 = MODE == 0 ? __fmul_rn(-(128.0f + z), s) : z;
             unsigned* row = out + ((size_t)n * K + 32 * kb + 2 * t) / 2;

@@ -172,8 +172,8 @@ class CUDABackend:
     # separate add_bias launch (bit-identical); False (tests) keeps add_bias
     fold_qkv_bias = True
 
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, matvec_max_tokens: int = MATVEC_MAX_TOKENS,
-                 cuda_graphs: bool | None = None, tp: Any = None):
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16,
+                 matvec_max_tokens: int = MATVEC_MAX_TOKENS, cuda_graphs: bool | None = None, tp: Any = None):
         cp = _import_cupy()
         from cupy_backends.cuda.libs import cublas
 
@@ -509,7 +509,7 @@ class CUDABackend:
             if (w.kind == "q4" and (w.qweight is None or self.q4_gemv and gemv_takes(self, T, N))
                     and gemv_q4(self, x, w.marlin, bias, out, accumulate, name, w.nbytes)):
                 return
-            assert w.qweight is not None, f"{name}: only the reordered 4-bit copy is held, and gemv_q4 refused {x.shape}"
+            assert w.qweight is not None, f"{name}: only the reordered 4-bit copy is held; gemv_q4 refused {x.shape}"
             nt = matvec_nt(T)
             grid = (-(-N // MATVEC_ROWS_PER_BLOCK), -(-T // nt))
             b, acc = NULL if bias is None else bias, np.int32(1 if accumulate else 0)

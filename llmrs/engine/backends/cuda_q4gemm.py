@@ -175,8 +175,8 @@ def gemv_q4(backend: Any, x: Any, mw: MarlinWeight | None, bias: Any | None, out
 
 
 def dequant_marlin(backend: Any, mw: MarlinWeight, out: Any) -> None:
-    """out uint16 [N, K] (bf16) = the weight, from the GEMM layout (gemm_q4.cu's dequant_marlin_bf16: bit-exact
-    with dequant_q4_bf16 from the row form)."""
+    """out uint16 [N, K] (bf16) = the weight, from the GEMM layout (gemm_q4.cu's dequant_marlin_bf16: the values
+    dequant_q4_bf16 gives from the row form)."""
     records = mw.N // 32 * (mw.K // 32) * 32
     backend.k.fns[f"dequant_marlin_{'q4m' if mw.mode else 'q4z'}_bf16"](
         (min(65535, -(-records // 256)),), (256,),
