@@ -182,3 +182,42 @@ def test_gemv_slot_pairing_and_group_algebra_give_x_at_the_exact_weights(kind, G
                         1 if kind == "q4_1" else 0)
     want = bf16(x).astype(np.float64) @ w.dequantize().astype(np.float64).T
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+
+
+# ---------------------------------------------------------------------- gemv_q4's launch plan (host side)
+@pytest.mark.parametrize("sms", [1, 16, 108, 132])
+def test_gemv_splits_cover_k_exactly_with_no_empty_slice(sms):
+    """gemm_q4.cu's gemv_q4 trusts its plan: warp w of slice z takes k32 blocks [(z W + w) kpw, + kpw) clipped to
+    K / 32; every block must be covered once, no slice empty (its last block would wait on a count never reached:
+    each slice's block adds one), kpw a multiple of GEMV_DEPTH (the kernel's batches)."""
+    from types import SimpleNamespace
+
+    from llmrs.engine.backends.cuda_q4gemm import GEMV_DEPTH, GEMV_WARPS, gemv_splits
+
+    backend = SimpleNamespace(num_sms=sms)
+    for N in (64, 896, 1152, 3584, 4608, 9728, 37888):
+        for K in (64, 896, 1536, 3584, 4864, 8192, 18944):
+            for splits in (None, 1, 3, 64):
+                S, per = gemv_splits(backend, N, K, splits)
+                KB = K // 32
+                assert S >= 1 and per >= 1 and per % GEMV_DEPTH == 0, (N, K, splits, S, per)
+                starts = [min(KB, (z * GEMV_WARPS + w) * per) for z in range(S) for w in range(GEMV_WARPS)]
+                covered = sorted(k for s0 in starts for k in range(s0, min(KB, s0 + per)))
+                assert covered == list(range(KB)), (N, K, splits)
+                assert all(z * GEMV_WARPS * per < KB for z in range(S)), (N, K, splits, S, per)  # none empty
+
+
+@pytest.mark.parametrize("sms", [1, 8, 132])
+def test_a_weight_without_its_row_form_is_never_sent_to_the_matvec(sms):
+    """row_form_needed False (the row copy released) must mean the decode dispatch takes the GEMV at every token
+    count, so matvec_q4 (the only reader of the row form) is never asked."""
+    from types import SimpleNamespace
+
+    from llmrs.engine.backends.cuda_q4gemm import GEMV_MAX_TOKENS, gemv_takes, row_form_needed
+
+    backend = SimpleNamespace(num_sms=sms)
+    for N in range(64, 40000, 64):
+        if not row_form_needed(N, sms):
+            assert all(gemv_takes(backend, T, N) for T in range(1, GEMV_MAX_TOKENS + 1)), N
+    assert row_form_needed(128 * sms - 64, sms) and not row_form_needed(128 * sms, sms)
+    assert row_form_needed(128 * sms, sms, gemv=False)  # LLMRS_Q4_GEMV=0: matvec_q4 reads every one
