@@ -52,6 +52,9 @@ def kernel_cost(kind: str, dims: tuple) -> tuple[float, float]:
         w_bytes = 4.25 / 8 if kind == "gemm_q4" else 2  # 4-bit codes + an fp16 scale and zero per 128 (AWQ)
         nbytes = w_bytes * N * K + x_bytes * T * K + 4 * T * N * (2 if acc else 1) + (4 * N if bias else 0)
         return float(nbytes), 2.0 * T * N * K
+    if kind == "dequant":  # a quantized weight expanded to bf16 for cuBLAS (above the 4-bit GEMM's token limit)
+        N, K, w_bytes = dims
+        return float(w_bytes + 2 * N * K), float(N * K)
     if kind == "attention":
         T, Hq, Hkv, D, kv_tokens, qk_pairs, S = dims
         out_bytes = 4 * T * Hq * S * (D + 2) if S > 1 else 4 * T * Hq * D  # partials, or the output

@@ -42,6 +42,15 @@ def test_quantized_matvec_cost_counts_the_packed_bytes():
     assert prof.category("matvec_q", "decode") == "matrix multiply"
 
 
+def test_dequantization_cost_reads_the_packed_weight_and_writes_bf16():
+    """Above the 4-bit GEMM's token limit a quantized weight is expanded to bf16 each step: the profile counts it
+    (it showed 0 GB/s), in "everything else" beside the GEMM that reads the result."""
+    w_bytes = 37888 * 3584 // 2 + 2 * 2 * 37888 * 3584 // 128
+    nbytes, flops = prof.kernel_cost("dequant", (37888, 3584, w_bytes))
+    assert nbytes == w_bytes + 2 * 37888 * 3584 and flops == 37888 * 3584
+    assert prof.category("dequant", "decode") == "everything else"
+
+
 def test_attention_cost_reads_each_sequence_kv_once():
     # 4 sequences x 512 cached keys, qwen2.5-7b heads: K and V, bf16, 4 KV heads x 128 dims
     nbytes, flops = prof.kernel_cost("attention", (4, 28, 4, 128, 4 * 512, 4 * 512, 1))

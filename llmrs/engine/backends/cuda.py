@@ -533,7 +533,7 @@ class CUDABackend:
             return
         wb = self._buf("dequant_w", (N, K), np.uint16)
         grid = (min(65535, -(-(N * K // 8) // 256)),)
-        with self._span("dequant", "dequant " + name, N, K):
+        with self._span("dequant", name, N, K, w.nbytes):
             if w.qweight is None:  # only the reordered copy on the GPU
                 dequant_marlin(self, w.marlin, wb)
             elif w.kind == "q8":
