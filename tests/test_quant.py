@@ -12,6 +12,7 @@ import pytest
 
 from llmrs.engine import quant as Q
 from llmrs.engine.batch import build_step_batch
+from llmrs.engine.config import EngineConfig
 from llmrs.engine.loader import load, resolve
 from llmrs.engine.runner import ModelRunner
 from llmrs.engine.weights import dequant_q4_0, dequant_q4_1, dequant_q8_0
@@ -275,3 +276,24 @@ def test_synthetic_awq_preset_resolves_to_the_preset_with_awq_quantization():
     assert resolve(SYNTHETIC_PREFIX + "qwen2.5-7b").quantization is None
     with pytest.raises(UserError):
         resolve(SYNTHETIC_PREFIX + "no-such-model-awq")
+
+
+def test_gpu_kv_sizing_asks_the_device_and_subtracts_the_copies_it_keeps(tiny_pair, monkeypatch):
+    """kv_blocks on a GPU (faked here: the CPU runs this): memory from the driver, the SM count for the 4-bit copies
+    (gpu_weight_bytes(loaded, num_sms)), what is left after the weights and the reserve in KV blocks."""
+    from types import SimpleNamespace
+
+    import llmrs.engine.backends.cuda as cuda_backend
+    import llmrs.engine.engine as E
+
+    total = 8 << 30
+    fake = SimpleNamespace(cuda=SimpleNamespace(Device=lambda: SimpleNamespace(attributes={"MultiProcessorCount": 2}),
+                                                runtime=SimpleNamespace(memGetInfo=lambda: (total, total))))
+    monkeypatch.setattr(cuda_backend, "_import_cupy", lambda: fake)
+    monkeypatch.setattr(E, "resolve_device", lambda device: "cuda")
+    _, awq_dir = tiny_pair
+    kept = load(str(awq_dir), keep_quantized=True)
+    cfg = EngineConfig(device="cuda", gpu_memory_utilization=0.5, max_model_len=64)
+    per_block = cuda_backend.CUDABackend.kv_bytes_per_block(kept.config, cfg.block_size)
+    fit = int((0.5 * total - E.gpu_weight_bytes(kept, 2) - (1 << 30)) // per_block)
+    assert E.kv_blocks(kept, cfg) == min(fit, E.max_kv_blocks(kept.config, cfg))
