@@ -87,6 +87,11 @@ def test_report_is_side_by_side_with_ratios_and_deterministic(tmp_path):
     assert "(2.00x)" in row
     write_report([str(tmp_path)], tmp_path / "r3", baseline="vLLM")
     assert "(0.50x)" in (tmp_path / "r3" / REPORT_MD).read_text()
+    # a reports folder also holds other JSON (profiles, decode benches): the directory form reads only results
+    (tmp_path / "profile.json").write_text('{"steps": []}')
+    (tmp_path / "broken.json").write_text("{")
+    write_report([str(tmp_path)], tmp_path / "r4")
+    assert (tmp_path / "r4" / REPORT_MD).read_text() == md
 
 
 def test_user_mistakes_raise_user_error(app, tmp_path):

@@ -84,13 +84,23 @@ def load_document(path: str | Path) -> dict:
     return doc
 
 
+def _is_results(path: Path) -> bool:
+    """Whether a JSON file carries the bench schema (a directory of reports also holds profiles, decode benches...)."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and str(doc.get("schema", "")).startswith("llmrs.bench/")
+
+
 def find_results(paths: list[str]) -> list[Path]:
-    """Results JSON files from files and directories (a directory: its *.json, sorted)."""
+    """Results JSON files from files and directories (a directory: its *.json that are bench results, sorted;
+    a file named explicitly must be one: load_document says why not)."""
     out: list[Path] = []
     for s in paths:
         p = Path(s)
         if p.is_dir():
-            out += sorted(q for q in p.glob("*.json") if not q.name.endswith(".tmp"))
+            out += sorted(q for q in p.glob("*.json") if not q.name.endswith(".tmp") and _is_results(q))
         elif p.is_file():
             out.append(p)
         else:
