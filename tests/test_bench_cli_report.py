@@ -68,7 +68,11 @@ def _fake_results(path: Path, label: str, scale: float) -> None:
             "max_output_tokens_per_s": 0.0,
         }
         runs.append({"tag": f"c{c}-rinf", "concurrency": c, "request_rate": "inf", "summary": s, "client_cpu": {"busy_per_worker": [0.2]}, "csv": "x.csv"})
-    doc = {"schema": "llmrs.bench/1", "label": label, "params": {"backend": "completions", "input_len": 256, "output_len": 128}, "runs": runs}
+    doc = {"schema": "llmrs.bench/1", "label": label, "params": {"backend": "completions", "input_len": 256, "output_len": 128}, "runs": runs,
+           "command": f"llmrs bench --url http://h:8000 --label {label}", "llmrs_version": "0.1.0",
+           "server": {"server_header": "uvicorn", "models": [{"id": f"{label}-model"}]},
+           "gpus": [{"name": "NVIDIA H200", "memory_gib": 140.4, "driver": "580"}],
+           "client": {"cpu_count": 16, "python": "3.12.3"}}
     path.write_text(json.dumps(doc))
 
 
@@ -85,6 +89,10 @@ def test_report_is_side_by_side_with_ratios_and_deterministic(tmp_path):
     assert "(llmrs / vLLM)" in md and "2.00x" in md  # vLLM twice the throughput, half the latency
     row = next(ln for ln in md.splitlines() if "c=16" in ln and ln.startswith("| completions"))
     assert "(2.00x)" in row
+    # where each ran: model, GPU, client, and every file's command
+    setup = md[md.index("## Where each ran"):]
+    assert "**llmrs**: model llmrs-model; server `uvicorn`; GPU NVIDIA H200 (140.4 GiB, driver 580)" in setup
+    assert "- `b.json`: `llmrs bench --url http://h:8000 --label vLLM`" in setup
     write_report([str(tmp_path)], tmp_path / "r3", baseline="vLLM")
     assert "(0.50x)" in (tmp_path / "r3" / REPORT_MD).read_text()
     # a reports folder also holds other JSON (profiles, decode benches): the directory form reads only results
