@@ -44,6 +44,9 @@ def profile(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Also save the JSON here."),
     plot_path: Optional[Path] = typer.Option(None, "--plot", help="Kernels as points on the roofline (.png/.svg)."),
+    from_path: Optional[Path] = typer.Option(None, "--from",
+                                             help="Show a saved profile (from --out or --json) again: its tables, "
+                                                  "--json or --plot, without a GPU or a model."),
 ) -> None:
     """Where a decode step (at each --batch) and a prefill spend their GPU time: matrix multiply, decode and
     prefill attention, everything else; GPU busy; each kernel's GB/s or TFLOP/s as a % of its roof."""
@@ -51,19 +54,24 @@ def profile(
     from llmrs.engine.loader import SYNTHETIC_PREFIX
 
     given = [x for x in (model_arg, model, synthetic) if x]
-    if len(given) != 1:
-        raise UserError("give exactly one of MODEL, --model M or --synthetic PRESET")
-    spec = SYNTHETIC_PREFIX + synthetic if synthetic else given[0]
-    batches = parse_batches(batch)
-    if tensor_parallel_size != 1:
-        from llmrs.engine.tp_nccl import check_tp_size
-
-        check_tp_size(tensor_parallel_size, "cuda")
     err = Console(stderr=True)
-    with err.status("profiling ...") as status:
-        profiles, meta = prof.run_profile(spec, batches, context, prefill_len=prefill_len, steps=steps, gpu=gpu,
-                                          measure=measure, graphs=graphs, progress=lambda m: status.update(m),
-                                          tp=tensor_parallel_size, link_gbs=tp_link_gbs)
+    if from_path is not None:
+        if given:
+            raise UserError("--from shows a saved profile: give no MODEL, --model or --synthetic with it")
+        profiles, meta = prof.load_json(from_path)
+    else:
+        if len(given) != 1:
+            raise UserError("give exactly one of MODEL, --model M or --synthetic PRESET (or --from a saved profile)")
+        spec = SYNTHETIC_PREFIX + synthetic if synthetic else given[0]
+        batches = parse_batches(batch)
+        if tensor_parallel_size != 1:
+            from llmrs.engine.tp_nccl import check_tp_size
+
+            check_tp_size(tensor_parallel_size, "cuda")
+        with err.status("profiling ...") as status:
+            profiles, meta = prof.run_profile(spec, batches, context, prefill_len=prefill_len, steps=steps, gpu=gpu,
+                                              measure=measure, graphs=graphs, progress=lambda m: status.update(m),
+                                              tp=tensor_parallel_size, link_gbs=tp_link_gbs)
     if out:
         prof.save_json(out, profiles, meta)
     if plot_path:
@@ -72,7 +80,7 @@ def profile(
         typer.echo(json.dumps(prof.to_json(profiles, meta), indent=1))
     else:
         prof.render(Console(width=max(Console().width, 140)), profiles, meta, top=top)
-        err.print(f"[dim]ceilings: {meta['ceilings']}; {meta['note']}[/dim]")
+        err.print(f"[dim]ceilings: {meta.get('ceilings')}; {meta.get('note')}[/dim]")
 
 
 def register(app: typer.Typer) -> None:

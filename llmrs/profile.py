@@ -192,6 +192,25 @@ def to_json(profiles: list[StepProfile], meta: dict[str, Any]) -> dict[str, Any]
     return {**meta, "steps": [asdict(p) for p in profiles]}
 
 
+def from_json(doc: dict[str, Any]) -> tuple[list[StepProfile], dict[str, Any]]:
+    """to_json's inverse: a saved profile (`--out`, `--json`) back as steps and meta (`llmrs profile --from`)."""
+    try:
+        steps = [StepProfile(**{**st, "kernels": [KernelStat(**k) for k in st["kernels"]]}) for st in doc["steps"]]
+    except (KeyError, TypeError) as e:
+        raise UserError(f"not an llmrs profile (its JSON from --out or --json): {e}") from None
+    return steps, {k: v for k, v in doc.items() if k != "steps"}
+
+
+def load_json(path: Path) -> tuple[list[StepProfile], dict[str, Any]]:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read profile {path}: {e}") from None
+    if not isinstance(doc, dict):
+        raise UserError(f"{path}: not an llmrs profile (its JSON from --out or --json)")
+    return from_json(doc)
+
+
 def render(console: Any, profiles: list[StepProfile], meta: dict[str, Any], top: int = 12) -> None:
     """The posts' table (category shares + GPU busy, one column per step), then each step's kernels."""
     from rich.table import Table

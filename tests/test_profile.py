@@ -130,6 +130,35 @@ def test_plot_writes_a_roofline_chart(tmp_path):
     assert out.stat().st_size > 1000
 
 
+def test_a_saved_profile_is_shown_again_without_a_gpu(tmp_path, capsys):
+    """`llmrs profile --from FILE` (a profile saved with --out on the GPU machine): the same tables, --json, --plot;
+    a file that is not one, or --from with a model, is one error line."""
+    pytest.importorskip("matplotlib")
+    p = prof.aggregate(records_of_one_decode_step(), steps=2, phase="decode", bandwidth=4e12, peak_flops=8e14,
+                       label="decode B=1", batch=1, tokens=1, wall_ms=0.040)
+    meta = {"model": "synthetic:qwen2.5-7b", "gpu_name": "NVIDIA H200", "bandwidth_gbs": 4000.0,
+            "peak_tflops": 800.0, "context": 512, "ceilings": "datasheet", "note": "n"}
+    saved = tmp_path / "p.json"
+    prof.save_json(saved, [p], meta)
+    steps, meta2 = prof.load_json(saved)
+    assert steps == [p] and meta2 == meta  # to_json's inverse
+    main(["profile", "--from", str(saved), "--plot", str(tmp_path / "roof.png"), "--out", str(tmp_path / "again.json")])
+    out = capsys.readouterr().out
+    assert "What the GPU was doing" in out and "synthetic:qwen2.5-7b" in out and "matvec qkv" in out
+    assert (tmp_path / "roof.png").stat().st_size > 1000
+    assert json.loads((tmp_path / "again.json").read_text()) == json.loads(saved.read_text())
+    main(["profile", "--from", str(saved), "--json"])
+    assert json.loads(capsys.readouterr().out)["steps"][0]["label"] == "decode B=1"
+    (tmp_path / "bad.json").write_text('{"steps": [{"label": 1}]}')
+    for args in (["profile", "--from", str(tmp_path / "bad.json")], ["profile", "--from", str(tmp_path / "no.json")],
+                 ["profile", "--from", str(saved), "--synthetic", "qwen2.5-0.5b"]):
+        with pytest.raises(SystemExit) as e:
+            main(args)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and "Traceback" not in err, err
+
+
 def test_batch_list_is_parsed_and_checked():
     assert parse_batches("1, 64,256") == [1, 64, 256]
     with pytest.raises(UserError):
