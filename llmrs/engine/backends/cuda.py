@@ -67,6 +67,17 @@ MATVEC_ROWS_PER_BLOCK = 4
 # 7B with the matvec up to 8 tokens 4.93 / 6.61 / 11.16 / 11.14 / 22.43, cuBLAS from 2 4.93 / 5.28 / 5.23 / 5.26 /
 # 5.53 (the f32 matvec is compute-bound from 2-3 tokens); 0.5B B = 2 1.08 matvec vs 1.27 cuBLAS, B = 4 2.55 vs 1.27.
 MATVEC_MAX_TOKENS = 1
+
+
+def env_int(name: str, default: int) -> int:
+    """An integer setting from the environment (the backend's measuring knobs): one clear error for a typo."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise UserError(f"{name}={raw!r}: expected an integer") from None
 ATTN_THREADS = 128
 ATTN_MAXG = 8  # query heads per attention block (MAXG in attention.cu)
 ATTN_GQA_MIN_BLOCKS = 128  # "auto": attn_partial_gqa from this many blocks a step (7B: 32 sequences); measured at 256+
@@ -196,7 +207,7 @@ class CUDABackend:
         self.num_blocks = num_blocks
         # bf16 weights: the matvec up to this many tokens, cuBLAS above (LLMRS_MATVEC_MAX_TOKENS, for measuring
         # the crossover); quantized weights: their decode kernels up to quant_matvec_max_tokens (the GEMV's 8)
-        self.matvec_max_tokens = int(os.environ.get("LLMRS_MATVEC_MAX_TOKENS", matvec_max_tokens))
+        self.matvec_max_tokens = env_int("LLMRS_MATVEC_MAX_TOKENS", matvec_max_tokens)
         self.quant_matvec_max_tokens = 8
         forced = os.environ.get("LLMRS_MATVEC_SPLITS", "")
         self._matvec_forced_splits = int(forced) if forced in ("1", "2", "4") else 0
@@ -216,7 +227,7 @@ class CUDABackend:
         # new tokens (LLMRS_PREFILL_MIN_TOKENS, for experiments); None: never (LLMRS_PREFILL_ATTN=0). Measured on
         # the H200 (7B shape): a tie with attn_partial at 1 x 64 and 16 x 8 tokens, ahead from 16 x 16 and 1 x 128
         # on (1 x 256: 18 us vs 154 us).
-        self.prefill_min_tokens: int | None = int(os.environ.get("LLMRS_PREFILL_MIN_TOKENS", "16"))
+        self.prefill_min_tokens: int | None = env_int("LLMRS_PREFILL_MIN_TOKENS", 16)
         self.k = get_kernels()  # compiles every kernel now (warm-up), not on the first request
         from llmrs.engine.backends.cuda_prefill import prefill_supported
 
