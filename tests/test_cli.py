@@ -146,6 +146,7 @@ def test_backend_integer_settings_from_the_environment_are_checked(monkeypatch):
     """LLMRS_MATVEC_MAX_TOKENS / LLMRS_PREFILL_MIN_TOKENS (measuring knobs): a typo is one clear error, not a
     ValueError traceback at the backend's start; unset or empty keeps the default."""
     from llmrs.engine.backends.cuda import env_int
+    from llmrs.errors import UserError
 
     monkeypatch.delenv("LLMRS_MATVEC_MAX_TOKENS", raising=False)
     assert env_int("LLMRS_MATVEC_MAX_TOKENS", 1) == 1
