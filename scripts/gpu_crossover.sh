@@ -2,7 +2,8 @@
 # One call on a lent H200: the decode-step walls behind two crossovers, from `llmrs profile` (graphs on):
 #   bf16 matvec vs cuBLAS for 1-8 tokens (LLMRS_MATVEC_MAX_TOKENS 8 / 2 / 1) on synthetic Qwen2.5 7B and 0.5B;
 #   4-bit gemv_q4 vs matvec_q4 (LLMRS_Q4_GEMV 1 / 0) on the 7B AWQ. After the GPU tests these touch (TESTS=0 skips;
-#   TESTS=all: every GPU test); PROFILES=0 skips the profiles; SERVE=1 adds the server runs at the end.
+#   TESTS=all: every GPU test); PROFILES=0 skips the profiles; SERVE=1 adds the server runs at the end;
+#   CROSS_MODELS="qwen2.5-3b" picks the bf16 presets (default 7B and 0.5B), AWQ=0 skips the 4-bit profiles.
 # Results: $OUT/results.tgz (profile JSON + text, bench JSON, logs); the step-wall lines printed. Expects wheels in .whl/.
 set -uo pipefail
 . scripts/gpu_lib.sh; use_wheels
@@ -23,9 +24,10 @@ prof() {  # label, synthetic preset, batches, then VAR=VALUE settings
 }
 [ "${PROFILES:-1}" = 1 ] && {
 step "decode step wall ms (columns: the batches, then prefill 16)"
-for v in 8 2 1; do prof 7b-mvmax$v qwen2.5-7b 1,2,3,4,8 LLMRS_MATVEC_MAX_TOKENS=$v; done
-for v in 8 1; do prof 0.5b-mvmax$v qwen2.5-0.5b 1,2,4,8 LLMRS_MATVEC_MAX_TOKENS=$v; done
-for v in 1 0; do prof 7b-awq-gemv$v qwen2.5-7b-awq 1,2,4,8 LLMRS_Q4_GEMV=$v; done
+for m in ${CROSS_MODELS:-qwen2.5-7b qwen2.5-0.5b}; do
+  for v in 8 2 1; do prof ${m#qwen2.5-}-mvmax$v $m 1,2,3,4,8 LLMRS_MATVEC_MAX_TOKENS=$v; done
+done
+[ "${AWQ:-1}" = 1 ] && for v in 1 0; do prof 7b-awq-gemv$v qwen2.5-7b-awq 1,2,4,8 LLMRS_Q4_GEMV=$v; done
 }
 # SERVE=1: the 7B (bf16, then AWQ) through `llmrs serve` at 4 and 8 concurrent streams, each crossover setting
 serve_small() {  # label, preset, VAR=VALUE
