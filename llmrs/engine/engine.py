@@ -136,7 +136,7 @@ def gpu_weight_bytes(loaded: LoadedModel, num_sms: int | None = None) -> int:
     (cuda_q4gemm.row_form_needed, which depends on the GPU's `num_sms`; None counts both everywhere, the upper
     bound). Synthetic models (drawn on the GPU): 2 bytes a parameter (an upper bound for the -awq ones)."""
     from llmrs.engine.backends.cuda import CUDABackend
-    from llmrs.engine.backends.cuda_q4gemm import row_form_needed, supported
+    from llmrs.engine.backends.cuda_q4gemm import has_gemm_layout, row_form_needed
     from llmrs.engine.quant import QuantWeight
 
     if loaded.tensors is None:
@@ -146,7 +146,7 @@ def gpu_weight_bytes(loaded: LoadedModel, num_sms: int | None = None) -> int:
     for t in loaded.tensors.values():
         if isinstance(t, QuantWeight):
             copies = 1
-            if t.kind == "q4" and supported(t.N, t.K, t.group_size):
+            if has_gemm_layout(t.kind, t.N, t.K, t.group_size):
                 copies = 1 + int(num_sms is None or row_form_needed(t.N, num_sms, gemv))
             total += t.nbytes * copies
         else:

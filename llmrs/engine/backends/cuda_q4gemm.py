@@ -68,12 +68,17 @@ def supported(N: int, K: int, G: int) -> bool:
     return N % 64 == 0 and K % BK == 0 and G % 32 == 0 and G > 0 and K % G == 0
 
 
+def has_gemm_layout(kind: str, N: int, K: int, G: int) -> bool:
+    """Whether a quantized weight gets the reordered copy (to_marlin): 4-bit, in a shape the kernels take."""
+    return kind == "q4" and supported(N, K, G)
+
+
 def to_marlin(backend: Any, w: DeviceQuantWeight) -> MarlinWeight | None:
     """The GEMM layout of a 4-bit DeviceQuantWeight (reordered on the GPU), or None where the kernel does not apply
     (q8, or a shape outside `supported`); the one it has when its row form is gone (`row_form_needed`)."""
     if w.qweight is None:
         return w.marlin
-    if w.kind != "q4" or not supported(w.N, w.K, w.group_size):
+    if not has_gemm_layout(w.kind, w.N, w.K, w.group_size):
         return None
     cp = backend.cp
     return MarlinWeight(w.N, w.K, w.group_size, 1 if w.mode == "min" else 0, marlin_reorder(w.qweight, cp),
@@ -136,9 +141,14 @@ def gemv_splits(backend: Any, N: int, K: int, splits: int | None = None) -> tupl
     return -(-KB // (GEMV_WARPS * per)), per  # no empty slice
 
 
+def tiles_fill_gpu(N: int, num_sms: int) -> bool:
+    """Whether N's 32-column tiles alone give gemv_q4 its GEMV_BLOCKS_PER_SM blocks an SM (no split-K hand-off)."""
+    return N // 32 >= GEMV_BLOCKS_PER_SM * num_sms
+
+
 def gemv_takes(backend: Any, T: int, N: int) -> bool:
     """Whether the backend's decode path runs T tokens through gemv_q4 (GEMV_MIN_TOKENS above)."""
-    return T >= GEMV_MIN_TOKENS or N // 32 >= GEMV_BLOCKS_PER_SM * backend.num_sms
+    return T >= GEMV_MIN_TOKENS or tiles_fill_gpu(N, backend.num_sms)
 
 
 def row_form_needed(N: int, num_sms: int, gemv: bool = True) -> bool:
@@ -146,7 +156,7 @@ def row_form_needed(N: int, num_sms: int, gemv: bool = True) -> bool:
     only matvec_q4 reads it (one token of a smaller N, or LLMRS_Q4_GEMV=0); every other path reads the reordered
     copy (the GEMV, the GEMM, dequant_marlin_bf16 above MAX_TOKENS). Weights whose tiles fill the GPU at one
     token (a 7B's gate_up: 56% of its 4-bit bytes) hold one copy."""
-    return not gemv or N // 32 < GEMV_BLOCKS_PER_SM * num_sms
+    return not gemv or not tiles_fill_gpu(N, num_sms)
 
 
 def gemv_q4(backend: Any, x: Any, mw: MarlinWeight | None, bias: Any | None, out: Any, accumulate: bool = False,
