@@ -67,6 +67,16 @@ MATVEC_ROWS_PER_BLOCK = 4
 # 7B with the matvec up to 8 tokens 4.93 / 6.61 / 11.16 / 11.14 / 22.43, cuBLAS from 2 4.93 / 5.28 / 5.23 / 5.26 /
 # 5.53 (the f32 matvec is compute-bound from 2-3 tokens); 0.5B B = 2 1.08 matvec vs 1.27 cuBLAS, B = 4 2.55 vs 1.27.
 MATVEC_MAX_TOKENS = 1
+ATTN_THREADS = 128
+ATTN_MAXG = 8  # query heads per attention block (MAXG in attention.cu)
+ATTN_GQA_MIN_BLOCKS = 128  # "auto": attn_partial_gqa from this many blocks a step (7B: 32 sequences); measured at 256+
+# "auto": attn_partial_gqa at any batch for heads of at most this many dims: with 2 dims a lane attn_partial's
+# dot product is mostly shuffles (H200, Qwen2.5-0.5B, one token at context 512 inside a graph: 16.1 -> 10.4 us a
+# layer; decode 1.09 -> 0.95-1.06 ms/token); head_dim 128 (3B, 7B) keeps attn_partial below 128 blocks (4% faster)
+ATTN_GQA_MAX_HEAD_DIM = 64
+CUBLAS_WORKSPACE_BYTES = 32 << 20
+_NO_SPAN = contextlib.nullcontext()
+_cublas_workspaces: dict[int, Any] = {}  # device id -> buffer: kept alive as long as the process (handles are shared)
 
 
 def env_int(name: str, default: int) -> int:
@@ -78,16 +88,6 @@ def env_int(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise UserError(f"{name}={raw!r}: expected an integer") from None
-ATTN_THREADS = 128
-ATTN_MAXG = 8  # query heads per attention block (MAXG in attention.cu)
-ATTN_GQA_MIN_BLOCKS = 128  # "auto": attn_partial_gqa from this many blocks a step (7B: 32 sequences); measured at 256+
-# "auto": attn_partial_gqa at any batch for heads of at most this many dims: with 2 dims a lane attn_partial's
-# dot product is mostly shuffles (H200, Qwen2.5-0.5B, one token at context 512 inside a graph: 16.1 -> 10.4 us a
-# layer; decode 1.09 -> 0.95-1.06 ms/token); head_dim 128 (3B, 7B) keeps attn_partial below 128 blocks (4% faster)
-ATTN_GQA_MAX_HEAD_DIM = 64
-CUBLAS_WORKSPACE_BYTES = 32 << 20
-_NO_SPAN = contextlib.nullcontext()
-_cublas_workspaces: dict[int, Any] = {}  # device id -> buffer: kept alive as long as the process (handles are shared)
 
 
 def norm_threads(H: int) -> int:
@@ -513,13 +513,13 @@ class CUDABackend:
         T, K = x.shape
         N, G = w.N, w.group_size
         assert w.K == K and out.shape == (T, N)
+        # 4-bit up to GEMV_MAX_TOKENS: the tensor-core GEMV over the GEMM's layout (gemm_q4.cu) where it is the
+        # faster one (cuda_q4gemm.gemv_takes), and always for a weight held only in that layout; the row-major
+        # matvec for 8-bit, for one token of a smaller N, and for shapes the layout lacks (or LLMRS_Q4_GEMV=0)
+        if (T <= GEMV_MAX_TOKENS and w.kind == "q4" and (w.qweight is None or self.q4_gemv and gemv_takes(self, T, N))
+                and gemv_q4(self, x, w.marlin, bias, out, accumulate, name, w.nbytes)):
+            return
         if T <= self.quant_matvec_max_tokens:
-            # 4-bit: the tensor-core GEMV over the GEMM's layout (gemm_q4.cu) where it is the faster one
-            # (cuda_q4gemm.gemv_takes); the row-major matvec for 8-bit, for one token of a smaller N, and for
-            # shapes the layout lacks (or LLMRS_Q4_GEMV=0)
-            if (w.kind == "q4" and (w.qweight is None or self.q4_gemv and gemv_takes(self, T, N))
-                    and gemv_q4(self, x, w.marlin, bias, out, accumulate, name, w.nbytes)):
-                return
             assert w.qweight is not None, f"{name}: only the reordered 4-bit copy is held; gemv_q4 refused {x.shape}"
             nt = matvec_nt(T)
             grid = (-(-N // MATVEC_ROWS_PER_BLOCK), -(-T // nt))
@@ -535,11 +535,7 @@ class CUDABackend:
                        (w.qweight, w.scales, NULL if w.zeros is None else w.zeros, x, b, out, np.int32(N),
                         np.int32(K), np.int32(T), np.int32(G), acc))
             return
-        # up to GEMV_MAX_TOKENS the GEMV (two tiles of 8 tokens); then the Marlin-style 4-bit GEMM (gemm_q4.cu);
-        # above MAX_TOKENS dequantize + cuBLAS is faster (measured)
-        if (T <= GEMV_MAX_TOKENS and (self.q4_gemv or w.qweight is None) and w.kind == "q4"
-                and gemv_q4(self, x, w.marlin, bias, out, accumulate, name, w.nbytes)):
-            return
+        # the Marlin-style 4-bit GEMM (gemm_q4.cu); above MAX_TOKENS dequantize + cuBLAS is faster (measured)
         if T <= MAX_TOKENS and linear_q4(self, x, w.marlin, bias, out, accumulate, name):
             return
         wb = self._buf("dequant_w", (N, K), np.uint16)
