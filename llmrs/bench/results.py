@@ -77,20 +77,23 @@ def load_document(path: str | Path) -> dict:
         doc = json.loads(p.read_text())
     except (OSError, ValueError) as e:
         raise UserError(f"cannot read results {p}: {e}") from e
-    if not isinstance(doc, dict) or not str(doc.get("schema", "")).startswith("llmrs.bench/"):
+    if not _has_bench_schema(doc):
         raise UserError(f"{p} is not an llmrs bench results file (no 'schema': '{SCHEMA}')")
     if doc["schema"] != SCHEMA:
         raise UserError(f"{p}: results schema {doc['schema']} is not supported (this llmrs reads {SCHEMA})")
     return doc
 
 
+def _has_bench_schema(doc: object) -> bool:
+    return isinstance(doc, dict) and str(doc.get("schema", "")).startswith("llmrs.bench/")
+
+
 def _is_results(path: Path) -> bool:
     """Whether a JSON file carries the bench schema (a directory of reports also holds profiles, decode benches...)."""
     try:
-        doc = json.loads(path.read_text())
+        return _has_bench_schema(json.loads(path.read_text()))
     except (OSError, ValueError):
         return False
-    return isinstance(doc, dict) and str(doc.get("schema", "")).startswith("llmrs.bench/")
 
 
 def find_results(paths: list[str]) -> list[Path]:

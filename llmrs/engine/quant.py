@@ -313,9 +313,8 @@ class DeviceQuantWeight(_QuantLayout):
     @property
     def nbytes(self) -> int:
         """The format's packed bytes (codes + scales + zeros), from whichever copy the GPU holds."""
-        if self.qweight is None:
-            return int(self.marlin.nbytes)
-        return int(self.qweight.nbytes + self.scales.nbytes + (0 if self.zeros is None else self.zeros.nbytes))
+        # NOTE: _QuantLayout's by name: zero-argument super() fails in a slots dataclass (the class is rebuilt)
+        return int(self.marlin.nbytes) if self.qweight is None else _QuantLayout.nbytes.fget(self)
 
     @property
     def gpu_nbytes(self) -> int:
