@@ -96,6 +96,15 @@ __device__ __forceinline__ float deq(float x, float s, float c) {
     return MODE == 0 ? __fmaf_rn(x, s, c) : __fmaf_rn(x - (float)OFF, s, c);
 }
 
+// A column's scale word (fp16 s low, fp16 z or m high) as frag_b's s and MODE-0 constants c12, c16 (MODE 1: m)
+template <int MODE>
+__device__ __forceinline__ void frag_consts(unsigned sz, float& s, float& c12, float& c16) {
+    s = gq_f16_to_f32((unsigned short)(sz & 0xffffu));
+    const float z = gq_f16_to_f32((unsigned short)(sz >> 16));
+    c12 = MODE == 0 ? __fmul_rn(-(2048.0f + z), s) : z;
+    c16 = MODE == 0 ? __fmul_rn(-(128.0f + z), s) : z;
+}
+
 // b0, b1 of k16 step KS of one packed word (see the layout at the top). c12 / c16: the MODE-0 constants of the
 // codes found at bits 12 / 16 (MODE 1: both m).
 template <int MODE, int KS>
@@ -153,11 +162,7 @@ __device__ __forceinline__ void compute_stage(const GemmQ4Smem<MT>& sm, int st, 
         float sc[4], c12[4], c16[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const unsigned sz = S[kb * GQ_BN + warp * 32 + 8 * i + (lane >> 2)];
-            const float s = gq_f16_to_f32((unsigned short)(sz & 0xffffu)), z = gq_f16_to_f32((unsigned short)(sz >> 16));
-            sc[i] = s;
-            c12[i] = MODE == 0 ? __fmul_rn(-(2048.0f + z), s) : z;
-            c16[i] = MODE == 0 ? __fmul_rn(-(128.0f + z), s) : z;
+            frag_consts<MODE>(S[kb * GQ_BN + warp * 32 + 8 * i + (lane >> 2)], sc[i], c12[i], c16[i]);
         }
 #pragma unroll
         for (int ks = 0; ks < 2; ++ks) {
@@ -299,11 +304,8 @@ __device__ __forceinline__ void dequant_marlin_impl(const uint4* __restrict__ Bq
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int n = nb * 32 + 8 * i + g;
-            const unsigned sz = SZ[(size_t)(32 * kb / G) * N + n];
-            const float s = gq_f16_to_f32((unsigned short)(sz & 0xffffu));
-            const float z = gq_f16_to_f32((unsigned short)(sz >> 16));
-            const float c12 = MODE == 0 ? __fmul_rn(-(2048.0f + z), s) : z;
-            const float c16 = MODE == 0 ? __fmul_rn(-(128.0f + z), s) : z;
+            float s, c12, c16;
+            frag_consts<MODE>(SZ[(size_t)(32 * kb / G) * N + n], s, c12, c16);
             unsigned* row = out + ((size_t)n * K + 32 * kb + 2 * t) / 2;
             unsigned b0, b1;
             frag_b<MODE, 0>(wq[i], s, c12, c16, b0, b1);
