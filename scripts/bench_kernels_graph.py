@@ -4,7 +4,7 @@
 launch and event overhead; decode steps replay graphs (with programmatic dependent launch on sm_90+). This
 captures REPEAT back-to-back launches of one kernel into a graph the way DecodeGraphs does, replays it, and
 reports the time per launch and the fraction of the bandwidth floor for the matvecs: the projections at every
-warps-per-row split, the paired-epilogue kernels, the RMSNorm and the decode attention at a given context.
+warps-per-row split, the paired-epilogue kernels (with and without the folded RMSNorm), the RMSNorm and the decode attention at a given context.
 
     python3 scripts/bench_kernels_graph.py --like qwen2.5-7b --context 512 --json out.json
 """
@@ -107,8 +107,12 @@ def main() -> None:
     qkv = cp.zeros((T, n_qkv), dtype=cp.float32)
     add("matvec qkv+rope", graph_us(lambda: be._matvec_pair("rope", x["qkv"], W["qkv"], qkv, bias=bias, db=db)),
         2 * n_qkv * H)
-    h = cp.zeros((T, H), dtype=cp.float32)
     nw = cp.ones(H, dtype=cp.float32)
+    add("matvec norm+gate_up+silu", graph_us(lambda: be._matvec_pair("silu", x["gate_up"], W["gate_up"], act,
+                                                                      norm=(nw, 1e-6))), 2 * 2 * I * H)
+    add("matvec norm+qkv+rope", graph_us(lambda: be._matvec_pair("rope", x["qkv"], W["qkv"], qkv, bias=bias, db=db,
+                                                                  norm=(nw, 1e-6))), 2 * n_qkv * H)
+    h = cp.zeros((T, H), dtype=cp.float32)
     add("rms_norm", graph_us(lambda: be._rms_norm(x["qkv"], nw, 1e-6, h)))
     xx = x["qkv"].copy()
     add("add_rms_norm", graph_us(lambda: be._add_rms_norm(xx, x["qkv"], nw, 1e-6, h)))

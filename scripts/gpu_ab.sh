@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on a lent H200: an A/B of one environment switch (AB_VAR, default LLMRS_PDL; e.g. LLMRS_FUSE_EPILOGUES;
-# AB_VALUES, default "0 1", e.g. "auto gqa" for LLMRS_ATTN_KERNEL)
+# AB_VALUES, default "0 1", e.g. "auto gqa" for LLMRS_ATTN_KERNEL; "X=0,Y=1" sets several)
 # on single-stream decode, after the GPU tests.
 #   GPU tests (TESTS=0 skips them), then the single-stream decode bench (prompt 256, 256 tokens) of synthetic
 #   Qwen2.5 0.5B / 3B / 7B (MODELS) with $AB_VAR=0 and 1 side by side, twice each, the 7B AWQ (AWQ=0 skips);
@@ -9,6 +9,9 @@
 #   64 / 256 concurrent (two sweeps); SERVE_AB=1: that for each value of $AB_VAR (e.g. LLMRS_ASYNC_SCHEDULING);
 #   SERVE_MODELS="qwen2.5-7b qwen2.5-7b-awq": that for each synthetic model. MODELS="" skips the decode bench.
 #   The decode bench reports the run-ahead ms/token and, in brackets, the one with the host waiting for each token.
+#   The value "base" runs the decode bench from the llmrs tree in $BASE_TREE (e.g. `git archive HEAD | tar -x -C
+#   _base`, carried along) with the switch unset: the code before a change, on the same machine. RUNS="1 2" by
+#   default.
 # Results: $OUT/summary.txt + $OUT/results.tgz. Expects wheels in .whl/.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -25,12 +28,20 @@ if [ "${KBENCH:-0}" = 1 ]; then
   done
 fi
 AB_VAR=${AB_VAR:-LLMRS_PDL}
+# a value with "=" sets those variables itself (comma-separated), e.g. AB_VALUES="base LLMRS_A=0,LLMRS_B=1"
+ab_env() { case "$1" in *=*) echo "${1//,/ }" ;; *) echo "$AB_VAR=$1" ;; esac; }
 for p in ${MODELS-qwen2.5-0.5b qwen2.5-3b qwen2.5-7b}; do
-  for run in 1 2; do
+  for run in ${RUNS:-1 2}; do
     for v in ${AB_VALUES:-0 1}; do
-      env $AB_VAR=$v timeout 120 python3 -m llmrs synth --like $p --decode-bench --bandwidth-gbs 4296 --prompt-len 256 \
-        --steps 256 --json $R/decode-$p-ab$v-run$run.json > $R/decode-$p-ab$v-run$run.log 2>&1
-      python3 - $R/decode-$p-ab$v-run$run.json "$p $AB_VAR=$v run $run" <<'PY'
+      if [ "$v" = base ]; then
+        (cd "$BASE_TREE" && PYTHONPATH=$PWD:/tmp/site timeout 120 python3 -m llmrs synth --like $p --decode-bench \
+          --bandwidth-gbs 4296 --prompt-len 256 --steps 256 --json $R/decode-$p-ab$v-run$run.json) \
+          > $R/decode-$p-ab$v-run$run.log 2>&1
+      else
+        env $(ab_env $v) timeout 120 python3 -m llmrs synth --like $p --decode-bench --bandwidth-gbs 4296 \
+          --prompt-len 256 --steps 256 --json $R/decode-$p-ab$v-run$run.json > $R/decode-$p-ab$v-run$run.log 2>&1
+      fi
+      python3 - $R/decode-$p-ab$v-run$run.json "$p $(ab_env $v) run $run" <<'PY'
 import json, sys
 try:
     r = json.load(open(sys.argv[1]))

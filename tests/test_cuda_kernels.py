@@ -432,6 +432,103 @@ def test_paired_matvec_epilogues_equal_matvec_plus_their_kernels(rng, T, heads, 
     np.testing.assert_array_equal(cp.asnumpy(act), want)
 
 
+@pytest.mark.parametrize("T", [1, 2, 5, 8])
+@pytest.mark.parametrize("heads,kv,head_dim,hidden", [(8, 2, 64, 512), (14, 2, 64, 77), (7, 1, 128, 384)])
+def test_norm_folded_into_paired_matvecs_matches_rms_norm_then_matvec(rng, T, heads, kv, head_dim, hidden):
+    """matvec_rope_norm_bf16 / matvec_silu_norm_bf16 take the residual stream and the norm weight: their outputs
+    (q rotated, K/V in the cache, SiLU x up) equal rms_norm followed by the plain paired kernels to f32 rounding
+    (the cache to one bf16 step), and numpy's rms_norm -> projection -> epilogue; odd K (77) takes the scalar path."""
+    c = cfg(heads, kv, head_dim, hidden=hidden, inter=3 * 37)
+    nb = 8 * T
+    be = CUDABackend(c, num_blocks=nb, matvec_max_tokens=8)
+    n_qkv = (heads + 2 * kv) * head_dim
+    wq = rng.standard_normal((n_qkv, hidden)).astype(np.float32) / np.sqrt(hidden)
+    w_qkv, bias = be.upload(wq), be.upload(rng.standard_normal(n_qkv).astype(np.float32))
+    wg = rng.standard_normal((2 * c.intermediate_size, hidden)).astype(np.float32) / np.sqrt(hidden)
+    w_gu = be.upload(wg)
+    g = round_bf16(rng.standard_normal(hidden).astype(np.float32))
+    gd = be.upload(g)
+    xh = (rng.standard_normal((T, hidden)) * 5).astype(np.float32)
+    x = cp.asarray(xh)
+    eps = 1e-6
+    perm = rng.permutation(nb).tolist()
+    batch = build_step_batch([([int(v)], int(rng.integers(0, 128)), perm[8 * i:8 * i + 8], True)
+                              for i, v in enumerate(rng.integers(3, 99, T))], be.block_size)
+    db = be.device_batch(batch)
+
+    def run(fold):
+        for a in (be.k_cache[0], be.v_cache[0]):
+            a[...] = 0
+        qkv, act = poison((T, n_qkv)), poison((T, c.intermediate_size))
+        if fold:
+            be._matvec_pair("rope", x, w_qkv, qkv, bias=bias, db=db, norm=(gd, eps))
+            be._matvec_pair("silu", x, w_gu, act, norm=(gd, eps))
+        else:
+            h = poison((T, hidden))
+            be._rms_norm(x, gd, eps, h)
+            be._matvec_pair("rope", h, w_qkv, qkv, bias=bias, db=db)
+            be._matvec_pair("silu", h, w_gu, act)
+        kc, vc = (cp.asnumpy(a).copy() for a in (be.k_cache[0], be.v_cache[0]))
+        return cp.asnumpy(qkv)[:, :heads * head_dim], kc, vc, cp.asnumpy(act)
+
+    got, want = run(True), run(False)
+    assert np.isfinite(got[0]).all() and np.isfinite(got[3]).all()
+    np.testing.assert_allclose(got[0], want[0], rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(got[3], want[3], rtol=2e-5, atol=2e-5)
+    for a, b in zip(got[1:3], want[1:3]):  # bf16 words: equal or one rounding step apart
+        fa, fb = (a.astype(np.uint32) << 16).view(np.float32), (b.astype(np.uint32) << 16).view(np.float32)
+        np.testing.assert_allclose(fa, fb, rtol=2 ** -7, atol=1e-6)
+        assert np.any(a != 0)
+    # numpy: h = rms_norm(x) with the bf16-rounded weights the GPU holds
+    h = g * (xh / np.sqrt(np.mean(xh.astype(np.float64) ** 2, axis=1, keepdims=True) + eps))
+    gu = h @ round_bf16(wg).T
+    I = c.intermediate_size
+    want_act = gu[:, :I] / (1 + np.exp(-gu[:, :I])) * gu[:, I:]
+    assert rel_err(got[3], want_act) < 1e-4
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("n_seqs", [1, 4])
+def test_folded_norms_keep_decode_logits_and_drop_two_launches_per_layer(tmp_path, arch, n_seqs):
+    """A matvec-path decode step with the RMSNorms folded into the qkv and gate_up matvecs (`fuse_norm` "1";
+    "auto" folds up to NORM_FOLD_MAX_K) and with rms_norm launched apart: logits equal to f32 tolerance, the same
+    greedy tokens, the K/V cache within one bf16 step, and two rms_norm launches fewer per layer (the final norm
+    stays)."""
+    from llmrs.engine.loader import load
+    from llmrs.engine.runner import ModelRunner
+    from tests.conftest import write_tiny_model
+
+    r = ModelRunner(load(str(write_tiny_model(tmp_path / arch, arch))), num_blocks=64, device="cuda")
+    be = r.backend
+    be.matvec_max_tokens = 8
+    prng = np.random.default_rng(7 + n_seqs)
+    batch = build_step_batch([([int(prng.integers(3, 400))], int(prng.integers(1, 40)), [4 * i, 4 * i + 1,
+                                                                                        4 * i + 2], True)
+                              for i in range(n_seqs)], 16)
+    out = {}
+    for fold in (False, True):
+        be.fuse_norm = "1" if fold else "0"
+        for a in be.k_cache + be.v_cache:
+            a[...] = 0
+        launches = []
+        norm = be.k.rms_norm
+        be.k.fns["rms_norm"] = lambda *a, **k: (launches.append("norm"), norm(*a, **k))
+        try:
+            logits = cp.asnumpy(be._forward_device(r.model.w, be.device_batch(batch)))
+        finally:
+            be.k.fns["rms_norm"] = norm
+        out[fold] = (logits, [cp.asnumpy(a) for a in be.k_cache + be.v_cache], len(launches))
+    be.fuse_norm = CUDABackend.fuse_norm
+    L = r.config.num_hidden_layers
+    assert out[False][2] == 2 * L + 1 and out[True][2] == 1
+    assert np.isfinite(out[True][0]).all()
+    np.testing.assert_allclose(out[True][0], out[False][0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(out[True][0].argmax(-1), out[False][0].argmax(-1))
+    for a, b in zip(out[True][1], out[False][1]):
+        fa, fb = (a.astype(np.uint32) << 16).view(np.float32), (b.astype(np.uint32) << 16).view(np.float32)
+        np.testing.assert_allclose(fa, fb, rtol=2 ** -7, atol=1e-5)
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 @pytest.mark.parametrize("n_seqs", [1, 3, 8])
 def test_fused_epilogues_give_identical_decode_logits(tmp_path, arch, n_seqs):
@@ -448,6 +545,7 @@ def test_fused_epilogues_give_identical_decode_logits(tmp_path, arch, n_seqs):
     batch = build_step_batch([([int(prng.integers(3, 400))], int(prng.integers(1, 40)), [4 * i, 4 * i + 1,
                                                                                         4 * i + 2], True)
                               for i in range(n_seqs)], 16)
+    be.fuse_norm = "0"  # the folded RMSNorm rounds differently (its own test above); bit-exact here
     out = {}
     for fuse in (False, True):
         be.fuse_epilogues = fuse
@@ -463,7 +561,7 @@ def test_fused_epilogues_give_identical_decode_logits(tmp_path, arch, n_seqs):
             be.k.fns["rope_write_kv"], be.k.fns["silu_mul"] = rope, silu
         out[fuse] = (logits, [cp.asnumpy(a) for a in be.k_cache + be.v_cache])
         assert len(launches) == (0 if fuse else 2 * r.config.num_hidden_layers)
-    be.fuse_epilogues = CUDABackend.fuse_epilogues
+    be.fuse_epilogues, be.fuse_norm = CUDABackend.fuse_epilogues, CUDABackend.fuse_norm
     assert np.isfinite(out[True][0]).all()
     np.testing.assert_array_equal(out[True][0], out[False][0])
     for a, b in zip(out[True][1], out[False][1]):

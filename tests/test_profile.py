@@ -200,11 +200,12 @@ def test_profile_of_real_steps_on_the_gpu(tmp_path):
         assert sum(p.categories.values()) == pytest.approx(p.kernel_ms)
         assert p.categories["matrix multiply"] > 0
         names = {k.kernel for k in p.kernels}
-        # decode: RoPE rides in the qkv matvec's epilogue (fuse_epilogues); prefill: the GEMM + rope_write_kv
-        assert names & {"matvec qkv+rope", "matvec qkv", "gemm qkv"}
+        # decode: the input RMSNorm folded in and RoPE in the epilogue of the qkv matvec (fuse_norm,
+        # fuse_epilogues); prefill: the GEMM + rope_write_kv
+        assert names & {"matvec norm+qkv+rope", "matvec qkv", "gemm qkv"}
         assert all(k.calls >= 1 and k.nbytes > 0 for k in p.kernels)
     layers = 3
-    qkv = next(k for k in profiles[0].kernels if k.kernel == "matvec qkv+rope")
+    qkv = next(k for k in profiles[0].kernels if k.kernel == "matvec norm+qkv+rope")
     assert qkv.calls == layers
     assert profiles[-1].categories["prefill attention"] > 0 and profiles[0].categories["decode attention"] > 0
     prof.save_json(tmp_path / "p.json", profiles, meta)

@@ -101,20 +101,21 @@ __device__ __forceinline__ void attn_partial_impl(
         unpack_raw(kr, kf);
         unpack_raw(vr, vf);
         load_kv<DPL>(k_cache, v_cache, table, j + ATTN_WARPS, end, active, Hkv, g, block_size, D, lane, kr, vr);
+        // every one of the MAXG heads, also past gn (q = 0 there, results unused): without a branch per head
+        // the compiler interleaves the heads' shuffle reductions and exps instead of running them one after another
+        // (a key cost ~7 x the latency of one head's chain that way)
 #pragma unroll
         for (int h = 0; h < MAXG; ++h) {
-            if (h < gn) {
-                float d = 0.0f;
+            float d = 0.0f;
 #pragma unroll
-                for (int i = 0; i < DPL; ++i) d += qr[h][i] * kf[i];
-                d = warp_sum(d);
-                const float mn = fmaxf(m[h], d);
-                const float corr = expf(m[h] - mn), p = expf(d - mn);
-                l[h] = l[h] * corr + p;
+            for (int i = 0; i < DPL; ++i) d += qr[h][i] * kf[i];
+            d = warp_sum(d);
+            const float mn = fmaxf(m[h], d);
+            const float corr = expf(m[h] - mn), p = expf(d - mn);
+            l[h] = l[h] * corr + p;
 #pragma unroll
-                for (int i = 0; i < DPL; ++i) acc[h][i] = acc[h][i] * corr + p * vf[i];
-                m[h] = mn;
-            }
+            for (int i = 0; i < DPL; ++i) acc[h][i] = acc[h][i] * corr + p * vf[i];
+            m[h] = mn;
         }
     }
     // merge the warps of the block

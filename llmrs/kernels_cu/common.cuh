@@ -63,6 +63,20 @@ __device__ __forceinline__ void rope_sincos(float angle, float* sn, float* cs) {
     __sincosf(r, sn, cs);
 }
 
+// A 16-byte load of streamed data read once (a matvec's weights): through the non-coherent path without
+// allocating in L1, so the weight stream does not evict what the warps re-read from L1 (x, the norm weight).
+// -DLLMRS_NO_STREAM_LOADS (LLMRS_STREAM_LOADS=0) makes it a plain __ldg, for A/B runs.
+__device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
+#ifndef LLMRS_NO_STREAM_LOADS
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+#else
+    return __ldg(p);
+#endif
+}
+
 // Programmatic dependent launch (sm_90+; no-ops below, and when the kernel was launched without the attribute).
 // Inside a decode graph the backend launches its kernels with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 // (cuda_kernels.PDL_KERNELS), so kernel n+1's blocks start while kernel n drains. The contract of every such kernel:

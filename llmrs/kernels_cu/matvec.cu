@@ -50,15 +50,16 @@ __device__ __forceinline__ void matvec_row_sums(const bf16_t* __restrict__ W, co
         const int K8 = K >> 3;
         const uint4 z = make_uint4(0u, 0u, 0u, 0u);
         int c = s * 32 + lane;
-        uint4 p0 = c < K8 ? __ldg(w4 + c) : z, p1 = c + stride < K8 ? __ldg(w4 + c + stride) : z,
-              p2 = c + 2 * stride < K8 ? __ldg(w4 + c + 2 * stride) : z,
-              p3 = c + 3 * stride < K8 ? __ldg(w4 + c + 3 * stride) : z;
+        uint4 p0 = c < K8 ? ldg_stream(w4 + c) : z, p1 = c + stride < K8 ? ldg_stream(w4 + c + stride) : z,
+              p2 = c + 2 * stride < K8 ? ldg_stream(w4 + c + 2 * stride) : z,
+              p3 = c + 3 * stride < K8 ? ldg_stream(w4 + c + 3 * stride) : z;
         pdl_wait();
         while (c < K8) {
             const int cn = c + 4 * stride;
-            const uint4 n0 = cn < K8 ? __ldg(w4 + cn) : z, n1 = cn + stride < K8 ? __ldg(w4 + cn + stride) : z,
-                        n2 = cn + 2 * stride < K8 ? __ldg(w4 + cn + 2 * stride) : z,
-                        n3 = cn + 3 * stride < K8 ? __ldg(w4 + cn + 3 * stride) : z;
+            const uint4 n0 = cn < K8 ? ldg_stream(w4 + cn) : z,
+                        n1 = cn + stride < K8 ? ldg_stream(w4 + cn + stride) : z,
+                        n2 = cn + 2 * stride < K8 ? ldg_stream(w4 + cn + 2 * stride) : z,
+                        n3 = cn + 3 * stride < K8 ? ldg_stream(w4 + cn + 3 * stride) : z;
             float wf[8];
             unpack8(p0, wf); fma8<NT>(wf, x, K, T, t0, 8 * c, acc);
             if (c + stride < K8) { unpack8(p1, wf); fma8<NT>(wf, x, K, T, t0, 8 * (c + stride), acc); }
@@ -124,44 +125,159 @@ __device__ __forceinline__ void matvec_impl(const bf16_t* __restrict__ W, const 
     }
 }
 
-// Paired rows with a fused epilogue (one warp a row, splits = 1): a block's 4 warps compute 2 pairs of rows
-// (warps 2i and 2i+1: pair blockIdx.x * 2 + i), the pair meets in shared memory and one thread per token finishes
-// it. The row sums are matvec_impl's (same order), the epilogues the same expressions as the kernels they
+// Paired rows with a fused epilogue: one warp computes both rows of a pair (a block's 4 warps: pairs
+// blockIdx.x * 4 + warp), so each 16-byte chunk of x is loaded once for the two rows; lane j finishes token t0 + j.
+// The row sums are matvec_impl's (same chunks, same order), the epilogues the same expressions as the kernels they
 // replace, so the outputs are bit-identical to matvec + that kernel.
 //   matvec_silu_bf16: W = gate_up [2I, K]; pair i = (gate row i, up row I + i); act[t, i] = silu(g) * u (f32)
 //                     (silu_mul in elementwise.cu).
 //   matvec_rope_bf16: W = qkv [(Hq + 2 Hkv) D, K] + bias; pair p = head h = p / (D/2), i = p % (D/2): rows
 //                     (h D + i, h D + i + D/2); q heads rotated in place in y (= qkv), k heads rotated and v heads
 //                     as they are written to the paged caches as bf16 (rope_write_kv in rope_kv.cu).
+// The *_norm_* kernels also fold the RMSNorm before the projection into it (x is then the residual stream, g the
+// norm's weight): the sums take x[k] * g[k] and each token's sum of squares of x rides along in the same pass;
+// after the reduction both rows are scaled by 1 / sqrt(mean(x^2) + eps). The projection of rms_norm(x) by
+// linearity, with other roundings than rms_norm + matvec (within f32 tolerance, not bit-identical), and one
+// launch less per norm.
 #define EPI_SILU 1
 #define EPI_ROPE 2
 
-template <int NT, int EPI>
+// x chunk at k0 (times g when NORM) against two rows' 8 weights; with NORM also ss[j] += x^2 (before g)
+template <int NT, bool NORM>
+__device__ __forceinline__ void fma8x2(const float* wa, const float* wb, const float* __restrict__ x,
+                                       const float* __restrict__ g, int K, int T, int t0, int k0, float* acc_a,
+                                       float* acc_b, float* ss) {
+    float gf[8];
+    if (NORM) {
+        const float4* gp = reinterpret_cast<const float4*>(g + k0);
+        const float4 a = gp[0], b = gp[1];
+        gf[0] = a.x; gf[1] = a.y; gf[2] = a.z; gf[3] = a.w; gf[4] = b.x; gf[5] = b.y; gf[6] = b.z; gf[7] = b.w;
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        if (t0 + j < T) {
+            const float4* xp = reinterpret_cast<const float4*>(x + (size_t)(t0 + j) * K + k0);
+            const float4 a = xp[0], b = xp[1];
+            float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            if (NORM) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    ss[j] += v[i] * v[i];
+                    v[i] *= gf[i];
+                }
+            }
+            acc_a[j] += wa[0] * v[0] + wa[1] * v[1] + wa[2] * v[2] + wa[3] * v[3]
+                      + wa[4] * v[4] + wa[5] * v[5] + wa[6] * v[6] + wa[7] * v[7];
+            acc_b[j] += wb[0] * v[0] + wb[1] * v[1] + wb[2] * v[2] + wb[3] * v[3]
+                      + wb[4] * v[4] + wb[5] * v[5] + wb[6] * v[6] + wb[7] * v[7];
+        }
+    }
+}
+
+// Rows na and nb of W for tokens t0 .. t0+NT-1 over one warp (every lane gets the sums): matvec_row_sums's
+// chunk order and pipeline (4 chunks of each row in use, the next 4 in flight, the first ones before pdl_wait).
+template <int NT, bool NORM>
+__device__ __forceinline__ void matvec_pair_sums(const bf16_t* __restrict__ W, const float* __restrict__ x,
+                                                 const float* __restrict__ g, int K, int T, int t0, int na, int nb,
+                                                 float* acc_a, float* acc_b, float* ss) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc_a[j] = acc_b[j] = ss[j] = 0.0f;
+    if ((K & 7) == 0) {
+        const uint4* a4 = reinterpret_cast<const uint4*>(W + (size_t)na * K);
+        const uint4* b4 = reinterpret_cast<const uint4*>(W + (size_t)nb * K);
+        const int K8 = K >> 3;
+        const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+        int c = lane;
+        uint4 pa[4], pb[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            pa[i] = c + 32 * i < K8 ? ldg_stream(a4 + c + 32 * i) : z;
+            pb[i] = c + 32 * i < K8 ? ldg_stream(b4 + c + 32 * i) : z;
+        }
+        pdl_wait();
+        while (c < K8) {
+            const int cn = c + 128;
+            uint4 qa[4], qb[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                qa[i] = cn + 32 * i < K8 ? ldg_stream(a4 + cn + 32 * i) : z;
+                qb[i] = cn + 32 * i < K8 ? ldg_stream(b4 + cn + 32 * i) : z;
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                if (c + 32 * i < K8) {
+                    float wa[8], wb[8];
+                    unpack8(pa[i], wa);
+                    unpack8(pb[i], wb);
+                    fma8x2<NT, NORM>(wa, wb, x, g, K, T, t0, 8 * (c + 32 * i), acc_a, acc_b, ss);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) { pa[i] = qa[i]; pb[i] = qb[i]; }
+            c = cn;
+        }
+    } else {
+        pdl_wait();
+        const bf16_t* wa = W + (size_t)na * K;
+        const bf16_t* wb = W + (size_t)nb * K;
+        for (int k = lane; k < K; k += 32) {
+            const float fa = bf16_to_f32(wa[k]), fb = bf16_to_f32(wb[k]);
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                if (t0 + j < T) {
+                    float v = x[(size_t)(t0 + j) * K + k];
+                    if (NORM) {
+                        ss[j] += v * v;
+                        v *= g[k];
+                    }
+                    acc_a[j] += fa * v;
+                    acc_b[j] += fb * v;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        acc_a[j] = warp_sum(acc_a[j]);
+        acc_b[j] = warp_sum(acc_b[j]);
+        if (NORM) ss[j] = warp_sum(ss[j]);
+    }
+}
+
+template <int NT, int EPI, bool NORM>
 __device__ __forceinline__ void matvec_pair_impl(const bf16_t* __restrict__ W, const float* __restrict__ x,
+                                                 const float* __restrict__ g, float eps,
                                                  const float* __restrict__ bias, float* __restrict__ y, int N,
                                                  int K, int T, const int* __restrict__ positions,
                                                  const float* __restrict__ inv_freq, const int* __restrict__ slots,
                                                  bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache,
                                                  int Hq, int Hkv, int D, int block_size) {
-    __shared__ float pair[4][NT];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, member = warp & 1;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int P = N / 2;  // pairs
-    const int p = blockIdx.x * 2 + (warp >> 1);
-    const bool live = p < P;
+    const int p = blockIdx.x * 4 + warp;
+    pdl_trigger();
+    if (p >= P) return;  // (no loads, no stores)
     const int half = D / 2;
     const int h = EPI == EPI_ROPE ? p / half : 0, i = EPI == EPI_ROPE ? p % half : p;
-    const int n = EPI == EPI_SILU ? (member ? P + p : p) : h * D + i + (member ? half : 0);
+    const int na = EPI == EPI_SILU ? p : h * D + i, nb = EPI == EPI_SILU ? P + p : h * D + i + half;
     const int t0 = blockIdx.y * NT;
-    float acc[NT];
-    matvec_row_sums<NT>(W, x, N, K, T, t0, n, live, 0, 1, nullptr, acc);
-    const float b = (bias && live) ? bias[n] : 0.0f;
-    if (lane == 0) {
+    float acc_a[NT], acc_b[NT], ss[NT];
+    matvec_pair_sums<NT, NORM>(W, x, g, K, T, t0, na, nb, acc_a, acc_b, ss);
+    // lane j takes token t0 + j (register arrays indexed by unrolled constants only)
+    float a = 0.0f, c = 0.0f, s = 0.0f;
 #pragma unroll
-        for (int j = 0; j < NT; ++j) pair[warp][j] = acc[j] + b;
+    for (int j = 0; j < NT; ++j) {
+        if (lane == j) { a = acc_a[j]; c = acc_b[j]; s = ss[j]; }
     }
-    __syncthreads();
-    if (!live || member != 0 || lane >= NT || t0 + lane >= T) return;
-    const float a = pair[warp][lane], c = pair[warp + 1][lane];
+    if (lane >= NT || t0 + lane >= T) return;
+    if (NORM) {
+        const float inv = 1.0f / sqrtf(s / (float)K + eps);  // rms_norm's expression (rmsnorm.cu)
+        a *= inv;
+        c *= inv;
+    }
+    a += bias ? bias[na] : 0.0f;  // (+ 0.0f without a bias, as matvec_impl: -0 sums become +0 the same way)
+    c += bias ? bias[nb] : 0.0f;
     const int t = t0 + lane;
     if (EPI == EPI_SILU) {
         y[(size_t)t * P + p] = silu_mul_f(a, c);
@@ -169,8 +285,8 @@ __device__ __forceinline__ void matvec_pair_impl(const bf16_t* __restrict__ W, c
     }
     float* row = y + (size_t)t * N + h * D;
     if (h >= Hq + Hkv) {  // a v head: to the cache as it is
-        const int s = slots[t];
-        const long long r = ((long long)(s / block_size) * Hkv + (h - Hq - Hkv)) * block_size + s % block_size;
+        const int sl = slots[t];
+        const long long r = ((long long)(sl / block_size) * Hkv + (h - Hq - Hkv)) * block_size + sl % block_size;
         bf16_t* dst = v_cache + r * D;
         dst[i] = f32_to_bf16(a);
         dst[i + half] = f32_to_bf16(c);
@@ -183,8 +299,8 @@ __device__ __forceinline__ void matvec_pair_impl(const bf16_t* __restrict__ W, c
         row[i] = y1;
         row[i + half] = y2;
     } else {
-        const int s = slots[t];
-        const long long r = ((long long)(s / block_size) * Hkv + (h - Hq)) * block_size + s % block_size;
+        const int sl = slots[t];
+        const long long r = ((long long)(sl / block_size) * Hkv + (h - Hq)) * block_size + sl % block_size;
         bf16_t* dst = k_cache + r * D;
         dst[i] = f32_to_bf16(y1);
         dst[i + half] = f32_to_bf16(y2);
@@ -205,24 +321,34 @@ MATVEC(8)
 #define MATVEC_SILU(NT)                                                                                         \
     extern "C" __global__ void matvec_silu_bf16_t##NT(const bf16_t* __restrict__ W, const float* __restrict__ x, \
                                                       float* __restrict__ act, int N, int K, int T) {            \
-        matvec_pair_impl<NT, EPI_SILU>(W, x, nullptr, act, N, K, T, nullptr, nullptr, nullptr, nullptr, nullptr, \
-                                       0, 0, 2, 0);                                                              \
+        matvec_pair_impl<NT, EPI_SILU, false>(W, x, nullptr, 0.0f, nullptr, act, N, K, T, nullptr, nullptr,     \
+                                              nullptr, nullptr, nullptr, 0, 0, 2, 0);                            \
+    }                                                                                                           \
+    extern "C" __global__ void matvec_silu_norm_bf16_t##NT(                                                     \
+        const bf16_t* __restrict__ W, const float* __restrict__ x, const float* __restrict__ g, float eps,     \
+        float* __restrict__ act, int N, int K, int T) {                                                         \
+        matvec_pair_impl<NT, EPI_SILU, true>(W, x, g, eps, nullptr, act, N, K, T, nullptr, nullptr, nullptr,    \
+                                             nullptr, nullptr, 0, 0, 2, 0);                                      \
     }
 MATVEC_SILU(1)
 MATVEC_SILU(2)
 MATVEC_SILU(4)
 MATVEC_SILU(8)
 
-#define MATVEC_ROPE(NT)                                                                                          \
-    extern "C" __global__ void matvec_rope_bf16_t##NT(                                                           \
-        const bf16_t* __restrict__ W, const float* __restrict__ x, const float* __restrict__ bias,              \
-        float* __restrict__ qkv, int N, int K, int T, const int* __restrict__ positions,                         \
-        const float* __restrict__ inv_freq, const int* __restrict__ slots, bf16_t* __restrict__ k_cache,         \
-        bf16_t* __restrict__ v_cache, int Hq, int Hkv, int D, int block_size) {                                  \
-        matvec_pair_impl<NT, EPI_ROPE>(W, x, bias, qkv, N, K, T, positions, inv_freq, slots, k_cache, v_cache,   \
-                                       Hq, Hkv, D, block_size);                                                  \
+#define MATVEC_ROPE(NT, NAME, NORM)                                                                              \
+    extern "C" __global__ void NAME(                                                                             \
+        const bf16_t* __restrict__ W, const float* __restrict__ x, const float* __restrict__ g, float eps,       \
+        const float* __restrict__ bias, float* __restrict__ qkv, int N, int K, int T,                            \
+        const int* __restrict__ positions, const float* __restrict__ inv_freq, const int* __restrict__ slots,    \
+        bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache, int Hq, int Hkv, int D, int block_size) {    \
+        matvec_pair_impl<NT, EPI_ROPE, NORM>(W, x, g, eps, bias, qkv, N, K, T, positions, inv_freq, slots,       \
+                                             k_cache, v_cache, Hq, Hkv, D, block_size);                          \
     }
-MATVEC_ROPE(1)
-MATVEC_ROPE(2)
-MATVEC_ROPE(4)
-MATVEC_ROPE(8)
+MATVEC_ROPE(1, matvec_rope_bf16_t1, false)
+MATVEC_ROPE(2, matvec_rope_bf16_t2, false)
+MATVEC_ROPE(4, matvec_rope_bf16_t4, false)
+MATVEC_ROPE(8, matvec_rope_bf16_t8, false)
+MATVEC_ROPE(1, matvec_rope_norm_bf16_t1, true)
+MATVEC_ROPE(2, matvec_rope_norm_bf16_t2, true)
+MATVEC_ROPE(4, matvec_rope_norm_bf16_t4, true)
+MATVEC_ROPE(8, matvec_rope_norm_bf16_t8, true)

@@ -62,6 +62,11 @@ CUDA_R_32F, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT = 0, 14, 68, -1
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
 NULL = np.uint64(0)
 MATVEC_ROWS_PER_BLOCK = 4
+# The RMSNorm folded into the paired qkv / gate_up matvecs (`fuse_norm` "auto") up to this hidden size. Measured on
+# the H200 (scripts/gpu_ab.sh, AB_VALUES LLMRS_FUSE_NORM=0/1, single-stream decode ms/token, unfolded -> folded):
+# Qwen2.5-0.5B (896) 0.868 -> 0.841, 3B (2048) 2.776 -> 2.775, 7B (3584) 4.448 -> 4.527: the fold's extra work per
+# weight chunk (the norm weight's loads, the sum of squares) costs more than the launch it saves on long rows.
+NORM_FOLD_MAX_K = 2048
 # bf16 weights: the matvec for one token, cuBLAS from two. Measured on the H200 (`LLMRS_MATVEC_MAX_TOKENS=8|2|1
 # llmrs profile --synthetic qwen2.5-7b --batch 1,2,3,4,8`, graph wall ms per decode step, scripts/gpu_crossover.sh):
 # 7B with the matvec up to 8 tokens 4.93 / 6.61 / 11.16 / 11.14 / 22.43, cuBLAS from 2 4.93 / 5.28 / 5.23 / 5.26 /
@@ -176,6 +181,11 @@ class CUDABackend:
     # SiLU x up in gate_up's (matvec_rope_bf16 / matvec_silu_bf16: bit-identical, two launches fewer per layer);
     # LLMRS_FUSE_EPILOGUES=0 (and tests) keep the separate kernels
     fuse_epilogues = os.environ.get("LLMRS_FUSE_EPILOGUES", "1") not in ("0", "false", "no", "off")
+    # ... and, with those paired kernels, the RMSNorm before qkv and before gate_up folded into the projection
+    # (x and the norm weight in, the sum of squares in the same pass: one launch less per norm, f32 rounding apart
+    # from rms_norm + matvec) for hidden sizes up to NORM_FOLD_MAX_K ("auto"); LLMRS_FUSE_NORM=1 folds at every
+    # size, 0 (and the bit-exact tests) keeps rms_norm as its own launch
+    fuse_norm = os.environ.get("LLMRS_FUSE_NORM", "auto").lower()
     # decode over 4-bit weights: gemv_q4 (tensor cores, the Marlin layout) instead of matvec_q4 (f32 FMA, the row
     # layout); LLMRS_Q4_GEMV=0 for A/B runs, tests that need matvec_q4's f32 activations set it False
     q4_gemv = os.environ.get("LLMRS_Q4_GEMV", "1") not in ("0", "false", "no", "off")
@@ -220,6 +230,8 @@ class CUDABackend:
         # 5.41 ms/token with gqa (its 128-key splits leave a short single-sequence step with few blocks); heads of
         # <= 64 dims take gqa at any batch (ATTN_GQA_MAX_HEAD_DIM).
         # LLMRS_ATTN_KERNEL=partial|gqa|auto.
+        if self.fuse_norm not in ("auto", "0", "1", "false", "true", "no", "yes", "off", "on"):
+            raise UserError(f"LLMRS_FUSE_NORM={self.fuse_norm!r}: expected auto, 0 or 1")
         self.attn_kernel = os.environ.get("LLMRS_ATTN_KERNEL", "auto")
         if self.attn_kernel not in ("partial", "gqa", "auto"):
             raise UserError(f"LLMRS_ATTN_KERNEL={self.attn_kernel!r}: expected partial, gqa or auto")
@@ -481,27 +493,39 @@ class CUDABackend:
         return (self.fuse_epilogues and T <= self.matvec_max_tokens and not isinstance(w, DeviceQuantWeight)
                 and self._matvec_splits(w.shape[0], w.shape[1]) == 1)
 
+    def _fold_norm(self, w: Any, T: int) -> bool:
+        """Whether the RMSNorm before the projection over `w` rides in its paired matvec (`fuse_norm`)."""
+        if not self._pair_epilogue(w, T) or self.fuse_norm in ("0", "false", "no", "off"):
+            return False
+        return self.fuse_norm != "auto" or w.shape[1] <= NORM_FOLD_MAX_K
+
     def _matvec_pair(self, epi: str, x: Any, w: Any, out: Any, bias: Any = None, db: DeviceBatch | None = None,
-                     layer: int = 0) -> None:
+                     layer: int = 0, norm: tuple[Any, float] | None = None) -> None:
         """matvec.cu's paired-row kernels: "silu" (gate_up -> act [T, I] = silu(gate) * up) or "rope" (qkv + bias
         -> q rotated in `out`, k rotated and v into layer's cache); the same bits as `_linear` + silu_mul /
-        rope_write_kv."""
+        rope_write_kv. With norm = (weight, eps), x is the residual stream and the RMSNorm before the projection is
+        folded into it (the *_norm_* kernels: rms_norm's math by linearity, f32 rounding apart)."""
         T, K = x.shape
         N = w.shape[0]
         nt = matvec_nt(T)
-        grid = (-(-(N // 2) // 2), -(-T // nt))  # 2 pairs (4 warps) a block
+        grid = (-(-(N // 2) // MATVEC_ROWS_PER_BLOCK), -(-T // nt))  # a pair a warp, 4 warps a block
         block = (32 * MATVEC_ROWS_PER_BLOCK,)
+        tag = "norm_" if norm is not None else ""
+        g, eps = (norm[0], np.float32(norm[1])) if norm is not None else (NULL, np.float32(0.0))
+        label = ("norm+" if norm is not None else "") + ("gate_up+silu" if epi == "silu" else "qkv+rope")
         if epi == "silu":
-            with self._span("matvec", "gate_up+silu", T, N, K, False, False):
-                self.k.fns[f"matvec_silu_bf16_t{nt}"](grid, block, (w, x, out, np.int32(N), np.int32(K), np.int32(T)))
+            args = (w, x, g, eps, out, np.int32(N), np.int32(K), np.int32(T)) if norm is not None else (
+                w, x, out, np.int32(N), np.int32(K), np.int32(T))
+            with self._span("matvec", label, T, N, K, False, False):
+                self.k.fns[f"matvec_silu_{tag}bf16_t{nt}"](grid, block, args)
             return
         c = self.config
-        with self._span("matvec", "qkv+rope", T, N, K, False, bias is not None):
-            self.k.fns[f"matvec_rope_bf16_t{nt}"](
-                grid, block, (w, x, NULL if bias is None else bias, out, np.int32(N), np.int32(K), np.int32(T),
-                              db.positions, self.inv_freq, db.slots, self.k_cache[layer], self.v_cache[layer],
-                              np.int32(c.num_attention_heads), np.int32(c.num_key_value_heads), np.int32(c.head_dim),
-                              np.int32(self.block_size)))
+        with self._span("matvec", label, T, N, K, False, bias is not None):
+            self.k.fns[f"matvec_rope_{tag}bf16_t{nt}"](
+                grid, block, (w, x, g, eps, NULL if bias is None else bias, out, np.int32(N), np.int32(K),
+                              np.int32(T), db.positions, self.inv_freq, db.slots, self.k_cache[layer],
+                              self.v_cache[layer], np.int32(c.num_attention_heads), np.int32(c.num_key_value_heads),
+                              np.int32(c.head_dim), np.int32(self.block_size)))
 
     def _linear_quant(self, x: Any, w: DeviceQuantWeight, bias: Any | None, out: Any, accumulate: bool,
                       name: str) -> None:
@@ -697,9 +721,12 @@ class CUDABackend:
         # NOTE: the norms and silu_mul feeding qkv, gate_up and down write bf16 words when that GEMM runs on a bf16
         # matrix (`_norm_for`, `_silu_mul_for`); the attention output is cast before o as before
         for n, layer in enumerate(w.layers):
-            h = self._norm_for(layer.qkv, x, layer.input_norm, eps, y=part if pending else None)
-            if self._pair_epilogue(layer.qkv, T):
-                self._matvec_pair("rope", h, layer.qkv, qkv, bias=layer.qkv_bias, db=db, layer=n)
+            pair = self._pair_epilogue(layer.qkv, T)
+            norm_in = self._fold_norm(layer.qkv, T) and not pending  # input_norm folded into the qkv matvec
+            h = x if norm_in else self._norm_for(layer.qkv, x, layer.input_norm, eps, y=part if pending else None)
+            if pair:
+                self._matvec_pair("rope", h, layer.qkv, qkv, bias=layer.qkv_bias, db=db, layer=n,
+                                  norm=(layer.input_norm, eps) if norm_in else None)
             else:
                 # on the bf16 GEMM path the bias rides in rope_write_kv (the same f32 add as add_bias, one launch less)
                 fold = layer.qkv_bias is not None and self._bias_in_rope(layer.qkv, T)
@@ -710,16 +737,17 @@ class CUDABackend:
                                      np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(self.block_size),
                                      layer.qkv_bias if fold else NULL))
             self._attention(n, qkv, n_qkv, db, att)
+            norm_in = tp is None and self._fold_norm(layer.gate_up, T)  # post_norm folded into gate_up
             if tp is None:
                 self._linear(att, layer.o, None, x, accumulate=True, name="o")
-                h = self._norm_for(layer.gate_up, x, layer.post_norm, eps)
+                h = x if norm_in else self._norm_for(layer.gate_up, x, layer.post_norm, eps)
             else:
                 self._linear(att, layer.o, None, part, name="o")
                 self._all_reduce(part)
                 h = self._norm_for(layer.gate_up, x, layer.post_norm, eps, y=part)
             if self._pair_epilogue(layer.gate_up, T):
                 act = self._buf("act", (T, I))
-                self._matvec_pair("silu", h, layer.gate_up, act)
+                self._matvec_pair("silu", h, layer.gate_up, act, norm=(layer.post_norm, eps) if norm_in else None)
             else:
                 self._linear(h, layer.gate_up, None, gu, name="gate_up")
                 act = self._silu_mul_for(layer.down, gu)

@@ -25,8 +25,12 @@ from pathlib import Path
 from typing import Any
 
 KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels_cu"
-OPTIONS = ("-std=c++17",) + (  # LLMRS_KV_PREFETCH=0: decode attention without its L2 prefetch (A/B runs)
-    ("-DLLMRS_NO_KV_PREFETCH",) if os.environ.get("LLMRS_KV_PREFETCH", "1") in ("0", "false", "no", "off") else ())
+_OFF = ("0", "false", "no", "off")
+# A/B switches compiled in: LLMRS_KV_PREFETCH=0 (decode attention without its L2 prefetch), LLMRS_STREAM_LOADS=0
+# (matvec weights through L1 like any load, common.cuh's ldg_stream)
+OPTIONS = ("-std=c++17",) + (
+    ("-DLLMRS_NO_KV_PREFETCH",) if os.environ.get("LLMRS_KV_PREFETCH", "1") in _OFF else ()) + (
+    ("-DLLMRS_NO_STREAM_LOADS",) if os.environ.get("LLMRS_STREAM_LOADS", "1") in _OFF else ())
 
 # file -> entry points (extern "C")
 ENTRY_POINTS: dict[str, list[str]] = {
@@ -34,7 +38,8 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "rmsnorm.cu": ["rms_norm", "add_rms_norm", "rms_norm_bf16", "add_rms_norm_bf16"],
     "elementwise.cu": ["silu_mul", "add_bias", "add_inplace", "cast_f32_bf16", "silu_mul_bf16"],
     "rope_kv.cu": ["rope_write_kv", "write_kv"],
-    "matvec.cu": [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16") for nt in (1, 2, 4, 8)],
+    "matvec.cu": [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16", "rope_norm_bf16")
+                  for nt in (1, 2, 4, 8)],
     "matvec_q4.cu": [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
                     + ["dequant_q4_bf16", "dequant_q8_bf16"],
     "attention.cu": ["attn_partial_d1", "attn_partial_d2", "attn_partial_d4", "attn_partial_d8", "attn_merge"],
@@ -51,7 +56,8 @@ PDL_KERNELS = frozenset(
     ["embedding_gather", "rms_norm", "add_rms_norm", "rms_norm_bf16", "add_rms_norm_bf16", "silu_mul", "add_bias",
      "add_inplace", "cast_f32_bf16", "silu_mul_bf16", "rope_write_kv", "attn_merge", "gemm_q4_reduce",
      "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"]
-    + [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16") for nt in (1, 2, 4, 8)]
+    + [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16", "rope_norm_bf16")
+       for nt in (1, 2, 4, 8)]
     + [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
     + [f"attn_partial_d{d}" for d in (1, 2, 4, 8)] + [f"attn_partial_gqa_d{d}" for d in (1, 2, 4, 8)]
     + [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4)])
