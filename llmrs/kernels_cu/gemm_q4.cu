@@ -444,7 +444,7 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
     uint4 qn[GV_DEPTH];
 #pragma unroll
     for (int d = 0; d < GV_DEPTH; ++d)
-        if (kb_lo + d < kb_hi) qn[d] = __ldg(wp + (size_t)(kb_lo + d) * 32);
+        if (kb_lo + d < kb_hi) qn[d] = ldg_stream(wp + (size_t)(kb_lo + d) * 32);
     pdl_wait();  // x (and out, part) come from earlier kernels
 
     bool live[NU];
@@ -477,7 +477,7 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
         }
 #pragma unroll
         for (int d = 0; d < GV_DEPTH; ++d)
-            if (base + GV_DEPTH + d < kb_hi) qn[d] = __ldg(wp + (size_t)(base + GV_DEPTH + d) * 32);
+            if (base + GV_DEPTH + d < kb_hi) qn[d] = ldg_stream(wp + (size_t)(base + GV_DEPTH + d) * 32);
 #pragma unroll
         for (int d = 0; d < GV_DEPTH; ++d) {
             const int kb = base + d;

@@ -166,7 +166,7 @@ __device__ __forceinline__ void matvec_q4_impl(const uint4* __restrict__ Q, cons
     for (; c < C; c += step) {
         uint4 wa[Q4_ROWS];
 #pragma unroll
-        for (int r = 0; r < Q4_ROWS; ++r) wa[r] = __ldg(q[r] + c);
+        for (int r = 0; r < Q4_ROWS; ++r) wa[r] = ldg_stream(q[r] + c);
         const int ga = gsh >= 0 ? c >> gsh : c / cpg;
         float sa[Q4_ROWS], za[Q4_ROWS];
 #pragma unroll
@@ -248,12 +248,12 @@ __device__ __forceinline__ void matvec_q8_impl(const uint4* __restrict__ Q, cons
     const unsigned short* s = S + (size_t)n * (K >> 5);
     int c = lane;
     for (; c + 32 < C; c += 64) {
-        const uint4 a = __ldg(q + c), b = __ldg(q + c + 32);
+        const uint4 a = ldg_stream(q + c), b = ldg_stream(q + c + 32);
         const float sa = f16_to_f32(__ldg(s + (c >> 1))), sb = f16_to_f32(__ldg(s + ((c + 32) >> 1)));
         q8_chunk<NT>(a, sa, x, K, T, t0, 16 * c, acc);
         q8_chunk<NT>(b, sb, x, K, T, t0, 16 * (c + 32), acc);
     }
-    for (; c < C; c += 32) q8_chunk<NT>(__ldg(q + c), f16_to_f32(__ldg(s + (c >> 1))), x, K, T, t0, 16 * c, acc);
+    for (; c < C; c += 32) q8_chunk<NT>(ldg_stream(q + c), f16_to_f32(__ldg(s + (c >> 1))), x, K, T, t0, 16 * c, acc);
     store_rows<NT>(acc, bias, y, n, N, T, t0, lane, accumulate);
 }
 
