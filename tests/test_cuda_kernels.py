@@ -36,10 +36,13 @@ def rng():
     return np.random.default_rng(1234)
 
 
-def test_bf16_rounding_matches_kernel(rng):
+@pytest.mark.parametrize("n", [1001, 4096, 917504 + 4])
+def test_bf16_rounding_matches_kernel(rng, n):
+    """cast_f32_bf16 = bf16_bits (round to nearest even, NaN kept NaN): one element a thread (n = 1001), 4 a thread
+    (n % 4 == 0), and a 256 x 3584 activation (+ 4)."""
     be = CUDABackend(cfg(), num_blocks=1)
-    x = (rng.standard_normal(1001) * 10 ** rng.uniform(-6, 6, 1001)).astype(np.float32)
-    x[:4] = [0.0, -0.0, np.inf, -np.inf]
+    x = (rng.standard_normal(n) * 10 ** rng.uniform(-6, 6, n)).astype(np.float32)
+    x[:5] = [0.0, -0.0, np.inf, -np.inf, np.nan]
     out = cp.full(x.shape, 0xFFFF, dtype=cp.uint16)
     be._cast_bf16(cp.asarray(x), out)
     np.testing.assert_array_equal(cp.asnumpy(out), bf16_bits(x))

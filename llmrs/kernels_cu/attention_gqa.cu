@@ -180,19 +180,21 @@ __device__ __forceinline__ void attn_partial_gqa_impl(
             }
         }
 
-        // online softmax over the chunk: one warp max per head, for all GQA_MAXG heads (past gn: scores 0, results
-        // unused), so that the heads' shuffle chains interleave instead of running one branch after another
+        // online softmax over the chunk: one warp max per head
         float pr[GQA_MAXG];
 #pragma unroll
         for (int h = 0; h < GQA_MAXG; ++h) {
-            const float x = valid ? sc[h] : NEG_INF;
-            const float mn = fmaxf(m[h], warp_max(x));  // finite: lane 0's key is always valid
-            const float corr = expf(m[h] - mn);
-            pr[h] = h < gn ? expf(x - mn) : 0.0f;
-            l[h] = l[h] * corr + pr[h];
-            m[h] = mn;
+            pr[h] = 0.0f;
+            if (h < gn) {
+                const float x = valid ? sc[h] : NEG_INF;
+                const float mn = fmaxf(m[h], warp_max(x));  // finite: lane 0's key is always valid
+                const float corr = expf(m[h] - mn);
+                pr[h] = expf(x - mn);
+                l[h] = l[h] * corr + pr[h];
+                m[h] = mn;
 #pragma unroll
-            for (int i = 0; i < DPL; ++i) acc[h][i] *= corr;
+                for (int i = 0; i < DPL; ++i) acc[h][i] *= corr;
+            }
         }
         p4[2 * lane] = make_float4(pr[0], pr[1], pr[2], pr[3]);
         p4[2 * lane + 1] = make_float4(pr[4], pr[5], pr[6], pr[7]);
@@ -234,7 +236,8 @@ __device__ __forceinline__ void attn_partial_gqa_impl(
         blk = blk_next;
     }
 #pragma unroll
-    for (int h = 0; h < GQA_MAXG; ++h) l[h] = warp_sum(l[h]);  // (all heads: the chains interleave)
+    for (int h = 0; h < GQA_MAXG; ++h)
+        if (h < gn) l[h] = warp_sum(l[h]);
 
     // merge the warps of the block (as attn_partial)
     __syncthreads();  // every warp is done with the q, p and V tiles: s_acc overlays them
