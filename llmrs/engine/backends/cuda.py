@@ -21,8 +21,9 @@ the embeddings and every o/down partial over the ranks with NCCL on the step's s
 
 `forward(weights, batch)` is the fused step the engine runs (`CUDAModel`): residual adds ride in the
 o/down projections (matvec `accumulate`, GEMM beta = 1), RoPE is fused with the K/V cache write (and, on the
-matvec path, both ride in the qkv projection's epilogue, as SiLU x up rides in gate_up's: `fuse_epilogues`), and
-the sampled rows are gathered inside the final RMSNorm. The Backend protocol methods (`embedding`, `linear`,
+matvec path, both ride in the qkv projection's epilogue, as SiLU x up rides in gate_up's: `fuse_epilogues`, and up
+to a hidden size of NORM_FOLD_MAX_K the RMSNorm before each rides in its prologue: `fuse_norm`), and the sampled
+rows are gathered inside the final RMSNorm. The Backend protocol methods (`embedding`, `linear`,
 ...) are kept for `Model.forward` and for the kernel-by-kernel tests.
 
 GPU sampling: `sample(logits_on_device, states)` samples every row in one launch (greedy, temperature,
