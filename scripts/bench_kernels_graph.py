@@ -4,7 +4,10 @@
 launch and event overhead; decode steps replay graphs (with programmatic dependent launch on sm_90+). This
 captures REPEAT back-to-back launches of one kernel into a graph the way DecodeGraphs does, replays it, and
 reports the time per launch and the fraction of the bandwidth floor for the matvecs: the projections at every
-warps-per-row split, the paired-epilogue kernels (with and without the folded RMSNorm), the RMSNorm and the decode attention at a given context.
+warps-per-row split, the paired-epilogue kernels (with and without the folded RMSNorm), the RMSNorm and the
+decode attention at a given context. Launch i reads copy i % n of its matrix, n copies spanning --l2-span-mb
+(256 MB), so a small matrix (the 7B's qkv: 33 MB) streams from DRAM as a step's 28 layers do, not from the 60 MB
+L2 (results before this option, in reports/h200-qwen2.5/fused/ and one-stream/, used one copy).
 
     python3 scripts/bench_kernels_graph.py --like qwen2.5-7b --context 512 --json out.json
 """
@@ -30,6 +33,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=28)
     ap.add_argument("--bandwidth-gbs", type=float, default=4296.0)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--l2-span-mb", type=float, default=256.0,
+                    help="each matrix is cycled through enough copies to span this many MB, so back-to-back launches "
+                         "stream from DRAM as a decode step's layers do (0: one copy; small matrices then sit in L2)")
     a = ap.parse_args()
 
     import cupy as cp
@@ -50,7 +56,11 @@ def main() -> None:
         return be.upload_bf16(gen.standard_normal((n, k), dtype=cp.float32) * 0.02)
 
     n_qkv = (Hq + 2 * Hkv) * D
-    W = {"qkv": mat(n_qkv, H), "o": mat(H, Hq * D), "gate_up": mat(2 * I, H), "down": mat(H, I)}
+    shapes = {"qkv": (n_qkv, H), "o": (H, Hq * D), "gate_up": (2 * I, H), "down": (H, I)}
+    # copies per matrix: launch i of a graph reads copy i % n (a layer's weights are its own in a real step)
+    Ws = {k: [mat(n, kk) for _ in range(max(1, min(a.repeat, -(-int(a.l2_span_mb * 1e6) // (2 * n * kk)))))]
+          for k, (n, kk) in shapes.items()}
+    W = {k: v[0] for k, v in Ws.items()}
     bias = cp.zeros(n_qkv, dtype=cp.float32)
     x = {k: gen.standard_normal((T, w.shape[1]), dtype=cp.float32) for k, w in W.items()}
     y = {k: cp.zeros((T, w.shape[0]), dtype=cp.float32) for k, w in W.items()}
@@ -61,14 +71,15 @@ def main() -> None:
     stream = cp.cuda.Stream(non_blocking=True)
 
     def graph_us(fn) -> float:
+        """Per-launch us of `fn(i)` (i = the launch's index in the graph) captured REPEAT times into one graph."""
         with stream:
-            fn()  # warm-up (buffers, modules)
+            fn(0)  # warm-up (buffers, modules)
             stream.synchronize()
             be.k.pdl = be.k.pdl_capable
             stream.begin_capture()
             try:
-                for _ in range(a.repeat):
-                    fn()
+                for i in range(a.repeat):
+                    fn(i)
             finally:
                 be.k.pdl = False
                 g = stream.end_capture()
@@ -81,6 +92,9 @@ def main() -> None:
             e1.record(stream)
             e1.synchronize()
         return cp.cuda.get_elapsed_time(e0, e1) * 1e3 / (10 * a.repeat)
+
+    def pick(name, i):
+        return Ws[name][i % len(Ws[name])]
 
     rows = []
 
@@ -95,33 +109,34 @@ def main() -> None:
 
     for name, w in W.items():
         N, K = w.shape
+        ws = Ws[name]
         for splits in (1, 2, 4):
             be._matvec_forced_splits = splits
-            us = graph_us(lambda: be._linear(x[name], w, None, y[name], name=name))
+            us = graph_us(lambda i: be._linear(x[name], ws[i % len(ws)], None, y[name], name=name))
             add(f"matvec {name} splits={splits}", us, 2 * N * K)
         be._matvec_forced_splits = 0
         print(f"  (backend's choice for {name}: splits={be._matvec_splits(N, K)})")
     act = cp.zeros((T, I), dtype=cp.float32)
-    add("matvec gate_up+silu", graph_us(lambda: be._matvec_pair("silu", x["gate_up"], W["gate_up"], act)),
+    add("matvec gate_up+silu", graph_us(lambda i: be._matvec_pair("silu", x["gate_up"], pick("gate_up", i), act)),
         2 * 2 * I * H)
     qkv = cp.zeros((T, n_qkv), dtype=cp.float32)
-    add("matvec qkv+rope", graph_us(lambda: be._matvec_pair("rope", x["qkv"], W["qkv"], qkv, bias=bias, db=db)),
+    add("matvec qkv+rope", graph_us(lambda i: be._matvec_pair("rope", x["qkv"], pick("qkv", i), qkv, bias=bias, db=db)),
         2 * n_qkv * H)
     nw = cp.ones(H, dtype=cp.float32)
-    add("matvec norm+gate_up+silu", graph_us(lambda: be._matvec_pair("silu", x["gate_up"], W["gate_up"], act,
-                                                                      norm=(nw, 1e-6))), 2 * 2 * I * H)
-    add("matvec norm+qkv+rope", graph_us(lambda: be._matvec_pair("rope", x["qkv"], W["qkv"], qkv, bias=bias, db=db,
-                                                                  norm=(nw, 1e-6))), 2 * n_qkv * H)
+    add("matvec norm+gate_up+silu", graph_us(lambda i: be._matvec_pair("silu", x["gate_up"], pick("gate_up", i), act,
+                                                                        norm=(nw, 1e-6))), 2 * 2 * I * H)
+    add("matvec norm+qkv+rope", graph_us(lambda i: be._matvec_pair("rope", x["qkv"], pick("qkv", i), qkv, bias=bias,
+                                                                    db=db, norm=(nw, 1e-6))), 2 * n_qkv * H)
     h = cp.zeros((T, H), dtype=cp.float32)
-    add("rms_norm", graph_us(lambda: be._rms_norm(x["qkv"], nw, 1e-6, h)))
+    add("rms_norm", graph_us(lambda i: be._rms_norm(x["qkv"], nw, 1e-6, h)))
     xx = x["qkv"].copy()
-    add("add_rms_norm", graph_us(lambda: be._add_rms_norm(xx, x["qkv"], nw, 1e-6, h)))
+    add("add_rms_norm", graph_us(lambda i: be._add_rms_norm(xx, x["qkv"], nw, 1e-6, h)))
     threads = rope_threads(Hq, Hkv, D)
-    add("rope_write_kv", graph_us(lambda: be.k.rope_write_kv(
+    add("rope_write_kv", graph_us(lambda i: be.k.rope_write_kv(
         (T,), (threads,), (qkv, db.positions, be.inv_freq, db.slots, be.k_cache[0], be.v_cache[0], np.int32(Hq),
                            np.int32(Hkv), np.int32(D), np.int32(bs), NULL))))
     gu = cp.zeros((T, 2 * I), dtype=cp.float32)
-    add("silu_mul", graph_us(lambda: be._silu_mul_for(W["down"], gu)))
+    add("silu_mul", graph_us(lambda i: be._silu_mul_for(W["down"], gu)))
     att = cp.zeros((T, Hq * D), dtype=cp.float32)
     kv_bytes = 2 * 2 * T * (a.context + 1) * Hkv * D
     for kernel in ("partial", "gqa"):
@@ -130,9 +145,10 @@ def main() -> None:
             be.attn_splits = S
             auto = be._splits(T, db.max_len, be._use_gqa(T))
             label = f"attention {kernel} splits={S if S else auto}{' (auto)' if S is None else ''}"
-            add(label, graph_us(lambda: be._attention(0, qkv, n_qkv, db, att)), kv_bytes)
+            add(label, graph_us(lambda i: be._attention(0, qkv, n_qkv, db, att)), kv_bytes)
     be.attn_splits, be.attn_kernel = None, "auto"
     out = {"preset": a.like, "tokens": T, "context": a.context, "repeat": a.repeat, "pdl": be.k.pdl_capable,
+           "copies": {k: len(v) for k, v in Ws.items()},
            "gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "rows": rows}
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
