@@ -120,8 +120,8 @@ def main() -> None:
     add("matvec gate_up+silu", graph_us(lambda i: be._matvec_pair("silu", x["gate_up"], pick("gate_up", i), act)),
         2 * 2 * I * H)
     qkv = cp.zeros((T, n_qkv), dtype=cp.float32)
-    add("matvec qkv+rope", graph_us(lambda i: be._matvec_pair("rope", x["qkv"], pick("qkv", i), qkv, bias=bias, db=db)),
-        2 * n_qkv * H)
+    add("matvec qkv+rope",
+        graph_us(lambda i: be._matvec_pair("rope", x["qkv"], pick("qkv", i), qkv, bias=bias, db=db)), 2 * n_qkv * H)
     nw = cp.ones(H, dtype=cp.float32)
     add("matvec norm+gate_up+silu", graph_us(lambda i: be._matvec_pair("silu", x["gate_up"], pick("gate_up", i), act,
                                                                         norm=(nw, 1e-6))), 2 * 2 * I * H)
