@@ -27,7 +27,8 @@ def main() -> None:
     cpu = reference(loaded, 64, bf16_kv=True)
     tok = loaded.tokenizer
     for name, ids in [("france", tok.encode("The capital of France is")),
-                      ("chat", tok.encode_chat([{"role": "user", "content": "What is paged attention? Answer briefly."}])),
+                      ("chat", tok.encode_chat([{"role": "user",
+                                                "content": "What is paged attention? Answer briefly."}])),
                       ("fib", tok.encode("def fibonacci(n):"))]:
         g, c = last_logits(gpu, ids), last_logits(cpu, ids)
         print(f"{label:28s} {name:7s} T={len(ids):3d} rel {rel_err(g, c):.4f} max_abs {np.abs(g - c).max():.4f} "
