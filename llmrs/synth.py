@@ -130,26 +130,33 @@ def _write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...], str
 
 
 def synthetic_vocab(size: int, special_ids: dict[int, str]) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """A byte-level BPE vocabulary of exactly `size` ids: the 256 byte symbols, then 2- and 3-symbol merges,
-    with `special_ids` (id -> text) placed at their ids."""
-    from tokenizers import pre_tokenizers
+    """A byte-level BPE vocabulary of exactly `size` ids: the 256 byte symbols, then 2- and 3-symbol merges of the
+    printable ASCII symbols (bytes 0x20-0x7e), with `special_ids` (id -> text) placed at their ids.
 
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    Every token but the 128 single bytes above 0x7f decodes to complete text on its own. Random weights sample
+    tokens about uniformly; with merges over all 256 bytes (before), about half of them ended inside a UTF-8
+    character, the server held such a first token back until the next one completed it, and a benchmark's TTFT
+    median carried an extra decode step that a real model's English output does not."""
+    from llmrs.engine.tokenizer import _bytes_to_unicode
+
+    byte_of = _bytes_to_unicode()  # ByteLevel symbol -> byte
+    alphabet = sorted(byte_of)
+    ascii_ = [ch for ch in alphabet if 0x20 <= byte_of[ch] <= 0x7E]
     vocab: dict[str, int] = {}
     merges: list[tuple[str, str]] = []
     free = (i for i in range(size) if i not in special_ids)
     for ch in alphabet:
         vocab[ch] = next(free)
     need = size - len(special_ids) - len(alphabet)
-    pairs = [(a, b) for a in alphabet for b in alphabet]
+    pairs = [(a, b) for a in ascii_ for b in ascii_]
     for a, b in pairs[:need]:
         vocab[a + b] = next(free)
         merges.append((a, b))
     need -= min(need, len(pairs))
     k = 0
     while need > 0:  # 3-symbol tokens (ab)+c: every 2-symbol token exists by now
-        a, b = pairs[k // len(alphabet)]
-        ch = alphabet[k % len(alphabet)]
+        a, b = pairs[k // len(ascii_)]
+        ch = ascii_[k % len(ascii_)]
         vocab[a + b + ch] = next(free)
         merges.append((a + b, ch))
         need -= 1
