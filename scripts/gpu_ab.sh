@@ -9,9 +9,10 @@
 #   64 / 256 concurrent (two sweeps); SERVE_AB=1: that for each value of $AB_VAR (e.g. LLMRS_ASYNC_SCHEDULING);
 #   SERVE_MODELS="qwen2.5-7b qwen2.5-7b-awq": that for each synthetic model. MODELS="" skips the decode bench.
 #   The decode bench reports the run-ahead ms/token and, in brackets, the one with the host waiting for each token.
-#   The value "base" runs the decode bench from the llmrs tree in $BASE_TREE (e.g. `git archive HEAD | tar -x -C
-#   _base`, carried along) with the switch unset: the code before a change, on the same machine. RUNS="1 2" by
-#   default.
+#   The value "base" runs the decode bench from the llmrs tree in $BASE_TREE (e.g. `git archive HEAD llmrs | tar
+#   -x -C _base`, carried along) with the switch unset: the code before a change, on the same machine; "tree=DIR"
+#   from the tree in DIR (e.g. an experiment branch: `mkdir _exp1 && git archive BRANCH llmrs | tar -x -C _exp1`,
+#   AB_VALUES="1 tree=$PWD/_exp1"). RUNS="1 2" by default.
 # Results: $OUT/summary.txt + $OUT/results.tgz. Expects wheels in .whl/.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -30,18 +31,21 @@ fi
 AB_VAR=${AB_VAR:-LLMRS_PDL}
 # a value with "=" sets those variables itself (comma-separated), e.g. AB_VALUES="base LLMRS_A=0,LLMRS_B=1"
 ab_env() { case "$1" in *=*) echo "${1//,/ }" ;; *) echo "$AB_VAR=$1" ;; esac; }
+# "base" runs from $BASE_TREE, "tree=DIR" from DIR (another llmrs tree carried along), anything else from here
+ab_tree() { case "$1" in base) echo "$BASE_TREE" ;; tree=*) echo "${1#tree=}" ;; esac; }
 for p in ${MODELS-qwen2.5-0.5b qwen2.5-3b qwen2.5-7b}; do
   for run in ${RUNS:-1 2}; do
     for v in ${AB_VALUES:-0 1}; do
-      if [ "$v" = base ]; then
-        (cd "$BASE_TREE" && PYTHONPATH=$PWD:/tmp/site timeout 120 python3 -m llmrs synth --like $p --decode-bench \
-          --bandwidth-gbs 4296 --prompt-len 256 --steps 256 --json $R/decode-$p-ab$v-run$run.json) \
-          > $R/decode-$p-ab$v-run$run.log 2>&1
+      f=$R/decode-$p-ab$(echo "$v" | tr '/=,' '___')-run$run
+      tree=$(ab_tree "$v")
+      if [ -n "$tree" ]; then
+        (cd "$tree" && PYTHONPATH=$PWD:/tmp/site timeout 120 python3 -m llmrs synth --like $p --decode-bench \
+          --bandwidth-gbs 4296 --prompt-len 256 --steps 256 --json $f.json) > $f.log 2>&1
       else
         env $(ab_env $v) timeout 120 python3 -m llmrs synth --like $p --decode-bench --bandwidth-gbs 4296 \
-          --prompt-len 256 --steps 256 --json $R/decode-$p-ab$v-run$run.json > $R/decode-$p-ab$v-run$run.log 2>&1
+          --prompt-len 256 --steps 256 --json $f.json > $f.log 2>&1
       fi
-      python3 - $R/decode-$p-ab$v-run$run.json "$p $(ab_env $v) run $run" <<'PY'
+      python3 - $f.json "$p $v run $run" <<'PY'
 import json, sys
 try:
     r = json.load(open(sys.argv[1]))
