@@ -63,6 +63,7 @@ CUDA_R_32F, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT = 0, 14, 68, -1
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
 NULL = np.uint64(0)
 MATVEC_ROWS_PER_BLOCK = 4
+VIEW_CACHE_MAX = 4096  # workspace views `_buf` keeps (cleared when full)
 # The RMSNorm folded into the paired qkv / gate_up matvecs (`fuse_norm` "auto") up to this hidden size. Measured on
 # the H200 (scripts/gpu_ab.sh, AB_VALUES LLMRS_FUSE_NORM=0/1, single-stream decode ms/token, unfolded -> folded):
 # Qwen2.5-0.5B (896) 0.868 -> 0.841, 3B (2048) 2.776 -> 2.775, 7B (3584) 4.448 -> 4.527: the fold's extra work per
@@ -259,9 +260,11 @@ class CUDABackend:
         self.scale = np.float32(1.0 / math.sqrt(D))
         self.num_sms = cp.cuda.Device().attributes["MultiProcessorCount"]
         self._one, self._zero = np.array(1.0, dtype=np.float32), np.array(0.0, dtype=np.float32)
+        self._one_ptr, self._zero_ptr = self._one.ctypes.data, self._zero.ctypes.data  # (cuBLAS alpha / beta)
         self._handle = cp.cuda.device.get_cublas_handle()
         self._set_cublas_workspace()
         self._ws: dict[str, Any] = {}
+        self._views: dict[tuple, tuple[Any, Any]] = {}  # (name, shape, dtype) -> (buffer, view of it): `_buf`
         self._pin: dict[str, np.ndarray] = {}
         self._staged: dict[str, tuple[int, list[Any]]] = {}  # name -> (last half used, its copies' events)
         # the sampler's output, kept until the next step's feed_tokens has read it (grown preserving its contents)
@@ -313,14 +316,25 @@ class CUDABackend:
         return max(0, int(budget // CUDABackend.kv_bytes_per_block(config, block_size)))
 
     def _buf(self, name: str, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:
-        """A persistent workspace view of `shape` (grown, never shrunk: no allocation once warm)."""
-        cp = self.cp
-        n = int(np.prod(shape))
+        """A persistent workspace view of `shape` (grown, never shrunk: no allocation once warm). The view itself is
+        kept per (name, shape, dtype) and handed out again while the same buffer backs it: an eager step asks for
+        ~10 of them a layer, and making two CuPy views (slice, reshape) each time cost more host time than the
+        launch that uses it (a prefill's host time is the GPU's idle time)."""
         cur = self._ws.get(name)
+        key = (name, shape, dtype)
+        hit = self._views.get(key)
+        if hit is not None and hit[0] is cur:  # (the decode graphs swap in their own workspace while capturing)
+            return hit[1]
+        n = int(np.prod(shape))
         if cur is None or cur.size < n or cur.dtype != np.dtype(dtype):
-            cur = cp.empty(max(n, 1), dtype=dtype)
+            cur = self.cp.empty(max(n, 1), dtype=dtype)
             self._ws[name] = cur
-        return cur[:n].reshape(shape)
+            self._views = {k: v for k, v in self._views.items() if k[0] != name}  # the old buffer's views go too
+        if len(self._views) >= VIEW_CACHE_MAX:  # (step shapes vary with the batch: keep the cache bounded)
+            self._views.clear()
+        view = cur[:n].reshape(shape)
+        self._views[key] = (cur, view)
+        return view
 
     def _pinned(self, name: str, n: int, dtype: Any) -> np.ndarray:
         """A persistent page-locked host buffer (copies from it skip the driver's staging; grown, never shrunk)."""
@@ -477,8 +491,8 @@ class CUDABackend:
             # row-major out[T, N] = x[T, K] @ w[N, K]^T  <=>  column-major out^T[N, T] = w^T' ... (op(A) = W^T view)
             gemm = self.cublas.gemmEx if self._raw_gemm is None else self._raw_gemm
             gemm(self._handle, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K,
-                 self._one.ctypes.data, w.data.ptr, CUDA_R_16BF, K, xb.data.ptr, CUDA_R_16BF, K,
-                 (self._one if accumulate else self._zero).ctypes.data, out.data.ptr, CUDA_R_32F, N,
+                 self._one_ptr, w.data.ptr, CUDA_R_16BF, K, xb.data.ptr, CUDA_R_16BF, K,
+                 self._one_ptr if accumulate else self._zero_ptr, out.data.ptr, CUDA_R_32F, N,
                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
         if bias is not None:
             n = T * N
