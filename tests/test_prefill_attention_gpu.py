@@ -100,9 +100,13 @@ def test_prefill_attention_matches_float64_and_the_decode_kernel(head_dim, heads
     got = cp.asnumpy(out)
     want = reference(round_bf16(qkv[:, :Dq]), kc, vc, batch, bs, heads, kv, head_dim, float(be.scale))
     err = rel_err(got, want)
-    # the decode-style kernel (f32 q, f32 probabilities) on the same inputs
+    # the decode-style kernel (f32 q, f32 probabilities) on the same inputs: a step without prefill tiles (with
+    # them, _attention would run this same kernel again: the comparison read 0.0 until 2026-11-29)
     old = cp.full((T, Dq), np.nan, dtype=cp.float32)
-    be._attention(0, qkv_dev, q_stride, db, old)
+    be.prefill_min_tokens = None
+    db_old = be.device_batch(batch)
+    assert db_old.n_prefill_tiles == 0
+    be._attention(0, qkv_dev, q_stride, db_old, old)
     err_old = rel_err(got, cp.asnumpy(old))
     report(f"prefill_attn hd{head_dim} h{heads}/{kv} vs f64", err)
     report(f"prefill_attn hd{head_dim} h{heads}/{kv} vs attn_partial", err_old)
