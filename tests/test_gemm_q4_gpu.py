@@ -128,7 +128,8 @@ def test_shapes_outside_the_kernel_fall_back(backend):
 
 
 def test_gemm_q4_timing_beside_dequantize_plus_cublas(backend):
-    """Figures for the notes: 7B-like shapes (qkv, down), prefill-sized and batched-decode-sized T."""
+    """Figures for the notes: 7B-like shapes (qkv, down), prefill-sized and batched-decode-sized T (timings not
+    asserted; the two paths' outputs are)."""
     rng = np.random.default_rng(5)
     for N, K in [(4608, 3584), (3584, 18944)]:
         w = make_weight("awq", N, K, 128, rng)
@@ -138,10 +139,11 @@ def test_gemm_q4_timing_beside_dequantize_plus_cublas(backend):
             x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
             xb = to_bf16_device(backend, x)
             out = cp.empty((T, N), dtype=cp.float32)
-            figures = {}
+            figures, outs = {}, {}
             for label, fn in (("gemm_q4", lambda: gemm_q4(backend, xb, mw, None, out)),
                               ("dequant+cublas", lambda: dequant_cublas(backend, x, dw, None, out, False))):
                 fn()
+                outs[label] = cp.asnumpy(out).copy()
                 start, stop = cp.cuda.Event(), cp.cuda.Event()
                 start.record()
                 for _ in range(10):
@@ -150,5 +152,8 @@ def test_gemm_q4_timing_beside_dequantize_plus_cublas(backend):
                 stop.synchronize()
                 us = cp.cuda.get_elapsed_time(start, stop) * 1e3 / 10
                 figures[label] = {"us": round(us, 1), "tflops": round(2 * T * N * K / us / 1e6, 1)}
+            # what was timed computed the same product (both on bf16 x and the same bf16 weight values)
+            assert np.isfinite(outs["gemm_q4"]).all()
+            assert rel_err(outs["gemm_q4"], outs["dequant+cublas"]) < 1e-4, (N, K, T)
             report(f"gemm_q4 timing N{N} K{K} T{T}", figures)
             print(f"N{N} K{K} T{T}: {figures}")

@@ -179,7 +179,8 @@ def graph_us(fn, reps: int = 50) -> float:
 
 def test_gemv_q4_bandwidth_on_qwen2_5_7b_shapes_beside_matvec_q4(backend):
     """Timing, not asserted: AWQ G128 at T = 1, 4, 16, GB/s of the packed bytes (codes + fp16 scales + zeros),
-    each kernel timed inside a CUDA graph (back-to-back launches from Python would time the host)."""
+    each kernel timed inside a CUDA graph (back-to-back launches from Python would time the host). Asserted: the
+    two timed kernels' outputs agree (to x's bf16 rounding where only one of them rounds it)."""
     rng = np.random.default_rng(0)
     totals: dict[str, float] = {}
     lines = []
@@ -194,7 +195,7 @@ def test_gemv_q4_bandwidth_on_qwen2_5_7b_shapes_beside_matvec_q4(backend):
         for T in (1, 4, 16):
             x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
             out = cp.empty((T, N), dtype=cp.float32)
-            figures = {}
+            figures, outs = {}, {}
             other = "gemm_q4" if T > 8 else "matvec_q4"
             for label, flag in (("gemv_q4", True), (other, False)):
                 backend.q4_gemv = flag  # off: backend._linear takes matvec_q4 at any T
@@ -204,8 +205,12 @@ def test_gemv_q4_bandwidth_on_qwen2_5_7b_shapes_beside_matvec_q4(backend):
                                   else backend._linear(x, dw, None, out))
                 finally:
                     backend.q4_gemv = True
+                outs[label] = cp.asnumpy(out).copy()
                 figures[label] = {"us": round(us, 2), "GB/s": round(nbytes / us / 1e3, 1)}
                 totals[f"{label} T{T}"] = totals.get(f"{label} T{T}", 0.0) + us
+            # what was timed computed the same product (gemv_q4 and gemm_q4 round x to bf16, matvec_q4 keeps f32)
+            assert np.isfinite(outs["gemv_q4"]).all()
+            assert rel_err(outs["gemv_q4"], outs[other]) < (1e-4 if T > 8 else 1e-2), (name, T)
             lines.append(f"  {name:8s} N{N} K{K} T{T}: {figures}")
             report(f"gemv_q4 timing {name} T{T}", figures)
         del dw
