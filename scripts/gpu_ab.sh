@@ -33,18 +33,24 @@ AB_VAR=${AB_VAR:-LLMRS_PDL}
 ab_env() { case "$1" in *=*) echo "${1//,/ }" ;; *) echo "$AB_VAR=$1" ;; esac; }
 # "base" runs from $BASE_TREE, "tree=DIR" from DIR (another llmrs tree carried along), anything else from here
 ab_tree() { case "$1" in base) echo "$BASE_TREE" ;; tree=*) echo "${1#tree=}" ;; esac; }
+# decode_bench SECONDS VALUE JSON [SYNTH ARGS...]: the single-stream decode bench (prompt 256, 256 steps) for one
+# A/B value within SECONDS, results in JSON (log beside it)
+decode_bench() {
+  local t=$1 v=$2 f=$3 tree; shift 3
+  tree=$(ab_tree "$v")
+  if [ -n "$tree" ]; then
+    (cd "$tree" && PYTHONPATH=$PWD:/tmp/site timeout $t python3 -m llmrs synth "$@" --decode-bench \
+      --bandwidth-gbs 4296 --prompt-len 256 --steps 256 --json $f)
+  else
+    env $(ab_env $v) timeout $t python3 -m llmrs synth "$@" --decode-bench --bandwidth-gbs 4296 --prompt-len 256 \
+      --steps 256 --json $f
+  fi > ${f%.json}.log 2>&1
+}
 for p in ${MODELS-qwen2.5-0.5b qwen2.5-3b qwen2.5-7b}; do
   for run in ${RUNS:-1 2}; do
     for v in ${AB_VALUES:-0 1}; do
       f=$R/decode-$p-ab$(echo "$v" | tr '/=,' '___')-run$run
-      tree=$(ab_tree "$v")
-      if [ -n "$tree" ]; then
-        (cd "$tree" && PYTHONPATH=$PWD:/tmp/site timeout 120 python3 -m llmrs synth --like $p --decode-bench \
-          --bandwidth-gbs 4296 --prompt-len 256 --steps 256 --json $f.json) > $f.log 2>&1
-      else
-        env $(ab_env $v) timeout 120 python3 -m llmrs synth --like $p --decode-bench --bandwidth-gbs 4296 \
-          --prompt-len 256 --steps 256 --json $f.json > $f.log 2>&1
-      fi
+      decode_bench 120 "$v" $f.json --like $p
       python3 - $f.json "$p $v run $run" <<'PY'
 import json, sys
 try:
@@ -59,8 +65,8 @@ PY
 done
 if [ "${AWQ:-1}" = 1 ]; then
   for v in ${AB_VALUES:-0 1}; do
-    echo "7B AWQ $AB_VAR=$v"; env $AB_VAR=$v timeout 150 python3 -m llmrs synth --like qwen2.5-7b --quant awq --decode-bench --bandwidth-gbs 4296 \
-      --prompt-len 256 --steps 256 --json $R/decode-7b-awq-ab$v.json 2>&1 | grep -E "ms_per_token|rror"
+    f=$R/decode-7b-awq-ab$(echo "$v" | tr '/=,' '___')
+    echo "7B AWQ $v"; decode_bench 150 "$v" $f.json --like qwen2.5-7b --quant awq; grep -E "ms_per_token|rror" $f.log
   done
 fi
 if [ "${PROFILE:-0}" = 1 ]; then
