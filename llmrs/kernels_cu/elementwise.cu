@@ -9,6 +9,14 @@
 //   cast_f32_bf16: y[i] = bf16(x[i])  (round to nearest even; GEMM operands, weights at upload)
 #include "common.cuh"
 
+// 4 floats -> 4 bf16 words in one 8-byte store (element 0 in the low half of .x), each as f32_to_bf16 rounds it
+__device__ __forceinline__ uint2 bf16x4(float a, float b, float c, float d) {
+    uint2 r;
+    r.x = (unsigned)f32_to_bf16(a) | ((unsigned)f32_to_bf16(b) << 16);
+    r.y = (unsigned)f32_to_bf16(c) | ((unsigned)f32_to_bf16(d) << 16);
+    return r;
+}
+
 extern "C" __global__ void silu_mul(const float* __restrict__ gu, float* __restrict__ out, int T, int I) {
     pdl_enter();
     const size_t n = (size_t)T * I;
@@ -29,10 +37,8 @@ extern "C" __global__ void silu_mul_bf16(const float* __restrict__ gu, bf16_t* _
         for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
             if (vec) {
                 const float4 a = reinterpret_cast<const float4*>(g)[i], b = reinterpret_cast<const float4*>(g + I)[i];
-                uint2 r;
-                r.x = (unsigned)f32_to_bf16(silu_mul_f(a.x, b.x)) | ((unsigned)f32_to_bf16(silu_mul_f(a.y, b.y)) << 16);
-                r.y = (unsigned)f32_to_bf16(silu_mul_f(a.z, b.z)) | ((unsigned)f32_to_bf16(silu_mul_f(a.w, b.w)) << 16);
-                reinterpret_cast<uint2*>(o)[i] = r;
+                reinterpret_cast<uint2*>(o)[i] = bf16x4(silu_mul_f(a.x, b.x), silu_mul_f(a.y, b.y),
+                                                        silu_mul_f(a.z, b.z), silu_mul_f(a.w, b.w));
             } else {
                 o[i] = f32_to_bf16(silu_mul_f(g[i], g[I + i]));
             }
@@ -63,10 +69,7 @@ extern "C" __global__ void cast_f32_bf16(const float* __restrict__ x, bf16_t* __
         uint2* y4 = reinterpret_cast<uint2*>(y);
         for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n >> 2); i += stride) {
             const float4 v = x4[i];
-            uint2 r;
-            r.x = (unsigned)f32_to_bf16(v.x) | ((unsigned)f32_to_bf16(v.y) << 16);
-            r.y = (unsigned)f32_to_bf16(v.z) | ((unsigned)f32_to_bf16(v.w) << 16);
-            y4[i] = r;
+            y4[i] = bf16x4(v.x, v.y, v.z, v.w);
         }
         return;
     }
