@@ -223,6 +223,8 @@ class CUDABackend:
         # the crossover); quantized weights: their decode kernels up to quant_matvec_max_tokens (the GEMV's 8)
         self.matvec_max_tokens = env_int("LLMRS_MATVEC_MAX_TOKENS", matvec_max_tokens)
         self.quant_matvec_max_tokens = 8
+        if self.fuse_norm not in ("auto", "0", "1", "false", "true", "no", "yes", "off", "on"):
+            raise UserError(f"LLMRS_FUSE_NORM={self.fuse_norm!r}: expected auto, 0 or 1")
         forced = os.environ.get("LLMRS_MATVEC_SPLITS", "")
         self._matvec_forced_splits = int(forced) if forced in ("1", "2", "4") else 0
         self.attn_splits: int | None = None  # None: chosen per step; tests force values
@@ -234,8 +236,6 @@ class CUDABackend:
         # 5.41 ms/token with gqa (its 128-key splits leave a short single-sequence step with few blocks); heads of
         # <= 64 dims take gqa at any batch (ATTN_GQA_MAX_HEAD_DIM).
         # LLMRS_ATTN_KERNEL=partial|gqa|auto.
-        if self.fuse_norm not in ("auto", "0", "1", "false", "true", "no", "yes", "off", "on"):
-            raise UserError(f"LLMRS_FUSE_NORM={self.fuse_norm!r}: expected auto, 0 or 1")
         self.attn_kernel = os.environ.get("LLMRS_ATTN_KERNEL", "auto")
         if self.attn_kernel not in ("partial", "gqa", "auto"):
             raise UserError(f"LLMRS_ATTN_KERNEL={self.attn_kernel!r}: expected partial, gqa or auto")
@@ -510,9 +510,10 @@ class CUDABackend:
         return (self.fuse_epilogues and T <= self.matvec_max_tokens and not isinstance(w, DeviceQuantWeight)
                 and self._matvec_splits(w.shape[0], w.shape[1]) == 1)
 
-    def _fold_norm(self, w: Any, T: int) -> bool:
-        """Whether the RMSNorm before the projection over `w` rides in its paired matvec (`fuse_norm`)."""
-        if not self._pair_epilogue(w, T) or self.fuse_norm in ("0", "false", "no", "off"):
+    def _norm_folds(self, w: Any) -> bool:
+        """Whether the RMSNorm before the projection over `w` rides in it when that projection runs as a paired
+        matvec (`_pair_epilogue`): `fuse_norm`, and in "auto" up to a row length of NORM_FOLD_MAX_K."""
+        if self.fuse_norm in ("0", "false", "no", "off"):
             return False
         return self.fuse_norm != "auto" or w.shape[1] <= NORM_FOLD_MAX_K
 
@@ -739,7 +740,7 @@ class CUDABackend:
         # matrix (`_norm_for`, `_silu_mul_for`); the attention output is cast before o as before
         for n, layer in enumerate(w.layers):
             pair = self._pair_epilogue(layer.qkv, T)
-            norm_in = self._fold_norm(layer.qkv, T) and not pending  # input_norm folded into the qkv matvec
+            norm_in = pair and not pending and self._norm_folds(layer.qkv)  # input_norm folded into the matvec
             h = x if norm_in else self._norm_for(layer.qkv, x, layer.input_norm, eps, y=part if pending else None)
             if pair:
                 self._matvec_pair("rope", h, layer.qkv, qkv, bias=layer.qkv_bias, db=db, layer=n,
@@ -754,7 +755,8 @@ class CUDABackend:
                                      np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(self.block_size),
                                      layer.qkv_bias if fold else NULL))
             self._attention(n, qkv, n_qkv, db, att)
-            norm_in = tp is None and self._fold_norm(layer.gate_up, T)  # post_norm folded into gate_up
+            pair = self._pair_epilogue(layer.gate_up, T)
+            norm_in = pair and tp is None and self._norm_folds(layer.gate_up)  # post_norm folded into gate_up
             if tp is None:
                 self._linear(att, layer.o, None, x, accumulate=True, name="o")
                 h = x if norm_in else self._norm_for(layer.gate_up, x, layer.post_norm, eps)
@@ -762,7 +764,7 @@ class CUDABackend:
                 self._linear(att, layer.o, None, part, name="o")
                 self._all_reduce(part)
                 h = self._norm_for(layer.gate_up, x, layer.post_norm, eps, y=part)
-            if self._pair_epilogue(layer.gate_up, T):
+            if pair:
                 act = self._buf("act", (T, I))
                 self._matvec_pair("silu", h, layer.gate_up, act, norm=(layer.post_norm, eps) if norm_in else None)
             else:
