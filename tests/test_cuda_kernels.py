@@ -16,6 +16,7 @@ from llmrs.engine.backends.cuda import NULL, CUDABackend, bf16_bits, rope_thread
 from llmrs.engine.batch import build_step_batch  # noqa: E402
 from llmrs.engine.config import ModelConfig  # noqa: E402
 from llmrs.engine.sampling import SamplingParams, SamplingState, filter_probs, make_generator  # noqa: E402
+from llmrs.engine.weights import bf16_to_f32  # noqa: E402
 
 
 def cfg(heads=8, kv=2, head_dim=64, hidden=None, inter=160, vocab=300, llama3=False, layers=1) -> ModelConfig:
@@ -479,8 +480,7 @@ def test_norm_folded_into_paired_matvecs_matches_rms_norm_then_matvec(rng, T, he
     np.testing.assert_allclose(got[0], want[0], rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(got[3], want[3], rtol=2e-5, atol=2e-5)
     for a, b in zip(got[1:3], want[1:3]):  # bf16 words: equal or one rounding step apart
-        fa, fb = (a.astype(np.uint32) << 16).view(np.float32), (b.astype(np.uint32) << 16).view(np.float32)
-        np.testing.assert_allclose(fa, fb, rtol=2 ** -7, atol=1e-6)
+        np.testing.assert_allclose(bf16_to_f32(a), bf16_to_f32(b), rtol=2 ** -7, atol=1e-6)
         assert np.any(a != 0)
     # numpy: h = rms_norm(x) with the bf16-rounded weights the GPU holds
     h = g * (xh / np.sqrt(np.mean(xh.astype(np.float64) ** 2, axis=1, keepdims=True) + eps))
@@ -490,53 +490,10 @@ def test_norm_folded_into_paired_matvecs_matches_rms_norm_then_matvec(rng, T, he
     assert rel_err(got[3], want_act) < 1e-4
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
-@pytest.mark.parametrize("n_seqs", [1, 4])
-def test_folded_norms_keep_decode_logits_and_drop_two_launches_per_layer(tmp_path, arch, n_seqs):
-    """A matvec-path decode step with the RMSNorms folded into the qkv and gate_up matvecs (`fuse_norm` "1";
-    "auto" folds up to NORM_FOLD_MAX_K) and with rms_norm launched apart: logits equal to f32 tolerance, the same
-    greedy tokens, the K/V cache within one bf16 step, and two rms_norm launches fewer per layer (the final norm
-    stays)."""
-    from llmrs.engine.loader import load
-    from llmrs.engine.runner import ModelRunner
-    from tests.conftest import write_tiny_model
-
-    r = ModelRunner(load(str(write_tiny_model(tmp_path / arch, arch))), num_blocks=64, device="cuda")
-    be = r.backend
-    be.matvec_max_tokens = 8
-    prng = np.random.default_rng(7 + n_seqs)
-    batch = build_step_batch([([int(prng.integers(3, 400))], int(prng.integers(1, 40)), [4 * i, 4 * i + 1,
-                                                                                        4 * i + 2], True)
-                              for i in range(n_seqs)], 16)
-    out = {}
-    for fold in (False, True):
-        be.fuse_norm = "1" if fold else "0"
-        for a in be.k_cache + be.v_cache:
-            a[...] = 0
-        launches = []
-        norm = be.k.rms_norm
-        be.k.fns["rms_norm"] = lambda *a, **k: (launches.append("norm"), norm(*a, **k))
-        try:
-            logits = cp.asnumpy(be._forward_device(r.model.w, be.device_batch(batch)))
-        finally:
-            be.k.fns["rms_norm"] = norm
-        out[fold] = (logits, [cp.asnumpy(a) for a in be.k_cache + be.v_cache], len(launches))
-    be.fuse_norm = CUDABackend.fuse_norm
-    L = r.config.num_hidden_layers
-    assert out[False][2] == 2 * L + 1 and out[True][2] == 1
-    assert np.isfinite(out[True][0]).all()
-    np.testing.assert_allclose(out[True][0], out[False][0], rtol=1e-4, atol=1e-4)
-    np.testing.assert_array_equal(out[True][0].argmax(-1), out[False][0].argmax(-1))
-    for a, b in zip(out[True][1], out[False][1]):
-        fa, fb = (a.astype(np.uint32) << 16).view(np.float32), (b.astype(np.uint32) << 16).view(np.float32)
-        np.testing.assert_allclose(fa, fb, rtol=2 ** -7, atol=1e-5)
-
-
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
-@pytest.mark.parametrize("n_seqs", [1, 3, 8])
-def test_fused_epilogues_give_identical_decode_logits(tmp_path, arch, n_seqs):
-    """A decode step (the matvec path) with RoPE / SiLU fused into their projections and without: the same logits
-    and the same K/V cache, bit for bit, and two launches fewer per layer."""
+def decode_step_each(tmp_path, arch, n_seqs, seed, settings, counted):
+    """A matvec-path decode step of a tiny model (n_seqs sequences, one new token each at a random position) once
+    under each of `settings` (callables configuring the backend), each from zeroed K/V caches, counting the launches
+    of the kernels named in `counted`: the runner and [(logits, caches, launches)] in the settings' order."""
     from llmrs.engine.loader import load
     from llmrs.engine.runner import ModelRunner
     from tests.conftest import write_tiny_model
@@ -544,28 +501,62 @@ def test_fused_epilogues_give_identical_decode_logits(tmp_path, arch, n_seqs):
     r = ModelRunner(load(str(write_tiny_model(tmp_path / arch, arch))), num_blocks=64, device="cuda")
     be = r.backend
     be.matvec_max_tokens = 8  # the matvec path at every n_seqs (by default cuBLAS takes 2 tokens and more)
-    prng = np.random.default_rng(n_seqs)
+    prng = np.random.default_rng(seed)
     batch = build_step_batch([([int(prng.integers(3, 400))], int(prng.integers(1, 40)), [4 * i, 4 * i + 1,
                                                                                         4 * i + 2], True)
                               for i in range(n_seqs)], 16)
-    be.fuse_norm = "0"  # the folded RMSNorm rounds differently (its own test above); bit-exact here
-    out = {}
-    for fuse in (False, True):
-        be.fuse_epilogues = fuse
+    results = []
+    for configure in settings:
+        configure(be)
         for a in be.k_cache + be.v_cache:
             a[...] = 0
         launches = []
-        rope, silu = be.k.rope_write_kv, be.k.silu_mul
-        be.k.fns["rope_write_kv"] = lambda *a, **k: (launches.append("rope"), rope(*a, **k))
-        be.k.fns["silu_mul"] = lambda *a, **k: (launches.append("silu"), silu(*a, **k))
+        saved = {name: be.k.fns[name] for name in counted}
+        for name, fn in saved.items():
+            be.k.fns[name] = (lambda f, nm: lambda *a, **k: (launches.append(nm), f(*a, **k)))(fn, name)
         try:
             logits = cp.asnumpy(be._forward_device(r.model.w, be.device_batch(batch)))
         finally:
-            be.k.fns["rope_write_kv"], be.k.fns["silu_mul"] = rope, silu
-        out[fuse] = (logits, [cp.asnumpy(a) for a in be.k_cache + be.v_cache])
-        assert len(launches) == (0 if fuse else 2 * r.config.num_hidden_layers)
-    be.fuse_epilogues, be.fuse_norm = CUDABackend.fuse_epilogues, CUDABackend.fuse_norm
-    assert np.isfinite(out[True][0]).all()
-    np.testing.assert_array_equal(out[True][0], out[False][0])
-    for a, b in zip(out[True][1], out[False][1]):
+            be.k.fns.update(saved)
+        results.append((logits, [cp.asnumpy(a) for a in be.k_cache + be.v_cache], len(launches)))
+    return r, results
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("n_seqs", [1, 4])
+def test_folded_norms_keep_decode_logits_and_drop_two_launches_per_layer(tmp_path, arch, n_seqs):
+    """A matvec-path decode step with the RMSNorms folded into the qkv and gate_up matvecs (`fuse_norm` "1";
+    "auto" folds up to NORM_FOLD_MAX_K) and with rms_norm launched apart: logits equal to f32 tolerance, the same
+    greedy tokens, the K/V cache within one bf16 step, and two rms_norm launches fewer per layer (the final norm
+    stays)."""
+    r, (apart, folded) = decode_step_each(
+        tmp_path, arch, n_seqs, 7 + n_seqs,
+        [lambda be: setattr(be, "fuse_norm", "0"), lambda be: setattr(be, "fuse_norm", "1")], ["rms_norm"])
+    L = r.config.num_hidden_layers
+    assert apart[2] == 2 * L + 1 and folded[2] == 1
+    assert np.isfinite(folded[0]).all()
+    np.testing.assert_allclose(folded[0], apart[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(folded[0].argmax(-1), apart[0].argmax(-1))
+    for a, b in zip(folded[1], apart[1]):
+        np.testing.assert_allclose(bf16_to_f32(a), bf16_to_f32(b), rtol=2 ** -7, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("n_seqs", [1, 3, 8])
+def test_fused_epilogues_give_identical_decode_logits(tmp_path, arch, n_seqs):
+    """A decode step (the matvec path) with RoPE / SiLU fused into their projections and without: the same logits
+    and the same K/V cache, bit for bit, and two launches fewer per layer."""
+
+    def epilogues(fuse):
+        def configure(be):
+            be.fuse_epilogues = fuse
+            be.fuse_norm = "0"  # the folded RMSNorm rounds differently (its own test above); bit-exact here
+        return configure
+
+    r, (apart, fused) = decode_step_each(tmp_path, arch, n_seqs, n_seqs, [epilogues(False), epilogues(True)],
+                                         ["rope_write_kv", "silu_mul"])
+    assert apart[2] == 2 * r.config.num_hidden_layers and fused[2] == 0
+    assert np.isfinite(fused[0]).all()
+    np.testing.assert_array_equal(fused[0], apart[0])
+    for a, b in zip(fused[1], apart[1]):
         np.testing.assert_array_equal(a, b)
