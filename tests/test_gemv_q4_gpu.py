@@ -26,6 +26,7 @@ pytestmark = pytest.mark.gpu
 from llmrs.engine.backends.cuda import NULL, CUDABackend, round_bf16  # noqa: E402
 from llmrs.engine.backends.cuda_q4gemm import gemv_q4, gemv_splits, linear_q4, to_marlin  # noqa: E402
 from llmrs.engine.config import ModelConfig  # noqa: E402
+from llmrs.engine.weights import bf16_to_f32  # noqa: E402
 from tests.test_quant_marlin import make_weight  # noqa: E402
 
 TOL = 2e-5  # measured ~1e-6 (f32 sums of exact products); a wrong slot pairing or group is O(1)
@@ -150,7 +151,7 @@ def test_weights_whose_tiles_fill_the_gpu_hold_only_the_reordered_copy(backend, 
                               (both.qweight, both.scales, NULL if both.zeros is None else both.zeros, wr, np.int32(N),
                                np.int32(K), np.int32(G), np.int32(1 if kind == "q4_1" else 0)))
     # equal values; a zero weight of a negative scale is +0 from frag_b and -0 from dequant_q4_bf16 (gemm_q4.cu)
-    as_f32 = lambda bits: (cp.asnumpy(bits).astype(np.uint32) << 16).view(np.float32)  # noqa: E731
+    as_f32 = lambda bits: bf16_to_f32(cp.asnumpy(bits))  # noqa: E731
     np.testing.assert_array_equal(as_f32(wb), as_f32(wr))
     differ = cp.asnumpy(wb) != cp.asnumpy(wr)
     assert (as_f32(wb)[differ] == 0).all()

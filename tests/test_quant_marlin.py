@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from llmrs.engine import quant as Q
+from llmrs.engine.backends.cuda import round_bf16
 
 SHAPES = [(32, 32), (64, 64), (96, 224), (160, 64), (64, 1056)]
 
@@ -35,13 +36,6 @@ def test_marlin_reorder_round_trips_bit_exactly(N, K):
 def test_marlin_reorder_rejects_shapes_off_the_32_grid():
     with pytest.raises(AssertionError):
         Q.marlin_reorder(np.zeros((48, 4), dtype=np.uint32))
-
-
-def bf16(x: np.ndarray) -> np.ndarray:
-    """float32 -> the nearest bf16 (ties to even), as float32 (what cvt.rn.bf16x2.f32 gives for finite values)."""
-    u = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    return (u.astype(np.uint32) << 16).view(np.float32)
 
 
 def thread_fragments(packed: np.ndarray, sz: np.ndarray, G: int, mode: int) -> np.ndarray:
@@ -73,7 +67,7 @@ def thread_fragments(packed: np.ndarray, sz: np.ndarray, G: int, mode: int) -> n
     else:  # fma(x - off, s, m)
         q = (x - off).astype(np.float32)
         v = (q.astype(np.float64) * s.astype(np.float64) + z.astype(np.float64)).astype(np.float32)
-    return bf16(v).reshape(NB, KB, 32, 4, 2, 2, 2)
+    return round_bf16(v).reshape(NB, KB, 32, 4, 2, 2, 2)
 
 
 def make_weight(kind: str, N: int, K: int, G: int, rng) -> Q.QuantWeight:
@@ -95,7 +89,7 @@ def test_each_lane_load_decodes_to_its_mma_b_fragments_equal_to_dequant_bf16(kin
     packed = Q.marlin_reorder(w.qweight)
     sz = Q.marlin_scales(w.scales, w.zeros)
     frag = thread_fragments(packed, sz, G, 1 if kind == "q4_1" else 0)
-    ref = bf16(w.dequantize())  # dequant_q4_bf16: the exact f32 value rounded once
+    ref = round_bf16(w.dequantize())  # dequant_q4_bf16: the exact f32 value rounded once
     # PTX m16n8k16 .bf16 B fragment: element e (b0 low, b0 high, b1 low, b1 high) of lane 4g + t sits at
     # row (k) 2t + (e & 1) + 8 (e >= 2), column (n) g; B = W^T of the 32 x 32 tile (nb, kb), n8 tile i, k16 step ks
     for nb in range(N // 32):
@@ -131,7 +125,7 @@ def gemv_emulated(packed: np.ndarray, sz: np.ndarray, x: np.ndarray, G: int, mod
     each group ends with acc += s (C - (128 + z) X) (zero) or s (C - 128 X) + m X (min)."""
     NB, KB = packed.shape[:2]
     T, K = x.shape
-    xb = bf16(x).astype(np.float64)
+    xb = round_bf16(x).astype(np.float64)
     out = np.zeros((T, 32 * NB))
     u32 = np.uint32
     for nb in range(NB):
@@ -173,14 +167,14 @@ def gemv_emulated(packed: np.ndarray, sz: np.ndarray, x: np.ndarray, G: int, mod
 @pytest.mark.parametrize("kind,G", [("awq", 32), ("awq", 128), ("q4_0", 32), ("q4_1", 64)])
 def test_gemv_slot_pairing_and_group_algebra_give_x_at_the_exact_weights(kind, G):
     """The GEMV's A/B slot pairing (codes as lop3 gives them, x packed to match) and its scale/zero algebra
-    reproduce bf16(x) @ W^T of the exact weights (W not rounded)."""
+    reproduce round_bf16(x) @ W^T of the exact weights (W not rounded)."""
     N, K, T = 64, 256, 3
     rng = np.random.default_rng(G + len(kind))
     w = make_weight(kind, N, K, G, rng)
     x = rng.standard_normal((T, K)).astype(np.float32)
     got = gemv_emulated(Q.marlin_reorder(w.qweight), Q.marlin_scales(w.scales, w.zeros), x, G,
                         1 if kind == "q4_1" else 0)
-    want = bf16(x).astype(np.float64) @ w.dequantize().astype(np.float64).T
+    want = round_bf16(x).astype(np.float64) @ w.dequantize().astype(np.float64).T
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
 
 
