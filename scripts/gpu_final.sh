@@ -8,8 +8,7 @@ OUT=${OUT:-/tmp/llmrs-final}; mkdir -p "$OUT"; R=/tmp/res; mkdir -p $R
 . "$(dirname "$0")/gpu_lib.sh"
 use_wheels || exit 1
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-[ -f /tmp/models/part1 ] && [ -f .gguf/part2 ] && cat /tmp/models/part1 .gguf/part2 > /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
-[ -f /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf ] && export LLMRS_EMBEDDED_DIR=/tmp/models
+use_gguf
 {
 step "GPU tests"; LLMRS_GPU_REPORT=$R/gpu_figures.jsonl timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu \
   -p no:cacheprovider -rs tests -s > $R/gpu_tests.log 2>&1; grep -E "^(FAILED|ERROR)|passed|failed|SKIPPED" $R/gpu_tests.log | tail -15

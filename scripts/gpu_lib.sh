@@ -1,5 +1,7 @@
 # Shared by the GPU-machine scripts (gpu_check.sh, perf_check.sh, gpu_final.sh, tp_check.sh): source it.
 # use_wheels: install the wheels carried in .whl/ (what the lent machine lacks) into /tmp/site, set PYTHONPATH.
+# use_gguf: the embedded SmolLM2 GGUF (98 MB, over one call's carry) from /tmp/models/part1 (moved there by an
+#   earlier call of the same lease) + .gguf/part2 (carried now), joined; LLMRS_EMBEDDED_DIR set when it is there.
 # step TITLE: a section header with the time.  wait_health PORT [SECONDS]: until GET /health answers 200.
 # gpu_tests: `pytest -m gpu tests` into $R/gpu_tests.log (figures in $R/gpu_figures.jsonl), its summary printed.
 # serve_bench LABEL [SERVE ARGS]: `llmrs serve` of synthetic Qwen2.5-7B ($SERVE_MODEL: another preset, e.g.
@@ -13,6 +15,11 @@ use_wheels() {
   else
     export PYTHONPATH=$PWD
   fi
+}
+use_gguf() {
+  [ -f /tmp/models/part1 ] && [ -f .gguf/part2 ] && cat /tmp/models/part1 .gguf/part2 > /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
+  [ -f /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf ] && export LLMRS_EMBEDDED_DIR=/tmp/models
+  return 0
 }
 step() { echo; echo "=== $1 ($(date +%T))"; }
 wait_health() {

@@ -11,8 +11,7 @@ OUT=${OUT:-/tmp/llmrs-perf-out}; mkdir -p "$OUT"; R=/tmp/res-perf; mkdir -p $R
 . "$(dirname "$0")/gpu_lib.sh"
 use_wheels || exit 1
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-[ -f /tmp/models/part1 ] && [ -f .gguf/part2 ] && cat /tmp/models/part1 .gguf/part2 > /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
-[ -f /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf ] && export LLMRS_EMBEDDED_DIR=/tmp/models
+use_gguf
 {
 step "GPU"; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
