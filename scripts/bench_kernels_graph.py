@@ -109,10 +109,9 @@ def main() -> None:
 
     for name, w in W.items():
         N, K = w.shape
-        ws = Ws[name]
         for splits in (1, 2, 4):
             be._matvec_forced_splits = splits
-            us = graph_us(lambda i: be._linear(x[name], ws[i % len(ws)], None, y[name], name=name))
+            us = graph_us(lambda i: be._linear(x[name], pick(name, i), None, y[name], name=name))
             add(f"matvec {name} splits={splits}", us, 2 * N * K)
         be._matvec_forced_splits = 0
         print(f"  (backend's choice for {name}: splits={be._matvec_splits(N, K)})")
