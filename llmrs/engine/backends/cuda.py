@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from llmrs.engine.backends.cuda_kernels import OFF_VALUES
 from llmrs.engine.backends.cuda_q4gemm import (GEMV_MAX_TOKENS, MAX_TOKENS, dequant_marlin, gemv_q4, gemv_takes,
                                                linear_q4)
 from llmrs.engine.batch import StepBatch
@@ -184,7 +185,7 @@ class CUDABackend:
     # decode-sized steps (the matvec path): RoPE + the K/V cache write in the qkv projection's epilogue and
     # SiLU x up in gate_up's (matvec_rope_bf16 / matvec_silu_bf16: bit-identical, two launches fewer per layer);
     # LLMRS_FUSE_EPILOGUES=0 (and tests) keep the separate kernels
-    fuse_epilogues = os.environ.get("LLMRS_FUSE_EPILOGUES", "1") not in ("0", "false", "no", "off")
+    fuse_epilogues = os.environ.get("LLMRS_FUSE_EPILOGUES", "1") not in OFF_VALUES
     # ... and, with those paired kernels, the RMSNorm before qkv and before gate_up folded into the projection
     # (x and the norm weight in, the sum of squares in the same pass: one launch less per norm, f32 rounding apart
     # from rms_norm + matvec) for hidden sizes up to NORM_FOLD_MAX_K ("auto"); LLMRS_FUSE_NORM=1 folds at every
@@ -192,7 +193,7 @@ class CUDABackend:
     fuse_norm = os.environ.get("LLMRS_FUSE_NORM", "auto").lower()
     # decode over 4-bit weights: gemv_q4 (tensor cores, the Marlin layout) instead of matvec_q4 (f32 FMA, the row
     # layout); LLMRS_Q4_GEMV=0 for A/B runs, tests that need matvec_q4's f32 activations set it False
-    q4_gemv = os.environ.get("LLMRS_Q4_GEMV", "1") not in ("0", "false", "no", "off")
+    q4_gemv = os.environ.get("LLMRS_Q4_GEMV", "1") not in OFF_VALUES
     # GEMM-sized steps (prefill, batches above matvec_max_tokens): the q/k/v bias added by rope_write_kv, not by a
     # separate add_bias launch (bit-identical); False (tests) keeps add_bias
     fold_qkv_bias = True
@@ -247,7 +248,7 @@ class CUDABackend:
         self.k = get_kernels()  # compiles every kernel now (warm-up), not on the first request
         from llmrs.engine.backends.cuda_prefill import prefill_supported
 
-        if (os.environ.get("LLMRS_PREFILL_ATTN", "1") in ("0", "false", "no", "off") or not prefill_supported(self)
+        if (os.environ.get("LLMRS_PREFILL_ATTN", "1") in OFF_VALUES or not prefill_supported(self)
                 or self.prefill_min_tokens < 1):
             self.prefill_min_tokens = None
         self.pad_block = num_blocks  # one extra block: padding rows of a graph bucket write here, nothing reads it
@@ -273,7 +274,7 @@ class CUDABackend:
         self.profiler: Any = None  # a llmrs.profile.KernelTimer while `llmrs profile` measures
         self._raw_gemm: Any = None  # set by DecodeGraphs while capturing: CuPy's gemmEx refuses stream capture
         if cuda_graphs is None:
-            cuda_graphs = os.environ.get("LLMRS_CUDA_GRAPHS", "1") not in ("0", "false", "no", "off")
+            cuda_graphs = os.environ.get("LLMRS_CUDA_GRAPHS", "1") not in OFF_VALUES
         self.graphs: Any = None
         if cuda_graphs:
             from llmrs.engine.backends.cuda_graphs import DecodeGraphs
@@ -513,7 +514,7 @@ class CUDABackend:
     def _norm_folds(self, w: Any) -> bool:
         """Whether the RMSNorm before the projection over `w` rides in it when that projection runs as a paired
         matvec (`_pair_epilogue`): `fuse_norm`, and in "auto" up to a row length of NORM_FOLD_MAX_K."""
-        if self.fuse_norm in ("0", "false", "no", "off"):
+        if self.fuse_norm in OFF_VALUES:
             return False
         return self.fuse_norm != "auto" or w.shape[1] <= NORM_FOLD_MAX_K
 

@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels_cu"
-_OFF = ("0", "false", "no", "off")
+OFF_VALUES = ("0", "false", "no", "off")  # an on/off environment switch read as off
 # A/B switches compiled in: LLMRS_KV_PREFETCH=0 (decode attention without its L2 prefetch), LLMRS_STREAM_LOADS=0
 # (matvec weights through L1 like any load, common.cuh's ldg_stream)
 OPTIONS = ("-std=c++17",) + (
-    ("-DLLMRS_NO_KV_PREFETCH",) if os.environ.get("LLMRS_KV_PREFETCH", "1") in _OFF else ()) + (
-    ("-DLLMRS_NO_STREAM_LOADS",) if os.environ.get("LLMRS_STREAM_LOADS", "1") in _OFF else ())
+    ("-DLLMRS_NO_KV_PREFETCH",) if os.environ.get("LLMRS_KV_PREFETCH", "1") in OFF_VALUES else ()) + (
+    ("-DLLMRS_NO_STREAM_LOADS",) if os.environ.get("LLMRS_STREAM_LOADS", "1") in OFF_VALUES else ())
 
 # file -> entry points (extern "C")
 ENTRY_POINTS: dict[str, list[str]] = {
@@ -155,7 +155,7 @@ def _driver() -> Any:
 
 def pdl_supported(cp: Any) -> bool:
     """Compute capability 9.0+ (griddepcontrol), a driver with cuLaunchKernelEx, and LLMRS_PDL not 0."""
-    if os.environ.get("LLMRS_PDL", "1") in ("0", "false", "no", "off"):
+    if os.environ.get("LLMRS_PDL", "1") in OFF_VALUES:
         return False
     try:
         if int(cp.cuda.Device().compute_capability) < 90:
