@@ -181,7 +181,7 @@ def graph_us(fn, reps: int = 50) -> float:
 def test_gemv_q4_bandwidth_on_qwen2_5_7b_shapes_beside_matvec_q4(backend):
     """Timing, not asserted: AWQ G128 at T = 1, 4, 16, GB/s of the packed bytes (codes + fp16 scales + zeros),
     each kernel timed inside a CUDA graph (back-to-back launches from Python would time the host). Asserted: the
-    two timed kernels' outputs agree (to x's bf16 rounding where only one of them rounds it)."""
+    two timed kernels' outputs agree to bf16 rounding."""
     rng = np.random.default_rng(0)
     totals: dict[str, float] = {}
     lines = []
@@ -209,9 +209,11 @@ def test_gemv_q4_bandwidth_on_qwen2_5_7b_shapes_beside_matvec_q4(backend):
                 outs[label] = cp.asnumpy(out).copy()
                 figures[label] = {"us": round(us, 2), "GB/s": round(nbytes / us / 1e3, 1)}
                 totals[f"{label} T{T}"] = totals.get(f"{label} T{T}", 0.0) + us
-            # what was timed computed the same product (gemv_q4 and gemm_q4 round x to bf16, matvec_q4 keeps f32)
+            # what was timed computed the same product, to bf16 rounding: gemv_q4 rounds x to bf16 and keeps the
+            # dequantized weights f32, matvec_q4 keeps x f32, gemm_q4 rounds both x and the weights to bf16 for the
+            # mma (measured on the H200: 1.7e-3 at qkv T16)
             assert np.isfinite(outs["gemv_q4"]).all()
-            assert rel_err(outs["gemv_q4"], outs[other]) < (1e-4 if T > 8 else 1e-2), (name, T)
+            assert rel_err(outs["gemv_q4"], outs[other]) < 1e-2, (name, T)
             lines.append(f"  {name:8s} N{N} K{K} T{T}: {figures}")
             report(f"gemv_q4 timing {name} T{T}", figures)
         del dw
