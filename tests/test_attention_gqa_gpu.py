@@ -83,16 +83,10 @@ def reference(q: np.ndarray, K: np.ndarray, V: np.ndarray, batch, G: int, scale:
     return out
 
 
-@pytest.mark.parametrize("head_dim", [8, 20, 32, 64, 128, 256])
-@pytest.mark.parametrize("ratio", [1, 4, 7, 9])
-@pytest.mark.parametrize("splits", [1, 3, 8])
-def test_gqa_attention_matches_float64_and_attn_partial(rng, head_dim, ratio, splits):
-    """Decodes at partial/full/next blocks and long contexts plus prefills, one launch; keys past a token's causal
-    limit hold NaN in the cache, so a row read past the limit shows."""
-    kv = 2
-    heads, D = ratio * kv, head_dim
-    # (new tokens, cached before): decodes at contexts 1, 15, 16, 17, 300, 512; a fresh prefill of 13; a chunk of
-    # 40 tokens over 100 cached
+def make_case(rng, heads: int, kv: int, D: int):
+    """A backend and a step: decodes at contexts 1, 15, 16, 17, 300, 512, a fresh prefill of 13 and a chunk of 40
+    tokens over 100 cached, shuffled blocks, random bf16 K/V in context slots and NaN in every other slot.
+    Returns (be, batch, db, K, V, qkv host, qkv device, q_stride)."""
     specs = [(1, 0), (1, 14), (13, 0), (1, 15), (1, 16), (40, 100), (1, 299), (1, 511)]
     nb = sum(-(-(n + cached) // BS) for n, cached in specs) + 7
     be = CUDABackend(cfg(heads, kv, D), num_blocks=nb)
@@ -104,8 +98,6 @@ def test_gqa_attention_matches_float64_and_attn_partial(rng, head_dim, ratio, sp
         used += nblk
     batch = build_step_batch(seqs, BS)
     batch.validate(BS)
-
-    # random bf16 K/V in each sequence's context slots, NaN everywhere else (tails of last blocks, unused blocks)
     K = np.full((nb, kv, BS, D), np.nan, dtype=np.float32)
     V = np.full((nb, kv, BS, D), np.nan, dtype=np.float32)
     for b in range(batch.num_seqs):
@@ -115,14 +107,21 @@ def test_gqa_attention_matches_float64_and_attn_partial(rng, head_dim, ratio, sp
             arr[blocks, :, slots % BS, :] = round_bf16(rng.standard_normal((len(slots), kv, D)).astype(np.float32))
     be.k_cache[0][...] = cp.asarray(bf16_bits(K))
     be.v_cache[0][...] = cp.asarray(bf16_bits(V))
-
-    # q inside a wider qkv-like row, as the forward pass passes it
-    q_stride = (heads + 2 * kv) * D
+    q_stride = (heads + 2 * kv) * D  # q inside a wider qkv-like row, as the forward pass passes it
     qkv = rng.standard_normal((batch.num_tokens, q_stride)).astype(np.float32)
-    q = qkv[:, : heads * D]
-    db = be.device_batch(batch)
-    q_dev = cp.asarray(qkv)
+    return be, batch, be.device_batch(batch), K, V, qkv, cp.asarray(qkv), q_stride
 
+
+@pytest.mark.parametrize("head_dim", [8, 20, 32, 64, 128, 256])
+@pytest.mark.parametrize("ratio", [1, 4, 7, 9])
+@pytest.mark.parametrize("splits", [1, 3, 8])
+def test_gqa_attention_matches_float64_and_attn_partial(rng, head_dim, ratio, splits):
+    """Decodes at partial/full/next blocks and long contexts plus prefills, one launch; keys past a token's causal
+    limit hold NaN in the cache, so a row read past the limit shows."""
+    kv = 2
+    heads, D = ratio * kv, head_dim
+    be, batch, db, K, V, qkv, q_dev, q_stride = make_case(rng, heads, kv, D)
+    q = qkv[:, : heads * D]
     want = reference(q, K, V, batch, ratio, float(be.scale))
     base = cp.asnumpy(launch(be, getattr(be.k, f"attn_partial_d{be.dpl}"), q_dev, q_stride, db, splits))
     got = cp.asnumpy(launch(be, getattr(be.k, f"attn_partial_gqa_d{be.dpl}"), q_dev, q_stride, db, splits))
@@ -135,6 +134,28 @@ def test_gqa_attention_matches_float64_and_attn_partial(rng, head_dim, ratio, sp
     # per token too: a short context must not hide in the norm of the long ones
     for t in range(batch.num_tokens):
         assert rel_err(got[t], want[t]) < 1e-5, f"token {t} (position {int(batch.positions[t])})"
+
+
+@pytest.mark.parametrize("head_dim,ratio", [(20, 9), (64, 7), (128, 7), (256, 4)])
+@pytest.mark.parametrize("splits", [2, 5, 33, 64, 200])
+def test_attn_merge_staged_equals_its_per_thread_loop(rng, head_dim, ratio, splits):
+    """attn_merge with the splits' (m, l) staged in shared memory (up to MERGE_STAGE splits) writes the same bits
+    as its per-thread loop (a build with -DMERGE_STAGE=1, the path past MERGE_STAGE), on one launch's partials:
+    decodes and prefills whose short tokens leave splits without keys."""
+    kv = 2
+    heads, D = ratio * kv, head_dim
+    be, batch, db, K, V, qkv, q_dev, q_stride = make_case(rng, heads, kv, D)
+    bufs = buffers(be, db.T, splits)
+    staged = cp.asnumpy(launch(be, getattr(be.k, f"attn_partial_d{be.dpl}"), q_dev, q_stride, db, splits, bufs))
+    loop_merge = cp.RawModule(code=kernel_source("attention.cu"),
+                              options=(*OPTIONS, "-DMERGE_STAGE=1")).get_function("attn_merge")
+    out, part_acc, part_ml = bufs
+    out2 = cp.full_like(out, np.nan)
+    loop_merge((db.T, heads), (-(-D // 32) * 32,), (part_acc, part_ml, out2, np.int32(heads), np.int32(D),
+                                                    np.int32(splits)))
+    np.testing.assert_array_equal(staged, cp.asnumpy(out2))
+    assert np.isfinite(staged).all()
+    assert rel_err(staged, reference(qkv[:, : heads * D], K, V, batch, ratio, float(be.scale))) < 1e-5
 
 
 def _event_us(fn, reps: int = 20) -> float:

@@ -19,6 +19,7 @@
 
 #define ATTN_WARPS 4
 #define MAXG 8
+#define ATTN_TABLE_STAGE 64  // block-table entries a split stages in shared memory (1,024 keys at block size 16)
 // blocks per SM the register budget must allow: 1 (no cap) except head_dim 64, where ptxas's own choice with the
 // prefetched K/V row put 4 bytes in local memory on sm_86/sm_89 (ptx-check); 4 (<= 128 registers) fixes it
 #define ATTN_MIN_BLOCKS(DPL) ((DPL) == 2 ? 4 : 1)
@@ -41,14 +42,15 @@ __device__ __forceinline__ void unpack_raw(uint2 r, float* f) {
 __device__ __forceinline__ void unpack_raw(uint4 r, float* f) { unpack8(r, f); }
 
 // key j's K and V rows (this lane's DPL dims) of kv head g as raw bits; zeros past `end` or for idle lanes
+// (`table` indexed by j / block_size - b0: the token's block table from entry b0, in shared memory when staged)
 template <int DPL>
 __device__ __forceinline__ void load_kv(const bf16_t* __restrict__ k_cache, const bf16_t* __restrict__ v_cache,
-                                        const int* __restrict__ table, int j, int end, bool active, int Hkv, int g,
+                                        const int* table, int b0, int j, int end, bool active, int Hkv, int g,
                                         int block_size, int D, int lane, typename Raw<DPL>::T& k,
                                         typename Raw<DPL>::T& v) {
     typedef typename Raw<DPL>::T R;
     if (active && j < end) {
-        const size_t base = (((size_t)table[j / block_size] * Hkv + g) * block_size + j % block_size) * D
+        const size_t base = (((size_t)table[j / block_size - b0] * Hkv + g) * block_size + j % block_size) * D
                             + lane * DPL;
         k = *reinterpret_cast<const R*>(k_cache + base);
         v = *reinterpret_cast<const R*>(v_cache + base);
@@ -78,6 +80,17 @@ __device__ __forceinline__ void attn_partial_impl(
     const int start = s * chunk, end = min(L, start + chunk);
     const int* table = block_tables + (size_t)token_seq[t] * max_blocks;
     prefetch_kv_l2(k_cache, v_cache, table, start, min(end, L - 1), Hkv, g, block_size, D);
+    // the split's block-table entries in shared memory (host-written before the step: read before pdl_wait), so a
+    // key costs one dependent round trip (its K/V rows) instead of two; splits spanning more than ATTN_TABLE_STAGE
+    // blocks read the table from global memory as before
+    __shared__ int s_tbl[ATTN_TABLE_STAGE];
+    const int b0 = start / block_size, nblk = end > start ? (end - 1) / block_size + 1 - b0 : 0;
+    const bool staged = nblk <= ATTN_TABLE_STAGE;
+    if (staged)
+        for (int i = threadIdx.x; i < nblk; i += blockDim.x) s_tbl[i] = table[b0 + i];
+    __syncthreads();
+    const int* tb = staged ? s_tbl : table;
+    const int tb0 = staged ? b0 : 0;
     pdl_wait();  // q and this token's K/V row are the previous kernels'
 
     float qr[MAXG][DPL], acc[MAXG][DPL], m[MAXG], l[MAXG];
@@ -94,13 +107,13 @@ __device__ __forceinline__ void attn_partial_impl(
     // key j's K and V rows in kf / vf; the next key's (j + ATTN_WARPS) are loaded before key j is used, so a warp
     // has one block-table + K/V round trip in flight while it computes (the sums are unchanged)
     typename Raw<DPL>::T kr, vr;
-    load_kv<DPL>(k_cache, v_cache, table, start + warp, end, active, Hkv, g, block_size, D, lane, kr, vr);
+    load_kv<DPL>(k_cache, v_cache, tb, tb0, start + warp, end, active, Hkv, g, block_size, D, lane, kr, vr);
 #pragma unroll 1
     for (int j = start + warp; j < end; j += ATTN_WARPS) {
         float kf[DPL], vf[DPL];
         unpack_raw(kr, kf);
         unpack_raw(vr, vf);
-        load_kv<DPL>(k_cache, v_cache, table, j + ATTN_WARPS, end, active, Hkv, g, block_size, D, lane, kr, vr);
+        load_kv<DPL>(k_cache, v_cache, tb, tb0, j + ATTN_WARPS, end, active, Hkv, g, block_size, D, lane, kr, vr);
         // every one of the MAXG heads, also past gn (q = 0 there, results unused): without a branch per head
         // the compiler interleaves the heads' shuffle reductions and exps instead of running them one after another
         // (a key cost ~7 x the latency of one head's chain that way)
@@ -167,14 +180,47 @@ ATTN(4)
 ATTN(8)
 
 // grid (T, Hq), block >= D threads (rounded to a warp multiple): combine the splits of one (token, head).
+// Up to MERGE_STAGE splits the block first reads every split's (m, l) once, its threads together, into shared
+// memory and forms each split's weight e = exp(m - M) there once; then each thread sums its dim over the splits
+// with 16 loads in flight (the partial of a split past the token's causal limit is read and skipped, as every
+// split block writes one). Before, each thread read the (m, l) pairs itself in two passes of 8 loads in flight:
+// at 33 splits ~10 dependent L2 round trips. The arithmetic and its order are the same (the same bits).
+#ifndef MERGE_STAGE  // -DMERGE_STAGE=1 keeps every merge on the per-thread loop (the test compares the two)
+#define MERGE_STAGE 256
+#endif
 extern "C" __global__ void attn_merge(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
                                       float* __restrict__ out, int Hq, int D, int S) {
     pdl_enter();
+    __shared__ float s_m[MERGE_STAGE], s_l[MERGE_STAGE], s_e[MERGE_STAGE];
     const int t = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
-    if (d >= D) return;
     const size_t p0 = ((size_t)t * Hq + head) * S;
-    // unrolled so that the splits' loads are in flight together (S is 8-64 at short decode contexts); the sums
-    // still run in split order
+    if (S <= MERGE_STAGE) {
+        for (int s = threadIdx.x; s < S; s += blockDim.x) {
+            s_m[s] = part_ml[2 * (p0 + s)];
+            s_l[s] = part_ml[2 * (p0 + s) + 1];
+        }
+        __syncthreads();
+        float M = NEG_INF;
+        for (int s = 0; s < S; ++s) M = fmaxf(M, s_m[s]);
+        for (int s = threadIdx.x; s < S; s += blockDim.x) s_e[s] = s_m[s] == NEG_INF ? 0.0f : expf(s_m[s] - M);
+        __syncthreads();
+        if (d >= D) return;
+        const float* acc = part_acc + p0 * D + d;
+        float Ls = 0.0f, A = 0.0f;
+#pragma unroll 16
+        for (int s = 0; s < S; ++s) {
+            const float a = acc[(size_t)s * D];
+            if (s_m[s] == NEG_INF) continue;  // a split past this token's causal limit: no keys
+            const float e = s_e[s];
+            Ls += s_l[s] * e;
+            A += a * e;
+        }
+        out[(size_t)t * Hq * D + (size_t)head * D + d] = A / Ls;
+        return;
+    }
+    if (d >= D) return;
+    // (more splits than MERGE_STAGE: long contexts) each thread on its own, loads unrolled so that the splits'
+    // loads are in flight together; the sums still run in split order
     float M = NEG_INF;
 #pragma unroll 8
     for (int s = 0; s < S; ++s) M = fmaxf(M, part_ml[2 * (p0 + s)]);
