@@ -245,6 +245,79 @@ __device__ __forceinline__ void matvec_pair_sums(const bf16_t* __restrict__ W, c
     }
 }
 
+// One token (NT = 1) with the norm folded, K % 8 == 0 and K <= NORM_STAGE_MAX_K (the host gives K * 4 bytes of
+// dynamic shared memory then): the block stages x * g once in shared memory, and the token's sum of squares in a
+// block reduction, while the warps' first weight loads are in flight; the loop then reads the staged x * g (no
+// norm-weight loads, no squares per chunk). ra / rb: rows na / nb already scaled by 1 / sqrt(mean(x^2) + eps),
+// in every lane. Every warp of the block takes part (the barrier), live or not; dead warps load no weights.
+#define NORM_STAGE_MAX_K 12288
+__device__ __forceinline__ void pair_norm_staged(const bf16_t* __restrict__ W, const float* __restrict__ x,
+                                                 const float* __restrict__ g, float eps, int K, int na, int nb,
+                                                 bool live, float& ra, float& rb) {
+    extern __shared__ float4 s_xg[];  // K / 4
+    __shared__ float s_red[4];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint4* a4 = reinterpret_cast<const uint4*>(W + (size_t)na * K);
+    const uint4* b4 = reinterpret_cast<const uint4*>(W + (size_t)nb * K);
+    const int K8 = K >> 3;
+    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+    int c = lane;
+    uint4 pa[4], pb[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        pa[i] = live && c + 32 * i < K8 ? ldg_stream(a4 + c + 32 * i) : z;
+        pb[i] = live && c + 32 * i < K8 ? ldg_stream(b4 + c + 32 * i) : z;
+    }
+    pdl_wait();
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const float4* g4 = reinterpret_cast<const float4*>(g);
+    float ss = 0.0f;
+    for (int k4 = threadIdx.x; k4 < (K >> 2); k4 += blockDim.x) {
+        const float4 v = x4[k4], w = g4[k4];
+        ss += v.x * v.x;
+        ss += v.y * v.y;
+        ss += v.z * v.z;
+        ss += v.w * v.w;
+        s_xg[k4] = make_float4(v.x * w.x, v.y * w.y, v.z * w.z, v.w * w.w);
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) s_red[warp] = ss;
+    __syncthreads();
+    const float inv = 1.0f / sqrtf((s_red[0] + s_red[1] + s_red[2] + s_red[3]) / (float)K + eps);
+    float acc_a = 0.0f, acc_b = 0.0f;
+    if (live) {
+        while (c < K8) {
+            const int cn = c + 128;
+            uint4 qa[4], qb[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                qa[i] = cn + 32 * i < K8 ? ldg_stream(a4 + cn + 32 * i) : z;
+                qb[i] = cn + 32 * i < K8 ? ldg_stream(b4 + cn + 32 * i) : z;
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int cc = c + 32 * i;
+                if (cc < K8) {
+                    float wa[8], wb[8];
+                    unpack8(pa[i], wa);
+                    unpack8(pb[i], wb);
+                    const float4 u = s_xg[2 * cc], v4 = s_xg[2 * cc + 1];
+                    const float v[8] = {u.x, u.y, u.z, u.w, v4.x, v4.y, v4.z, v4.w};
+                    acc_a += wa[0] * v[0] + wa[1] * v[1] + wa[2] * v[2] + wa[3] * v[3]
+                           + wa[4] * v[4] + wa[5] * v[5] + wa[6] * v[6] + wa[7] * v[7];
+                    acc_b += wb[0] * v[0] + wb[1] * v[1] + wb[2] * v[2] + wb[3] * v[3]
+                           + wb[4] * v[4] + wb[5] * v[5] + wb[6] * v[6] + wb[7] * v[7];
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) { pa[i] = qa[i]; pb[i] = qb[i]; }
+            c = cn;
+        }
+    }
+    ra = warp_sum(acc_a) * inv;
+    rb = warp_sum(acc_b) * inv;
+}
+
 template <int NT, int EPI, bool NORM>
 __device__ __forceinline__ void matvec_pair_impl(const bf16_t* __restrict__ W, const float* __restrict__ x,
                                                  const float* __restrict__ g, float eps,
@@ -256,25 +329,33 @@ __device__ __forceinline__ void matvec_pair_impl(const bf16_t* __restrict__ W, c
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int P = N / 2;  // pairs
     const int p = blockIdx.x * 4 + warp;
+    const bool live = p < P;
     pdl_trigger();
-    if (p >= P) return;  // (no loads, no stores)
     const int half = D / 2;
     const int h = EPI == EPI_ROPE ? p / half : 0, i = EPI == EPI_ROPE ? p % half : p;
-    const int na = EPI == EPI_SILU ? p : h * D + i, nb = EPI == EPI_SILU ? P + p : h * D + i + half;
+    const int na = !live ? 0 : EPI == EPI_SILU ? p : h * D + i;
+    const int nb = !live ? 0 : EPI == EPI_SILU ? P + p : h * D + i + half;
     const int t0 = blockIdx.y * NT;
-    float acc_a[NT], acc_b[NT], ss[NT];
-    matvec_pair_sums<NT, NORM>(W, x, g, K, T, t0, na, nb, acc_a, acc_b, ss);
-    // lane j takes token t0 + j (register arrays indexed by unrolled constants only)
-    float a = 0.0f, c = 0.0f, s = 0.0f;
+    float a = 0.0f, c = 0.0f;
+    if (NORM && NT == 1 && (K & 7) == 0 && K <= NORM_STAGE_MAX_K) {
+        pair_norm_staged(W, x, g, eps, K, na, nb, live, a, c);  // (every warp: a block barrier inside)
+        if (!live || lane != 0 || t0 >= T) return;
+    } else {
+        if (!live) return;  // (no loads, no stores)
+        float acc_a[NT], acc_b[NT], ss[NT];
+        matvec_pair_sums<NT, NORM>(W, x, g, K, T, t0, na, nb, acc_a, acc_b, ss);
+        // lane j takes token t0 + j (register arrays indexed by unrolled constants only)
+        float s = 0.0f;
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        if (lane == j) { a = acc_a[j]; c = acc_b[j]; s = ss[j]; }
-    }
-    if (lane >= NT || t0 + lane >= T) return;
-    if (NORM) {
-        const float inv = 1.0f / sqrtf(s / (float)K + eps);  // rms_norm's expression (rmsnorm.cu)
-        a *= inv;
-        c *= inv;
+        for (int j = 0; j < NT; ++j) {
+            if (lane == j) { a = acc_a[j]; c = acc_b[j]; s = ss[j]; }
+        }
+        if (lane >= NT || t0 + lane >= T) return;
+        if (NORM) {
+            const float inv = 1.0f / sqrtf(s / (float)K + eps);  // rms_norm's expression (rmsnorm.cu)
+            a *= inv;
+            c *= inv;
+        }
     }
     a += bias ? bias[na] : 0.0f;  // (+ 0.0f without a bias, as matvec_impl: -0 sums become +0 the same way)
     c += bias ? bias[nb] : 0.0f;

@@ -70,6 +70,7 @@ VIEW_CACHE_MAX = 4096  # workspace views `_buf` keeps (cleared when full)
 # Qwen2.5-0.5B (896) 0.868 -> 0.841, 3B (2048) 2.776 -> 2.775, 7B (3584) 4.448 -> 4.527: the fold's extra work per
 # weight chunk (the norm weight's loads, the sum of squares) costs more than the launch it saves on long rows.
 NORM_FOLD_MAX_K = 2048
+NORM_STAGE_MAX_K = 12288  # matvec.cu's: one token's x * g staged in (at most 48 KB of) shared memory
 # bf16 weights: the matvec for one token, cuBLAS from two. Measured on the H200 (`LLMRS_MATVEC_MAX_TOKENS=8|2|1
 # llmrs profile --synthetic qwen2.5-7b --batch 1,2,3,4,8`, graph wall ms per decode step, scripts/gpu_crossover.sh):
 # 7B with the matvec up to 8 tokens 4.93 / 6.61 / 11.16 / 11.14 / 22.43, cuBLAS from 2 4.93 / 5.28 / 5.23 / 5.26 /
@@ -531,12 +532,15 @@ class CUDABackend:
         block = (32 * MATVEC_ROWS_PER_BLOCK,)
         tag = "norm_" if norm is not None else ""
         g, eps = (norm[0], np.float32(norm[1])) if norm is not None else (NULL, np.float32(0.0))
+        # one token with the norm folded: the block stages x * g in K * 4 bytes of shared memory (matvec.cu
+        # pair_norm_staged; the same condition as there)
+        smem = 4 * K if norm is not None and nt == 1 and K % 8 == 0 and K <= NORM_STAGE_MAX_K else 0
         label = ("norm+" if norm is not None else "") + ("gate_up+silu" if epi == "silu" else "qkv+rope")
         if epi == "silu":
             args = (w, x, g, eps, out, np.int32(N), np.int32(K), np.int32(T)) if norm is not None else (
                 w, x, out, np.int32(N), np.int32(K), np.int32(T))
             with self._span("matvec", label, T, N, K, False, False):
-                self.k.fns[f"matvec_silu_{tag}bf16_t{nt}"](grid, block, args)
+                self.k.fns[f"matvec_silu_{tag}bf16_t{nt}"](grid, block, args, shared_mem=smem)
             return
         c = self.config
         with self._span("matvec", label, T, N, K, False, bias is not None):
@@ -544,7 +548,7 @@ class CUDABackend:
                 grid, block, (w, x, g, eps, NULL if bias is None else bias, out, np.int32(N), np.int32(K),
                               np.int32(T), db.positions, self.inv_freq, db.slots, self.k_cache[layer],
                               self.v_cache[layer], np.int32(c.num_attention_heads), np.int32(c.num_key_value_heads),
-                              np.int32(c.head_dim), np.int32(self.block_size)))
+                              np.int32(c.head_dim), np.int32(self.block_size)), shared_mem=smem)
 
     def _linear_quant(self, x: Any, w: DeviceQuantWeight, bias: Any | None, out: Any, accumulate: bool,
                       name: str) -> None:
