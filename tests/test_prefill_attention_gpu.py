@@ -114,6 +114,32 @@ def test_prefill_attention_matches_float64_and_the_decode_kernel(head_dim, heads
     # per row too: a wrong causal limit on a few rows would hide in the global norm
     row_err = np.linalg.norm(got - want, axis=1) / np.linalg.norm(want, axis=1)
     assert row_err.max() < 2e-2, (int(row_err.argmax()), float(row_err.max()))
+    # bf16 out (the o projection's GEMM input): the bits cast_f32_bf16 makes of the f32 output, every row written
+    ob = cp.full((T, Dq), 0xFFFF, dtype=cp.uint16)
+    assert run_prefill(be, batch, qkv_dev, q_stride, ob)[0]
+    np.testing.assert_array_equal(cp.asnumpy(ob), bf16_bits(got))
+
+
+def test_a_prefill_step_feeds_o_bf16_from_the_attention_kernel():
+    """_attention with out_bf16 on a step the tensor-core kernel runs returns the bf16 buffer (no cast before o);
+    on a step it does not run (all decodes), the f32 one."""
+    rng = np.random.default_rng(7)
+    heads, kv, D = 8, 2, 64
+    be = CUDABackend(cfg(heads, kv, D), num_blocks=80, block_size=16, cuda_graphs=False)
+    fill_cache(rng, be)
+    for specs, bf16 in (([(40, 0), (1, 20)], True), ([(1, 30), (1, 5)], False)):
+        batch = make_step(rng, specs, 80, 16)
+        T = batch.num_tokens
+        qkv = cp.asarray(rng.standard_normal((T, (heads + 2 * kv) * D)).astype(np.float32))
+        f32 = cp.full((T, heads * D), np.nan, dtype=cp.float32)
+        b16 = cp.full((T, heads * D), 0xFFFF, dtype=cp.uint16)
+        db = be.device_batch(batch)
+        got = be._attention(0, qkv, (heads + 2 * kv) * D, db, f32, out_bf16=b16)
+        assert got is (b16 if bf16 else f32)
+        if bf16:
+            ref = cp.full((T, heads * D), np.nan, dtype=cp.float32)
+            be._attention(0, qkv, (heads + 2 * kv) * D, db, ref)
+            np.testing.assert_array_equal(cp.asnumpy(b16), bf16_bits(cp.asnumpy(ref)))
 
 
 def test_prefill_attention_block_size_32_and_unsupported_head_dim():

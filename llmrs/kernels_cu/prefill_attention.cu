@@ -111,11 +111,13 @@ __device__ __forceinline__ int swz(int row, int chunk) {
     return row * (D * 2) + ((chunk ^ (row & 7)) << 4);
 }
 
-template <int D>
+// OUT_BF16: out holds bf16 words (the o projection's cuBLAS input, written here instead of f32 + cast_f32_bf16:
+// f32_to_bf16 of the very f32 value, the same bits as the cast)
+template <int D, bool OUT_BF16>
 __device__ __forceinline__ void prefill_attn_impl(
     const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,
     const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,
-    const int* __restrict__ positions, const int* __restrict__ tiles, float* __restrict__ out, int Hq, int Hkv,
+    const int* __restrict__ positions, const int* __restrict__ tiles, void* __restrict__ out, int Hq, int Hkv,
     int bs_shift, float scale_log2) {
 #if PF_HAVE_MMA
     constexpr int CH = D / 8;        // 16-byte chunks per row
@@ -304,25 +306,34 @@ __device__ __forceinline__ void prefill_attn_impl(
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
     const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
     const size_t row_stride = (size_t)Hq * D;
-    float* o0 = out + (size_t)(t0 + r0) * row_stride + (size_t)h * D + tig * 2;
-    float* o1 = o0 + 8 * row_stride;
+    const size_t off0 = (size_t)(t0 + r0) * row_stride + (size_t)h * D + tig * 2, off1 = off0 + 8 * row_stride;
     const bool w0 = r0 < n, w1 = r0 + 8 < n;
 #pragma unroll
     for (int d = 0; d < DT; ++d) {
-        if (w0) *reinterpret_cast<float2*>(o0 + d * 8) = make_float2(o[d][0] * inv0, o[d][1] * inv0);
-        if (w1) *reinterpret_cast<float2*>(o1 + d * 8) = make_float2(o[d][2] * inv1, o[d][3] * inv1);
+        const float a0 = o[d][0] * inv0, a1 = o[d][1] * inv0, b0 = o[d][2] * inv1, b1 = o[d][3] * inv1;
+        if (OUT_BF16) {
+            unsigned* ob = reinterpret_cast<unsigned*>(static_cast<bf16_t*>(out) + d * 8);
+            if (w0) ob[off0 / 2] = (unsigned)f32_to_bf16(a0) | ((unsigned)f32_to_bf16(a1) << 16);
+            if (w1) ob[off1 / 2] = (unsigned)f32_to_bf16(b0) | ((unsigned)f32_to_bf16(b1) << 16);
+        } else {
+            float* of = static_cast<float*>(out) + d * 8;
+            if (w0) *reinterpret_cast<float2*>(of + off0) = make_float2(a0, a1);
+            if (w1) *reinterpret_cast<float2*>(of + off1) = make_float2(b0, b1);
+        }
     }
 #endif
 }
 
-#define PREFILL_ATTN(D)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(PF_THREADS, 1) prefill_attn_d##D(                                \
+#define PREFILL_ATTN(D, NAME, OUT_BF16, OUT_T)                                                                 \
+    extern "C" __global__ void __launch_bounds__(PF_THREADS, 1) NAME(                                           \
         const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,                         \
         const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,              \
-        const int* __restrict__ positions, const int* __restrict__ tiles, float* __restrict__ out, int Hq,     \
+        const int* __restrict__ positions, const int* __restrict__ tiles, OUT_T* __restrict__ out, int Hq,     \
         int Hkv, int bs_shift, float scale_log2) {                                                             \
-        prefill_attn_impl<D>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, positions, tiles, out,   \
-                             Hq, Hkv, bs_shift, scale_log2);                                                   \
+        prefill_attn_impl<D, OUT_BF16>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, positions,     \
+                                       tiles, out, Hq, Hkv, bs_shift, scale_log2);                             \
     }
-PREFILL_ATTN(64)
-PREFILL_ATTN(128)
+PREFILL_ATTN(64, prefill_attn_d64, false, float)
+PREFILL_ATTN(128, prefill_attn_d128, false, float)
+PREFILL_ATTN(64, prefill_attn_bf16_d64, true, bf16_t)
+PREFILL_ATTN(128, prefill_attn_bf16_d128, true, bf16_t)

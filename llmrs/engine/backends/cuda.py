@@ -675,13 +675,16 @@ class CUDABackend:
         # 64-key splits (at most 64 splits, or what 64-key splits need) so attn_merge stays short.
         return max(1, min(-(-max_len // 16), -(-4 * self.num_sms // blocks), max(64, -(-max_len // 64))))
 
-    def _attention(self, layer: int, q: Any, q_stride: int, db: DeviceBatch, out: Any) -> None:
-        """out [T, Hq*D] = paged causal attention of q (row stride q_stride) over layer's cache."""
+    def _attention(self, layer: int, q: Any, q_stride: int, db: DeviceBatch, out: Any, out_bf16: Any = None) -> Any:
+        """out [T, Hq*D] = paged causal attention of q (row stride q_stride) over layer's cache; returns the buffer
+        written: `out_bf16` (bf16 words, the o projection's GEMM input) where the tensor-core prefill kernel runs the
+        step and one is given, else `out` (f32)."""
         if db.n_prefill_tiles:
             from llmrs.engine.backends.cuda_prefill import prefill_attention
 
-            if prefill_attention(self, layer, q, q_stride, db, db.prefill_tiles, db.n_prefill_tiles, out):
-                return
+            dst = out if out_bf16 is None else out_bf16
+            if prefill_attention(self, layer, q, q_stride, db, db.prefill_tiles, db.n_prefill_tiles, dst):
+                return dst
         c = self.config
         T, Hq, Hkv, D = db.T, c.num_attention_heads, c.num_key_value_heads, c.head_dim
         gqa = self._use_gqa(T)
@@ -704,6 +707,7 @@ class CUDABackend:
             with self._span("attn_merge", "attn_merge", T, Hq, D, S):
                 self.k.attn_merge((T, Hq), (-(-D // 32) * 32,), (part_acc, part_ml, out, np.int32(Hq), np.int32(D),
                                                                  np.int32(S)))
+        return out
 
     # ------------------------------------------------------------------ the fused step
     def forward(self, w: ModelWeights, batch: StepBatch, to_host: bool = True) -> Any:
@@ -742,7 +746,8 @@ class CUDABackend:
         pending = False  # `part` holds a reduced down_proj output not yet added to x
         threads_rope = rope_threads(Hq, Hkv, D)
         # NOTE: the norms and silu_mul feeding qkv, gate_up and down write bf16 words when that GEMM runs on a bf16
-        # matrix (`_norm_for`, `_silu_mul_for`); the attention output is cast before o as before
+        # matrix (`_norm_for`, `_silu_mul_for`), and so does the tensor-core prefill attention for o; the other
+        # attention kernels' f32 output is cast before o
         for n, layer in enumerate(w.layers):
             pair = self._pair_epilogue(layer.qkv, T)
             norm_in = pair and not pending and self._norm_folds(layer.qkv)  # input_norm folded into the matvec
@@ -759,14 +764,17 @@ class CUDABackend:
                                     (qkv, db.positions, self.inv_freq, db.slots, self.k_cache[n], self.v_cache[n],
                                      np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(self.block_size),
                                      layer.qkv_bias if fold else NULL))
-            self._attention(n, qkv, n_qkv, db, att)
+            # a prefill step (tensor-core kernel) writes the attention output as o's bf16 GEMM input: no cast
+            att_bf16 = (self._buf("att_bf16", (T, Hq * D), np.uint16)
+                        if db.n_prefill_tiles and self._gemm_takes_bf16(layer.o, T) else None)
+            o_in = self._attention(n, qkv, n_qkv, db, att, out_bf16=att_bf16)
             pair = self._pair_epilogue(layer.gate_up, T)
             norm_in = pair and tp is None and self._norm_folds(layer.gate_up)  # post_norm folded into gate_up
             if tp is None:
-                self._linear(att, layer.o, None, x, accumulate=True, name="o")
+                self._linear(o_in, layer.o, None, x, accumulate=True, name="o")
                 h = x if norm_in else self._norm_for(layer.gate_up, x, layer.post_norm, eps)
             else:
-                self._linear(att, layer.o, None, part, name="o")
+                self._linear(o_in, layer.o, None, part, name="o")
                 self._all_reduce(part)
                 h = self._norm_for(layer.gate_up, x, layer.post_norm, eps, y=part)
             if pair:

@@ -74,7 +74,8 @@ def _compute_capability(backend: Any) -> int:
 def prefill_attention(backend: Any, layer: int, q: Any, q_stride: int, db: Any, tiles: Any, n_tiles: int,
                       out: Any) -> bool:
     """out [T, Hq*D] = causal attention of q (f32, row stride q_stride, head h at columns h*D) over layer's
-    paged cache, on the tiles of `plan_prefill_tiles` (`tiles`: device int32, n_tiles x 4, any offset).
+    paged cache, on the tiles of `plan_prefill_tiles` (`tiles`: device int32, n_tiles x 4, any offset). out is
+    f32, or bf16 words (uint16: the o projection's cuBLAS input, the bits cast_f32_bf16 makes of the f32 output).
 
     `db` is the step's DeviceBatch (positions, block_tables, max_blocks; T, kv_tokens, qk_pairs for the
     profiler). Every row of out covered by the plan is written. Returns False (launching nothing) for
@@ -87,7 +88,7 @@ def prefill_attention(backend: Any, layer: int, q: Any, q_stride: int, db: Any, 
     if n_tiles == 0:
         return True
     assert n_tiles <= MAX_GRID_Y, f"{n_tiles} prefill tiles: more than the grid's y limit"
-    fn = backend.k.fns[f"prefill_attn_d{D}"]
+    fn = backend.k.fns[f"prefill_attn_{'bf16_' if out.dtype == np.uint16 else ''}d{D}"]
     smem = 4 * PREFILL_BLOCK_K * D * 2  # K and V, two stages each, bf16
     if id(fn) not in _smem_set:
         if smem > 48 * 1024:
