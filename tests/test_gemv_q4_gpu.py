@@ -157,6 +157,45 @@ def test_weights_whose_tiles_fill_the_gpu_hold_only_the_reordered_copy(backend, 
     assert (as_f32(wb)[differ] == 0).all()
 
 
+@pytest.mark.parametrize("kind,N,K,G", [("awq", 64, 64, 32), ("awq", 96, 320, 64), ("q4_0", 160, 1152, 32),
+                                         ("q4_1", 192, 640, 128), ("awq", 4608, 3584, 128)])
+def test_both_dequant_kernels_equal_numpy_at_any_grid(backend, kind, N, K, G):
+    """dequant_q4_bf16 (row form: a warp 128 words a pass, 4 a lane) and dequant_marlin_bf16 (GEMM layout: two
+    records a thread a pass, a quad transpose before each 16-byte store) against numpy's f32 dequantization rounded
+    to bf16, at the backend's grid and at grids that leave threads several passes, a lone last record, or idle."""
+    from llmrs.engine.backends.cuda_q4gemm import dequant_marlin
+
+    rng = np.random.default_rng(N + K)
+    w = make_weight(kind, N, K, G, rng)
+    backend.q4_gemv = False  # keep the row form beside the GEMM layout
+    try:
+        dw = backend.upload_quantized(w)
+    finally:
+        backend.q4_gemv = True
+    mw = to_marlin(backend, dw)
+    ref = round_bf16(w.dequantize())
+    words, records = N * K // 8, N * K // 32
+    for blocks in (None, 1, 3, 7, 65535):
+        out = cp.full((N, K), 0xFFFF, dtype=cp.uint16)  # NaN bits: a word left unwritten shows
+        grid = (min(65535, -(-words // 1024)),) if blocks is None else (blocks,)
+        backend.k.dequant_q4_bf16(grid, (256,), (dw.qweight, dw.scales, NULL if dw.zeros is None else dw.zeros, out,
+                                                 np.int32(N), np.int32(K), np.int32(G),
+                                                 np.int32(1 if kind == "q4_1" else 0)))
+        np.testing.assert_array_equal(bf16_to_f32(cp.asnumpy(out)), ref, err_msg=f"row form, grid {grid}")
+        if mw is None:
+            continue
+        out = cp.full((N, K), 0xFFFF, dtype=cp.uint16)
+        if blocks is None:
+            dequant_marlin(backend, mw, out)
+        else:
+            backend.k.fns[f"dequant_marlin_{'q4m' if mw.mode else 'q4z'}_bf16"](
+                (blocks,), (256,), (mw.qweight, mw.sz, out, np.int32(N), np.int32(K), np.int32(G)))
+        # equal values (a zero weight of a negative scale is +0 here, -0 in numpy: assert_array_equal treats them
+        # as equal)
+        np.testing.assert_array_equal(bf16_to_f32(cp.asnumpy(out)), ref, err_msg=f"GEMM layout, {blocks} blocks")
+    assert records % 32 == 0
+
+
 QWEN7B = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
 
 

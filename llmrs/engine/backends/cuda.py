@@ -586,22 +586,26 @@ class CUDABackend:
         if T <= MAX_TOKENS and linear_q4(self, x, w.marlin, bias, out, accumulate, name):
             return
         wb = self._buf("dequant_w", (N, K), np.uint16)
-        grid = (min(65535, -(-(N * K // 8) // 256)),)
+        grid = (min(65535, -(-(N * K // 8) // 256)),)  # a word (8 weights) a thread
         with self._span("dequant", name, N, K, w.nbytes):
             if w.qweight is None:  # only the reordered copy on the GPU
                 dequant_marlin(self, w.marlin, wb)
             elif w.kind == "q8":
                 self.k.dequant_q8_bf16(grid, (256,), (w.qweight, w.scales, wb, np.int32(N), np.int32(K)))
-            else:
-                self.k.dequant_q4_bf16(grid, (256,), (w.qweight, w.scales, NULL if w.zeros is None else w.zeros, wb,
+            else:  # DQ_WORDS (4) words a thread a pass
+                self.k.dequant_q4_bf16((min(65535, -(-grid[0] // 4)),), (256,), (w.qweight, w.scales, NULL if w.zeros is None else w.zeros, wb,
                                                       np.int32(N), np.int32(K), np.int32(G),
                                                       np.int32(1 if w.mode == "min" else 0)))
         self._linear(x, wb, bias, out, accumulate, name)
 
     def _gemm_takes_bf16(self, w: Any, T: int) -> bool:
-        """Whether `_linear` over `w` with T tokens runs cuBLAS on a plain bf16 matrix, so that the producer of
-        its input writes bf16 words itself (`fuse_bf16`); quantized weights and the matvec take f32."""
-        return self.fuse_bf16 and T > self.matvec_max_tokens and not isinstance(w, DeviceQuantWeight)
+        """Whether `_linear` over `w` with T tokens runs cuBLAS on a bf16 matrix, so that the producer of its input
+        writes bf16 words itself (`fuse_bf16`): a plain bf16 weight above the matvec's tokens, a quantized one
+        above every packed-weight kernel's (dequantized into a bf16 scratch, then cuBLAS: `_linear_quant`). The
+        matvec, the 4-bit GEMV and GEMM take f32."""
+        if isinstance(w, DeviceQuantWeight):
+            return self.fuse_bf16 and T > max(MAX_TOKENS, GEMV_MAX_TOKENS, self.quant_matvec_max_tokens)
+        return self.fuse_bf16 and T > self.matvec_max_tokens
 
     def _rms_norm_bf16(self, x: Any, w: Any, eps: float, out: Any, y: Any = None, rows: Any = None,
                        n_rows: int | None = None) -> None:

@@ -189,7 +189,7 @@ def dequant_marlin(backend: Any, mw: MarlinWeight, out: Any) -> None:
     dequant_q4_bf16 gives from the row form)."""
     records = mw.N // 32 * (mw.K // 32) * 32
     backend.k.fns[f"dequant_marlin_{'q4m' if mw.mode else 'q4z'}_bf16"](
-        (min(65535, -(-records // 256)),), (256,),
+        (min(65535, -(-records // 512)),), (256,),  # two records a thread a pass
         (mw.qweight, mw.sz, out, np.int32(mw.N), np.int32(mw.K), np.int32(mw.group_size)))
 
 
