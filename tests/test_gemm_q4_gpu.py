@@ -22,7 +22,7 @@ pytestmark = pytest.mark.gpu
 
 from llmrs.engine import quant as Q  # noqa: E402
 from llmrs.engine.backends.cuda import NULL, CUDABackend, round_bf16  # noqa: E402
-from llmrs.engine.backends.cuda_q4gemm import gemm_q4, linear_q4, to_marlin  # noqa: E402
+from llmrs.engine.backends.cuda_q4gemm import dequant_marlin, gemm_q4, linear_q4, to_marlin  # noqa: E402
 from llmrs.engine.config import ModelConfig  # noqa: E402
 from tests.test_quant_marlin import make_weight  # noqa: E402
 
@@ -45,10 +45,15 @@ def to_bf16_device(backend, x):
     return xb
 
 
-def dequant_cublas(backend, x, dw, bias, out, accumulate):
-    """Today's GEMM path, explicitly: dequant_q4_bf16 into a bf16 matrix, then the backend's cuBLAS GEMM."""
+def dequant_cublas(backend, x, dw, bias, out, accumulate, mw=None):
+    """The path above cuda_q4gemm.MAX_TOKENS, explicitly: the weight dequantized into a bf16 matrix (from the GEMM
+    layout with mw, as the backend does where it has one; else dequant_q4_bf16 from the row form), then the
+    backend's cuBLAS GEMM."""
     N, K = dw.shape
     wb = cp.empty((N, K), dtype=cp.uint16)
+    if mw is not None:
+        dequant_marlin(backend, mw, wb)
+        return backend._linear(x, wb, bias, out, accumulate)
     backend.k.dequant_q4_bf16((min(65535, -(-(N * K // 8) // 256)),), (256,),
                               (dw.qweight, dw.scales, NULL if dw.zeros is None else dw.zeros, wb, np.int32(N),
                                np.int32(K), np.int32(dw.group_size), np.int32(1 if dw.mode == "min" else 0)))
@@ -131,17 +136,17 @@ def test_gemm_q4_timing_beside_dequantize_plus_cublas(backend):
     """Figures for the notes: 7B-like shapes (qkv, down), prefill-sized and batched-decode-sized T (timings not
     asserted; the two paths' outputs are)."""
     rng = np.random.default_rng(5)
-    for N, K in [(4608, 3584), (3584, 18944)]:
+    for N, K in [(4608, 3584), (3584, 18944), (37888, 3584)]:
         w = make_weight("awq", N, K, 128, rng)
         dw = backend.upload_quantized(w)
         mw = to_marlin(backend, dw)
-        for T in (16, 64, 256, 1024):
+        for T in (16, 64, 96, 128, 192, 256, 1024):
             x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
             xb = to_bf16_device(backend, x)
             out = cp.empty((T, N), dtype=cp.float32)
             figures, outs = {}, {}
             for label, fn in (("gemm_q4", lambda: gemm_q4(backend, xb, mw, None, out)),
-                              ("dequant+cublas", lambda: dequant_cublas(backend, x, dw, None, out, False))):
+                              ("dequant+cublas", lambda: dequant_cublas(backend, x, dw, None, out, False, mw))):
                 fn()
                 outs[label] = cp.asnumpy(out).copy()
                 start, stop = cp.cuda.Event(), cp.cuda.Event()

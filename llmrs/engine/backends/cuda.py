@@ -9,8 +9,8 @@ activations. Linear layers: for up to `matvec_max_tokens` tokens (MATVEC_MAX_TOK
 matvec (f32 x, bf16 W: decode is memory-bound), otherwise cuBLAS gemmEx (bf16 x bf16 -> f32, f32 accumulate),
 whose bf16 inputs the norms and SiLU x up write directly (`fuse_bf16`: the same bits as f32 + a cast). Quantized
 weights (quant.py): up to 16 tokens the 4-bit GEMV (gemm_q4.cu, tensor cores; cuda_q4gemm.gemv_takes) or, up to
-8, the 4-/8-bit matvec (matvec_q4.cu); the Marlin-style 4-bit GEMM up to 128 (cuda_q4gemm.py), dequantize + cuBLAS
-above.
+8, the 4-/8-bit matvec (matvec_q4.cu); the Marlin-style 4-bit GEMM up to 64 (cuda_q4gemm.MAX_TOKENS), dequantize +
+cuBLAS above.
 
 Attention: `_attention` picks per step: the tensor-core prefill kernel (cuda_prefill.py) when a sequence brings
 `prefill_min_tokens` or more new tokens; else attn_partial (attention.cu) or, from ATTN_GQA_MIN_BLOCKS blocks a
@@ -588,7 +588,7 @@ class CUDABackend:
         wb = self._buf("dequant_w", (N, K), np.uint16)
         grid = (min(65535, -(-(N * K // 8) // 256)),)  # a word (8 weights) a thread
         with self._span("dequant", name, N, K, w.nbytes):
-            if w.qweight is None:  # only the reordered copy on the GPU
+            if w.marlin is not None:  # from the GEMM layout: its kernel stores whole 16-byte runs (2x the row form's)
                 dequant_marlin(self, w.marlin, wb)
             elif w.kind == "q8":
                 self.k.dequant_q8_bf16(grid, (256,), (w.qweight, w.scales, wb, np.int32(N), np.int32(K)))
