@@ -176,6 +176,49 @@ __device__ __forceinline__ void fma8x2(const float* wa, const float* wb, const f
 
 // Rows na and nb of W for tokens t0 .. t0+NT-1 over one warp (every lane gets the sums): matvec_row_sums's
 // chunk order and pipeline (4 chunks of each row in use, the next 4 in flight, the first ones before pdl_wait).
+// The weight stream of a row pair (chunks of 8 bf16, lane-strided), software-pipelined as matvec_row_sums: pair_first
+// loads each row's first 4 chunks (before pdl_wait: weights), pair_stream then loads the next 4 before the current 4
+// are used and hands each chunk to use(wa, wb, cc): the 8 weights of rows a and b at chunk cc.
+__device__ __forceinline__ void pair_first(const uint4* a4, const uint4* b4, int K8, bool live, uint4 (&pa)[4],
+                                           uint4 (&pb)[4]) {
+    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+    const int c = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        pa[i] = live && c + 32 * i < K8 ? ldg_stream(a4 + c + 32 * i) : z;
+        pb[i] = live && c + 32 * i < K8 ? ldg_stream(b4 + c + 32 * i) : z;
+    }
+}
+
+template <typename Use>
+__device__ __forceinline__ void pair_stream(const uint4* a4, const uint4* b4, int K8, uint4 (&pa)[4], uint4 (&pb)[4],
+                                            Use use) {
+    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+    int c = threadIdx.x & 31;
+    while (c < K8) {
+        const int cn = c + 128;
+        uint4 qa[4], qb[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            qa[i] = cn + 32 * i < K8 ? ldg_stream(a4 + cn + 32 * i) : z;
+            qb[i] = cn + 32 * i < K8 ? ldg_stream(b4 + cn + 32 * i) : z;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int cc = c + 32 * i;
+            if (cc < K8) {
+                float wa[8], wb[8];
+                unpack8(pa[i], wa);
+                unpack8(pb[i], wb);
+                use(wa, wb, cc);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) { pa[i] = qa[i]; pb[i] = qb[i]; }
+        c = cn;
+    }
+}
+
 template <int NT, bool NORM>
 __device__ __forceinline__ void matvec_pair_sums(const bf16_t* __restrict__ W, const float* __restrict__ x,
                                                  const float* __restrict__ g, int K, int T, int t0, int na, int nb,
@@ -187,36 +230,12 @@ __device__ __forceinline__ void matvec_pair_sums(const bf16_t* __restrict__ W, c
         const uint4* a4 = reinterpret_cast<const uint4*>(W + (size_t)na * K);
         const uint4* b4 = reinterpret_cast<const uint4*>(W + (size_t)nb * K);
         const int K8 = K >> 3;
-        const uint4 z = make_uint4(0u, 0u, 0u, 0u);
-        int c = lane;
         uint4 pa[4], pb[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            pa[i] = c + 32 * i < K8 ? ldg_stream(a4 + c + 32 * i) : z;
-            pb[i] = c + 32 * i < K8 ? ldg_stream(b4 + c + 32 * i) : z;
-        }
+        pair_first(a4, b4, K8, true, pa, pb);
         pdl_wait();
-        while (c < K8) {
-            const int cn = c + 128;
-            uint4 qa[4], qb[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                qa[i] = cn + 32 * i < K8 ? ldg_stream(a4 + cn + 32 * i) : z;
-                qb[i] = cn + 32 * i < K8 ? ldg_stream(b4 + cn + 32 * i) : z;
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                if (c + 32 * i < K8) {
-                    float wa[8], wb[8];
-                    unpack8(pa[i], wa);
-                    unpack8(pb[i], wb);
-                    fma8x2<NT, NORM>(wa, wb, x, g, K, T, t0, 8 * (c + 32 * i), acc_a, acc_b, ss);
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i) { pa[i] = qa[i]; pb[i] = qb[i]; }
-            c = cn;
-        }
+        pair_stream(a4, b4, K8, pa, pb, [&](const float* wa, const float* wb, int cc) {
+            fma8x2<NT, NORM>(wa, wb, x, g, K, T, t0, 8 * cc, acc_a, acc_b, ss);
+        });
     } else {
         pdl_wait();
         const bf16_t* wa = W + (size_t)na * K;
@@ -260,14 +279,8 @@ __device__ __forceinline__ void pair_norm_staged(const bf16_t* __restrict__ W, c
     const uint4* a4 = reinterpret_cast<const uint4*>(W + (size_t)na * K);
     const uint4* b4 = reinterpret_cast<const uint4*>(W + (size_t)nb * K);
     const int K8 = K >> 3;
-    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
-    int c = lane;
     uint4 pa[4], pb[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        pa[i] = live && c + 32 * i < K8 ? ldg_stream(a4 + c + 32 * i) : z;
-        pb[i] = live && c + 32 * i < K8 ? ldg_stream(b4 + c + 32 * i) : z;
-    }
+    pair_first(a4, b4, K8, live, pa, pb);
     pdl_wait();
     const float4* x4 = reinterpret_cast<const float4*>(x);
     const float4* g4 = reinterpret_cast<const float4*>(g);
@@ -286,33 +299,14 @@ __device__ __forceinline__ void pair_norm_staged(const bf16_t* __restrict__ W, c
     const float inv = 1.0f / sqrtf((s_red[0] + s_red[1] + s_red[2] + s_red[3]) / (float)K + eps);
     float acc_a = 0.0f, acc_b = 0.0f;
     if (live) {
-        while (c < K8) {
-            const int cn = c + 128;
-            uint4 qa[4], qb[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                qa[i] = cn + 32 * i < K8 ? ldg_stream(a4 + cn + 32 * i) : z;
-                qb[i] = cn + 32 * i < K8 ? ldg_stream(b4 + cn + 32 * i) : z;
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int cc = c + 32 * i;
-                if (cc < K8) {
-                    float wa[8], wb[8];
-                    unpack8(pa[i], wa);
-                    unpack8(pb[i], wb);
-                    const float4 u = s_xg[2 * cc], v4 = s_xg[2 * cc + 1];
-                    const float v[8] = {u.x, u.y, u.z, u.w, v4.x, v4.y, v4.z, v4.w};
-                    acc_a += wa[0] * v[0] + wa[1] * v[1] + wa[2] * v[2] + wa[3] * v[3]
-                           + wa[4] * v[4] + wa[5] * v[5] + wa[6] * v[6] + wa[7] * v[7];
-                    acc_b += wb[0] * v[0] + wb[1] * v[1] + wb[2] * v[2] + wb[3] * v[3]
-                           + wb[4] * v[4] + wb[5] * v[5] + wb[6] * v[6] + wb[7] * v[7];
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i) { pa[i] = qa[i]; pb[i] = qb[i]; }
-            c = cn;
-        }
+        pair_stream(a4, b4, K8, pa, pb, [&](const float* wa, const float* wb, int cc) {
+            const float4 u = s_xg[2 * cc], v4 = s_xg[2 * cc + 1];
+            const float v[8] = {u.x, u.y, u.z, u.w, v4.x, v4.y, v4.z, v4.w};
+            acc_a += wa[0] * v[0] + wa[1] * v[1] + wa[2] * v[2] + wa[3] * v[3]
+                   + wa[4] * v[4] + wa[5] * v[5] + wa[6] * v[6] + wa[7] * v[7];
+            acc_b += wb[0] * v[0] + wb[1] * v[1] + wb[2] * v[2] + wb[3] * v[3]
+                   + wb[4] * v[4] + wb[5] * v[5] + wb[6] * v[6] + wb[7] * v[7];
+        });
     }
     ra = warp_sum(acc_a) * inv;
     rb = warp_sum(acc_b) * inv;
