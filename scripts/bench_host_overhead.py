@@ -290,6 +290,7 @@ def serve(args) -> None:
     import uvicorn
 
     from llmrs.server.app import ServerSettings, build_app
+    from llmrs.server.cli import http_stack
 
     if args.server_cpus:  # the engine core process (spawned below) inherits it
         os.sched_setaffinity(0, cpu_list(args.server_cpus))
@@ -323,7 +324,7 @@ def serve(args) -> None:
     app = build_app(ae, ServerSettings(served_names=["fake"], model_root=args.model))
     try:
         uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning",
-                                      access_log=False)).run()
+                                      access_log=False, **http_stack())).run()
     except KeyboardInterrupt:  # uvicorn re-raises the SIGINT that `llmrs bench` stops its server with
         pass
     if args.stats_out and runner is not None:  # with --engine-process, the core writes them as it stops

@@ -157,3 +157,20 @@ def test_backend_integer_settings_from_the_environment_are_checked(monkeypatch):
     monkeypatch.setenv("LLMRS_MATVEC_MAX_TOKENS", "eight")
     with pytest.raises(UserError, match="LLMRS_MATVEC_MAX_TOKENS='eight': expected an integer"):
         env_int("LLMRS_MATVEC_MAX_TOKENS", 1)
+
+
+def test_http_stack_switch(monkeypatch):
+    """LLMRS_HTTP_STACK (A/B of uvicorn's event loop and HTTP parser): auto leaves uvicorn's choice, h11 pins
+    asyncio + h11; a typo fails `llmrs serve` with one error line before any model loads."""
+    from llmrs.errors import UserError
+    from llmrs.server.cli import http_stack
+
+    monkeypatch.delenv("LLMRS_HTTP_STACK", raising=False)
+    assert http_stack() == {"loop": "auto", "http": "auto"}
+    monkeypatch.setenv("LLMRS_HTTP_STACK", "H11")
+    assert http_stack() == {"loop": "asyncio", "http": "h11"}
+    monkeypatch.setenv("LLMRS_HTTP_STACK", "uvloop")
+    with pytest.raises(UserError, match="LLMRS_HTTP_STACK"):
+        http_stack()
+    res = llmrs("serve", "/nonexistent/model", "--port", "0")  # the child inherits the bad value
+    assert_user_error(res, "LLMRS_HTTP_STACK")

@@ -45,6 +45,20 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def http_stack() -> dict[str, str]:
+    """uvicorn's event loop and HTTP parser, from LLMRS_HTTP_STACK: "auto" (default: uvicorn's choice, uvloop and
+    httptools where they are installed, else asyncio and h11) or "h11" (asyncio and h11 always), an A/B switch.
+    On a 2-core VM (scripts/bench_host_overhead.py, fake runner, 4.4 ms steps) uvloop + httptools took the client's
+    TTFT from 6.58-6.68 to 6.04-6.15 ms (median) but 256 streams' TPOT from 16.3-17.1 to 17.3-18.0 ms; neither is
+    measured on a GPU host, and `pip install llmrs[serve]` installs neither (uvicorn[standard] would)."""
+    v = os.environ.get("LLMRS_HTTP_STACK", "auto").lower()
+    if v == "auto":
+        return {"loop": "auto", "http": "auto"}
+    if v == "h11":
+        return {"loop": "asyncio", "http": "h11"}
+    raise UserError(f"LLMRS_HTTP_STACK={v!r}: expected auto or h11")
+
+
 def _uvicorn_server(config, state, grace_s: float):
     import asyncio
 
@@ -122,6 +136,7 @@ def serve(
         raise UserError(f"--shutdown-timeout must be >= 0 (got {shutdown_timeout:g})")
     if log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
         raise UserError(f"--log-level {log_level!r}: choose critical, error, warning, info or debug")
+    stack = http_stack()  # (a typo in LLMRS_HTTP_STACK fails here, before the model loads)
     if async_scheduling is not None:  # read where the engine is built (this process or the engine core's)
         os.environ["LLMRS_ASYNC_SCHEDULING"] = "always" if async_scheduling else "0"
     make_engine = AsyncEngine.from_args
@@ -160,7 +175,7 @@ def serve(
         console.print(f"[dim]engine core: process {engine.pid}[/dim]")
     console.print(f"serving [cyan]{name}[/] on http://{host}:{bound[1]}/v1 (Ctrl-C to stop)")
     config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on",
-                            timeout_graceful_shutdown=shutdown_timeout + 5.0, timeout_keep_alive=5)
+                            timeout_graceful_shutdown=shutdown_timeout + 5.0, timeout_keep_alive=5, **stack)
     _uvicorn_server(config, app.state.llmrs, shutdown_timeout).run(sockets=[sock])
 
 
