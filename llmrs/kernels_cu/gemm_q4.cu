@@ -291,8 +291,9 @@ extern "C" __global__ void gemm_q4_reduce(const float* __restrict__ part, const 
 // scale; tests/test_gemv_q4_gpu.py). One thread a lane record (32 codes of 4 columns); of word i's column
 // (n = 32 nb + 8 i + g) the lane holds the bf16 pairs at words t, t + 4, t + 8, t + 12 of the column's 64-byte
 // run (k = 32 kb ..): a 4 x 4 transpose across the quad (lanes 4 g .. 4 g + 3, two shuffle rounds) hands lane t
-// words 4 t .. 4 t + 3, one 16-byte store (the quad writes the run whole; before: 16 four-byte stores a record,
-// 207 us for the 7B's gate_up on the H200). Two records a thread per pass: 32 bytes of loads in flight.
+// words 4 t .. 4 t + 3, one 16-byte store (the quad writes the run whole). Two records a thread per pass: 32 bytes
+// of loads in flight. On the H200, the 7B's gate_up: 207 us a layer with 16 four-byte stores a record, 93 us so
+// (77% of the roof; `llmrs profile --synthetic qwen2.5-7b-awq --batch 256`).
 // Grid-stride over records; whole warps stay together (records % 32 == 0), as the shuffles need.
 __device__ __forceinline__ void quad_transpose(unsigned (&v)[4], int t) {
     // round 1 (lane bit 0): within each 2 x 2 block, swap the off-diagonal element with lane ^ 1

@@ -288,8 +288,9 @@ MATVEC_Q(8)
 // exact products; q * s + m rounds once, as numpy does), then rounded to nearest even. One thread per 8
 // weights (one q4 word, or two q8 words), one 16-byte store; grid-stride over the matrix. dequant_q4_bf16: a warp
 // takes 128 consecutive words a pass, each lane 4 of them 32 apart (its 4 loads in flight together; every load and
-// store instruction of the warp stays one coalesced run). Before, one word a thread a pass: 85 us for the 7B's
-// down on the H200 (0.8 G weights/us), its 4-byte loads too few in flight for DRAM's latency.
+// store instruction of the warp stays one coalesced run). On the H200, the 7B's down: 85 us a layer with one word
+// a thread a pass, 78 us so (46% of the roof); the backend expands a weight's GEMM layout instead where it has one
+// (dequant_marlin_bf16, gemm_q4.cu: 49 us), so this one serves the shapes without it.
 __device__ __forceinline__ uint4 dequant_q4_word(unsigned w, float s, float z, int mode) {
     unsigned o[4];
 #pragma unroll
