@@ -18,6 +18,11 @@ __device__ __forceinline__ bf16_t f32_to_bf16(float f) {
     return (bf16_t)(u >> 16);
 }
 
+// two floats -> one word of two bf16 (lo in the low half), each rounded as f32_to_bf16 rounds it
+__device__ __forceinline__ unsigned bf16x2(float lo, float hi) {
+    return (unsigned)f32_to_bf16(lo) | ((unsigned)f32_to_bf16(hi) << 16);
+}
+
 // 8 bf16 packed in 16 bytes -> 8 floats (element 0 is the low half of .x)
 __device__ __forceinline__ void unpack8(uint4 w, float* f) {
     f[0] = __uint_as_float(w.x << 16); f[1] = __uint_as_float(w.x & 0xffff0000u);

@@ -11,10 +11,7 @@
 
 // 4 floats -> 4 bf16 words in one 8-byte store (element 0 in the low half of .x), each as f32_to_bf16 rounds it
 __device__ __forceinline__ uint2 bf16x4(float a, float b, float c, float d) {
-    uint2 r;
-    r.x = (unsigned)f32_to_bf16(a) | ((unsigned)f32_to_bf16(b) << 16);
-    r.y = (unsigned)f32_to_bf16(c) | ((unsigned)f32_to_bf16(d) << 16);
-    return r;
+    return make_uint2(bf16x2(a, b), bf16x2(c, d));
 }
 
 extern "C" __global__ void silu_mul(const float* __restrict__ gu, float* __restrict__ out, int T, int I) {

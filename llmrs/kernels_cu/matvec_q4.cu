@@ -301,7 +301,7 @@ __device__ __forceinline__ uint4 dequant_q4_word(unsigned w, float s, float z, i
             const float q = code_f32((w >> (8 * i + 4 * h)) & 0xFu) - MAGIC;
             v[h] = mode == 0 ? __fmul_rn(q - z, s) : __fadd_rn(__fmul_rn(s, q), z);
         }
-        o[i] = (unsigned)f32_to_bf16(v[0]) | ((unsigned)f32_to_bf16(v[1]) << 16);
+        o[i] = bf16x2(v[0], v[1]);
     }
     return make_uint4(o[0], o[1], o[2], o[3]);
 }
@@ -348,7 +348,7 @@ extern "C" __global__ void dequant_q8_bf16(const uint2* __restrict__ Q, const un
             const unsigned word = u[i >> 1], sh = 16 * (i & 1);
             const float a = code_f32((word >> sh) & 0xFFu) - (MAGIC + 128.0f);
             const float b = code_f32((word >> (sh + 8)) & 0xFFu) - (MAGIC + 128.0f);
-            o[i] = (unsigned)f32_to_bf16(__fmul_rn(s, a)) | ((unsigned)f32_to_bf16(__fmul_rn(s, b)) << 16);
+            o[i] = bf16x2(__fmul_rn(s, a), __fmul_rn(s, b));
         }
         out[idx] = make_uint4(o[0], o[1], o[2], o[3]);
     }

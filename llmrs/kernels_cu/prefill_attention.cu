@@ -313,8 +313,8 @@ __device__ __forceinline__ void prefill_attn_impl(
         const float a0 = o[d][0] * inv0, a1 = o[d][1] * inv0, b0 = o[d][2] * inv1, b1 = o[d][3] * inv1;
         if (OUT_BF16) {
             unsigned* ob = reinterpret_cast<unsigned*>(static_cast<bf16_t*>(out) + d * 8);
-            if (w0) ob[off0 / 2] = (unsigned)f32_to_bf16(a0) | ((unsigned)f32_to_bf16(a1) << 16);
-            if (w1) ob[off1 / 2] = (unsigned)f32_to_bf16(b0) | ((unsigned)f32_to_bf16(b1) << 16);
+            if (w0) ob[off0 / 2] = bf16x2(a0, a1);
+            if (w1) ob[off1 / 2] = bf16x2(b0, b1);
         } else {
             float* of = static_cast<float*>(out) + d * 8;
             if (w0) *reinterpret_cast<float2*>(of + off0) = make_float2(a0, a1);

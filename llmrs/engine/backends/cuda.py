@@ -225,7 +225,7 @@ class CUDABackend:
         # the crossover); quantized weights: their decode kernels up to quant_matvec_max_tokens (the GEMV's 8)
         self.matvec_max_tokens = env_int("LLMRS_MATVEC_MAX_TOKENS", matvec_max_tokens)
         self.quant_matvec_max_tokens = 8
-        if self.fuse_norm not in ("auto", "0", "1", "false", "true", "no", "yes", "off", "on"):
+        if self.fuse_norm not in ("auto", "1", "true", "yes", "on", *OFF_VALUES):
             raise UserError(f"LLMRS_FUSE_NORM={self.fuse_norm!r}: expected auto, 0 or 1")
         forced = os.environ.get("LLMRS_MATVEC_SPLITS", "")
         self._matvec_forced_splits = int(forced) if forced in ("1", "2", "4") else 0
