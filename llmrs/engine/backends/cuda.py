@@ -79,9 +79,12 @@ MATVEC_MAX_TOKENS = 1
 ATTN_THREADS = 128
 ATTN_MAXG = 8  # query heads per attention block (MAXG in attention.cu)
 ATTN_GQA_MIN_BLOCKS = 128  # "auto": attn_partial_gqa from this many blocks a step (7B: 32 sequences); measured at 256+
-# "auto": attn_partial_gqa at any batch for heads of at most this many dims: with 2 dims a lane attn_partial's
-# dot product is mostly shuffles (H200, Qwen2.5-0.5B, one token at context 512 inside a graph: 16.1 -> 10.4 us a
-# layer; decode 1.09 -> 0.95-1.06 ms/token); head_dim 128 (3B, 7B) keeps attn_partial below 128 blocks (4% faster)
+# "auto": attn_partial_gqa from 2 tokens for heads of at most this many dims: with 2 dims a lane attn_partial's
+# dot product is mostly shuffles. H200, Qwen2.5-0.5B (head_dim 64), `llmrs profile --batch 1,4,16,64 --context
+# 512` graph wall ms, gqa / partial: 0.877 / 0.848, 1.285 / 1.383, 1.340 / 1.529, 1.842 / 2.600; single-stream
+# decode 0.839 / 0.759 ms/token since attn_partial stages its block table and attn_merge its (m, l)
+# (reports/h200-qwen2.5/session8): one token takes attn_partial. head_dim 128 (3B, 7B) keeps attn_partial below
+# 128 blocks (4% faster)
 ATTN_GQA_MAX_HEAD_DIM = 64
 CUBLAS_WORKSPACE_BYTES = 32 << 20
 _NO_SPAN = contextlib.nullcontext()
@@ -236,7 +239,7 @@ class CUDABackend:
         # ATTN_GQA_MIN_BLOCKS (token, kv head, head group) blocks, partial below. Measured on the H200 (7B shape,
         # context 512): B=256 12.9 -> 5.1 ms a step, B=64 4.3 -> 2.1 ms; one stream through the server 5.16 ->
         # 5.41 ms/token with gqa (its 128-key splits leave a short single-sequence step with few blocks); heads of
-        # <= 64 dims take gqa at any batch (ATTN_GQA_MAX_HEAD_DIM).
+        # <= 64 dims take gqa from 2 tokens (ATTN_GQA_MAX_HEAD_DIM).
         # LLMRS_ATTN_KERNEL=partial|gqa|auto.
         self.attn_kernel = os.environ.get("LLMRS_ATTN_KERNEL", "auto")
         if self.attn_kernel not in ("partial", "gqa", "auto"):
@@ -663,7 +666,7 @@ class CUDABackend:
             return self.attn_kernel == "gqa"
         c = self.config
         if c.head_dim <= ATTN_GQA_MAX_HEAD_DIM:
-            return True
+            return T > 1
         return T * c.num_key_value_heads * -(-c.num_queries_per_kv // ATTN_MAXG) >= ATTN_GQA_MIN_BLOCKS
 
     def _splits(self, T: int, max_len: int, gqa: bool = False) -> int:
