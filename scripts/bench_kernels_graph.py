@@ -33,6 +33,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=28)
     ap.add_argument("--bandwidth-gbs", type=float, default=4296.0)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--only", choices=("all", "attention"), default="all",
+                    help="attention: only the decode attention rows (kernel x splits)")
     ap.add_argument("--l2-span-mb", type=float, default=256.0,
                     help="each matrix is cycled through enough copies to span this many MB, so back-to-back launches "
                          "stream from DRAM as a decode step's layers do (0: one copy; small matrices then sit in L2)")
@@ -107,35 +109,36 @@ def main() -> None:
         print(f"{name:34s} {us:8.2f} us" + (f"  {r['GB/s']:6d} GB/s  {100 * r['of_floor']:5.1f}% of floor"
                                             if nbytes else ""), flush=True)
 
-    for name, w in W.items():
-        N, K = w.shape
-        for splits in (1, 2, 4):
-            be._matvec_forced_splits = splits
-            us = graph_us(lambda i: be._linear(x[name], pick(name, i), None, y[name], name=name))
-            add(f"matvec {name} splits={splits}", us, 2 * N * K)
-        be._matvec_forced_splits = 0
-        print(f"  (backend's choice for {name}: splits={be._matvec_splits(N, K)})")
-    act = cp.zeros((T, I), dtype=cp.float32)
-    add("matvec gate_up+silu", graph_us(lambda i: be._matvec_pair("silu", x["gate_up"], pick("gate_up", i), act)),
-        2 * 2 * I * H)
     qkv = cp.zeros((T, n_qkv), dtype=cp.float32)
-    add("matvec qkv+rope",
-        graph_us(lambda i: be._matvec_pair("rope", x["qkv"], pick("qkv", i), qkv, bias=bias, db=db)), 2 * n_qkv * H)
-    nw = cp.ones(H, dtype=cp.float32)
-    add("matvec norm+gate_up+silu", graph_us(lambda i: be._matvec_pair("silu", x["gate_up"], pick("gate_up", i), act,
-                                                                        norm=(nw, 1e-6))), 2 * 2 * I * H)
-    add("matvec norm+qkv+rope", graph_us(lambda i: be._matvec_pair("rope", x["qkv"], pick("qkv", i), qkv, bias=bias,
-                                                                    db=db, norm=(nw, 1e-6))), 2 * n_qkv * H)
-    h = cp.zeros((T, H), dtype=cp.float32)
-    add("rms_norm", graph_us(lambda i: be._rms_norm(x["qkv"], nw, 1e-6, h)))
-    xx = x["qkv"].copy()
-    add("add_rms_norm", graph_us(lambda i: be._add_rms_norm(xx, x["qkv"], nw, 1e-6, h)))
-    threads = rope_threads(Hq, Hkv, D)
-    add("rope_write_kv", graph_us(lambda i: be.k.rope_write_kv(
-        (T,), (threads,), (qkv, db.positions, be.inv_freq, db.slots, be.k_cache[0], be.v_cache[0], np.int32(Hq),
-                           np.int32(Hkv), np.int32(D), np.int32(bs), NULL))))
-    gu = cp.zeros((T, 2 * I), dtype=cp.float32)
-    add("silu_mul", graph_us(lambda i: be._silu_mul_for(W["down"], gu)))
+    if a.only == "all":  # the matvecs, norms, RoPE and SiLU
+        for name, w in W.items():
+            N, K = w.shape
+            for splits in (1, 2, 4):
+                be._matvec_forced_splits = splits
+                us = graph_us(lambda i: be._linear(x[name], pick(name, i), None, y[name], name=name))
+                add(f"matvec {name} splits={splits}", us, 2 * N * K)
+            be._matvec_forced_splits = 0
+            print(f"  (backend's choice for {name}: splits={be._matvec_splits(N, K)})")
+        act = cp.zeros((T, I), dtype=cp.float32)
+        add("matvec gate_up+silu", graph_us(lambda i: be._matvec_pair("silu", x["gate_up"], pick("gate_up", i), act)),
+            2 * 2 * I * H)
+        add("matvec qkv+rope",
+            graph_us(lambda i: be._matvec_pair("rope", x["qkv"], pick("qkv", i), qkv, bias=bias, db=db)), 2 * n_qkv * H)
+        nw = cp.ones(H, dtype=cp.float32)
+        add("matvec norm+gate_up+silu", graph_us(lambda i: be._matvec_pair(
+            "silu", x["gate_up"], pick("gate_up", i), act, norm=(nw, 1e-6))), 2 * 2 * I * H)
+        add("matvec norm+qkv+rope", graph_us(lambda i: be._matvec_pair(
+            "rope", x["qkv"], pick("qkv", i), qkv, bias=bias, db=db, norm=(nw, 1e-6))), 2 * n_qkv * H)
+        h = cp.zeros((T, H), dtype=cp.float32)
+        add("rms_norm", graph_us(lambda i: be._rms_norm(x["qkv"], nw, 1e-6, h)))
+        xx = x["qkv"].copy()
+        add("add_rms_norm", graph_us(lambda i: be._add_rms_norm(xx, x["qkv"], nw, 1e-6, h)))
+        threads = rope_threads(Hq, Hkv, D)
+        add("rope_write_kv", graph_us(lambda i: be.k.rope_write_kv(
+            (T,), (threads,), (qkv, db.positions, be.inv_freq, db.slots, be.k_cache[0], be.v_cache[0], np.int32(Hq),
+                               np.int32(Hkv), np.int32(D), np.int32(bs), NULL))))
+        gu = cp.zeros((T, 2 * I), dtype=cp.float32)
+        add("silu_mul", graph_us(lambda i: be._silu_mul_for(W["down"], gu)))
     att = cp.zeros((T, Hq * D), dtype=cp.float32)
     kv_bytes = 2 * 2 * T * (a.context + 1) * Hkv * D
     for kernel in ("partial", "gqa"):

@@ -14,6 +14,8 @@
 // the same work in the q/k/v projection's epilogue for decode-sized steps.
 #include "common.cuh"
 
+#define ROPE_MAX_HALF 128  // D <= 256 (the backend's head dims)
+
 extern "C" __global__ void rope_write_kv(float* __restrict__ qkv, const int* __restrict__ positions,
                                          const float* __restrict__ inv_freq, const int* __restrict__ slots,
                                          bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache,
@@ -30,10 +32,14 @@ extern "C" __global__ void rope_write_kv(float* __restrict__ qkv, const int* __r
         blk = s / block_size;
         off = s % block_size;
     }
+    // the angle depends on (position, i) only: each pair's sine and cosine once a token, not once per head (the
+    // same values: 32 + 4 heads of the 7B recomputed them, double-precision range reduction included)
+    __shared__ float s_sn[ROPE_MAX_HALF], s_cs[ROPE_MAX_HALF];
+    for (int i = threadIdx.x; i < half; i += blockDim.x) rope_sincos(__fmul_rn(pos, inv_freq[i]), &s_sn[i], &s_cs[i]);
+    __syncthreads();
     for (int idx = threadIdx.x; idx < (Hq + Hkv) * half; idx += blockDim.x) {
         const int h = idx / half, i = idx % half;
-        float sn, cs;
-        rope_sincos(__fmul_rn(pos, inv_freq[i]), &sn, &cs);
+        const float sn = s_sn[i], cs = s_cs[i];
         float* p = row + (size_t)h * D;
         float x1 = p[i], x2 = p[i + half];
         if (bias != nullptr) {
