@@ -60,6 +60,35 @@ __device__ __forceinline__ void load_kv(const bf16_t* __restrict__ k_cache, cons
     }
 }
 
+// The MAXG (8) heads' dot products of one key summed over the warp at once, as a reduce-scatter: at xor 16 a lane
+// keeps 4 heads and sends the other 4, at xor 8 it keeps 2, at xor 4 one (head (lane >> 2) & 7), then xor 2 and
+// 1 finish it and each head's total is read from lane 4h. 17 shuffles, 6 deep, for the 40 (8 chains of 5) of a
+// warp_sum per head; every sum is the same butterfly warp_sum forms (own + partner's at each level), so the values
+// are bit for bit warp_sum's. -DLLMRS_NO_WARP_SUM8 (LLMRS_ATTN_WARP_SUM8=0) keeps warp_sum per head.
+__device__ __forceinline__ void warp_sum8(float (&v)[MAXG]) {
+    static_assert(MAXG == 8, "warp_sum8 reduces 8 heads");
+    const int lane = threadIdx.x & 31;
+    const bool hi16 = lane & 16, hi8 = lane & 8, hi4 = lane & 4;
+    float w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // heads 4 * hi16 + i
+        const float keep = hi16 ? v[i + 4] : v[i], send = hi16 ? v[i] : v[i + 4];
+        w[i] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
+    }
+    float x[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {  // heads 4 * hi16 + 2 * hi8 + i
+        const float keep = hi8 ? w[i + 2] : w[i], send = hi8 ? w[i] : w[i + 2];
+        x[i] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
+    }
+    const float keep = hi4 ? x[1] : x[0], send = hi4 ? x[0] : x[1];
+    float y = keep + __shfl_xor_sync(0xffffffffu, send, 4);  // head (lane >> 2) & 7
+    y += __shfl_xor_sync(0xffffffffu, y, 2);
+    y += __shfl_xor_sync(0xffffffffu, y, 1);
+#pragma unroll
+    for (int h = 0; h < MAXG; ++h) v[h] = __shfl_sync(0xffffffffu, y, 4 * h);
+}
+
 template <int DPL>
 __device__ __forceinline__ void attn_partial_impl(
     const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,
@@ -117,12 +146,23 @@ __device__ __forceinline__ void attn_partial_impl(
         // every one of the MAXG heads, also past gn (q = 0 there, results unused): without a branch per head
         // the compiler interleaves the heads' shuffle reductions and exps instead of running them one after another
         // (a key cost ~7 x the latency of one head's chain that way)
+        float dots[MAXG];
 #pragma unroll
         for (int h = 0; h < MAXG; ++h) {
             float d = 0.0f;
 #pragma unroll
             for (int i = 0; i < DPL; ++i) d += qr[h][i] * kf[i];
-            d = warp_sum(d);
+            dots[h] = d;
+        }
+#ifndef LLMRS_NO_WARP_SUM8
+        warp_sum8(dots);
+#else
+#pragma unroll
+        for (int h = 0; h < MAXG; ++h) dots[h] = warp_sum(dots[h]);
+#endif
+#pragma unroll
+        for (int h = 0; h < MAXG; ++h) {
+            const float d = dots[h];
             const float mn = fmaxf(m[h], d);
             const float corr = expf(m[h] - mn), p = expf(d - mn);
             l[h] = l[h] * corr + p;

@@ -27,10 +27,12 @@ from typing import Any
 KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels_cu"
 OFF_VALUES = ("0", "false", "no", "off")  # an on/off environment switch read as off
 # A/B switches compiled in: LLMRS_KV_PREFETCH=0 (decode attention without its L2 prefetch), LLMRS_STREAM_LOADS=0
-# (matvec weights through L1 like any load, common.cuh's ldg_stream)
+# (matvec weights through L1 like any load, common.cuh's ldg_stream), LLMRS_ATTN_WARP_SUM8=0 (attn_partial sums each
+# head's dot product with its own warp_sum instead of attention.cu's warp_sum8: the same bits)
 OPTIONS = ("-std=c++17",) + (
     ("-DLLMRS_NO_KV_PREFETCH",) if os.environ.get("LLMRS_KV_PREFETCH", "1") in OFF_VALUES else ()) + (
-    ("-DLLMRS_NO_STREAM_LOADS",) if os.environ.get("LLMRS_STREAM_LOADS", "1") in OFF_VALUES else ())
+    ("-DLLMRS_NO_STREAM_LOADS",) if os.environ.get("LLMRS_STREAM_LOADS", "1") in OFF_VALUES else ()) + (
+    ("-DLLMRS_NO_WARP_SUM8",) if os.environ.get("LLMRS_ATTN_WARP_SUM8", "1") in OFF_VALUES else ())
 
 # file -> entry points (extern "C")
 ENTRY_POINTS: dict[str, list[str]] = {
