@@ -174,3 +174,37 @@ def test_http_stack_switch(monkeypatch):
         http_stack()
     res = llmrs("serve", "/nonexistent/model", "--port", "0")  # the child inherits the bad value
     assert_user_error(res, "LLMRS_HTTP_STACK")
+
+
+def test_serve_socket_turns_nagle_off_for_asyncio_connections():
+    """The socket `llmrs serve` binds says IPPROTO_TCP, so asyncio (uvicorn without uvloop) sets TCP_NODELAY on
+    every accepted connection: with proto 0 it did not, and each small SSE write waited for the client's delayed
+    ACK (~43 ms a streamed request on the H200 host). Checked on a real asyncio server over that socket."""
+    import asyncio
+    import socket
+
+    from llmrs.server.cli import _bind
+
+    sock = _bind("127.0.0.1", 0)
+    assert sock.proto == socket.IPPROTO_TCP
+
+    async def main() -> int:
+        seen: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        class Probe(asyncio.Protocol):
+            def connection_made(self, transport):
+                conn = transport.get_extra_info("socket")
+                seen.set_result(conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                transport.close()
+
+        server = await asyncio.get_running_loop().create_server(Probe, sock=sock)
+        port = sock.getsockname()[1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            return await asyncio.wait_for(seen, 10)
+        finally:
+            writer.close()
+            server.close()
+            await server.wait_closed()
+
+    assert asyncio.run(main()) != 0, "accepted connections keep Nagle's algorithm on"
