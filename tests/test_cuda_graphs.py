@@ -148,3 +148,50 @@ def test_graphs_use_programmatic_dependent_launch_on_hopper(runner):
         assert backend.k.pdl_launches > 0
     else:
         assert not any(g.pdl for g in backend.graphs.graphs.values())
+
+
+def test_precapture_goes_largest_first_and_skips_what_exists():
+    """DecodeGraphs.precapture: every bucket up to max_seqs' at every cap up to max_cap, the largest cap and batch
+    first (the workspace grows once), not the graphs already there or failed before."""
+    g = DecodeGraphs.__new__(DecodeGraphs)
+    g.b = SimpleNamespace(tp=None)
+    g.graphs, g.failed = {(4, 256): object()}, {(2, 512)}
+    order = []
+
+    def capture(w, B, cap):
+        order.append((B, cap))
+        return None if (B, cap) == (1, 512) else object()
+
+    g._capture = capture
+    n = g.precapture(None, max_seqs=5, max_cap=700)
+    assert order == [(8, 512), (4, 512), (1, 512), (8, 256), (2, 256), (1, 256)]
+    assert n == 5
+    g.b = SimpleNamespace(tp=object())  # tensor-parallel ranks capture together with their NCCL calls: never here
+    assert g.precapture(None, max_seqs=5, max_cap=700) == 0
+
+
+@pytest.mark.gpu
+def test_engine_warmup_captures_the_decode_graphs_before_serving(tmp_path):
+    """LLMEngine.warmup precaptures every bucket up to max_num_seqs at caps 256 and 512; a burst of decode steps
+    after it replays graphs without capturing any."""
+    from tests.cuda_helpers import require_gpu
+
+    require_gpu()
+    from llmrs.engine.config import EngineConfig
+    from llmrs.engine.engine import LLMEngine
+    from llmrs.engine.loader import load
+    from llmrs.engine.sampling import SamplingParams
+    from tests.conftest import write_tiny_model
+
+    eng = LLMEngine(load(str(write_tiny_model(tmp_path / "qwen2", "qwen2"))),
+                    EngineConfig(device="cuda", max_num_seqs=12, max_model_len=256))
+    eng.warmup(prompt_len=16, decode_steps=2)
+    graphs = eng.runner.backend.graphs
+    assert set(graphs.graphs) == {(b, 256) for b in (1, 2, 4, 8, 12)}, sorted(graphs.graphs)
+    captures = graphs.captures
+    for i in range(10):
+        eng.add_request(f"r{i}", [3 + i, 5, 7], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    while eng.has_unfinished():
+        eng.step()
+    assert graphs.captures == captures, "a decode step captured a graph after the warm-up"
+    assert graphs.replays > 0

@@ -260,11 +260,29 @@ class LLMEngine:
         while self.has_unfinished():
             self.step()
         self.requests.pop("llmrs-warmup", None)
+        self.precapture_graphs()
         self.kv.pool.forget_cached()
         self.kv.prefix_queries = self.kv.prefix_hits = 0
         self.prompt_tokens_total = self.generation_tokens_total = self.computed_tokens_total = 0
         self.scheduler.num_preemptions = 0
         return time.perf_counter() - t0
+
+    def precapture_graphs(self) -> int:
+        """The decode graphs of every batch bucket up to max_num_seqs at the context caps up to
+        LLMRS_WARMUP_GRAPH_CAP (default 512 tokens, within max_model_len; 0: none), captured now (cuda_graphs.py
+        DecodeGraphs.precapture); longer contexts capture theirs when they first come. Returns how many."""
+        backend = getattr(self.runner, "backend", None)
+        graphs = getattr(backend, "graphs", None)
+        model = getattr(self.runner, "model", None)
+        if graphs is None or model is None:
+            return 0
+        from llmrs.engine.backends.cuda import env_int
+        from llmrs.engine.backends.cuda_graphs import len_cap_for
+
+        cap = min(env_int("LLMRS_WARMUP_GRAPH_CAP", 512), len_cap_for(self.max_model_len))
+        if cap <= 0:
+            return 0
+        return graphs.precapture(model.w, self.engine_config.max_num_seqs, cap)
 
     # ------------------------------------------------------------------ the step
     def step(self) -> list[StepOutput]:
