@@ -5,7 +5,8 @@
 # step TITLE: a section header with the time.  wait_health PORT [SECONDS]: until GET /health answers 200.
 # gpu_tests: `pytest -m gpu tests` into $R/gpu_tests.log (figures in $R/gpu_figures.jsonl), its summary printed.
 # serve_bench LABEL [SERVE ARGS]: `llmrs serve` of synthetic Qwen2.5-7B ($SERVE_MODEL: another preset, e.g.
-#   qwen2.5-7b-awq), `llmrs bench` at 1 stream, then 64 / 256 concurrent twice (prompt 256, 256 new tokens);
+#   qwen2.5-7b-awq), `llmrs bench` at 1 stream, then 64 / 256 concurrent twice (prompt 256, 256 new tokens; each
+#   point its own prompts: a cold prefix cache);
 #   results bench-7b-LABEL-*.json in $R.
 use_wheels() {
   if ls .whl/*.whl >/dev/null 2>&1; then
@@ -52,9 +53,14 @@ serve_bench() {
   timeout 60 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos \
     --workers 8 -o $R -c 1 -n ${C1_REQUESTS:-4} --label $label --name bench-7b-$label-c1 2>&1 | grep -E "TTFT|TPOT" \
     | head -4
+  # NOTE: a fresh --seed for every point: with one seed every run sends the same prompts, so all but the first
+  # find them in the prefix cache (session8: 256 concurrent 17.3-19.8k tok/s warm against 13.0k cold)
   for run in 1 2; do
-    timeout 120 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos \
-      --workers 8 -o $R --sweep concurrency=64,256 -n 256 --label $label --name bench-7b-$label-run$run 2>&1 | tail -5
+    for c in 64 256; do
+      timeout 120 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos \
+        --workers 8 -o $R -c $c -n 256 --seed $((run * 1000 + c)) --label $label \
+        --name bench-7b-$label-run$run-c$c 2>&1 | tail -5
+    done
   done
   kill -INT $srv; wait $srv
 }

@@ -164,13 +164,18 @@ def test_usage_that_disagrees_with_the_text_is_reported(server, tmp_path):
 
 
 def test_sweep_saves_one_run_per_value(server, tmp_path):
-    url, _ = server
+    """... and each point (and the warm-up) sends random prompts of its own (seed + point): a server's prefix cache
+    must not serve one point's prompts to the next."""
+    url, stats = server
+    httpx.post(f"{url}/stats/reset", trust_env=False, timeout=10)
     o = BenchOptions(
         workload=WorkloadConfig(num_prompts=8, input_len=8, output_len=4, prompt_format="ids"), url=url,
         sweep=("concurrency", [1.0, 4.0]), workers=2, warmup=2, out_dir=tmp_path, name="sw",
     )
     doc = json.loads(run_bench(o, _quiet()).read_text())
     assert [r["tag"] for r in doc["runs"]] == ["c1-rinf", "c4-rinf"]
+    assert [r["seed"] for r in doc["runs"]] == [0, 1]
+    assert len(stats.get()["timings"]) == 2 + 8 + 8, "a prompt was sent twice"
     assert doc["runs"][0]["summary"]["peak_concurrency"] == 1
     assert all((tmp_path / r["csv"]).is_file() for r in doc["runs"])
     assert doc["runs"][1]["summary"]["completed"] == 8 and doc["params"]["prompt_format"] == "ids"

@@ -130,6 +130,30 @@ async def _prepare(o: BenchOptions, base_url: str, model: str) -> tuple[list[Req
     return specs, choice.tokenizer, choice.source
 
 
+def point_seed(o: BenchOptions, i: int) -> int:
+    """The prompt seed of sweep point i (WARMUP_POINT: the warm-up requests). Random prompts are drawn afresh for
+    every point and for the warm-up, so a server's prefix cache does not carry one point's prompts into the next:
+    with one set, every point after the first found its prompts cached (an H200 serving a 7B, 256 concurrent:
+    17.3-19.8k output tok/s behind a 64-concurrent point of the same prompts, 13.0k cold). Dataset prompts stay
+    the same at every point."""
+    return o.workload.seed + i
+
+
+WARMUP_POINT = 1_000_003
+
+
+async def _point_specs(o: BenchOptions, i: int, first: list[RequestSpec], tok: Tokenizer | None, base_url: str,
+                       model: str) -> list[RequestSpec]:
+    if o.workload.dataset or point_seed(o, i) == o.workload.seed:
+        return first
+    from llmrs.bench.tokenization import ServerTokenizer
+
+    async with httpx.AsyncClient(timeout=60.0, trust_env=False) as c:
+        if isinstance(tok, ServerTokenizer):  # (its client closed with _prepare's)
+            tok = ServerTokenizer(base_url, model, c)
+        return await build_workload(replace(o.workload, seed=point_seed(o, i)), tok)
+
+
 async def _text_tokens(tok: Tokenizer, base_url: str, model: str, results: list[RequestResult]) -> dict[int, int]:
     """Re-tokenized length of each completed request's text, for the usage cross-check."""
     from llmrs.bench.tokenization import ServerTokenizer
@@ -213,22 +237,25 @@ def run_bench(o: BenchOptions, console: Console | None = None) -> Path:
         }
         write_json(path, doc)
         if o.warmup:
-            warm = [replace(specs[i % len(specs)], idx=i) for i in range(o.warmup)]
+            warm_specs = asyncio.run(_point_specs(o, WARMUP_POINT, specs, tok, base_url, model))
+            warm = [replace(warm_specs[i % len(warm_specs)], idx=i) for i in range(o.warmup)]
             console.print(f"warmup: {o.warmup} requests")
             res = run_load(warm, [0.0] * len(warm), cfg, cap=o.concurrency, workers=o.workers).results
             if bad := [r for r in res if not r.success]:
                 console.print(f"[yellow]warmup: {len(bad)} of {len(res)} failed (first: {bad[0].error})")
         rows: list[tuple[str, Summary]] = []
-        for cap, rate in sweep_points(o):
+        for point, (cap, rate) in enumerate(sweep_points(o)):
             tag = run_tag(cap, rate)
-            outcome, cpu = run_one(o, cfg, specs, cap, rate, console)
+            point_specs = asyncio.run(_point_specs(o, point, specs, tok, base_url, model))
+            outcome, cpu = run_one(o, cfg, point_specs, cap, rate, console)
             text_tokens = asyncio.run(_text_tokens(tok, base_url, model, outcome.results)) if tok else {}
             s = summarize(outcome.results, outcome.t0, percentiles=o.percentiles, slo=o.slo, text_tokens=text_tokens)
             csv = f"{o.name}-{tag}.csv"
             requests_frame(outcome.results, outcome.t0, text_tokens).to_csv(o.out_dir / csv, index=False)
             doc["runs"].append({
                 "tag": tag, "concurrency": cap, "request_rate": rate if math.isfinite(rate) else "inf",
-                "burstiness": o.burstiness, "interrupted": outcome.interrupted, "summary": s.to_dict(),
+                "burstiness": o.burstiness, "seed": o.workload.seed if o.workload.dataset else point_seed(o, point),
+                "interrupted": outcome.interrupted, "summary": s.to_dict(),
                 "client_cpu": cpu, "csv": csv,
             })
             doc["finished_at"] = _now()
