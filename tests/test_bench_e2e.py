@@ -31,6 +31,8 @@ def test_bench_starts_llmrs_serve_and_saves_complete_results(tmp_path):
     assert s["completed"] == 6 and s["failed"] == 0
     assert s["total_input_tokens"] == 6 * 24  # prompts tokenize to exactly the requested length
     assert s["total_output_tokens"] == 6 * 8  # usage from the server: ignore_eos gives exactly output-len
+    # the server's prefix-cache counters around the run (/metrics): every prompt looked up, none seen before
+    assert run["prefix_cache"] == {"source": "llmrs", "query_tokens": 6 * 24, "hit_tokens": 0, "hit_rate": 0.0}
     rows = list(csv.DictReader(open(next((tmp_path / "res").glob("e2e*.csv")))))
     assert len(rows) == 6
     assert all(int(r["output_tokens"]) == 8 and int(r["prompt_tokens"]) == 24 for r in rows)

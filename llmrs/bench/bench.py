@@ -31,7 +31,7 @@ from llmrs.bench.records import RequestResult, RequestSpec
 from llmrs.bench.results import SCHEMA, requests_frame, run_tag, write_json
 from llmrs.bench.runner import RunOutcome, run_load
 from llmrs.bench.server import ManagedServer, llmrs_serve_argv
-from llmrs.bench.sysinfo import client_host, gpu_info, server_identity
+from llmrs.bench.sysinfo import client_host, gpu_info, prefix_cache_counters, prefix_cache_delta, server_identity
 from llmrs.bench.tokenization import Tokenizer, choose_tokenizer
 from llmrs.errors import UserError
 
@@ -247,7 +247,9 @@ def run_bench(o: BenchOptions, console: Console | None = None) -> Path:
         for point, (cap, rate) in enumerate(sweep_points(o)):
             tag = run_tag(cap, rate)
             point_specs = asyncio.run(_point_specs(o, point, specs, tok, base_url, model))
+            cache0 = prefix_cache_counters(base_url, o.api_key)
             outcome, cpu = run_one(o, cfg, point_specs, cap, rate, console)
+            cache = prefix_cache_delta(cache0, prefix_cache_counters(base_url, o.api_key))
             text_tokens = asyncio.run(_text_tokens(tok, base_url, model, outcome.results)) if tok else {}
             s = summarize(outcome.results, outcome.t0, percentiles=o.percentiles, slo=o.slo, text_tokens=text_tokens)
             csv = f"{o.name}-{tag}.csv"
@@ -255,12 +257,16 @@ def run_bench(o: BenchOptions, console: Console | None = None) -> Path:
             doc["runs"].append({
                 "tag": tag, "concurrency": cap, "request_rate": rate if math.isfinite(rate) else "inf",
                 "burstiness": o.burstiness, "seed": o.workload.seed if o.workload.dataset else point_seed(o, point),
-                "interrupted": outcome.interrupted, "summary": s.to_dict(),
+                "interrupted": outcome.interrupted, "summary": s.to_dict(), "prefix_cache": cache,
                 "client_cpu": cpu, "csv": csv,
             })
             doc["finished_at"] = _now()
             write_json(path, doc)
             console.print(out.summary_table(f"{label} {tag}", s, cpu))
+            if cache and cache["hit_tokens"]:
+                console.print(f"[yellow]note: the server's prefix cache held {cache['hit_rate']:.0%} of this run's "
+                              f"prompt tokens ({cache['hit_tokens']:,} of {cache['query_tokens']:,}): it had seen "
+                              "these prompts, or a shared prefix of them, before")
             if cpu["saturated"]:
                 console.print(f"[yellow]warning: a client worker was busy {max(cpu['busy_per_worker']):.0%} of a core; the client may be the bottleneck: raise --workers")
             rows.append((tag, s))

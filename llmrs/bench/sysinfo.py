@@ -30,6 +30,55 @@ def server_identity(base_url: str, api_key: str | None = None) -> dict:
     return info
 
 
+# Prefix-cache counters (prompt tokens looked up / found) in a server's Prometheus /metrics, by exporter prefix:
+# llmrs and vLLM (V1) name them the same way.
+PREFIX_CACHE_COUNTERS = {p: (f"{p}:prefix_cache_queries", f"{p}:prefix_cache_hits") for p in ("llmrs", "vllm")}
+
+
+def parse_prefix_cache(text: str) -> dict | None:
+    """{"source", "queries", "hits"} (token counts, summed over label sets) from Prometheus text exposition, or
+    None when the server exports neither llmrs's nor vLLM's prefix-cache counters. Counters may carry the `_total`
+    suffix (prometheus_client adds it)."""
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name.endswith("_total"):
+            name = name[: -len("_total")]
+        try:
+            value = float(line.rsplit(" ", 1)[-1])
+        except ValueError:
+            continue
+        totals[name] = totals.get(name, 0.0) + value
+    for source, (queries, hits) in PREFIX_CACHE_COUNTERS.items():
+        if queries in totals and hits in totals:
+            return {"source": source, "queries": totals[queries], "hits": totals[hits]}
+    return None
+
+
+def prefix_cache_counters(base_url: str, api_key: str | None = None) -> dict | None:
+    """The server's prefix-cache counters now (GET /metrics), or None (no endpoint, no such counters)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        with httpx.Client(timeout=10.0, trust_env=False) as c:
+            r = c.get(f"{base_url.rstrip('/')}/metrics", headers=headers)
+        return parse_prefix_cache(r.text) if r.status_code == 200 else None
+    except httpx.HTTPError:
+        return None
+
+
+def prefix_cache_delta(before: dict | None, after: dict | None) -> dict | None:
+    """What a run added to the server's prefix-cache counters: prompt tokens looked up, found, and the hit rate
+    (a benchmark of "new" prompts should read 0; more means the server had seen them: an earlier point, a
+    warm-up or another client)."""
+    if before is None or after is None or before["source"] != after["source"]:
+        return None
+    q, h = after["queries"] - before["queries"], after["hits"] - before["hits"]
+    return {"source": after["source"], "query_tokens": int(q), "hit_tokens": int(h),
+            "hit_rate": round(h / q, 4) if q > 0 else 0.0}
+
+
 def gpu_info() -> list[dict]:
     """Name, driver and memory of each NVIDIA GPU via pynvml (nvidia-ml-py); [] where there is none."""
     try:
