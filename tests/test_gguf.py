@@ -24,6 +24,22 @@ QTYPES = {
     "BF16": gguf.GGMLQuantizationType.BF16,
     "F32": gguf.GGMLQuantizationType.F32,
 }
+# llama.cpp's k-quants and Q5_0 / Q5_1: (block bytes, weights a block, byte offsets of the block's f16 scales)
+RAW_QTYPES = {"Q5_0": (22, 32, (0,)), "Q5_1": (24, 32, (0, 2)), "Q2_K": (84, 256, (80, 82)),
+              "Q3_K": (110, 256, (108,)), "Q4_K": (144, 256, (0, 2)), "Q5_K": (176, 256, (0, 2)),
+              "Q6_K": (210, 256, (208,))}
+QTYPES.update({k: getattr(gguf.GGMLQuantizationType, k) for k in RAW_QTYPES})
+
+
+def raw_blocks(kind: str, n_blocks: int, rng: np.random.Generator, scale: float = 1.0) -> np.ndarray:
+    """Random block bytes of a k-quant (gguf-py cannot quantize to them): every bit pattern is a valid block once
+    its f16 scales are finite; `scale` keeps the decoded weights small enough for a forward pass."""
+    size, _, f16_at = RAW_QTYPES[kind]
+    raw = rng.integers(0, 256, (n_blocks, size), dtype=np.uint8)
+    for at in f16_at:
+        d = (rng.normal(size=n_blocks) * scale).astype(np.float16)
+        raw[:, at:at + 2] = d.view(np.uint8).reshape(n_blocks, 2)
+    return raw
 
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -32,6 +48,11 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def encode(arr: np.ndarray, qtype) -> np.ndarray:
+    if qtype.name in RAW_QTYPES:  # random blocks of the tensor's shape, seeded by it, scaled to ~its weights
+        size, per, _ = RAW_QTYPES[qtype.name]
+        rng = np.random.default_rng(arr.size + int(1e6 * float(np.abs(arr).sum())))
+        blocks = raw_blocks(qtype.name, arr.size // per, rng, scale=float(np.abs(arr).mean()) / 200)
+        return blocks.reshape(arr.shape[0], -1)
     if qtype == gguf.GGMLQuantizationType.F32:
         return arr.astype(np.float32)
     if qtype == gguf.GGMLQuantizationType.F16:
@@ -168,3 +189,62 @@ def test_quantized_gguf_loads_through_the_same_mapping(tiny_llama, tmp_path):
     lq = ModelRunner(q, num_blocks=4).execute(batch)[0]
     lr = ModelRunner(ref, num_blocks=4).execute(batch)[0]
     assert np.array_equal(lq, lr)
+
+
+@pytest.mark.parametrize("kind", sorted(RAW_QTYPES))
+def test_k_quants_and_q5_dequantize_as_llama_cpp(kind):
+    """Q2_K .. Q6_K (what Q4_K_M / Q5_K_M / Q6_K files hold) and Q5_0 / Q5_1: our numpy decoding equals gguf-py's
+    reference (llama.cpp's dequantize_row_*) bit for bit on random blocks, every bit pattern of the quants."""
+    from llmrs.engine.weights import _DEQUANT
+
+    qtype = QTYPES[kind]
+    for seed in range(3):
+        raw = raw_blocks(kind, 40, np.random.default_rng(seed))
+        ref = gguf.quants.dequantize(raw.reshape(-1), qtype).astype(np.float32).reshape(-1)
+        ours = _DEQUANT[int(qtype)](raw.reshape(-1))
+        assert ours.dtype == np.float32 and np.array_equal(ours, ref)
+
+
+@pytest.fixture(scope="module")
+def llama_256(tmp_path_factory) -> Path:
+    """A tiny llama whose rows (256, 512) are whole k-quant super-blocks."""
+    from tests.conftest import write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("k") / "llama", "llama", hidden_size=256, intermediate_size=512,
+                            num_attention_heads=4, num_key_value_heads=2)
+
+
+def test_k_quant_gguf_loads_and_runs_as_its_reference_weights(llama_256, tmp_path):
+    """A GGUF whose projections are Q2_K .. Q6_K, Q5_0 and Q5_1 tensors (a llama.cpp Q4_K_M file mixes Q4_K and
+    Q6_K the same way) loads through `llmrs` with every tensor as gguf-py decodes it, and gives those weights'
+    logits; `llmrs roofline` reads the file's real bits per weight."""
+    from llmrs.engine.weights import gguf_to_hf_name
+    from llmrs.roofline.model_source import resolve_model
+
+    types = {"q_proj": "Q4_K", "k_proj": "Q5_K", "v_proj": "Q6_K", "o_proj": "Q3_K", "gate_proj": "Q4_K",
+             "up_proj": "Q2_K", "down_proj": "Q6_K"}
+    path = write_gguf(llama_256, tmp_path / "k.gguf", types)
+    q = load(str(path))
+    gf = GGUFFile(path)
+    assert gf.tensors["blk.0.attn_q.weight"].tensor_type.name == "Q4_K"
+    ref_tensors = {}
+    for name, t in gf.tensors.items():
+        w = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
+        hf = gguf_to_hf_name(name)
+        if "q_proj" in hf:
+            w = unpermute_qk(w, q.config.num_attention_heads)
+        elif "k_proj" in hf:
+            w = unpermute_qk(w, q.config.num_key_value_heads)
+        ref_tensors[hf] = w
+    assert set(ref_tensors) == set(q.tensors)
+    for hf, w in ref_tensors.items():
+        assert np.array_equal(q.tensors[hf], w), hf
+    ref = load(str(path))
+    ref.tensors = ref_tensors
+    ids = q.tokenizer.encode("Paged attention stores keys")
+    batch = build_step_batch([(ids, 0, [0], True)], 16)
+    lq = ModelRunner(q, num_blocks=4).execute(batch)[0]
+    assert np.isfinite(lq).all()
+    assert np.array_equal(lq, ModelRunner(ref, num_blocks=4).execute(batch)[0])
+    src = resolve_model(str(path))
+    assert src.default_format == "q4_k"  # the most common projection type, by weights

@@ -23,9 +23,22 @@ from llmrs.errors import UserError
 #   Q8_0: f16 d, int8 q[32]                    x = d * q
 #   Q4_0: f16 d, uint8 qs[16]                  x = d * (nibble - 8)
 #   Q4_1: f16 d, f16 m, uint8 qs[16]           x = d * nibble + m
-# In Q4_*, qs[j] holds weight j in its low nibble and weight j + 16 in its high nibble.
+#   Q5_0: f16 d, u32 qh, uint8 qs[16]          x = d * (q - 16), q = nibble | bit j of qh << 4
+#   Q5_1: f16 d, f16 m, u32 qh, uint8 qs[16]   x = d * q + m
+# In Q4_* / Q5_*, qs[j] holds weight j in its low nibble and weight j + 16 in its high nibble.
+# The k-quants (llama.cpp's Q2_K .. Q6_K, what Q4_K_M / Q5_K_M / Q6_K files are made of) cover 256 weights a
+# "super-block" of 16-weight or 32-weight sub-blocks, each with its own quantized scale (and min):
+#   Q2_K (84 B):  uint8 scales[16] (scale | min << 4), uint8 qs[64] (2 bits), f16 d, f16 dmin
+#   Q3_K (110 B): uint8 hmask[32] (3rd bit), uint8 qs[64] (2 bits), uint8 scales[12] (16 x 6 bits), f16 d
+#   Q4_K (144 B): f16 d, f16 dmin, uint8 scales[12] (8 x 6-bit scale + 6-bit min), uint8 qs[128]
+#   Q5_K (176 B): f16 d, f16 dmin, uint8 scales[12], uint8 qh[32] (5th bit), uint8 qs[128]
+#   Q6_K (210 B): uint8 ql[128] (low 4 bits), uint8 qh[64] (high 2 bits), int8 scales[16], f16 d
+# decoded below as llama.cpp's dequantize_row_* decodes them (tests/test_gguf.py: equal to gguf-py's reference).
+# Only GGUF loading reads them: they are expanded at load (f32 here, bf16 on the GPU), not kept quantized.
 QK = 32
+QK_K = 256
 GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GGML_BF16 = 0, 1, 2, 3, 8, 30
+GGML_Q5_0, GGML_Q5_1, GGML_Q2_K, GGML_Q3_K, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K = 6, 7, 10, 11, 12, 13, 14
 
 
 def dequant_q8_0(raw: np.ndarray) -> np.ndarray:
@@ -54,11 +67,114 @@ def dequant_q4_1(raw: np.ndarray) -> np.ndarray:
     return (d * _nibbles(blocks[:, 4:]) + m).reshape(-1)
 
 
+def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The f16 at byte `at` of each block, as an f32 column [n, 1]."""
+    return blocks[:, at:at + 2].copy().view(np.float16).astype(np.float32)
+
+
+def _q5_codes(blocks: np.ndarray, qh_at: int, qs_at: int) -> np.ndarray:
+    """[n, 32] 5-bit codes of Q5_0 / Q5_1 blocks: nibble | (bit j of the u32 qh) << 4."""
+    qh = blocks[:, qh_at:qh_at + 4].copy().view("<u4")  # [n, 1]
+    high = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8) << 4
+    return _nibbles(blocks[:, qs_at:qs_at + 16]) + high.astype(np.float32)
+
+
+def dequant_q5_0(raw: np.ndarray) -> np.ndarray:
+    blocks = raw.reshape(-1, 22)
+    return (_f16(blocks, 0) * (_q5_codes(blocks, 2, 6) - 16.0)).reshape(-1)
+
+
+def dequant_q5_1(raw: np.ndarray) -> np.ndarray:
+    blocks = raw.reshape(-1, 24)
+    return (_f16(blocks, 0) * _q5_codes(blocks, 4, 8) + _f16(blocks, 2)).reshape(-1)
+
+
+def _k_scale_min(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K / Q5_K: the 8 sub-blocks' 6-bit scales and mins packed in 12 bytes -> two [n, 8] float arrays
+    (llama.cpp's get_scale_min_k4)."""
+    sc = sc.astype(np.uint8)
+    lo_s, lo_m = sc[:, 0:4] & 63, sc[:, 4:8] & 63
+    hi_s = (sc[:, 8:12] & 0x0F) | ((sc[:, 0:4] >> 6) << 4)
+    hi_m = (sc[:, 8:12] >> 4) | ((sc[:, 4:8] >> 6) << 4)
+    return (np.concatenate([lo_s, hi_s], axis=1).astype(np.float32),
+            np.concatenate([lo_m, hi_m], axis=1).astype(np.float32))
+
+
+def dequant_q4_k(raw: np.ndarray) -> np.ndarray:
+    blocks = raw.reshape(-1, 144)
+    scale, mins = _k_scale_min(blocks[:, 4:16])
+    dl, ml = _f16(blocks, 0) * scale, _f16(blocks, 2) * mins  # [n, 8]: sub-block j covers weights 32 j ..
+    qs = blocks[:, 16:144].reshape(-1, 4, 32)  # 4 chunks of 64 weights: low nibbles, then high nibbles
+    q = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(-1, 8, 32).astype(np.float32)
+    return (dl[:, :, None] * q - ml[:, :, None]).reshape(-1)
+
+
+def dequant_q5_k(raw: np.ndarray) -> np.ndarray:
+    blocks = raw.reshape(-1, 176)
+    scale, mins = _k_scale_min(blocks[:, 4:16])
+    dl, ml = _f16(blocks, 0) * scale, _f16(blocks, 2) * mins
+    qh = blocks[:, 16:48]  # [n, 32]: bit j is the 5th bit of sub-block j's weight l
+    qs = blocks[:, 48:176].reshape(-1, 4, 32)
+    low = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(-1, 8, 32)
+    high = (qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
+    q = (low + (high << 4)).astype(np.float32)
+    return (dl[:, :, None] * q - ml[:, :, None]).reshape(-1)
+
+
+def dequant_q6_k(raw: np.ndarray) -> np.ndarray:
+    blocks = raw.reshape(-1, 210)
+    ql = blocks[:, 0:128].reshape(-1, 2, 64)  # two halves of 128 weights
+    qh = blocks[:, 128:192].reshape(-1, 2, 32)
+    scales = blocks[:, 192:208].copy().view(np.int8).astype(np.float32).reshape(-1, 2, 8)
+    d = _f16(blocks, 208)[:, :, None]  # [n, 1, 1]
+    # weight 32 i + l of a half (i = 0..3, l = 0..31), as llama.cpp: low 4 bits ql[l] & 15, ql[l + 32] & 15,
+    # ql[l] >> 4, ql[l + 32] >> 4 for i = 0, 1, 2, 3; high 2 bits (qh[l] >> 2 i) & 3; scale sc[l / 16 + 2 i]
+    lo = np.stack([ql[:, :, :32] & 0x0F, ql[:, :, 32:] & 0x0F, ql[:, :, :32] >> 4, ql[:, :, 32:] >> 4], axis=2)
+    hi = np.stack([(qh >> (2 * i)) & 3 for i in range(4)], axis=2)  # [n, 2, 4, 32]
+    q = (lo | (hi << 4)).astype(np.float32) - 32.0
+    sc = scales.reshape(-1, 2, 4, 2)  # [n, half, i, l / 16]: sc[l / 16 + 2 i]
+    sc = np.repeat(sc, 16, axis=3)  # [n, 2, 4, 32]
+    return (d[:, :, :, None] * sc * q).reshape(-1)
+
+
+def dequant_q2_k(raw: np.ndarray) -> np.ndarray:
+    blocks = raw.reshape(-1, 84)
+    sc = blocks[:, 0:16]
+    qs = blocks[:, 16:80].reshape(-1, 2, 32)  # two halves of 128 weights, 32 bytes each
+    d, dmin = _f16(blocks, 80), _f16(blocks, 82)
+    dl = (d * (sc & 0x0F).astype(np.float32)).reshape(-1, 2, 4, 2)  # [n, half, shift j, 16-weight group]
+    ml = (dmin * (sc >> 4).astype(np.float32)).reshape(-1, 2, 4, 2)
+    q = np.stack([(qs >> (2 * j)) & 3 for j in range(4)], axis=2).reshape(-1, 2, 4, 2, 16).astype(np.float32)
+    return (dl[..., None] * q - ml[..., None]).reshape(-1)
+
+
+def dequant_q3_k(raw: np.ndarray) -> np.ndarray:
+    blocks = raw.reshape(-1, 110)
+    hmask = blocks[:, 0:32]
+    qs = blocks[:, 32:96].reshape(-1, 2, 32)
+    a = blocks[:, 96:108].copy().view("<u4")  # [n, 3]
+    d = _f16(blocks, 108)
+    k1, k2 = np.uint32(0x03030303), np.uint32(0x0F0F0F0F)
+    aux = np.stack([(a[:, 0] & k2) | (((a[:, 2] >> 0) & k1) << 4), (a[:, 1] & k2) | (((a[:, 2] >> 2) & k1) << 4),
+                    ((a[:, 0] >> 4) & k2) | (((a[:, 2] >> 4) & k1) << 4),
+                    ((a[:, 1] >> 4) & k2) | (((a[:, 2] >> 6) & k1) << 4)], axis=1).astype("<u4")
+    scales = aux.view(np.int8).astype(np.float32) - 32.0  # [n, 16]
+    dl = (d * scales).reshape(-1, 2, 4, 2)  # [n, half, shift j, 16-weight group]
+    low = np.stack([(qs >> (2 * j)) & 3 for j in range(4)], axis=2).reshape(-1, 2, 4, 2, 16)
+    # the 3rd bit: bit (4 half + j) of hmask[l] (l = 16 group + position); a clear bit subtracts 4
+    bits = np.arange(8, dtype=np.uint8).reshape(2, 4)
+    hm = (hmask.reshape(-1, 1, 1, 2, 16) >> bits[None, :, :, None, None]) & 1
+    q = low.astype(np.float32) - np.where(hm == 1, 0.0, 4.0).astype(np.float32)
+    return (dl[..., None] * q).reshape(-1)
+
+
 def bf16_to_f32(raw_u16: np.ndarray) -> np.ndarray:
     return (raw_u16.astype(np.uint32) << 16).view(np.float32)
 
 
-_DEQUANT = {GGML_Q8_0: dequant_q8_0, GGML_Q4_0: dequant_q4_0, GGML_Q4_1: dequant_q4_1}
+_DEQUANT = {GGML_Q8_0: dequant_q8_0, GGML_Q4_0: dequant_q4_0, GGML_Q4_1: dequant_q4_1, GGML_Q5_0: dequant_q5_0,
+            GGML_Q5_1: dequant_q5_1, GGML_Q2_K: dequant_q2_k, GGML_Q3_K: dequant_q3_k, GGML_Q4_K: dequant_q4_k,
+            GGML_Q5_K: dequant_q5_k, GGML_Q6_K: dequant_q6_k}
 
 
 def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:

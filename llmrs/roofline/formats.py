@@ -35,6 +35,12 @@ FORMATS: dict[str, WeightFormat] = {f.name: f for f in [
                  default_lm_head="bf16"),
     WeightFormat("q8_0", 8.5, "GGUF Q8_0: 8-bit, fp16 scale per 32 (8 + 16/32)"),
     WeightFormat("q6_k", 6.5625, "GGUF Q6_K: 6-bit k-quant, 210 bytes per 256 weights"),
+    WeightFormat("q5_1", 6, "GGUF Q5_1: 5-bit, fp16 scale + fp16 min per 32 (5 + 32/32)"),
+    WeightFormat("q5_k", 5.5, "GGUF Q5_K: 5-bit k-quant, 176 bytes per 256 weights"),
+    WeightFormat("q5_0", 5.5, "GGUF Q5_0: 5-bit, fp16 scale per 32 (5 + 16/32)"),
+    WeightFormat("q4_k", 4.5, "GGUF Q4_K: 4-bit k-quant, 144 bytes per 256 weights"),
+    WeightFormat("q3_k", 3.4375, "GGUF Q3_K: 3-bit k-quant, 110 bytes per 256 weights"),
+    WeightFormat("q2_k", 2.625, "GGUF Q2_K: 2-bit k-quant, 84 bytes per 256 weights"),
     WeightFormat("q4_f32", 6, "4-bit, f32 scale + f32 offset per 32 (4 + 64/32): llm-rs's format"),
     WeightFormat("q4_1", 5, "GGUF Q4_1: 4-bit, fp16 scale + fp16 min per 32 (4 + 32/32)"),
     WeightFormat("q4_0", 4.5, "GGUF Q4_0: 4-bit, fp16 scale per 32 (4 + 16/32)"),
@@ -46,7 +52,8 @@ FORMATS: dict[str, WeightFormat] = {f.name: f for f in [
 
 # GGUF tensor type name (gguf.GGMLQuantizationType) -> our format, for display
 GGUF_TYPE_TO_FORMAT = {"F32": "f32", "BF16": "bf16", "F16": "fp16", "Q8_0": "q8_0", "Q6_K": "q6_k",
-                       "Q4_1": "q4_1", "Q4_0": "q4_0"}
+                       "Q4_1": "q4_1", "Q4_0": "q4_0", "Q5_0": "q5_0", "Q5_1": "q5_1", "Q5_K": "q5_k",
+                       "Q4_K": "q4_k", "Q3_K": "q3_k", "Q2_K": "q2_k"}
 
 
 def get_format(name: str) -> WeightFormat:
