@@ -66,8 +66,30 @@ def test_unpermute_inverts_llama_cpp_permutation():
         assert np.array_equal(unpermute_qk(llama_cpp_permute(w, heads), heads), w)
 
 
-def write_gguf(hf_dir: Path, out: Path, types: dict[str, str]) -> Path:
-    """Convert a tiny HF llama checkpoint to GGUF the way llama.cpp does (names, permutation, tokenizer)."""
+def llama3_rope_factors(cfg: dict) -> np.ndarray:
+    """What llama.cpp's converter stores as rope_freqs.weight for a Llama 3.x rope scaling: per rotary pair the
+    divisor of its frequency (1 for short wavelengths, `factor` for long ones, smoothed between)."""
+    rp = cfg["rope_parameters"]
+    dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    freqs = 1.0 / (rp["rope_theta"] ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    factor, low, high = rp["factor"], rp["low_freq_factor"], rp["high_freq_factor"]
+    old = rp["original_max_position_embeddings"]
+    out = []
+    for f in freqs:
+        wavelen = 2 * np.pi / f
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)
+
+
+def write_gguf(hf_dir: Path, out: Path, types: dict[str, str], rope_freqs: bool = True) -> Path:
+    """Convert a tiny HF llama checkpoint to GGUF the way llama.cpp does (names, permutation, tokenizer, a Llama 3
+    rope scaling as rope_freqs.weight unless rope_freqs=False)."""
     from safetensors.numpy import load_file
 
     cfg = json.loads((hf_dir / "config.json").read_text())
@@ -124,6 +146,8 @@ def write_gguf(hf_dir: Path, out: Path, types: dict[str, str]) -> Path:
             w.add_tensor(names[hf_name], data, raw_shape=arr.shape, raw_dtype=qtype)
         else:
             w.add_tensor(names[hf_name], encode(arr, qtype), raw_dtype=qtype if kind not in ("F32", "F16") else None)
+    if rope_freqs and rp.get("rope_type") == "llama3":
+        w.add_tensor("rope_freqs.weight", llama3_rope_factors(cfg))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -143,11 +167,59 @@ def test_each_tensor_type_dequantizes_exactly(tiny_llama, tmp_path, kind):
         assert ours.shape == ref.shape and np.array_equal(ours, ref.astype(np.float32))
 
 
-def test_gguf_f32_matches_transformers_after_unpermute(tiny_llama, tmp_path):
-    """All-F32 GGUF of a GQA llama: q/k rows permuted in the file, same logits as transformers."""
+def test_gguf_with_rope_freqs_matches_transformers_with_llama3_scaling(tiny_llama, tmp_path):
+    """A Llama 3 GGUF as llama.cpp writes it (the rope scaling as rope_freqs.weight, no metadata): the same logits
+    as transformers with the checkpoint's llama3 rope scaling, over a prompt long enough for it to matter; the file
+    read without its factors would not match."""
     from transformers import AutoModelForCausalLM
 
-    loaded = load(str(write_gguf(tiny_llama, tmp_path / "f32.gguf", {})))
+    loaded = load(str(write_gguf(tiny_llama, tmp_path / "f32r.gguf", {})))
+    assert loaded.config.rope_scaling["rope_type"] == "freq_factors"
+    hf = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    ids = loaded.tokenizer.encode(" ".join(["The quick brown fox jumps over the lazy dog."] * 8))
+    assert len(ids) > 64  # past the original context of the scaling (64 in the tiny config)
+    runner = ModelRunner(loaded, num_blocks=16)
+    ours = runner.execute(build_step_batch([(ids, 0, list(range(16)), True)], 16))[0]
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0, -1].numpy()
+    assert np.abs(ours - ref).max() < 1e-3
+    plain = load(str(tmp_path / "f32r.gguf"))
+    plain.config.rope_scaling = None  # what loading ignored rope_freqs.weight before
+    wrong = ModelRunner(plain, num_blocks=16).execute(build_step_batch([(ids, 0, list(range(16)), True)], 16))[0]
+    assert np.abs(wrong - ref).max() > 1e-2
+
+
+def test_gguf_rope_freqs_of_the_wrong_size_is_a_clear_error(tiny_llama, tmp_path):
+    from llmrs.errors import UserError
+
+    path = write_gguf(tiny_llama, tmp_path / "bad.gguf", {}, rope_freqs=False)
+    gf = GGUFFile(path)
+    w = gguf.GGUFWriter(str(tmp_path / "bad2.gguf"), "llama")
+    for key, field in gf.reader.fields.items():  # copy the metadata and tensors, add a 3-element rope_freqs
+        if key.startswith(("GGUF.", "general.architecture")):
+            continue
+        value = field.contents()
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, value, vtype, sub_type=sub)
+    for name, t in gf.tensors.items():
+        w.add_tensor(name, np.asarray(t.data), raw_shape=tuple(int(x) for x in reversed(t.shape)),
+                     raw_dtype=t.tensor_type)
+    w.add_tensor("rope_freqs.weight", np.ones(3, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(UserError, match="rope_freqs.weight holds 3 factors"):
+        load(str(tmp_path / "bad2.gguf"))
+
+
+def test_gguf_f32_matches_transformers_after_unpermute(tiny_llama, tmp_path):
+    """All-F32 GGUF of a GQA llama without rope_freqs: q/k rows permuted in the file, same logits as transformers
+    without the rope scaling (the file does not carry it)."""
+    from transformers import AutoModelForCausalLM
+
+    loaded = load(str(write_gguf(tiny_llama, tmp_path / "f32.gguf", {}, rope_freqs=False)))
     cfg = loaded.config
     assert (cfg.model_type, cfg.num_key_value_heads, cfg.tie_word_embeddings) == ("llama", 2, True)
     hf = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
@@ -174,8 +246,10 @@ def test_quantized_gguf_loads_through_the_same_mapping(tiny_llama, tmp_path):
     gf = GGUFFile(tmp_path / "q.gguf")
     ref_tensors = {}
     for name, t in gf.tensors.items():
-        w = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
         hf = gguf_to_hf_name(name)
+        if hf is None:  # rope_freqs: part of the config
+            continue
+        w = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
         if "q_proj" in hf:
             w = unpermute_qk(w, q.config.num_attention_heads)
         elif "k_proj" in hf:
@@ -229,8 +303,10 @@ def test_k_quant_gguf_loads_and_runs_as_its_reference_weights(llama_256, tmp_pat
     assert gf.tensors["blk.0.attn_q.weight"].tensor_type.name == "Q4_K"
     ref_tensors = {}
     for name, t in gf.tensors.items():
-        w = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
         hf = gguf_to_hf_name(name)
+        if hf is None:  # rope_freqs: part of the config
+            continue
+        w = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
         if "q_proj" in hf:
             w = unpermute_qk(w, q.config.num_attention_heads)
         elif "k_proj" in hf:

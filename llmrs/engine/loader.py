@@ -116,6 +116,14 @@ def resolve(spec: str | None) -> ModelSource:
     gf = GGUFFile(path)
     vocab = len(gf.string_array("tokenizer.ggml.tokens"))
     config = ModelConfig.from_gguf_metadata(gf.metadata, vocab_size=vocab, has_output="output.weight" in gf.tensors)
+    if "rope_freqs.weight" in gf.tensors:
+        # llama.cpp's converter stores Llama 3.x's rope scaling as one divisor per rotary pair (rope_freqs.weight)
+        # instead of metadata: the model's frequencies are theta_i / factor_i
+        factors = gf.tensor_f32("rope_freqs.weight").reshape(-1)
+        if factors.size != config.head_dim // 2 or not np.all(np.isfinite(factors)) or np.any(factors <= 0):
+            raise UserError(f"{path}: rope_freqs.weight holds {factors.size} factors; expected "
+                            f"{config.head_dim // 2} positive ones (head_dim / 2)")
+        config.rope_scaling = {"rope_type": "freq_factors", "freq_factors": [float(f) for f in factors]}
     return ModelSource(name=name, path=path, kind="gguf", config=config, bytes_by_dtype=gf.tensor_dtypes(), gguf=gf)
 
 

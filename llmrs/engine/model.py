@@ -70,6 +70,8 @@ def rope_inv_freq(config: ModelConfig) -> np.ndarray:
         np.float32
     )
     rs = config.rope_scaling
+    if rs and rs.get("rope_type") == "freq_factors":  # a GGUF's rope_freqs.weight: theta_i / factor_i (llama.cpp)
+        return (inv_freq / np.asarray(rs["freq_factors"], dtype=np.float32)).astype(np.float32)
     if rs and rs.get("rope_type", rs.get("type")) == "llama3":
         factor = float(rs["factor"])
         low, high = float(rs.get("low_freq_factor", 1.0)), float(rs.get("high_freq_factor", 4.0))
