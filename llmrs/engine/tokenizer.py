@@ -4,7 +4,8 @@ incremental detokenizer used for streaming.
 Two sources end in the same `Tokenizer`:
 - a Hugging Face directory: tokenizer.json + tokenizer_config.json (chat template, special tokens);
 - a GGUF file: vocabulary, merges and token types under `tokenizer.ggml.*` rebuilt into a byte-level BPE
-  (the GPT-2 family, which covers SmolLM2, Llama 3 and Qwen2 GGUFs), chat template from
+  (the GPT-2 family, which covers SmolLM2, Llama 3 and Qwen2 GGUFs) or, for llama.cpp's "llama" vocabulary
+  (Llama 2, Mistral, TinyLlama), a sentencepiece BPE with byte fallback; chat template from
   `tokenizer.chat_template`.
 """
 
@@ -131,33 +132,42 @@ class Tokenizer:
 
         md = gf.metadata
         kind = md.get("tokenizer.ggml.model")
-        if kind != "gpt2":
-            raise UserError(f"{gf.path}: GGUF tokenizer model {kind!r} is not supported (supported: gpt2 byte-level BPE)")
+        if kind not in ("gpt2", "llama"):
+            raise UserError(f"{gf.path}: GGUF tokenizer model {kind!r} is not supported (supported: gpt2 byte-level "
+                            "BPE, llama sentencepiece BPE)")
         tokens = gf.string_array("tokenizer.ggml.tokens")
-        merges = [tuple(m.split(" ", 1)) for m in gf.string_array("tokenizer.ggml.merges")]
         types = gf.int_array("tokenizer.ggml.token_type")
         vocab = {t: i for i, t in enumerate(tokens)}
-        tk = HFTokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-        split = _PRE_SPLITS.get(md.get("tokenizer.ggml.pre", ""))
-        if split:
-            tk.pre_tokenizer = pre_tokenizers.Sequence(
-                [pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-            )
+        bos_id = md.get("tokenizer.ggml.bos_token_id")
+        eos_id = md.get("tokenizer.ggml.eos_token_id")
+        add_bos = md.get("tokenizer.ggml.add_bos_token")
+        if kind == "gpt2":
+            merges = [tuple(m.split(" ", 1)) for m in gf.string_array("tokenizer.ggml.merges")]
+            tk = HFTokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+            split = _PRE_SPLITS.get(md.get("tokenizer.ggml.pre", ""))
+            if split:
+                tk.pre_tokenizer = pre_tokenizers.Sequence(
+                    [pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+                )
+            else:
+                tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+            tk.decoder = decoders.ByteLevel()
+            tk.post_processor = processors.ByteLevel(trim_offsets=False)
+            base_processors = [processors.ByteLevel(trim_offsets=False)]
         else:
-            tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tk.decoder = decoders.ByteLevel()
-        tk.post_processor = processors.ByteLevel(trim_offsets=False)
+            tk = _sentencepiece_bpe(gf, tokens, types, vocab, md)
+            base_processors = []
+            if add_bos is None:  # llama.cpp adds BOS to a sentencepiece vocabulary that does not say otherwise
+                add_bos = True
         specials = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == _CONTROL]
         tk.add_special_tokens(specials)
         user = [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == _USER_DEFINED]
         if user:
             tk.add_tokens(user)
-        bos_id = md.get("tokenizer.ggml.bos_token_id")
-        eos_id = md.get("tokenizer.ggml.eos_token_id")
-        if md.get("tokenizer.ggml.add_bos_token") and bos_id is not None:
+        if add_bos and bos_id is not None:
             tk.post_processor = processors.Sequence([
-                processors.ByteLevel(trim_offsets=False),
+                *base_processors,
                 processors.TemplateProcessing(
                     single=f"{tokens[bos_id]} $A", pair=f"{tokens[bos_id]} $A $B",
                     special_tokens=[(tokens[bos_id], int(bos_id))],
@@ -171,6 +181,44 @@ class Tokenizer:
             bos_token_id=int(bos_id) if bos_id is not None else None,
             eos_token_id=int(eos_id) if eos_id is not None else None,
         )
+
+
+def _sentencepiece_bpe(gf: Any, tokens: list[str], types: list[int], vocab: dict[str, int], md: dict) -> Any:
+    """llama.cpp's "llama" vocabulary (Llama 2, Mistral, TinyLlama GGUFs): sentencepiece BPE over pieces that spell
+    a space as U+2581, merged best score first, unknown characters falling back to the <0xNN> byte tokens. The
+    file holds no merges: every split of a piece into two pieces of the vocabulary is a merge ranked by the
+    piece's score (ties: the piece's id, then the halves' ids), as transformers rebuilds them. A space is
+    prepended to each text fragment (tokenizer.ggml.add_space_prefix, default on) and one stripped again when
+    decoding."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, normalizers
+    from tokenizers.models import BPE
+
+    scores = gf.float_array("tokenizer.ggml.scores")
+    if len(scores) != len(tokens):
+        raise UserError(f"{gf.path}: tokenizer.ggml.scores has {len(scores)} entries for {len(tokens)} tokens")
+    ranked: list[tuple[float, int, int, int, str, str]] = []
+    for n, (piece, score) in enumerate(zip(tokens, scores)):
+        for i in range(1, len(piece)):
+            left, right = piece[:i], piece[i:]
+            if left in vocab and right in vocab:
+                ranked.append((-score, n, vocab[left], vocab[right], left, right))
+    ranked.sort(key=lambda r: r[:4])
+    unk_id = md.get("tokenizer.ggml.unknown_token_id")
+    unk = tokens[int(unk_id)] if unk_id is not None else None
+    tk = HFTokenizer(BPE(vocab=vocab, merges=[(r[4], r[5]) for r in ranked], unk_token=unk, fuse_unk=True,
+                         byte_fallback=True))
+    prefix = md.get("tokenizer.ggml.add_space_prefix", True)
+    # as llama.cpp: a space in front of every text fragment (the first, and each after a special token), always
+    # (also before a leading space), then spaces spelled U+2581; the tokenizers library runs the normalizer on
+    # each fragment between added tokens
+    steps_in = [normalizers.Prepend("\u2581")] if prefix else []
+    tk.normalizer = normalizers.Sequence([*steps_in, normalizers.Replace(" ", "\u2581")])
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if prefix:
+        steps.append(decoders.Strip(content=" ", left=1, right=0))
+    tk.decoder = decoders.Sequence(steps)
+    return tk
 
 
 # ---------------------------------------------------------------------- chat templates
@@ -286,7 +334,8 @@ class IncrementalDetokenizer:
     and SentencePiece's leading-space rule. We decode a window that starts a few tokens back
     (`prefix_offset`) and only emit once the new text does not end in U+FFFD, the replacement character a
     half-decoded UTF-8 sequence produces. `finish()` flushes whatever is left, so no text is ever dropped:
-    the concatenated deltas equal a one-shot decode of all ids.
+    the concatenated deltas equal decode(prompt tail + ids) past decode(prompt tail): for a byte-level BPE that
+    is the one-shot decode of the ids; for a sentencepiece vocabulary the first token keeps its leading space.
 
     NOTE: the fast path (byte-level BPE tokenizers, `TokenBytes`) gives exactly the same deltas: while the
     window's first part (ids[prefix_offset:read_offset]) is complete, valid UTF-8, decoding the whole window
@@ -299,13 +348,18 @@ class IncrementalDetokenizer:
     def __init__(self, tok: Tokenizer, prompt_ids: list[int] | None = None, skip_special_tokens: bool = True,
                  fast: bool = True):
         self.tok = tok
+        # the prompt's last tokens open the first window: a sentencepiece decode strips the leading space of a
+        # window's first token, so the first generated token needs a token before it to keep its own (" world"
+        # after "Hello", as vLLM and llama.cpp's server return it); byte-level tokens decode the same either way
         self.ids: list[int] = list(prompt_ids or [])[-6:]
-        self.prefix_offset = len(self.ids)
+        self.prefix_offset = 0
         self.read_offset = len(self.ids)
         self.skip_special_tokens = skip_special_tokens
         self.text = ""
         self._tb = tok.token_bytes(skip_special_tokens) if fast else None
         self._clean = True  # ids[prefix_offset:read_offset] decode to complete, valid UTF-8 (empty: yes)
+        if self._tb is not None and self.ids:
+            self._clean = self._is_clean()
 
     def _decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=self.skip_special_tokens)

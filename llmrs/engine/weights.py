@@ -221,7 +221,8 @@ class GGUFFile:
             raise UserError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
         self.metadata: dict = {}
         for key, field in self.reader.fields.items():
-            if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type"):
+            if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
+                       "tokenizer.ggml.scores"):
                 continue
             try:
                 self.metadata[key] = field.contents()
@@ -236,6 +237,10 @@ class GGUFFile:
     def int_array(self, key: str) -> list[int]:
         field = self.reader.fields.get(key)
         return [] if field is None else [int(x) for x in field.contents()]
+
+    def float_array(self, key: str) -> list[float]:
+        field = self.reader.fields.get(key)
+        return [] if field is None else [float(x) for x in field.contents()]
 
     def tensor_f32(self, name: str) -> np.ndarray:
         t = self.tensors[name]
