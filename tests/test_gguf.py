@@ -155,6 +155,25 @@ def write_gguf(hf_dir: Path, out: Path, types: dict[str, str], rope_freqs: bool 
     return out
 
 
+def reference_tensors(gf: GGUFFile, config) -> dict[str, np.ndarray]:
+    """Every model tensor of the file as llama.cpp's reference code (gguf.quants) decodes it, HF names and q/k
+    row order."""
+    from llmrs.engine.weights import gguf_to_hf_name
+
+    out = {}
+    for name, t in gf.tensors.items():
+        hf = gguf_to_hf_name(name)
+        if hf is None:  # rope_freqs: part of the config
+            continue
+        w = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
+        if "q_proj" in hf:
+            w = unpermute_qk(w, config.num_attention_heads)
+        elif "k_proj" in hf:
+            w = unpermute_qk(w, config.num_key_value_heads)
+        out[hf] = w
+    return out
+
+
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1", "F16", "BF16"])
 def test_each_tensor_type_dequantizes_exactly(tiny_llama, tmp_path, kind):
     path = write_gguf(tiny_llama, tmp_path / f"m-{kind}.gguf", {"gate_proj": kind, "o_proj": kind, "q_proj": kind})
@@ -238,23 +257,11 @@ def test_gguf_f32_matches_transformers_after_unpermute(tiny_llama, tmp_path):
 
 def test_quantized_gguf_loads_through_the_same_mapping(tiny_llama, tmp_path):
     """A GGUF mixing every type gives the logits of the same weights dequantized by llama.cpp's reference code."""
-    from llmrs.engine.weights import gguf_to_hf_name
-
     types = {"q_proj": "Q8_0", "k_proj": "Q4_0", "v_proj": "Q4_1", "o_proj": "Q8_0", "gate_proj": "Q4_1",
              "up_proj": "BF16", "down_proj": "F16", "embed_tokens": "Q8_0"}
     q = load(str(write_gguf(tiny_llama, tmp_path / "q.gguf", types)))
     gf = GGUFFile(tmp_path / "q.gguf")
-    ref_tensors = {}
-    for name, t in gf.tensors.items():
-        hf = gguf_to_hf_name(name)
-        if hf is None:  # rope_freqs: part of the config
-            continue
-        w = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
-        if "q_proj" in hf:
-            w = unpermute_qk(w, q.config.num_attention_heads)
-        elif "k_proj" in hf:
-            w = unpermute_qk(w, q.config.num_key_value_heads)
-        ref_tensors[hf] = w
+    ref_tensors = reference_tensors(gf, q.config)
     assert set(ref_tensors) == set(q.tensors)
     ref = load(str(tmp_path / "q.gguf"))
     ref.tensors = ref_tensors
@@ -292,7 +299,6 @@ def test_k_quant_gguf_loads_and_runs_as_its_reference_weights(llama_256, tmp_pat
     """A GGUF whose projections are Q2_K .. Q6_K, Q5_0 and Q5_1 tensors (a llama.cpp Q4_K_M file mixes Q4_K and
     Q6_K the same way) loads through `llmrs` with every tensor as gguf-py decodes it, and gives those weights'
     logits; `llmrs roofline` reads the file's real bits per weight."""
-    from llmrs.engine.weights import gguf_to_hf_name
     from llmrs.roofline.model_source import resolve_model
 
     types = {"q_proj": "Q4_K", "k_proj": "Q5_K", "v_proj": "Q6_K", "o_proj": "Q3_K", "gate_proj": "Q4_K",
@@ -301,17 +307,7 @@ def test_k_quant_gguf_loads_and_runs_as_its_reference_weights(llama_256, tmp_pat
     q = load(str(path))
     gf = GGUFFile(path)
     assert gf.tensors["blk.0.attn_q.weight"].tensor_type.name == "Q4_K"
-    ref_tensors = {}
-    for name, t in gf.tensors.items():
-        hf = gguf_to_hf_name(name)
-        if hf is None:  # rope_freqs: part of the config
-            continue
-        w = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
-        if "q_proj" in hf:
-            w = unpermute_qk(w, q.config.num_attention_heads)
-        elif "k_proj" in hf:
-            w = unpermute_qk(w, q.config.num_key_value_heads)
-        ref_tensors[hf] = w
+    ref_tensors = reference_tensors(gf, q.config)
     assert set(ref_tensors) == set(q.tensors)
     for hf, w in ref_tensors.items():
         assert np.array_equal(q.tensors[hf], w), hf
