@@ -200,3 +200,19 @@ def test_warmup_for_serving_only_on_the_gpu_and_not_when_turned_off(smol, monkey
     monkeypatch.setenv("LLMRS_WARMUP", "0")
     warm_up_for_serving(eng)
     assert calls == ["cuda"]
+
+
+def test_released_host_weights_are_refused_not_replaced(tiny_llama):
+    """serving_engine drops the host copy of the weights once they are on the GPU (`LoadedModel.tensors = None`);
+    a runner built from such a LoadedModel afterwards is one clear error, never a model with drawn weights (which
+    is what tensors None means for a synthetic model). On the CPU the engine keeps them (its forward reads them)."""
+    import dataclasses
+
+    from llmrs.engine.engine import serving_engine, serving_config
+    from llmrs.engine.runner import ModelRunner
+
+    eng = serving_engine(str(tiny_llama), serving_config(device="cpu", kv_cache_tokens=256))
+    assert eng.loaded.tensors is not None
+    released = dataclasses.replace(load(str(tiny_llama)), tensors=None)
+    with pytest.raises(UserError, match="host weights were released"):
+        ModelRunner(released, num_blocks=4, device="cpu")

@@ -117,6 +117,10 @@ def serving_engine(model: str | None, config: EngineConfig, keep_quantized: bool
     """The LLMEngine `llmrs serve` runs, in its own process (AsyncEngine) or in the engine core's (ProcessEngine):
     loaded, built and warmed up. keep_quantized None: load()'s reading of LLMRS_KEEP_QUANTIZED."""
     engine = LLMEngine(load(model, keep_quantized=keep_quantized), config)
+    if getattr(engine.runner, "device", "cpu") == "cuda" and engine.loaded.tensors is not None:
+        # the weights are on the GPU now: the host copy (f32, twice a bf16 checkpoint: ~28 GB for a 7B) would only
+        # sit in the serving process's memory (nothing reads it after the upload; ModelRunner refuses it)
+        engine.loaded.tensors = None
     warm_up_for_serving(engine)
     return engine
 

@@ -42,6 +42,9 @@ class ModelRunner:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.device = resolve_device(device)
+        if loaded.tensors is None and loaded.source.kind != "synthetic":  # (serving_engine releases them)
+            raise UserError(f"{loaded.source.name}: this LoadedModel's host weights were released once uploaded to "
+                            "the GPU; load the model again")
         if loaded.tensors is None and self.device != "cuda":
             raise UserError(f"{loaded.source.name}: synthetic weights are drawn on the GPU; use --device cuda")
         if self.device == "cuda":
