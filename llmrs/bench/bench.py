@@ -14,6 +14,7 @@ import math
 import re
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -135,40 +136,42 @@ def point_seed(o: BenchOptions, i: int) -> int:
     every point and for the warm-up, so a server's prefix cache does not carry one point's prompts into the next:
     with one set, every point after the first found its prompts cached (an H200 serving a 7B, 256 concurrent:
     17.3-19.8k output tok/s behind a 64-concurrent point of the same prompts, 13.0k cold). Dataset prompts stay
-    the same at every point."""
-    return o.workload.seed + i
+    the same at every point (the workload's seed)."""
+    return o.workload.seed if o.workload.dataset else o.workload.seed + i
 
 
 WARMUP_POINT = 1_000_003
 
 
-async def _point_specs(o: BenchOptions, i: int, first: list[RequestSpec], tok: Tokenizer | None, base_url: str,
-                       model: str) -> list[RequestSpec]:
-    if o.workload.dataset or point_seed(o, i) == o.workload.seed:
-        return first
+@contextlib.asynccontextmanager
+async def _live_tokenizer(tok: Tokenizer | None, base_url: str, model: str) -> AsyncIterator[Tokenizer | None]:
+    """`tok`, usable inside the block: a server tokenizer gets a fresh client (the one it was made with closed)."""
     from llmrs.bench.tokenization import ServerTokenizer
 
     async with httpx.AsyncClient(timeout=60.0, trust_env=False) as c:
-        if isinstance(tok, ServerTokenizer):  # (its client closed with _prepare's)
-            tok = ServerTokenizer(base_url, model, c)
-        return await build_workload(replace(o.workload, seed=point_seed(o, i)), tok)
+        yield ServerTokenizer(base_url, model, c) if isinstance(tok, ServerTokenizer) else tok
+
+
+async def _point_specs(o: BenchOptions, i: int, first: list[RequestSpec], tok: Tokenizer | None, base_url: str,
+                       model: str) -> list[RequestSpec]:
+    seed = point_seed(o, i)
+    if seed == o.workload.seed:
+        return first
+    async with _live_tokenizer(tok, base_url, model) as live:
+        return await build_workload(replace(o.workload, seed=seed), live)
 
 
 async def _text_tokens(tok: Tokenizer, base_url: str, model: str, results: list[RequestResult]) -> dict[int, int]:
     """Re-tokenized length of each completed request's text, for the usage cross-check."""
-    from llmrs.bench.tokenization import ServerTokenizer
-
-    async with httpx.AsyncClient(timeout=60.0, trust_env=False) as c:
-        if isinstance(tok, ServerTokenizer):
-            tok = ServerTokenizer(base_url, model, c)
+    async with _live_tokenizer(tok, base_url, model) as live:
         sem = asyncio.Semaphore(32)
 
         async def one(r: RequestResult, n_special: int) -> tuple[int, int]:
             async with sem:
-                return r.idx, len(await tok.encode(r.text)) - n_special
+                return r.idx, len(await live.encode(r.text)) - n_special
 
         try:  # the cross-check is best effort: a server gone by now must not lose the results
-            n_special = len(await tok.encode(""))
+            n_special = len(await live.encode(""))
             return dict(await asyncio.gather(*(one(r, n_special) for r in results if r.success and r.text)))
         except (httpx.HTTPError, KeyError, ValueError):
             return {}
@@ -256,7 +259,7 @@ def run_bench(o: BenchOptions, console: Console | None = None) -> Path:
             requests_frame(outcome.results, outcome.t0, text_tokens).to_csv(o.out_dir / csv, index=False)
             doc["runs"].append({
                 "tag": tag, "concurrency": cap, "request_rate": rate if math.isfinite(rate) else "inf",
-                "burstiness": o.burstiness, "seed": o.workload.seed if o.workload.dataset else point_seed(o, point),
+                "burstiness": o.burstiness, "seed": point_seed(o, point),
                 "interrupted": outcome.interrupted, "summary": s.to_dict(), "prefix_cache": cache,
                 "client_cpu": cpu, "csv": csv,
             })

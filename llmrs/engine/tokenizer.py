@@ -153,10 +153,10 @@ class Tokenizer:
             else:
                 tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
             tk.decoder = decoders.ByteLevel()
-            tk.post_processor = processors.ByteLevel(trim_offsets=False)
             base_processors = [processors.ByteLevel(trim_offsets=False)]
+            tk.post_processor = base_processors[0]
         else:
-            tk = _sentencepiece_bpe(gf, tokens, types, vocab, md)
+            tk = _sentencepiece_bpe(gf, tokens, vocab, md)
             base_processors = []
             if add_bos is None:  # llama.cpp adds BOS to a sentencepiece vocabulary that does not say otherwise
                 add_bos = True
@@ -183,7 +183,7 @@ class Tokenizer:
         )
 
 
-def _sentencepiece_bpe(gf: Any, tokens: list[str], types: list[int], vocab: dict[str, int], md: dict) -> Any:
+def _sentencepiece_bpe(gf: Any, tokens: list[str], vocab: dict[str, int], md: dict) -> Any:
     """llama.cpp's "llama" vocabulary (Llama 2, Mistral, TinyLlama GGUFs): sentencepiece BPE over pieces that spell
     a space as U+2581, merged best score first, unknown characters falling back to the <0xNN> byte tokens. The
     file holds no merges: every split of a piece into two pieces of the vocabulary is a merge ranked by the

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +37,6 @@ from llmrs.errors import UserError
 # decoded below as llama.cpp's dequantize_row_* decodes them (tests/test_gguf.py: equal to gguf-py's reference).
 # Only GGUF loading reads them: they are expanded at load (f32 here, bf16 on the GPU), not kept quantized.
 QK = 32
-QK_K = 256
 GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GGML_BF16 = 0, 1, 2, 3, 8, 30
 GGML_Q5_0, GGML_Q5_1, GGML_Q2_K, GGML_Q3_K, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K = 6, 7, 10, 11, 12, 13, 14
 
@@ -89,6 +89,16 @@ def dequant_q5_1(raw: np.ndarray) -> np.ndarray:
     return (_f16(blocks, 0) * _q5_codes(blocks, 4, 8) + _f16(blocks, 2)).reshape(-1)
 
 
+def _nibble_planes(qs: np.ndarray) -> np.ndarray:
+    """Q4_K / Q5_K: [n, 4, 32] bytes -> [n, 8, 32] (each 32-byte chunk's low nibbles, then its high nibbles)."""
+    return np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(-1, 8, 32)
+
+
+def _crumb_planes(q: np.ndarray) -> np.ndarray:
+    """Q2_K / Q3_K / Q6_K: [n, 2, 32] bytes -> [n, 2, 4, 32], plane j = bits 2j, 2j + 1 of each byte."""
+    return np.stack([(q >> (2 * j)) & 3 for j in range(4)], axis=2)
+
+
 def _k_scale_min(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q4_K / Q5_K: the 8 sub-blocks' 6-bit scales and mins packed in 12 bytes -> two [n, 8] float arrays
     (llama.cpp's get_scale_min_k4)."""
@@ -105,7 +115,7 @@ def dequant_q4_k(raw: np.ndarray) -> np.ndarray:
     scale, mins = _k_scale_min(blocks[:, 4:16])
     dl, ml = _f16(blocks, 0) * scale, _f16(blocks, 2) * mins  # [n, 8]: sub-block j covers weights 32 j ..
     qs = blocks[:, 16:144].reshape(-1, 4, 32)  # 4 chunks of 64 weights: low nibbles, then high nibbles
-    q = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(-1, 8, 32).astype(np.float32)
+    q = _nibble_planes(qs).astype(np.float32)
     return (dl[:, :, None] * q - ml[:, :, None]).reshape(-1)
 
 
@@ -115,7 +125,7 @@ def dequant_q5_k(raw: np.ndarray) -> np.ndarray:
     dl, ml = _f16(blocks, 0) * scale, _f16(blocks, 2) * mins
     qh = blocks[:, 16:48]  # [n, 32]: bit j is the 5th bit of sub-block j's weight l
     qs = blocks[:, 48:176].reshape(-1, 4, 32)
-    low = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(-1, 8, 32)
+    low = _nibble_planes(qs)
     high = (qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
     q = (low + (high << 4)).astype(np.float32)
     return (dl[:, :, None] * q - ml[:, :, None]).reshape(-1)
@@ -130,7 +140,7 @@ def dequant_q6_k(raw: np.ndarray) -> np.ndarray:
     # weight 32 i + l of a half (i = 0..3, l = 0..31), as llama.cpp: low 4 bits ql[l] & 15, ql[l + 32] & 15,
     # ql[l] >> 4, ql[l + 32] >> 4 for i = 0, 1, 2, 3; high 2 bits (qh[l] >> 2 i) & 3; scale sc[l / 16 + 2 i]
     lo = np.stack([ql[:, :, :32] & 0x0F, ql[:, :, 32:] & 0x0F, ql[:, :, :32] >> 4, ql[:, :, 32:] >> 4], axis=2)
-    hi = np.stack([(qh >> (2 * i)) & 3 for i in range(4)], axis=2)  # [n, 2, 4, 32]
+    hi = _crumb_planes(qh)  # [n, 2, 4, 32]
     q = (lo | (hi << 4)).astype(np.float32) - 32.0
     sc = scales.reshape(-1, 2, 4, 2)  # [n, half, i, l / 16]: sc[l / 16 + 2 i]
     sc = np.repeat(sc, 16, axis=3)  # [n, 2, 4, 32]
@@ -144,7 +154,7 @@ def dequant_q2_k(raw: np.ndarray) -> np.ndarray:
     d, dmin = _f16(blocks, 80), _f16(blocks, 82)
     dl = (d * (sc & 0x0F).astype(np.float32)).reshape(-1, 2, 4, 2)  # [n, half, shift j, 16-weight group]
     ml = (dmin * (sc >> 4).astype(np.float32)).reshape(-1, 2, 4, 2)
-    q = np.stack([(qs >> (2 * j)) & 3 for j in range(4)], axis=2).reshape(-1, 2, 4, 2, 16).astype(np.float32)
+    q = _crumb_planes(qs).reshape(-1, 2, 4, 2, 16).astype(np.float32)
     return (dl[..., None] * q - ml[..., None]).reshape(-1)
 
 
@@ -160,7 +170,7 @@ def dequant_q3_k(raw: np.ndarray) -> np.ndarray:
                     ((a[:, 1] >> 4) & k2) | (((a[:, 2] >> 6) & k1) << 4)], axis=1).astype("<u4")
     scales = aux.view(np.int8).astype(np.float32) - 32.0  # [n, 16]
     dl = (d * scales).reshape(-1, 2, 4, 2)  # [n, half, shift j, 16-weight group]
-    low = np.stack([(qs >> (2 * j)) & 3 for j in range(4)], axis=2).reshape(-1, 2, 4, 2, 16)
+    low = _crumb_planes(qs).reshape(-1, 2, 4, 2, 16)
     # the 3rd bit: bit (4 half + j) of hmask[l] (l = 16 group + position); a clear bit subtracts 4
     bits = np.arange(8, dtype=np.uint8).reshape(2, 4)
     hm = (hmask.reshape(-1, 1, 1, 2, 16) >> bits[None, :, :, None, None]) & 1
@@ -230,17 +240,18 @@ class GGUFFile:
                 continue
         self.tensors = {t.name: t for t in self.reader.tensors}
 
-    def string_array(self, key: str) -> list[str]:
+    def _array(self, key: str, cast: Any) -> list:
         field = self.reader.fields.get(key)
-        return [] if field is None else list(field.contents())
+        return [] if field is None else [cast(x) for x in field.contents()]
+
+    def string_array(self, key: str) -> list[str]:
+        return self._array(key, str)
 
     def int_array(self, key: str) -> list[int]:
-        field = self.reader.fields.get(key)
-        return [] if field is None else [int(x) for x in field.contents()]
+        return self._array(key, int)
 
     def float_array(self, key: str) -> list[float]:
-        field = self.reader.fields.get(key)
-        return [] if field is None else [float(x) for x in field.contents()]
+        return self._array(key, float)
 
     def tensor_f32(self, name: str) -> np.ndarray:
         t = self.tensors[name]
