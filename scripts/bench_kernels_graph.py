@@ -43,6 +43,7 @@ def main() -> None:
     import cupy as cp
 
     from llmrs.engine.backends.cuda import NULL, CUDABackend, rope_threads
+    from llmrs.engine.backends.cuda_prefill import decode_tc_splits, decode_tc_supported
     from llmrs.engine.batch import build_step_batch
     from llmrs.roofline.presets import preset_config
 
@@ -141,11 +142,12 @@ def main() -> None:
         add("silu_mul", graph_us(lambda i: be._silu_mul_for(W["down"], gu)))
     att = cp.zeros((T, Hq * D), dtype=cp.float32)
     kv_bytes = 2 * 2 * T * (a.context + 1) * Hkv * D
-    for kernel in ("partial", "gqa"):
+    for kernel in ("partial", "gqa") + (("tc",) if decode_tc_supported(be) else ()):
         be.attn_kernel = kernel
         for S in (None, 1, 4, 8, 16, 32, 64):
             be.attn_splits = S
-            auto = be._splits(T, db.max_len, be._use_gqa(T))
+            auto = (decode_tc_splits(be, T, db.max_len) if kernel == "tc"
+                    else be._splits(T, db.max_len, be._use_gqa(T)))
             label = f"attention {kernel} splits={S if S else auto}{' (auto)' if S is None else ''}"
             add(label, graph_us(lambda i: be._attention(0, qkv, n_qkv, db, att)), kv_bytes)
     be.attn_splits, be.attn_kernel = None, "auto"

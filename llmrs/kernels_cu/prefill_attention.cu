@@ -67,6 +67,11 @@ __device__ __forceinline__ void cp_async_wait_all() {
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 #endif
 }
+__device__ __forceinline__ void cp_async_wait_one() {  // all but the newest group
+#if PF_HAVE_MMA
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+#endif
+}
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned* r, unsigned addr) {
 #if PF_HAVE_MMA
@@ -337,3 +342,236 @@ PREFILL_ATTN(64, prefill_attn_d64, false, float)
 PREFILL_ATTN(128, prefill_attn_d128, false, float)
 PREFILL_ATTN(64, prefill_attn_bf16_d64, true, bf16_t)
 PREFILL_ATTN(128, prefill_attn_bf16_d128, true, bf16_t)
+
+// ---------------------------------------------------------------------------------------------------------------
+// decode_attn_tc: decode attention on tensor cores for grouped-query heads (EXPERIMENT, LLMRS_ATTN_KERNEL=tc; not
+// yet run on a GPU). A drop-in for attention.cu's attn_partial (same q / cache / index arguments, the same outputs:
+// `out` with one split, else the (acc, m, l) partials attn_merge combines) for any tokens of a step, each with its
+// own causal limit.
+//
+// Why: at 256 decodes (7B, context 512) attn_partial_gqa ran 5.7 of a 13.2 ms step at 28% of the bandwidth roof
+// (session 7, call7): a lane per key does 8 heads x 128 FMAs per key from shared-memory broadcasts, so the kernel
+// is bound by issue and load latency, not by its 134 MB of K/V a layer. Here the G <= 16 query heads of one KV
+// head are the 16 rows of an m16n8k16 MMA (rows past G are zeros; all rows share the token's causal limit, which
+// is what keeps the prefill kernel from packing heads), so S = Q K^T and O += P V are 32 MMAs per 16 keys.
+//
+// Grid (T, Hkv, splits), 4 warps. Block (t, g, s) owns keys [s*chunk, min(L_t, (s+1)*chunk)) of token t, kv head
+// g; its warps take 16-key tiles round robin (warp w: tiles w, w+4, ...), each warp a flash-decoding worker of its
+// own: K and V tiles [16, D] bf16 copied by cp.async into the warp's two stages (the next tile in flight while this
+// one is computed; keys past the range zero-filled and masked to -inf), Q's 16 rows as A fragments in registers
+// (f32 -> bf16 once, staged through shared memory), scores and P.V as in prefill_attn (exp2 with the scale
+// pre-multiplied by log2 e; P rounded to bf16 for the MMA, the row sums l from the f32 P). The 4 warps then merge
+// through shared memory (overlaying their stages) as attn_partial's warps do; partials carry m in natural-log units
+// (m_log2 * ln 2), as attn_merge expects. Dynamic shared memory: 4 warps x 2 stages x (K + V) x 16 x D bf16 + Q
+// 16 x D bf16 = 68 KB (D 128) / 34 KB (D 64). Numerics as prefill_attn: Q and P in bf16, f32 accumulation.
+#define DT_WARPS 4
+#define DT_BK 16  // keys per warp tile
+#define DT_LN2 0.6931471805599453f
+
+template <int D>
+__device__ __forceinline__ void decode_attn_tc_impl(
+    const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,
+    const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,
+    const int* __restrict__ token_seq, const int* __restrict__ positions, float* __restrict__ out,
+    float* __restrict__ part_acc, float* __restrict__ part_ml, int Hq, int Hkv, int bs_shift, int chunk,
+    float scale_log2) {
+    pdl_trigger();
+#if PF_HAVE_MMA
+    constexpr int CH = D / 8;                   // 16-byte chunks per row
+    constexpr int KS = D / 16;                  // k16 steps over D (S = Q K^T)
+    constexpr int DT = D / 8;                   // n8 tiles over D (O)
+    constexpr int TB = DT_BK * D * 2;           // bytes of one K (or V) tile
+    constexpr int WARP_BYTES = 2 * 2 * TB;      // a warp's two stages of K and V
+    extern __shared__ __align__(128) unsigned char smem[];
+    const unsigned s_base = smem_u32(smem);
+    const int t = blockIdx.x, g = blockIdx.y, S = gridDim.z, s = blockIdx.z;
+    const int G = Hq / Hkv;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const unsigned sW = s_base + warp * WARP_BYTES;  // this warp's [K0][V0][K1][V1]
+    const int qoff = DT_WARPS * WARP_BYTES;          // Q staging: [16 rows, D] bf16, swizzled
+    const int L = positions[t] + 1;
+    const int start = s * chunk, end = min(L, start + chunk);
+    const int* table = block_tables + (size_t)token_seq[t] * max_blocks;
+    const int bs_mask = (1 << bs_shift) - 1;
+    const int n_tiles = end > start ? (end - start + DT_BK - 1) / DT_BK : 0;
+    const int my_tiles = n_tiles > warp ? (n_tiles - warp + DT_WARPS - 1) / DT_WARPS : 0;
+    pdl_wait();  // q and this token's K/V row are the previous kernels'
+
+    // this warp's tile i -> stage st: a lane copies (DT_BK * CH / 32) 16-byte chunks of K and of V
+    auto load_tile = [&](int i, int st) {
+        const int kv0 = start + (warp + i * DT_WARPS) * DT_BK;
+#pragma unroll
+        for (int u = 0; u < DT_BK * CH / 32; ++u) {
+            const int idx = lane + u * 32;
+            const int r = idx / CH, c = idx % CH, j = kv0 + r;
+            const bool ok = j < end;
+            size_t off = 0;
+            if (ok) off = ((((size_t)table[j >> bs_shift] * Hkv + g) << bs_shift) + (j & bs_mask)) * D + c * 8;
+            const unsigned so = sW + (unsigned)(st * 2 * TB + swz<D>(r, c));
+            cp_async16(so, k_cache + off, ok ? 16 : 0);
+            cp_async16(so + TB, v_cache + off, ok ? 16 : 0);
+        }
+        cp_async_commit();
+    };
+    if (my_tiles > 0) load_tile(0, 0);
+
+    // Q: rows r < G are heads g * G + r of token t (f32 -> bf16); rows G..15 zeros
+    for (int idx = tid; idx < 16 * D / 4; idx += blockDim.x) {
+        const int r = idx / (D / 4), c4 = idx % (D / 4);
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < G) v = *reinterpret_cast<const float4*>(q + (size_t)t * q_stride + (size_t)(g * G + r) * D + c4 * 4);
+        uint2 w;
+        w.x = pack_bf16x2(v.x, v.y);
+        w.y = pack_bf16x2(v.z, v.w);
+        *reinterpret_cast<uint2*>(smem + qoff + swz<D>(r, c4 >> 1) + (c4 & 1) * 8) = w;
+    }
+    __syncthreads();
+    unsigned qf[KS][4];
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) ldmatrix_x4(qf[kk], s_base + qoff + swz<D>(lane & 15, 2 * kk + (lane >> 4)));
+
+    const int grp = lane >> 2, tig = lane & 3;  // this lane's rows grp, grp + 8; keys 2 tig, 2 tig + 1 of an n8 tile
+    const int k_row = (lane & 7) + ((lane >> 4) << 3), k_chunk = (lane >> 3) & 1;  // ldmatrix: 16 keys x 2 chunks
+    const int v_row = lane & 15, v_chunk = lane >> 4;
+    float o[DT][4];
+#pragma unroll
+    for (int d = 0; d < DT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
+
+    for (int i = 0; i < my_tiles; ++i) {
+        if (i + 1 < my_tiles) {
+            load_tile(i + 1, (i + 1) & 1);
+            cp_async_wait_one();
+        } else {
+            cp_async_wait_all();
+        }
+        __syncwarp();  // tile i's copies (every lane's) are visible to the warp
+        const unsigned sK = sW + (unsigned)((i & 1) * 2 * TB), sV = sK + TB;
+        const int kv0 = start + (warp + i * DT_WARPS) * DT_BK;
+        float sc[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk) {
+            unsigned b[4];
+            ldmatrix_x4(b, sK + swz<D>(k_row, 2 * kk + k_chunk));
+            mma_bf16(sc[0], qf[kk], b[0], b[1]);
+            mma_bf16(sc[1], qf[kk], b[2], b[3]);
+        }
+        if (kv0 + DT_BK > end) {  // the range's last tile: keys past it (zero-filled) get no weight
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+                const int key = kv0 + nt * 8 + tig * 2;
+                if (key >= end) sc[nt][0] = sc[nt][2] = NEG_INF;
+                if (key + 1 >= end) sc[nt][1] = sc[nt][3] = NEG_INF;
+            }
+        }
+        // online softmax; the tile's first key is in range, so the row maxima are finite
+        float mx0 = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
+        float mx1 = fmaxf(fmaxf(sc[0][2], sc[0][3]), fmaxf(sc[1][2], sc[1][3]));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float mn0 = fmaxf(m0, mx0 * scale_log2), mn1 = fmaxf(m1, mx1 * scale_log2);
+        const float corr0 = exp2f(m0 - mn0), corr1 = exp2f(m1 - mn1);
+        m0 = mn0;
+        m1 = mn1;
+        float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+            sc[nt][0] = exp2f(fmaf(sc[nt][0], scale_log2, -mn0));
+            sc[nt][1] = exp2f(fmaf(sc[nt][1], scale_log2, -mn0));
+            sc[nt][2] = exp2f(fmaf(sc[nt][2], scale_log2, -mn1));
+            sc[nt][3] = exp2f(fmaf(sc[nt][3], scale_log2, -mn1));
+            sum0 += sc[nt][0] + sc[nt][1];
+            sum1 += sc[nt][2] + sc[nt][3];
+        }
+        l0 = l0 * corr0 + sum0;  // per-lane partial sums; the quad adds them up at the end
+        l1 = l1 * corr1 + sum1;
+#pragma unroll
+        for (int d = 0; d < DT; ++d) {
+            o[d][0] *= corr0; o[d][1] *= corr0;
+            o[d][2] *= corr1; o[d][3] *= corr1;
+        }
+        // O += P V: the C fragments of the two n8 key tiles are the A fragment of the tile's k16 step
+        unsigned a[4];
+        a[0] = pack_bf16x2(sc[0][0], sc[0][1]);
+        a[1] = pack_bf16x2(sc[0][2], sc[0][3]);
+        a[2] = pack_bf16x2(sc[1][0], sc[1][1]);
+        a[3] = pack_bf16x2(sc[1][2], sc[1][3]);
+#pragma unroll
+        for (int np = 0; np < DT / 2; ++np) {
+            unsigned b[4];
+            ldmatrix_x4_trans(b, sV + swz<D>(v_row, 2 * np + v_chunk));
+            mma_bf16(o[2 * np], a, b[0], b[1]);
+            mma_bf16(o[2 * np + 1], a, b[2], b[3]);
+        }
+        __syncwarp();  // done with this stage before the copy of tile i + 2 lands in it
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+
+    // merge the warps (a warp without tiles has m = -inf, l = 0, o = 0): [warp][16 rows][D] f32 + (m, l) pairs,
+    // over the stages
+    __syncthreads();
+    float* s_o = reinterpret_cast<float*>(smem);
+    float* s_ml = s_o + DT_WARPS * 16 * D;
+#pragma unroll
+    for (int d = 0; d < DT; ++d) {
+        float* r0p = s_o + (warp * 16 + grp) * D + d * 8 + tig * 2;
+        r0p[0] = o[d][0];
+        r0p[1] = o[d][1];
+        r0p[8 * D] = o[d][2];
+        r0p[8 * D + 1] = o[d][3];
+    }
+    if (tig == 0) {
+        s_ml[2 * (warp * 16 + grp)] = m0;
+        s_ml[2 * (warp * 16 + grp) + 1] = l0;
+        s_ml[2 * (warp * 16 + grp + 8)] = m1;
+        s_ml[2 * (warp * 16 + grp + 8) + 1] = l1;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < G * D; idx += blockDim.x) {
+        const int r = idx / D, d = idx % D;
+        float M = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < DT_WARPS; ++w) M = fmaxf(M, s_ml[2 * (w * 16 + r)]);
+        float Ls = 0.0f, A = 0.0f;
+        if (M != NEG_INF) {
+#pragma unroll
+            for (int w = 0; w < DT_WARPS; ++w) {
+                const float e = exp2f(s_ml[2 * (w * 16 + r)] - M);
+                Ls += s_ml[2 * (w * 16 + r) + 1] * e;
+                A += s_o[(w * 16 + r) * D + d] * e;
+            }
+        }
+        const int head = g * G + r;
+        if (S == 1) {
+            out[(size_t)t * Hq * D + (size_t)head * D + d] = A / Ls;
+        } else {
+            const size_t pi = ((size_t)t * Hq + head) * S + s;
+            part_acc[pi * D + d] = A;
+            if (d == 0) {
+                part_ml[2 * pi] = M == NEG_INF ? NEG_INF : M * DT_LN2;
+                part_ml[2 * pi + 1] = Ls;
+            }
+        }
+    }
+#endif
+}
+
+#define DECODE_ATTN_TC(D)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, 2) decode_attn_tc_d##D(                        \
+        const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,                         \
+        const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,              \
+        const int* __restrict__ token_seq, const int* __restrict__ positions, float* __restrict__ out,         \
+        float* __restrict__ part_acc, float* __restrict__ part_ml, int Hq, int Hkv, int bs_shift, int chunk,   \
+        float scale_log2) {                                                                                    \
+        decode_attn_tc_impl<D>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, token_seq, positions,  \
+                               out, part_acc, part_ml, Hq, Hkv, bs_shift, chunk, scale_log2);                  \
+    }
+DECODE_ATTN_TC(64)
+DECODE_ATTN_TC(128)

@@ -241,9 +241,10 @@ class CUDABackend:
         # 5.41 ms/token with gqa (its 128-key splits leave a short single-sequence step with few blocks); heads of
         # <= 64 dims take gqa from 2 tokens (ATTN_GQA_MAX_HEAD_DIM).
         # LLMRS_ATTN_KERNEL=partial|gqa|auto.
+        # "tc" (EXPERIMENT, not yet measured): decode_attn_tc, tensor cores (cuda_prefill.decode_attention_tc)
         self.attn_kernel = os.environ.get("LLMRS_ATTN_KERNEL", "auto")
-        if self.attn_kernel not in ("partial", "gqa", "auto"):
-            raise UserError(f"LLMRS_ATTN_KERNEL={self.attn_kernel!r}: expected partial, gqa or auto")
+        if self.attn_kernel not in ("partial", "gqa", "auto", "tc"):
+            raise UserError(f"LLMRS_ATTN_KERNEL={self.attn_kernel!r}: expected partial, gqa, tc or auto")
         # prefill attention on tensor cores (cuda_prefill.py) for steps where a sequence brings at least this many
         # new tokens (LLMRS_PREFILL_MIN_TOKENS, for experiments); None: never (LLMRS_PREFILL_ATTN=0). Measured on
         # the H200 (7B shape): a tie with attn_partial at 1 x 64 and 16 x 8 tokens, ahead from 16 x 16 and 1 x 128
@@ -694,6 +695,11 @@ class CUDABackend:
             dst = out if out_bf16 is None else out_bf16
             if prefill_attention(self, layer, q, q_stride, db, db.prefill_tiles, db.n_prefill_tiles, dst):
                 return dst
+        if self.attn_kernel == "tc":
+            from llmrs.engine.backends.cuda_prefill import decode_attention_tc
+
+            if decode_attention_tc(self, layer, q, q_stride, db, out):
+                return out
         c = self.config
         T, Hq, Hkv, D = db.T, c.num_attention_heads, c.num_key_value_heads, c.head_dim
         gqa = self._use_gqa(T)

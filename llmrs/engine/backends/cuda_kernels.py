@@ -47,7 +47,7 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "attention.cu": ["attn_partial_d1", "attn_partial_d2", "attn_partial_d4", "attn_partial_d8", "attn_merge"],
     "attention_gqa.cu": ["attn_partial_gqa_d1", "attn_partial_gqa_d2", "attn_partial_gqa_d4", "attn_partial_gqa_d8"],
     "prefill_attention.cu": ["prefill_attn_d64", "prefill_attn_d128", "prefill_attn_bf16_d64",
-                             "prefill_attn_bf16_d128"],
+                             "prefill_attn_bf16_d128", "decode_attn_tc_d64", "decode_attn_tc_d128"],
     "sampling.cu": ["sample_tokens"],
     "gemm_q4.cu": [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4)]
                   + ["gemm_q4_reduce", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16",
@@ -63,7 +63,8 @@ PDL_KERNELS = frozenset(
        for nt in (1, 2, 4, 8)]
     + [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
     + [f"attn_partial_d{d}" for d in (1, 2, 4, 8)] + [f"attn_partial_gqa_d{d}" for d in (1, 2, 4, 8)]
-    + [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4)])
+    + [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4)]
+    + ["decode_attn_tc_d64", "decode_attn_tc_d128"])
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
 _lock = threading.Lock()

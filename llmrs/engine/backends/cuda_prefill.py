@@ -101,3 +101,65 @@ def prefill_attention(backend: Any, layer: int, q: Any, q_stride: int, db: Any, 
             np.int32(db.max_blocks), db.positions, tiles, out, np.int32(Hq), np.int32(Hkv),
             np.int32(backend.block_size.bit_length() - 1), scale_log2), shared_mem=smem)
     return True
+
+
+# ---------------------------------------------------------------------- decode attention on tensor cores (EXPERIMENT)
+TC_WARPS = 4  # DT_WARPS in prefill_attention.cu
+TC_BLOCK_K = 16  # DT_BK: keys of a warp's tile
+TC_MAX_GROUP = 16  # query heads per KV head: the 16 rows of the MMA
+
+
+def decode_tc_supported(backend: Any) -> bool:
+    """Whether decode_attn_tc (prefill_attention.cu) can run this backend's shapes: prefill_attention's head dims
+    and GPUs, at most 16 query heads per KV head."""
+    c = backend.config
+    return prefill_supported(backend) and c.num_queries_per_kv <= TC_MAX_GROUP
+
+
+def decode_tc_splits(backend: Any, T: int, max_len: int) -> int:
+    """Key splits of a decode_attn_tc launch: one when the (token, kv head) blocks already fill two per SM, else
+    enough to (about) do so, each split keeping at least one 16-key tile per warp (64 keys), at most 64 splits."""
+    if backend.attn_splits is not None:
+        return max(1, min(backend.attn_splits, max_len))
+    blocks = T * backend.config.num_key_value_heads
+    per_split = TC_WARPS * TC_BLOCK_K
+    if blocks >= 2 * backend.num_sms or max_len <= per_split:
+        return 1
+    return max(1, min(-(-max_len // per_split), -(-2 * backend.num_sms // blocks), 64))
+
+
+def decode_attention_tc(backend: Any, layer: int, q: Any, q_stride: int, db: Any, out: Any) -> bool:
+    """out [T, Hq*D] (f32) = paged causal attention of q (f32, row stride q_stride) over layer's cache for every
+    token of the step (its own causal limit), on tensor cores; attn_merge combines the splits. Returns False
+    (launching nothing) where the shapes or alignments are not supported: the caller keeps attn_partial."""
+    c = backend.config
+    T, Hq, Hkv, D = db.T, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    if not decode_tc_supported(backend) or q_stride % 4 or q.data.ptr % 16:
+        return False
+    S = decode_tc_splits(backend, T, db.max_len)
+    chunk = -(-db.max_len // S)
+    fn = backend.k.fns[f"decode_attn_tc_d{D}"]
+    smem = TC_WARPS * 2 * 2 * TC_BLOCK_K * D * 2 + 16 * D * 2  # stages (K + V, two a warp) + Q
+    if id(fn) not in _smem_set:
+        if smem > 48 * 1024:
+            fn.max_dynamic_shared_size_bytes = smem
+        _smem_set.add(id(fn))
+    if S > 1:
+        part_acc = backend._buf("attn_acc", (T * Hq * S * D,))
+        part_ml = backend._buf("attn_ml", (T * Hq * S * 2,))
+    else:
+        from llmrs.engine.backends.cuda import NULL
+
+        part_acc = part_ml = NULL
+    scale_log2 = np.float32(float(backend.scale) * math.log2(math.e))
+    with backend._span("attention", f"decode_attn_tc_d{D}", T, Hq, Hkv, D, db.kv_tokens, db.qk_pairs, S):
+        fn((T, Hkv, S), (TC_WARPS * 32,),
+           (q, np.int32(q_stride), backend.k_cache[layer], backend.v_cache[layer], db.block_tables,
+            np.int32(db.max_blocks), db.token_seq, db.positions, out, part_acc, part_ml, np.int32(Hq),
+            np.int32(Hkv), np.int32(backend.block_size.bit_length() - 1), np.int32(chunk), scale_log2),
+           shared_mem=smem)
+    if S > 1:
+        with backend._span("attn_merge", "attn_merge", T, Hq, D, S):
+            backend.k.attn_merge((T, Hq), (-(-D // 32) * 32,), (part_acc, part_ml, out, np.int32(Hq), np.int32(D),
+                                                                np.int32(S)))
+    return True
