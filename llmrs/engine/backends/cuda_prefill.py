@@ -141,8 +141,8 @@ def decode_attention_tc(backend: Any, layer: int, q: Any, q_stride: int, db: Any
     fn = backend.k.fns[f"decode_attn_tc_d{D}"]
     smem = TC_WARPS * 2 * 2 * TC_BLOCK_K * D * 2 + 16 * D * 2  # stages (K + V, two a warp) + Q
     if id(fn) not in _smem_set:
-        if smem > 48 * 1024:
-            fn.max_dynamic_shared_size_bytes = smem
+        if smem > 48 * 1024:  # (a PDL kernel: the attribute goes on its RawKernel, the function both launch)
+            getattr(fn, "raw", fn).max_dynamic_shared_size_bytes = smem
         _smem_set.add(id(fn))
     if S > 1:
         part_acc = backend._buf("attn_acc", (T * Hq * S * D,))
