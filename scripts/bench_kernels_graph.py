@@ -151,10 +151,11 @@ def main() -> None:
             label = f"attention {kernel} splits={S if S else auto}{' (auto)' if S is None else ''}"
             add(label, graph_us(lambda i: be._attention(0, qkv, n_qkv, db, att)), kv_bytes)
     be.attn_splits, be.attn_kernel = None, "auto"
-    gqa = be._use_gqa(T)
-    print(f"  (backend's choice for attention at {T} token(s): {'gqa' if gqa else 'partial'}, "
-          f"splits={be._splits(T, db.max_len, gqa)})")
-    out = {"attention_choice": "gqa" if gqa else "partial", "preset": a.like, "tokens": T, "context": a.context,
+    choice = be._attn_choice(T)
+    auto_splits = (decode_tc_splits(be, T, db.max_len) if choice == "tc"
+                   else be._splits(T, db.max_len, choice == "gqa"))
+    print(f"  (backend's choice for attention at {T} token(s): {choice}, splits={auto_splits})")
+    out = {"attention_choice": choice, "preset": a.like, "tokens": T, "context": a.context,
            "repeat": a.repeat, "pdl": be.k.pdl_capable,
            "copies": {k: len(v) for k, v in Ws.items()},
            "gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "rows": rows}

@@ -13,8 +13,9 @@ weights (quant.py): up to 16 tokens the 4-bit GEMV (gemm_q4.cu, tensor cores; cu
 cuBLAS above.
 
 Attention: `_attention` picks per step: the tensor-core prefill kernel (cuda_prefill.py) when a sequence brings
-`prefill_min_tokens` or more new tokens; else attn_partial (attention.cu) or, from ATTN_GQA_MIN_BLOCKS blocks a
-step, attn_partial_gqa (attention_gqa.cu); both split along the keys and share attn_merge.
+`prefill_min_tokens` or more new tokens; else, where it can run, decode_attn_tc (prefill_attention.cu, tensor
+cores) from ATTN_TC_MIN_TOKENS tokens; else attn_partial (attention.cu) or, from ATTN_GQA_MIN_BLOCKS blocks a step,
+attn_partial_gqa (attention_gqa.cu); all split along the keys and share attn_merge.
 
 Tensor parallelism: with `tp=TPRank` (tp_nccl.py) the same fused step embeds the rank's vocabulary slice, sums
 the embeddings and every o/down partial over the ranks with NCCL on the step's stream, and gathers the logits.
@@ -86,6 +87,14 @@ ATTN_GQA_MIN_BLOCKS = 128  # "auto": attn_partial_gqa from this many blocks a st
 # (reports/h200-qwen2.5/session8): one token takes attn_partial. head_dim 128 (3B, 7B) keeps attn_partial below
 # 128 blocks (4% faster)
 ATTN_GQA_MAX_HEAD_DIM = 64
+# "auto": decode_attn_tc (tensor cores, cuda_prefill.decode_attention_tc) from this many tokens a step, and for
+# heads of at most ATTN_GQA_MAX_HEAD_DIM dims from one token; where it cannot run (GPUs before sm_80, head dims
+# other than 64 / 128, more than 16 query heads a KV head) the rules above. H200, `llmrs profile --synthetic
+# qwen2.5-7b --batch 1,64,256 --context 512` graph walls, gqa -> tc: B=64 7.20 -> 5.79 ms (attention 1.68 -> 0.92),
+# B=256 12.67 -> 9.42 ms (attention 5.68 -> 2.31 ms, 28% -> 70% of the bandwidth roof); single-stream decode
+# (attn_partial -> tc) 0.5B 0.752 -> 0.712 ms/token, 3B 2.351 -> 2.458, 7B 4.249 -> 4.336
+# (reports/h200-qwen2.5/session9/call1): one token of 128-dim heads keeps attn_partial.
+ATTN_TC_MIN_TOKENS = 2
 CUBLAS_WORKSPACE_BYTES = 32 << 20
 _NO_SPAN = contextlib.nullcontext()
 _cublas_workspaces: dict[int, Any] = {}  # device id -> buffer: kept alive as long as the process (handles are shared)
@@ -240,8 +249,8 @@ class CUDABackend:
         # context 512): B=256 12.9 -> 5.1 ms a step, B=64 4.3 -> 2.1 ms; one stream through the server 5.16 ->
         # 5.41 ms/token with gqa (its 128-key splits leave a short single-sequence step with few blocks); heads of
         # <= 64 dims take gqa from 2 tokens (ATTN_GQA_MAX_HEAD_DIM).
-        # LLMRS_ATTN_KERNEL=partial|gqa|auto.
-        # "tc" (EXPERIMENT, not yet measured): decode_attn_tc, tensor cores (cuda_prefill.decode_attention_tc)
+        # "tc": decode_attn_tc on tensor cores (cuda_prefill.decode_attention_tc); "auto" takes it per
+        # ATTN_TC_MIN_TOKENS. LLMRS_ATTN_KERNEL=partial|gqa|tc|auto.
         self.attn_kernel = os.environ.get("LLMRS_ATTN_KERNEL", "auto")
         if self.attn_kernel not in ("partial", "gqa", "auto", "tc"):
             raise UserError(f"LLMRS_ATTN_KERNEL={self.attn_kernel!r}: expected partial, gqa, tc or auto")
@@ -662,8 +671,19 @@ class CUDABackend:
                 self.k.silu_mul((min(65535, -(-n_el // 256)),), (256,), (gu, act, np.int32(T), np.int32(I)))
         return act
 
-    def _use_gqa(self, T: int) -> bool:
+    def _attn_choice(self, T: int) -> str:
+        """The decode attention kernel of a T-token step: "tc", "gqa" or "partial" (LLMRS_ATTN_KERNEL, or the
+        auto rule: ATTN_TC_MIN_TOKENS)."""
         if self.attn_kernel != "auto":
+            return self.attn_kernel
+        from llmrs.engine.backends.cuda_prefill import decode_tc_supported
+
+        if decode_tc_supported(self) and (T >= ATTN_TC_MIN_TOKENS or self.config.head_dim <= ATTN_GQA_MAX_HEAD_DIM):
+            return "tc"
+        return "gqa" if self._use_gqa(T) else "partial"
+
+    def _use_gqa(self, T: int) -> bool:
+        if self.attn_kernel not in ("auto", "tc"):
             return self.attn_kernel == "gqa"
         c = self.config
         if c.head_dim <= ATTN_GQA_MAX_HEAD_DIM:
@@ -695,7 +715,7 @@ class CUDABackend:
             dst = out if out_bf16 is None else out_bf16
             if prefill_attention(self, layer, q, q_stride, db, db.prefill_tiles, db.n_prefill_tiles, dst):
                 return dst
-        if self.attn_kernel == "tc":
+        if self._attn_choice(db.T) == "tc":
             from llmrs.engine.backends.cuda_prefill import decode_attention_tc
 
             if decode_attention_tc(self, layer, q, q_stride, db, out):

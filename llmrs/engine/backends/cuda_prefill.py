@@ -103,10 +103,11 @@ def prefill_attention(backend: Any, layer: int, q: Any, q_stride: int, db: Any, 
     return True
 
 
-# ---------------------------------------------------------------------- decode attention on tensor cores (EXPERIMENT)
+# ---------------------------------------------------------------------- decode attention on tensor cores
 TC_WARPS = 4  # DT_WARPS in prefill_attention.cu
 TC_BLOCK_K = 16  # DT_BK: keys of a warp's tile
 TC_MAX_GROUP = 16  # query heads per KV head: the 16 rows of the MMA
+TC_MIN_SPLIT_KEYS = 32  # keys a split at least (decode_tc_splits)
 
 
 def decode_tc_supported(backend: Any) -> bool:
@@ -118,11 +119,13 @@ def decode_tc_supported(backend: Any) -> bool:
 
 def decode_tc_splits(backend: Any, T: int, max_len: int) -> int:
     """Key splits of a decode_attn_tc launch: one when the (token, kv head) blocks already fill two per SM, else
-    enough to (about) do so, each split keeping at least one 16-key tile per warp (64 keys), at most 64 splits."""
+    enough to (about) do so, each split keeping at least 32 keys (two warps' 16-key tiles), at most 64 splits.
+    H200, one token at context 512 inside graphs (bench_kernels_graph.py --only attention, session9/call1), us a
+    layer at 8 / 16 / 32 splits: 7B 8.27 / 7.45 / 9.51, 0.5B 6.10 / 4.91 / 6.36 (64-key minimum: 9 splits)."""
     if backend.attn_splits is not None:
         return max(1, min(backend.attn_splits, max_len))
     blocks = T * backend.config.num_key_value_heads
-    per_split = TC_WARPS * TC_BLOCK_K
+    per_split = TC_MIN_SPLIT_KEYS
     if blocks >= 2 * backend.num_sms or max_len <= per_split:
         return 1
     return max(1, min(-(-max_len // per_split), -(-2 * backend.num_sms // blocks), 64))
