@@ -237,3 +237,46 @@ def test_engine_process_and_tensor_parallel_do_not_combine_yet():
                         "2", "--port", "0"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert "--engine-process and --tensor-parallel-size do not combine yet" in r.stdout + r.stderr
+
+
+def test_freeze_heap_moves_the_start_up_heap_out_of_later_collections(monkeypatch):
+    """What `llmrs serve` and the engine core call once started: every object alive goes to the permanent
+    generation (a full collection no longer walks them), unless LLMRS_GC_FREEZE=0."""
+    import gc
+
+    from llmrs.engine.core_process import freeze_heap
+
+    monkeypatch.setenv("LLMRS_GC_FREEZE", "0")
+    gc.unfreeze()
+    assert freeze_heap() is False and gc.get_freeze_count() == 0
+    monkeypatch.delenv("LLMRS_GC_FREEZE")
+    alive = len(gc.get_objects())
+    try:
+        assert freeze_heap() is True
+        assert gc.get_freeze_count() >= alive // 2  # (what the collection freed is not there any more)
+        assert len(gc.get_objects()) < alive // 10  # what a collection walks now: made since the freeze only
+    finally:
+        gc.unfreeze()
+
+
+def test_gc_pause_log(monkeypatch, capsys):
+    """LLMRS_GC_LOG_MS=N prints every collection of N ms or more (here all: 0) to stderr; a bad value is one clear
+    error."""
+    import gc
+
+    from llmrs.engine.core_process import freeze_heap
+    from llmrs.errors import UserError
+
+    monkeypatch.setenv("LLMRS_GC_FREEZE", "0")
+    monkeypatch.setenv("LLMRS_GC_LOG_MS", "soon")
+    with pytest.raises(UserError, match="LLMRS_GC_LOG_MS='soon'"):
+        freeze_heap()
+    monkeypatch.setenv("LLMRS_GC_LOG_MS", "0")
+    before = list(gc.callbacks)
+    try:
+        freeze_heap()
+        gc.collect()
+        err = capsys.readouterr().err
+        assert re.search(rf"\[llmrs gc\] pid {os.getpid()} generation 2 [0-9.]+ ms, \d+ collected, \d+ tracked", err)
+    finally:
+        gc.callbacks[:] = before

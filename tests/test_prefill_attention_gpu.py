@@ -121,13 +121,16 @@ def test_prefill_attention_matches_float64_and_the_decode_kernel(head_dim, heads
 
 
 def test_a_prefill_step_feeds_o_bf16_from_the_attention_kernel():
-    """_attention with out_bf16 on a step the tensor-core kernel runs returns the bf16 buffer (no cast before o);
-    on a step it does not run (all decodes), the f32 one."""
+    """_attention with out_bf16 on a step a tensor-core kernel runs (a prefill; decodes with decode_attn_tc, auto's
+    choice from 2 tokens) returns the bf16 buffer (no cast before o), holding the bits a cast of the f32 result
+    makes; on a step attn_partial runs (LLMRS_ATTN_KERNEL=partial), the f32 one."""
     rng = np.random.default_rng(7)
     heads, kv, D = 8, 2, 64
     be = CUDABackend(cfg(heads, kv, D), num_blocks=80, block_size=16, cuda_graphs=False)
     fill_cache(rng, be)
-    for specs, bf16 in (([(40, 0), (1, 20)], True), ([(1, 30), (1, 5)], False)):
+    for specs, kernel, bf16 in (([(40, 0), (1, 20)], "auto", True), ([(1, 30), (1, 5)], "auto", True),
+                                ([(1, 30), (1, 5)], "partial", False)):
+        be.attn_kernel = kernel
         batch = make_step(rng, specs, 80, 16)
         T = batch.num_tokens
         qkv = cp.asarray(rng.standard_normal((T, (heads + 2 * kv) * D)).astype(np.float32))
@@ -135,7 +138,7 @@ def test_a_prefill_step_feeds_o_bf16_from_the_attention_kernel():
         b16 = cp.full((T, heads * D), 0xFFFF, dtype=cp.uint16)
         db = be.device_batch(batch)
         got = be._attention(0, qkv, (heads + 2 * kv) * D, db, f32, out_bf16=b16)
-        assert got is (b16 if bf16 else f32)
+        assert got is (b16 if bf16 else f32), (specs, kernel)
         if bf16:
             ref = cp.full((T, heads * D), np.nan, dtype=cp.float32)
             be._attention(0, qkv, (heads + 2 * kv) * D, db, ref)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import itertools
 import multiprocessing
 import multiprocessing.connection
@@ -47,6 +48,48 @@ from llmrs.engine.sampling import SamplingParams
 from llmrs.errors import UserError
 
 
+def freeze_heap() -> bool:
+    """Move every object alive now (modules, the tokenizer, the model's host objects, the app) into the garbage
+    collector's permanent generation, as vLLM does after start-up: a full collection then walks only what the
+    serving loop made since, instead of the whole start-up heap. Without it the server process paused ~70 ms at
+    each full collection (H200, 7B, 256 streams: every stream's inter-token gap > 70 ms at the same instants, twice
+    in a 4.4 s burst, session9); one collection over the imports alone takes ~30 ms on a 2-core VM.
+    LLMRS_GC_FREEZE=0 leaves the collector as it is. Returns whether it froze."""
+    _log_gc_pauses()
+    if os.environ.get("LLMRS_GC_FREEZE", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    gc.collect()
+    gc.freeze()
+    return True
+
+
+def _log_gc_pauses() -> None:
+    """LLMRS_GC_LOG_MS=N: every collection of N ms or more printed to stderr (pid, generation, ms, objects
+    collected), to tell the collector's pauses from other stalls in a serving run."""
+    raw = os.environ.get("LLMRS_GC_LOG_MS", "").strip()
+    if not raw:
+        return
+    try:
+        limit = float(raw) / 1e3
+    except ValueError:
+        raise UserError(f"LLMRS_GC_LOG_MS={raw!r}: expected a number of milliseconds") from None
+    import sys
+    import time
+
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+            return
+        took = time.perf_counter() - started[0]
+        if took >= limit:
+            print(f"[llmrs gc] pid {os.getpid()} generation {info['generation']} {took * 1e3:.1f} ms, "
+                  f"{info['collected']} collected, {len(gc.get_objects())} tracked", file=sys.stderr, flush=True)
+
+    gc.callbacks.append(on_gc)
+
+
 # ---------------------------------------------------------------------- the core (child process)
 def core_main(factory: Callable[[], LLMEngine], commands, outputs) -> None:
     """Entry point of the core process: build the engine, say ready, run the loop."""
@@ -60,6 +103,7 @@ def core_main(factory: Callable[[], LLMEngine], commands, outputs) -> None:
     except BaseException:  # noqa: BLE001 - reported to the server, which prints it
         outputs.send(("failed", "bug", traceback.format_exc()))
         return
+    freeze_heap()
     outputs.send(("ready", {"max_model_len": engine.max_model_len, "num_blocks": engine.kv.pool.num_blocks,
                             "block_size": engine.kv.block_size, "device": engine.runner.device,
                             "async_scheduling": engine.async_scheduling,

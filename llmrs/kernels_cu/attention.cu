@@ -228,8 +228,16 @@ ATTN(8)
 #ifndef MERGE_STAGE  // -DMERGE_STAGE=1 keeps every merge on the per-thread loop (the test compares the two)
 #define MERGE_STAGE 256
 #endif
-extern "C" __global__ void attn_merge(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
-                                      float* __restrict__ out, int Hq, int D, int S) {
+// the merged value as the output's type: f32, or bf16 words (o's GEMM input: f32_to_bf16 of the very f32 value,
+// the bits cast_f32_bf16 would make of it)
+template <typename OutT> __device__ __forceinline__ OutT merge_out(float v);
+template <> __device__ __forceinline__ float merge_out<float>(float v) { return v; }
+template <> __device__ __forceinline__ bf16_t merge_out<bf16_t>(float v) { return f32_to_bf16(v); }
+
+template <typename OutT>
+__device__ __forceinline__ void attn_merge_impl(const float* __restrict__ part_acc,
+                                                const float* __restrict__ part_ml, OutT* __restrict__ out, int Hq,
+                                                int D, int S) {
     pdl_enter();
     __shared__ float s_m[MERGE_STAGE], s_l[MERGE_STAGE], s_e[MERGE_STAGE];
     const int t = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
@@ -255,7 +263,7 @@ extern "C" __global__ void attn_merge(const float* __restrict__ part_acc, const 
             Ls += s_l[s] * e;
             A += a * e;
         }
-        out[(size_t)t * Hq * D + (size_t)head * D + d] = A / Ls;
+        out[(size_t)t * Hq * D + (size_t)head * D + d] = merge_out<OutT>(A / Ls);
         return;
     }
     if (d >= D) return;
@@ -273,5 +281,14 @@ extern "C" __global__ void attn_merge(const float* __restrict__ part_acc, const 
         Ls += part_ml[2 * (p0 + s) + 1] * e;
         A += part_acc[(p0 + s) * D + d] * e;
     }
-    out[(size_t)t * Hq * D + (size_t)head * D + d] = A / Ls;
+    out[(size_t)t * Hq * D + (size_t)head * D + d] = merge_out<OutT>(A / Ls);
+}
+
+extern "C" __global__ void attn_merge(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
+                                      float* __restrict__ out, int Hq, int D, int S) {
+    attn_merge_impl<float>(part_acc, part_ml, out, Hq, D, S);
+}
+extern "C" __global__ void attn_merge_bf16(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
+                                           bf16_t* __restrict__ out, int Hq, int D, int S) {
+    attn_merge_impl<bf16_t>(part_acc, part_ml, out, Hq, D, S);
 }

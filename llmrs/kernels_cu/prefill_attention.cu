@@ -368,11 +368,12 @@ PREFILL_ATTN(128, prefill_attn_bf16_d128, true, bf16_t)
 #define DT_BK 16  // keys per warp tile
 #define DT_LN2 0.6931471805599453f
 
-template <int D>
+// OUT_BF16 (one split only): out holds bf16 words, as prefill_attn_impl's
+template <int D, bool OUT_BF16>
 __device__ __forceinline__ void decode_attn_tc_impl(
     const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,
     const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,
-    const int* __restrict__ token_seq, const int* __restrict__ positions, float* __restrict__ out,
+    const int* __restrict__ token_seq, const int* __restrict__ positions, void* __restrict__ out,
     float* __restrict__ part_acc, float* __restrict__ part_ml, int Hq, int Hkv, int bs_shift, int chunk,
     float scale_log2) {
     pdl_trigger();
@@ -550,7 +551,9 @@ __device__ __forceinline__ void decode_attn_tc_impl(
         }
         const int head = g * G + r;
         if (S == 1) {
-            out[(size_t)t * Hq * D + (size_t)head * D + d] = A / Ls;
+            const size_t oi = (size_t)t * Hq * D + (size_t)head * D + d;
+            if (OUT_BF16) static_cast<bf16_t*>(out)[oi] = f32_to_bf16(A / Ls);
+            else static_cast<float*>(out)[oi] = A / Ls;
         } else {
             const size_t pi = ((size_t)t * Hq + head) * S + s;
             part_acc[pi * D + d] = A;
@@ -563,15 +566,18 @@ __device__ __forceinline__ void decode_attn_tc_impl(
 #endif
 }
 
-#define DECODE_ATTN_TC(D)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, 2) decode_attn_tc_d##D(                        \
+#define DECODE_ATTN_TC(D, NAME, OUT_BF16, OUT_T)                                                               \
+    extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, 2) NAME(                                        \
         const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,                         \
         const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,              \
-        const int* __restrict__ token_seq, const int* __restrict__ positions, float* __restrict__ out,         \
+        const int* __restrict__ token_seq, const int* __restrict__ positions, OUT_T* __restrict__ out,         \
         float* __restrict__ part_acc, float* __restrict__ part_ml, int Hq, int Hkv, int bs_shift, int chunk,   \
         float scale_log2) {                                                                                    \
-        decode_attn_tc_impl<D>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, token_seq, positions,  \
-                               out, part_acc, part_ml, Hq, Hkv, bs_shift, chunk, scale_log2);                  \
+        decode_attn_tc_impl<D, OUT_BF16>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, token_seq,   \
+                                         positions, out, part_acc, part_ml, Hq, Hkv, bs_shift, chunk,          \
+                                         scale_log2);                                                          \
     }
-DECODE_ATTN_TC(64)
-DECODE_ATTN_TC(128)
+DECODE_ATTN_TC(64, decode_attn_tc_d64, false, float)
+DECODE_ATTN_TC(128, decode_attn_tc_d128, false, float)
+DECODE_ATTN_TC(64, decode_attn_tc_bf16_d64, true, bf16_t)
+DECODE_ATTN_TC(128, decode_attn_tc_bf16_d128, true, bf16_t)

@@ -181,6 +181,9 @@ def serve(
     console.print(f"serving [cyan]{name}[/] on http://{host}:{bound[1]}/v1 (Ctrl-C to stop)")
     config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on",
                             timeout_graceful_shutdown=shutdown_timeout + 5.0, timeout_keep_alive=5, **stack)
+    from llmrs.engine.core_process import freeze_heap
+
+    freeze_heap()  # the start-up heap out of every later full collection (this process; the core froze its own)
     _uvicorn_server(config, app.state.llmrs, shutdown_timeout).run(sockets=[sock])
 
 

@@ -707,8 +707,8 @@ class CUDABackend:
 
     def _attention(self, layer: int, q: Any, q_stride: int, db: DeviceBatch, out: Any, out_bf16: Any = None) -> Any:
         """out [T, Hq*D] = paged causal attention of q (row stride q_stride) over layer's cache; returns the buffer
-        written: `out_bf16` (bf16 words, the o projection's GEMM input) where the tensor-core prefill kernel runs the
-        step and one is given, else `out` (f32)."""
+        written: `out_bf16` (bf16 words, the o projection's GEMM input) where a tensor-core kernel (prefill,
+        decode_attn_tc) runs the step and one is given, else `out` (f32)."""
         if db.n_prefill_tiles:
             from llmrs.engine.backends.cuda_prefill import prefill_attention
 
@@ -718,8 +718,9 @@ class CUDABackend:
         if self._attn_choice(db.T) == "tc":
             from llmrs.engine.backends.cuda_prefill import decode_attention_tc
 
-            if decode_attention_tc(self, layer, q, q_stride, db, out):
-                return out
+            dst = decode_attention_tc(self, layer, q, q_stride, db, out, out_bf16)
+            if dst is not None:
+                return dst
         c = self.config
         T, Hq, Hkv, D = db.T, c.num_attention_heads, c.num_key_value_heads, c.head_dim
         gqa = self._use_gqa(T)
@@ -799,9 +800,11 @@ class CUDABackend:
                                     (qkv, db.positions, self.inv_freq, db.slots, self.k_cache[n], self.v_cache[n],
                                      np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(self.block_size),
                                      layer.qkv_bias if fold else NULL))
-            # a prefill step (tensor-core kernel) writes the attention output as o's bf16 GEMM input: no cast
+            # the tensor-core kernels (a prefill step, decode_attn_tc) write the attention output as o's bf16 GEMM
+            # input: no cast
             att_bf16 = (self._buf("att_bf16", (T, Hq * D), np.uint16)
-                        if db.n_prefill_tiles and self._gemm_takes_bf16(layer.o, T) else None)
+                        if (db.n_prefill_tiles or self._attn_choice(T) == "tc") and self._gemm_takes_bf16(layer.o, T)
+                        else None)
             o_in = self._attention(n, qkv, n_qkv, db, att, out_bf16=att_bf16)
             pair = self._pair_epilogue(layer.gate_up, T)
             norm_in = pair and tp is None and self._norm_folds(layer.gate_up)  # post_norm folded into gate_up

@@ -44,10 +44,12 @@ ENTRY_POINTS: dict[str, list[str]] = {
                   for nt in (1, 2, 4, 8)],
     "matvec_q4.cu": [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
                     + ["dequant_q4_bf16", "dequant_q8_bf16"],
-    "attention.cu": ["attn_partial_d1", "attn_partial_d2", "attn_partial_d4", "attn_partial_d8", "attn_merge"],
+    "attention.cu": ["attn_partial_d1", "attn_partial_d2", "attn_partial_d4", "attn_partial_d8", "attn_merge",
+                    "attn_merge_bf16"],
     "attention_gqa.cu": ["attn_partial_gqa_d1", "attn_partial_gqa_d2", "attn_partial_gqa_d4", "attn_partial_gqa_d8"],
     "prefill_attention.cu": ["prefill_attn_d64", "prefill_attn_d128", "prefill_attn_bf16_d64",
-                             "prefill_attn_bf16_d128", "decode_attn_tc_d64", "decode_attn_tc_d128"],
+                             "prefill_attn_bf16_d128", "decode_attn_tc_d64", "decode_attn_tc_d128",
+                             "decode_attn_tc_bf16_d64", "decode_attn_tc_bf16_d128"],
     "sampling.cu": ["sample_tokens"],
     "gemm_q4.cu": [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4)]
                   + ["gemm_q4_reduce", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16",
@@ -57,14 +59,14 @@ ENTRY_POINTS: dict[str, list[str]] = {
 # kernels that keep common.cuh's PDL contract (pdl_enter / pdl_trigger + pdl_wait before dependent reads and writes)
 PDL_KERNELS = frozenset(
     ["embedding_gather", "rms_norm", "add_rms_norm", "rms_norm_bf16", "add_rms_norm_bf16", "silu_mul", "add_bias",
-     "add_inplace", "cast_f32_bf16", "silu_mul_bf16", "rope_write_kv", "attn_merge", "gemm_q4_reduce",
-     "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"]
+     "add_inplace", "cast_f32_bf16", "silu_mul_bf16", "rope_write_kv", "attn_merge", "attn_merge_bf16",
+     "gemm_q4_reduce", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"]
     + [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16", "rope_norm_bf16")
        for nt in (1, 2, 4, 8)]
     + [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
     + [f"attn_partial_d{d}" for d in (1, 2, 4, 8)] + [f"attn_partial_gqa_d{d}" for d in (1, 2, 4, 8)]
     + [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4)]
-    + ["decode_attn_tc_d64", "decode_attn_tc_d128"])
+    + [f"decode_attn_tc{o}_d{d}" for o in ("", "_bf16") for d in (64, 128)])
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
 _lock = threading.Lock()

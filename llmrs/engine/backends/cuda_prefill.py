@@ -131,17 +131,22 @@ def decode_tc_splits(backend: Any, T: int, max_len: int) -> int:
     return max(1, min(-(-max_len // per_split), -(-2 * backend.num_sms // blocks), 64))
 
 
-def decode_attention_tc(backend: Any, layer: int, q: Any, q_stride: int, db: Any, out: Any) -> bool:
+def decode_attention_tc(backend: Any, layer: int, q: Any, q_stride: int, db: Any, out: Any,
+                        out_bf16: Any = None) -> Any:
     """out [T, Hq*D] (f32) = paged causal attention of q (f32, row stride q_stride) over layer's cache for every
-    token of the step (its own causal limit), on tensor cores; attn_merge combines the splits. Returns False
-    (launching nothing) where the shapes or alignments are not supported: the caller keeps attn_partial."""
+    token of the step (its own causal limit), on tensor cores; attn_merge combines the splits. With `out_bf16`
+    (uint16 [T, Hq*D], o's bf16 GEMM input) the result goes there as bf16 words instead (the bits a cast of the
+    f32 value makes). Returns the buffer written, or None (launching nothing) where the shapes or alignments are
+    not supported: the caller keeps attn_partial."""
     c = backend.config
     T, Hq, Hkv, D = db.T, c.num_attention_heads, c.num_key_value_heads, c.head_dim
     if not decode_tc_supported(backend) or q_stride % 4 or q.data.ptr % 16:
-        return False
+        return None
     S = decode_tc_splits(backend, T, db.max_len)
     chunk = -(-db.max_len // S)
-    fn = backend.k.fns[f"decode_attn_tc_d{D}"]
+    dst = out if out_bf16 is None else out_bf16
+    bf16 = "_bf16" if out_bf16 is not None else ""
+    fn = backend.k.fns[f"decode_attn_tc{bf16 if S == 1 else ''}_d{D}"]
     smem = TC_WARPS * 2 * 2 * TC_BLOCK_K * D * 2 + 16 * D * 2  # stages (K + V, two a warp) + Q
     if id(fn) not in _smem_set:
         if smem > 48 * 1024:  # (a PDL kernel: the attribute goes on its RawKernel, the function both launch)
@@ -158,11 +163,11 @@ def decode_attention_tc(backend: Any, layer: int, q: Any, q_stride: int, db: Any
     with backend._span("attention", f"decode_attn_tc_d{D}", T, Hq, Hkv, D, db.kv_tokens, db.qk_pairs, S):
         fn((T, Hkv, S), (TC_WARPS * 32,),
            (q, np.int32(q_stride), backend.k_cache[layer], backend.v_cache[layer], db.block_tables,
-            np.int32(db.max_blocks), db.token_seq, db.positions, out, part_acc, part_ml, np.int32(Hq),
+            np.int32(db.max_blocks), db.token_seq, db.positions, dst if S == 1 else out, part_acc, part_ml, np.int32(Hq),
             np.int32(Hkv), np.int32(backend.block_size.bit_length() - 1), np.int32(chunk), scale_log2),
            shared_mem=smem)
     if S > 1:
-        with backend._span("attn_merge", "attn_merge", T, Hq, D, S):
-            backend.k.attn_merge((T, Hq), (-(-D // 32) * 32,), (part_acc, part_ml, out, np.int32(Hq), np.int32(D),
-                                                                np.int32(S)))
-    return True
+        with backend._span("attn_merge", "attn_merge" + bf16, T, Hq, D, S):
+            getattr(backend.k, "attn_merge" + bf16)((T, Hq), (-(-D // 32) * 32,),
+                                                     (part_acc, part_ml, dst, np.int32(Hq), np.int32(D), np.int32(S)))
+    return dst

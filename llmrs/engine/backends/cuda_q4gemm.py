@@ -36,7 +36,7 @@ THREADS = 128
 BN = 128  # output columns per block
 BK = 64  # k per pipeline stage
 MIN_KT_PER_SPLIT = 8  # a K slice of at least 512 keeps the 3-4 stage pipeline worth filling
-MAX_SPLITS = 8
+MAX_SPLITS = 16
 MAX_TOKENS = 64  # above, dequantize + cuBLAS is faster (module docstring)
 GEMV_MAX_TOKENS = 16  # gemv_q4: x's tokens are the columns of one n8 tile (gemv_q4z / q4m) or two (.._t16)
 # The backend's decode path takes gemv_q4 from 2 tokens, and for one token where the 32-column tiles alone fill
@@ -93,10 +93,23 @@ def tile_rows(T: int) -> int:
     return 1 if T <= 16 else 2 if T <= 32 else 4
 
 
+# The K slices aim at GEMM_BLOCKS_PER_SM blocks an SM (LLMRS_Q4_GEMM_BLOCKS_PER_SM, read at each launch for A/Bs),
+# up to MAX_SPLITS. With one an SM (before) the GEMM at 64 tokens ran at 66-150 TFLOP/s and streamed its 4-bit
+# weights at 0.3-0.6 TB/s on the H200: down 3584 x 18944 got 112 blocks (28 tiles x 4 slices, 4 warps each, 2
+# stages of 12 KB in flight a block), qkv 108: latency-bound, not tensor-bound. At 4 an SM (`llmrs profile
+# --synthetic qwen2.5-7b-awq --batch 16,64,256`, reports/h200-qwen2.5/session9/call3): the 64-sequence step 10.24 ->
+# 7.94 ms (down 2.47 -> 1.87 ms, qkv 0.86 -> 0.68, o 0.70 -> 0.64 a step; gate_up's 296 tiles stay one slice).
+GEMM_BLOCKS_PER_SM = 4
+
+
 def choose_splits(backend: Any, T: int, N: int, K: int) -> int:
-    """Slices of K so that the grid reaches about one block per SM (1 when the tiles already do)."""
+    """Slices of K so that the grid reaches about LLMRS_Q4_GEMM_BLOCKS_PER_SM blocks per SM (1 when the tiles
+    already do)."""
+    from llmrs.engine.backends.cuda import env_int  # (cuda.py imports this module)
+
+    per_sm = env_int("LLMRS_Q4_GEMM_BLOCKS_PER_SM", GEMM_BLOCKS_PER_SM)
     tiles = -(-N // BN) * -(-T // (16 * tile_rows(T)))
-    return max(1, min(backend.num_sms // tiles, (K // BK) // MIN_KT_PER_SPLIT, MAX_SPLITS))
+    return max(1, min(per_sm * backend.num_sms // tiles, (K // BK) // MIN_KT_PER_SPLIT, MAX_SPLITS))
 
 
 def gemm_q4(backend: Any, x_bf16: Any, mw: MarlinWeight | None, bias: Any | None, out: Any,
