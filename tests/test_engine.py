@@ -216,3 +216,21 @@ def test_released_host_weights_are_refused_not_replaced(tiny_llama):
     released = dataclasses.replace(load(str(tiny_llama)), tensors=None)
     with pytest.raises(UserError, match="host weights were released"):
         ModelRunner(released, num_blocks=4, device="cpu")
+
+
+def test_serving_step_budget_follows_the_device(smol):
+    """`llmrs serve` leaves --max-num-batched-tokens None: vLLM's API-server default for the device, 8192 on a GPU
+    of >= 70 GiB other than an A100, else 2048 (the CPU here); a number given is kept."""
+    from llmrs.engine.engine import serving_batched_tokens
+
+    gib = 2**30
+    assert serving_batched_tokens("cuda", 141 * 10**9, "NVIDIA H200") == 8192
+    assert serving_batched_tokens("cuda", 80 * gib, "NVIDIA H100 80GB HBM3") == 8192
+    assert serving_batched_tokens("cuda", 80 * gib, "NVIDIA A100-SXM4-80GB") == 2048
+    assert serving_batched_tokens("cuda", 24 * gib, "NVIDIA GeForce RTX 4090") == 2048
+    assert serving_batched_tokens("cpu") == 2048
+    eng = LLMEngine(smol, EngineConfig(max_num_batched_tokens=None, kv_cache_tokens=512))
+    assert eng.scheduler.max_num_batched_tokens == 2048 == eng.engine_config.max_num_batched_tokens
+    assert AsyncEngine(eng).max_num_batched_tokens == 2048
+    eng = LLMEngine(smol, EngineConfig(max_num_batched_tokens=300, kv_cache_tokens=512))
+    assert eng.scheduler.max_num_batched_tokens == 300

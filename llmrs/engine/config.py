@@ -184,7 +184,9 @@ class EngineConfig:
     kv_cache_tokens: int | None = None  # None: 16,384 on the CPU; on the GPU, sized by gpu_memory_utilization
     gpu_memory_utilization: float = 0.9
     max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
+    # None: the serving default of the device the engine runs on (engine.serving_batched_tokens: 8192 on a GPU of
+    # >= 70 GiB other than an A100, as vLLM's API server; else 2048)
+    max_num_batched_tokens: int | None = 2048
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     device: str = "cpu"

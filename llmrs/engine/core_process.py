@@ -105,6 +105,7 @@ def core_main(factory: Callable[[], LLMEngine], commands, outputs) -> None:
         return
     freeze_heap()
     outputs.send(("ready", {"max_model_len": engine.max_model_len, "num_blocks": engine.kv.pool.num_blocks,
+                            "max_num_batched_tokens": engine.engine_config.max_num_batched_tokens,
                             "block_size": engine.kv.block_size, "device": engine.runner.device,
                             "async_scheduling": engine.async_scheduling,
                             "stats": engine.stats()}))
@@ -166,6 +167,7 @@ class ProcessEngine:
         self.tokenizer = loaded.tokenizer
         self.config = loaded.config
         self.max_model_len: int = info["max_model_len"]
+        self.max_num_batched_tokens: int = info["max_num_batched_tokens"]
         self.block_size: int = info["block_size"]
         self.num_blocks: int = info["num_blocks"]
         self.kv_cache_tokens = self.num_blocks * self.block_size

@@ -106,7 +106,7 @@ def serve(
     max_num_seqs: int = typer.Option(64, "--max-num-seqs", help="Sequences in the running batch at most."),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Context length served (prompt + output), at most the model's own; also caps the KV cache the GPU sizes [default: the model's]."),
     enable_prefix_caching: bool = typer.Option(True, "--enable-prefix-caching/--no-enable-prefix-caching", help="Reuse the KV blocks of prompt prefixes computed before."),
-    max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", help="Tokens computed per engine step at most (prefill chunks + decode tokens)."),
+    max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens", show_default="8192 on a GPU of >= 70 GiB other than an A100, else 2048", help="Tokens computed per engine step at most (prefill chunks + decode tokens): larger steps raise throughput under load, smaller ones keep running streams' gaps short while prompts arrive."),
     kv_cache_tokens: Optional[int] = typer.Option(None, "--kv-cache-tokens", show_default="CPU: 16384; GPU: from --gpu-memory-utilization", help="KV-cache capacity in tokens."),
     gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", help="GPU: share of the GPU's memory for weights + activations + KV cache (the KV cache gets what is left)."),
     synthetic: Optional[str] = typer.Option(None, "--synthetic", help="Instead of MODEL: a preset's exact shapes (e.g. qwen2.5-7b) with random bf16 weights drawn on the GPU; PRESET-awq (e.g. qwen2.5-7b-awq): its linear layers AWQ 4-bit, group 128, kept packed."),
@@ -174,7 +174,8 @@ def serve(
                                            max_body_bytes=max_body_bytes, block_size=BLOCK_SIZE))
     bound = sock.getsockname()
     console.print(f"[dim]loaded {model} in {time.perf_counter() - t0:.1f}s; max_model_len {engine.max_model_len}, "
-                  f"KV cache {engine.kv_cache_tokens} tokens on {engine.device}"
+                  f"KV cache {engine.kv_cache_tokens} tokens on {engine.device}, "
+                  f"{engine.max_num_batched_tokens} tokens a step"
                   f"{', async scheduling' if engine.async_scheduling else ''}[/dim]")
     if engine_process:
         console.print(f"[dim]engine core: process {engine.pid}[/dim]")
