@@ -71,6 +71,8 @@ VIEW_CACHE_MAX = 4096  # workspace views `_buf` keeps (cleared when full)
 # Qwen2.5-0.5B (896) 0.868 -> 0.841, 3B (2048) 2.776 -> 2.775, 7B (3584) 4.448 -> 4.527: the fold's extra work per
 # weight chunk (the norm weight's loads, the sum of squares) costs more than the launch it saves on long rows.
 NORM_FOLD_MAX_K = 2048
+# Folding only gate_up's norm at 3584 (the 7B) measured faster inside graphs at one token (session 8: 64.6 us against
+# 62.8 + 2.6 apart) but slower in the decode: 4.250 / 4.254 -> 4.322 / 4.319 ms/token (session9/call6): not done.
 NORM_STAGE_MAX_K = 12288  # matvec.cu's: one token's x * g staged in (at most 48 KB of) shared memory
 # bf16 weights: the matvec for one token, cuBLAS from two. Measured on the H200 (`LLMRS_MATVEC_MAX_TOKENS=8|2|1
 # llmrs profile --synthetic qwen2.5-7b --batch 1,2,3,4,8`, graph wall ms per decode step, scripts/gpu_crossover.sh):

@@ -1,0 +1,60 @@
+"""The CUDA backend's dispatch rules that need no GPU (a stand-in backend object): which decode attention kernel
+a step takes (decode_attn_tc / attn_partial / attn_partial_gqa), its splits, and where the RMSNorm folds into the
+paired matvecs. The kernels themselves: the GPU tests (test_attention_tc_gpu.py, test_cuda_kernels.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from llmrs.engine.backends.cuda import ATTN_TC_MIN_TOKENS, CUDABackend
+from llmrs.engine.backends.cuda_prefill import TC_MIN_SPLIT_KEYS, decode_tc_splits
+from llmrs.roofline.presets import preset_config
+
+
+def fake_backend(preset: str, cc: int = 90, kernel: str = "auto") -> SimpleNamespace:
+    be = SimpleNamespace(config=preset_config(preset), block_size=16, _prefill_cc=cc, attn_kernel=kernel,
+                         attn_splits=None, num_sms=132, fuse_norm="auto")
+    be._use_gqa = lambda T: CUDABackend._use_gqa(be, T)
+    return be
+
+
+@pytest.mark.parametrize("preset,one,two", [("qwen2.5-7b", "partial", "tc"), ("qwen2.5-3b", "partial", "tc"),
+                                            ("qwen2.5-0.5b", "tc", "tc")])
+def test_auto_takes_decode_attn_tc_from_two_tokens_and_for_small_heads_from_one(preset, one, two):
+    be = fake_backend(preset)
+    assert ATTN_TC_MIN_TOKENS == 2
+    assert CUDABackend._attn_choice(be, 1) == one
+    assert [CUDABackend._attn_choice(be, T) for T in (2, 64, 256)] == [two] * 3
+
+
+def test_without_tensor_cores_auto_keeps_the_cuda_core_kernels():
+    be = fake_backend("qwen2.5-7b", cc=75)
+    assert CUDABackend._attn_choice(be, 1) == "partial"
+    assert CUDABackend._attn_choice(be, 256) == "gqa"  # 1024 (token, kv head) blocks >= ATTN_GQA_MIN_BLOCKS
+    for forced in ("partial", "gqa", "tc"):
+        assert CUDABackend._attn_choice(fake_backend("qwen2.5-7b", kernel=forced), 64) == forced
+
+
+def test_tc_splits_fill_the_gpu_with_splits_of_at_least_32_keys():
+    be = fake_backend("qwen2.5-7b")  # 4 KV heads
+    assert decode_tc_splits(be, 1, 512) == 512 // TC_MIN_SPLIT_KEYS == 16
+    assert decode_tc_splits(be, 1, 20) == 1
+    assert decode_tc_splits(be, 64, 512) == 2  # 256 blocks: two splits reach 2 an SM
+    assert decode_tc_splits(be, 256, 512) == 1  # 1024 blocks fill the GPU alone
+    assert decode_tc_splits(be, 1, 100_000) == 64  # at most 64
+    be.attn_splits = 3
+    assert decode_tc_splits(be, 256, 512) == 3
+
+
+@pytest.mark.parametrize("hidden,folds", [(896, True), (2048, True), (3584, False), (5120, False)])
+def test_the_norms_fold_into_the_paired_matvecs_up_to_2048(hidden, folds):
+    be = fake_backend("qwen2.5-7b")
+    w = np.empty((8, hidden), dtype=np.uint16)
+    assert CUDABackend._norm_folds(be, w) is folds
+    be.fuse_norm = "0"
+    assert not CUDABackend._norm_folds(be, np.empty((8, 896), dtype=np.uint16))
+    be.fuse_norm = "1"
+    assert CUDABackend._norm_folds(be, w)
