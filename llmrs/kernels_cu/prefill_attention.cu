@@ -116,6 +116,46 @@ __device__ __forceinline__ int swz(int row, int chunk) {
     return row * (D * 2) + ((chunk ^ (row & 7)) << 4);
 }
 
+// One tile's online-softmax update for the two rows (r, r + 8) a lane holds in the m16n8 C fragments `s` (NT n8
+// key tiles of raw scores, scaled by scale_log2 here): the row maxima over the quad's 4 lanes, the running maxima
+// m0 / m1 (log2 units) and the lane's partial sums l0 / l1 rescaled, s turned into p = exp2(s * scale - m), and
+// the O accumulator's DT n8 tiles rescaled. The caller makes sure each row's maximum is finite (a key in range).
+template <int NT, int DT>
+__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&o)[DT][4], float& m0, float& m1,
+                                               float& l0, float& l1, float scale_log2) {
+    float mx0 = fmaxf(s[0][0], s[0][1]), mx1 = fmaxf(s[0][2], s[0][3]);
+#pragma unroll
+    for (int nt = 1; nt < NT; ++nt) {
+        mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+        mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float mn0 = fmaxf(m0, mx0 * scale_log2), mn1 = fmaxf(m1, mx1 * scale_log2);
+    const float corr0 = exp2f(m0 - mn0), corr1 = exp2f(m1 - mn1);
+    m0 = mn0;
+    m1 = mn1;
+    float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        s[nt][0] = exp2f(fmaf(s[nt][0], scale_log2, -mn0));
+        s[nt][1] = exp2f(fmaf(s[nt][1], scale_log2, -mn0));
+        s[nt][2] = exp2f(fmaf(s[nt][2], scale_log2, -mn1));
+        s[nt][3] = exp2f(fmaf(s[nt][3], scale_log2, -mn1));
+        sum0 += s[nt][0] + s[nt][1];
+        sum1 += s[nt][2] + s[nt][3];
+    }
+    l0 = l0 * corr0 + sum0;  // per-lane partial sums; the quad adds them up at the end
+    l1 = l1 * corr1 + sum1;
+#pragma unroll
+    for (int d = 0; d < DT; ++d) {
+        o[d][0] *= corr0; o[d][1] *= corr0;
+        o[d][2] *= corr1; o[d][3] *= corr1;
+    }
+}
+
 // OUT_BF16: out holds bf16 words (the o projection's cuBLAS input, written here instead of f32 + cast_f32_bf16:
 // f32_to_bf16 of the very f32 value, the same bits as the cast)
 template <int D, bool OUT_BF16>
@@ -251,37 +291,7 @@ __device__ __forceinline__ void prefill_attn_impl(
             }
             // online softmax (row max over the quad's 4 lanes); key 0 is in tile 0 for every row, so m is finite
             // from the first tile on and a fully masked row of a later tile only gets p = 0
-            float mx0 = NEG_INF, mx1 = NEG_INF;
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
-                mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
-            }
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-            const float mn0 = fmaxf(m0, mx0 * scale_log2), mn1 = fmaxf(m1, mx1 * scale_log2);
-            const float corr0 = exp2f(m0 - mn0), corr1 = exp2f(m1 - mn1);
-            m0 = mn0;
-            m1 = mn1;
-            float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                s[nt][0] = exp2f(fmaf(s[nt][0], scale_log2, -mn0));
-                s[nt][1] = exp2f(fmaf(s[nt][1], scale_log2, -mn0));
-                s[nt][2] = exp2f(fmaf(s[nt][2], scale_log2, -mn1));
-                s[nt][3] = exp2f(fmaf(s[nt][3], scale_log2, -mn1));
-                sum0 += s[nt][0] + s[nt][1];
-                sum1 += s[nt][2] + s[nt][3];
-            }
-            l0 = l0 * corr0 + sum0;  // per-lane partial sums; the quad adds them up at the end
-            l1 = l1 * corr1 + sum1;
-#pragma unroll
-            for (int d = 0; d < DT; ++d) {
-                o[d][0] *= corr0; o[d][1] *= corr0;
-                o[d][2] *= corr1; o[d][3] *= corr1;
-            }
+            online_softmax<NT, DT>(s, o, m0, m1, l0, l1, scale_log2);
             // O += P V: P's C fragments of n8 tiles 2kk, 2kk+1 are the A fragment of k16 step kk
 #pragma unroll
             for (int kk = 0; kk < PF_BK / 16; ++kk) {
@@ -468,33 +478,7 @@ __device__ __forceinline__ void decode_attn_tc_impl(
             }
         }
         // online softmax; the tile's first key is in range, so the row maxima are finite
-        float mx0 = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
-        float mx1 = fmaxf(fmaxf(sc[0][2], sc[0][3]), fmaxf(sc[1][2], sc[1][3]));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float mn0 = fmaxf(m0, mx0 * scale_log2), mn1 = fmaxf(m1, mx1 * scale_log2);
-        const float corr0 = exp2f(m0 - mn0), corr1 = exp2f(m1 - mn1);
-        m0 = mn0;
-        m1 = mn1;
-        float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-            sc[nt][0] = exp2f(fmaf(sc[nt][0], scale_log2, -mn0));
-            sc[nt][1] = exp2f(fmaf(sc[nt][1], scale_log2, -mn0));
-            sc[nt][2] = exp2f(fmaf(sc[nt][2], scale_log2, -mn1));
-            sc[nt][3] = exp2f(fmaf(sc[nt][3], scale_log2, -mn1));
-            sum0 += sc[nt][0] + sc[nt][1];
-            sum1 += sc[nt][2] + sc[nt][3];
-        }
-        l0 = l0 * corr0 + sum0;  // per-lane partial sums; the quad adds them up at the end
-        l1 = l1 * corr1 + sum1;
-#pragma unroll
-        for (int d = 0; d < DT; ++d) {
-            o[d][0] *= corr0; o[d][1] *= corr0;
-            o[d][2] *= corr1; o[d][3] *= corr1;
-        }
+        online_softmax<2, DT>(sc, o, m0, m1, l0, l1, scale_log2);
         // O += P V: the C fragments of the two n8 key tiles are the A fragment of the tile's k16 step
         unsigned a[4];
         a[0] = pack_bf16x2(sc[0][0], sc[0][1]);
