@@ -109,8 +109,12 @@ def test_request_rate_spreads_arrivals(server):
     url, _ = server
     out = run_load(specs, offs, ClientConfig(url, "m"), cap=None, workers=2)
     starts = sorted(r.start - out.t0 for r in out.results)
-    assert starts[-1] == pytest.approx(offs[-1], abs=0.02)  # sent when scheduled, not all at once
-    assert all(abs((r.start - r.scheduled)) < 0.02 for r in out.results)
+    # sent when scheduled, not all at once: the 40 arrivals span ~0.8 s. The bounds on the lag leave room for a
+    # busy 2-core CI machine (one request 20+ ms late failed a 20 ms bound there) without passing a burst.
+    assert starts[-1] == pytest.approx(offs[-1], abs=0.1)
+    lags = sorted(r.start - r.scheduled for r in out.results)
+    assert lags[0] > -0.005, "no request goes out before its time"
+    assert lags[len(lags) // 2] < 0.02 and lags[-1] < 0.15, lags
 
 
 def test_faults_are_counted_with_reasons_and_the_run_still_saves(server, tmp_path):
