@@ -14,7 +14,7 @@ cuBLAS above.
 
 Attention: `_attention` picks per step: the tensor-core prefill kernel (cuda_prefill.py) when a sequence brings
 `prefill_min_tokens` or more new tokens; else, where it can run, decode_attn_tc (prefill_attention.cu, tensor
-cores) from ATTN_TC_MIN_TOKENS tokens; else attn_partial (attention.cu) or, from ATTN_GQA_MIN_BLOCKS blocks a step,
+cores) from ATTN_TC_MIN_TOKENS tokens (from one for heads of <= 64 dims); else attn_partial (attention.cu) or, from ATTN_GQA_MIN_BLOCKS blocks a step,
 attn_partial_gqa (attention_gqa.cu); all split along the keys and share attn_merge.
 
 Tensor parallelism: with `tp=TPRank` (tp_nccl.py) the same fused step embeds the rank's vocabulary slice, sums
@@ -678,9 +678,12 @@ class CUDABackend:
         auto rule: ATTN_TC_MIN_TOKENS)."""
         if self.attn_kernel != "auto":
             return self.attn_kernel
-        from llmrs.engine.backends.cuda_prefill import decode_tc_supported
+        tc = getattr(self, "_tc_ok", None)  # (asked twice a layer of every eager step: the answer is kept)
+        if tc is None:
+            from llmrs.engine.backends.cuda_prefill import decode_tc_supported
 
-        if decode_tc_supported(self) and (T >= ATTN_TC_MIN_TOKENS or self.config.head_dim <= ATTN_GQA_MAX_HEAD_DIM):
+            tc = self._tc_ok = decode_tc_supported(self)
+        if tc and (T >= ATTN_TC_MIN_TOKENS or self.config.head_dim <= ATTN_GQA_MAX_HEAD_DIM):
             return "tc"
         return "gqa" if self._use_gqa(T) else "partial"
 
