@@ -142,19 +142,20 @@ def main() -> None:
         add("silu_mul", graph_us(lambda i: be._silu_mul_for(W["down"], gu)))
     att = cp.zeros((T, Hq * D), dtype=cp.float32)
     kv_bytes = 2 * 2 * T * (a.context + 1) * Hkv * D
+
+    def splits_of(kernel: str) -> int:  # the splits the backend gives `kernel` at this step (be.attn_splits applies)
+        return decode_tc_splits(be, T, db.max_len) if kernel == "tc" else be._splits(T, db.max_len, kernel == "gqa")
+
     for kernel in ("partial", "gqa") + (("tc",) if decode_tc_supported(be) else ()):
         be.attn_kernel = kernel
         for S in (None, 1, 4, 8, 16, 32, 64):
             be.attn_splits = S
-            auto = (decode_tc_splits(be, T, db.max_len) if kernel == "tc"
-                    else be._splits(T, db.max_len, be._use_gqa(T)))
+            auto = splits_of(kernel)
             label = f"attention {kernel} splits={S if S else auto}{' (auto)' if S is None else ''}"
             add(label, graph_us(lambda i: be._attention(0, qkv, n_qkv, db, att)), kv_bytes)
     be.attn_splits, be.attn_kernel = None, "auto"
     choice = be._attn_choice(T)
-    auto_splits = (decode_tc_splits(be, T, db.max_len) if choice == "tc"
-                   else be._splits(T, db.max_len, choice == "gqa"))
-    print(f"  (backend's choice for attention at {T} token(s): {choice}, splits={auto_splits})")
+    print(f"  (backend's choice for attention at {T} token(s): {choice}, splits={splits_of(choice)})")
     out = {"attention_choice": choice, "preset": a.like, "tokens": T, "context": a.context,
            "repeat": a.repeat, "pdl": be.k.pdl_capable,
            "copies": {k: len(v) for k, v in Ws.items()},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 
@@ -234,3 +235,22 @@ def test_serving_step_budget_follows_the_device(smol):
     assert AsyncEngine(eng).max_num_batched_tokens == 2048
     eng = LLMEngine(smol, EngineConfig(max_num_batched_tokens=300, kv_cache_tokens=512))
     assert eng.scheduler.max_num_batched_tokens == 300
+
+
+def test_serving_step_budget_reads_the_runners_gpu(monkeypatch):
+    """On a GPU runner the budget comes from the current device's name and memory (CuPy stood in for here)."""
+    from types import SimpleNamespace
+
+    from llmrs.engine.engine import _runner_batched_tokens
+
+    def fake_cupy(name: bytes, memory: int) -> SimpleNamespace:
+        props = {"name": name, "totalGlobalMem": memory}
+        return SimpleNamespace(cuda=SimpleNamespace(Device=lambda: SimpleNamespace(id=0), runtime=SimpleNamespace(
+            getDeviceProperties=lambda i: props)))
+
+    gpu = SimpleNamespace(device="cuda")
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(b"NVIDIA H200", 150_000_000_000))
+    assert _runner_batched_tokens(gpu) == 8192
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(b"NVIDIA A100-SXM4-80GB", 85_000_000_000))
+    assert _runner_batched_tokens(gpu) == 2048
+    assert _runner_batched_tokens(SimpleNamespace(device="cpu")) == 2048

@@ -197,10 +197,13 @@ class EngineConfig:
     async_scheduling: bool | None = None
 
 
+OFF_VALUES = ("0", "false", "no", "off")  # an on/off environment switch read as off
+
+
 def async_scheduling_default(device: str) -> bool:
     """Whether a runner on `device` that can launch runs ahead when nothing says otherwise, from
     LLMRS_ASYNC_SCHEDULING: on a GPU unless it is 0 / false / no / off (`llmrs serve --no-async-scheduling`), on any
     device with `always` (`llmrs serve --async-scheduling`; on the CPU it only shows that the two schedules agree:
     the CPU runs each step at once)."""
     v = os.environ.get("LLMRS_ASYNC_SCHEDULING", "1").lower()
-    return v == "always" or (device == "cuda" and v not in ("0", "false", "no", "off"))
+    return v == "always" or (device == "cuda" and v not in OFF_VALUES)

@@ -39,6 +39,7 @@ import traceback
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from llmrs.engine.config import OFF_VALUES
 from llmrs.engine.engine import (
     EngineDeadError, EngineOverloaded, EngineStats, LLMEngine, RequestOutput, check_request, serving_config,
     serving_engine,
@@ -56,7 +57,7 @@ def freeze_heap() -> bool:
     in a 4.4 s burst, session9); one collection over the imports alone takes ~30 ms on a 2-core VM.
     LLMRS_GC_FREEZE=0 leaves the collector as it is. Returns whether it froze."""
     _log_gc_pauses()
-    if os.environ.get("LLMRS_GC_FREEZE", "1").strip().lower() in ("0", "false", "no", "off"):
+    if os.environ.get("LLMRS_GC_FREEZE", "1").strip().lower() in OFF_VALUES:
         return False
     gc.collect()
     gc.freeze()

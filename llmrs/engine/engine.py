@@ -201,14 +201,15 @@ def _runner_batched_tokens(runner: Any) -> int:
     device = getattr(runner, "device", "cpu")
     if device != "cuda":
         return serving_batched_tokens(device)
+    from llmrs.engine.backends.cuda import gpu_name_memory
+
     try:
         import cupy as cp
 
-        props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+        name, memory = gpu_name_memory(cp, cp.cuda.Device().id)
     except Exception:  # noqa: BLE001 - a runner whose GPUs this process does not see (tensor-parallel workers)
         return serving_batched_tokens("cpu")
-    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    return serving_batched_tokens(device, int(props["totalGlobalMem"]), name)
+    return serving_batched_tokens(device, memory, name)
 
 
 class LLMEngine:

@@ -136,12 +136,12 @@ def measure_bf16_gemm(cp: Any, n: int = 8192, iters: int = 10) -> tuple[float, s
 
 def measure_local_gpu(copy_bytes: int = 1 << 30, gemm_n: int = 8192) -> Measurement:
     """Measure this machine's GPU 0 and match it to the database (UserError without CuPy or a GPU)."""
+    from llmrs.engine.backends.cuda import gpu_name_memory
     from llmrs.roofline.gpus import match_gpu_name
 
     cp = _import_cupy()
-    props = cp.cuda.runtime.getDeviceProperties(0)
-    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    spec = match_gpu_name(name, memory_gb=props["totalGlobalMem"] / 1e9)
+    name, memory = gpu_name_memory(cp)
+    spec = match_gpu_name(name, memory_gb=memory / 1e9)
     key = spec.key if spec else _slug(name)
     bw = measure_bandwidth(cp, copy_bytes)
     tflops, dtype = measure_bf16_gemm(cp, gemm_n)

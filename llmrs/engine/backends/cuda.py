@@ -158,9 +158,14 @@ def cuda_available() -> tuple[bool, str]:
         return False, f"no usable CUDA driver/GPU ({e})"
     if n < 1:
         return False, "no CUDA GPU found"
-    props = cp.cuda.runtime.getDeviceProperties(0)
-    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    return True, name
+    return True, gpu_name_memory(cp)[0]
+
+
+def gpu_name_memory(cp: Any, device: int = 0) -> tuple[str, int]:
+    """(name, total memory in bytes) of CUDA device `device`, through CuPy `cp`."""
+    props = cp.cuda.runtime.getDeviceProperties(device)
+    name = props["name"]
+    return (name.decode() if isinstance(name, bytes) else str(name)), int(props["totalGlobalMem"])
 
 
 def _import_cupy() -> Any:
@@ -732,11 +737,7 @@ class CUDABackend:
         S = self._splits(T, db.max_len, gqa)
         chunk = -(-db.max_len // S)
         groups = -(-c.num_queries_per_kv // ATTN_MAXG)
-        if S > 1:
-            part_acc = self._buf("attn_acc", (T * Hq * S * D,))
-            part_ml = self._buf("attn_ml", (T * Hq * S * 2,))
-        else:
-            part_acc = part_ml = NULL
+        part_acc, part_ml = self._attn_partials(T, Hq, D, S)
         name = f"attn_partial{'_gqa' if gqa else ''}_d{self.dpl}"
         fn = getattr(self.k, name)
         with self._span("attention", name, T, Hq, Hkv, D, db.kv_tokens, db.qk_pairs, S):
@@ -744,11 +745,25 @@ class CUDABackend:
                (q, np.int32(q_stride), self.k_cache[layer], self.v_cache[layer], db.block_tables,
                 np.int32(db.max_blocks), db.token_seq, db.positions, out, part_acc, part_ml, np.int32(Hq),
                 np.int32(Hkv), np.int32(D), np.int32(self.block_size), np.int32(chunk), self.scale))
-        if S > 1:
-            with self._span("attn_merge", "attn_merge", T, Hq, D, S):
-                self.k.attn_merge((T, Hq), (-(-D // 32) * 32,), (part_acc, part_ml, out, np.int32(Hq), np.int32(D),
-                                                                 np.int32(S)))
+        self._attn_merge(part_acc, part_ml, out, T, Hq, D, S)
         return out
+
+    def _attn_partials(self, T: int, Hq: int, D: int, S: int) -> tuple[Any, Any]:
+        """The per-split partial sums and (m, l) pairs a decode attention launch of S splits writes for attn_merge
+        (NULL, NULL for one split: the kernel writes the output itself)."""
+        if S == 1:
+            return NULL, NULL
+        return self._buf("attn_acc", (T * Hq * S * D,)), self._buf("attn_ml", (T * Hq * S * 2,))
+
+    def _attn_merge(self, part_acc: Any, part_ml: Any, dst: Any, T: int, Hq: int, D: int, S: int) -> None:
+        """dst [T, Hq*D] = the S splits' partials combined (attn_merge; attn_merge_bf16 where dst holds bf16 words);
+        nothing for one split."""
+        if S == 1:
+            return
+        name = "attn_merge_bf16" if dst.dtype == np.uint16 else "attn_merge"
+        with self._span("attn_merge", name, T, Hq, D, S):
+            getattr(self.k, name)((T, Hq), (-(-D // 32) * 32,),
+                                  (part_acc, part_ml, dst, np.int32(Hq), np.int32(D), np.int32(S)))
 
     # ------------------------------------------------------------------ the fused step
     def forward(self, w: ModelWeights, batch: StepBatch, to_host: bool = True) -> Any:

@@ -24,8 +24,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from llmrs.engine.config import OFF_VALUES
+
 KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels_cu"
-OFF_VALUES = ("0", "false", "no", "off")  # an on/off environment switch read as off
 # A/B switches compiled in: LLMRS_KV_PREFETCH=0 (decode attention without its L2 prefetch), LLMRS_STREAM_LOADS=0
 # (matvec weights through L1 like any load, common.cuh's ldg_stream), LLMRS_ATTN_WARP_SUM8=0 (attn_partial sums each
 # head's dot product with its own warp_sum instead of attention.cu's warp_sum8: the same bits)

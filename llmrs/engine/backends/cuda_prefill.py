@@ -152,13 +152,7 @@ def decode_attention_tc(backend: Any, layer: int, q: Any, q_stride: int, db: Any
         if smem > 48 * 1024:  # (a PDL kernel: the attribute goes on its RawKernel, the function both launch)
             getattr(fn, "raw", fn).max_dynamic_shared_size_bytes = smem
         _smem_set.add(id(fn))
-    if S > 1:
-        part_acc = backend._buf("attn_acc", (T * Hq * S * D,))
-        part_ml = backend._buf("attn_ml", (T * Hq * S * 2,))
-    else:
-        from llmrs.engine.backends.cuda import NULL
-
-        part_acc = part_ml = NULL
+    part_acc, part_ml = backend._attn_partials(T, Hq, D, S)
     scale_log2 = np.float32(float(backend.scale) * math.log2(math.e))
     with backend._span("attention", f"decode_attn_tc_d{D}", T, Hq, Hkv, D, db.kv_tokens, db.qk_pairs, S):
         fn((T, Hkv, S), (TC_WARPS * 32,),
@@ -166,8 +160,5 @@ def decode_attention_tc(backend: Any, layer: int, q: Any, q_stride: int, db: Any
             np.int32(db.max_blocks), db.token_seq, db.positions, dst if S == 1 else out, part_acc, part_ml, np.int32(Hq),
             np.int32(Hkv), np.int32(backend.block_size.bit_length() - 1), np.int32(chunk), scale_log2),
            shared_mem=smem)
-    if S > 1:
-        with backend._span("attn_merge", "attn_merge" + bf16, T, Hq, D, S):
-            getattr(backend.k, "attn_merge" + bf16)((T, Hq), (-(-D // 32) * 32,),
-                                                     (part_acc, part_ml, dst, np.int32(Hq), np.int32(D), np.int32(S)))
+    backend._attn_merge(part_acc, part_ml, dst, T, Hq, D, S)
     return dst
