@@ -92,7 +92,8 @@ def test_decode_dispatch_takes_gemv_for_the_layout_and_matvec_otherwise(backend,
 
     real = cuda_backend.gemv_q4
     monkeypatch.setattr(cuda_backend, "gemv_q4", lambda *a, **k: calls.append(a[2] is not None) or real(*a, **k))
-    for N, K, in_layout in [(256, 512, True), (96, 512, False)]:  # N % 64: no Marlin copy, matvec_q4
+    # N % 64: no Marlin copy, matvec_q4; K < 4 N: one token on matvec_q4 (cuda_q4gemm.gemv_one_token)
+    for N, K, in_layout in [(256, 512, True), (96, 256, False)]:
         w = make_weight("awq", N, K, 128, rng)
         dw = backend.upload_quantized(w)
         x = rng.standard_normal((3, K)).astype(np.float32)
@@ -118,15 +119,16 @@ def test_decode_dispatch_takes_gemv_for_the_layout_and_matvec_otherwise(backend,
             assert rel_err(got, round_bf16(x12).astype(np.float64) @ w.dequantize().astype(np.float64).T) < TOL
 
 
+@pytest.mark.parametrize("shape", ["tiles fill the GPU", "long K"])
 @pytest.mark.parametrize("kind,G", [("awq", 128), ("q4_0", 32), ("q4_1", 64)])
-def test_weights_whose_tiles_fill_the_gpu_hold_only_the_reordered_copy(backend, kind, G):
-    """N / 32 >= 4 x SMs (a 7B's gate_up): the GEMV takes even one token, so the row form is released and every
-    path reads the GEMM's copy: the GEMV up to 16 tokens, the 4-bit GEMM up to 128, above it dequant_marlin_bf16
-    (the values dequant_q4_bf16 gives from the row form) + cuBLAS."""
+def test_weights_the_gemv_takes_at_one_token_hold_only_the_reordered_copy(backend, kind, G, shape):
+    """N / 32 >= 4 x SMs (a 7B's gate_up) or K >= 4 N (its down): the GEMV takes even one token, so the row form
+    is released and every path reads the GEMM's copy: the GEMV up to 16 tokens, the 4-bit GEMM up to 128, above it
+    dequant_marlin_bf16 (the values dequant_q4_bf16 gives from the row form) + cuBLAS."""
     from llmrs.engine.backends.cuda_q4gemm import dequant_marlin
 
     rng = np.random.default_rng(G)
-    N, K = 128 * backend.num_sms, 512
+    N, K = (128 * backend.num_sms, 512) if shape == "tiles fill the GPU" else (256, 1024)
     w = make_weight(kind, N, K, G, rng)
     dw = backend.upload_quantized(w)
     assert dw.qweight is None and dw.scales is None and dw.marlin is not None

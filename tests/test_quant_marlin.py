@@ -211,7 +211,12 @@ def test_a_weight_without_its_row_form_is_never_sent_to_the_matvec(sms):
 
     backend = SimpleNamespace(num_sms=sms)
     for N in range(64, 40000, 64):
-        if not row_form_needed(N, sms):
-            assert all(gemv_takes(backend, T, N) for T in range(1, GEMV_MAX_TOKENS + 1)), N
-    assert row_form_needed(128 * sms - 64, sms) and not row_form_needed(128 * sms, sms)
-    assert row_form_needed(128 * sms, sms, gemv=False)  # LLMRS_Q4_GEMV=0: matvec_q4 reads every one
+        for K in (512, 3584, 4 * N - 64, 4 * N, 18944):
+            if not row_form_needed(N, K, sms):
+                assert all(gemv_takes(backend, T, N, K) for T in range(1, GEMV_MAX_TOKENS + 1)), (N, K)
+            else:
+                assert not gemv_takes(backend, 1, N, K), (N, K)
+    K = 128  # < 4 N for every N below
+    assert row_form_needed(128 * sms - 64, K, sms) and not row_form_needed(128 * sms, K, sms)
+    assert not row_form_needed(64, 4 * 64, sms) and row_form_needed(64, 4 * 64 - 32, sms)  # down: K >= 4 N
+    assert row_form_needed(128 * sms, K, sms, gemv=False)  # LLMRS_Q4_GEMV=0: matvec_q4 reads every one

@@ -151,7 +151,7 @@ def gpu_weight_bytes(loaded: LoadedModel, num_sms: int | None = None) -> int:
         if isinstance(t, QuantWeight):
             copies = 1
             if has_gemm_layout(t.kind, t.N, t.K, t.group_size):
-                copies = 1 + int(num_sms is None or row_form_needed(t.N, num_sms, gemv))
+                copies = 1 + int(num_sms is None or row_form_needed(t.N, t.K, num_sms, gemv))
             total += t.nbytes * copies
         else:
             total += (2 if t.ndim == 2 else 4) * int(t.size)

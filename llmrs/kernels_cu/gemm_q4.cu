@@ -381,8 +381,17 @@ extern "C" __global__ void dequant_marlin_q4m_bf16(const uint4* __restrict__ Bq,
 // K is split over the block's warps and over gridDim.y (S slices); the warps meet in shared memory in a fixed
 // order; with S > 1 each block writes its f32 partial and the last block of the tile (a counter per tile, reset
 // by that block) sums the S partials in slice order: deterministic, one launch.
+// Instruction-bound more than DRAM-bound at one token (ncu on the H200, the 7B's gate_up: 56% of the scheduler
+// slots issued, 33% of DRAM bandwidth, ~130 instructions a warp a k32 block). So a group's scale words are loaded
+// once, a group ahead, and the group is followed by a counter, not a division and a modulo per k32 block (~106
+// instructions: gate_up 35.9 -> 30.7 us, down at S = 4 23.8 -> 19.5, 110 registers; scripts/bench_gemv_q4.py).
+// Measured and not kept (same script): the warp's whole run prefetched into L2 at entry (slower: 40.0 us), 8 k32
+// blocks in flight (168 registers at 3 blocks an SM: 33.0 us), 5 blocks an SM (96 registers, spills).
+// GV_DEPTH and GV_MINB can be set with -D for such A/Bs (bench_gemv_q4.py --variants).
 #define GV_WARPS 4
+#ifndef GV_DEPTH
 #define GV_DEPTH 4  // k32 blocks in flight a warp while the previous GV_DEPTH are used (registers)
+#endif
 #define GV_BF16_ONES 0x3F803F80u
 
 __device__ __forceinline__ unsigned bf16x2_code(unsigned w) {
@@ -488,30 +497,42 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
     for (int u = 0; u < NU; ++u)
 #pragma unroll
         for (int e = 0; e < 4; ++e) c[u][0][e] = c[u][1][e] = cx[u][e] = acc[u][0][e] = acc[u][1][e] = 0.0f;
+    // the group's scale words (e = 2 j + r: column 16 j + 8 r + g) are loaded a group ahead (swn) and used at its
+    // flush (swc); the group is followed by a counter (kin: k32 blocks of the group done), no division per block
+    const int g_end = kb_hi > kb_lo ? (kb_hi - 1) / cpg + 1 : 0;
+    int grp = kb_lo / cpg, kin = kb_lo - grp * cpg;
+    unsigned swc[4], swn[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        swc[e] = grp < g_end ? __ldg(szc + (size_t)grp * N + 8 * e) : 0u;
+        swn[e] = grp + 1 < g_end ? __ldg(szc + (size_t)(grp + 1) * N + 8 * e) : 0u;
+    }
     for (int base = kb_lo; base < kb_hi; base += GV_DEPTH) {
-        // this batch's codes (loaded a batch ago), x's B registers and scale words (L1 / L2), then the next
-        // batch's codes go out before any of this batch is used
         uint4 q[GV_DEPTH], xb[GV_DEPTH][NU];
-        unsigned sw[GV_DEPTH][4];
 #pragma unroll
         for (int d = 0; d < GV_DEPTH; ++d) {
             q[d] = qn[d];
             const int kb = min(base + d, kb_hi - 1);
 #pragma unroll
             for (int u = 0; u < NU; ++u) xb[d][u] = gemv_xb(xr[u] + 32 * kb, live[u]);
-            const unsigned* sp = szc + (size_t)(kb / cpg) * N;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) sw[d][e] = __ldg(sp + 8 * e);  // e = 2 j + r: column 16 j + 8 r + g
         }
 #pragma unroll
         for (int d = 0; d < GV_DEPTH; ++d)
             if (base + GV_DEPTH + d < kb_hi) qn[d] = ldg_stream(wp + (size_t)(base + GV_DEPTH + d) * 32);
 #pragma unroll
         for (int d = 0; d < GV_DEPTH; ++d) {
-            const int kb = base + d;
-            if (kb < kb_hi) {
+            if (base + d < kb_hi) {
                 gemv_kb<NU>(q[d], xb[d], c, cx);
-                if (kb + 1 == kb_hi || (kb + 1) % cpg == 0) gemv_flush<MODE, NU>(sw[d], c, cx, acc);
+                if (++kin == cpg || base + d + 1 == kb_hi) {
+                    gemv_flush<MODE, NU>(swc, c, cx, acc);
+                    kin = 0;
+                    ++grp;
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        swc[e] = swn[e];
+                        swn[e] = grp + 1 < g_end ? __ldg(szc + (size_t)(grp + 1) * N + 8 * e) : 0u;
+                    }
+                }
             }
         }
     }
@@ -570,6 +591,9 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
     }
 }
 
+#ifndef GV_MINB
+#define GV_MINB 4
+#endif
 #define GEMV_Q4(NAME, MODE, NU, MINB)                                                                             \
     extern "C" __global__ void __launch_bounds__(32 * GV_WARPS, MINB)                                             \
         NAME(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ, const float* __restrict__ x,          \
@@ -577,7 +601,7 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
              int* __restrict__ sem, int T, int N, int K, int G, int accumulate, int kpw) {                        \
         gemv_q4_impl<MODE, NU>(Bq, SZ, x, bias, out, part, sem, T, N, K, G, accumulate, kpw);                     \
     }
-GEMV_Q4(gemv_q4z, 0, 1, 4)
-GEMV_Q4(gemv_q4m, 1, 1, 4)
+GEMV_Q4(gemv_q4z, 0, 1, GV_MINB)
+GEMV_Q4(gemv_q4m, 1, 1, GV_MINB)
 GEMV_Q4(gemv_q4z_t16, 0, 2, 3)  // 9..16 tokens: two n8 tiles of tokens, every code decoded once for both
 GEMV_Q4(gemv_q4m_t16, 1, 2, 3)

@@ -429,7 +429,7 @@ class CUDABackend:
         from llmrs.engine.backends.cuda_q4gemm import row_form_needed, to_marlin
 
         dw.marlin = to_marlin(self, dw)
-        if dw.marlin is not None and not row_form_needed(dw.N, self.num_sms, self.q4_gemv):
+        if dw.marlin is not None and not row_form_needed(dw.N, dw.K, self.num_sms, self.q4_gemv):
             dw.qweight = dw.scales = dw.zeros = None
         return dw
 
@@ -583,7 +583,8 @@ class CUDABackend:
         # 4-bit up to GEMV_MAX_TOKENS: the tensor-core GEMV over the GEMM's layout (gemm_q4.cu) where it is the
         # faster one (cuda_q4gemm.gemv_takes), and always for a weight held only in that layout; the row-major
         # matvec for 8-bit, for one token of a smaller N, and for shapes the layout lacks (or LLMRS_Q4_GEMV=0)
-        if (T <= GEMV_MAX_TOKENS and w.kind == "q4" and (w.qweight is None or self.q4_gemv and gemv_takes(self, T, N))
+        if (T <= GEMV_MAX_TOKENS and w.kind == "q4"
+                and (w.qweight is None or self.q4_gemv and gemv_takes(self, T, N, K))
                 and gemv_q4(self, x, w.marlin, bias, out, accumulate, name, w.nbytes)):
             return
         if T <= self.quant_matvec_max_tokens:

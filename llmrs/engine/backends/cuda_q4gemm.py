@@ -39,11 +39,13 @@ MIN_KT_PER_SPLIT = 8  # a K slice of at least 512 keeps the 3-4 stage pipeline w
 MAX_SPLITS = 16
 MAX_TOKENS = 64  # above, dequantize + cuBLAS is faster (module docstring)
 GEMV_MAX_TOKENS = 16  # gemv_q4: x's tokens are the columns of one n8 tile (gemv_q4z / q4m) or two (.._t16)
-# The backend's decode path takes gemv_q4 from 2 tokens, and for one token where the 32-column tiles alone fill
-# the GPU (no split-K hand-off); one token of a smaller N stays on matvec_q4 (row layout, f32 FMA). Measured on the
-# H200 (tests/test_gemv_q4_gpu.py, AWQ G128, Qwen2.5-7B shapes inside a graph, us gemv / matvec): T = 1 gate_up
-# 36.7 / 43.6 (S = 1), qkv 9.0 / 8.8, o 6.9 / 6.0, down 25.5 / 21.3 (S = 4-5); T = 4 the four 72 / 277.
+# The backend's decode path takes gemv_q4 from 2 tokens, and for one token where it beats matvec_q4 (row layout,
+# f32 FMA): where the 32-column tiles alone fill the GPU (gate_up), and where K is long against N (down: K >= 4 N,
+# GEMV_ONE_TOKEN_K_PER_N). Measured on the H200 (scripts/bench_gemv_q4.py, AWQ G128, Qwen2.5-7B shapes inside a
+# graph, each launch its own copy of the weight, us gemv / matvec_q4, T = 1; reports/h200-qwen2.5/session10):
+# gate_up 30.7 / 153.9 (S = 1), down 19.5 / 23.1 (S = 4), qkv 9.3 / 9.5, o 7.0 / 6.5.
 GEMV_MIN_TOKENS = 2
+GEMV_ONE_TOKEN_K_PER_N = 4
 GEMV_WARPS = 4  # GV_WARPS in gemm_q4.cu: warps per block (a block: one 32-column tile, K split over its warps)
 GEMV_DEPTH = 4  # GV_DEPTH: k32 blocks a warp has in flight (its runs are multiples of it)
 GEMV_BLOCKS_PER_SM = 4  # resident at once: 128 registers x 128 threads (ptx-check)
@@ -147,11 +149,12 @@ def gemm_q4(backend: Any, x_bf16: Any, mw: MarlinWeight | None, bias: Any | None
 
 
 def gemv_splits(backend: Any, N: int, K: int, splits: int | None = None) -> tuple[int, int]:
-    """(S, kb_per_warp) of gemv_q4: K slices over grid.y so that the 32-column tiles times S reach about
-    GEMV_BLOCKS_PER_SM blocks per SM (or `splits`, for tests), each warp taking a multiple of GEMV_DEPTH
-    consecutive k32 blocks."""
+    """(S, kb_per_warp) of gemv_q4: K slices over grid.y, as many as keep the 32-column tiles times S within one
+    round of GEMV_BLOCKS_PER_SM resident blocks per SM (or `splits`, for tests), each warp taking a multiple of
+    GEMV_DEPTH consecutive k32 blocks. Rounded down, not up: a second round for a few blocks costs a whole one
+    (H200, the 7B's down at one token: S = 4, 448 blocks, 19.5 us; S = 5, 560 blocks of 528 resident, 23.4 us)."""
     NB, KB = N // 32, K // 32
-    want = -(-GEMV_BLOCKS_PER_SM * backend.num_sms // NB) if splits is None else splits
+    want = max(1, GEMV_BLOCKS_PER_SM * backend.num_sms // NB) if splits is None else splits
     S = max(1, min(want, -(-KB // (GEMV_WARPS * GEMV_DEPTH))))
     per = -(-KB // (S * GEMV_WARPS * GEMV_DEPTH)) * GEMV_DEPTH
     return -(-KB // (GEMV_WARPS * per)), per  # no empty slice
@@ -162,17 +165,23 @@ def tiles_fill_gpu(N: int, num_sms: int) -> bool:
     return N // 32 >= GEMV_BLOCKS_PER_SM * num_sms
 
 
-def gemv_takes(backend: Any, T: int, N: int) -> bool:
+def gemv_one_token(N: int, K: int, num_sms: int) -> bool:
+    """Whether one token of an N x K weight goes through gemv_q4 rather than matvec_q4 (the comment above
+    GEMV_MIN_TOKENS: the tiles fill the GPU, or K >= GEMV_ONE_TOKEN_K_PER_N x N)."""
+    return tiles_fill_gpu(N, num_sms) or K >= GEMV_ONE_TOKEN_K_PER_N * N
+
+
+def gemv_takes(backend: Any, T: int, N: int, K: int) -> bool:
     """Whether the backend's decode path runs T tokens through gemv_q4 (GEMV_MIN_TOKENS above)."""
-    return T >= GEMV_MIN_TOKENS or tiles_fill_gpu(N, backend.num_sms)
+    return T >= GEMV_MIN_TOKENS or gemv_one_token(N, K, backend.num_sms)
 
 
-def row_form_needed(N: int, num_sms: int, gemv: bool = True) -> bool:
+def row_form_needed(N: int, K: int, num_sms: int, gemv: bool = True) -> bool:
     """Whether a 4-bit weight of N output columns that has the GEMM layout keeps its row-major copy on the GPU:
     only matvec_q4 reads it (one token of a smaller N, or LLMRS_Q4_GEMV=0); every other path reads the reordered
     copy (the GEMV, the GEMM, dequant_marlin_bf16 above MAX_TOKENS). Weights whose tiles fill the GPU at one
-    token (a 7B's gate_up: 56% of its 4-bit bytes) hold one copy."""
-    return not gemv or not tiles_fill_gpu(N, num_sms)
+    token (a 7B's gate_up and down: 84% of its 4-bit bytes) hold one copy."""
+    return not gemv or not gemv_one_token(N, K, num_sms)
 
 
 def gemv_q4(backend: Any, x: Any, mw: MarlinWeight | None, bias: Any | None, out: Any, accumulate: bool = False,

@@ -1,0 +1,152 @@
+"""The 4-bit decode linears of one layer of a Qwen2.5 shape (AWQ G128, random weights) inside CUDA graphs on the GPU:
+matvec_q4 (row form) and gemv_q4 (Marlin layout) at every K split S, each launch reading its own copy of the weight
+(copies spanning --span-mb, so that back-to-back launches stream from DRAM as a decode step's layers do).
+
+    PYTHONPATH=. python3 scripts/bench_gemv_q4.py [--preset qwen2.5-7b] [--tokens 1] [--splits 1,2,3,4,5,6,8]
+
+Prints per shape and kernel: us a launch, GB/s of the packed bytes (codes + scales + zeros), % of --roof-gbs, the
+grid's blocks and the resident-block rounds it needs (4 blocks an SM), and the 28-layer sums of the backend's
+choice and of the best S. --json writes the rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+SHAPES = {
+    "qwen2.5-7b": {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944), "L": 28},
+    "qwen2.5-3b": {"qkv": (2560, 2048), "o": (2048, 2048), "gate_up": (22016, 2048), "down": (2048, 11008), "L": 36},
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="qwen2.5-7b", choices=sorted(SHAPES))
+    ap.add_argument("--tokens", type=int, default=1)
+    ap.add_argument("--splits", default="1,2,3,4,5,6,7,8")
+    ap.add_argument("--span-mb", type=float, default=320.0)
+    ap.add_argument("--reps", type=int, default=3, help="passes over the copies inside one graph")
+    ap.add_argument("--roof-gbs", type=float, default=4296.0)
+    ap.add_argument("--variants", default="",
+                    help="';'-separated NVRTC option sets for gemm_q4.cu's gemv (e.g. '-DGV_L2_RUN=1;-DGV_DEPTH=8 "
+                         "-DGV_MINB=3'): each timed beside the built-in kernels")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    import cupy as cp
+    import numpy as np
+
+    from llmrs.engine.backends.cuda import CUDABackend
+    from llmrs.engine.backends.cuda_q4gemm import GEMV_BLOCKS_PER_SM, gemv_q4, gemv_splits, gemv_takes
+    from llmrs.engine.config import ModelConfig
+    from tests.test_quant_marlin import make_weight
+
+    c = ModelConfig(model_type="llama", vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                    num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    be = CUDABackend(c, num_blocks=2, cuda_graphs=False)
+    from llmrs.engine.backends.cuda_kernels import OPTIONS, kernel_source
+
+    names = ("gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16")
+    variants = {"main": {n: be.k.fns[n] for n in names}}
+    for opts in filter(None, (v.strip() for v in args.variants.split(";"))):
+        mod = cp.RawModule(code=kernel_source("gemm_q4.cu"), options=OPTIONS + tuple(opts.split()))
+        variants[opts] = {n: mod.get_function(n) for n in names}
+        fn = variants[opts]["gemv_q4z"]
+        print(f"variant {opts!r}: {fn.num_regs} registers, {fn.local_size_bytes} bytes local", flush=True)
+    sms = be.num_sms
+    rng = np.random.default_rng(0)
+    shapes = dict(SHAPES[args.preset])
+    layers = shapes.pop("L")
+    T = args.tokens
+    rows, chosen, best = [], 0.0, 0.0
+    for name, (N, K) in shapes.items():
+        w = make_weight("awq", N, K, 128, rng)
+        be.q4_gemv = False  # keep the row form as well: matvec_q4 is timed beside
+        try:
+            first = be.upload_quantized(w)
+        finally:
+            be.q4_gemv = True
+        nbytes = first.nbytes
+        copies = max(1, int(args.span_mb * 2**20 // nbytes))
+        ws = [first] + [be.upload_quantized(w) for _ in range(copies - 1)] if copies > 1 else [first]
+        x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
+        out = cp.empty((T, N), dtype=cp.float32)
+
+        def graph_us(launch) -> float:
+            launch(ws[0])
+            stream = cp.cuda.Stream(non_blocking=True)
+            with stream:
+                stream.begin_capture()
+                for _ in range(args.reps):
+                    for dw in ws:
+                        launch(dw)
+                graph = stream.end_capture()
+                graph.launch(stream)
+                start, stop = cp.cuda.Event(), cp.cuda.Event()
+                start.record(stream)
+                graph.launch(stream)
+                stop.record(stream)
+            stop.synchronize()
+            return cp.cuda.get_elapsed_time(start, stop) * 1e3 / (args.reps * len(ws))
+
+        def add(kernel, us, S=None, blocks=None):
+            row = {"shape": name, "N": N, "K": K, "T": T, "kernel": kernel, "S": S, "us": round(us, 2),
+                   "GB/s": round(nbytes / us / 1e3, 1), "roof %": round(100 * nbytes / us / 1e3 / args.roof_gbs, 1),
+                   "blocks": blocks,
+                   "rounds": None if blocks is None else round(blocks / (GEMV_BLOCKS_PER_SM * sms), 2)}
+            rows.append(row)
+            print(f"  {name:8s} {kernel:24s} S={str(S):4s} {us:8.2f} us {row['GB/s']:8.1f} GB/s "
+                  f"{row['roof %']:5.1f}%  blocks {blocks} ({row['rounds']} of the resident)", flush=True)
+            return us
+
+        ref = None
+        if T <= 8:
+            be.q4_gemv = False  # _linear_quant's matvec_q4 at any N
+            try:
+                us_mv = add("matvec_q4", graph_us(lambda dw: be._linear_quant(x, dw, None, out, False, name)))
+            finally:
+                be.q4_gemv = True
+            ref = cp.asnumpy(out).copy()
+        else:
+            us_mv = float("inf")
+        auto_S, _ = gemv_splits(be, N, K)
+        per_shape = {}
+        for vname, fns in variants.items():
+            be.k.fns.update(fns)
+            seen = set()
+            for S in sorted({int(s) for s in args.splits.split(",")} | {auto_S}):
+                S_eff, per = gemv_splits(be, N, K, S)
+                if S_eff in seen:
+                    continue
+                seen.add(S_eff)
+                us = add(f"gemv_q4 {vname}" if vname != "main" else "gemv_q4",
+                         graph_us(lambda dw: gemv_q4(be, x, dw.marlin, None, out, splits=S)), S_eff, N // 32 * S_eff)
+                if vname == "main":
+                    per_shape[S_eff] = us
+                if ref is not None:
+                    err = float(np.abs(cp.asnumpy(out) - ref).max() / (np.abs(ref).max() + 1e-30))
+                    assert err < 1e-2, (name, vname, S, err)
+        be.k.fns.update(variants["main"])
+        takes = gemv_takes(be, T, N, K)
+        choice = per_shape[auto_S] if takes else us_mv
+        chosen += choice
+        best += min(min(per_shape.values()), us_mv)
+        print(f"  {name}: backend's choice {'gemv_q4 S=%d' % auto_S if takes else 'matvec_q4'} {choice:.2f} us; "
+              f"best {min(min(per_shape.values()), us_mv):.2f} us", flush=True)
+        del ws, first
+        cp.get_default_memory_pool().free_all_blocks()
+    print(f"{layers} layers, ms: backend's choice {layers * chosen / 1e3:.3f}, "
+          f"best per shape {layers * best / 1e3:.3f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"preset": args.preset, "T": T, "sms": sms, "rows": rows,
+                                               "chosen_ms": layers * chosen / 1e3, "best_ms": layers * best / 1e3},
+                                              indent=1))
+
+
+if __name__ == "__main__":
+    main()
