@@ -384,9 +384,14 @@ extern "C" __global__ void dequant_marlin_q4m_bf16(const uint4* __restrict__ Bq,
 // Instruction-bound more than DRAM-bound at one token (ncu on the H200, the 7B's gate_up: 56% of the scheduler
 // slots issued, 33% of DRAM bandwidth, ~130 instructions a warp a k32 block). So a group's scale words are loaded
 // once, a group ahead, and the group is followed by a counter, not a division and a modulo per k32 block (~106
-// instructions: gate_up 35.9 -> 30.7 us, down at S = 4 23.8 -> 19.5, 110 registers; scripts/bench_gemv_q4.py).
+// instructions: gate_up 35.9 -> 30.7 us, down at S = 4 23.8 -> 19.5, 110 registers; scripts/bench_gemv_q4.py),
+// and its address is a pointer moved by a row of groups, not a 64-bit product a flush (29.8 / 18.9 us; 7B AWQ
+// decode 2.761 -> 2.735 ms/token, two runs each; reports/h200-qwen2.5/session10 call12-13).
 // Measured and not kept (same script): the warp's whole run prefetched into L2 at entry (slower: 40.0 us), 8 k32
-// blocks in flight (168 registers at 3 blocks an SM: 33.0 us), 5 blocks an SM (96 registers, spills).
+// blocks in flight (168 registers at 3 blocks an SM: 33.0 us), 5 blocks an SM (96 registers, spills), and x's B
+// registers plus each group's X made once a block in shared memory (no ones mma, one 16-byte shared load a k32
+// block; two versions of the staging: 3.93 / 2.82 ms/token against 2.76, the staging's wait before any mma costs
+// more than the instructions it saves).
 // GV_DEPTH and GV_MINB can be set with -D for such A/Bs (bench_gemv_q4.py --variants).
 #define GV_WARPS 4
 #ifndef GV_DEPTH
@@ -502,11 +507,13 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
     const int g_end = kb_hi > kb_lo ? (kb_hi - 1) / cpg + 1 : 0;
     int grp = kb_lo / cpg, kin = kb_lo - grp * cpg;
     unsigned swc[4], swn[4];
+    const unsigned* sp = szc + (size_t)grp * N;  // then the words of the group after the next one
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-        swc[e] = grp < g_end ? __ldg(szc + (size_t)grp * N + 8 * e) : 0u;
-        swn[e] = grp + 1 < g_end ? __ldg(szc + (size_t)(grp + 1) * N + 8 * e) : 0u;
+        swc[e] = grp < g_end ? __ldg(sp + 8 * e) : 0u;
+        swn[e] = grp + 1 < g_end ? __ldg(sp + N + 8 * e) : 0u;
     }
+    sp += 2 * (size_t)N;
     for (int base = kb_lo; base < kb_hi; base += GV_DEPTH) {
         uint4 q[GV_DEPTH], xb[GV_DEPTH][NU];
 #pragma unroll
@@ -530,8 +537,9 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         swc[e] = swn[e];
-                        swn[e] = grp + 1 < g_end ? __ldg(szc + (size_t)(grp + 1) * N + 8 * e) : 0u;
+                        swn[e] = grp + 1 < g_end ? __ldg(sp + 8 * e) : 0u;
                     }
+                    sp += N;
                 }
             }
         }
