@@ -83,6 +83,24 @@ def test_templates_are_instantiated_from_declared_name_expressions():
     assert names == ["scale<double, 256>", "scale<float, 128>"]
 
 
+def test_define_checks_a_kernels_variant_before_it_runs():
+    """--define / -D passes a macro to NVRTC as nvcc's -D: the fixture is clean as written (MIN_BLOCKS 1) and spills
+    at MIN_BLOCKS=8 (32 registers a thread); the JSON names the defines."""
+    clean = ptx_check(str(FIX / "min_blocks.cu"), "--arch", "sm_80", "--json")
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    (r,) = json.loads(clean.stdout)["results"]
+    assert r["registers"] > 32 and r["spill_stores"] == 0
+    p = ptx_check(str(FIX / "min_blocks.cu"), "--arch", "sm_80", "-D", "MIN_BLOCKS=8", "--json")
+    assert p.returncode == 1, p.stdout + p.stderr
+    j = json.loads(p.stdout)
+    assert j["defines"] == ["MIN_BLOCKS=8"]
+    (r,) = j["results"]
+    assert r["registers"] <= 32 and r["spill_stores"] > 0 and r["flagged"]
+    assert ptx_check(str(FIX / "min_blocks.cu"), "--arch", "sm_80", "--define", "MIN_BLOCKS=1").returncode == 0
+    bad = ptx_check(str(FIX / "min_blocks.cu"), "--arch", "sm_80", "-D", "-DX=1")
+    assert bad.returncode == 2 and "--define" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_compile_error_exits_2_with_the_compiler_log():
     p = ptx_check(str(FIX / "broken.cu"), "--arch", "sm_86")
     assert p.returncode == 2

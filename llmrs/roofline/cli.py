@@ -172,6 +172,7 @@ def roofline(
 
 
 _ARCH_RE = re.compile(r"^sm_\d{2,3}[a-z]?$")
+_DEFINE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(=\S*)?$")
 
 
 def ptx_check(
@@ -181,6 +182,9 @@ def ptx_check(
     allow: Optional[list[str]] = typer.Option(
         None, "--allow", help="Kernel (name or glob) allowed to use local memory; repeatable. Files can also say "
                               "`// ptx-check: allow NAME`."),
+    define: Optional[list[str]] = typer.Option(
+        None, "--define", "-D", help="A macro for the sources, NAME or NAME=VALUE (as nvcc's -D); repeatable: "
+                                     "check a kernel's variant before running it, e.g. -D GV_MINB=5."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Compile kernels (NVRTC -> PTX, ptxas -> SASS) and count local memory: ld.local/st.local, spills, stack.
@@ -193,6 +197,10 @@ def ptx_check(
     from llmrs.roofline.ptx.check import KERNELS_DIR, discover, run_check
     from llmrs.roofline.ptx.toolchain import find_toolchain, supported_archs
 
+    defines = [d.strip() for d in define or []]
+    bad_defines = [d for d in defines if not _DEFINE_RE.match(d)]
+    if bad_defines:
+        raise UserError(f"--define {bad_defines[0]!r}: expected NAME or NAME=VALUE (NAME a C identifier)")
     archs = [a.strip() for a in arch.split(",") if a.strip()]
     bad = [a for a in archs if not _ARCH_RE.match(a)]
     if not archs or bad:
@@ -218,12 +226,12 @@ def ptx_check(
     if unknown:
         raise UserError(f"--arch {', '.join(unknown)}: NVRTC {tc.nvrtc_version} compiles for "
                         + ", ".join(f"sm_{n}" for n in known))
-    results, errors = run_check(paths, archs, tc, list(allow or []))
+    results, errors = run_check(paths, archs, tc, list(allow or []), [f"-D{d}" for d in defines])
     if as_json:
         _emit_json({
             "toolchain": {"nvrtc": tc.nvrtc_version, "ptxas": str(tc.ptxas), "ptxas_version": tc.ptxas_version,
                           "ptxas_origin": tc.ptxas_origin},
-            "files": [str(p) for p in paths], "archs": archs,
+            "files": [str(p) for p in paths], "archs": archs, "defines": defines,
             "results": [r.to_dict() for r in results], "errors": [asdict(e) for e in errors],
         })
     else:

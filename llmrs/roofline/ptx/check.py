@@ -82,15 +82,16 @@ def _allowed(names: list[str], patterns: list[str]) -> bool:
     return any(fnmatch.fnmatchcase(b, p) for p in patterns for b in bases)
 
 
-def check_file(path: Path, archs: list[str], tc: Toolchain, allow: list[str]) -> tuple[list[KernelResult],
-                                                                                        list[FileError]]:
-    """Compile one file for every arch; results per function, or the compile errors."""
+def check_file(path: Path, archs: list[str], tc: Toolchain, allow: list[str],
+               options: list[str] | None = None) -> tuple[list[KernelResult], list[FileError]]:
+    """Compile one file for every arch (with `options` after the file's own, e.g. -DNAME=VALUE); results per
+    function, or the compile errors."""
     d = parse_directives(path.read_text())
     patterns = [*allow, *d.allow]
     results, errors = [], []
     for arch in archs:
         try:
-            comp = compile_file(path, arch, tc, d.instantiate, d.options)
+            comp = compile_file(path, arch, tc, d.instantiate, [*d.options, *(options or [])])
         except CompileError as e:
             errors.append(FileError(file=str(path), arch=arch, stage=e.stage, log=e.log))
             continue
@@ -108,11 +109,11 @@ def check_file(path: Path, archs: list[str], tc: Toolchain, allow: list[str]) ->
     return results, errors
 
 
-def run_check(files: list[Path], archs: list[str], tc: Toolchain, allow: list[str]) -> tuple[list[KernelResult],
-                                                                                           list[FileError]]:
+def run_check(files: list[Path], archs: list[str], tc: Toolchain, allow: list[str],
+              options: list[str] | None = None) -> tuple[list[KernelResult], list[FileError]]:
     results, errors = [], []
     for path in files:
-        r, e = check_file(path, archs, tc, allow)
+        r, e = check_file(path, archs, tc, allow, options)
         results.extend(r)
         errors.extend(e)
     return results, errors
