@@ -251,17 +251,18 @@ def test_gpu_weight_bytes_counts_packed_4bit_weights_not_bf16(tiny_pair):
     linear = [t for t in kept.tensors.values() if isinstance(t, Q.QuantWeight)]
     assert linear and gpu_weight_bytes(kept) == gpu_weight_bytes(dense) - sum(  # the GEMM's copy where it applies
         2 * t.N * t.K - (1 + supported(t.N, t.K, t.group_size)) * t.nbytes for t in linear)
-    # where the GEMV takes one token (N / 32 >= 4 x the GPU's SMs) the row form is released: one copy
+    # where the GEMV takes one token (N / 32 >= 4 x the GPU's SMs, or K >= 4 N) the row form is released: one copy
     from types import SimpleNamespace
 
     from tests.test_quant_marlin import make_weight
 
     rng = np.random.default_rng(0)
-    big, small = make_weight("awq", 256, 256, 128, rng), make_weight("awq", 64, 256, 128, rng)  # 8 / 2 tiles
-    model = SimpleNamespace(tensors={"a": big, "b": small}, config=None)
-    assert gpu_weight_bytes(model) == 2 * (big.nbytes + small.nbytes)  # no GPU figure: both copies everywhere
-    assert gpu_weight_bytes(model, num_sms=2) == big.nbytes + 2 * small.nbytes
-    assert gpu_weight_bytes(model, num_sms=3) == 2 * (big.nbytes + small.nbytes)
+    big, small = make_weight("awq", 256, 256, 128, rng), make_weight("awq", 128, 256, 128, rng)  # 8 / 4 tiles
+    long_k = make_weight("awq", 64, 256, 128, rng)  # K = 4 N (a down projection's shape)
+    model = SimpleNamespace(tensors={"a": big, "b": small, "c": long_k}, config=None)
+    assert gpu_weight_bytes(model) == 2 * (big.nbytes + small.nbytes + long_k.nbytes)  # no GPU figure: both copies
+    assert gpu_weight_bytes(model, num_sms=2) == big.nbytes + 2 * small.nbytes + long_k.nbytes
+    assert gpu_weight_bytes(model, num_sms=3) == 2 * (big.nbytes + small.nbytes) + long_k.nbytes
 
 
 def test_synthetic_awq_preset_resolves_to_the_preset_with_awq_quantization():
