@@ -50,9 +50,9 @@ def main() -> None:
     c = ModelConfig(model_type="llama", vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                     num_attention_heads=2, num_key_value_heads=1, head_dim=32)
     be = CUDABackend(c, num_blocks=2, cuda_graphs=False)
-    from llmrs.engine.backends.cuda_kernels import OPTIONS, kernel_source
+    from llmrs.engine.backends.cuda_kernels import ENTRY_POINTS, OPTIONS, kernel_source
 
-    names = ("gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16")
+    names = [n for n in ENTRY_POINTS["gemm_q4.cu"] if n.startswith("gemv_")]  # every form a variant replaces
     variants = {"main": {n: be.k.fns[n] for n in names}}
     for opts in filter(None, (v.strip() for v in args.variants.split(";"))):
         mod = cp.RawModule(code=kernel_source("gemm_q4.cu"), options=OPTIONS + tuple(opts.split()))
