@@ -190,3 +190,27 @@ def test_register_adds_the_commands_to_a_typer_app():
     assert r.exit_code == 0 and "clean" in r.output
     r = runner.invoke(app, ["gpus", "--json"])
     assert r.exit_code == 0 and "rtx-a5000" in r.output
+
+
+def test_sass_counts_instructions_and_the_main_loop():
+    """--sass: nvdisasm (pip nvidia-cuda-nvdisasm) over ptxas's cubin; the matvec fixture's strided loop is its
+    main loop (its loads and FMAs in it), a loop-free template has none (the trap BRA after EXIT is no loop)."""
+    p = ptx_check(str(FIX / "clean_matvec.cu"), str(FIX / "templated.cu"), "--arch", "sm_86", "--sass", "--json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    by_name = {r["name"]: r["sass"] for r in json.loads(p.stdout)["results"]}
+    mv = by_name["matvec_bf16"]
+    assert mv["instructions"] > mv["main_loop"] > 0 and mv["loops"][0][2] == mv["main_loop"]
+    assert sum(n for _, n in mv["main_loop_mix"]) == mv["main_loop"]
+    ops = dict(mv["main_loop_mix"])
+    assert ops.get("LDG", 0) > 0 and ops.get("FFMA", 0) > 0 and ops.get("BRA", 0) >= 1
+    flat = by_name["scale<float, 128>"]
+    assert flat["instructions"] > 0 and flat["loops"] == [] and flat["main_loop"] == 0
+    table = ptx_check(str(FIX / "clean_matvec.cu"), "--arch", "sm_90", "--sass")
+    assert table.returncode == 0 and "main loop" in table.stdout and "FFMA" in table.stdout
+
+
+def test_sass_without_nvdisasm_is_one_line(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LLMRS_NVDISASM": str(tmp_path / "nvdisasm")}
+    p = subprocess.run([sys.executable, "-m", "llmrs.cli", "ptx-check", str(FIX / "clean_matvec.cu"), "--sass"],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert p.returncode == 2 and "LLMRS_NVDISASM" in p.stderr and "Traceback" not in p.stderr

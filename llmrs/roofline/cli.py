@@ -185,6 +185,8 @@ def ptx_check(
     define: Optional[list[str]] = typer.Option(
         None, "--define", "-D", help="A macro for the sources, NAME or NAME=VALUE (as nvcc's -D); repeatable: "
                                      "check a kernel's variant before running it, e.g. -D GV_MINB=5."),
+    sass: bool = typer.Option(False, "--sass", help="Also disassemble (nvdisasm) and show each kernel's SASS "
+                                                    "instructions, its main loop's length and opcode mix."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Compile kernels (NVRTC -> PTX, ptxas -> SASS) and count local memory: ld.local/st.local, spills, stack.
@@ -195,7 +197,7 @@ def ptx_check(
     """
     from llmrs.roofline import render
     from llmrs.roofline.ptx.check import KERNELS_DIR, discover, run_check
-    from llmrs.roofline.ptx.toolchain import find_toolchain, supported_archs
+    from llmrs.roofline.ptx.toolchain import find_nvdisasm, find_toolchain, supported_archs
 
     defines = [d.strip() for d in define or []]
     bad_defines = [d for d in defines if not _DEFINE_RE.match(d)]
@@ -226,7 +228,8 @@ def ptx_check(
     if unknown:
         raise UserError(f"--arch {', '.join(unknown)}: NVRTC {tc.nvrtc_version} compiles for "
                         + ", ".join(f"sm_{n}" for n in known))
-    results, errors = run_check(paths, archs, tc, list(allow or []), [f"-D{d}" for d in defines])
+    nvdisasm = find_nvdisasm() if sass else None
+    results, errors = run_check(paths, archs, tc, list(allow or []), [f"-D{d}" for d in defines], nvdisasm)
     if as_json:
         _emit_json({
             "toolchain": {"nvrtc": tc.nvrtc_version, "ptxas": str(tc.ptxas), "ptxas_version": tc.ptxas_version,
@@ -237,6 +240,8 @@ def ptx_check(
     else:
         console.print(f"[dim]NVRTC {tc.nvrtc_version}, ptxas {tc.ptxas_version} ({tc.ptxas_origin}: {tc.ptxas})[/]")
         render.print_ptx(console, results, errors)
+        if sass:
+            render.print_sass(console, results)
     flagged = [r for r in results if r.flagged]
     if errors:
         if not as_json:

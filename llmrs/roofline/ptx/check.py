@@ -15,6 +15,7 @@ from typing import Any
 
 from llmrs.roofline.ptx.compile import CompileError, compile_file, demangle
 from llmrs.roofline.ptx.parse import PtxasInfo, parse_directives
+from llmrs.roofline.ptx.sass import SassSummary, parse_nvdisasm, summarize
 from llmrs.roofline.ptx.toolchain import Toolchain
 
 DEFAULT_ARCHS = ["sm_80", "sm_86", "sm_89", "sm_90"]
@@ -40,6 +41,7 @@ class KernelResult:
     shared_bytes: int
     uses_local: bool
     allowed: bool
+    sass: SassSummary | None = None  # with --sass: instructions, loops, the main loop's opcode mix
 
     @property
     def flagged(self) -> bool:
@@ -54,6 +56,7 @@ class KernelResult:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["flagged"], d["status"] = self.flagged, self.status
+        d["sass"] = None if self.sass is None else self.sass.to_dict()
         return d
 
 
@@ -83,19 +86,21 @@ def _allowed(names: list[str], patterns: list[str]) -> bool:
 
 
 def check_file(path: Path, archs: list[str], tc: Toolchain, allow: list[str],
-               options: list[str] | None = None) -> tuple[list[KernelResult], list[FileError]]:
+               options: list[str] | None = None, nvdisasm: Path | None = None) -> tuple[list[KernelResult],
+                                                                                       list[FileError]]:
     """Compile one file for every arch (with `options` after the file's own, e.g. -DNAME=VALUE); results per
-    function, or the compile errors."""
+    function (with their SASS summaries when `nvdisasm` is given), or the compile errors."""
     d = parse_directives(path.read_text())
     patterns = [*allow, *d.allow]
     results, errors = [], []
     for arch in archs:
         try:
-            comp = compile_file(path, arch, tc, d.instantiate, [*d.options, *(options or [])])
+            comp = compile_file(path, arch, tc, d.instantiate, [*d.options, *(options or [])], nvdisasm)
         except CompileError as e:
             errors.append(FileError(file=str(path), arch=arch, stage=e.stage, log=e.log))
             continue
         pretty = demangle([f.name for f in comp.functions])
+        listing = parse_nvdisasm(comp.sass) if comp.sass else {}
         for fn in comp.functions:
             info = comp.ptxas.get(fn.name, PtxasInfo())
             name = comp.lowered.get(fn.name) or pretty.get(fn.name) or fn.name
@@ -105,15 +110,17 @@ def check_file(path: Path, archs: list[str], tc: Toolchain, allow: list[str],
                 st_local=fn.st_local, local_depot_bytes=fn.local_depot_bytes, registers=info.registers,
                 spill_stores=info.spill_stores, spill_loads=info.spill_loads, stack_frame=info.stack_frame,
                 shared_bytes=info.shared_bytes, uses_local=uses, allowed=_allowed([name, fn.name], patterns),
+                sass=summarize(listing[fn.name]) if fn.name in listing else None,
             ))
     return results, errors
 
 
 def run_check(files: list[Path], archs: list[str], tc: Toolchain, allow: list[str],
-              options: list[str] | None = None) -> tuple[list[KernelResult], list[FileError]]:
+              options: list[str] | None = None, nvdisasm: Path | None = None) -> tuple[list[KernelResult],
+                                                                                      list[FileError]]:
     results, errors = [], []
     for path in files:
-        r, e = check_file(path, archs, tc, allow, options)
+        r, e = check_file(path, archs, tc, allow, options, nvdisasm)
         results.extend(r)
         errors.extend(e)
     return results, errors

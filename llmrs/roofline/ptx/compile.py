@@ -36,6 +36,7 @@ class Compiled:
     ptxas: dict[str, PtxasInfo]
     lowered: dict[str, str] = field(default_factory=dict)  # mangled -> name expression
     nvrtc_log: str = ""
+    sass: str = ""  # nvdisasm's listing of the cubin, when asked (compile_file(..., nvdisasm=PATH))
 
 
 def _check(result: tuple, what: str) -> tuple:  # type: ignore[type-arg]
@@ -88,26 +89,36 @@ def nvrtc_compile(path: Path, source: str, arch: str, tc: Toolchain, name_expres
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-def run_ptxas(path: Path, ptx: str, arch: str, tc: Toolchain) -> dict[str, PtxasInfo]:
-    """ptxas -v on the PTX for `arch`; function -> resources. CompileError with ptxas's log on failure."""
+def run_ptxas(path: Path, ptx: str, arch: str, tc: Toolchain,
+              nvdisasm: Path | None = None) -> tuple[dict[str, PtxasInfo], str]:
+    """ptxas -v on the PTX for `arch`: (function -> resources, nvdisasm's listing of the cubin when `nvdisasm` is
+    given, else ""). CompileError with the tool's log on failure."""
+    from llmrs.roofline.ptx.sass import disassemble
+
+    sass = ""
     with tempfile.TemporaryDirectory(prefix="llmrs-ptx-") as tmp:
         src, out = Path(tmp) / f"{path.stem}.ptx", Path(tmp) / f"{path.stem}.cubin"
         src.write_text(ptx)
         proc = subprocess.run([str(tc.ptxas), f"-arch={arch}", "-v", "-o", str(out), str(src)],
                               capture_output=True, text=True, timeout=600)
+        if proc.returncode == 0 and nvdisasm is not None:
+            try:
+                sass = disassemble(out.read_bytes(), nvdisasm, Path(tmp))
+            except RuntimeError as e:
+                raise CompileError(path, arch, "nvdisasm", str(e)) from None
     log = proc.stderr + proc.stdout
     if proc.returncode != 0:
         raise CompileError(path, arch, "ptxas", log)
-    return parse_ptxas(log)
+    return parse_ptxas(log), sass
 
 
 def compile_file(path: Path, arch: str, tc: Toolchain, name_expressions: list[str],
-                 extra_options: list[str]) -> Compiled:
-    """Both stages for one file and arch."""
+                 extra_options: list[str], nvdisasm: Path | None = None) -> Compiled:
+    """Both stages for one file and arch (and the SASS listing, with `nvdisasm`)."""
     source = path.read_text()
     ptx, lowered, log = nvrtc_compile(path, source, arch, tc, name_expressions, extra_options)
-    return Compiled(ptx=ptx, functions=parse_ptx(ptx), ptxas=run_ptxas(path, ptx, arch, tc), lowered=lowered,
-                    nvrtc_log=log)
+    info, sass = run_ptxas(path, ptx, arch, tc, nvdisasm)
+    return Compiled(ptx=ptx, functions=parse_ptx(ptx), ptxas=info, lowered=lowered, nvrtc_log=log, sass=sass)
 
 
 def demangle(names: list[str]) -> dict[str, str]:

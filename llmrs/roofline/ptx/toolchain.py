@@ -40,6 +40,24 @@ def _site_nvidia_dirs() -> list[Path]:
     return out
 
 
+def find_nvdisasm() -> Path:
+    """nvdisasm (for `ptx-check --sass`): $LLMRS_NVDISASM, the pip wheel (nvidia-cuda-nvdisasm), then PATH;
+    UserError naming the package when none."""
+    env = os.environ.get("LLMRS_NVDISASM")
+    if env:
+        if not Path(env).is_file():
+            raise UserError(f"LLMRS_NVDISASM={env}: no such file")
+        return Path(env)
+    for nv in _site_nvidia_dirs():
+        for cand in [*sorted(nv.glob("cu*/bin/nvdisasm")), nv / "cuda_nvdisasm" / "bin" / "nvdisasm"]:
+            if cand.is_file():
+                return cand
+    which = shutil.which("nvdisasm")
+    if which:
+        return Path(which)
+    raise UserError("nvdisasm not found (needed by --sass); pip install 'llmrs[ptx]' (nvidia-cuda-nvdisasm)")
+
+
 def find_ptxas() -> tuple[Path, str]:
     """(path, origin) of ptxas: $LLMRS_PTXAS, then the pip wheels, then PATH; UserError when none."""
     env = os.environ.get("LLMRS_PTXAS")
