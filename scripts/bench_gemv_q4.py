@@ -45,6 +45,7 @@ def main() -> None:
     from llmrs.engine.backends.cuda import CUDABackend, round_bf16
     from llmrs.engine.backends.cuda_q4gemm import GEMV_BLOCKS_PER_SM, gemv_q4, gemv_splits, gemv_takes
     from llmrs.engine.config import ModelConfig
+    from tests.cuda_helpers import graph_us as graph_time_us
     from tests.test_quant_marlin import make_weight
 
     c = ModelConfig(model_type="llama", vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
@@ -78,23 +79,9 @@ def main() -> None:
         x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
         out = cp.empty((T, N), dtype=cp.float32)
 
-        def graph_us(launch) -> float:
+        def graph_us(launch) -> float:  # a launch per copy, args.reps rounds, inside one graph: us a launch
             out.fill(np.nan)
-            launch(ws[0])
-            stream = cp.cuda.Stream(non_blocking=True)
-            with stream:
-                stream.begin_capture()
-                for _ in range(args.reps):
-                    for dw in ws:
-                        launch(dw)
-                graph = stream.end_capture()
-                graph.launch(stream)
-                start, stop = cp.cuda.Event(), cp.cuda.Event()
-                start.record(stream)
-                graph.launch(stream)
-                stop.record(stream)
-            stop.synchronize()
-            return cp.cuda.get_elapsed_time(start, stop) * 1e3 / (args.reps * len(ws))
+            return graph_time_us(lambda: [launch(dw) for dw in ws], args.reps) / len(ws)
 
         # the product to check every kernel's last output against: x rounded to bf16 @ the exact weights (f32 on
         # the GPU); out is poisoned with NaN before each timing, so a kernel that leaves outputs unwritten shows

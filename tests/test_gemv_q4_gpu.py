@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.cuda_helpers import rel_err, report, require_gpu
+from tests.cuda_helpers import graph_us, rel_err, report, require_gpu
 
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
@@ -199,24 +199,6 @@ def test_both_dequant_kernels_equal_numpy_at_any_grid(backend, kind, N, K, G):
 
 
 QWEN7B = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
-
-
-def graph_us(fn, reps: int = 50) -> float:
-    """GPU time of one fn() call: `reps` calls captured in a CUDA graph, replayed (no host launch cost inside)."""
-    fn()
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        stream.begin_capture()
-        for _ in range(reps):
-            fn()
-        graph = stream.end_capture()
-        graph.launch(stream)
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record(stream)
-        graph.launch(stream)
-        stop.record(stream)
-    stop.synchronize()
-    return cp.cuda.get_elapsed_time(start, stop) * 1e3 / reps
 
 
 def test_gemv_q4_bandwidth_on_qwen2_5_7b_shapes_beside_matvec_q4(backend):
