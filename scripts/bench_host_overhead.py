@@ -381,7 +381,8 @@ def run_server(args, n: int) -> dict:
           f"{res['host_us_per_step']:.0f} us beyond the fake GPU step; CPU per step: engine thread "
           f"{res['engine_thread_cpu_us_per_step']:.0f} us, whole {'core' if args.engine_process else 'server'} "
           f"{res['server_process_cpu_us_per_step']:.0f} us); "
-          f"client: TPOT {tpot} ms, {tput} output tok/s")
+          f"client: TPOT {tpot} ms, {tput} output tok/s, TTFT mean {summary['ttft_ms']['mean']:.2f} / min "
+          f"{summary['ttft_ms'].get('min', float('nan')):.2f} ms")
     if args.profile and (tmp / "prof.json").exists():
         res["profile_top"] = json.loads((tmp / "prof.json").read_text())
         for k, rows in res["profile_top"].items():
