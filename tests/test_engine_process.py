@@ -280,3 +280,72 @@ def test_gc_pause_log(monkeypatch, capsys):
         assert re.search(rf"\[llmrs gc\] pid {os.getpid()} generation 2 [0-9.]+ ms, \d+ collected, \d+ tracked", err)
     finally:
         gc.callbacks[:] = before
+
+
+def test_commands_reach_the_core_in_order_through_a_full_pipe_without_blocking_the_loop():
+    """ProcessEngine writes commands from the event loop through a non-blocking pipe end, in Connection's framing:
+    with the reader stalled, ~6 MB of adds (far more than a pipe holds) must neither block the loop (a ticker
+    coroutine keeps running) nor be lost or reordered once the reader (Connection.recv, as the core reads) drains
+    them; commands queued in one loop pass go out as one message."""
+    import asyncio
+    import multiprocessing
+    import time
+
+    from llmrs.engine.core_process import ProcessEngine
+    from llmrs.engine.sampling import SamplingParams
+
+    recv_end, send_end = multiprocessing.Pipe(duplex=False)
+    eng = ProcessEngine.__new__(ProcessEngine)  # the pipe half alone: no core process
+    eng._commands, eng._loop = send_end, None
+    eng._pending, eng._flush_scheduled, eng._wbuf, eng._writing = [], False, bytearray(), False
+    got: list = []
+    reader_go = threading.Event()
+
+    def reader():
+        reader_go.wait()
+        while True:
+            try:
+                got.append(recv_end.recv())
+            except EOFError:
+                return
+
+    t = threading.Thread(target=reader)
+    t.start()
+
+    async def main():
+        eng._loop = asyncio.get_running_loop()
+        os.set_blocking(send_end.fileno(), False)
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        tick_task = asyncio.ensure_future(ticker())
+        params = SamplingParams(max_tokens=4)
+        t0 = time.perf_counter()
+        for i in range(300):
+            eng._send(("add", f"r{i}", list(range(i, i + 10000)), params))
+            if i % 50 == 49:
+                await asyncio.sleep(0)  # another loop pass: the next commands form another message
+        eng._send(("abort", "r7"))
+        await asyncio.sleep(0.05)
+        assert time.perf_counter() - t0 < 5 and ticks > 10  # the loop kept running with the pipe full
+        assert eng._writing and len(eng._wbuf) > 0  # the rest waits for the loop's writer callback
+        reader_go.set()
+        for _ in range(500):
+            if not eng._wbuf:
+                break
+            await asyncio.sleep(0.01)
+        assert not eng._wbuf and not eng._writing
+        tick_task.cancel()
+        eng._close_writer()
+
+    asyncio.run(main())
+    t.join(10)
+    cmds = [c for msg in got for c in msg]
+    assert [c[1] for c in cmds] == [f"r{i}" for i in range(300)] + ["r7"]
+    assert all(c[2] == list(range(i, i + 10000)) for i, c in enumerate(cmds[:300]))
+    assert cmds[-1][0] == "abort" and 6 <= len(got) <= 8  # one message a loop pass (50 adds), not one an add
