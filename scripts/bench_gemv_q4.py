@@ -34,8 +34,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="passes over the copies inside one graph")
     ap.add_argument("--roof-gbs", type=float, default=4296.0)
     ap.add_argument("--variants", default="",
-                    help="';'-separated NVRTC option sets for gemm_q4.cu's gemv (e.g. '-DGV_L2_RUN=1;-DGV_DEPTH=8 "
-                         "-DGV_MINB=3'): each timed beside the built-in kernels")
+                    help="';'-separated NVRTC option sets for gemm_q4.cu's gemv (e.g. '-DGV_DEPTH=8 -DGV_MINB=3;"
+                         "-DGV_MINB=5'; `llmrs ptx-check -D` says first whether they spill): each timed beside "
+                         "the built-in kernels")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -76,7 +77,8 @@ def main() -> None:
             ws = [first] + [be.upload_quantized(w) for _ in range(copies - 1)]
         finally:
             be.q4_gemv = True
-        x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
+        x_host = rng.standard_normal((T, K)).astype(np.float32)
+        x = cp.asarray(x_host)
         out = cp.empty((T, N), dtype=cp.float32)
 
         def graph_us(launch) -> float:  # a launch per copy, args.reps rounds, inside one graph: us a launch
@@ -86,7 +88,7 @@ def main() -> None:
         # the product to check every kernel's last output against: x rounded to bf16 @ the exact weights (f32 on
         # the GPU); out is poisoned with NaN before each timing, so a kernel that leaves outputs unwritten shows
         wd = cp.asarray(w.dequantize())
-        ref = cp.asnumpy(cp.asarray(round_bf16(cp.asnumpy(x))) @ wd.T)
+        ref = cp.asnumpy(cp.asarray(round_bf16(x_host)) @ wd.T)
         del wd
 
         def check() -> float:
@@ -130,10 +132,11 @@ def main() -> None:
         be.k.fns.update(variants["main"])
         takes = gemv_takes(be, T, N, K)
         choice = per_shape[auto_S] if takes else us_mv
+        fastest = min(min(per_shape.values()), us_mv)
         chosen += choice
-        best += min(min(per_shape.values()), us_mv)
+        best += fastest
         print(f"  {name}: backend's choice {'gemv_q4 S=%d' % auto_S if takes else 'matvec_q4'} {choice:.2f} us; "
-              f"best {min(min(per_shape.values()), us_mv):.2f} us", flush=True)
+              f"best {fastest:.2f} us", flush=True)
         del ws, first
         cp.get_default_memory_pool().free_all_blocks()
     print(f"{layers} layers, ms: backend's choice {layers * chosen / 1e3:.3f}, "

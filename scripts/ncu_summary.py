@@ -19,7 +19,7 @@ from pathlib import Path
 
 HEADER = re.compile(r"^  (\S+) \((\d+), (\d+), (\d+)\)x\((\d+), (\d+), (\d+)\), Context")
 STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio\s+\S+\s+([\d.,]+)")
-FIELDS = {  # report line -> (key, unit scale to the key's unit)
+FIELDS = {  # the report line's label -> the row's key (durations converted to us through UNITS)
     "Duration": "duration",
     "DRAM Throughput": "dram_pct",
     "Issued Warp Per Scheduler": "issued_per_scheduler",

@@ -38,8 +38,8 @@ import os
 import signal
 import struct
 import traceback
-from multiprocessing.reduction import ForkingPickler
 from collections.abc import AsyncIterator, Callable
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from llmrs.engine.config import OFF_VALUES
@@ -244,11 +244,8 @@ class ProcessEngine:
             while self._streams and self.error is None:
                 await asyncio.sleep(0.01)
         self._stopping = True
-        if self._gone is None:  # never started: nothing reads the core's messages
-            try:
-                self._commands.send([("stop",)])
-            except OSError:
-                pass
+        if self._gone is None:  # never started: nothing reads the core's messages (_send writes at once)
+            self._send(("stop",))
         elif self.error is None:
             self._send(("stop",))
             try:  # the core answers the queued aborts, then exits: EOF
@@ -312,12 +309,14 @@ class ProcessEngine:
     # ------------------------------------------------------------------ the pipes
     def _send(self, cmd: tuple) -> None:
         """Queue a command (on the event loop); the commands of one loop pass go out in one write, at its end."""
-        if self._loop is None or self._loop.is_closed():  # not started, or a stream finalized after the loop
-            if self._loop is None and not self._commands.closed:
+        if self._loop is None:  # not started: nothing else writes the pipe, a blocking send of its own
+            if not self._commands.closed:
                 try:
                     self._commands.send([cmd])
-                except OSError:
+                except OSError:  # the core is gone
                     pass
+            return
+        if self._loop.is_closed():  # a stream finalized after the loop ended: nothing reads the core any more
             return
         self._pending.append(cmd)
         if not self._flush_scheduled:

@@ -103,7 +103,7 @@ def run_ptxas(path: Path, ptx: str, arch: str, tc: Toolchain,
                               capture_output=True, text=True, timeout=600)
         if proc.returncode == 0 and nvdisasm is not None:
             try:
-                sass = disassemble(out.read_bytes(), nvdisasm, Path(tmp))
+                sass = disassemble(out, nvdisasm)
             except RuntimeError as e:
                 raise CompileError(path, arch, "nvdisasm", str(e)) from None
     log = proc.stderr + proc.stdout

@@ -56,8 +56,8 @@ def parse_nvdisasm(text: str) -> dict[str, list[tuple[Instr | None, str | None]]
             continue
         if cur is None:
             continue
-        if line.lstrip().startswith(".") and not _LABEL.match(line):
-            if line.startswith("\t.section") or line.startswith(".section"):
+        if line.lstrip().startswith(".") and not _LABEL.match(line):  # a directive
+            if line.lstrip().startswith(".section"):
                 cur = None  # a data section follows the code
             continue
         lm = _LABEL.match(line)
@@ -103,10 +103,9 @@ def summarize(lines: list[tuple[Instr | None, str | None]]) -> SassSummary:
     return s
 
 
-def disassemble(cubin: bytes, nvdisasm: Path, tmp: Path) -> str:
-    path = tmp / "k.cubin"
-    path.write_bytes(cubin)
-    proc = subprocess.run([str(nvdisasm), str(path)], capture_output=True, text=True, timeout=600)
+def disassemble(cubin: Path, nvdisasm: Path) -> str:
+    """nvdisasm's listing of the cubin file ptxas wrote."""
+    proc = subprocess.run([str(nvdisasm), str(cubin)], capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"nvdisasm failed: {proc.stderr.strip()[:500]}")
     return proc.stdout
