@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -222,3 +224,24 @@ def test_a_weight_without_its_row_form_is_never_sent_to_the_matvec(sms):
     assert row_form_needed(128 * sms - 64, K, sms) and not row_form_needed(128 * sms, K, sms)
     assert not row_form_needed(64, 4 * 64, sms) and row_form_needed(64, 4 * 64 - 32, sms)  # down: K >= 4 N
     assert row_form_needed(128 * sms, K, sms, gemv=False)  # LLMRS_Q4_GEMV=0: matvec_q4 reads every one
+
+
+def test_gemv_kernel_picks_the_fixed_group_form_for_g32_and_g128_and_exists():
+    """cuda_q4gemm.gemv_kernel: the compile-time-group forms (gemm_q4.cu's CPG) for G 32 / 128, the run-time one
+    otherwise, one or two n8 tiles of tokens; every name it returns is a compiled entry point with PDL."""
+    from llmrs.engine.backends.cuda_kernels import ENTRY_POINTS, PDL_KERNELS
+    from llmrs.engine.backends.cuda_q4gemm import GEMV_DEPTH, GEMV_MAX_TOKENS, gemv_kernel
+
+    assert gemv_kernel(0, 1, 128) == "gemv_q4z_c4" and gemv_kernel(1, 1, 32) == "gemv_q4m_c1"
+    assert gemv_kernel(0, 9, 128) == "gemv_q4z_t16_c4" and gemv_kernel(0, 8, 64) == "gemv_q4z"
+    assert gemv_kernel(1, 16, 256) == "gemv_q4m_t16"
+    source = (Path(__file__).resolve().parents[1] / "llmrs" / "kernels_cu" / "gemm_q4.cu").read_text()
+    for mode in (0, 1):
+        for T in range(1, GEMV_MAX_TOKENS + 1):
+            for G in (32, 64, 128, 256):
+                name = gemv_kernel(mode, T, G)
+                assert name in ENTRY_POINTS["gemm_q4.cu"] and name in PDL_KERNELS, name
+                assert f"GEMV_Q4({name}," in source, name
+                cpg = G // 32
+                if name.endswith(f"_c{cpg}"):
+                    assert GEMV_DEPTH % cpg == 0  # every batch of a warp holds whole groups (the kernel's CPG rule)

@@ -60,6 +60,14 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned* a, unsigned addr) {
                  : "memory");
 }
 
+// c = a b (C = 0: the first mma of a sum, no zeroing of c before it)
+__device__ __forceinline__ void mma_bf16_zc(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%10, %10, %10, %10};\n"
+        : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
 __device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
@@ -392,7 +400,16 @@ extern "C" __global__ void dequant_marlin_q4m_bf16(const uint4* __restrict__ Bq,
 // registers plus each group's X made once a block in shared memory (no ones mma, one 16-byte shared load a k32
 // block; two versions of the staging: 3.93 / 2.82 ms/token against 2.76, the staging's wait before any mma costs
 // more than the instructions it saves).
-// GV_DEPTH and GV_MINB can be set with -D for such A/Bs (bench_gemv_q4.py --variants).
+// Then (not yet run on a GPU; SASS read from `cuobjdump -sass` of the ptxas output): the loop's instructions
+// came to ~97 a k32 block at G 128 executed, of which ~8 were moves of codes between registers (q = qn at the
+// top of each batch: the predicated loads made the compiler keep old values), ~3 the flush's zeroing, the rest of
+// the flush's bookkeeping duplicated per k32 block. Now the batches alternate between two sets of code registers
+// (qa / qb, the loop unrolled twice, every load from a valid address: past its run a warp re-reads its first
+// block), x and the codes come through running pointers, and where G / 32 (CPG) is known at compile time (the
+// _c1 / _c4 entry points: G 32, 128) the flush sits at fixed k32 blocks, each group's first mma starts from 0 and
+// the scale words alternate between two buffers: the loop's SASS is 585 instructions for 8 k32 blocks at G 128
+// (~73 a block) against 617 for 4 before.
+// GV_DEPTH and GV_MINB can be set with -D for such A/Bs (bench_gemv_q4.py --variants; `llmrs ptx-check -D`).
 #define GV_WARPS 4
 #ifndef GV_DEPTH
 #define GV_DEPTH 4  // k32 blocks in flight a warp while the previous GV_DEPTH are used (registers)
@@ -404,7 +421,6 @@ __device__ __forceinline__ unsigned bf16x2_code(unsigned w) {
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(w), "n"(0x000F000Fu), "n"(0x43004300u));
     return r;
 }
-
 // x's B registers of one kb for the lane's token (zeros for a lane whose token is >= T): step 0 b0, b1, step 1 b0, b1
 __device__ __forceinline__ uint4 gemv_xb(const float* __restrict__ xr, bool live) {
     if (!live) return make_uint4(0u, 0u, 0u, 0u);
@@ -417,8 +433,11 @@ __device__ __forceinline__ uint4 gemv_xb(const float* __restrict__ xr, bool live
 
 // one k32 block: two m16 tiles of codes (words 0, 1 and 2, 3) x two k16 steps against each n8 tile of tokens
 // (xb[u]: tokens 8 u + g), and the ones mma for X of each
+// first: the group's first k32 block, whose mma start c and cx from 0 (a constant after unrolling where the group
+// size is: CPG), so the flush need not zero them
 template <int NU>
-__device__ __forceinline__ void gemv_kb(uint4 q, const uint4 (&xb)[NU], float (&c)[NU][2][4], float (&cx)[NU][4]) {
+__device__ __forceinline__ void gemv_kb(uint4 q, const uint4 (&xb)[NU], float (&c)[NU][2][4], float (&cx)[NU][4],
+                                        bool first = false) {
     const unsigned wq[4] = {q.x, q.y, q.z, q.w};
     const unsigned ones[4] = {GV_BF16_ONES, GV_BF16_ONES, GV_BF16_ONES, GV_BF16_ONES};
 #pragma unroll
@@ -429,20 +448,27 @@ __device__ __forceinline__ void gemv_kb(uint4 q, const uint4 (&xb)[NU], float (&
                                 bf16x2_code(hi >> 12)};
 #pragma unroll
         for (int u = 0; u < NU; ++u) {
-            mma_bf16(c[u][j], a0, xb[u].x, xb[u].y);
+            if (first)
+                mma_bf16_zc(c[u][j], a0, xb[u].x, xb[u].y);
+            else
+                mma_bf16(c[u][j], a0, xb[u].x, xb[u].y);
             mma_bf16(c[u][j], a1, xb[u].z, xb[u].w);
         }
     }
 #pragma unroll
     for (int u = 0; u < NU; ++u) {
-        mma_bf16(cx[u], ones, xb[u].x, xb[u].y);
+        if (first)
+            mma_bf16_zc(cx[u], ones, xb[u].x, xb[u].y);
+        else
+            mma_bf16(cx[u], ones, xb[u].x, xb[u].y);
         mma_bf16(cx[u], ones, xb[u].z, xb[u].w);
     }
 }
 
 // the group's scale and zero (min) into acc; sw[2 j + r]: the scale word of column 16 j + 8 r + g; c[u][j][2 r + h]
-// is (that column, token 8 u + 2 t + h), cx[u][h] = X of that token. c and cx start over.
-template <int MODE, int NU>
+// is (that column, token 8 u + 2 t + h), cx[u][h] = X of that token. ZERO: c and cx start over (else the next
+// group's first mma overwrites them).
+template <int MODE, int NU, bool ZERO = true>
 __device__ __forceinline__ void gemv_flush(const unsigned (&sw)[4], float (&c)[NU][2][4], float (&cx)[NU][4],
                                            float (&acc)[NU][2][4]) {
 #pragma unroll
@@ -460,42 +486,47 @@ __device__ __forceinline__ void gemv_flush(const unsigned (&sw)[4], float (&c)[N
                         a = fmaf(s, fmaf(-(128.0f + z), cx[u][h], c[u][j][2 * r + h]), a);
                     else
                         a = fmaf(s, fmaf(-128.0f, cx[u][h], c[u][j][2 * r + h]), fmaf(z, cx[u][h], a));
-                    c[u][j][2 * r + h] = 0.0f;
+                    if (ZERO) c[u][j][2 * r + h] = 0.0f;
                 }
         }
+    if (ZERO) {
 #pragma unroll
-    for (int u = 0; u < NU; ++u)
+        for (int u = 0; u < NU; ++u)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) cx[u][e] = 0.0f;
+            for (int e = 0; e < 4; ++e) cx[u][e] = 0.0f;
+    }
 }
 
-// NU n8 tiles of tokens: T <= 8 NU
-template <int MODE, int NU>
+// NU n8 tiles of tokens: T <= 8 NU. CPG: 0, the group's k32 blocks (G / 32) followed at run time by a counter;
+// else G / 32 at compile time (the host's gemv_cpg: it divides GV_DEPTH, so with kpw a multiple of GV_DEPTH every
+// batch holds whole groups): the flush sits at fixed k32 blocks and each group's first mma starts from 0.
+template <int MODE, int NU, int CPG>
 __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ,
                                              const float* __restrict__ x, const float* __restrict__ bias,
                                              float* __restrict__ out, float* __restrict__ part, int* __restrict__ sem,
                                              int T, int N, int K, int G, int accumulate, int kpw) {
+    static_assert(CPG == 0 || GV_DEPTH % CPG == 0, "a fixed group size must divide GV_DEPTH (whole groups a batch)");
     pdl_trigger();
     constexpr int TOK = 8 * NU;
     __shared__ float red[GV_WARPS][TOK][36];  // [warp][token][column] (36: conflict-free stores)
     __shared__ int last;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int nb = blockIdx.x, KB = K >> 5, cpg = G >> 5;
+    const int nb = blockIdx.x, KB = K >> 5, cpg = CPG ? CPG : G >> 5;
     const int kb_lo = min(KB, (blockIdx.y * GV_WARPS + warp) * kpw), kb_hi = min(KB, kb_lo + kpw);
     const uint4* wp = Bq + (size_t)nb * KB * 32 + lane;
-    uint4 qn[GV_DEPTH];
+    uint4 qa[GV_DEPTH], qb[GV_DEPTH];  // two batches' codes: one used while the other is loaded (no copies)
 #pragma unroll
-    for (int d = 0; d < GV_DEPTH; ++d)
-        if (kb_lo + d < kb_hi) qn[d] = ldg_stream(wp + (size_t)(kb_lo + d) * 32);
+    for (int d = 0; d < GV_DEPTH; ++d) qa[d] = ldg_stream(wp + (size_t)min(kb_lo + d, max(kb_hi - 1, 0)) * 32);
     pdl_wait();  // x (and out, part) come from earlier kernels
 
     bool live[NU];
-    const float* xr[NU];
+    const float* xr[NU];  // this batch's x of the lane's token (running pointers: no address product a block)
 #pragma unroll
     for (int u = 0; u < NU; ++u) {
         live[u] = 8 * u + g < T;
-        xr[u] = x + (size_t)(live[u] ? 8 * u + g : 0) * K + 2 * t;
+        xr[u] = x + (size_t)(live[u] ? 8 * u + g : 0) * K + 2 * t + 32 * kb_lo;
     }
+    const uint4* wn = wp + (size_t)(kb_lo + GV_DEPTH) * 32;  // the next batch's codes
     const unsigned* szc = SZ + nb * 32 + g;  // + group * N + 16 j + 8 r
     float c[NU][2][4], cx[NU][4], acc[NU][2][4];
 #pragma unroll
@@ -506,43 +537,52 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
     // flush (swc); the group is followed by a counter (kin: k32 blocks of the group done), no division per block
     const int g_end = kb_hi > kb_lo ? (kb_hi - 1) / cpg + 1 : 0;
     int grp = kb_lo / cpg, kin = kb_lo - grp * cpg;
-    unsigned swc[4], swn[4];
+    // sw[0]: this group's words, sw[1]: the next group's; with CPG they alternate instead (group i in sw[i & 1],
+    // i counted from the warp's first group: a constant in the unrolled loop) and no words are moved
+    unsigned sw[2][4];
     const unsigned* sp = szc + (size_t)grp * N;  // then the words of the group after the next one
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-        swc[e] = grp < g_end ? __ldg(sp + 8 * e) : 0u;
-        swn[e] = grp + 1 < g_end ? __ldg(sp + N + 8 * e) : 0u;
+        sw[0][e] = grp < g_end ? __ldg(sp + 8 * e) : 0u;
+        sw[1][e] = grp + 1 < g_end ? __ldg(sp + N + 8 * e) : 0u;
     }
     sp += 2 * (size_t)N;
-    for (int base = kb_lo; base < kb_hi; base += GV_DEPTH) {
-        uint4 q[GV_DEPTH], xb[GV_DEPTH][NU];
-#pragma unroll
-        for (int d = 0; d < GV_DEPTH; ++d) {
-            q[d] = qn[d];
-            const int kb = min(base + d, kb_hi - 1);
-#pragma unroll
-            for (int u = 0; u < NU; ++u) xb[d][u] = gemv_xb(xr[u] + 32 * kb, live[u]);
-        }
+    // one batch: GV_DEPTH k32 blocks from base, its codes in q; the next batch's codes go out into qn first (from a
+    // valid address always, so no register keeps an old value: past the run a load re-reads the run's first block)
+    auto batch = [&](const uint4 (&q)[GV_DEPTH], uint4 (&qn)[GV_DEPTH], const int base, const int half) {
+        uint4 xb[GV_DEPTH][NU];
 #pragma unroll
         for (int d = 0; d < GV_DEPTH; ++d)
-            if (base + GV_DEPTH + d < kb_hi) qn[d] = ldg_stream(wp + (size_t)(base + GV_DEPTH + d) * 32);
+#pragma unroll
+            for (int u = 0; u < NU; ++u) xb[d][u] = gemv_xb(xr[u] + 32 * d, live[u] && base + d < kb_hi);
+#pragma unroll
+        for (int u = 0; u < NU; ++u) xr[u] += 32 * GV_DEPTH;
+#pragma unroll
+        for (int d = 0; d < GV_DEPTH; ++d) qn[d] = ldg_stream(base + GV_DEPTH + d < kb_hi ? wn + 32 * d : wp);
+        wn += 32 * GV_DEPTH;
 #pragma unroll
         for (int d = 0; d < GV_DEPTH; ++d) {
             if (base + d < kb_hi) {
-                gemv_kb<NU>(q[d], xb[d], c, cx);
-                if (++kin == cpg || base + d + 1 == kb_hi) {
-                    gemv_flush<MODE, NU>(swc, c, cx, acc);
+                gemv_kb<NU>(q[d], xb[d], c, cx, CPG && d % CPG == 0);
+                if (CPG ? (d + 1) % CPG == 0 : ++kin == cpg || base + d + 1 == kb_hi) {
+                    const int b = CPG ? (half * GV_DEPTH + d) / (CPG ? CPG : 1) & 1 : 0;
+                    gemv_flush<MODE, NU, CPG == 0>(sw[b], c, cx, acc);
                     kin = 0;
                     ++grp;
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        swc[e] = swn[e];
-                        swn[e] = grp + 1 < g_end ? __ldg(sp + 8 * e) : 0u;
+                        if (!CPG) sw[0][e] = sw[1][e];
+                        sw[CPG ? b : 1][e] = grp + 1 < g_end ? __ldg(sp + 8 * e) : 0u;
                     }
                     sp += N;
                 }
             }
         }
+    };
+    for (int base = kb_lo; base < kb_hi; base += 2 * GV_DEPTH) {
+        batch(qa, qb, base, 0);
+        if (base + GV_DEPTH >= kb_hi) break;
+        batch(qb, qa, base + GV_DEPTH, 1);
     }
     // lane (g, t): column 16 j + 8 r + g, token 8 u + 2 t + h in acc[u][j][2 r + h]
 #pragma unroll
@@ -602,14 +642,22 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
 #ifndef GV_MINB
 #define GV_MINB 4
 #endif
-#define GEMV_Q4(NAME, MODE, NU, MINB)                                                                             \
+#define GEMV_Q4(NAME, MODE, NU, MINB, CPG)                                                                        \
     extern "C" __global__ void __launch_bounds__(32 * GV_WARPS, MINB)                                             \
         NAME(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ, const float* __restrict__ x,          \
              const float* __restrict__ bias, float* __restrict__ out, float* __restrict__ part,                   \
              int* __restrict__ sem, int T, int N, int K, int G, int accumulate, int kpw) {                        \
-        gemv_q4_impl<MODE, NU>(Bq, SZ, x, bias, out, part, sem, T, N, K, G, accumulate, kpw);                     \
+        gemv_q4_impl<MODE, NU, CPG>(Bq, SZ, x, bias, out, part, sem, T, N, K, G, accumulate, kpw);                \
     }
-GEMV_Q4(gemv_q4z, 0, 1, GV_MINB)
-GEMV_Q4(gemv_q4m, 1, 1, GV_MINB)
-GEMV_Q4(gemv_q4z_t16, 0, 2, 3)  // 9..16 tokens: two n8 tiles of tokens, every code decoded once for both
-GEMV_Q4(gemv_q4m_t16, 1, 2, 3)
+GEMV_Q4(gemv_q4z, 0, 1, GV_MINB, 0)
+GEMV_Q4(gemv_q4m, 1, 1, GV_MINB, 0)
+GEMV_Q4(gemv_q4z_t16, 0, 2, 3, 0)  // 9..16 tokens: two n8 tiles of tokens, every code decoded once for both
+GEMV_Q4(gemv_q4m_t16, 1, 2, 3, 0)
+GEMV_Q4(gemv_q4z_c4, 0, 1, GV_MINB, 4)  // group 128 (AWQ)
+GEMV_Q4(gemv_q4m_c4, 1, 1, GV_MINB, 4)
+GEMV_Q4(gemv_q4z_t16_c4, 0, 2, 3, 4)
+GEMV_Q4(gemv_q4m_t16_c4, 1, 2, 3, 4)
+GEMV_Q4(gemv_q4z_c1, 0, 1, GV_MINB, 1)  // group 32 (GGUF Q4_0, Q4_1)
+GEMV_Q4(gemv_q4m_c1, 1, 1, GV_MINB, 1)
+GEMV_Q4(gemv_q4z_t16_c1, 0, 2, 3, 1)
+GEMV_Q4(gemv_q4m_t16_c1, 1, 2, 3, 1)

@@ -160,6 +160,16 @@ def gemv_splits(backend: Any, N: int, K: int, splits: int | None = None) -> tupl
     return -(-KB // (GEMV_WARPS * per)), per  # no empty slice
 
 
+def gemv_kernel(mode: int, T: int, G: int) -> str:
+    """gemv_q4's entry point: zero point / min mode, one n8 tile of tokens or two (T > 8), and the form with the
+    group size fixed at compile time where there is one (GEMV_CPG: the flush at fixed k32 blocks, each group's
+    first mma from 0; `llmrs ptx-check`'s SASS per k32 block at G 128: ~97 -> ~73 instructions)."""
+    from llmrs.engine.backends.cuda_kernels import GEMV_CPG
+
+    cpg = G // 32
+    return f"gemv_{'q4m' if mode else 'q4z'}{'_t16' if T > 8 else ''}{f'_c{cpg}' if cpg in GEMV_CPG else ''}"
+
+
 def tiles_fill_gpu(N: int, num_sms: int) -> bool:
     """Whether N's 32-column tiles alone give gemv_q4 its GEMV_BLOCKS_PER_SM blocks an SM (no split-K hand-off)."""
     return N // 32 >= GEMV_BLOCKS_PER_SM * num_sms
@@ -201,7 +211,7 @@ def gemv_q4(backend: Any, x: Any, mw: MarlinWeight | None, bias: Any | None, out
     if sem is None:  # zeros once; each launch's last block per tile puts its counter back to 0
         sem = backend._ws["gemv_q4_sem"] = backend.cp.zeros(GEMV_SEM_TILES, dtype=backend.cp.int32)
     part = backend._buf("gemv_q4_part", (S, T, N), np.float32) if S > 1 else NULL
-    fn = backend.k.fns[f"gemv_{'q4m' if mw.mode else 'q4z'}{'_t16' if T > 8 else ''}"]
+    fn = backend.k.fns[gemv_kernel(mw.mode, T, mw.group_size)]
     with backend._span("matvec_q", name, T, N, K, accumulate, bias is not None, nbytes or mw.nbytes):
         fn((N // 32, S), (32 * GEMV_WARPS,), (mw.qweight, mw.sz, x, NULL if bias is None else bias, out, part, sem,
                                              np.int32(T), np.int32(N), np.int32(K), np.int32(mw.group_size),
