@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a lent H200 for exp/gemm-q4-addr (carry .whl and _base = `git archive main llmrs` made beforehand):
 # the 4-bit GEMM (17-64 tokens) with its stage loads' addresses computed once a thread (StageLoader) and stage
-# indices by counters. Written without a GPU: `llmrs ptx-check --sass` counts 871 -> 492 instructions in
+# indices by counters. Written without a GPU: `llmrs ptx-check --sass` counts 871 -> 437 instructions in
 # gemm_q4z_m4's main loop (static; the old one also ran inner copy loops MT times).
 #   1. the 4-bit GPU tests, with the GEMM's timing figures beside dequantize + cuBLAS at T 16..1024 (-s): if the
 #      GEMM now wins above 64 tokens, raise cuda_q4gemm.MAX_TOKENS (session 10: it lost from 65 on; 256 tokens is

@@ -222,3 +222,14 @@ def test_a_weight_without_its_row_form_is_never_sent_to_the_matvec(sms):
     assert row_form_needed(128 * sms - 64, K, sms) and not row_form_needed(128 * sms, K, sms)
     assert not row_form_needed(64, 4 * 64, sms) and row_form_needed(64, 4 * 64 - 32, sms)  # down: K >= 4 N
     assert row_form_needed(128 * sms, K, sms, gemv=False)  # LLMRS_Q4_GEMV=0: matvec_q4 reads every one
+
+
+def test_the_reordered_layout_takes_power_of_two_groups_only():
+    """cuda_q4gemm.supported: the GEMM finds a k's scale row as k >> log2 G, so G 96 (K % 96 == 0) keeps the row
+    form and dequantize + cuBLAS; 32 / 64 / 128 / 256 take the layout."""
+    from llmrs.engine.backends.cuda_q4gemm import has_gemm_layout, supported
+
+    assert all(supported(256, 3072, G) for G in (32, 64, 128, 256))
+    assert not supported(256, 3072, 96) and not supported(256, 3072, 16) and not supported(256, 3072, 0)
+    assert not has_gemm_layout("q4", 256, 3072, 96) and has_gemm_layout("q4", 256, 3072, 128)
+    assert not has_gemm_layout("q8", 256, 3072, 32)

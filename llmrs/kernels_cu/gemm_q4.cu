@@ -130,11 +130,12 @@ struct GemmQ4Smem {
 
 // One thread's share of filling a pipeline stage, its addresses computed once: each load() copies k tile kt0,
 // kt0 + 1, ... (in order) into a stage and advances the global pointers by one tile (x: 8 chunks, codes: 2 k32
-// blocks); the scale row is k / G (a shift where G is a power of two); the stages rotate by counters. Before, each
+// blocks; shared-memory addresses as 32-bit offsets from stage 0); the scale row is k >> log2 G; the stages rotate
+// by counters. Before, each
 // stage recomputed every address (64-bit products, a division by G, `% STAGES`) in loops the compiler could not
 // unroll (their trip count hung on the thread): `llmrs ptx-check --sass` on sm_90 counted 871 instructions in the
-// main loop of gemm_q4z_m4 statically (its inner copy loops running MT times each), now 492, fully unrolled
-// (m1: 793 -> 404, m2: 809 -> 426; registers m4 159 -> 166, still 3 blocks an SM).
+// main loop of gemm_q4z_m4 statically (its inner copy loops running MT times each), now 437, fully unrolled
+// (m1: 793 -> 341, m2: 809 -> 371; registers m4 159 -> 167, still 3 blocks an SM).
 template <int MT>
 struct StageLoader {
     static constexpr int NA = 16 * MT * 8 / GQ_THREADS;  // x chunks a thread (MT)
@@ -144,13 +145,18 @@ struct StageLoader {
     const uint4* wb[2];
     bool b_live[2];
     const uint4* sz;  // this thread's scale column (tid < 64), row 0
-    int k, G, gshift, N4;
+    int k, gshift, N4;
     bool s_live;
+    unsigned a_sm, b_sm, s_sm;  // shared-memory addresses in stage 0 (a: the stage's base; b, s: this thread's)
 
-    __device__ __forceinline__ void init(const uint4* __restrict__ Bq, const uint4* __restrict__ SZ,
-                                         const uint4* __restrict__ X, int T, int N, int K, int G_, int m0, int nblk,
+    template <typename Smem>
+    __device__ __forceinline__ void init(const Smem& sm, const uint4* __restrict__ Bq, const uint4* __restrict__ SZ,
+                                         const uint4* __restrict__ X, int T, int N, int K, int G, int m0, int nblk,
                                          int kt0) {
         const int tid = threadIdx.x, K8 = K >> 3, KB = K >> 5, NB = N >> 5;
+        a_sm = smem_u32(sm.a[0]);
+        b_sm = smem_u32(&sm.b[0][tid]);
+        s_sm = smem_u32(&sm.s[0][tid]);
 #pragma unroll
         for (int i = 0; i < NA; ++i) {
             const int c = tid + i * GQ_THREADS, r = c >> 3, cc = c & 7, m = m0 + r;
@@ -168,14 +174,14 @@ struct StageLoader {
         s_live = tid < 64 && col < N;
         sz = SZ + (s_live ? col / 4 : 0);
         k = 64 * kt0 + 32 * (tid >> 5 & 1);
-        G = G_;
-        gshift = (G_ & (G_ - 1)) == 0 ? __ffs(G_) - 1 : -1;
+        gshift = __ffs(G) - 1;  // G a power of two (cuda_q4gemm.supported)
         N4 = N / 4;
     }
 
     template <typename Smem>
-    __device__ __forceinline__ void load(Smem& sm, int st) {
-        const unsigned a0 = smem_u32(sm.a[st]);
+    __device__ __forceinline__ void load(int st) {
+        constexpr unsigned A_STAGE = sizeof(Smem::a[0]), B_STAGE = sizeof(Smem::b[0]), S_STAGE = sizeof(Smem::s[0]);
+        const unsigned a0 = a_sm + st * A_STAGE;
 #pragma unroll
         for (int i = 0; i < NA; ++i) {
             cp_async16(a0 + a_off[i], xa[i], a_bytes[i]);
@@ -183,13 +189,10 @@ struct StageLoader {
         }
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            if (b_live[i]) cp_async16(smem_u32(&sm.b[st][threadIdx.x + i * GQ_THREADS]), wb[i], 16);
+            if (b_live[i]) cp_async16(b_sm + st * B_STAGE + i * GQ_THREADS * 16, wb[i], 16);
             wb[i] += 64;
         }
-        if (s_live) {
-            const int g = gshift >= 0 ? k >> gshift : k / G;
-            cp_async16(smem_u32(&sm.s[st][threadIdx.x]), sz + (size_t)g * N4, 16);
-        }
+        if (s_live) cp_async16(s_sm + st * S_STAGE, sz + (size_t)(k >> gshift) * N4, 16);
         k += 64;
     }
 };
@@ -252,17 +255,17 @@ __device__ __forceinline__ void gemm_q4_impl(const uint4* __restrict__ Bq, const
             for (int e = 0; e < 4; ++e) acc[mt][i][e] = 0.0f;
 
     StageLoader<MT> ld;
-    ld.init(Bq, SZ, X, T, N, K, G, m0, nblk, kt0);
+    ld.init(sm, Bq, SZ, X, T, N, K, G, m0, nblk, kt0);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < nk) ld.load(sm, s);
+        if (s < nk) ld.template load<GemmQ4Smem<MT>>(s);
         cp_async_commit();  // always: the group count stays uniform
     }
     int st_use = 0, st_load = STAGES - 1;  // stage indices by counters, not `% STAGES` each tile
     for (int it = 0; it < nk; ++it) {
         cp_async_wait<STAGES - 2>();  // stage `it` has landed (for this thread) ...
         __syncthreads();              // ... for every thread; and every warp is done with stage it - 1
-        if (it + STAGES - 1 < nk) ld.load(sm, st_load);
+        if (it + STAGES - 1 < nk) ld.template load<GemmQ4Smem<MT>>(st_load);
         cp_async_commit();
         if (active) compute_stage<MT, MODE>(sm, st_use, warp, lane, acc);
         st_use = st_use + 1 == STAGES ? 0 : st_use + 1;
