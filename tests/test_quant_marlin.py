@@ -233,4 +233,3 @@ def test_a_weight_without_its_row_form_is_never_sent_to_the_matvec(sms):
     assert row_form_needed(128 * sms - 64, K, sms) and not row_form_needed(128 * sms, K, sms)
     assert not row_form_needed(64, 4 * 64, sms) and row_form_needed(64, 4 * 64 - 32, sms)  # down: K >= 4 N
     assert row_form_needed(128 * sms, K, sms, gemv=False)  # LLMRS_Q4_GEMV=0: matvec_q4 reads every one
-
