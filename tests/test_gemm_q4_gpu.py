@@ -126,6 +126,7 @@ def test_shapes_outside_the_kernel_fall_back(backend):
     rng = np.random.default_rng(0)
     assert to_marlin(backend, backend.upload_quantized(make_weight("awq", 96, 256, 128, rng))) is None  # N % 64
     assert to_marlin(backend, backend.upload_quantized(make_weight("q4_0", 64, 96, 32, rng))) is None  # K % 64
+    assert to_marlin(backend, backend.upload_quantized(make_weight("awq", 64, 192, 96, rng))) is None  # G 96
     q8 = Q.gguf_to_rows(np.zeros(64 * 64 // 32 * 34, dtype=np.uint8), 8, 64, 64)
     assert to_marlin(backend, backend.upload_quantized(q8)) is None
     out = cp.zeros((9, 64), dtype=cp.float32)

@@ -180,6 +180,17 @@ def test_gemv_slot_pairing_and_group_algebra_give_x_at_the_exact_weights(kind, G
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
 
 
+def test_the_reordered_layout_takes_power_of_two_groups_only():
+    """cuda_q4gemm.supported: the GEMM finds a k's scale row as k >> log2 G, so G 96 (K % 96 == 0) keeps the row
+    form and dequantize + cuBLAS; 32 / 64 / 128 / 256 take the layout."""
+    from llmrs.engine.backends.cuda_q4gemm import has_gemm_layout, supported
+
+    assert all(supported(256, 3072, G) for G in (32, 64, 128, 256))
+    assert not supported(256, 3072, 96) and not supported(256, 3072, 16) and not supported(256, 3072, 0)
+    assert not has_gemm_layout("q4", 256, 3072, 96) and has_gemm_layout("q4", 256, 3072, 128)
+    assert not has_gemm_layout("q8", 256, 3072, 32)
+
+
 # ---------------------------------------------------------------------- gemv_q4's launch plan (host side)
 @pytest.mark.parametrize("sms", [1, 16, 108, 132])
 def test_gemv_splits_cover_k_exactly_with_no_empty_slice(sms):

@@ -136,27 +136,74 @@ struct GemmQ4Smem {
     uint4 s[STAGES][64];                            // [kb][128 columns] scale words
 };
 
+// One thread's share of filling a pipeline stage, its addresses computed once: each load() copies k tile kt0,
+// kt0 + 1, ... (in order) into a stage and advances the global pointers by one tile (x: 8 chunks, codes: 2 k32
+// blocks; shared-memory addresses as 32-bit offsets from stage 0); the scale row is k >> log2 G; the stages rotate
+// by counters. Before, each
+// stage recomputed every address (64-bit products, a division by G, `% STAGES`) in loops the compiler could not
+// unroll (their trip count hung on the thread): `llmrs ptx-check --sass` on sm_90 counted 871 instructions in the
+// main loop of gemm_q4z_m4 statically (its inner copy loops running MT times each), now 437, fully unrolled
+// (m1: 793 -> 341, m2: 809 -> 371; registers m4 159 -> 167, still 3 blocks an SM).
 template <int MT>
-__device__ __forceinline__ void load_stage(GemmQ4Smem<MT>& sm, int st, int kt, const uint4* __restrict__ Bq,
-                                           const uint4* __restrict__ SZ, const uint4* __restrict__ X, int T, int N,
-                                           int K, int G, int m0, int nblk) {
-    const int tid = threadIdx.x, K8 = K >> 3, KB = K >> 5, NB = N >> 5;
+struct StageLoader {
+    static constexpr int NA = 16 * MT * 8 / GQ_THREADS;  // x chunks a thread (MT)
+    const uint4* xa[NA];
+    unsigned a_off[NA];  // byte offset in a stage's a[]
+    int a_bytes[NA];
+    const uint4* wb[2];
+    bool b_live[2];
+    const uint4* sz;  // this thread's scale column (tid < 64), row 0
+    int k, gshift, N4;
+    bool s_live;
+    unsigned a_sm, b_sm, s_sm;  // shared-memory addresses in stage 0 (a: the stage's base; b, s: this thread's)
+
+    template <typename Smem>
+    __device__ __forceinline__ void init(const Smem& sm, const uint4* __restrict__ Bq, const uint4* __restrict__ SZ,
+                                         const uint4* __restrict__ X, int T, int N, int K, int G, int m0, int nblk,
+                                         int kt0) {
+        const int tid = threadIdx.x, K8 = K >> 3, KB = K >> 5, NB = N >> 5;
+        a_sm = smem_u32(sm.a[0]);
+        b_sm = smem_u32(&sm.b[0][tid]);
+        s_sm = smem_u32(&sm.s[0][tid]);
 #pragma unroll
-    for (int c = tid; c < 16 * MT * 8; c += GQ_THREADS) {
-        const int r = c >> 3, cc = c & 7, m = m0 + r;
-        const uint4* src = X + (size_t)(m < T ? m : 0) * K8 + kt * 8 + cc;
-        cp_async16(smem_u32(&sm.a[st][r * 8 + (cc ^ (r & 7))]), src, m < T ? 16 : 0);
-    }
+        for (int i = 0; i < NA; ++i) {
+            const int c = tid + i * GQ_THREADS, r = c >> 3, cc = c & 7, m = m0 + r;
+            xa[i] = X + (size_t)(m < T ? m : 0) * K8 + kt0 * 8 + cc;
+            a_off[i] = (unsigned)(r * 8 + (cc ^ (r & 7))) * 16u;
+            a_bytes[i] = m < T ? 16 : 0;
+        }
 #pragma unroll
-    for (int c = tid; c < 256; c += GQ_THREADS) {
-        const int nb = nblk * 4 + (c >> 6), kb = (c >> 5) & 1;
-        if (nb < NB) cp_async16(smem_u32(&sm.b[st][c]), Bq + ((size_t)nb * KB + 2 * kt + kb) * 32 + (c & 31), 16);
+        for (int i = 0; i < 2; ++i) {
+            const int c = tid + i * GQ_THREADS, nb = nblk * 4 + (c >> 6), kb = (c >> 5) & 1;
+            b_live[i] = nb < NB;
+            wb[i] = Bq + ((size_t)(b_live[i] ? nb : 0) * KB + 2 * kt0 + kb) * 32 + (c & 31);
+        }
+        const int col = nblk * GQ_BN + 4 * (tid & 31);
+        s_live = tid < 64 && col < N;
+        sz = SZ + (s_live ? col / 4 : 0);
+        k = 64 * kt0 + 32 * (tid >> 5 & 1);
+        gshift = __ffs(G) - 1;  // G a power of two (cuda_q4gemm.supported)
+        N4 = N / 4;
     }
-    if (tid < 64) {
-        const int kb = tid >> 5, col = nblk * GQ_BN + 4 * (tid & 31);
-        if (col < N) cp_async16(smem_u32(&sm.s[st][tid]), SZ + ((size_t)((64 * kt + 32 * kb) / G) * N + col) / 4, 16);
+
+    template <typename Smem>
+    __device__ __forceinline__ void load(int st) {
+        constexpr unsigned A_STAGE = sizeof(Smem::a[0]), B_STAGE = sizeof(Smem::b[0]), S_STAGE = sizeof(Smem::s[0]);
+        const unsigned a0 = a_sm + st * A_STAGE;
+#pragma unroll
+        for (int i = 0; i < NA; ++i) {
+            cp_async16(a0 + a_off[i], xa[i], a_bytes[i]);
+            xa[i] += 8;
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            if (b_live[i]) cp_async16(b_sm + st * B_STAGE + i * GQ_THREADS * 16, wb[i], 16);
+            wb[i] += 64;
+        }
+        if (s_live) cp_async16(s_sm + st * S_STAGE, sz + (size_t)(k >> gshift) * N4, 16);
+        k += 64;
     }
-}
+};
 
 template <int MT, int MODE>
 __device__ __forceinline__ void compute_stage(const GemmQ4Smem<MT>& sm, int st, int warp, int lane,
@@ -215,18 +262,22 @@ __device__ __forceinline__ void gemm_q4_impl(const uint4* __restrict__ Bq, const
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mt][i][e] = 0.0f;
 
+    StageLoader<MT> ld;
+    ld.init(sm, Bq, SZ, X, T, N, K, G, m0, nblk, kt0);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < nk) load_stage<MT>(sm, s, kt0 + s, Bq, SZ, X, T, N, K, G, m0, nblk);
+        if (s < nk) ld.template load<GemmQ4Smem<MT>>(s);
         cp_async_commit();  // always: the group count stays uniform
     }
+    int st_use = 0, st_load = STAGES - 1;  // stage indices by counters, not `% STAGES` each tile
     for (int it = 0; it < nk; ++it) {
         cp_async_wait<STAGES - 2>();  // stage `it` has landed (for this thread) ...
         __syncthreads();              // ... for every thread; and every warp is done with stage it - 1
-        const int nxt = it + STAGES - 1;
-        if (nxt < nk) load_stage<MT>(sm, nxt % STAGES, kt0 + nxt, Bq, SZ, X, T, N, K, G, m0, nblk);
+        if (it + STAGES - 1 < nk) ld.template load<GemmQ4Smem<MT>>(st_load);
         cp_async_commit();
-        if (active) compute_stage<MT, MODE>(sm, it % STAGES, warp, lane, acc);
+        if (active) compute_stage<MT, MODE>(sm, st_use, warp, lane, acc);
+        st_use = st_use + 1 == STAGES ? 0 : st_use + 1;
+        st_load = st_load + 1 == STAGES ? 0 : st_load + 1;
     }
     cp_async_wait<0>();
     if (!active) return;

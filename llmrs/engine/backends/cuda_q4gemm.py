@@ -8,7 +8,8 @@ one 16-byte load hands each thread its mma fragments; scales and zeros as one wo
 The weights the kernel multiplies equal dequant_q4_bf16's bf16 values (see the top of gemm_q4.cu), so the
 result equals dequantize + cuBLAS up to the f32 accumulation order.
 
-Shapes: N % 64, K % 64, G % 32 and K % G (to_marlin returns None otherwise: keep dequantize + cuBLAS); any T.
+Shapes: N % 64, K % 64, G a power of two >= 32 and K % G (to_marlin returns None otherwise: keep dequantize +
+cuBLAS); any T.
 Tiles: 128 columns x 16 MT tokens per block (MT 1 up to 16 tokens, 2 up to 32, else 4); when those tiles fill
 less than the GPU, K is split over grid.z (f32 partials, reduced in a fixed order: deterministic).
 
@@ -70,7 +71,9 @@ class MarlinWeight:
 
 
 def supported(N: int, K: int, G: int) -> bool:
-    return N % 64 == 0 and K % BK == 0 and G % 32 == 0 and G > 0 and K % G == 0
+    """Shapes the reordered layout and its kernels take: G a power of two from 32 (the GEMM's scale row is
+    k >> log2 G; AWQ 128, GGUF 32, GPTQ 32 / 64 / 128 all are)."""
+    return N % 64 == 0 and K % BK == 0 and G >= 32 and G & (G - 1) == 0 and K % G == 0
 
 
 def has_gemm_layout(kind: str, N: int, K: int, G: int) -> bool:
