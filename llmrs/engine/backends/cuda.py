@@ -9,7 +9,7 @@ activations. Linear layers: for up to `matvec_max_tokens` tokens (MATVEC_MAX_TOK
 matvec (f32 x, bf16 W: decode is memory-bound), otherwise cuBLAS gemmEx (bf16 x bf16 -> f32, f32 accumulate),
 whose bf16 inputs the norms and SiLU x up write directly (`fuse_bf16`: the same bits as f32 + a cast). Quantized
 weights (quant.py): up to 16 tokens the 4-bit GEMV (gemm_q4.cu, tensor cores; cuda_q4gemm.gemv_takes) or, up to
-8, the 4-/8-bit matvec (matvec_q4.cu); the Marlin-style 4-bit GEMM up to 64 (cuda_q4gemm.MAX_TOKENS), dequantize +
+8, the 4-/8-bit matvec (matvec_q4.cu); the Marlin-style 4-bit GEMM up to 192 (cuda_q4gemm.MAX_TOKENS), dequantize +
 cuBLAS above.
 
 Attention: `_attention` picks per step: the tensor-core prefill kernel (cuda_prefill.py) when a sequence brings

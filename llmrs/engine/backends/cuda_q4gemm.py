@@ -14,13 +14,14 @@ Tiles: 128 columns x 16 MT tokens per block (MT 1 up to 16 tokens, 2 up to 32, e
 less than the GPU, K is split over grid.z (f32 partials, reduced in a fixed order: deterministic).
 
 When: measured on the H200 (tests/test_gemm_q4_gpu.py's timing test, AWQ G 128, us; gemm_q4 / dequantize +
-cuBLAS, the dequantization from the GEMM layout with its 16-byte stores): qkv 4608x3584 T 64: 31.9 / 42.0, T 96:
-67.4 / 46.7, T 128: 66.9 / 44.6, T 256: 92.0 / 51.4; down 3584x18944 T 64: 90.6 / 108.9, T 96: 170.0 / 113.5,
-T 128: 171.9 / 114.1; gate_up 37888x3584 T 64: 116.1 / 181.5, T 96: 197.8 / 189.4, T 128: 196.7 / 188.9. So the
-backend takes it for matvec_max_tokens < T <= MAX_TOKENS (64: one tile of 64 tokens; from 65 a second tile costs
-as much again) and dequantizes + cuBLAS above, where cuBLAS's larger tiles win (this kernel reaches ~100-220
-TFLOP/s at T >= 256, cuBLAS 300-570). Before the dequantization stored 16-byte runs (gate_up 207 -> 93 us) the
-crossover sat at 128.
+cuBLAS, the dequantization from the GEMM layout with its 16-byte stores), with the stage loads' addresses computed
+once a thread (reports/h200-qwen2.5/session11/call1): qkv 4608x3584 T 64: 50.8 / 73.8, T 128: 40.5 / 69.2,
+T 192: 48.4 / 74.6, T 256: 64.0 / 73.7; down 3584x18944 T 128: 87.4 / 124.1, T 192: 122.4 / 131.2, T 256:
+170.6 / 136.0; gate_up 37888x3584 T 128: 153.4 / 197.4, T 192: 205.6 / 221.9, T 256: 258.7 / 228.6. So the
+backend takes it for matvec_max_tokens < T <= MAX_TOKENS (192) and dequantizes + cuBLAS above, where cuBLAS's
+larger tiles win (each further 64-token tile here re-reads and re-decodes the weights: ~50 us a tile for gate_up;
+at T 1024 this kernel reaches 220-290 TFLOP/s, dequantize + cuBLAS 320-570). Before the address change (session
+10) the crossover sat at 64 (gate_up T 96: 197.8 / 189.4).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ BN = 128  # output columns per block
 BK = 64  # k per pipeline stage
 MIN_KT_PER_SPLIT = 8  # a K slice of at least 512 keeps the 3-4 stage pipeline worth filling
 MAX_SPLITS = 16
-MAX_TOKENS = 64  # above, dequantize + cuBLAS is faster (module docstring)
+MAX_TOKENS = 192  # above, dequantize + cuBLAS is faster (module docstring)
 GEMV_MAX_TOKENS = 16  # gemv_q4: x's tokens are the columns of one n8 tile (gemv_q4z / q4m) or two (.._t16)
 # The backend's decode path takes gemv_q4 from 2 tokens, and for one token where it beats matvec_q4 (row layout,
 # f32 FMA): where the 32-column tiles alone fill the GPU (gate_up), and where K is long against N (down: K >= 4 N,
