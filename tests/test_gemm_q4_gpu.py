@@ -45,6 +45,18 @@ def to_bf16_device(backend, x):
     return xb
 
 
+def upload_with_rows(backend, w):
+    """w on the GPU with its row form kept beside the GEMM layout (LLMRS_Q4_GEMV=0's upload; by default a 4-bit
+    weight in the layout holds only the reordered copy): dequant_q4_bf16 reads it for an independent reference."""
+    backend.q4_gemv = False
+    try:
+        dw = backend.upload_quantized(w)
+    finally:
+        backend.q4_gemv = True
+    assert dw.qweight is not None
+    return dw
+
+
 def dequant_cublas(backend, x, dw, bias, out, accumulate, mw=None):
     """The path above cuda_q4gemm.MAX_TOKENS, explicitly: the weight dequantized into a bf16 matrix (from the GEMM
     layout with mw, as the backend does where it has one; else dequant_q4_bf16 from the row form), then the
@@ -54,6 +66,7 @@ def dequant_cublas(backend, x, dw, bias, out, accumulate, mw=None):
     if mw is not None:
         dequant_marlin(backend, mw, wb)
         return backend._linear(x, wb, bias, out, accumulate)
+    assert dw.qweight is not None, "no row form: upload it with upload_with_rows"
     backend.k.dequant_q4_bf16((min(65535, -(-(N * K // 8) // 256)),), (256,),
                               (dw.qweight, dw.scales, NULL if dw.zeros is None else dw.zeros, wb, np.int32(N),
                                np.int32(K), np.int32(dw.group_size), np.int32(1 if dw.mode == "min" else 0)))
@@ -108,7 +121,7 @@ def test_gemm_q4_equals_dequantize_plus_cublas(backend, kind, G, T):
     N, K = 576, 1536
     rng = np.random.default_rng(T + G)
     w = make_weight(kind, N, K, G, rng)
-    dw = backend.upload_quantized(w)
+    dw = upload_with_rows(backend, w)
     mw = to_marlin(backend, dw)
     x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
     bias = cp.asarray(rng.standard_normal(N).astype(np.float32))

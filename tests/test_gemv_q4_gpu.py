@@ -24,7 +24,7 @@ cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
 from llmrs.engine.backends.cuda import NULL, CUDABackend, round_bf16  # noqa: E402
-from llmrs.engine.backends.cuda_q4gemm import gemv_q4, gemv_splits, linear_q4, to_marlin  # noqa: E402
+from llmrs.engine.backends.cuda_q4gemm import gemv_q4, gemv_splits, gemv_takes, linear_q4, to_marlin  # noqa: E402
 from llmrs.engine.config import ModelConfig  # noqa: E402
 from llmrs.engine.weights import bf16_to_f32  # noqa: E402
 from tests.test_quant_marlin import make_weight  # noqa: E402
@@ -92,7 +92,8 @@ def test_decode_dispatch_takes_gemv_for_the_layout_and_matvec_otherwise(backend,
 
     real = cuda_backend.gemv_q4
     monkeypatch.setattr(cuda_backend, "gemv_q4", lambda *a, **k: calls.append(a[2] is not None) or real(*a, **k))
-    # N % 64: no Marlin copy, matvec_q4; K < 4 N: one token on matvec_q4 (cuda_q4gemm.gemv_one_token)
+    # N % 64: no Marlin copy, matvec_q4; one token on the GEMV in the layout (cuda_q4gemm.gemv_one_token: every
+    # shape by default, K >= 4 N or full tiles under LLMRS_Q4_GEMV_K_PER_N=4), else on matvec_q4
     for N, K, in_layout in [(256, 512, True), (96, 256, False)]:
         w = make_weight("awq", N, K, 128, rng)
         dw = backend.upload_quantized(w)
@@ -103,15 +104,23 @@ def test_decode_dispatch_takes_gemv_for_the_layout_and_matvec_otherwise(backend,
         assert rel_err(out, ref) < TOL
         assert calls[-1] == in_layout
         n_calls = len(calls)
-        one = rng.standard_normal((1, K)).astype(np.float32)  # one token: matvec_q4 (GEMV_MIN_TOKENS)
+        one = rng.standard_normal((1, K)).astype(np.float32)
         got = cp.asnumpy(backend.linear(cp.asarray(one), dw))
-        assert len(calls) == n_calls
-        assert rel_err(got, one.astype(np.float64) @ w.dequantize().astype(np.float64).T) < 2e-6 * np.sqrt(K)
-        backend.q4_gemv = False  # LLMRS_Q4_GEMV=0: the f32 matvec for the same weight
+        one_takes = gemv_takes(backend, 1, N, K)  # asked (it refuses a weight without the layout: matvec_q4)
+        one_gemv = in_layout and one_takes
+        assert len(calls) == n_calls + one_takes and (not one_takes or calls[-1] == in_layout)
+        if one_gemv:
+            assert rel_err(got, round_bf16(one).astype(np.float64) @ w.dequantize().astype(np.float64).T) < TOL
+        else:
+            assert rel_err(got, one.astype(np.float64) @ w.dequantize().astype(np.float64).T) < 2e-6 * np.sqrt(K)
+        n_calls = len(calls)
+        backend.q4_gemv = False  # LLMRS_Q4_GEMV=0 (row form kept at upload): the f32 matvec for the same weight
         try:
-            assert rel_err(cp.asnumpy(backend.linear(cp.asarray(x), dw)), exact) < 2e-6 * np.sqrt(K)
+            rows = backend.upload_quantized(w)
+            assert rel_err(cp.asnumpy(backend.linear(cp.asarray(x), rows)), exact) < 2e-6 * np.sqrt(K)
         finally:
             backend.q4_gemv = True
+        assert len(calls) == n_calls
         if in_layout:  # 9..16 tokens: the GEMV's two-tile form, not the 4-bit GEMM
             x12 = rng.standard_normal((12, K)).astype(np.float32)
             got = cp.asnumpy(backend.linear(cp.asarray(x12), dw))
@@ -123,7 +132,7 @@ def test_decode_dispatch_takes_gemv_for_the_layout_and_matvec_otherwise(backend,
 @pytest.mark.parametrize("kind,G", [("awq", 128), ("q4_0", 32), ("q4_1", 64)])
 def test_weights_the_gemv_takes_at_one_token_hold_only_the_reordered_copy(backend, kind, G, shape):
     """N / 32 >= 4 x SMs (a 7B's gate_up) or K >= 4 N (its down): the GEMV takes even one token, so the row form
-    is released and every path reads the GEMM's copy: the GEMV up to 16 tokens, the 4-bit GEMM up to 128, above it
+    is released and every path reads the GEMM's copy: the GEMV up to 16 tokens, the 4-bit GEMM up to 192, above it
     dequant_marlin_bf16 (the values dequant_q4_bf16 gives from the row form) + cuBLAS."""
     from llmrs.engine.backends.cuda_q4gemm import dequant_marlin
 

@@ -236,7 +236,7 @@ def test_synth_quant_awq_writes_a_checkpoint_that_loads_and_runs(tmp_path):
         write_checkpoint("smollm2-135m", tmp_path / "x", quant="awq")
 
 
-def test_gpu_weight_bytes_counts_packed_4bit_weights_not_bf16(tiny_pair):
+def test_gpu_weight_bytes_counts_packed_4bit_weights_not_bf16(tiny_pair, monkeypatch):
     """The KV sizing on a GPU subtracts what the weights really take: ~4.25-bit packed linears (twice where the
     matvec's rows stay beside the 4-bit GEMM's copy) instead of 2 bytes a parameter."""
     from llmrs.engine.engine import gpu_weight_bytes
@@ -251,16 +251,22 @@ def test_gpu_weight_bytes_counts_packed_4bit_weights_not_bf16(tiny_pair):
     linear = [t for t in kept.tensors.values() if isinstance(t, Q.QuantWeight)]
     assert linear and gpu_weight_bytes(kept) == gpu_weight_bytes(dense) - sum(  # the GEMM's copy where it applies
         2 * t.N * t.K - (1 + supported(t.N, t.K, t.group_size)) * t.nbytes for t in linear)
-    # where the GEMV takes one token (N / 32 >= 4 x the GPU's SMs, or K >= 4 N) the row form is released: one copy
+    # where the GEMV takes one token (N / 32 >= 4 x the GPU's SMs, K >= 4 N, or a large matrix; every shape under
+    # LLMRS_Q4_GEMV_K_PER_N=0) the row form is released: one copy
     from types import SimpleNamespace
 
+    import llmrs.engine.backends.cuda_q4gemm as q4gemm
     from tests.test_quant_marlin import make_weight
 
     rng = np.random.default_rng(0)
     big, small = make_weight("awq", 256, 256, 128, rng), make_weight("awq", 128, 256, 128, rng)  # 8 / 4 tiles
     long_k = make_weight("awq", 64, 256, 128, rng)  # K = 4 N (a down projection's shape)
     model = SimpleNamespace(tensors={"a": big, "b": small, "c": long_k}, config=None)
-    assert gpu_weight_bytes(model) == 2 * (big.nbytes + small.nbytes + long_k.nbytes)  # no GPU figure: both copies
+    one_copy = big.nbytes + small.nbytes + long_k.nbytes
+    assert gpu_weight_bytes(model) == 2 * one_copy  # no GPU figure: both copies
+    monkeypatch.setattr(q4gemm, "GEMV_ONE_TOKEN_K_PER_N", 0.0)
+    assert gpu_weight_bytes(model, num_sms=2) == gpu_weight_bytes(model, num_sms=3) == one_copy
+    monkeypatch.setattr(q4gemm, "GEMV_ONE_TOKEN_K_PER_N", 4.0)
     assert gpu_weight_bytes(model, num_sms=2) == big.nbytes + 2 * small.nbytes + long_k.nbytes
     assert gpu_weight_bytes(model, num_sms=3) == 2 * (big.nbytes + small.nbytes) + long_k.nbytes
 

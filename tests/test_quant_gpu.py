@@ -132,12 +132,15 @@ def exact_reference(loaded_dense, num_blocks):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_tiny_awq_matvec_everywhere_equals_cpu_reference_on_exact_weights(arch, tiny_awq):
+def test_tiny_awq_matvec_everywhere_equals_cpu_reference_on_exact_weights(arch, tiny_awq, monkeypatch):
     kept = load(str(tiny_awq[arch]), keep_quantized=True)
+    # decode on the matvec too (the GEMV rounds x to bf16): LLMRS_Q4_GEMV=0 from the upload on, which keeps every
+    # weight's row form (by default a weight in the GEMM layout holds only the reordered copy)
+    monkeypatch.setattr(CUDABackend, "q4_gemv", False)
     gpu = ModelRunner(kept, num_blocks=32, device="cuda")
     assert isinstance(gpu.model.w.layers[0].qkv, Q.DeviceQuantWeight)
+    assert all(w.qweight is not None for w in (gpu.model.w.layers[0].qkv, gpu.model.w.layers[0].down))
     gpu.backend.quant_matvec_max_tokens = 1 << 30  # prefill through the 4-bit matvec too: f32 activations
-    gpu.backend.q4_gemv = False  # and decode (the GEMV rounds x to bf16)
     gpu.backend.prefill_min_tokens = None  # and the f32 attention kernel (the tensor-core one rounds q to bf16)
     cpu = exact_reference(load(str(tiny_awq[arch])), 32)
     compare(f"awq tiny {arch} matvec vs exact cpu", gpu, cpu, prompts_for(kept.tokenizer), strict=True)

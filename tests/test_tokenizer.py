@@ -110,3 +110,15 @@ def test_token_bytes_match_one_token_decodes(smollm2):
     for i in list(range(0, 300)) + list(range(tok.vocab_size - 300, tok.vocab_size)):
         assert tb.get(i).decode("utf-8", "replace") == tok.decode([i], skip_special_tokens=False)
     assert tok.token_bytes(skip_special_tokens=True).get(0) == b""  # <|endoftext|> is special: skipped
+
+
+@pytest.mark.parametrize("specials", [True, False])
+def test_encode_fast_path_gives_the_ids_of_tokenizers_encode(smollm2, specials):
+    """Tokenizer.encode goes through encode_batch_fast (no offsets): the very ids of tokenizers' own `encode`, with
+    and without special tokens, on the texts above, an empty string and a long random one."""
+    tok = smollm2.tokenizer
+    assert hasattr(tok.tk, "encode_batch_fast")  # the pinned tokenizers has it: the fast path is the one tested
+    rng = np.random.default_rng(0)
+    long_text = tok.decode([int(i) for i in rng.integers(100, tok.vocab_size - 1, 300)], skip_special_tokens=False)
+    for text in [*TEXTS, "", long_text]:
+        assert tok.encode(text, add_special_tokens=specials) == tok.tk.encode(text, add_special_tokens=specials).ids

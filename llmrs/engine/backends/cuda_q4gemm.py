@@ -26,6 +26,7 @@ at T 1024 this kernel reaches 220-290 TFLOP/s, dequantize + cuBLAS 320-570). Bef
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,13 +42,19 @@ MIN_KT_PER_SPLIT = 8  # a K slice of at least 512 keeps the 3-4 stage pipeline w
 MAX_SPLITS = 16
 MAX_TOKENS = 192  # above, dequantize + cuBLAS is faster (module docstring)
 GEMV_MAX_TOKENS = 16  # gemv_q4: x's tokens are the columns of one n8 tile (gemv_q4z / q4m) or two (.._t16)
-# The backend's decode path takes gemv_q4 from 2 tokens, and for one token where it beats matvec_q4 (row layout,
-# f32 FMA): where the 32-column tiles alone fill the GPU (gate_up), and where K is long against N (down: K >= 4 N,
-# GEMV_ONE_TOKEN_K_PER_N). Measured on the H200 (scripts/bench_gemv_q4.py, AWQ G128, Qwen2.5-7B shapes inside a
-# graph, each launch its own copy of the weight, us gemv / matvec_q4, T = 1; reports/h200-qwen2.5/session10):
-# gate_up 30.7 / 153.9 (S = 1), down 19.5 / 23.1 (S = 4), qkv 9.3 / 9.5, o 7.0 / 6.5.
+# The backend's decode path takes gemv_q4 (tensor cores, the Marlin layout) from 2 tokens, and for one token where
+# it beats matvec_q4 (row layout, f32 FMA): where the 32-column tiles alone fill the GPU (gate_up), where K is long
+# against N (down: K >= 4 N, GEMV_ONE_TOKEN_K_PER_N), and for a matrix of GEMV_ONE_TOKEN_MIN_WEIGHTS or more (the
+# 7B's qkv). Measured on the H200 (scripts/bench_gemv_q4.py, AWQ G128, Qwen2.5-7B shapes inside a graph, each
+# launch its own copy of the weight, us gemv / matvec_q4, T = 1; reports/h200-qwen2.5/session11/call2; matvec_q4's
+# gate_up and down under ncu's locked clock): gate_up 29.4 (S = 1) / 58.8, down 18.2 (S = 4) / 31.0, qkv 4608 x
+# 3584 (16.5M weights) 7.55 (S = 3) / 9.65, o 3584 x 3584 (12.8M) 6.66 (S = 4) / 6.44. Every shape on the GEMV
+# (LLMRS_Q4_GEMV_K_PER_N=0) decodes the 7B AWQ in 2.574 / 2.576 against 2.592 / 2.591 ms/token but the 3B in
+# 1.908 / 1.909 against 1.858 / 1.858 and the 0.5B in 0.819 / 0.818 against 0.811 / 0.812 (session 11): the
+# smaller matrices stay on matvec_q4. Both switches are read at import (for A/Bs).
 GEMV_MIN_TOKENS = 2
-GEMV_ONE_TOKEN_K_PER_N = 4
+GEMV_ONE_TOKEN_K_PER_N = float(os.environ.get("LLMRS_Q4_GEMV_K_PER_N", "4"))
+GEMV_ONE_TOKEN_MIN_WEIGHTS = int(os.environ.get("LLMRS_Q4_GEMV_MIN_WEIGHTS", str(14 << 20)))
 GEMV_WARPS = 4  # GV_WARPS in gemm_q4.cu: warps per block (a block: one 32-column tile, K split over its warps)
 GEMV_DEPTH = 4  # GV_DEPTH: k32 blocks a warp has in flight (its runs are multiples of it)
 GEMV_BLOCKS_PER_SM = 4  # resident at once: 128 registers x 128 threads (ptx-check)
@@ -181,8 +188,9 @@ def tiles_fill_gpu(N: int, num_sms: int) -> bool:
 
 def gemv_one_token(N: int, K: int, num_sms: int) -> bool:
     """Whether one token of an N x K weight goes through gemv_q4 rather than matvec_q4 (the comment above
-    GEMV_MIN_TOKENS: the tiles fill the GPU, or K >= GEMV_ONE_TOKEN_K_PER_N x N)."""
-    return tiles_fill_gpu(N, num_sms) or K >= GEMV_ONE_TOKEN_K_PER_N * N
+    GEMV_MIN_TOKENS): the tiles fill the GPU, K >= GEMV_ONE_TOKEN_K_PER_N x N, or N x K >=
+    GEMV_ONE_TOKEN_MIN_WEIGHTS."""
+    return tiles_fill_gpu(N, num_sms) or K >= GEMV_ONE_TOKEN_K_PER_N * N or N * K >= GEMV_ONE_TOKEN_MIN_WEIGHTS
 
 
 def gemv_takes(backend: Any, T: int, N: int, K: int) -> bool:
