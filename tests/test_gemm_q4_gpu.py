@@ -29,7 +29,7 @@ from tests.test_quant_marlin import make_weight  # noqa: E402
 TOL = 2e-3  # measured errors are ~1e-6 (same bf16 inputs, f32 vs f64 sums); a wrong tile or group is >> TOL
 SHAPES = [(128, 256), (576, 1536), (3584, 3584)]
 FORMATS = [("awq", 128), ("awq", 32), ("q4_0", 32), ("q4_1", 32), ("q4_1", 128)]
-TOKENS = [9, 16, 33, 64, 200, 256]
+TOKENS = [9, 16, 33, 64, 100, 200, 256]  # 100: one partial 128-token (MT 8) tile; 200: a full one and a partial one
 
 
 @pytest.fixture(scope="module")
@@ -146,9 +146,19 @@ def test_shapes_outside_the_kernel_fall_back(backend):
     assert not gemm_q4(backend, cp.zeros((9, 64), dtype=cp.uint16), None, None, out)
 
 
-def test_gemm_q4_timing_beside_dequantize_plus_cublas(backend):
+def test_gemm_q4_timing_beside_dequantize_plus_cublas(backend, monkeypatch):
     """Figures for the notes: 7B-like shapes (qkv, down), prefill-sized and batched-decode-sized T (timings not
-    asserted; the two paths' outputs are)."""
+    asserted; the two paths' outputs are), and from 65 tokens the 64-token tiles (MT 4) beside the 128-token ones
+    (MT 8, cuda_q4gemm.MT8_FROM)."""
+    import llmrs.engine.backends.cuda_q4gemm as q4gemm
+
+    def gemm_mt4(xb, mw, out):
+        monkeypatch.setattr(q4gemm, "MT8_FROM", 0)
+        try:
+            return gemm_q4(backend, xb, mw, None, out)
+        finally:
+            monkeypatch.undo()
+
     rng = np.random.default_rng(5)
     for N, K in [(4608, 3584), (3584, 18944), (37888, 3584)]:
         w = make_weight("awq", N, K, 128, rng)
@@ -159,8 +169,11 @@ def test_gemm_q4_timing_beside_dequantize_plus_cublas(backend):
             xb = to_bf16_device(backend, x)
             out = cp.empty((T, N), dtype=cp.float32)
             figures, outs = {}, {}
-            for label, fn in (("gemm_q4", lambda: gemm_q4(backend, xb, mw, None, out)),
-                              ("dequant+cublas", lambda: dequant_cublas(backend, x, dw, None, out, False, mw))):
+            forms = [("gemm_q4", lambda: gemm_q4(backend, xb, mw, None, out)),
+                     ("dequant+cublas", lambda: dequant_cublas(backend, x, dw, None, out, False, mw))]
+            if q4gemm.tile_rows(T) == 8:
+                forms.append(("gemm_q4 MT4", lambda: gemm_mt4(xb, mw, out)))
+            for label, fn in forms:
                 fn()
                 outs[label] = cp.asnumpy(out).copy()
                 start, stop = cp.cuda.Event(), cp.cuda.Event()
@@ -174,5 +187,7 @@ def test_gemm_q4_timing_beside_dequantize_plus_cublas(backend):
             # what was timed computed the same product (both on bf16 x and the same bf16 weight values)
             assert np.isfinite(outs["gemm_q4"]).all()
             assert rel_err(outs["gemm_q4"], outs["dequant+cublas"]) < 1e-4, (N, K, T)
+            if "gemm_q4 MT4" in outs:  # the same sums (K slices may differ: the tile count sets them)
+                assert rel_err(outs["gemm_q4"], outs["gemm_q4 MT4"]) < 1e-5, (N, K, T)
             report(f"gemm_q4 timing N{N} K{K} T{T}", figures)
             print(f"N{N} K{K} T{T}: {figures}")

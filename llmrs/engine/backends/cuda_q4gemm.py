@@ -10,7 +10,7 @@ result equals dequantize + cuBLAS up to the f32 accumulation order.
 
 Shapes: N % 64, K % 64, G a power of two >= 32 and K % G (to_marlin returns None otherwise: keep dequantize +
 cuBLAS); any T.
-Tiles: 128 columns x 16 MT tokens per block (MT 1 up to 16 tokens, 2 up to 32, else 4); when those tiles fill
+Tiles: 128 columns x 16 MT tokens per block (MT 1 up to 16 tokens, 2 up to 32, 4 up to 64, else 8: MT8_FROM); when those tiles fill
 less than the GPU, K is split over grid.z (f32 partials, reduced in a fixed order: deterministic).
 
 When: measured on the H200 (tests/test_gemm_q4_gpu.py's timing test, AWQ G 128, us; gemm_q4 / dequantize +
@@ -40,7 +40,8 @@ BN = 128  # output columns per block
 BK = 64  # k per pipeline stage
 MIN_KT_PER_SPLIT = 8  # a K slice of at least 512 keeps the 3-4 stage pipeline worth filling
 MAX_SPLITS = 16
-MAX_TOKENS = 192  # above, dequantize + cuBLAS is faster (module docstring)
+# above, dequantize + cuBLAS is faster (module docstring); LLMRS_Q4_GEMM_MAX_TOKENS (read at import) for A/Bs
+MAX_TOKENS = int(os.environ.get("LLMRS_Q4_GEMM_MAX_TOKENS", "192"))
 GEMV_MAX_TOKENS = 16  # gemv_q4: x's tokens are the columns of one n8 tile (gemv_q4z / q4m) or two (.._t16)
 # The backend's decode path takes gemv_q4 (tensor cores, the Marlin layout) from 2 tokens, and for one token where
 # it beats matvec_q4 (row layout, f32 FMA): where the 32-column tiles alone fill the GPU (gate_up), where K is long
@@ -101,9 +102,16 @@ def to_marlin(backend: Any, w: DeviceQuantWeight) -> MarlinWeight | None:
                         marlin_scales(w.scales, w.zeros, cp))
 
 
+# From MT8_FROM tokens a block takes 8 m16 tiles (128 tokens; `gemm_q4z_m8`: 252 registers, 2 stages, 2 blocks an
+# SM) instead of 4: each decoded weight fragment feeds 8 mma instead of 4 and each stage's weights are loaded once
+# for 128 tokens. `llmrs ptx-check --sass` (sm_90, main loop): 595 instructions for 128 HMMA against m4's 437 for
+# 64. LLMRS_Q4_GEMM_MT8_FROM (read at import; 0: never) for A/Bs. NOT YET MEASURED ON A GPU (exp/gemm-q4-m8).
+MT8_FROM = int(os.environ.get("LLMRS_Q4_GEMM_MT8_FROM", "65"))
+
+
 def tile_rows(T: int) -> int:
     """MT: m16 tiles of tokens per block."""
-    return 1 if T <= 16 else 2 if T <= 32 else 4
+    return 1 if T <= 16 else 2 if T <= 32 else 8 if 0 < MT8_FROM <= T else 4
 
 
 # The K slices aim at GEMM_BLOCKS_PER_SM blocks an SM (LLMRS_Q4_GEMM_BLOCKS_PER_SM, read at each launch for A/Bs),
