@@ -188,6 +188,6 @@ def test_gemm_q4_timing_beside_dequantize_plus_cublas(backend, monkeypatch):
             assert np.isfinite(outs["gemm_q4"]).all()
             assert rel_err(outs["gemm_q4"], outs["dequant+cublas"]) < 1e-4, (N, K, T)
             if "gemm_q4 MT4" in outs:  # the same sums (K slices may differ: the tile count sets them)
-                assert rel_err(outs["gemm_q4"], outs["gemm_q4 MT4"]) < 1e-5, (N, K, T)
+                assert rel_err(outs["gemm_q4"], outs["gemm_q4 MT4"]) < 1e-4, (N, K, T)
             report(f"gemm_q4 timing N{N} K{K} T{T}", figures)
             print(f"N{N} K{K} T{T}: {figures}")

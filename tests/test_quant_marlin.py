@@ -280,3 +280,33 @@ def test_gemv_kernel_picks_the_fixed_group_form_for_g32_and_g128_and_exists():
                 cpg = G // 32
                 if name.endswith(f"_c{cpg}"):
                     assert GEMV_DEPTH % cpg == 0  # every batch of a warp holds whole groups (the kernel's CPG rule)
+
+
+@pytest.mark.parametrize("small", [None, 256])
+def test_gemm_takes_up_to_max_tokens_and_small_matrices_further(small, monkeypatch):
+    """Up to MAX_TOKENS (192) every shape takes the 4-bit GEMM; with LLMRS_Q4_GEMM_MAX_TOKENS_SMALL=256 (off by
+    default) matrices of at most 64M weights (the 7B's qkv, o; measured: its gate_up loses to dequantize + cuBLAS
+    at 256) up to 256; above, none. The backend's bf16-input rule follows it (CUDABackend._gemm_takes_bf16)."""
+    import os
+    from types import SimpleNamespace
+
+    import llmrs.engine.backends.cuda_q4gemm as q4gemm
+    from llmrs.engine.backends.cuda import CUDABackend
+    from llmrs.engine.backends.cuda_q4gemm import gemm_takes
+    from llmrs.engine.quant import DeviceQuantWeight
+
+    if {"LLMRS_Q4_GEMM_MAX_TOKENS", "LLMRS_Q4_GEMM_MAX_TOKENS_SMALL"} & set(os.environ):
+        pytest.skip("the GEMM's token limits are set in this environment")
+    if small is not None:
+        monkeypatch.setattr(q4gemm, "MAX_TOKENS_SMALL", small)
+    qkv, o, gate_up, down = (4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944)
+    assert all(gemm_takes(T, *s) for T in (17, 64, 192) for s in (qkv, o, gate_up, down))
+    assert gemm_takes(256, *qkv) == gemm_takes(256, *o) == gemm_takes(193, *o) == (small == 256)
+    assert not gemm_takes(193, *gate_up) and not gemm_takes(256, *gate_up) and not gemm_takes(256, *down)
+    assert not any(gemm_takes(257, *s) for s in (qkv, o, gate_up, down))
+    fake = SimpleNamespace(fuse_bf16=True, quant_matvec_max_tokens=8, matvec_max_tokens=1)
+    for N, K in (qkv, gate_up):
+        w = DeviceQuantWeight("awq", N, K, 128, None, None, None)
+        for T in (8, 17, 192, 193, 256, 257):
+            bf16_in = CUDABackend._gemm_takes_bf16(fake, w, T)
+            assert bf16_in == (T > 16 and not gemm_takes(T, N, K)), (N, K, T)

@@ -9,7 +9,7 @@ activations. Linear layers: for up to `matvec_max_tokens` tokens (MATVEC_MAX_TOK
 matvec (f32 x, bf16 W: decode is memory-bound), otherwise cuBLAS gemmEx (bf16 x bf16 -> f32, f32 accumulate),
 whose bf16 inputs the norms and SiLU x up write directly (`fuse_bf16`: the same bits as f32 + a cast). Quantized
 weights (quant.py): up to 16 tokens the 4-bit GEMV (gemm_q4.cu, tensor cores; cuda_q4gemm.gemv_takes) or, up to
-8, the 4-/8-bit matvec (matvec_q4.cu); the Marlin-style 4-bit GEMM up to 192 (cuda_q4gemm.MAX_TOKENS), dequantize +
+8, the 4-/8-bit matvec (matvec_q4.cu); the Marlin-style 4-bit GEMM up to 192 (cuda_q4gemm.gemm_takes), dequantize +
 cuBLAS above.
 
 Attention: `_attention` picks per step: the tensor-core prefill kernel (cuda_prefill.py) when a sequence brings
@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from llmrs.engine.backends.cuda_kernels import OFF_VALUES
-from llmrs.engine.backends.cuda_q4gemm import (GEMV_MAX_TOKENS, MAX_TOKENS, dequant_marlin, gemv_q4, gemv_takes,
+from llmrs.engine.backends.cuda_q4gemm import (GEMV_MAX_TOKENS, dequant_marlin, gemm_takes, gemv_q4, gemv_takes,
                                                linear_q4)
 from llmrs.engine.batch import StepBatch
 from llmrs.engine.config import ModelConfig
@@ -574,7 +574,7 @@ class CUDABackend:
                       name: str) -> None:
         """_linear over a quantized weight: up to quant_matvec_max_tokens tokens the 4-bit GEMV (gemm_q4.cu's
         gemv_q4, where cuda_q4gemm.gemv_takes) or the 4-/8-bit matvec (matvec_q4.cu) streams the packed weight; up
-        to GEMV_MAX_TOKENS the GEMV; up to cuda_q4gemm.MAX_TOKENS the Marlin-style 4-bit GEMM (gemm_q4.cu, weights
+        to GEMV_MAX_TOKENS the GEMV; where cuda_q4gemm.gemm_takes the Marlin-style 4-bit GEMM (gemm_q4.cu, weights
         decoded to the same bf16 values --dequantize holds); above, the weight is dequantized into a bf16 scratch
         (bit-exact with the --dequantize weights) for cuBLAS."""
         T, K = x.shape
@@ -603,8 +603,8 @@ class CUDABackend:
                        (w.qweight, w.scales, NULL if w.zeros is None else w.zeros, x, b, out, np.int32(N),
                         np.int32(K), np.int32(T), np.int32(G), acc))
             return
-        # the Marlin-style 4-bit GEMM (gemm_q4.cu); above MAX_TOKENS dequantize + cuBLAS is faster (measured)
-        if T <= MAX_TOKENS and linear_q4(self, x, w.marlin, bias, out, accumulate, name):
+        # the Marlin-style 4-bit GEMM (gemm_q4.cu); beyond cuda_q4gemm.gemm_takes dequantize + cuBLAS is faster
+        if gemm_takes(T, N, K) and linear_q4(self, x, w.marlin, bias, out, accumulate, name):
             return
         wb = self._buf("dequant_w", (N, K), np.uint16)
         grid = (min(65535, -(-(N * K // 8) // 256)),)  # a word (8 weights) a thread
@@ -627,7 +627,8 @@ class CUDABackend:
         above every packed-weight kernel's (dequantized into a bf16 scratch, then cuBLAS: `_linear_quant`). The
         matvec, the 4-bit GEMV and GEMM take f32."""
         if isinstance(w, DeviceQuantWeight):
-            return self.fuse_bf16 and T > max(MAX_TOKENS, GEMV_MAX_TOKENS, self.quant_matvec_max_tokens)
+            return (self.fuse_bf16 and T > max(GEMV_MAX_TOKENS, self.quant_matvec_max_tokens)
+                    and not gemm_takes(T, w.N, w.K))
         return self.fuse_bf16 and T > self.matvec_max_tokens
 
     def _rms_norm_bf16(self, x: Any, w: Any, eps: float, out: Any, y: Any = None, rows: Any = None,

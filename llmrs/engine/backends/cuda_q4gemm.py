@@ -105,8 +105,25 @@ def to_marlin(backend: Any, w: DeviceQuantWeight) -> MarlinWeight | None:
 # From MT8_FROM tokens a block takes 8 m16 tiles (128 tokens; `gemm_q4z_m8`: 252 registers, 2 stages, 2 blocks an
 # SM) instead of 4: each decoded weight fragment feeds 8 mma instead of 4 and each stage's weights are loaded once
 # for 128 tokens. `llmrs ptx-check --sass` (sm_90, main loop): 595 instructions for 128 HMMA against m4's 437 for
-# 64. LLMRS_Q4_GEMM_MT8_FROM (read at import; 0: never) for A/Bs. NOT YET MEASURED ON A GPU (exp/gemm-q4-m8).
-MT8_FROM = int(os.environ.get("LLMRS_Q4_GEMM_MT8_FROM", "65"))
+# 64. Measured on the H200 (session 11, AWQ G128, us MT 8 / MT 4 / dequantize + cuBLAS): qkv 4608x3584 T 128 51.3 /
+# 56.3 / 73.2, T 192 57.0 / 52.6 / 73.3, T 256 61.0 / 65.3 / 76.5, T 1024 161.7 / 154.8 / 107.3; down 3584x18944
+# T 128 89.1 / 85.7 / 119.5, T 192 129.4 / 120.5 / 132.1, T 256 132.7 / 167.1 / 133.4; gate_up 37888x3584 T 128
+# 142.2 / 136.6 / 186.9, T 192 225.9 / 188.4 / 208.6, T 256 226.3 / 239.9 / 202.8, T 512 396.2 / 467.9 / 283.7:
+# MT 8 only from 256 tokens. LLMRS_Q4_GEMM_MT8_FROM (read at import; 0: never) for A/Bs.
+MT8_FROM = int(os.environ.get("LLMRS_Q4_GEMM_MT8_FROM", "256"))
+# Up to MAX_TOKENS every 4-bit weight with the layout takes the GEMM; above, up to LLMRS_Q4_GEMM_MAX_TOKENS_SMALL
+# (default MAX_TOKENS: off), those of at most SMALL_MAX_WEIGHTS weights too. The measurements above at T 256 (qkv
+# 61.0 against 76.5 for dequantize + cuBLAS, down a tie, gate_up 226.3 against 202.8) suggest 256: a 256-sequence
+# AWQ step would stop dequantizing its qkv and o (~15 us a layer each). Off until a step and the server measure it
+# (`LLMRS_Q4_GEMM_MAX_TOKENS_SMALL=256`; session 11 ran out of device time).
+MAX_TOKENS_SMALL = int(os.environ.get("LLMRS_Q4_GEMM_MAX_TOKENS_SMALL", str(MAX_TOKENS)))
+SMALL_MAX_WEIGHTS = 64 << 20
+
+
+def gemm_takes(T: int, N: int, K: int) -> bool:
+    """Whether T tokens of a 4-bit N x K weight with the GEMM layout go through gemm_q4 rather than dequantize +
+    cuBLAS (above the GEMV's tokens)."""
+    return T <= MAX_TOKENS or (T <= MAX_TOKENS_SMALL and N * K <= SMALL_MAX_WEIGHTS)
 
 
 def tile_rows(T: int) -> int:
