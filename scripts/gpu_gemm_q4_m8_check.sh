@@ -31,12 +31,6 @@ LLMRS_Q4_GEMM_MAX_TOKENS=256 timeout 150 python3 -m llmrs profile --synthetic qw
   --context 512 --steps 3 > $R/profile-awq-m8.txt 2>&1
 grep -E "step wall|gemm_q4|dequant|gemm gate_up|gemm down" $R/profile-awq-m8.txt | head -12
 LLMRS_Q4_GEMM_MAX_TOKENS=256 SERVE_MODEL=qwen2.5-7b-awq serve_bench awq-m8 > $R/serve-awq.txt 2>&1
-python3 - $R <<'PY'
-import glob, json, sys
-for f in sorted(glob.glob(sys.argv[1] + "/bench-7b-*.json")):
-    for r in json.load(open(f))["runs"]:
-        s = r["summary"]
-        print(f"{f.split('/')[-1]:40s} {s['output_throughput']:8.0f} tok/s  TPOT {s['tpot_ms']['mean']:.2f}")
-PY
+bench_table $R
 } 2>&1 | tee $OUT/summary.txt
 tar czf $OUT/results.tgz -C $R .

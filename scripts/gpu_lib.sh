@@ -8,6 +8,8 @@
 #   qwen2.5-7b-awq), `llmrs bench` at 1 stream, then 64 / 256 concurrent twice (prompt 256, 256 new tokens; each
 #   point its own prompts: a cold prefix cache);
 #   results bench-7b-LABEL-*.json in $R.
+# bench_table DIR: one line per bench-7b-*.json run in DIR (output tok/s, TPOT mean).
+# ttft_line JSON PROMPT_LEN [LABEL]: TTFT min / median / mean of one `llmrs bench` results file.
 use_wheels() {
   if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -63,4 +65,22 @@ serve_bench() {
     done
   done
   kill -INT $srv; wait $srv
+}
+bench_table() {
+  python3 - "$1" <<'PY'
+import glob, json, sys
+for f in sorted(glob.glob(sys.argv[1] + "/bench-7b-*.json")):
+    for r in json.load(open(f))["runs"]:
+        s = r["summary"]
+        print(f"{f.split('/')[-1]:40s} {s['output_throughput']:8.0f} tok/s  TPOT {s['tpot_ms']['mean']:.2f}")
+PY
+}
+ttft_line() {
+  python3 - "$1" "$2" "${3:-}" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))["runs"][0]["summary"]
+t = s["ttft_ms"]
+print(f"{sys.argv[3] + ' ' if sys.argv[3] else ''}prompt {int(sys.argv[2]):4d}: TTFT min {t['min']:.2f}  median "
+      f"{t.get('median', t.get('p50', float('nan'))):.2f}  mean {t['mean']:.2f} ms ({s['completed']} requests)")
+PY
 }

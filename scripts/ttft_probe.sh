@@ -18,13 +18,7 @@ wait_health 8123 150 || { tail -20 "$R/serve.log"; kill $SRV; exit 1; }
 for n in $LENS; do
   timeout 60 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len $n --output-len 2 --ignore-eos --workers 1 \
     -o $R -c 1 -n ${C1_REQUESTS:-12} --label ttft-$n --name ttft-in$n > "$R/bench-in$n.log" 2>&1
-  python3 - "$R/ttft-in$n.json" $n <<'PY'
-import json, sys
-s = json.load(open(sys.argv[1]))["runs"][0]["summary"]
-t = s["ttft_ms"]
-print(f"prompt {int(sys.argv[2]):4d}: TTFT min {t['min']:.2f}  median {t.get('median', t.get('p50', float('nan'))):.2f}"
-      f"  mean {t['mean']:.2f} ms ({s['completed']} requests)")
-PY
+  ttft_line "$R/ttft-in$n.json" $n
 done
 kill -INT $SRV; wait $SRV
 step "profile: prefill step GPU time"
