@@ -34,6 +34,7 @@ from llmrs.bench.runner import RunOutcome, run_load
 from llmrs.bench.server import ManagedServer, llmrs_serve_argv
 from llmrs.bench.sysinfo import client_host, gpu_info, prefix_cache_counters, prefix_cache_delta, server_identity
 from llmrs.bench.tokenization import Tokenizer, choose_tokenizer
+from llmrs.bench.worker import client_kind
 from llmrs.errors import UserError
 
 SWEEP_KEYS = {"concurrency": "concurrency", "request_rate": "request_rate", "request-rate": "request_rate", "rate": "request_rate"}
@@ -234,7 +235,7 @@ def run_bench(o: BenchOptions, console: Console | None = None) -> Path:
             "server": {**ident, **meta, "model": model},
             "tokenizer": tok_source,
             "gpus": gpu_info(),
-            "client": {**client_host(), "workers": o.workers},
+            "client": {**client_host(), "workers": o.workers, "http_client": client_kind(base_url)},
             "params": _params(o),
             "runs": [],
         }

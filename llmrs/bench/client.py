@@ -16,6 +16,7 @@ from time import perf_counter
 
 import httpx
 
+from llmrs.bench import http1
 from llmrs.bench.records import RequestResult, RequestSpec
 from llmrs.bench.sse import SSEParser
 
@@ -74,7 +75,8 @@ def _short(body: bytes, n: int = 120) -> str:
     return text[:n]
 
 
-async def send_request(client: httpx.AsyncClient, cfg: ClientConfig, spec: RequestSpec, body: bytes) -> RequestResult:
+async def send_request(client: httpx.AsyncClient | http1.StreamClient, cfg: ClientConfig, spec: RequestSpec,
+                       body: bytes) -> RequestResult:
     """Send one request and time its stream; never raises (failures come back with their reason)."""
     res = RequestResult(idx=spec.idx, input_len=spec.input_len)
     chat = cfg.backend == "chat"
@@ -124,9 +126,9 @@ async def send_request(client: httpx.AsyncClient, cfg: ClientConfig, spec: Reque
                             res.error = f"stream error: {_short(payload)}"
     except TimeoutError:
         res.error = f"timeout after {cfg.timeout:g}s"
-    except httpx.RemoteProtocolError as e:
+    except (httpx.RemoteProtocolError, http1.RemoteProtocolError) as e:
         res.error = f"stream closed early: {str(e)[:80]}"
-    except httpx.HTTPError as e:
+    except (httpx.HTTPError, http1.HTTPError) as e:
         res.error = f"{type(e).__name__}: {str(e)[:80]}"
     except ValueError as e:  # bad JSON in an event
         res.error = f"bad event: {str(e)[:80]}"

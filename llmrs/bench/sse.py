@@ -2,7 +2,7 @@
 
 Only what OpenAI-style streams use: `data:` fields (multi-line data joined with "\\n" as the spec says),
 events separated by a blank line, CRLF or LF line ends, comment lines (":") and other fields ignored.
-It works on raw bytes from `httpx`'s `aiter_raw()` and never decodes text it does not need.
+It works on the raw bytes of a response body (`aiter_raw()`) and never decodes text it does not need.
 """
 
 from __future__ import annotations

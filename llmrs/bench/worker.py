@@ -9,13 +9,16 @@ total in flight never exceeds the cap. Workers report progress every 0.2 s and s
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
+from llmrs.bench import http1
 from llmrs.bench.client import ClientConfig, build_body, send_request
 from llmrs.bench.records import RequestResult, RequestSpec
 
@@ -45,11 +48,34 @@ class WorkerStats:
     peak_inflight: int = 0
 
 
-async def _warm_connections(client: httpx.AsyncClient, base_url: str, k: int) -> None:
+PROXY_VARS = ("http_proxy", "all_proxy")
+
+
+def client_kind(base_url: str) -> str:
+    """Which HTTP client the workers use: "http1" (llmrs.bench.http1: plain http, ~1 ms less client time a request
+    than httpx) unless the URL is https, a proxy is set in the environment for a host that is not local (httpx
+    honours it), or LLMRS_BENCH_HTTPX is set to a true value; then "httpx"."""
+    u = urlsplit(base_url)
+    local = u.hostname in ("127.0.0.1", "localhost", "::1")
+    proxied = not local and any(os.environ.get(v) or os.environ.get(v.upper()) for v in PROXY_VARS)
+    forced = os.environ.get("LLMRS_BENCH_HTTPX", "").strip().lower() not in ("", "0", "false", "no", "off")
+    return "http1" if u.scheme == "http" and not proxied and not forced else "httpx"
+
+
+def make_client(base_url: str, n: int, timeout: float) -> Any:
+    """The workers' client for `base_url` (client_kind), for up to n requests in flight."""
+    if client_kind(base_url) == "http1":
+        return http1.StreamClient(base_url)
+    local = urlsplit(base_url).hostname in ("127.0.0.1", "localhost", "::1")
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout), trust_env=not local)
+
+
+async def _warm_connections(client: Any, base_url: str, k: int) -> None:
     """Opens up to k keep-alive connections (GET /health) before the start signal.
 
-    NOTE: without this the first wave of requests pays TCP setup and httpx's first-use code paths (~5-10 ms on a
-    small box) inside its TTFT; a long-running server sees warm connections, and so does the measurement.
+    NOTE: without this the first wave of requests pays TCP setup and the client's first-use code paths (httpx:
+    ~5-10 ms on a small box) inside its TTFT; a long-running server sees warm connections, and so does the measurement.
     Any answer (even 404) leaves a usable connection; errors are ignored (requests will report them).
     """
     url = base_url.rstrip("/") + "/health"
@@ -57,7 +83,7 @@ async def _warm_connections(client: httpx.AsyncClient, base_url: str, k: int) ->
     async def one() -> None:
         try:
             await client.get(url, timeout=5.0)
-        except httpx.HTTPError:
+        except (httpx.HTTPError, http1.HTTPError, TimeoutError):
             pass
 
     await asyncio.gather(*(one() for _ in range(max(1, k))))
@@ -73,10 +99,8 @@ async def _run(job: WorkerJob, queue, go, stop, t0) -> None:
     stats = WorkerStats()
     results: list[RequestResult] = []
     bodies = [build_body(job.cfg, s) for s in job.specs]
-    local = urlsplit(job.cfg.base_url).hostname in ("127.0.0.1", "localhost", "::1")
     n = job.cap or max(1, len(job.specs))
-    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
-    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(job.cfg.timeout), trust_env=not local) as client:
+    async with make_client(job.cfg.base_url, n, job.cfg.timeout) as client:
         await _warm_connections(client, job.cfg.base_url, min(n, len(job.specs), MAX_WARM))
         queue.put(("ready", job.worker))
         while not go.wait(0.05):
