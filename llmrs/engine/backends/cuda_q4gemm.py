@@ -10,8 +10,8 @@ result equals dequantize + cuBLAS up to the f32 accumulation order.
 
 Shapes: N % 64, K % 64, G a power of two >= 32 and K % G (to_marlin returns None otherwise: keep dequantize +
 cuBLAS); any T.
-Tiles: 128 columns x 16 MT tokens per block (MT 1 up to 16 tokens, 2 up to 32, 4 up to 64, else 8: MT8_FROM); when those tiles fill
-less than the GPU, K is split over grid.z (f32 partials, reduced in a fixed order: deterministic).
+Tiles: 128 columns x 16 MT tokens per block (MT 1 up to 16 tokens, 2 up to 32, 8 from MT8_FROM = 256, else 4);
+when those tiles fill less than the GPU, K is split over grid.z (f32 partials, reduced in a fixed order: deterministic).
 
 When: measured on the H200 (tests/test_gemm_q4_gpu.py's timing test, AWQ G 128, us; gemm_q4 / dequantize +
 cuBLAS, the dequantization from the GEMM layout with its 16-byte stores), with the stage loads' addresses computed
