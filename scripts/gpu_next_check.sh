@@ -2,7 +2,9 @@
 # One call on a lent H200 (carry .whl), what session 11 left unmeasured, in order of value:
 #   1. the 7B's TTFT with `llmrs bench`'s own HTTP/1.1 client (llmrs/bench/http1.py; session 11's H200 figures,
 #      min 10.34 / median 10.67 ms at a 256-token prompt, went through httpx, ~0.7-1 ms of client time on a VM):
-#      scripts/ttft_probe.sh's server part at prompts 1 and 256, then the same with LLMRS_BENCH_HTTPX=1 beside it;
+#      scripts/ttft_probe.sh's server part at prompts 1 and 256, then the same with LLMRS_BENCH_HTTPX=1 beside it,
+#      then a traced run (LLMRS_TRACE_FILE, llmrs/trace.py): the median time of each hop of a 256-token request
+#      (client, app, route, core, steps, SSE), to see where the server's ~2 ms (session 11) go on the GPU host;
 #   2. the 256-sequence AWQ step with qkv and o through the 4-bit GEMM (128-token tiles) instead of dequantize +
 #      cuBLAS: `llmrs profile --synthetic qwen2.5-7b-awq --batch 256` with LLMRS_Q4_GEMM_MAX_TOKENS_SMALL 192
 #      (default) and 256 (kernel figures at T 256: qkv 61.0 vs 76.5 us, o not measured);
@@ -26,6 +28,16 @@ if wait_health 8123 150; then
       ttft_line "$R/ttft-$client-in$n.json" $n $client
     done
   done
+fi
+kill -INT $SRV; wait $SRV
+step "TTFT traced (LLMRS_TRACE_FILE: every hop of each request, scripts/ttft_trace.py)"
+LLMRS_TRACE_FILE=$R/trace.txt python3 -m llmrs serve --synthetic qwen2.5-7b --device cuda --max-num-seqs 256 \
+  --port 8123 >"$R/serve-traced.log" 2>&1 &
+SRV=$!
+if wait_health 8123 150; then
+  LLMRS_TRACE_FILE=$R/trace.txt timeout 60 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 \
+    --output-len 2 --ignore-eos --workers 1 -o $R -c 1 -n 20 --label traced --name ttft-traced > "$R/bench-traced.log" 2>&1
+  python3 scripts/ttft_trace.py $R/trace.txt --json $R/trace-summary.json
 fi
 kill -INT $SRV; wait $SRV
 for v in 192 256; do

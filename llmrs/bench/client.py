@@ -19,6 +19,7 @@ import httpx
 from llmrs.bench import http1
 from llmrs.bench.records import RequestResult, RequestSpec
 from llmrs.bench.sse import SSEParser
+from llmrs.trace import tr
 
 
 @dataclass(slots=True)
@@ -86,6 +87,7 @@ async def send_request(client: httpx.AsyncClient | http1.StreamClient, cfg: Clie
     last = last_choice = 0.0
     done = finished = False
     st = res.start = perf_counter()
+    tr("client_send")
     try:
         async with asyncio.timeout(cfg.timeout):
             async with client.stream("POST", cfg.url, content=body, headers=cfg.headers()) as resp:
@@ -111,6 +113,7 @@ async def send_request(client: httpx.AsyncClient | http1.StreamClient, cfg: Clie
                             if text:
                                 if ttft is None:
                                     ttft = now - st
+                                    tr("client_first")
                                 else:
                                     itl.append(now - last)
                                 last = now

@@ -50,6 +50,7 @@ from llmrs.engine.engine import (
 from llmrs.engine.loader import LoadedModel, load
 from llmrs.engine.sampling import SamplingParams
 from llmrs.errors import UserError
+from llmrs.trace import tr, tr_tokens
 
 
 def freeze_heap() -> bool:
@@ -139,6 +140,7 @@ def run_core(engine: LLMEngine, commands, outputs) -> None:
         # block only when idle; EOF (the server is gone) raises EOFError here and ends the process
         while commands.poll(None if not (engine.has_unfinished() or changed) else 0):
             changed = True
+            tr("core_recv")
             for cmd in commands.recv():
                 kind = cmd[0]
                 if kind == "add":
@@ -153,7 +155,9 @@ def run_core(engine: LLMEngine, commands, outputs) -> None:
                 else:
                     stop = True
         if not stop and engine.has_unfinished():
+            tr("core_step")
             pending.extend(engine.step())
+            tr_tokens(pending)
         outputs.send(("step", [(o.request_id, o.index, o.text, o.token_ids, o.logprobs, o.finish_reason)
                                for o in pending], engine.stats(), adds_seen, rejected))
         if stop:
@@ -332,6 +336,7 @@ class ProcessEngine:
         self._pending = []
         self._wbuf += struct.pack("!i", len(data))  # Connection.recv's framing (messages < 2 GiB)
         self._wbuf += data
+        tr("cmd_sent")
         self._write_some()
 
     def _write_some(self) -> None:
@@ -358,6 +363,7 @@ class ProcessEngine:
         self._commands.close()
 
     def _on_readable(self) -> None:
+        tr("server_out")
         try:
             while self._outputs.poll():
                 self._handle(self._outputs.recv())

@@ -23,6 +23,7 @@ from llmrs.engine.sampling import SampleResult, SamplingParams, needs_host_sampl
 from llmrs.engine.scheduler import Scheduler
 from llmrs.engine.sequence import Sequence, StepOutput
 from llmrs.errors import UserError
+from llmrs.trace import tr, tr_tokens
 
 
 class EngineOverloaded(Exception):
@@ -472,6 +473,7 @@ class AsyncEngine:
         q: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), q)
         self._commands.put(("add", request_id, seqs))
+        tr("cmd_sent")
         self._wake.set()
         return self._stream(request_id, q, len(seqs), len(prompt_ids))
 
@@ -539,7 +541,9 @@ class AsyncEngine:
                     break
                 if self.engine.has_unfinished():
                     t0 = time.perf_counter()
+                    tr("core_step")
                     outputs = self.engine.step()
+                    tr_tokens(outputs)
                     self._stats = self.engine.stats()
                     self._deliver(outputs)
                     self.last_step_s = time.perf_counter() - t0

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from llmrs import trace
 from llmrs.server import errors
 from llmrs.server.metrics import ServerMetrics
 from llmrs.server.routes import router
@@ -106,4 +107,18 @@ def build_app(engine, settings: ServerSettings) -> FastAPI:
     errors.install(app)
     app.include_router(router)
     app.add_middleware(Guard, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes)
+    if trace.PATH is not None:  # LLMRS_TRACE_FILE: the request's first moment inside the app (outermost)
+        app.add_middleware(TraceEntry)
     return app
+
+
+class TraceEntry:
+    """ASGI middleware: the `asgi_enter` tag of llmrs.trace for each HTTP request."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            trace.tr("asgi_enter")
+        await self.app(scope, receive, send)

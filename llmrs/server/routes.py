@@ -18,6 +18,7 @@ from llmrs.server.serving import (
     ChoiceAcc, Generation, ServerState, chat_logprobs, completion_logprobs, until_disconnect, usage,
     validate,
 )
+from llmrs.trace import tr
 
 router = APIRouter()
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy default
@@ -101,6 +102,7 @@ def _completion_prompts(st: ServerState, prompt) -> tuple[list[list[int]], list[
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
     arrival = time.perf_counter()
+    tr("route")
     st = _state(request)
     model = st.check_model(body.model)
     _check_stream_options(body)
@@ -129,6 +131,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
             out_tokens: dict[int, int] = {}
             try:
                 async for p, out in gen.events():
+                    tr("sse_event")
                     idx = p * n + out.index
                     text = out.text
                     if idx not in offsets:
@@ -180,6 +183,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     arrival = time.perf_counter()
+    tr("route")
     st = _state(request)
     model = st.check_model(body.model)
     _check_stream_options(body)
@@ -212,6 +216,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
                             "finish_reason": None}
                     yield sse.event({**head, "choices": [role], **tail})
                 async for _, out in gen.events():
+                    tr("sse_event")
                     out_tokens[out.index] = out.num_output_tokens
                     lp = {"content": chat_logprobs(st, out.logprobs)} if logprobs is not None and out.logprobs else None
                     if lp is None and out.finish_reason is None:

@@ -1,0 +1,32 @@
+"""LLMRS_TRACE_FILE=PATH: a timestamp at each hop of a request's way through the bench client, the server and the
+engine core, appended to PATH as lines "<time.perf_counter()> <pid> <tag>" by every process that has the variable
+(the server, its engine core process, `llmrs bench`'s workers). On Linux perf_counter is CLOCK_MONOTONIC, one
+clock for every process of the machine, so the lines of one request line up across processes;
+`scripts/ttft_trace.py PATH` prints the median time of each tag after the client's send, request by request.
+
+Meant for one request at a time (a TTFT probe: `--concurrency 1`); a file write per tag (~10-20 us) is the cost,
+and nothing at all without the variable. Tags: client_send, asgi_enter, route, cmd_sent (the add written to the
+core's pipe), core_recv, core_step (begin of each step), core_tokens (a step's outputs, with their token count),
+server_out (the core's message read by the server), sse_event (an event handed to the response), client_first
+(the client's first content token).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+PATH = os.environ.get("LLMRS_TRACE_FILE") or None
+
+
+def tr_tokens(outputs) -> None:
+    """core_tokens with the number of tokens in a step's outputs (counted only when tracing)."""
+    if PATH is not None:
+        tr(f"core_tokens {sum(len(o.token_ids) for o in outputs)}")
+
+
+def tr(tag: str) -> None:
+    """Append one timestamped tag (nothing unless LLMRS_TRACE_FILE was set when this module was imported)."""
+    if PATH is not None:
+        with open(PATH, "a") as f:
+            f.write(f"{time.perf_counter():.6f} {os.getpid()} {tag}\n")
