@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a lent H200 (carry .whl), what session 11 left unmeasured, in order of value:
+# One call on a lent H200 (carry .whl; ~7 min), what session 11 left unmeasured: `pytest -m gpu tests`, then
 #   1. the 7B's TTFT with `llmrs bench`'s own HTTP/1.1 client (llmrs/bench/http1.py; session 11's H200 figures,
 #      min 10.34 / median 10.67 ms at a 256-token prompt, went through httpx, ~0.7-1 ms of client time on a VM):
 #      scripts/ttft_probe.sh's server part at prompts 1 and 256, then the same with LLMRS_BENCH_HTTPX=1 beside it,
@@ -16,6 +16,7 @@ OUT=${OUT:-/tmp/llmrs-next}; mkdir -p "$OUT"; R=/tmp/res-next; rm -rf $R; mkdir 
 . "$(dirname "$0")/gpu_lib.sh"
 use_wheels || exit 1
 {
+TEST_TIMEOUT=300 gpu_tests  # the whole GPU suite first: session 11's last code changes ran on the CPU only
 step "TTFT, synthetic qwen2.5-7b: llmrs bench's http1 client, then httpx"
 python3 -m llmrs serve --synthetic qwen2.5-7b --device cuda --max-num-seqs 256 --port 8123 >"$R/serve.log" 2>&1 &
 SRV=$!
