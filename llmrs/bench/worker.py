@@ -21,6 +21,7 @@ import httpx
 from llmrs.bench import http1
 from llmrs.bench.client import ClientConfig, build_body, send_request
 from llmrs.bench.records import RequestResult, RequestSpec
+from llmrs.engine.config import OFF_VALUES
 
 PROGRESS_EVERY_S = 0.2
 MAX_WARM = 256
@@ -51,24 +52,26 @@ class WorkerStats:
 PROXY_VARS = ("http_proxy", "all_proxy")
 
 
+def _local(base_url: str) -> bool:
+    """Whether base_url names this machine (no proxy applies: httpx gets trust_env=False)."""
+    return urlsplit(base_url).hostname in ("127.0.0.1", "localhost", "::1")
+
+
 def client_kind(base_url: str) -> str:
     """Which HTTP client the workers use: "http1" (llmrs.bench.http1: plain http, ~1 ms less client time a request
     than httpx) unless the URL is https, a proxy is set in the environment for a host that is not local (httpx
     honours it), or LLMRS_BENCH_HTTPX is set to a true value; then "httpx"."""
-    u = urlsplit(base_url)
-    local = u.hostname in ("127.0.0.1", "localhost", "::1")
-    proxied = not local and any(os.environ.get(v) or os.environ.get(v.upper()) for v in PROXY_VARS)
-    forced = os.environ.get("LLMRS_BENCH_HTTPX", "").strip().lower() not in ("", "0", "false", "no", "off")
-    return "http1" if u.scheme == "http" and not proxied and not forced else "httpx"
+    proxied = not _local(base_url) and any(os.environ.get(v) or os.environ.get(v.upper()) for v in PROXY_VARS)
+    forced = os.environ.get("LLMRS_BENCH_HTTPX", "").strip().lower() not in ("", *OFF_VALUES)
+    return "http1" if urlsplit(base_url).scheme == "http" and not proxied and not forced else "httpx"
 
 
 def make_client(base_url: str, n: int, timeout: float) -> Any:
     """The workers' client for `base_url` (client_kind), for up to n requests in flight."""
     if client_kind(base_url) == "http1":
         return http1.StreamClient(base_url)
-    local = urlsplit(base_url).hostname in ("127.0.0.1", "localhost", "::1")
     limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
-    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout), trust_env=not local)
+    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout), trust_env=not _local(base_url))
 
 
 async def _warm_connections(client: Any, base_url: str, k: int) -> None:

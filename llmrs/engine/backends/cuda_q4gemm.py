@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from llmrs.engine.backends.cuda_kernels import GEMV_CPG
 from llmrs.engine.quant import DeviceQuantWeight, marlin_reorder, marlin_scales
 
 NULL = np.uint64(0)
@@ -200,8 +201,6 @@ def gemv_kernel(mode: int, T: int, G: int) -> str:
     """gemv_q4's entry point: zero point / min mode, one n8 tile of tokens or two (T > 8), and the form with the
     group size fixed at compile time where there is one (GEMV_CPG: the flush at fixed k32 blocks, each group's
     first mma from 0; `llmrs ptx-check`'s SASS per k32 block at G 128: ~97 -> ~73 instructions)."""
-    from llmrs.engine.backends.cuda_kernels import GEMV_CPG
-
     cpg = G // 32
     return f"gemv_{'q4m' if mode else 'q4z'}{'_t16' if T > 8 else ''}{f'_c{cpg}' if cpg in GEMV_CPG else ''}"
 
