@@ -52,6 +52,10 @@ from llmrs.engine.sampling import SamplingParams
 from llmrs.errors import UserError
 from llmrs.trace import tr, tr_tokens
 
+# LLMRS_EARLY_FLUSH=0: every command of an event-loop pass waits for the pass's end and goes out in one write
+# (the A/B switch of the early write: `_send`)
+EARLY_FLUSH = os.environ.get("LLMRS_EARLY_FLUSH", "1").strip().lower() not in OFF_VALUES
+
 
 def freeze_heap() -> bool:
     """Move every object alive now (modules, the tokenizer, the model's host objects, the app) into the garbage
@@ -189,6 +193,8 @@ class ProcessEngine:
         self._streams: dict[str, tuple[asyncio.Queue, list[int], int]] = {}
         self._pending: list[tuple] = []  # commands of this loop pass, written together by _flush_commands
         self._flush_scheduled = False
+        self._early_flush = EARLY_FLUSH
+        self._wrote_this_pass = False  # a command went out at once in this loop pass (`_send`, EARLY_FLUSH)
         self._wbuf = bytearray()  # framed bytes the pipe did not take yet
         self._writing = False  # a loop writer is registered for the rest of _wbuf
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -288,6 +294,7 @@ class ProcessEngine:
         q: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (q, [0] * params.n, len(prompt_ids))
         self._adds_sent += 1
+        tr("add_request")
         self._send(("add", request_id, prompt_ids, params))
         return self._stream(request_id, q, params.n)
 
@@ -323,9 +330,21 @@ class ProcessEngine:
         if self._loop.is_closed():  # a stream finalized after the loop ended: nothing reads the core any more
             return
         self._pending.append(cmd)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush_commands)
+        if self._flush_scheduled:
+            return
+        self._flush_scheduled = True
+        if self._early_flush and not self._wrote_this_pass:
+            # the first command of a loop pass goes out now (a request reaches the core without waiting for the
+            # rest of the pass: the response's start, other callbacks); the later ones of the same pass together
+            # at its end (`_flush_commands`): at most two writes a pass
+            self._wrote_this_pass = True
+            self._loop.call_soon(self._end_pass)
+            self._flush_commands()
+            return
+        self._loop.call_soon(self._flush_commands)
+
+    def _end_pass(self) -> None:
+        self._wrote_this_pass = False
 
     def _flush_commands(self) -> None:
         self._flush_scheduled = False

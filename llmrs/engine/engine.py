@@ -332,7 +332,9 @@ class LLMEngine:
         the engine finish the step in flight first and then run step by step while they are there."""
         if self.async_scheduling and not self._host_sampled:
             plan = self.scheduler.schedule()
+            tr("step_planned")
             launched = None if plan is None else (plan, self.runner.launch(plan.batch, self._states(plan)))
+            tr("step_launched")
             outputs = self._finish_inflight()
             self._inflight = launched
             return outputs
