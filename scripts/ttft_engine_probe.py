@@ -27,6 +27,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=10)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--serving", action="store_true",
+                    help="build the engine as `llmrs serve`'s core does (serving_engine: its config, KV sizing, "
+                         "warm-up) instead of LLMEngine.from_model")
     a = ap.parse_args()
 
     import numpy as np
@@ -34,8 +37,16 @@ def main() -> None:
     from llmrs.engine.engine import LLMEngine
     from llmrs.engine.sampling import SamplingParams
 
-    eng = LLMEngine.from_model(a.model, device=a.device, max_num_seqs=256, max_num_batched_tokens=None)
-    print(f"async scheduling {eng.async_scheduling}; warm-up {eng.warmup():.2f} s")
+    from llmrs.trace import tr
+
+    if a.serving:
+        from llmrs.engine.engine import serving_config, serving_engine
+
+        eng = serving_engine(a.model, serving_config(device=a.device, max_num_seqs=256))
+        print(f"async scheduling {eng.async_scheduling}; built as the server's core (warmed up)")
+    else:
+        eng = LLMEngine.from_model(a.model, device=a.device, max_num_seqs=256, max_num_batched_tokens=None)
+        print(f"async scheduling {eng.async_scheduling}; warm-up {eng.warmup():.2f} s")
     parts: dict[str, list[float]] = {}
     rng = np.random.default_rng(0)
     vocab = eng.loaded.config.vocab_size
@@ -73,6 +84,7 @@ def main() -> None:
             ids = [int(t) for t in rng.integers(1, vocab - 1, size=n)]
             marks.clear()
             t0 = time.perf_counter()
+            tr("client_send")  # LLMRS_TRACE_FILE: the same tags as a server request (scripts/ttft_trace.py)
             eng.add_request(f"r{n}-{i}", ids, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
             t_add = time.perf_counter() - t0
             calls = 0
@@ -82,6 +94,7 @@ def main() -> None:
                 calls += 1
                 if any(o.token_ids for o in outs):
                     first = time.perf_counter() - t0
+                    tr("client_first")
             seen = list(marks)
             while eng.has_unfinished():
                 eng.step()

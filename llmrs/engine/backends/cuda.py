@@ -60,6 +60,7 @@ from llmrs.engine.model import Model, ModelWeights, rope_inv_freq
 from llmrs.engine.quant import DeviceQuantWeight
 from llmrs.engine.sampling import SampleResult, min_tokens_pending, penalized_or_logprobs
 from llmrs.errors import UserError
+from llmrs.trace import tr
 
 CUDA_R_32F, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT = 0, 14, 68, -1
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
@@ -775,10 +776,13 @@ class CUDABackend:
             logits = self.graphs.run(w, batch)
             if logits is not None:
                 return self.cp.asnumpy(logits) if to_host else logits
+        tr("fwd_begin")
         db = self.device_batch(batch)
         if batch.feed is not None:
             self.feed(db.token_ids, batch.feed)
+        tr("fwd_batch")
         logits = self._forward_device(w, db)
+        tr("fwd_queued")
         return self.cp.asnumpy(logits) if to_host else logits
 
     def _forward_device(self, w: ModelWeights, db: DeviceBatch) -> Any:
@@ -849,6 +853,8 @@ class CUDABackend:
                 self._linear(act, layer.down, None, part, name="down")
                 self._all_reduce(part)
                 pending = True
+            if n % 7 == 6:
+                tr(f"fwd_layer{n + 1}")
         if pending:
             with self._span("add", "add_inplace", T * H):
                 k.add_inplace((min(65535, -(-T * H // 256)),), (256,), (x, part, np.int64(T * H)))
@@ -938,6 +944,7 @@ class CUDABackend:
             top_k[i] = p.top_k if p.top_k and p.top_k > 0 else 0
             if not p.greedy:
                 f[3, i] = st.generator.random()
+        tr("sample_begin")
         d = self._stage("sample_params", params)
         fd, kd = d[: 4 * S].reshape(4, S), d[4 * S :].view(cp.int32)
         work = self._buf("sample_work", (S, V))
@@ -951,6 +958,7 @@ class CUDABackend:
                                     stream.ptr)
         done = cp.cuda.Event(disable_timing=True)
         done.record(stream)
+        tr("sample_queued")
         return SampledOnDevice(done, tokens)
 
     # ------------------------------------------------------------------ Backend protocol (Model.forward, tests)
