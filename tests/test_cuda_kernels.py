@@ -292,29 +292,6 @@ def test_matvec_splits_agree(rng, splits, N, K, T):
     assert rel_err(cp.asnumpy(out), ref) < 1e-5
 
 
-@pytest.mark.parametrize("N,K,T", [(37, 4096, 1), (3, 2056, 5), (1001, 4864, 8), (1, 24, 1), (64, 1003, 2)])
-@pytest.mark.parametrize("bias", [False, True])
-def test_matvec_rows2_equals_one_row_a_warp(rng, N, K, T, bias):
-    """matvec_rows2_bf16 (two rows a warp, LLMRS_MATVEC_ROWS2) writes exactly what the one-warp-a-row matvec writes
-    (odd N, K % 8 != 0, every NT, accumulate or not), and matches numpy."""
-    be = CUDABackend(cfg(), num_blocks=1, matvec_max_tokens=8)
-    be._matvec_forced_splits = 1
-    W = be.upload(rng.standard_normal((N, K)).astype(np.float32) * 0.05)
-    x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
-    b = be.upload(round_bf16(rng.standard_normal(N).astype(np.float32))) if bias else None
-    y0 = rng.standard_normal((T, N)).astype(np.float32)
-    for acc in (False, True):
-        one, two = cp.asarray(y0), cp.asarray(y0)
-        be.matvec_rows2 = frozenset()
-        be._linear(x, W, b, one, accumulate=acc, name="down")
-        be.matvec_rows2 = frozenset({"down"})
-        be._linear(x, W, b, two, accumulate=acc, name="down")
-        np.testing.assert_array_equal(cp.asnumpy(two), cp.asnumpy(one))
-        ref = cp.asnumpy(x).astype(np.float64) @ bf16_to_f32(cp.asnumpy(W)).T.astype(np.float64)
-        ref += (cp.asnumpy(b) if bias else 0) + (y0 if acc else 0)
-        assert rel_err(cp.asnumpy(two), ref) < 1e-5
-
-
 # ---------------------------------------------------------------------- bf16 producers of GEMM inputs
 def wide(rng, shape, scale=1.0):
     """Random f32 spanning many binades, so every rounding case of bf16 shows up."""

@@ -382,49 +382,6 @@ __device__ __forceinline__ void matvec_pair_impl(const bf16_t* __restrict__ W, c
     }
 }
 
-// Two adjacent rows a warp, no epilogue (matvec_rows2_bf16): rows (2p, 2p + 1) of W for pair p = blockIdx.x * 4 +
-// warp, so each chunk of x is loaded once for the two rows (x is as many bytes a chunk as the weights when f32: one
-// row a warp reads x twice the weight bytes from L1). The row sums are matvec_row_sums's with splits = 1 (same
-// chunks, same order, same reduction), so the outputs equal matvec_bf16's one-warp-a-row kernel bit for bit. Odd N:
-// the last pair computes row N - 1 twice and stores it once.
-template <int NT>
-__device__ __forceinline__ void matvec_rows2_impl(const bf16_t* __restrict__ W, const float* __restrict__ x,
-                                                  const float* __restrict__ bias, float* __restrict__ y, int N,
-                                                  int K, int T, int accumulate) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int p = blockIdx.x * 4 + warp;
-    pdl_trigger();
-    if (2 * p >= N) return;  // (no loads, no stores)
-    const int na = 2 * p, nb = min(2 * p + 1, N - 1);
-    const int t0 = blockIdx.y * NT;
-    float acc_a[NT], acc_b[NT], ss[NT];
-    matvec_pair_sums<NT, false>(W, x, nullptr, K, T, t0, na, nb, acc_a, acc_b, ss);
-    float a = 0.0f, c = 0.0f;
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        if (lane == j) { a = acc_a[j]; c = acc_b[j]; }
-    }
-    if (lane >= NT || t0 + lane >= T) return;
-    float* dst = y + (size_t)(t0 + lane) * N + na;
-    const float ba = bias ? bias[na] : 0.0f;
-    dst[0] = accumulate ? dst[0] + (a + ba) : a + ba;
-    if (nb != na) {
-        const float bb = bias ? bias[nb] : 0.0f;
-        dst[1] = accumulate ? dst[1] + (c + bb) : c + bb;
-    }
-}
-
-#define MATVEC_ROWS2(NT)                                                                                        \
-    extern "C" __global__ void matvec_rows2_bf16_t##NT(const bf16_t* __restrict__ W, const float* __restrict__ x, \
-                                                       const float* __restrict__ bias, float* __restrict__ y,     \
-                                                       int N, int K, int T, int accumulate) {                     \
-        matvec_rows2_impl<NT>(W, x, bias, y, N, K, T, accumulate);                                              \
-    }
-MATVEC_ROWS2(1)
-MATVEC_ROWS2(2)
-MATVEC_ROWS2(4)
-MATVEC_ROWS2(8)
-
 #define MATVEC(NT)                                                                                        \
     extern "C" __global__ void matvec_bf16_t##NT(const bf16_t* __restrict__ W, const float* __restrict__ x, \
                                                  const float* __restrict__ bias, float* __restrict__ y,     \

@@ -249,10 +249,6 @@ class CUDABackend:
             raise UserError(f"LLMRS_FUSE_NORM={self.fuse_norm!r}: expected auto, 0 or 1")
         forced = os.environ.get("LLMRS_MATVEC_SPLITS", "")
         self._matvec_forced_splits = int(forced) if forced in ("1", "2", "4") else 0
-        # the projections (by _linear's name: "down", "o", "lm_head", ...) whose bf16 matvec runs two rows a warp
-        # (matvec_rows2_bf16: x loaded once for both rows; bit-identical to one warp a row): LLMRS_MATVEC_ROWS2
-        self.matvec_rows2 = frozenset(n.strip() for n in os.environ.get("LLMRS_MATVEC_ROWS2", "").split(",")
-                                      if n.strip())
         self.attn_splits: int | None = None  # None: chosen per step; tests force values
         # decode attention kernel: "partial" (attention.cu: a warp per key, a shuffle reduction per query head) or
         # "gqa" (attention_gqa.cu: a lane per key, 32 keys a warp, the block's query heads from shared memory);
@@ -500,13 +496,6 @@ class CUDABackend:
         assert w.shape[1] == K and out.shape == (T, N)
         if T <= self.matvec_max_tokens:
             nt = matvec_nt(T)
-            if name in self.matvec_rows2:
-                with self._span("matvec", name, T, N, K, accumulate, bias is not None):
-                    getattr(self.k, f"matvec_rows2_bf16_t{nt}")(
-                        (-(-N // (2 * MATVEC_ROWS_PER_BLOCK)), -(-T // nt)), (32 * MATVEC_ROWS_PER_BLOCK,),
-                        (w, x, NULL if bias is None else bias, out, np.int32(N), np.int32(K), np.int32(T),
-                         np.int32(1 if accumulate else 0)))
-                return
             splits = self._matvec_splits(N, K)
             grid = (-(-N * splits // MATVEC_ROWS_PER_BLOCK), -(-T // nt))
             fn = getattr(self.k, f"matvec_bf16_t{nt}")

@@ -44,8 +44,7 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "rmsnorm.cu": ["rms_norm", "add_rms_norm", "rms_norm_bf16", "add_rms_norm_bf16"],
     "elementwise.cu": ["silu_mul", "add_bias", "add_inplace", "cast_f32_bf16", "silu_mul_bf16"],
     "rope_kv.cu": ["rope_write_kv", "write_kv"],
-    "matvec.cu": [f"matvec_{k}_t{nt}" for k in ("bf16", "rows2_bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16",
-                                                "rope_norm_bf16")
+    "matvec.cu": [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16", "rope_norm_bf16")
                   for nt in (1, 2, 4, 8)],
     "matvec_q4.cu": [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
                     + ["dequant_q4_bf16", "dequant_q8_bf16"],
@@ -68,8 +67,7 @@ PDL_KERNELS = frozenset(
      "add_inplace", "cast_f32_bf16", "silu_mul_bf16", "rope_write_kv", "attn_merge", "attn_merge_bf16",
      "gemm_q4_reduce", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"]
     + [f"gemv_{k}{t}_c{c}" for k in ("q4z", "q4m") for t in ("", "_t16") for c in GEMV_CPG]
-    + [f"matvec_{k}_t{nt}" for k in ("bf16", "rows2_bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16",
-                                     "rope_norm_bf16")
+    + [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16", "rope_norm_bf16")
        for nt in (1, 2, 4, 8)]
     + [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
     + [f"attn_partial_d{d}" for d in (1, 2, 4, 8)] + [f"attn_partial_gqa_d{d}" for d in (1, 2, 4, 8)]
