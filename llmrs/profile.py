@@ -46,11 +46,12 @@ def kernel_cost(kind: str, dims: tuple) -> tuple[float, float]:
         T, N, K, acc, bias, w_bytes = dims
         nbytes = w_bytes + 4 * T * K + 4 * T * N * (2 if acc else 1) + (4 * N if bias else 0)
         return float(nbytes), 2.0 * T * N * K
-    if kind in MATMUL_KINDS:
-        T, N, K, acc, bias = dims
+    if kind in MATMUL_KINDS:  # (T, N, K, accumulate, bias[, bytes of an output element: 4, or 2 for bf16])
+        T, N, K, acc, bias, *rest = dims
+        out_b = rest[0] if rest else 4
         x_bytes = 4 if kind == "matvec" else 2  # the GEMM reads x as bf16 (cast separately, or by its producer)
         w_bytes = 4.25 / 8 if kind == "gemm_q4" else 2  # 4-bit codes + an fp16 scale and zero per 128 (AWQ)
-        nbytes = w_bytes * N * K + x_bytes * T * K + 4 * T * N * (2 if acc else 1) + (4 * N if bias else 0)
+        nbytes = w_bytes * N * K + x_bytes * T * K + out_b * T * N * (2 if acc else 1) + (4 * N if bias else 0)
         return float(nbytes), 2.0 * T * N * K
     if kind == "dequant":  # a quantized weight expanded to bf16 for cuBLAS (above the 4-bit GEMM's token limit)
         N, K, w_bytes = dims
@@ -70,9 +71,11 @@ def kernel_cost(kind: str, dims: tuple) -> tuple[float, float]:
         T, Hq, Hkv, D = dims
         nbytes = 4 * T * (Hq + 2 * Hkv) * D + 4 * T * (Hq + Hkv) * D + 2 * 2 * T * Hkv * D
         return float(nbytes), 6.0 * T * (Hq + Hkv) * D
-    if kind == "silu_mul":  # (T, I) f32 out, or (T, I, 2): bf16 out (silu_mul_bf16, down's GEMM input)
-        T, I, *out = dims
-        return float((8 + (out[0] if out else 4)) * T * I), 5.0 * T * I
+    if kind == "silu_mul":  # (T, I) f32 in and out; (T, I, 2): bf16 out (silu_mul_bf16, down's GEMM input);
+        # (T, I, 2, 2): bf16 in too (silu_mul_bf16_bf16, after a gate/up GEMM with a bf16 output)
+        T, I, *rest = dims
+        out_b, in_b = (rest + [4, 4])[:2] if rest else (4, 4)
+        return float((2 * in_b + out_b) * T * I), 5.0 * T * I
     if kind == "embedding":
         T, H = dims
         return float(6 * T * H), 0.0

@@ -346,6 +346,7 @@ def test_fused_bf16_gemm_inputs_give_identical_logits_and_one_cast_per_layer(tmp
     casts = []
     cast = be._cast_bf16
     be._cast_bf16 = lambda x, out: (casts.append(x.shape), cast(x, out))[1]
+    be.gate_up_bf16 = False  # (its own test below: a bf16 gate/up output is a rounding, not the same bits)
     logits = {}
     for fuse in (False, True, False):
         be.fuse_bf16 = fuse
@@ -355,6 +356,63 @@ def test_fused_bf16_gemm_inputs_give_identical_logits_and_one_cast_per_layer(tmp
         assert len(casts) == (1 if fuse else 4) * L + (S > be.matvec_max_tokens and not fuse)
     assert np.isfinite(logits[True]).all()
     np.testing.assert_array_equal(logits[True], logits[False])
+
+
+@pytest.mark.parametrize("T", [2, 17, 256])
+@pytest.mark.parametrize("I", [160, 4736, 77])
+def test_gate_up_gemm_with_bf16_output_and_silu_from_bf16(rng, T, I):
+    """_linear(out_bf16=True): cuBLAS writes gate/up as bf16 words, within bf16 rounding of the f64 product;
+    silu_mul_bf16_bf16 on them is exactly silu_mul_bf16 on their f32 values (the same expression)."""
+    be = CUDABackend(cfg(), num_blocks=1)
+    K = 96
+    W = be.upload(rng.standard_normal((2 * I, K)).astype(np.float32) * 0.1)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    assert be._gemm_takes_bf16(W, T)
+    gu16 = cp.full((T, 2 * I), 0xFFFF, dtype=cp.uint16)
+    be._linear(cp.asarray(x), W, None, gu16, name="gate_up", out_bf16=True)
+    gu = bf16_to_f32(cp.asnumpy(gu16))
+    ref = x.astype(np.float64) @ bf16_to_f32(cp.asnumpy(W)).T.astype(np.float64)
+    assert np.abs(gu - ref).max() <= 2 ** -8 * np.abs(ref).max()
+    act = be._silu_mul_bf16_in(gu16)
+    want = cp.empty((T, I), dtype=cp.uint16)
+    n = I // 4 if I % 4 == 0 else I
+    be.k.silu_mul_bf16((min(65535, -(-n // 256)), T), (256,), (cp.asarray(gu), want, np.int32(T), np.int32(I)))
+    np.testing.assert_array_equal(cp.asnumpy(act), cp.asnumpy(want))
+    with pytest.raises(AssertionError):  # only where the GEMM runs, and without bias or accumulate
+        be._linear(cp.asarray(x), W, None, gu16, accumulate=True, name="gate_up", out_bf16=True)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_gate_up_bf16_keeps_logits_within_bf16_rounding(tmp_path, arch):
+    """A GEMM-sized step with gate/up as bf16 (LLMRS_GATE_UP_BF16, the default) against f32 gate/up: the same
+    greedy tokens and logits within bf16 rounding; one silu kernel a layer either way."""
+    from llmrs.engine.loader import load
+    from llmrs.engine.runner import ModelRunner
+    from tests.conftest import write_tiny_model
+
+    r = ModelRunner(load(str(write_tiny_model(tmp_path / arch, arch))), num_blocks=64, device="cuda")
+    be = r.backend
+    prng = np.random.default_rng(7)
+    batch = build_step_batch([(prng.integers(3, 400, n).tolist(), 0, [4 * i, 4 * i + 1, 4 * i + 2], True)
+                              for i, n in enumerate([40, 9, 17])], 16)
+    assert batch.num_tokens > be.matvec_max_tokens
+    logits = {}
+    for on in (False, True):
+        be.gate_up_bf16 = on
+        silus = []
+        orig = be.k.fns["silu_mul_bf16_bf16" if on else "silu_mul_bf16"]
+        be.k.fns["silu_mul_bf16_bf16" if on else "silu_mul_bf16"] = lambda *a, **k: (silus.append(1), orig(*a, **k))
+        try:
+            logits[on] = cp.asnumpy(be._forward_device(r.model.w, be.device_batch(batch)))
+        finally:
+            be.k.fns["silu_mul_bf16_bf16" if on else "silu_mul_bf16"] = orig
+        assert len(silus) == r.config.num_hidden_layers
+    assert np.isfinite(logits[True]).all()
+    assert rel_err(logits[True], logits[False]) < 1e-2
+    diff = np.abs(logits[True] - logits[False]).max()
+    for a, b in zip(logits[True], logits[False]):  # the same greedy token, but at a genuine near tie
+        top2 = np.sort(b)[-2:]
+        assert a.argmax() == b.argmax() or top2[1] - top2[0] < 4 * diff
 
 
 @pytest.mark.parametrize("lens", [[40], [5, 3, 4, 2]])  # a prefill; a mixed batch of 14 tokens

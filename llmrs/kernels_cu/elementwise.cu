@@ -4,6 +4,8 @@
 //                  written here instead of by a separate cast; the f32 value is silu_mul's own expression
 //                  (silu_mul_f), so out == cast_f32_bf16(silu_mul out) bit for bit. Grid x: I / 4
 //                  (4 elements a thread when I % 4 == 0, else 1: I), y: tokens.
+//   silu_mul_bf16_bf16: the same from gu as bf16 words (the gate/up GEMM's bf16 output): bf16 in, bf16 out
+//                  (f32 math: silu_mul_f of the two widened values); grid as silu_mul_bf16.
 //   add_bias:      y[t, n] += b[n]                                  (after a cuBLAS GEMM)
 //   add_inplace:   x[i] += y[i]
 //   cast_f32_bf16: y[i] = bf16(x[i])  (round to nearest even; GEMM operands, weights at upload)
@@ -38,6 +40,30 @@ extern "C" __global__ void silu_mul_bf16(const float* __restrict__ gu, bf16_t* _
                                                         silu_mul_f(a.z, b.z), silu_mul_f(a.w, b.w));
             } else {
                 o[i] = f32_to_bf16(silu_mul_f(g[i], g[I + i]));
+            }
+        }
+    }
+}
+
+extern "C" __global__ void silu_mul_bf16_bf16(const bf16_t* __restrict__ gu, bf16_t* __restrict__ out, int T,
+                                              int I) {
+    pdl_enter();
+    // I % 4 == 0: 4 elements a thread, 8-byte loads of gate and up, one 8-byte store
+    const bool vec = (I & 3) == 0;
+    const int n = vec ? I >> 2 : I;
+    for (int t = blockIdx.y; t < T; t += gridDim.y) {
+        const bf16_t* g = gu + (size_t)t * 2 * I;
+        bf16_t* o = out + (size_t)t * I;
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+            if (vec) {
+                const uint2 a = reinterpret_cast<const uint2*>(g)[i], b = reinterpret_cast<const uint2*>(g + I)[i];
+                reinterpret_cast<uint2*>(o)[i] = bf16x4(
+                    silu_mul_f(__uint_as_float(a.x << 16), __uint_as_float(b.x << 16)),
+                    silu_mul_f(__uint_as_float(a.x & 0xFFFF0000u), __uint_as_float(b.x & 0xFFFF0000u)),
+                    silu_mul_f(__uint_as_float(a.y << 16), __uint_as_float(b.y << 16)),
+                    silu_mul_f(__uint_as_float(a.y & 0xFFFF0000u), __uint_as_float(b.y & 0xFFFF0000u)));
+            } else {
+                o[i] = f32_to_bf16(silu_mul_f(bf16_to_f32(g[i]), bf16_to_f32(g[I + i])));
             }
         }
     }

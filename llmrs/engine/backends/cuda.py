@@ -247,6 +247,8 @@ class CUDABackend:
         self.quant_matvec_max_tokens = 8
         if self.fuse_norm not in ("auto", "1", "true", "yes", "on", *OFF_VALUES):
             raise UserError(f"LLMRS_FUSE_NORM={self.fuse_norm!r}: expected auto, 0 or 1")
+        # gate/up written by cuBLAS as bf16 where both MLP GEMMs take bf16 (`_gate_up_bf16`); LLMRS_GATE_UP_BF16=0: f32
+        self.gate_up_bf16 = os.environ.get("LLMRS_GATE_UP_BF16", "1").strip().lower() not in OFF_VALUES
         forced = os.environ.get("LLMRS_MATVEC_SPLITS", "")
         self._matvec_forced_splits = int(forced) if forced in ("1", "2", "4") else 0
         self.attn_splits: int | None = None  # None: chosen per step; tests force values
@@ -484,13 +486,17 @@ class CUDABackend:
         return 4 if K >= 4 * N and K >= 4096 and N * 4 <= 16384 else 1
 
     def _linear(self, x: Any, w: Any, bias: Any | None, out: Any, accumulate: bool = False,
-                name: str = "linear") -> None:
+                name: str = "linear", out_bf16: bool = False) -> None:
         """out (=|+=) x @ w.T (+ bias). x f32 [T, K] contiguous, w bf16 [N, K], out f32 [T, N] contiguous.
-        x may already be bf16 words (uint16) where `_gemm_takes_bf16(w, T)`: the GEMM then reads it uncast."""
+        x may already be bf16 words (uint16) where `_gemm_takes_bf16(w, T)`: the GEMM then reads it uncast.
+        out_bf16: `out` holds bf16 words (uint16), written by cuBLAS (f32 accumulate, one rounding at the store);
+        only on that same GEMM path, without bias or accumulate."""
         x_bf16 = x.dtype == np.uint16
         assert not x_bf16 or self._gemm_takes_bf16(w, x.shape[0]), "bf16 activations only on the bf16 GEMM path"
+        assert not out_bf16 or (self._gemm_takes_bf16(w, x.shape[0]) and bias is None and not accumulate
+                                and out.dtype == np.uint16), "a bf16 output only from the plain bf16 GEMM"
         if isinstance(w, DeviceQuantWeight):
-            return self._linear_quant(x, w, bias, out, accumulate, name)
+            return self._linear_quant(x, w, bias, out, accumulate, name, out_bf16)
         T, K = x.shape
         N = w.shape[0]
         assert w.shape[1] == K and out.shape == (T, N)
@@ -510,13 +516,13 @@ class CUDABackend:
             xb = self._buf("gemm_x", (T, K), np.uint16)
             with self._span("cast", "cast_bf16 " + name, T * K):
                 self._cast_bf16(x, xb)
-        with self._span("gemm", name, T, N, K, accumulate, False):
+        with self._span("gemm", name, T, N, K, accumulate, False, 2 if out_bf16 else 4):
             # row-major out[T, N] = x[T, K] @ w[N, K]^T  <=>  column-major out^T[N, T] = w^T' ... (op(A) = W^T view)
             gemm = self.cublas.gemmEx if self._raw_gemm is None else self._raw_gemm
             gemm(self._handle, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K,
                  self._one_ptr, w.data.ptr, CUDA_R_16BF, K, xb.data.ptr, CUDA_R_16BF, K,
-                 self._one_ptr if accumulate else self._zero_ptr, out.data.ptr, CUDA_R_32F, N,
-                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+                 self._one_ptr if accumulate else self._zero_ptr, out.data.ptr,
+                 CUDA_R_16BF if out_bf16 else CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
         if bias is not None:
             n = T * N
             with self._span("add_bias", "add_bias " + name, T, N):
@@ -572,7 +578,7 @@ class CUDABackend:
                               np.int32(c.head_dim), np.int32(self.block_size)), shared_mem=smem)
 
     def _linear_quant(self, x: Any, w: DeviceQuantWeight, bias: Any | None, out: Any, accumulate: bool,
-                      name: str) -> None:
+                      name: str, out_bf16: bool = False) -> None:
         """_linear over a quantized weight: up to quant_matvec_max_tokens tokens the 4-bit GEMV (gemm_q4.cu's
         gemv_q4, where cuda_q4gemm.gemv_takes) or the 4-/8-bit matvec (matvec_q4.cu) streams the packed weight; up
         to GEMV_MAX_TOKENS the GEMV; where cuda_q4gemm.gemm_takes the Marlin-style 4-bit GEMM (gemm_q4.cu, weights
@@ -620,7 +626,7 @@ class CUDABackend:
                 self.k.dequant_q4_bf16((min(65535, -(-grid[0] // 4)),), (256,),
                                        (w.qweight, w.scales, NULL if w.zeros is None else w.zeros, wb, np.int32(N),
                                         np.int32(K), np.int32(G), np.int32(1 if w.mode == "min" else 0)))
-        self._linear(x, wb, bias, out, accumulate, name)
+        self._linear(x, wb, bias, out, accumulate, name, out_bf16)
 
     def _gemm_takes_bf16(self, w: Any, T: int) -> bool:
         """Whether `_linear` over `w` with T tokens runs cuBLAS on a bf16 matrix, so that the producer of its input
@@ -679,6 +685,23 @@ class CUDABackend:
             n_el = T * I
             with self._span("silu_mul", "silu_mul", T, I):
                 self.k.silu_mul((min(65535, -(-n_el // 256)),), (256,), (gu, act, np.int32(T), np.int32(I)))
+        return act
+
+    def _gate_up_bf16(self, layer: Any, T: int) -> bool:
+        """Whether gate/up comes out of cuBLAS as bf16 words and silu_mul_bf16_bf16 reads them (LLMRS_GATE_UP_BF16):
+        both gate_up and down on the bf16 GEMM path (`_gemm_takes_bf16`), so the f32 [T, 2I] product is never
+        written or read."""
+        return (self.gate_up_bf16 and self._gemm_takes_bf16(layer.gate_up, T)
+                and self._gemm_takes_bf16(layer.down, T))
+
+    def _silu_mul_bf16_in(self, gu: Any) -> Any:
+        """silu(gate) * up of bf16 words gu [T, 2I] into bf16 words "act_bf16" [T, I] (down's GEMM input)."""
+        T, I = gu.shape[0], gu.shape[1] // 2
+        act = self._buf("act_bf16", (T, I), np.uint16)
+        with self._span("silu_mul", "silu_mul_bf16_bf16", T, I, 2, 2):
+            n = I // 4 if I % 4 == 0 else I  # elements a thread: 4 (vectorized) or 1
+            self.k.silu_mul_bf16_bf16((min(65535, -(-n // 256)), min(65535, T)), (256,),
+                                      (gu, act, np.int32(T), np.int32(I)))
         return act
 
     def _attn_choice(self, T: int) -> str:
@@ -844,6 +867,10 @@ class CUDABackend:
             if pair:
                 act = self._buf("act", (T, I))
                 self._matvec_pair("silu", h, layer.gate_up, act, norm=(layer.post_norm, eps) if norm_in else None)
+            elif self._gate_up_bf16(layer, T):  # bf16 gate / up straight from cuBLAS, SiLU x up bf16 to bf16
+                gu16 = self._buf("gu_bf16", (T, 2 * I), np.uint16)
+                self._linear(h, layer.gate_up, None, gu16, name="gate_up", out_bf16=True)
+                act = self._silu_mul_bf16_in(gu16)
             else:
                 self._linear(h, layer.gate_up, None, gu, name="gate_up")
                 act = self._silu_mul_for(layer.down, gu)
