@@ -110,7 +110,11 @@ def test_tiny_model_matches_cpu_reference(arch, mode, tiny_models):
     if path == "matvec":  # f32 activations everywhere: matvecs, and the f32 attention kernel for prefill too
         gpu.backend.matvec_max_tokens, gpu.backend.prefill_min_tokens = 1 << 30, None
     cpu = reference(loaded, 32, bf16_kv=ref == "bf16-kv-ref")
-    compare(f"tiny {arch} {mode}", gpu, cpu, prompts_for(loaded.tokenizer), strict=mode == "matvec/bf16-kv-ref")
+    # default: the GEMM path's bf16 gate/up output (LLMRS_GATE_UP_BF16) took the tiny Qwen2's worst logit error from
+    # 0.012 to 0.021 on the H200 (llama 0.015 -> 0.016), hence 3e-2 there; the greedy tokens still must agree but at
+    # a genuine near tie
+    compare(f"tiny {arch} {mode}", gpu, cpu, prompts_for(loaded.tokenizer), strict=mode == "matvec/bf16-kv-ref",
+            rel_tol=2e-2 if path == "matvec" else 3e-2)
 
 
 def test_model_forward_over_protocol_equals_fused_step(tiny_models):
@@ -119,6 +123,7 @@ def test_model_forward_over_protocol_equals_fused_step(tiny_models):
 
     loaded = load(str(tiny_models["qwen2"]))
     fused = ModelRunner(loaded, num_blocks=32, device="cuda")
+    fused.backend.gate_up_bf16 = False  # a bf16 gate/up is a rounding the protocol's f32 ops do not make
     plain = ModelRunner(loaded, num_blocks=32, device="cuda")
     plain.model = Model(plain.config, plain.model.w, plain.backend)
     ids = loaded.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 2)
