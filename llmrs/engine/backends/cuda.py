@@ -249,10 +249,6 @@ class CUDABackend:
             raise UserError(f"LLMRS_FUSE_NORM={self.fuse_norm!r}: expected auto, 0 or 1")
         # gate/up written by cuBLAS as bf16 where both MLP GEMMs take bf16 (`_gate_up_bf16`); LLMRS_GATE_UP_BF16=0: f32
         self.gate_up_bf16 = os.environ.get("LLMRS_GATE_UP_BF16", "1").strip().lower() not in OFF_VALUES
-        # ... but in a captured decode graph only up to this many sequences: on the H200 the 7B's graph-replayed
-        # step at 256 sequences was slower with it (9.216 / 9.255 -> 9.415 / 9.451 ms) while 64 sequences (5.652 /
-        # 5.615 -> 5.531 / 5.550) and eager prefills (512 tokens 13.86 / 13.65 -> 12.76 / 13.10) gained
-        self.gate_up_bf16_graph_max = int(os.environ.get("LLMRS_GATE_UP_BF16_GRAPH_MAX", "128"))
         forced = os.environ.get("LLMRS_MATVEC_SPLITS", "")
         self._matvec_forced_splits = int(forced) if forced in ("1", "2", "4") else 0
         self.attn_splits: int | None = None  # None: chosen per step; tests force values
@@ -695,8 +691,6 @@ class CUDABackend:
         """Whether gate/up comes out of cuBLAS as bf16 words and silu_mul_bf16_bf16 reads them (LLMRS_GATE_UP_BF16):
         both gate_up and down on the bf16 GEMM path (`_gemm_takes_bf16`), so the f32 [T, 2I] product is never
         written or read."""
-        if self._raw_gemm is not None and T > self.gate_up_bf16_graph_max:  # a decode graph being captured
-            return False
         return (self.gate_up_bf16 and self._gemm_takes_bf16(layer.gate_up, T)
                 and self._gemm_takes_bf16(layer.down, T))
 
