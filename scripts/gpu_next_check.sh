@@ -25,7 +25,7 @@ if wait_health 8123 150; then
     for n in 1 256; do
       LLMRS_BENCH_HTTPX=$([ $client = httpx ] && echo 1 || echo 0) timeout 60 python3 -m llmrs bench \
         --url http://127.0.0.1:8123 --input-len $n --output-len 2 --ignore-eos --workers 1 -o $R -c 1 -n 16 \
-        --label ttft-$client --name ttft-$client-in$n > "$R/bench-$client-in$n.log" 2>&1
+        --seed $(( $([ $client = http1 ] && echo 100 || echo 200) + n )) --label ttft-$client --name ttft-$client-in$n > "$R/bench-$client-in$n.log" 2>&1
       ttft_line "$R/ttft-$client-in$n.json" $n $client
     done
   done

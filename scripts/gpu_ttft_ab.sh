@@ -21,7 +21,7 @@ for round in 1 2; do
         name=ttft-ef$ef-r$round-$client
         LLMRS_BENCH_HTTPX=$([ $client = httpx ] && echo 1 || echo 0) timeout 60 python3 -m llmrs bench \
           --url http://127.0.0.1:8123 --input-len 256 --output-len 2 --ignore-eos --workers 1 -o $R -c 1 -n $N \
-          --label $name --name $name > "$R/bench-$name.log" 2>&1
+          --seed $(( round * 10 + $([ $client = http1 ] && echo 1 || echo 2) )) --label $name --name $name > "$R/bench-$name.log" 2>&1
         ttft_line "$R/$name.json" 256 "early_flush=$ef $client"
       done
     fi
