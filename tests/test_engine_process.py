@@ -298,7 +298,7 @@ def test_commands_reach_the_core_in_order_through_a_full_pipe_without_blocking_t
     eng = ProcessEngine.__new__(ProcessEngine)  # the pipe half alone: no core process
     eng._commands, eng._loop = send_end, None
     eng._pending, eng._flush_scheduled, eng._wbuf, eng._writing = [], False, bytearray(), False
-    eng._early_flush, eng._wrote_this_pass = True, False
+    eng._early_flush, eng._wrote_this_pass, eng._woff = True, False, 0
     got: list = []
     reader_go = threading.Event()
 

@@ -195,7 +195,8 @@ class ProcessEngine:
         self._flush_scheduled = False
         self._early_flush = EARLY_FLUSH
         self._wrote_this_pass = False  # a command went out at once in this loop pass (`_send`, EARLY_FLUSH)
-        self._wbuf = bytearray()  # framed bytes the pipe did not take yet
+        self._wbuf = bytearray()  # framed bytes the pipe did not take yet, from offset _woff on
+        self._woff = 0
         self._writing = False  # a loop writer is registered for the rest of _wbuf
         self._loop: asyncio.AbstractEventLoop | None = None
         self._gone: asyncio.Future | None = None
@@ -359,15 +360,24 @@ class ProcessEngine:
         self._write_some()
 
     def _write_some(self) -> None:
-        """Write what the pipe takes now; the rest when the loop says it is writable again."""
+        """Write what the pipe takes now; the rest when the loop says it is writable again. The written part of
+        the buffer is skipped by an offset (not cut off after every write: a large backlog would be moved once a
+        pipe's worth) and dropped when all of it is out, or when it is most of a buffer past 1 MiB."""
+        fd = self._commands.fileno()
         try:
-            while self._wbuf:
-                n = os.write(self._commands.fileno(), self._wbuf)
-                del self._wbuf[:n]
+            while self._woff < len(self._wbuf):
+                with memoryview(self._wbuf)[self._woff:] as rest:
+                    self._woff += os.write(fd, rest)
         except BlockingIOError:
             pass
         except OSError:  # the core is gone; the reader reports it
+            self._woff = len(self._wbuf)
+        if self._woff >= len(self._wbuf):
             self._wbuf.clear()
+            self._woff = 0
+        elif self._woff > 1 << 20 and 2 * self._woff > len(self._wbuf):
+            del self._wbuf[: self._woff]
+            self._woff = 0
         if self._wbuf and not self._writing:
             self._loop.add_writer(self._commands.fileno(), self._write_some)
             self._writing = True
