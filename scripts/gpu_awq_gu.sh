@@ -10,17 +10,9 @@ use_wheels || exit 1
 {
 for v in 0 1; do
   step "7B AWQ server, LLMRS_GATE_UP_BF16=$v"
-  LLMRS_GATE_UP_BF16=$v python3 -m llmrs serve --synthetic qwen2.5-7b-awq --device cuda --max-num-seqs 256 \
-    --port 8123 >"$R/serve-gu$v.log" 2>&1 &
-  SRV=$!
-  if wait_health 8123 200; then
-    for c in 64 256; do
-      timeout 120 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos \
-        --workers 8 -o $R -c $c -n 256 --seed $((3000 + c)) --label awq-gu$v --name bench-7b-awq-gu$v-c$c \
-        > "$R/bench-gu$v-c$c.log" 2>&1
-    done
-  fi
-  kill -INT $SRV; wait $SRV
+  SERVE_MODEL=qwen2.5-7b-awq SERVE_WAIT=200 serve_up awq-gu$v LLMRS_GATE_UP_BF16=$v || continue
+  for c in 64 256; do load_bench bench-7b-awq-gu$v-c$c $c $((3000 + c)); done
+  serve_down
 done
 bench_table $R
 } 2>&1 | tee $OUT/summary.txt

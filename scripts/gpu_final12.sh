@@ -20,21 +20,13 @@ for round in 1 2; do
   done
 done
 step "server (defaults)"
-python3 -m llmrs serve --synthetic qwen2.5-7b --device cuda --max-num-seqs 256 --port 8123 >"$R/serve.log" 2>&1 &
-SRV=$!
-if wait_health 8123 150; then
-  timeout 60 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 2 --ignore-eos \
-    --workers 1 -o $R -c 1 -n 24 --seed 907 --label ttft --name ttft-in256 > "$R/ttft.log" 2>&1
-  ttft_line "$R/ttft-in256.json" 256 "default"
+if serve_up final; then
+  ttft_bench ttft-in256 256 907 "default"
   for run in 1 2; do
-    for c in 256 64; do
-      timeout 120 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos \
-        --workers 8 -o $R -c $c -n 256 --seed $((run * 1000 + c + 5)) --label final \
-        --name bench-7b-final-run$run-c$c > "$R/bench-run$run-c$c.log" 2>&1
-    done
+    for c in 256 64; do load_bench bench-7b-final-run$run-c$c $c $((run * 1000 + c + 5)); done
   done
+  serve_down
 fi
-kill -INT $SRV; wait $SRV
 bench_table $R
 } 2>&1 | tee $OUT/summary.txt
 tar czf $OUT/results.tgz -C $R .

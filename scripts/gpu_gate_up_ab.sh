@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/llmrs-gu}; mkdir -p "$OUT"; R=/tmp/res-gu; rm -rf $R; mkdir -p $
 . "$(dirname "$0")/gpu_lib.sh"
 use_wheels || exit 1
 {
-TEST_ARGS="${GU_TESTS:-tests/test_cuda_kernels.py tests/test_cuda_parity.py tests/test_cuda_graphs.py}" gpu_tests
+TEST_PATHS="${GU_TESTS:-tests/test_cuda_kernels.py tests/test_cuda_parity.py tests/test_cuda_graphs.py}" gpu_tests
 for v in 0 1; do
   step "LLMRS_GATE_UP_BF16=$v: profile"
   LLMRS_GATE_UP_BF16=$v timeout 150 python3 -m llmrs profile --synthetic qwen2.5-7b --batch 256 --context 512 \
@@ -22,20 +22,10 @@ done
 for round in 1 2; do
   for v in 0 1; do
     step "round $round, LLMRS_GATE_UP_BF16=$v: server"
-    LLMRS_GATE_UP_BF16=$v python3 -m llmrs serve --synthetic qwen2.5-7b --device cuda --max-num-seqs 256 \
-      --port 8123 >"$R/serve-gu$v-r$round.log" 2>&1 &
-    SRV=$!
-    if wait_health 8123 150; then
-      name=ttft-gu$v-r$round
-      timeout 60 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 2 --ignore-eos \
-        --workers 1 -o $R -c 1 -n 24 --seed $((round * 100 + 7)) --label $name --name $name > "$R/$name.log" 2>&1
-      ttft_line "$R/$name.json" 256 "gate_up_bf16=$v r$round"
-      name=bench-7b-gu$v-r$round-c256
-      timeout 120 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 \
-        --ignore-eos --workers 8 -o $R -c 256 -n 256 --seed $((round * 1000 + 256)) --label gu$v \
-        --name $name > "$R/$name.log" 2>&1
-    fi
-    kill -INT $SRV; wait $SRV
+    serve_up gu$v-r$round LLMRS_GATE_UP_BF16=$v || continue
+    ttft_bench ttft-gu$v-r$round 256 $((round * 100 + 7)) "gate_up_bf16=$v r$round"
+    load_bench bench-7b-gu$v-r$round-c256 256 $((round * 1000 + 256))
+    serve_down
   done
 done
 bench_table $R

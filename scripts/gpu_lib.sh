@@ -3,13 +3,20 @@
 # use_gguf: the embedded SmolLM2 GGUF (98 MB, over one call's carry) from /tmp/models/part1 (moved there by an
 #   earlier call of the same lease) + .gguf/part2 (carried now), joined; LLMRS_EMBEDDED_DIR set when it is there.
 # step TITLE: a section header with the time.  wait_health PORT [SECONDS]: until GET /health answers 200.
-# gpu_tests: `pytest -m gpu tests` into $R/gpu_tests.log (figures in $R/gpu_figures.jsonl), its summary printed.
+# gpu_tests: `pytest -m gpu tests` (or $TEST_PATHS) into $R/gpu_tests.log (figures in $R/gpu_figures.jsonl), its
+#   summary printed.
 # serve_bench LABEL [SERVE ARGS]: `llmrs serve` of synthetic Qwen2.5-7B ($SERVE_MODEL: another preset, e.g.
 #   qwen2.5-7b-awq), `llmrs bench` at 1 stream, then 64 / 256 concurrent twice (prompt 256, 256 new tokens; each
 #   point its own prompts: a cold prefix cache);
 #   results bench-7b-LABEL-*.json in $R.
 # bench_table DIR: one line per bench-7b-*.json run in DIR (output tok/s, TPOT mean).
 # ttft_line JSON PROMPT_LEN [LABEL]: TTFT min / median / mean of one `llmrs bench` results file.
+# serve_up NAME [VAR=VALUE ...]: `llmrs serve --synthetic ${SERVE_MODEL:-qwen2.5-7b}` ($SERVE_SOURCE: other model
+#   arguments) on port 8123 with those variables set ($SERVE_DEVICE, default cuda), log $R/serve-NAME.log, pid in
+#   $SRV; fails without /health.
+# serve_down: stop it (SIGINT) and wait.  ttft_bench NAME LEN SEED [LABEL]: ${TTFT_N:-24} requests one at a
+#   time (LEN-token prompts, 2 new tokens) against it, the TTFT line printed.  load_bench NAME C SEED: 256 requests
+#   at C concurrent (prompt 256, 256 new tokens) into $R/NAME.json.
 use_wheels() {
   if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -42,7 +49,7 @@ PY
 }
 gpu_tests() {
   step "GPU tests"; LLMRS_GPU_REPORT=$R/gpu_figures.jsonl timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu \
-    -p no:cacheprovider -rs tests ${TEST_ARGS:-} > $R/gpu_tests.log 2>&1
+    -p no:cacheprovider -rs ${TEST_PATHS:-tests} ${TEST_ARGS:-} > $R/gpu_tests.log 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed|SKIPPED|capture" $R/gpu_tests.log | tail -15
 }
 serve_bench() {
@@ -83,4 +90,21 @@ t = s["ttft_ms"]
 print(f"{sys.argv[3] + ' ' if sys.argv[3] else ''}prompt {int(sys.argv[2]):4d}: TTFT min {t['min']:.2f}  median "
       f"{t.get('median', t.get('p50', float('nan'))):.2f}  mean {t['mean']:.2f} ms ({s['completed']} requests)")
 PY
+}
+serve_up() {
+  local name=$1; shift
+  env "$@" python3 -m llmrs serve ${SERVE_SOURCE:---synthetic ${SERVE_MODEL:-qwen2.5-7b}} --device ${SERVE_DEVICE:-cuda} \
+    --max-num-seqs 256 --port 8123 >"$R/serve-$name.log" 2>&1 &
+  SRV=$!
+  wait_health 8123 ${SERVE_WAIT:-150} || { tail -20 "$R/serve-$name.log"; serve_down; return 1; }
+}
+serve_down() { kill -INT $SRV 2>/dev/null; wait $SRV; }
+ttft_bench() {
+  timeout 120 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len $2 --output-len 2 --ignore-eos \
+    --workers 1 -o $R -c 1 -n ${TTFT_N:-24} --seed $3 --label $1 --name $1 > "$R/$1.log" 2>&1
+  ttft_line "$R/$1.json" $2 "${4:-}"
+}
+load_bench() {
+  timeout 120 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos \
+    --workers 8 -o $R -c $2 -n 256 --seed $3 --label $1 --name $1 > "$R/$1.log" 2>&1
 }

@@ -17,15 +17,10 @@ for v in plain serving; do
   python3 scripts/ttft_trace.py $R/trace-probe-$v.txt --json $R/trace-probe-$v.json
 done
 step "server, traced"
-LLMRS_TRACE_FILE=$R/trace-server.txt python3 -m llmrs serve --synthetic qwen2.5-7b --device cuda \
-  --max-num-seqs 256 --port 8123 >"$R/serve-traced.log" 2>&1 &
-SRV=$!
-if wait_health 8123 150; then
-  LLMRS_TRACE_FILE=$R/trace-server.txt timeout 60 python3 -m llmrs bench --url http://127.0.0.1:8123 \
-    --input-len 256 --output-len 2 --ignore-eos --workers 1 -o $R -c 1 -n $N --label traced --name traced \
-    > "$R/bench-traced.log" 2>&1
+if serve_up traced LLMRS_TRACE_FILE=$R/trace-server.txt; then
+  TTFT_N=$N LLMRS_TRACE_FILE=$R/trace-server.txt ttft_bench traced 256 11
   python3 scripts/ttft_trace.py $R/trace-server.txt --json $R/trace-server.json
+  serve_down
 fi
-kill -INT $SRV; wait $SRV
 } 2>&1 | tee $OUT/summary.txt
 tar czf $OUT/results.tgz -C $R .
