@@ -31,6 +31,15 @@ def test_matvec_cost_counts_weights_once_and_the_accumulated_output_twice():
     assert flops == 2 * 3584 * 3584
     gemm_bytes, _ = prof.kernel_cost("gemm", (64, 100, 200, False, False))
     assert gemm_bytes == 2 * 100 * 200 + 2 * 64 * 200 + 4 * 64 * 100  # bf16 x, f32 out
+    bf16_out, _ = prof.kernel_cost("gemm", (64, 100, 200, False, False, 2))  # gate/up written as bf16
+    assert bf16_out == 2 * 100 * 200 + 2 * 64 * 200 + 2 * 64 * 100
+
+
+def test_silu_mul_cost_follows_its_input_and_output_types():
+    T, I = 8, 96
+    assert prof.kernel_cost("silu_mul", (T, I))[0] == (8 + 4) * T * I  # f32 gate and up in, f32 out
+    assert prof.kernel_cost("silu_mul", (T, I, 2))[0] == (8 + 2) * T * I  # silu_mul_bf16: bf16 out
+    assert prof.kernel_cost("silu_mul", (T, I, 2, 2))[0] == (4 + 2) * T * I  # silu_mul_bf16_bf16: bf16 in too
 
 
 def test_quantized_matvec_cost_counts_the_packed_bytes():
