@@ -40,10 +40,10 @@ def check_request(prompt_ids: list[int], params: SamplingParams, vocab_size: int
     max_tokens filled in. Pure, so the API server process can run it without the engine (--engine-process)."""
     params = dataclasses.replace(params)  # the request's own copy: max_tokens may be filled in below
     params.validate()
-    prompt_ids = [int(t) for t in prompt_ids]
+    prompt_ids = list(map(int, prompt_ids))  # (map, min and max loop in C: ~5 us for 256 ids, not ~40)
     if not prompt_ids:
         raise UserError("the prompt is empty")
-    if any(t < 0 or t >= vocab_size for t in prompt_ids):
+    if min(prompt_ids) < 0 or max(prompt_ids) >= vocab_size:
         raise UserError(f"prompt token ids must be in [0, {vocab_size})")
     if params.max_tokens is None:
         params.max_tokens = max_model_len - len(prompt_ids)

@@ -72,7 +72,7 @@ class SamplingState:
     """What the sampler needs of one request: its params, generator, and token history for penalties."""
 
     params: SamplingParams
-    generator: np.random.Generator
+    generator: np.random.Generator | None  # None for a greedy request (nothing draws from it)
     prompt_ids: list[int]
     output_ids: list[int]
     stop_ids: list[int]  # ids that end the request (EOS unless ignore_eos, + stop_token_ids)

@@ -65,7 +65,9 @@ class Sequence:
         p = self.params
         seed = None if p.seed is None else p.seed + self.index
         stop_ids = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.eos_token_ids))
-        self.sampling = SamplingState(p, make_generator(seed), self.prompt_ids, self.output_ids, stop_ids)
+        # a greedy request never draws: no generator (numpy seeding one from the OS costs ~10-20 us a request)
+        gen = None if p.greedy else make_generator(seed)
+        self.sampling = SamplingState(p, gen, self.prompt_ids, self.output_ids, stop_ids)
         self.detok = IncrementalDetokenizer(self.tokenizer, self.prompt_ids, p.skip_special_tokens)
         limit = self.max_model_len - len(self.prompt_ids)
         self._length_limit = limit if p.max_tokens is None else min(p.max_tokens, limit)
