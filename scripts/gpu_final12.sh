@@ -19,14 +19,6 @@ for round in 1 2; do
     echo "gate_up_bf16=$v r$round: $(grep 'step wall' $R/profile-gu$v-r$round.txt | head -1)"
   done
 done
-step "server (defaults)"
-if serve_up final; then
-  ttft_bench ttft-in256 256 907 "default"
-  for run in 1 2; do
-    for c in 256 64; do load_bench bench-7b-final-run$run-c$c $c $((run * 1000 + c + 5)); done
-  done
-  serve_down
-fi
-bench_table $R
+server_figures final 907
 } 2>&1 | tee $OUT/summary.txt
 tar czf $OUT/results.tgz -C $R .

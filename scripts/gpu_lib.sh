@@ -17,6 +17,8 @@
 # serve_down: stop it (SIGINT) and wait.  ttft_bench NAME LEN SEED [LABEL]: ${TTFT_N:-24} requests one at a
 #   time (LEN-token prompts, 2 new tokens) against it, the TTFT line printed.  load_bench NAME C SEED: 256 requests
 #   at C concurrent (prompt 256, 256 new tokens) into $R/NAME.json.
+# server_figures LABEL SEED: the default server's figures: TTFT at a 256-token prompt, then 64 and 256 concurrent
+#   twice (bench-7b-LABEL-runN-cC.json), every point its own prompts (seeds from SEED), the table printed.
 use_wheels() {
   if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -107,4 +109,14 @@ ttft_bench() {
 load_bench() {
   timeout 120 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos \
     --workers 8 -o $R -c $2 -n 256 --seed $3 --label $1 --name $1 > "$R/$1.log" 2>&1
+}
+server_figures() {
+  step "server (defaults): $1"
+  serve_up $1 || return 1
+  ttft_bench ttft-$1-in256 256 $2 "default"
+  for run in 1 2; do
+    for c in 64 256; do load_bench bench-7b-$1-run$run-c$c $c $(($2 + run * 1000 + c)); done
+  done
+  serve_down
+  bench_table $R
 }

@@ -18,14 +18,6 @@ if [ -d _silu ]; then
     tests/test_cuda_kernels.py tests/test_cuda_parity.py 2>&1 | tail -4)
 fi
 TEST_TIMEOUT=300 gpu_tests
-step "server (defaults)"
-if serve_up next; then
-  ttft_bench ttft-in256 256 1207 "default"
-  for run in 1 2; do
-    for c in 64 256; do load_bench bench-7b-next-run$run-c$c $c $((run * 1000 + c + 12)); done
-  done
-  serve_down
-fi
-bench_table $R
+server_figures next 1207
 } 2>&1 | tee $OUT/summary.txt
 tar czf $OUT/results.tgz -C $R .
