@@ -6,6 +6,9 @@
 #   2. the whole GPU suite on main;
 #   3. the final default's server figures on this lease: TTFT at a 256-token prompt (fresh prompts), 64 / 256
 #      concurrent twice (session 12: TTFT median 9.79-10.00 ms; 256 concurrent 14,857-15,183 tok/s on its leases).
+# A second call, if the first leaves time: exp/attn-tc-prefetch (decode_attn_tc prefetching its K/V into L2 before
+# pdl_wait, written in session 9 and never run): `git merge exp/attn-tc-prefetch` (it merges cleanly), then
+# `bash scripts/gpu_tc_prefetch_check.sh`; if tc wins at one token, ATTN_TC_MIN_TOKENS = 1.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/llmrs-next}; mkdir -p "$OUT"; R=/tmp/res-next; rm -rf $R; mkdir -p $R
