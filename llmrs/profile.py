@@ -74,7 +74,7 @@ def kernel_cost(kind: str, dims: tuple) -> tuple[float, float]:
     if kind == "silu_mul":  # (T, I) f32 in and out; (T, I, 2): bf16 out (silu_mul_bf16, down's GEMM input);
         # (T, I, 2, 2): bf16 in too (silu_mul_bf16_bf16, after a gate/up GEMM with a bf16 output)
         T, I, *rest = dims
-        out_b, in_b = (rest + [4, 4])[:2] if rest else (4, 4)
+        out_b, in_b = (*rest, 4, 4)[:2]
         return float((2 * in_b + out_b) * T * I), 5.0 * T * I
     if kind == "embedding":
         T, H = dims

@@ -5,8 +5,10 @@ clock for every process of the machine, so the lines of one request line up acro
 `scripts/ttft_trace.py PATH` prints the median time of each tag after the client's send, request by request.
 
 Meant for one request at a time (a TTFT probe: `--concurrency 1`); a file write per tag (~10-20 us) is the cost,
-and nothing at all without the variable. Tags: client_send, asgi_enter, route, cmd_sent (the add written to the
-core's pipe), core_recv, core_step (begin of each step), core_tokens (a step's outputs, with their token count),
+and nothing at all without the variable. Tags: client_send, asgi_enter, route, add_request (the server's add),
+cmd_sent (the add written to the core's pipe), core_recv, core_step (begin of each step), step_planned /
+step_launched (LLMEngine.step with async scheduling), fwd_begin / fwd_batch / fwd_layer7,14,21,28 / fwd_queued (the
+CUDA forward's host side), sample_begin / sample_queued, core_tokens (a step's outputs, with their token count),
 server_out (the core's message read by the server), sse_event (an event handed to the response), client_first
 (the client's first content token).
 """
