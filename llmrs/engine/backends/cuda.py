@@ -5,8 +5,8 @@ Numbers: matrices are stored bf16 (raw uint16 words: numpy and CuPy have no bflo
 f32 holding bf16-rounded values; the KV cache is bf16 in the contract layout
 `[num_blocks, num_kv_heads, block_size, head_dim]` per layer. Activations and the residual stream stay f32,
 so the CPU reference fed the same bf16-rounded weights differs only by bf16 K/V and, in GEMMs, bf16
-activations (and gate/up). Linear layers: for up to `matvec_max_tokens` tokens (MATVEC_MAX_TOKENS: one) the one-warp-per-row
-matvec (f32 x, bf16 W: decode is memory-bound), otherwise cuBLAS gemmEx (bf16 x bf16 -> f32, f32 accumulate),
+activations (and gate/up). Linear layers: for up to `matvec_max_tokens` tokens (MATVEC_MAX_TOKENS: one) the
+one-warp-per-row matvec (f32 x, bf16 W: decode is memory-bound), otherwise cuBLAS gemmEx (bf16 x bf16 -> f32, f32 accumulate),
 whose bf16 inputs the norms and SiLU x up write directly (`fuse_bf16`: the same bits as f32 + a cast); the gate/up
 GEMM writes bf16 itself where down's GEMM follows (`_gate_up_bf16`: a rounding the f32 path does not make). Quantized
 weights (quant.py): up to 16 tokens the 4-bit GEMV (gemm_q4.cu, tensor cores; cuda_q4gemm.gemv_takes) or, up to
