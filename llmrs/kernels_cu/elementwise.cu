@@ -25,48 +25,46 @@ extern "C" __global__ void silu_mul(const float* __restrict__ gu, float* __restr
     }
 }
 
-extern "C" __global__ void silu_mul_bf16(const float* __restrict__ gu, bf16_t* __restrict__ out, int T, int I) {
-    pdl_enter();
-    // I % 4 == 0 (every real model): 4 elements a thread, 16-byte loads of gate and up, one 8-byte store
+// 4 consecutive gate or up values as f32, from f32 (one 16-byte load) or bf16 words (one 8-byte load)
+__device__ __forceinline__ float4 load4(const float* p, int i) { return reinterpret_cast<const float4*>(p)[i]; }
+__device__ __forceinline__ float4 load4(const bf16_t* p, int i) {
+    const uint2 v = reinterpret_cast<const uint2*>(p)[i];
+    return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xFFFF0000u), __uint_as_float(v.y << 16),
+                       __uint_as_float(v.y & 0xFFFF0000u));
+}
+__device__ __forceinline__ float load1(const float* p, int i) { return p[i]; }
+__device__ __forceinline__ float load1(const bf16_t* p, int i) { return bf16_to_f32(p[i]); }
+
+// silu(gate) * up as bf16 words, gu f32 or bf16 [T, 2I]: I % 4 == 0 (every real model): 4 elements a thread, one
+// load of gate and of up, one 8-byte store; else one element a thread
+template <typename InT>
+__device__ __forceinline__ void silu_mul_to_bf16(const InT* __restrict__ gu, bf16_t* __restrict__ out, int T, int I) {
     const bool vec = (I & 3) == 0;
     const int n = vec ? I >> 2 : I;
     for (int t = blockIdx.y; t < T; t += gridDim.y) {
-        const float* g = gu + (size_t)t * 2 * I;
+        const InT* g = gu + (size_t)t * 2 * I;
         bf16_t* o = out + (size_t)t * I;
         for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
             if (vec) {
-                const float4 a = reinterpret_cast<const float4*>(g)[i], b = reinterpret_cast<const float4*>(g + I)[i];
+                const float4 a = load4(g, i), b = load4(g + I, i);
                 reinterpret_cast<uint2*>(o)[i] = bf16x4(silu_mul_f(a.x, b.x), silu_mul_f(a.y, b.y),
                                                         silu_mul_f(a.z, b.z), silu_mul_f(a.w, b.w));
             } else {
-                o[i] = f32_to_bf16(silu_mul_f(g[i], g[I + i]));
+                o[i] = f32_to_bf16(silu_mul_f(load1(g, i), load1(g + I, i)));
             }
         }
     }
 }
 
+extern "C" __global__ void silu_mul_bf16(const float* __restrict__ gu, bf16_t* __restrict__ out, int T, int I) {
+    pdl_enter();
+    silu_mul_to_bf16(gu, out, T, I);
+}
+
 extern "C" __global__ void silu_mul_bf16_bf16(const bf16_t* __restrict__ gu, bf16_t* __restrict__ out, int T,
                                               int I) {
     pdl_enter();
-    // I % 4 == 0: 4 elements a thread, 8-byte loads of gate and up, one 8-byte store
-    const bool vec = (I & 3) == 0;
-    const int n = vec ? I >> 2 : I;
-    for (int t = blockIdx.y; t < T; t += gridDim.y) {
-        const bf16_t* g = gu + (size_t)t * 2 * I;
-        bf16_t* o = out + (size_t)t * I;
-        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-            if (vec) {
-                const uint2 a = reinterpret_cast<const uint2*>(g)[i], b = reinterpret_cast<const uint2*>(g + I)[i];
-                reinterpret_cast<uint2*>(o)[i] = bf16x4(
-                    silu_mul_f(__uint_as_float(a.x << 16), __uint_as_float(b.x << 16)),
-                    silu_mul_f(__uint_as_float(a.x & 0xFFFF0000u), __uint_as_float(b.x & 0xFFFF0000u)),
-                    silu_mul_f(__uint_as_float(a.y << 16), __uint_as_float(b.y << 16)),
-                    silu_mul_f(__uint_as_float(a.y & 0xFFFF0000u), __uint_as_float(b.y & 0xFFFF0000u)));
-            } else {
-                o[i] = f32_to_bf16(silu_mul_f(bf16_to_f32(g[i]), bf16_to_f32(g[I + i])));
-            }
-        }
-    }
+    silu_mul_to_bf16(gu, out, T, I);
 }
 
 extern "C" __global__ void add_bias(float* __restrict__ y, const float* __restrict__ b, int T, int N) {
