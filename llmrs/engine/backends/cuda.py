@@ -61,6 +61,7 @@ from llmrs.engine.model import Model, ModelWeights, rope_inv_freq
 from llmrs.engine.quant import DeviceQuantWeight
 from llmrs.engine.sampling import SampleResult, min_tokens_pending, penalized_or_logprobs
 from llmrs.errors import UserError
+from llmrs import trace
 from llmrs.trace import tr
 
 CUDA_R_32F, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT = 0, 14, 68, -1
@@ -673,14 +674,16 @@ class CUDABackend:
 
     def _silu_mul_for(self, lin: Any, gu: Any) -> Any:
         """silu(gate) * up of gu [T, 2I], the input of the linear over `lin` (down): f32 in "act", or bf16 words
-        in "act_bf16" when `_gemm_takes_bf16` (no cast before the GEMM)."""
+        in "act_bf16" when `_gemm_takes_bf16` (no cast before the GEMM). gu is f32, or bf16 words from a gate/up GEMM
+        with a bf16 output (`_gate_up_bf16`, which has checked that down takes bf16: silu_mul_bf16_bf16)."""
         T, I = gu.shape[0], gu.shape[1] // 2
-        if self._gemm_takes_bf16(lin, T):
+        gu_bf16 = gu.dtype == np.uint16
+        if gu_bf16 or self._gemm_takes_bf16(lin, T):
             act = self._buf("act_bf16", (T, I), np.uint16)
-            with self._span("silu_mul", "silu_mul_bf16", T, I, 2):
+            name = "silu_mul_bf16_bf16" if gu_bf16 else "silu_mul_bf16"
+            with self._span("silu_mul", name, T, I, 2, *((2,) if gu_bf16 else ())):
                 n = I // 4 if I % 4 == 0 else I  # elements a thread: 4 (vectorized) or 1
-                self.k.silu_mul_bf16((min(65535, -(-n // 256)), min(65535, T)), (256,),
-                                     (gu, act, np.int32(T), np.int32(I)))
+                self.k.fns[name]((min(65535, -(-n // 256)), min(65535, T)), (256,), (gu, act, np.int32(T), np.int32(I)))
         else:
             act = self._buf("act", (T, I))
             n_el = T * I
@@ -694,16 +697,6 @@ class CUDABackend:
         written or read."""
         return (self.gate_up_bf16 and self._gemm_takes_bf16(layer.gate_up, T)
                 and self._gemm_takes_bf16(layer.down, T))
-
-    def _silu_mul_bf16_in(self, gu: Any) -> Any:
-        """silu(gate) * up of bf16 words gu [T, 2I] into bf16 words "act_bf16" [T, I] (down's GEMM input)."""
-        T, I = gu.shape[0], gu.shape[1] // 2
-        act = self._buf("act_bf16", (T, I), np.uint16)
-        with self._span("silu_mul", "silu_mul_bf16_bf16", T, I, 2, 2):
-            n = I // 4 if I % 4 == 0 else I  # elements a thread: 4 (vectorized) or 1
-            self.k.silu_mul_bf16_bf16((min(65535, -(-n // 256)), min(65535, T)), (256,),
-                                      (gu, act, np.int32(T), np.int32(I)))
-        return act
 
     def _attn_choice(self, T: int) -> str:
         """The decode attention kernel of a T-token step: "tc", "gqa" or "partial" (LLMRS_ATTN_KERNEL, or the
@@ -871,7 +864,7 @@ class CUDABackend:
             elif self._gate_up_bf16(layer, T):  # bf16 gate / up straight from cuBLAS, SiLU x up bf16 to bf16
                 gu16 = self._buf("gu_bf16", (T, 2 * I), np.uint16)
                 self._linear(h, layer.gate_up, None, gu16, name="gate_up", out_bf16=True)
-                act = self._silu_mul_bf16_in(gu16)
+                act = self._silu_mul_for(layer.down, gu16)
             else:
                 self._linear(h, layer.gate_up, None, gu, name="gate_up")
                 act = self._silu_mul_for(layer.down, gu)
@@ -881,7 +874,7 @@ class CUDABackend:
                 self._linear(act, layer.down, None, part, name="down")
                 self._all_reduce(part)
                 pending = True
-            if n % 7 == 6:
+            if trace.PATH is not None and n % 7 == 6:  # (no tag string built per layer without tracing)
                 tr(f"fwd_layer{n + 1}")
         if pending:
             with self._span("add", "add_inplace", T * H):
