@@ -58,3 +58,23 @@ def test_the_norms_fold_into_the_paired_matvecs_up_to_2048(hidden, folds):
     assert not CUDABackend._norm_folds(be, np.empty((8, 896), dtype=np.uint16))
     be.fuse_norm = "1"
     assert CUDABackend._norm_folds(be, w)
+
+
+def test_gemm_q4_stages_compile_in_what_the_host_sizes():
+    """gemm_q4.cu's ring lives in dynamic shared memory: the host's stage table (compiled in with -D) must equal the
+    .cu's own defaults (what `llmrs ptx-check` compiles), and each launch's bytes follow it."""
+    import re
+
+    from llmrs.engine.backends import cuda_kernels as ck
+
+    src = (ck.KERNELS_DIR / "gemm_q4.cu").read_text()
+    defaults = {int(m): int(n) for m, n in re.findall(r"#define GQ_STAGES_M(\d+) (\d+)", src)}
+    assert defaults == ck._gemm_q4_stages("") == {1: 4, 2: 4, 4: 3, 8: 2}
+    assert ck.FILE_OPTIONS["gemm_q4.cu"] == tuple(f"-DGQ_STAGES_M{mt}={n}" for mt, n in sorted(defaults.items()))
+    # a stage: x rows 16 MT x 8, weights 256, scale words 64, 16 bytes each (21 KB at MT 8: 2 stages fit in 48 KB)
+    assert [ck.gemm_q4_smem_bytes(mt) for mt in (1, 2, 4, 8)] == [4 * 448 * 16, 4 * 576 * 16, 3 * 832 * 16,
+                                                                  2 * 1344 * 16]
+    assert ck._gemm_q4_stages("8:4, 4:5") == {1: 4, 2: 4, 4: 5, 8: 4}
+    for bad in ("3:4", "8:1", "8"):
+        with pytest.raises(ValueError, match="LLMRS_Q4_GEMM_STAGES"):
+            ck._gemm_q4_stages(bad)

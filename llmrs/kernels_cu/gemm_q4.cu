@@ -128,10 +128,31 @@ __device__ __forceinline__ void frag_b(unsigned w, float s, float c12, float c16
     }
 }
 
+// Pipeline stages per MT. The ring is dynamic shared memory (the host passes its size and raises the kernel's
+// limit above 48 KB: cuda_kernels.GEMM_Q4_STAGES, which compiles these values in with -D; the defaults here are
+// the same, for `llmrs ptx-check`). A stage is (16 MT 8 + 256 + 64) x 16 bytes: 21 KB at MT 8, 13 KB at 4.
+// Deeper rings bought nothing on the H200 (scripts/bench_gemm_q4.py, the 7B's four AWQ linears, 28-layer sums in ms
+// at T 128 / 256 / 512, MT8:MT4 stages 2:3 (these defaults) / 3:4 / 4:4 / 4:6: 7.36 / 7.39 / 7.46 / 7.61, 11.98 /
+// 12.06 / 12.05 / 12.07, 21.96 / 22.09 / 22.25 / 22.27; reports/h200-qwen2.5/session13 call1): the loads are hidden
+// already; at 256+ tokens the kernel is bound inside the SM (~300-350 TFLOP/s of mma.sync at 2 blocks an SM for
+// MT 8, 252 registers), where dequantize + cuBLAS (wgmma) reaches 350-490.
+#ifndef GQ_STAGES_M1
+#define GQ_STAGES_M1 4
+#endif
+#ifndef GQ_STAGES_M2
+#define GQ_STAGES_M2 4
+#endif
+#ifndef GQ_STAGES_M4
+#define GQ_STAGES_M4 3
+#endif
+#ifndef GQ_STAGES_M8
+#define GQ_STAGES_M8 2
+#endif
+
 template <int MT>
 struct GemmQ4Smem {
-    // 42 KB at MT 8, 39 KB at 4, 36 KB at 2, 28 KB at 1 (static limit 48 KB)
-    static constexpr int STAGES = MT == 8 ? 2 : MT == 4 ? 3 : 4;
+    static constexpr int STAGES = MT == 8 ? GQ_STAGES_M8 : MT == 4 ? GQ_STAGES_M4 : MT == 2 ? GQ_STAGES_M2 : GQ_STAGES_M1;
+    static_assert(STAGES >= 2, "the ring needs a stage in flight while one is used");
     uint4 a[STAGES][16 * MT * 8];                   // x rows: 8 chunks of 16 bytes (64 bf16), swizzled
     uint4 b[STAGES][256];                           // [warp][kb][lane] packed weights
     uint4 s[STAGES][64];                            // [kb][128 columns] scale words
@@ -249,7 +270,8 @@ __device__ __forceinline__ void gemm_q4_impl(const uint4* __restrict__ Bq, const
                                              int G, int accumulate, int kt_per_split) {
     pdl_enter();
     constexpr int STAGES = GemmQ4Smem<MT>::STAGES;
-    __shared__ GemmQ4Smem<MT> sm;
+    extern __shared__ uint4 gq_smem[];  // GemmQ4Smem<MT>: its size is the launch's dynamic shared memory
+    GemmQ4Smem<MT>& sm = *reinterpret_cast<GemmQ4Smem<MT>*>(gq_smem);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int nblk = blockIdx.x, m0 = blockIdx.y * 16 * MT;
     const int kt0 = blockIdx.z * kt_per_split, nk = min((K >> 6) - kt0, kt_per_split);

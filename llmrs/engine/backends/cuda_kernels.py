@@ -35,6 +35,35 @@ OPTIONS = ("-std=c++17",) + (
     ("-DLLMRS_NO_STREAM_LOADS",) if os.environ.get("LLMRS_STREAM_LOADS", "1") in OFF_VALUES else ()) + (
     ("-DLLMRS_NO_WARP_SUM8",) if os.environ.get("LLMRS_ATTN_WARP_SUM8", "1") in OFF_VALUES else ())
 
+
+
+def _gemm_q4_stages(spec: str) -> dict[int, int]:
+    """gemm_q4.cu's pipeline stages per MT (m16 tiles of tokens a block): the defaults, with `MT:STAGES,...`
+    (LLMRS_Q4_GEMM_STAGES, read at import, for A/Bs) over them."""
+    stages = {1: 4, 2: 4, 4: 3, 8: 2}
+    for item in filter(None, (p.strip() for p in spec.split(","))):
+        mt, _, n = item.partition(":")
+        if not (mt.strip().isdigit() and n.strip().isdigit() and int(mt) in stages and int(n) >= 2):
+            raise ValueError(f"LLMRS_Q4_GEMM_STAGES: {item!r} is not MT:STAGES with MT in 1, 2, 4, 8 and STAGES >= 2")
+        stages[int(mt)] = int(n)
+    return stages
+
+
+# gemm_q4.cu's cp.async ring: stages per MT, compiled in (-DGQ_STAGES_M<MT>) and sized at launch (dynamic shared
+# memory, gemm_q4_smem_bytes)
+GEMM_Q4_STAGES = _gemm_q4_stages(os.environ.get("LLMRS_Q4_GEMM_STAGES", ""))
+FILE_OPTIONS: dict[str, tuple[str, ...]] = {
+    "gemm_q4.cu": tuple(f"-DGQ_STAGES_M{mt}={n}" for mt, n in sorted(GEMM_Q4_STAGES.items())),
+}
+STATIC_SMEM_LIMIT = 48 << 10  # above, a kernel must be allowed its dynamic shared memory first
+
+
+def gemm_q4_smem_bytes(mt: int) -> int:
+    """Dynamic shared memory of gemm_q4{z,m}_m<MT>: GemmQ4Smem<MT> (x rows 16 MT x 8, weights 256, scale words 64;
+    16-byte entries) per stage."""
+    return GEMM_Q4_STAGES[mt] * (16 * mt * 8 + 256 + 64) * 16
+
+
 # gemv_q4's forms with the group size fixed at compile time (gemm_q4.cu's CPG: k32 blocks a group; G 32 and 128)
 GEMV_CPG = (1, 4)
 
@@ -188,10 +217,13 @@ class Kernels:
         self.pdl_capable = pdl_supported(cp)
         self.pdl_launches = 0
         for fname, names in ENTRY_POINTS.items():
-            mod = cp.RawModule(code=kernel_source(fname), options=OPTIONS)
+            mod = cp.RawModule(code=kernel_source(fname), options=OPTIONS + FILE_OPTIONS.get(fname, ()))
             self.modules[fname] = mod
             for n in names:
                 raw = mod.get_function(n)  # compiles (or loads from the disk cache) now
+                m = re.fullmatch(r"gemm_q4[zm]_m(\d+)", n)
+                if m and gemm_q4_smem_bytes(int(m.group(1))) > STATIC_SMEM_LIMIT:
+                    raw.max_dynamic_shared_size_bytes = gemm_q4_smem_bytes(int(m.group(1)))
                 self.fns[n] = PdlKernel(raw, self, n) if n in PDL_KERNELS else raw
 
     def __getattr__(self, name: str) -> Any:

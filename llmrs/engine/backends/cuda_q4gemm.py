@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from llmrs.engine.backends.cuda_kernels import GEMV_CPG
+from llmrs.engine.backends.cuda_kernels import GEMV_CPG, gemm_q4_smem_bytes
 from llmrs.engine.quant import DeviceQuantWeight, marlin_reorder, marlin_scales
 
 NULL = np.uint64(0)
@@ -170,14 +170,16 @@ def gemm_q4(backend: Any, x_bf16: Any, mw: MarlinWeight | None, bias: Any | None
     grid = (-(-N // BN), -(-T // (16 * mt)), S)
     fn = backend.k.fns[f"gemm_{'q4m' if mw.mode else 'q4z'}_m{mt}"]
     b = NULL if bias is None else bias
+    smem = gemm_q4_smem_bytes(mt)
     with backend._span("gemm_q4", name, T, N, K, accumulate, bias is not None):
         if S == 1:
             fn(grid, (THREADS,), (mw.qweight, mw.sz, x_bf16, b, out, NULL, np.int32(T), np.int32(N), np.int32(K),
-                                  np.int32(mw.group_size), np.int32(1 if accumulate else 0), np.int32(per)))
+                                  np.int32(mw.group_size), np.int32(1 if accumulate else 0), np.int32(per)),
+               shared_mem=smem)
         else:
             part = backend._buf("gemm_q4_part", (S, T, N), np.float32)
             fn(grid, (THREADS,), (mw.qweight, mw.sz, x_bf16, NULL, out, part, np.int32(T), np.int32(N),
-                                  np.int32(K), np.int32(mw.group_size), np.int32(0), np.int32(per)))
+                                  np.int32(K), np.int32(mw.group_size), np.int32(0), np.int32(per)), shared_mem=smem)
             n = T * N
             backend.k.fns["gemm_q4_reduce"]((min(65535, -(-n // 256)),), (256,),
                                             (part, b, out, np.int32(T), np.int32(N), np.int32(S),
