@@ -146,14 +146,19 @@ def main() -> None:
     def splits_of(kernel: str) -> int:  # the splits the backend gives `kernel` at this step (be.attn_splits applies)
         return decode_tc_splits(be, T, db.max_len) if kernel == "tc" else be._splits(T, db.max_len, kernel == "gqa")
 
+    cluster = be.attn_cluster
     for kernel in ("partial", "gqa") + (("tc",) if decode_tc_supported(be) else ()):
         be.attn_kernel = kernel
         for S in (None, 1, 4, 8, 16, 32, 64):
             be.attn_splits = S
-            auto = splits_of(kernel)
-            label = f"attention {kernel} splits={S if S else auto}{' (auto)' if S is None else ''}"
-            add(label, graph_us(lambda i: be._attention(0, qkv, n_qkv, db, att)), kv_bytes)
-    be.attn_splits, be.attn_kernel = None, "auto"
+            for cl in ((0, 8, 16) if kernel == "partial" and S is None else (cluster,)):
+                be.attn_cluster = cl  # attn_cluster{8,16} (one launch) where the backend takes it, else partial
+                used = be._cluster_size(T, db.max_len) if kernel == "partial" else 0
+                auto = used or splits_of(kernel)
+                label = (f"attention {'cluster' if used else kernel} splits={S if S else auto}"
+                         f"{' (auto)' if S is None else ''}")
+                add(label, graph_us(lambda i: be._attention(0, qkv, n_qkv, db, att)), kv_bytes)
+    be.attn_splits, be.attn_kernel, be.attn_cluster = None, "auto", cluster
     choice = be._attn_choice(T)
     print(f"  (backend's choice for attention at {T} token(s): {choice}, splits={splits_of(choice)})")
     out = {"attention_choice": choice, "preset": a.like, "tokens": T, "context": a.context,

@@ -292,3 +292,190 @@ extern "C" __global__ void attn_merge_bf16(const float* __restrict__ part_acc, c
                                            bf16_t* __restrict__ out, int Hq, int D, int S) {
     attn_merge_impl<bf16_t>(part_acc, part_ml, out, Hq, D, S);
 }
+
+// ---------------------------------------------------------------------- one launch: the splits meet in a cluster
+// attn_cluster{CL}_d{DPL}: attn_partial's work and attn_merge's in one kernel (sm_90+). grid (T, Hkv * head_groups,
+// CL), a thread-block cluster of (1, 1, CL): the CL blocks of one (token, kv head, head group) are the splits of its
+// keys, chunk = ceil(L / CL) keys a block (L = the token's length). A block has CW warps; warp w takes keys
+// start + w, start + w + CW, ... and loads the K / V rows of up to CK of them at once (one round trip for all,
+// not one a key), then runs attn_partial's per-key math on them in order (the same expressions: dot products,
+// warp_sum8, online softmax). The warps meet in shared memory as in attn_partial (M, L, A per head and dim); the
+// block leaves them in its own shared memory, the cluster barrier (release / acquire) makes them visible, and the
+// cluster's threads each combine one (head, dim) over the CL blocks, reading the other blocks' shared memory
+// (mapa + ld.shared::cluster), in block order with attn_merge's expressions: out = sum_s A_s e^(M_s - M) /
+// sum_s L_s e^(M_s - M). A second barrier keeps every block's shared memory alive until all have read it.
+// So the step has no partials in global memory and no attn_merge launch. Below sm_90 the entry points exist and
+// trap (the host never launches them there: cuda.py's cluster rule checks the compute capability).
+#define CW 8  // warps a cluster block
+#define CK 8  // keys a warp loads at once
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+    return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+// a float in block `rank`'s shared memory at the address of `p` in this block's
+__device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
+    float v = 0.0f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned a = (unsigned)__cvta_generic_to_shared(p), ra;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
+#endif
+    return v;
+}
+
+template <int DPL, int CL>
+__device__ __forceinline__ void attn_cluster_impl(
+    const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,
+    const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,
+    const int* __restrict__ token_seq, const int* __restrict__ positions, float* __restrict__ out, int Hq, int Hkv,
+    int D, int block_size, float scale) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    pdl_trigger();
+    __shared__ float s_m[CW][MAXG], s_l[CW][MAXG];
+    __shared__ float s_acc[CW][MAXG][32 * DPL];
+    __shared__ float c_a[MAXG][32 * DPL], c_m[MAXG], c_l[MAXG];  // this block's merged split, read cluster-wide
+    __shared__ int s_tbl[ATTN_TABLE_STAGE];
+    const int t = blockIdx.x, s = (int)cluster_rank();
+    const int G = Hq / Hkv, ngroups = (G + MAXG - 1) / MAXG;
+    const int g = blockIdx.y / ngroups, h0 = (blockIdx.y % ngroups) * MAXG;
+    const int gn = min(MAXG, G - h0);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const bool active = lane * DPL < D;
+    const int L = positions[t] + 1, chunk = (L + CL - 1) / CL;
+    const int start = min(L, s * chunk), end = min(L, start + chunk);
+    const int* table = block_tables + (size_t)token_seq[t] * max_blocks;
+    prefetch_kv_l2(k_cache, v_cache, table, start, min(end, L - 1), Hkv, g, block_size, D);
+    const int b0 = start / block_size, nblk = end > start ? (end - 1) / block_size + 1 - b0 : 0;
+    const bool staged = nblk <= ATTN_TABLE_STAGE;
+    if (staged)
+        for (int i = threadIdx.x; i < nblk; i += blockDim.x) s_tbl[i] = table[b0 + i];
+    __syncthreads();
+    const int* tb = staged ? s_tbl : table;
+    const int tb0 = staged ? b0 : 0;
+    pdl_wait();  // q and this token's K/V row are the previous kernels'
+
+    float qr[MAXG][DPL], acc[MAXG][DPL], m[MAXG], l[MAXG];
+#pragma unroll
+    for (int h = 0; h < MAXG; ++h) {
+        m[h] = NEG_INF;
+        l[h] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+            acc[h][i] = 0.0f;
+            qr[h][i] = (h < gn && active) ? q[(size_t)t * q_stride + (size_t)(g * G + h0 + h) * D + lane * DPL + i] * scale : 0.0f;
+        }
+    }
+#pragma unroll 1
+    for (int j0 = start + warp; j0 < end; j0 += CW * CK) {
+        typename Raw<DPL>::T kr[CK], vr[CK];
+#pragma unroll
+        for (int c = 0; c < CK; ++c)
+            load_kv<DPL>(k_cache, v_cache, tb, tb0, j0 + c * CW, end, active, Hkv, g, block_size, D, lane, kr[c], vr[c]);
+#pragma unroll
+        for (int c = 0; c < CK; ++c) {
+            if (j0 + c * CW >= end) break;  // warp-uniform
+            float kf[DPL], vf[DPL];
+            unpack_raw(kr[c], kf);
+            unpack_raw(vr[c], vf);
+            float dots[MAXG];
+#pragma unroll
+            for (int h = 0; h < MAXG; ++h) {
+                float d = 0.0f;
+#pragma unroll
+                for (int i = 0; i < DPL; ++i) d += qr[h][i] * kf[i];
+                dots[h] = d;
+            }
+#ifndef LLMRS_NO_WARP_SUM8
+            warp_sum8(dots);
+#else
+#pragma unroll
+            for (int h = 0; h < MAXG; ++h) dots[h] = warp_sum(dots[h]);
+#endif
+#pragma unroll
+            for (int h = 0; h < MAXG; ++h) {
+                const float d = dots[h];
+                const float mn = fmaxf(m[h], d);
+                const float corr = expf(m[h] - mn), p = expf(d - mn);
+                l[h] = l[h] * corr + p;
+#pragma unroll
+                for (int i = 0; i < DPL; ++i) acc[h][i] = acc[h][i] * corr + p * vf[i];
+                m[h] = mn;
+            }
+        }
+    }
+    // the block's warps, as attn_partial merges them
+#pragma unroll
+    for (int h = 0; h < MAXG; ++h) {
+        if (h < gn) {
+            if (lane == 0) { s_m[warp][h] = m[h]; s_l[warp][h] = l[h]; }
+#pragma unroll
+            for (int i = 0; i < DPL; ++i) s_acc[warp][h][lane * DPL + i] = acc[h][i];
+        }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < gn * D; idx += blockDim.x) {
+        const int h = idx / D, d = idx % D;
+        float M = NEG_INF;
+        for (int w = 0; w < CW; ++w) M = fmaxf(M, s_m[w][h]);
+        float Ls = 0.0f, A = 0.0f;
+        if (M != NEG_INF) {
+            for (int w = 0; w < CW; ++w) {
+                const float e = expf(s_m[w][h] - M);
+                Ls += s_l[w][h] * e;
+                A += s_acc[w][h][d] * e;
+            }
+        }
+        c_a[h][d] = A;
+        if (d == 0) { c_m[h] = M; c_l[h] = Ls; }
+    }
+    cluster_sync();  // every block's (M, L, A) written and visible to the cluster
+    // the splits, attn_merge's way: (head, dim) pairs dealt over the cluster's threads
+    for (int idx = s * blockDim.x + threadIdx.x; idx < gn * D; idx += CL * blockDim.x) {
+        const int h = idx / D, d = idx % D;
+        float ms[CL];
+        float M = NEG_INF;
+#pragma unroll
+        for (int r = 0; r < CL; ++r) {
+            ms[r] = ld_cluster(&c_m[h], r);
+            M = fmaxf(M, ms[r]);
+        }
+        float Ls = 0.0f, A = 0.0f;
+#pragma unroll
+        for (int r = 0; r < CL; ++r) {
+            if (ms[r] == NEG_INF) continue;  // a split with no keys
+            const float e = expf(ms[r] - M);
+            Ls += ld_cluster(&c_l[h], r) * e;
+            A += ld_cluster(&c_a[h][d], r) * e;
+        }
+        out[(size_t)t * Hq * D + (size_t)(g * G + h0 + h) * D + d] = A / Ls;
+    }
+    cluster_sync();  // no block leaves (its shared memory) while another may still read it
+#else
+    __trap();
+#endif
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define CLUSTER_DIMS(CL) __cluster_dims__(1, 1, CL)
+#else
+#define CLUSTER_DIMS(CL)
+#endif
+#define ATTN_CLUSTER(CL, DPL)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(CW * 32, 1) CLUSTER_DIMS(CL) attn_cluster##CL##_d##DPL(      \
+        const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,                        \
+        const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,             \
+        const int* __restrict__ token_seq, const int* __restrict__ positions, float* __restrict__ out, int Hq, \
+        int Hkv, int D, int block_size, float scale) {                                                        \
+        attn_cluster_impl<DPL, CL>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, token_seq,         \
+                                   positions, out, Hq, Hkv, D, block_size, scale);                            \
+    }
+ATTN_CLUSTER(8, 4)
+ATTN_CLUSTER(16, 4)

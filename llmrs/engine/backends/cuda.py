@@ -100,6 +100,11 @@ ATTN_GQA_MAX_HEAD_DIM = 64
 # (attn_partial -> tc) 0.5B 0.752 -> 0.712 ms/token, 3B 2.351 -> 2.458, 7B 4.249 -> 4.336
 # (reports/h200-qwen2.5/session9/call1): one token of 128-dim heads keeps attn_partial.
 ATTN_TC_MIN_TOKENS = 2
+# attn_cluster (attention.cu): CW = 8 warps a block, each loading CK = 8 keys at once: up to 64 keys a split in one
+# batch a warp; the cluster size (splits) is LLMRS_ATTN_CLUSTER (16: non-portable, allowed per kernel at load)
+ATTN_CLUSTER_THREADS = 256
+ATTN_CLUSTER_KEYS_PER_SPLIT = 64
+ATTN_CLUSTER_DEFAULT = 16
 CUBLAS_WORKSPACE_BYTES = 32 << 20
 _NO_SPAN = contextlib.nullcontext()
 _cublas_workspaces: dict[int, Any] = {}  # device id -> buffer: kept alive as long as the process (handles are shared)
@@ -271,6 +276,12 @@ class CUDABackend:
         # the H200 (7B shape): a tie with attn_partial at 1 x 64 and 16 x 8 tokens, ahead from 16 x 16 and 1 x 128
         # on (1 x 256: 18 us vs 154 us).
         self.prefill_min_tokens: int | None = env_int("LLMRS_PREFILL_MIN_TOKENS", 16)
+        # one-launch decode attention (attention.cu's attn_cluster{8,16}_d4: the splits of a (token, kv head) are a
+        # thread-block cluster and merge through distributed shared memory, no attn_merge): LLMRS_ATTN_CLUSTER=16
+        # (default), 8, or 0 (off: attn_partial + attn_merge); `_cluster_size` says where it runs
+        self.attn_cluster = env_int("LLMRS_ATTN_CLUSTER", ATTN_CLUSTER_DEFAULT)
+        if self.attn_cluster not in (0, 8, 16):
+            raise UserError(f"LLMRS_ATTN_CLUSTER={self.attn_cluster}: expected 0, 8 or 16")
         self.k = get_kernels()  # compiles every kernel now (warm-up), not on the first request
         from llmrs.engine.backends.cuda_prefill import prefill_supported
 
@@ -735,6 +746,20 @@ class CUDABackend:
         # 64-key splits (at most 64 splits, or what 64-key splits need) so attn_merge stays short.
         return max(1, min(-(-max_len // 16), -(-4 * self.num_sms // blocks), max(64, -(-max_len // 64))))
 
+    def _cluster_size(self, T: int, max_len: int) -> int:
+        """The cluster (splits) of attn_cluster for a T-token step over contexts up to max_len, 0 where attn_partial
+        + attn_merge run instead: where attn_partial is the choice (`_attention`), on sm_90+ (clusters), for
+        128-dim heads (the kernel's d4), while the step's clusters fit one block an SM (ATTN_CLUSTER_MAX_BLOCKS)
+        and every warp loads its keys in one batch (max_len <= CL x ATTN_CLUSTER_KEYS_PER_BLOCK_SPLIT)."""
+        cl = self.attn_cluster
+        if not cl or self.dpl != 4 or self.attn_splits is not None or self.k.cc < 90:
+            return 0
+        c = self.config
+        blocks = T * c.num_key_value_heads * -(-c.num_queries_per_kv // ATTN_MAXG) * cl
+        if blocks > self.num_sms or max_len > cl * ATTN_CLUSTER_KEYS_PER_SPLIT:
+            return 0
+        return cl
+
     def _attention(self, layer: int, q: Any, q_stride: int, db: DeviceBatch, out: Any, out_bf16: Any = None) -> Any:
         """out [T, Hq*D] = paged causal attention of q (row stride q_stride) over layer's cache; returns the buffer
         written: `out_bf16` (bf16 words, the o projection's GEMM input) where a tensor-core kernel (prefill,
@@ -754,6 +779,17 @@ class CUDABackend:
         c = self.config
         T, Hq, Hkv, D = db.T, c.num_attention_heads, c.num_key_value_heads, c.head_dim
         gqa = self._use_gqa(T)
+        cl = 0 if gqa else self._cluster_size(T, db.max_len)
+        if cl:
+            groups = -(-c.num_queries_per_kv // ATTN_MAXG)
+            name = f"attn_cluster{cl}_d{self.dpl}"
+            with self._span("attention", name, T, Hq, Hkv, D, db.kv_tokens, db.qk_pairs, cl):
+                getattr(self.k, name)((T, Hkv * groups, cl), (ATTN_CLUSTER_THREADS,),
+                                      (q, np.int32(q_stride), self.k_cache[layer], self.v_cache[layer],
+                                       db.block_tables, np.int32(db.max_blocks), db.token_seq, db.positions, out,
+                                       np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(self.block_size),
+                                       self.scale))
+            return out
         S = self._splits(T, db.max_len, gqa)
         chunk = -(-db.max_len // S)
         groups = -(-c.num_queries_per_kv // ATTN_MAXG)

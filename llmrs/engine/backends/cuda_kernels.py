@@ -78,7 +78,7 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "matvec_q4.cu": [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
                     + ["dequant_q4_bf16", "dequant_q8_bf16"],
     "attention.cu": ["attn_partial_d1", "attn_partial_d2", "attn_partial_d4", "attn_partial_d8", "attn_merge",
-                    "attn_merge_bf16"],
+                    "attn_merge_bf16", "attn_cluster8_d4", "attn_cluster16_d4"],
     "attention_gqa.cu": ["attn_partial_gqa_d1", "attn_partial_gqa_d2", "attn_partial_gqa_d4", "attn_partial_gqa_d8"],
     "prefill_attention.cu": ["prefill_attn_d64", "prefill_attn_d128", "prefill_attn_bf16_d64",
                              "prefill_attn_bf16_d128", "decode_attn_tc_d64", "decode_attn_tc_d128",
@@ -100,6 +100,7 @@ PDL_KERNELS = frozenset(
        for nt in (1, 2, 4, 8)]
     + [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
     + [f"attn_partial_d{d}" for d in (1, 2, 4, 8)] + [f"attn_partial_gqa_d{d}" for d in (1, 2, 4, 8)]
+    + ["attn_cluster8_d4", "attn_cluster16_d4"]
     + [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)]
     + [f"decode_attn_tc{o}_d{d}" for o in ("", "_bf16") for d in (64, 128)])
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
@@ -190,8 +191,22 @@ def _driver() -> Any:
         lib = ctypes.CDLL("libcuda.so.1")
         lib.cuLaunchKernelEx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         lib.cuLaunchKernelEx.restype = ctypes.c_int
+        lib.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+        lib.cuFuncSetAttribute.restype = ctypes.c_int
         _libcuda = lib
     return _libcuda
+
+
+CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
+
+
+def allow_nonportable_cluster(raw: Any) -> None:
+    """Let a kernel (a cupy RawKernel) run in clusters of more than 8 blocks (sm_90: up to 16)."""
+    lib = _driver()
+    status = lib.cuFuncSetAttribute(ctypes.c_void_p(raw.kernel.ptr),
+                                    CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+    if status:
+        raise RuntimeError(f"cuFuncSetAttribute(non-portable cluster size) failed: CUresult {status}")
 
 
 def pdl_supported(cp: Any) -> bool:
@@ -215,6 +230,7 @@ class Kernels:
         self.fns: dict[str, Any] = {}
         self.pdl = False  # set while a decode graph is captured (cuda_graphs.py), when `pdl_capable`
         self.pdl_capable = pdl_supported(cp)
+        self.cc = int(cp.cuda.Device().compute_capability)
         self.pdl_launches = 0
         for fname, names in ENTRY_POINTS.items():
             mod = cp.RawModule(code=kernel_source(fname), options=OPTIONS + FILE_OPTIONS.get(fname, ()))
@@ -224,6 +240,8 @@ class Kernels:
                 m = re.fullmatch(r"gemm_q4[zm]_m(\d+)", n)
                 if m and gemm_q4_smem_bytes(int(m.group(1))) > STATIC_SMEM_LIMIT:
                     raw.max_dynamic_shared_size_bytes = gemm_q4_smem_bytes(int(m.group(1)))
+                if n.startswith("attn_cluster16") and self.cc >= 90:
+                    allow_nonportable_cluster(raw)  # 16 blocks a cluster (8 is the portable limit)
                 self.fns[n] = PdlKernel(raw, self, n) if n in PDL_KERNELS else raw
 
     def __getattr__(self, name: str) -> Any:

@@ -1,0 +1,134 @@
+"""attn_cluster (attention.cu: the splits of a decode attention as one thread-block cluster, merged through
+distributed shared memory, sm_90+) against attention in float64 numpy and against attn_partial + attn_merge, then
+end to end: a tiny Qwen2 with 128-dim heads (the kernel's d4) greedy through the backend with the cluster path on
+and off. Run on the GPU machine (`pytest -m gpu`); skips below compute capability 9.0."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.cuda_helpers import rel_err, report, require_gpu
+
+cp = require_gpu()
+pytestmark = pytest.mark.gpu
+
+if int(cp.cuda.Device().compute_capability) < 90:
+    pytest.skip("thread-block clusters need sm_90+", allow_module_level=True)
+
+from llmrs.engine.backends import cuda_kernels as ck  # noqa: E402
+
+BS = 16
+
+
+def bf16_words(a):
+    return (a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)  # truncation: exact bf16 values
+
+
+def reference(q, k_cache, v_cache, tables, positions, Hq, Hkv, D, scale):
+    """out [T, Hq*D] in float64 from the bf16 caches (the kernel's inputs)."""
+    kf = (k_cache.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    vf = (v_cache.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    T = q.shape[0]
+    out = np.zeros((T, Hq * D))
+    for t in range(T):
+        L = positions[t] + 1
+        rows = [(tables[t, j // BS], j % BS) for j in range(L)]
+        for h in range(Hq):
+            g = h // (Hq // Hkv)
+            K = np.stack([kf[b, g, o] for b, o in rows])
+            V = np.stack([vf[b, g, o] for b, o in rows])
+            s = K @ q[t, h * D:(h + 1) * D].astype(np.float64) * scale
+            p = np.exp(s - s.max())
+            out[t, h * D:(h + 1) * D] = p @ V / p.sum()
+    return out
+
+
+@pytest.mark.parametrize("CL", [8, 16])
+@pytest.mark.parametrize("Hq,Hkv,lens", [(28, 4, [512]), (28, 4, [1, 5, 17]), (16, 2, [300, 64, 1023]),
+                                         (32, 2, [200, 129])])
+def test_attn_cluster_matches_float64_and_partial_merge(CL, Hq, Hkv, lens):
+    """Lengths below the cluster size (empty splits), not a multiple of it, up to the one-batch limit; 16 query
+    heads a kv head (two head groups); several tokens of different lengths in one launch."""
+    if CL * 64 < max(lens):
+        pytest.skip("past the one-batch limit of this cluster size (the backend keeps attn_partial there)")
+    D, T = 128, len(lens)
+    rng = np.random.default_rng(CL + Hq + len(lens))
+    nb = -(-max(lens) // BS)
+    blocks = T * nb
+    k_cache = bf16_words(rng.standard_normal((blocks, Hkv, BS, D)))
+    v_cache = bf16_words(rng.standard_normal((blocks, Hkv, BS, D)))
+    tables = rng.permutation(blocks).reshape(T, nb).astype(np.int32)
+    positions = np.array([n - 1 for n in lens], dtype=np.int32)
+    q = rng.standard_normal((T, (Hq + 2 * Hkv) * D)).astype(np.float32)
+    scale = np.float32(1 / np.sqrt(D))
+    ref = reference(q, k_cache, v_cache, tables, positions, Hq, Hkv, D, float(scale))
+    k = ck.get_kernels()
+    groups = -(-(Hq // Hkv) // 8)
+    args = (cp.asarray(q), np.int32(q.shape[1]), cp.asarray(k_cache), cp.asarray(v_cache), cp.asarray(tables),
+            np.int32(nb), cp.arange(T, dtype=cp.int32), cp.asarray(positions))
+    out = cp.full((T, Hq * D), np.nan, dtype=cp.float32)
+    k.fns[f"attn_cluster{CL}_d4"]((T, Hkv * groups, CL), (256,),
+                                  args + (out, np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(BS), scale))
+    got = cp.asnumpy(out)
+    assert np.isfinite(got).all(), "every output written"
+    err = rel_err(got, ref)
+    # attn_partial + attn_merge at 33 splits (the backend's choice for a 7B token at context 512)
+    S = 33
+    part = cp.full((T, Hq * D), np.nan, dtype=cp.float32)
+    acc = cp.full((T * Hq * S * D,), np.nan, dtype=cp.float32)
+    ml = cp.full((T * Hq * S * 2,), np.nan, dtype=cp.float32)
+    k.fns["attn_partial_d4"]((T, Hkv * groups, S), (128,),
+                             args + (part, acc, ml, np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(BS),
+                                     np.int32(-(-max(lens) // S)), scale))
+    k.fns["attn_merge"]((T, Hq), (128,), (acc, ml, part, np.int32(Hq), np.int32(D), np.int32(S)))
+    pm = cp.asnumpy(part)
+    report(f"attn_cluster{CL} Hq{Hq} Hkv{Hkv} lens{lens}", {"rel_err_f64": err, "rel_err_partial": rel_err(got, pm),
+                                                           "partial_rel_err_f64": rel_err(pm, ref)})
+    assert err < 1e-5, err  # f32 with other summation orders than float64 (attn_partial: ~1e-7 here)
+    assert rel_err(got, pm) < 1e-5
+
+
+def test_backend_takes_the_cluster_where_attn_partial_ran_and_tokens_agree(tmp_path):
+    """A tiny Qwen2 with 128-dim heads (8 query heads, 2 kv heads): one-token decode steps take attn_cluster16
+    (the default), and greedy tokens with it equal those of attn_partial + attn_merge (LLMRS_ATTN_CLUSTER=0's
+    path), with close logits."""
+    from llmrs.engine.loader import load
+    from llmrs.engine.runner import ModelRunner, stream_generate
+    from llmrs.engine.sampling import SamplingParams
+    from tests.conftest import write_tiny_model
+
+    loaded = load(str(write_tiny_model(tmp_path / "qwen2", "qwen2", hidden_size=1024, num_attention_heads=8,
+                                       num_key_value_heads=2)))
+    assert loaded.config.head_dim == 128
+    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+    ids = loaded.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 4)
+    names = ("attn_cluster16_d4", "attn_cluster8_d4", "attn_partial_d4")
+    runs = {}
+    for cl in (16, 8, 0):
+        r = ModelRunner(loaded, num_blocks=32, device="cuda")
+        be = r.backend
+        be.attn_cluster = cl
+        assert be._cluster_size(1, 512) == cl and be._cluster_size(1, 64 * 16 + 1) == 0
+        launched: list[str] = []
+        fns = be.k.fns  # the process's compiled kernels: wrapped to count launches, restored after
+        saved = {n: fns[n] for n in names}
+
+        def counting(name, fn):
+            def call(*a, **kw):
+                launched.append(name)
+                return fn(*a, **kw)
+            return call
+
+        try:
+            for n in names:
+                fns[n] = counting(n, saved[n])
+            be.graphs = None  # eager: every launch goes through the wrapped functions
+            runs[cl] = [o.token_ids[0] for o in stream_generate(r, ids, params)]
+        finally:
+            fns.update(saved)
+        want = f"attn_cluster{cl}_d4" if cl else "attn_partial_d4"
+        assert want in launched, (cl, sorted(set(launched)))
+        if cl:
+            assert "attn_partial_d4" not in launched
+    assert runs[16] == runs[0] and runs[8] == runs[0], runs
