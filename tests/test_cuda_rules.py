@@ -78,3 +78,24 @@ def test_gemm_q4_stages_compile_in_what_the_host_sizes():
     for bad in ("3:4", "8:1", "8"):
         with pytest.raises(ValueError, match="LLMRS_Q4_GEMM_STAGES"):
             ck._gemm_q4_stages(bad)
+
+
+def test_attn_cluster_takes_the_smallest_cluster_that_holds_the_context():
+    """attn_cluster (one launch, no attn_merge) where attn_partial would run: sm_90+, 128-dim heads, 64 keys a
+    split at most (one load batch a warp), one block an SM; auto: 8 splits up to 512 keys, 16 up to 1024."""
+    be = fake_backend("qwen2.5-7b")
+    be.dpl, be.attn_cluster, be.k = 4, None, SimpleNamespace(cc=90)
+    size = lambda T, n: CUDABackend._cluster_size(be, T, n)  # noqa: E731
+    assert [size(1, n) for n in (1, 512, 513, 1024, 1025)] == [8, 8, 16, 16, 0]
+    assert size(4, 512) == 8 and size(5, 512) == 0  # 5 tokens x 4 kv heads x 8 blocks > 132 SMs
+    be.attn_cluster = 16
+    assert size(1, 100) == 16 and size(1, 1025) == 0
+    be.attn_cluster = 0
+    assert size(1, 100) == 0
+    be.attn_cluster = None
+    be.attn_splits = 8  # forced splits (tests, benches): attn_partial
+    assert size(1, 100) == 0
+    be.attn_splits, be.k = None, SimpleNamespace(cc=89)
+    assert size(1, 100) == 0
+    be.k, be.dpl = SimpleNamespace(cc=90), 2  # 64-dim heads: no d2 form
+    assert size(1, 100) == 0

@@ -15,8 +15,10 @@ cuBLAS above.
 
 Attention: `_attention` picks per step: the tensor-core prefill kernel (cuda_prefill.py) when a sequence brings
 `prefill_min_tokens` or more new tokens; else, where it can run, decode_attn_tc (prefill_attention.cu, tensor
-cores) from ATTN_TC_MIN_TOKENS tokens (from one for heads of <= 64 dims); else attn_partial (attention.cu) or, from ATTN_GQA_MIN_BLOCKS blocks a step,
-attn_partial_gqa (attention_gqa.cu); all split along the keys and share attn_merge.
+cores) from ATTN_TC_MIN_TOKENS tokens (from one for heads of <= 64 dims); else attn_partial (attention.cu) or, from
+ATTN_GQA_MIN_BLOCKS blocks a step, attn_partial_gqa (attention_gqa.cu); all split along the keys and share
+attn_merge, except where attn_partial's step fits attn_cluster (`_cluster_size`: sm_90+, its splits one thread-block
+cluster merged in distributed shared memory, one launch).
 
 Tensor parallelism: with `tp=TPRank` (tp_nccl.py) the same fused step embeds the rank's vocabulary slice, sums
 the embeddings and every o/down partial over the ranks with NCCL on the step's stream, and gathers the logits.
@@ -101,10 +103,14 @@ ATTN_GQA_MAX_HEAD_DIM = 64
 # (reports/h200-qwen2.5/session9/call1): one token of 128-dim heads keeps attn_partial.
 ATTN_TC_MIN_TOKENS = 2
 # attn_cluster (attention.cu): CW = 8 warps a block, each loading CK = 8 keys at once: up to 64 keys a split in one
-# batch a warp; the cluster size (splits) is LLMRS_ATTN_CLUSTER (16: non-portable, allowed per kernel at load)
+# batch a warp. Cluster sizes (splits): 8, and 16 (non-portable, allowed per kernel at load). "auto" takes the
+# smaller one that covers the step's max_len in one batch (8 up to 512 keys, 16 up to 1024), attn_partial +
+# attn_merge beyond. Measured on the H200 (session 13 call2, single-stream decode bench, prompt 256 + 256 steps:
+# graphs of context <= 512; ms/token, LLMRS_ATTN_CLUSTER=0 / 16 / 8): 7B 4.225 / 4.194-4.196 / 4.172, 3B 2.351 /
+# 2.308, 7B AWQ 2.569 / 2.521.
 ATTN_CLUSTER_THREADS = 256
 ATTN_CLUSTER_KEYS_PER_SPLIT = 64
-ATTN_CLUSTER_DEFAULT = 16
+ATTN_CLUSTER_SIZES = (8, 16)
 CUBLAS_WORKSPACE_BYTES = 32 << 20
 _NO_SPAN = contextlib.nullcontext()
 _cublas_workspaces: dict[int, Any] = {}  # device id -> buffer: kept alive as long as the process (handles are shared)
@@ -277,11 +283,13 @@ class CUDABackend:
         # on (1 x 256: 18 us vs 154 us).
         self.prefill_min_tokens: int | None = env_int("LLMRS_PREFILL_MIN_TOKENS", 16)
         # one-launch decode attention (attention.cu's attn_cluster{8,16}_d4: the splits of a (token, kv head) are a
-        # thread-block cluster and merge through distributed shared memory, no attn_merge): LLMRS_ATTN_CLUSTER=16
-        # (default), 8, or 0 (off: attn_partial + attn_merge); `_cluster_size` says where it runs
-        self.attn_cluster = env_int("LLMRS_ATTN_CLUSTER", ATTN_CLUSTER_DEFAULT)
-        if self.attn_cluster not in (0, 8, 16):
-            raise UserError(f"LLMRS_ATTN_CLUSTER={self.attn_cluster}: expected 0, 8 or 16")
+        # thread-block cluster and merge through distributed shared memory, no attn_merge): LLMRS_ATTN_CLUSTER=auto
+        # (default, None here: ATTN_CLUSTER_SIZES by context), 8 or 16 (that size only), 0 (off: attn_partial +
+        # attn_merge); `_cluster_size` says where it runs
+        cl = os.environ.get("LLMRS_ATTN_CLUSTER", "auto").strip().lower()
+        if cl not in ("auto", "0", *map(str, ATTN_CLUSTER_SIZES)):
+            raise UserError(f"LLMRS_ATTN_CLUSTER={cl!r}: expected auto, 0, 8 or 16")
+        self.attn_cluster: int | None = None if cl == "auto" else int(cl)
         self.k = get_kernels()  # compiles every kernel now (warm-up), not on the first request
         from llmrs.engine.backends.cuda_prefill import prefill_supported
 
@@ -749,16 +757,16 @@ class CUDABackend:
     def _cluster_size(self, T: int, max_len: int) -> int:
         """The cluster (splits) of attn_cluster for a T-token step over contexts up to max_len, 0 where attn_partial
         + attn_merge run instead: where attn_partial is the choice (`_attention`), on sm_90+ (clusters), for
-        128-dim heads (the kernel's d4), while the step's clusters fit one block an SM (ATTN_CLUSTER_MAX_BLOCKS)
-        and every warp loads its keys in one batch (max_len <= CL x ATTN_CLUSTER_KEYS_PER_BLOCK_SPLIT)."""
-        cl = self.attn_cluster
-        if not cl or self.dpl != 4 or self.attn_splits is not None or self.k.cc < 90:
+        128-dim heads (the kernel's d4), while the step's blocks fit one an SM and every warp loads its keys in one
+        batch (max_len <= CL x ATTN_CLUSTER_KEYS_PER_SPLIT); "auto" the first of ATTN_CLUSTER_SIZES that fits."""
+        if self.attn_cluster == 0 or self.dpl != 4 or self.attn_splits is not None or self.k.cc < 90:
             return 0
         c = self.config
-        blocks = T * c.num_key_value_heads * -(-c.num_queries_per_kv // ATTN_MAXG) * cl
-        if blocks > self.num_sms or max_len > cl * ATTN_CLUSTER_KEYS_PER_SPLIT:
-            return 0
-        return cl
+        for cl in ATTN_CLUSTER_SIZES if self.attn_cluster is None else (self.attn_cluster,):
+            blocks = T * c.num_key_value_heads * -(-c.num_queries_per_kv // ATTN_MAXG) * cl
+            if blocks <= self.num_sms and max_len <= cl * ATTN_CLUSTER_KEYS_PER_SPLIT:
+                return cl
+        return 0
 
     def _attention(self, layer: int, q: Any, q_stride: int, db: DeviceBatch, out: Any, out_bf16: Any = None) -> Any:
         """out [T, Hq*D] = paged causal attention of q (row stride q_stride) over layer's cache; returns the buffer
