@@ -88,8 +88,8 @@ def test_attn_cluster_takes_the_smallest_cluster_that_holds_the_context():
     size = lambda T, n: CUDABackend._cluster_size(be, T, n)  # noqa: E731
     assert [size(1, n) for n in (1, 512, 513, 1024, 1025)] == [8, 8, 16, 16, 0]
     assert size(4, 512) == 8 and size(5, 512) == 0  # 5 tokens x 4 kv heads x 8 blocks > 132 SMs
-    be.attn_cluster = 16
-    assert size(1, 100) == 16 and size(1, 1025) == 0
+    be.attn_cluster = 16  # forced: at any context (its warps loop over batches of keys), while the blocks fit
+    assert size(1, 100) == 16 and size(1, 4096) == 16 and size(3, 100) == 0
     be.attn_cluster = 0
     assert size(1, 100) == 0
     be.attn_cluster = None

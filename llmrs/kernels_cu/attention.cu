@@ -477,5 +477,6 @@ __device__ __forceinline__ void attn_cluster_impl(
         attn_cluster_impl<DPL, CL>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, token_seq,         \
                                    positions, out, Hq, Hkv, D, block_size, scale);                            \
     }
+ATTN_CLUSTER(4, 4)
 ATTN_CLUSTER(8, 4)
 ATTN_CLUSTER(16, 4)

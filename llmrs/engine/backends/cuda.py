@@ -284,11 +284,11 @@ class CUDABackend:
         self.prefill_min_tokens: int | None = env_int("LLMRS_PREFILL_MIN_TOKENS", 16)
         # one-launch decode attention (attention.cu's attn_cluster{8,16}_d4: the splits of a (token, kv head) are a
         # thread-block cluster and merge through distributed shared memory, no attn_merge): LLMRS_ATTN_CLUSTER=auto
-        # (default, None here: ATTN_CLUSTER_SIZES by context), 8 or 16 (that size only), 0 (off: attn_partial +
-        # attn_merge); `_cluster_size` says where it runs
+        # (default, None here: ATTN_CLUSTER_SIZES by context), 4, 8 or 16 (that size at any context, for A/Bs), 0
+        # (off: attn_partial + attn_merge); `_cluster_size` says where it runs
         cl = os.environ.get("LLMRS_ATTN_CLUSTER", "auto").strip().lower()
-        if cl not in ("auto", "0", *map(str, ATTN_CLUSTER_SIZES)):
-            raise UserError(f"LLMRS_ATTN_CLUSTER={cl!r}: expected auto, 0, 8 or 16")
+        if cl not in ("auto", "0", "4", *map(str, ATTN_CLUSTER_SIZES)):
+            raise UserError(f"LLMRS_ATTN_CLUSTER={cl!r}: expected auto, 0, 4, 8 or 16")
         self.attn_cluster: int | None = None if cl == "auto" else int(cl)
         self.k = get_kernels()  # compiles every kernel now (warm-up), not on the first request
         from llmrs.engine.backends.cuda_prefill import prefill_supported
@@ -762,9 +762,11 @@ class CUDABackend:
         if self.attn_cluster == 0 or self.dpl != 4 or self.attn_splits is not None or self.k.cc < 90:
             return 0
         c = self.config
-        for cl in ATTN_CLUSTER_SIZES if self.attn_cluster is None else (self.attn_cluster,):
-            blocks = T * c.num_key_value_heads * -(-c.num_queries_per_kv // ATTN_MAXG) * cl
-            if blocks <= self.num_sms and max_len <= cl * ATTN_CLUSTER_KEYS_PER_SPLIT:
+        heads = T * c.num_key_value_heads * -(-c.num_queries_per_kv // ATTN_MAXG)
+        if self.attn_cluster is not None:  # a forced size (A/Bs): any context, its warps loop over key batches
+            return self.attn_cluster if heads * self.attn_cluster <= self.num_sms else 0
+        for cl in ATTN_CLUSTER_SIZES:
+            if heads * cl <= self.num_sms and max_len <= cl * ATTN_CLUSTER_KEYS_PER_SPLIT:
                 return cl
         return 0
 
