@@ -359,7 +359,7 @@ def test_fused_bf16_gemm_inputs_give_identical_logits_and_one_cast_per_layer(tmp
 
 
 @pytest.mark.parametrize("T", [2, 17, 256])
-@pytest.mark.parametrize("I", [160, 4736, 77])
+@pytest.mark.parametrize("I", [160, 4736, 77, 36])
 def test_gate_up_gemm_with_bf16_output_and_silu_from_bf16(rng, T, I):
     """_linear(out_bf16=True): cuBLAS writes gate/up as bf16 words, within bf16 rounding of the f64 product;
     silu_mul_bf16_bf16 on them is exactly silu_mul_bf16 on their f32 values (the same expression)."""

@@ -6,11 +6,57 @@
 //                  the input of a cuBLAS GEMM, written here instead of by a separate cast. The f32 value is the
 //                  same expression as the f32 kernels' (one template), so bf16 out == cast_f32_bf16(f32 out)
 //                  bit for bit at the same block size.
-// One block per row; the sum of squares is a block reduction (f32), as numpy's mean in f32.
+// One block per row; the sum of squares is a block reduction (f32), as numpy's mean in f32. Where H % 4 == 0 and
+// the block's threads cover the row in at most RN_VEC float4s each (the 7B's 3584 with its 1024 threads: one), a
+// thread loads its float4s of the row (x, and y for the fused residual) at once, keeps them in registers for the
+// normalization, and issues its weight loads before the reduction: one dependent DRAM round trip a row instead of
+// one per scalar of the strided loop (which the compiler left rolled: each thread waited out 4 loads in turn, then
+// re-read x for the second pass). The squares are summed in another order than the scalar path's (each thread's
+// float4 first), the same for the f32, residual and bf16 kernels (one template), so bf16 == cast(f32) still holds.
 #include "common.cuh"
+
+#define RN_VEC 2  // float4s a thread in the register-held path (H <= 8 x threads)
 
 __device__ __forceinline__ void store_out(float* o, int i, float v) { o[i] = v; }
 __device__ __forceinline__ void store_out(bf16_t* o, int i, float v) { o[i] = f32_to_bf16(v); }
+
+__device__ __forceinline__ void store4(float* o, int c, float4 v) { reinterpret_cast<float4*>(o)[c] = v; }
+__device__ __forceinline__ void store4(bf16_t* o, int c, float4 v) {
+    reinterpret_cast<uint2*>(o)[c] = make_uint2(bf16x2(v.x, v.y), bf16x2(v.z, v.w));
+}
+
+// The register-held path (H % 4 == 0, H / 4 <= RN_VEC * blockDim.x): v[j] holds float4 c = threadIdx.x + j * blockDim.x
+// of the row (x, or x + y already written back by the caller); out = w * (x * inv) as the scalar path computes it.
+template <typename OutT>
+__device__ __forceinline__ void rms_norm_vec(const float4 (&v)[RN_VEC], const float* __restrict__ w,
+                                             OutT* __restrict__ o, int H4, float eps, float* red, int H) {
+    float4 wv[RN_VEC];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < RN_VEC; ++j) {
+        const int c = threadIdx.x + j * blockDim.x;
+        if (c < H4) {
+            wv[j] = __ldg(reinterpret_cast<const float4*>(w) + c);  // in flight across the reduction
+            ss += (v[j].x * v[j].x + v[j].y * v[j].y) + (v[j].z * v[j].z + v[j].w * v[j].w);
+        }
+    }
+    ss = block_sum(ss, red);
+    const float inv = 1.0f / sqrtf(ss / (float)H + eps);
+#pragma unroll
+    for (int j = 0; j < RN_VEC; ++j) {
+        const int c = threadIdx.x + j * blockDim.x;
+        if (c < H4)
+            store4(o, c, make_float4(wv[j].x * (v[j].x * inv), wv[j].y * (v[j].y * inv), wv[j].z * (v[j].z * inv),
+                                     wv[j].w * (v[j].w * inv)));
+    }
+}
+
+// the register-held path's condition: H a multiple of 4 within RN_VEC float4s a thread, every row 16-byte aligned
+__device__ __forceinline__ bool rn_vec_fits(int H, const void* a, const void* b, const void* w, const void* o) {
+    const unsigned long long any = (unsigned long long)a | (unsigned long long)b | (unsigned long long)w
+                                   | (unsigned long long)o;
+    return (H & 3) == 0 && (H >> 2) <= RN_VEC * (int)blockDim.x && (any & 15) == 0;
+}
 
 template <typename OutT>
 __device__ __forceinline__ void rms_norm_row(const float* __restrict__ x, const int* __restrict__ rows,
@@ -18,6 +64,17 @@ __device__ __forceinline__ void rms_norm_row(const float* __restrict__ x, const 
     __shared__ float red[32];
     const int r = rows ? rows[blockIdx.x] : blockIdx.x;
     const float* xr = x + (size_t)r * H;
+    if (rn_vec_fits(H, x, x, w, out)) {
+        const int H4 = H >> 2;
+        float4 v[RN_VEC];
+#pragma unroll
+        for (int j = 0; j < RN_VEC; ++j) {
+            const int c = threadIdx.x + j * blockDim.x;
+            v[j] = c < H4 ? reinterpret_cast<const float4*>(xr)[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        rms_norm_vec(v, w, out + (size_t)blockIdx.x * H, H4, eps, red, H);
+        return;
+    }
     float ss = 0.0f;
     for (int i = threadIdx.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
     ss = block_sum(ss, red);
@@ -33,6 +90,23 @@ __device__ __forceinline__ void add_rms_norm_row(float* __restrict__ x, const fl
     __shared__ float red[32];
     float* xr = x + (size_t)blockIdx.x * H;
     const float* yr = y + (size_t)blockIdx.x * H;
+    if (rn_vec_fits(H, x, y, w, out)) {
+        const int H4 = H >> 2;
+        float4 v[RN_VEC];
+#pragma unroll
+        for (int j = 0; j < RN_VEC; ++j) {
+            const int c = threadIdx.x + j * blockDim.x;
+            if (c < H4) {
+                const float4 a = reinterpret_cast<const float4*>(xr)[c], b = reinterpret_cast<const float4*>(yr)[c];
+                v[j] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+                reinterpret_cast<float4*>(xr)[c] = v[j];
+            } else {
+                v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+        }
+        rms_norm_vec(v, w, out + (size_t)blockIdx.x * H, H4, eps, red, H);
+        return;
+    }
     float ss = 0.0f;
     for (int i = threadIdx.x; i < H; i += blockDim.x) {
         const float v = xr[i] + yr[i];

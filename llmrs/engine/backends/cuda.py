@@ -701,7 +701,7 @@ class CUDABackend:
             act = self._buf("act_bf16", (T, I), np.uint16)
             name = "silu_mul_bf16_bf16" if gu_bf16 else "silu_mul_bf16"
             with self._span("silu_mul", name, T, I, 2, *((2,) if gu_bf16 else ())):
-                n = I // 4 if I % 4 == 0 else I  # elements a thread: 4 (vectorized) or 1
+                n = max(1, I // 16) if I % 8 == 0 else I // 4 if I % 4 == 0 else I  # threads a row (elementwise.cu)
                 self.k.fns[name]((min(65535, -(-n // 256)), min(65535, T)), (256,), (gu, act, np.int32(T), np.int32(I)))
         else:
             act = self._buf("act", (T, I))
