@@ -13,6 +13,8 @@
 // one per scalar of the strided loop (which the compiler left rolled: each thread waited out 4 loads in turn, then
 // re-read x for the second pass). The squares are summed in another order than the scalar path's (each thread's
 // float4 first), the same for the f32, residual and bf16 kernels (one template), so bf16 == cast(f32) still holds.
+// H200 (session 13 calls 5-6, eager profile, us a call): 1 row 5.9 -> 5.1, 256 rows 7.4 -> 6.5; 7B single-stream
+// decode 4.211 -> 4.143 ms/token.
 #include "common.cuh"
 
 #define RN_VEC 2  // float4s a thread in the register-held path (H <= 8 x threads)
