@@ -44,13 +44,14 @@ def reference(q, k_cache, v_cache, tables, positions, Hq, Hkv, D, scale):
     return out
 
 
-@pytest.mark.parametrize("CL", [4, 8, 16])
+@pytest.mark.parametrize("D,CL", [(128, 4), (128, 8), (128, 16), (64, 8), (64, 16)])
 @pytest.mark.parametrize("Hq,Hkv,lens", [(28, 4, [512]), (28, 4, [1, 5, 17]), (16, 2, [300, 64, 1023]),
-                                         (32, 2, [200, 129])])
-def test_attn_cluster_matches_float64_and_partial_merge(CL, Hq, Hkv, lens):
-    """Lengths below the cluster size (empty splits), not a multiple of it, up to the one-batch limit; 16 query
-    heads a kv head (two head groups); several tokens of different lengths in one launch."""
-    D, T = 128, len(lens)  # past 64 keys a split (4 x 64 < 300) a warp loops over batches of keys
+                                         (32, 2, [200, 129]), (14, 2, [300])])
+def test_attn_cluster_matches_float64_and_partial_merge(D, CL, Hq, Hkv, lens):
+    """128-dim (d4) and 64-dim (d2) heads; lengths below the cluster size (empty splits), not a multiple of it,
+    past 64 keys a split (a warp loops over batches of keys); 16 query heads a kv head (two head groups); several
+    tokens of different lengths in one launch; the 0.5B's 14 / 2 heads."""
+    T, dpl = len(lens), D // 32
     rng = np.random.default_rng(CL + Hq + len(lens))
     nb = -(-max(lens) // BS)
     blocks = T * nb
@@ -66,7 +67,7 @@ def test_attn_cluster_matches_float64_and_partial_merge(CL, Hq, Hkv, lens):
     args = (cp.asarray(q), np.int32(q.shape[1]), cp.asarray(k_cache), cp.asarray(v_cache), cp.asarray(tables),
             np.int32(nb), cp.arange(T, dtype=cp.int32), cp.asarray(positions))
     out = cp.full((T, Hq * D), np.nan, dtype=cp.float32)
-    k.fns[f"attn_cluster{CL}_d4"]((T, Hkv * groups, CL), (256,),
+    k.fns[f"attn_cluster{CL}_d{dpl}"]((T, Hkv * groups, CL), (256,),
                                   args + (out, np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(BS), scale))
     got = cp.asnumpy(out)
     assert np.isfinite(got).all(), "every output written"
@@ -76,19 +77,21 @@ def test_attn_cluster_matches_float64_and_partial_merge(CL, Hq, Hkv, lens):
     part = cp.full((T, Hq * D), np.nan, dtype=cp.float32)
     acc = cp.full((T * Hq * S * D,), np.nan, dtype=cp.float32)
     ml = cp.full((T * Hq * S * 2,), np.nan, dtype=cp.float32)
-    k.fns["attn_partial_d4"]((T, Hkv * groups, S), (128,),
+    k.fns[f"attn_partial_d{dpl}"]((T, Hkv * groups, S), (128,),
                              args + (part, acc, ml, np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(BS),
                                      np.int32(-(-max(lens) // S)), scale))
     k.fns["attn_merge"]((T, Hq), (128,), (acc, ml, part, np.int32(Hq), np.int32(D), np.int32(S)))
     pm = cp.asnumpy(part)
-    report(f"attn_cluster{CL} Hq{Hq} Hkv{Hkv} lens{lens}", {"rel_err_f64": err, "rel_err_partial": rel_err(got, pm),
-                                                           "partial_rel_err_f64": rel_err(pm, ref)})
+    report(f"attn_cluster{CL}_d{dpl} Hq{Hq} Hkv{Hkv} lens{lens}",
+           {"rel_err_f64": err, "rel_err_partial": rel_err(got, pm), "partial_rel_err_f64": rel_err(pm, ref)})
     assert err < 1e-5, err  # f32 with other summation orders than float64 (attn_partial: ~1e-7 here)
     assert rel_err(got, pm) < 1e-5
 
 
-def test_backend_takes_the_cluster_where_attn_partial_ran_and_tokens_agree(tmp_path):
-    """A tiny Qwen2 with 128-dim heads (8 query heads, 2 kv heads): one-token decode steps take attn_cluster
+@pytest.mark.parametrize("hidden,kernel", [(1024, "auto"), (512, "partial")])
+def test_backend_takes_the_cluster_where_attn_partial_ran_and_tokens_agree(tmp_path, hidden, kernel):
+    """A tiny Qwen2 with 8 query heads and 2 kv heads of 128 dims (auto: attn_partial's place at one token) or 64
+    dims (LLMRS_ATTN_KERNEL=partial: auto takes decode_attn_tc there): one-token decode steps take attn_cluster
     (8 by default at these lengths, 16 when forced), and its greedy tokens equal those of attn_partial +
     attn_merge (LLMRS_ATTN_CLUSTER=0's path)."""
     from llmrs.engine.loader import load
@@ -96,16 +99,17 @@ def test_backend_takes_the_cluster_where_attn_partial_ran_and_tokens_agree(tmp_p
     from llmrs.engine.sampling import SamplingParams
     from tests.conftest import write_tiny_model
 
-    loaded = load(str(write_tiny_model(tmp_path / "qwen2", "qwen2", hidden_size=1024, num_attention_heads=8,
+    loaded = load(str(write_tiny_model(tmp_path / "qwen2", "qwen2", hidden_size=hidden, num_attention_heads=8,
                                        num_key_value_heads=2)))
-    assert loaded.config.head_dim == 128
+    d = loaded.config.head_dim // 32
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
     ids = loaded.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 4)
-    names = ("attn_cluster16_d4", "attn_cluster8_d4", "attn_partial_d4")
+    names = (f"attn_cluster16_d{d}", f"attn_cluster8_d{d}", f"attn_partial_d{d}")
     runs = {}
     for cl in (16, 8, 0):
         r = ModelRunner(loaded, num_blocks=32, device="cuda")
         be = r.backend
+        be.attn_kernel = kernel
         assert be.attn_cluster is None and be._cluster_size(1, 100) == 8  # auto (LLMRS_ATTN_CLUSTER unset)
         be.attn_cluster = cl
         assert be._cluster_size(1, 100) == cl
@@ -126,8 +130,8 @@ def test_backend_takes_the_cluster_where_attn_partial_ran_and_tokens_agree(tmp_p
             runs[cl] = [o.token_ids[0] for o in stream_generate(r, ids, params)]
         finally:
             fns.update(saved)
-        want = f"attn_cluster{cl}_d4" if cl else "attn_partial_d4"
+        want = f"attn_cluster{cl}_d{d}" if cl else f"attn_partial_d{d}"
         assert want in launched, (cl, sorted(set(launched)))
         if cl:
-            assert "attn_partial_d4" not in launched
+            assert f"attn_partial_d{d}" not in launched
     assert runs[16] == runs[0] and runs[8] == runs[0], runs

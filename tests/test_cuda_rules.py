@@ -97,5 +97,9 @@ def test_attn_cluster_takes_the_smallest_cluster_that_holds_the_context():
     assert size(1, 100) == 0
     be.attn_splits, be.k = None, SimpleNamespace(cc=89)
     assert size(1, 100) == 0
-    be.k, be.dpl = SimpleNamespace(cc=90), 2  # 64-dim heads: no d2 form
+    be.k, be.dpl = SimpleNamespace(cc=90), 2  # 64-dim heads: the d2 form
+    assert size(1, 100) == 8
+    be.attn_cluster = 4  # (an A/B form of the d4 kernel only)
+    assert size(1, 100) == 0
+    be.attn_cluster, be.dpl = None, 1  # 32-dim heads: none
     assert size(1, 100) == 0

@@ -480,3 +480,5 @@ __device__ __forceinline__ void attn_cluster_impl(
 ATTN_CLUSTER(4, 4)
 ATTN_CLUSTER(8, 4)
 ATTN_CLUSTER(16, 4)
+ATTN_CLUSTER(8, 2)
+ATTN_CLUSTER(16, 2)

@@ -756,10 +756,12 @@ class CUDABackend:
 
     def _cluster_size(self, T: int, max_len: int) -> int:
         """The cluster (splits) of attn_cluster for a T-token step over contexts up to max_len, 0 where attn_partial
-        + attn_merge run instead: where attn_partial is the choice (`_attention`), on sm_90+ (clusters), for
-        128-dim heads (the kernel's d4), while the step's blocks fit one an SM and every warp loads its keys in one
+        + attn_merge run instead: where attn_partial is the choice (`_attention`), on sm_90+ (clusters), for 64-
+        and 128-dim heads (the kernel's d2, d4), while the step's blocks fit one an SM and every warp loads its keys in one
         batch (max_len <= CL x ATTN_CLUSTER_KEYS_PER_SPLIT); "auto" the first of ATTN_CLUSTER_SIZES that fits."""
-        if self.attn_cluster == 0 or self.dpl != 4 or self.attn_splits is not None or self.k.cc < 90:
+        if self.attn_cluster == 0 or self.dpl not in (2, 4) or self.attn_splits is not None or self.k.cc < 90:
+            return 0
+        if self.attn_cluster == 4 and self.dpl != 4:  # attn_cluster4 exists for 128-dim heads only (an A/B form)
             return 0
         c = self.config
         heads = T * c.num_key_value_heads * -(-c.num_queries_per_kv // ATTN_MAXG)

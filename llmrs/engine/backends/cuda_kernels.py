@@ -78,7 +78,8 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "matvec_q4.cu": [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
                     + ["dequant_q4_bf16", "dequant_q8_bf16"],
     "attention.cu": ["attn_partial_d1", "attn_partial_d2", "attn_partial_d4", "attn_partial_d8", "attn_merge",
-                    "attn_merge_bf16", "attn_cluster4_d4", "attn_cluster8_d4", "attn_cluster16_d4"],
+                    "attn_merge_bf16", "attn_cluster4_d4", "attn_cluster8_d4", "attn_cluster16_d4",
+                    "attn_cluster8_d2", "attn_cluster16_d2"],
     "attention_gqa.cu": ["attn_partial_gqa_d1", "attn_partial_gqa_d2", "attn_partial_gqa_d4", "attn_partial_gqa_d8"],
     "prefill_attention.cu": ["prefill_attn_d64", "prefill_attn_d128", "prefill_attn_bf16_d64",
                              "prefill_attn_bf16_d128", "decode_attn_tc_d64", "decode_attn_tc_d128",
@@ -100,7 +101,7 @@ PDL_KERNELS = frozenset(
        for nt in (1, 2, 4, 8)]
     + [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
     + [f"attn_partial_d{d}" for d in (1, 2, 4, 8)] + [f"attn_partial_gqa_d{d}" for d in (1, 2, 4, 8)]
-    + ["attn_cluster4_d4", "attn_cluster8_d4", "attn_cluster16_d4"]
+    + ["attn_cluster4_d4", "attn_cluster8_d4", "attn_cluster16_d4", "attn_cluster8_d2", "attn_cluster16_d2"]
     + [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)]
     + [f"decode_attn_tc{o}_d{d}" for o in ("", "_bf16") for d in (64, 128)])
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
