@@ -1,26 +1,42 @@
 #!/usr/bin/env bash
-# One call on a lent H200 (carry .whl and _silu, ~6 min), what session 12 left unmeasured:
-#   1. exp/silu-template (silu_mul_bf16 and silu_mul_bf16_bf16 from one template; ptx-check clean, never run on a
-#      GPU): `mkdir _silu && git archive exp/silu-template llmrs tests | tar -x -C _silu` before the call; its kernel
-#      and parity tests from that tree; merge it if they pass (the same math as main's two copies);
-#   2. the whole GPU suite on main;
-#   3. the final default's server figures on this lease: TTFT at a 256-token prompt (fresh prompts), 64 / 256
-#      concurrent twice (session 12: TTFT median 9.79-10.00 ms; 256 concurrent 14,857-15,183 tok/s on its leases).
-# A second call, if the first leaves time: exp/attn-tc-prefetch (decode_attn_tc prefetching its K/V into L2 before
-# pdl_wait, written in session 9 and never run): `git merge exp/attn-tc-prefetch` (it merges cleanly), then
-# `bash scripts/gpu_tc_prefetch_check.sh`; if tc wins at one token, ATTN_TC_MIN_TOKENS = 1.
+# One call on a lent H200 (carry .whl and _ask, ~5 min), what session 13 left unmeasured:
+#   1. exp/attn-shared-key (attn_partial and attn_cluster sharing attn_init / attn_key / attn_merge_warps; ptx-check
+#      clean, never run on a GPU): `mkdir _ask && git archive exp/attn-shared-key llmrs tests | tar -x -C _ask` before
+#      the call; its attention, kernel and parity tests from that tree, then the 7B / 3B decode bench from main and
+#      from it (the same expressions: equal bits, equal times; main on session 13's lease: 4.141-4.143 / 2.308-2.319
+#      ms/token); merge it if both hold;
+#   2. the server TTFT's server-to-server spread (session 13: medians 9.67-11.25 ms over 10 fresh servers of the same
+#      code, the engine alone 7.31-7.52): four fresh servers, each traced (LLMRS_TRACE_FILE), 24 new 256-token prompts:
+#      which segment (app, route / tokenize, core, step, GPU, SSE) carries the difference between a slow and a fast
+#      server.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/llmrs-next}; mkdir -p "$OUT"; R=/tmp/res-next; rm -rf $R; mkdir -p $R
 . "$(dirname "$0")/gpu_lib.sh"
 use_wheels || exit 1
+ROOT=$PWD
 {
-if [ -d _silu ]; then
-  step "exp/silu-template: kernel and parity tests"
-  (cd _silu && PYTHONPATH=$PWD:/tmp/site timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
-    tests/test_cuda_kernels.py tests/test_cuda_parity.py 2>&1 | tail -4)
+if [ -d _ask ]; then
+  step "exp/attn-shared-key: attention, kernel and parity tests"
+  (cd _ask && PYTHONPATH=$PWD:/tmp/site timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/test_attention_sum8_gpu.py tests/test_attention_cluster_gpu.py tests/test_cuda_kernels.py \
+    tests/test_cuda_parity.py > $R/ask-tests.log 2>&1; tail -3 $R/ask-tests.log)
+  for p in qwen2.5-7b qwen2.5-3b; do
+    for tree in . _ask; do
+      (cd $ROOT/$tree && PYTHONPATH=$PWD:/tmp/site timeout 100 python3 -m llmrs synth --like $p --decode-bench \
+        --bandwidth-gbs 4296 --prompt-len 256 --steps 256 --json $R/decode-$p-$(basename $tree).json) > /dev/null 2>&1
+      python3 -c "import json,sys; print(f'{sys.argv[2]:28s} {json.load(open(sys.argv[1]))[\"ms_per_token\"]:.3f} ms/token')" \
+        $R/decode-$p-$(basename $tree).json "$p $tree" 2>/dev/null || echo "$p $tree: FAILED"
+    done
+  done
 fi
-TEST_TIMEOUT=300 gpu_tests
-server_figures next 1207
+for i in 1 2 3 4; do
+  step "traced server $i"
+  rm -f $R/trace-$i.txt
+  serve_up traced-$i LLMRS_TRACE_FILE=$R/trace-$i.txt || continue
+  LLMRS_TRACE_FILE=$R/trace-$i.txt ttft_bench traced-$i 256 $((3000 + i)) "server $i"
+  python3 scripts/ttft_trace.py $R/trace-$i.txt --skip 2 --json $R/trace-$i.json | tail -14
+  serve_down
+done
 } 2>&1 | tee $OUT/summary.txt
 tar czf $OUT/results.tgz -C $R .
