@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# One call on a lent H200 (carry .whl and _ask, ~5 min), what session 13 left unmeasured:
+# One call on a lent H200 (carry .whl, _ask and _ms8; ~7 min), what session 13 left unmeasured:
 #   1. exp/attn-shared-key (attn_partial and attn_cluster sharing attn_init / attn_key / attn_merge_warps; ptx-check
 #      clean, never run on a GPU): `mkdir _ask && git archive exp/attn-shared-key llmrs tests | tar -x -C _ask` before
 #      the call; its attention, kernel and parity tests from that tree, then the 7B / 3B decode bench from main and
 #      from it (the same expressions: equal bits, equal times; main on session 13's lease: 4.141-4.143 / 2.308-2.319
 #      ms/token); merge it if both hold;
-#   2. the server TTFT's server-to-server spread (session 13: medians 9.67-11.25 ms over 10 fresh servers of the same
+#   2. exp/matvec-splits8 (8 warps a row for the 7B's down: ptx-check clean, never run on a GPU): `mkdir _ms8 &&
+#      git archive exp/matvec-splits8 llmrs tests scripts | tar -x -C _ms8` before the call; its split test, down
+#      inside graphs at splits 4 / 8, and the 7B decode bench with LLMRS_MATVEC_LONG_SPLITS=4 / 8 alternated twice
+#      (if 8 wins: merge and make it the long-K default in _matvec_splits);
+#   3. the server TTFT's server-to-server spread (session 13: medians 9.67-11.25 ms over 10 fresh servers of the same
 #      code, the engine alone 7.31-7.52): four fresh servers, each traced (LLMRS_TRACE_FILE), 24 new 256-token prompts:
 #      which segment (app, route / tokenize, core, step, GPU, SSE) carries the difference between a slow and a fast
 #      server.
@@ -27,6 +31,22 @@ if [ -d _ask ]; then
         --bandwidth-gbs 4296 --prompt-len 256 --steps 256 --json $R/decode-$p-$(basename $tree).json) > /dev/null 2>&1
       python3 -c "import json,sys; print(f'{sys.argv[2]:28s} {json.load(open(sys.argv[1]))[\"ms_per_token\"]:.3f} ms/token')" \
         $R/decode-$p-$(basename $tree).json "$p $tree" 2>/dev/null || echo "$p $tree: FAILED"
+    done
+  done
+fi
+if [ -d _ms8 ]; then
+  step "exp/matvec-splits8: split test, down inside graphs, decode bench 4 / 8"
+  (cd _ms8 && PYTHONPATH=$PWD:/tmp/site timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/test_cuda_kernels.py -k matvec_splits > $R/ms8-tests.log 2>&1; tail -2 $R/ms8-tests.log)
+  (cd _ms8 && PYTHONPATH=$PWD:/tmp/site timeout 120 python3 scripts/bench_kernels_graph.py --like qwen2.5-7b \
+    --json $R/ms8-kgraph.json > $R/ms8-kgraph.txt 2>&1; grep -E "matvec down" $R/ms8-kgraph.txt)
+  for run in 1 2; do
+    for v in 4 8; do
+      (cd _ms8 && LLMRS_MATVEC_LONG_SPLITS=$v PYTHONPATH=$PWD:/tmp/site timeout 100 python3 -m llmrs synth \
+        --like qwen2.5-7b --decode-bench --bandwidth-gbs 4296 --prompt-len 256 --steps 256 \
+        --json $R/ms8-decode-$v-$run.json) > /dev/null 2>&1
+      python3 -c "import json,sys; print(f'7B long splits {sys.argv[2]} run {sys.argv[3]}: {json.load(open(sys.argv[1]))[\"ms_per_token\"]:.3f} ms/token')" \
+        $R/ms8-decode-$v-$run.json $v $run 2>/dev/null || echo "splits $v run $run: FAILED"
     done
   done
 fi
