@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a lent H200 (carry .whl, _ask and _ms8; ~7 min), what session 13 left unmeasured:
+# One call on a lent H200 (carry .whl, _ask and _ms8; ~8 min), what session 13 left unmeasured:
 #   1. exp/attn-shared-key (attn_partial and attn_cluster sharing attn_init / attn_key / attn_merge_warps; ptx-check
 #      clean, never run on a GPU): `mkdir _ask && git archive exp/attn-shared-key llmrs tests | tar -x -C _ask` before
 #      the call; its attention, kernel and parity tests from that tree, then the 7B / 3B decode bench from main and
@@ -9,7 +9,11 @@
 #      git archive exp/matvec-splits8 llmrs tests scripts | tar -x -C _ms8` before the call; its split test, down
 #      inside graphs at splits 4 / 8, and the 7B decode bench with LLMRS_MATVEC_LONG_SPLITS=4 / 8 alternated twice
 #      (if 8 wins: merge and make it the long-K default in _matvec_splits);
-#   3. the server TTFT's server-to-server spread (session 13: medians 9.67-11.25 ms over 10 fresh servers of the same
+#   3. what bounds the 4-bit GEMM at 256 tokens (issue 6 under load: ~300-350 TFLOP/s of mma.sync, cuBLAS's wgmma
+#      350-490): Nsight Compute on gemm_q4z_m8 for the 7B's four linears at T 256 (tensor pipe, shared memory,
+#      issue slots, stall reasons), to choose between a 2 x 2 warp tile (half the ldmatrix traffic, twice the
+#      dequantization) and a wgmma kernel;
+#   4. the server TTFT's server-to-server spread (session 13: medians 9.67-11.25 ms over 10 fresh servers of the same
 #      code, the engine alone 7.31-7.52): four fresh servers, each traced (LLMRS_TRACE_FILE), 24 new 256-token prompts:
 #      which segment (app, route / tokenize, core, step, GPU, SSE) carries the difference between a slow and a fast
 #      server.
@@ -50,6 +54,14 @@ if [ -d _ms8 ]; then
     done
   done
 fi
+step "ncu: gemm_q4 at 256 tokens"
+timeout 300 /usr/local/cuda/bin/ncu --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
+  --section MemoryWorkloadAnalysis --section SchedulerStats --section WarpStateStats --section Occupancy \
+  --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" -k "regex:gemm_q4[zm]_m" \
+  python3 scripts/ncu_linears.py --tokens 256 --kinds gemm --labels $R/gemm-labels.json > $R/ncu-gemm.txt 2>&1
+python3 scripts/ncu_summary.py $R/ncu-gemm.txt --labels $R/gemm-labels.json 2>&1 | tail -8
+grep -E "Compute \(SM\) Throughput|Memory Throughput|L1/TEX Cache Throughput|Issue Slots Busy|Executed Ipc A" \
+  $R/ncu-gemm.txt | head -24
 for i in 1 2 3 4; do
   step "traced server $i"
   rm -f $R/trace-$i.txt

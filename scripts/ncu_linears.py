@@ -1,6 +1,9 @@
 """One launch of each decode linear of one layer of a Qwen2.5 shape, for Nsight Compute to profile (GPU):
 4-bit (AWQ G128, random) through gemv_q4 (the Marlin layout, the backend's K splits) and matvec_q4 (the row form),
-and bf16 through the matvec; the launch order goes to --labels for scripts/ncu_summary.py.
+and bf16 through the matvec; with --kinds gemm (and --tokens above 16, e.g. 256: a batched decode step), the 4-bit
+GEMM (gemm_q4z_m<MT> on the Marlin layout, the backend's tile and K slices; profile it with
+-k "regex:gemm_q4[zm]_m" so that its split-K reduce is left out); the launch order goes to --labels for
+scripts/ncu_summary.py.
 
     ncu --section SpeedOfLight --section SchedulerStats --section WarpStateStats --section InstructionStats \\
         --section LaunchStats --section Occupancy \\
@@ -28,19 +31,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="qwen2.5-7b", choices=sorted(SHAPES))
     ap.add_argument("--tokens", type=int, default=1)
-    ap.add_argument("--kinds", default="gemv,matvec_q4,bf16", help="comma-separated: gemv, matvec_q4, bf16")
+    ap.add_argument("--kinds", default="gemv,matvec_q4,bf16", help="comma-separated: gemv, matvec_q4, bf16, gemm")
     ap.add_argument("--labels", type=Path, required=True)
     args = ap.parse_args()
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-    bad = [k for k in kinds if k not in ("gemv", "matvec_q4", "bf16")]
+    bad = [k for k in kinds if k not in ("gemv", "matvec_q4", "bf16", "gemm")]
     if bad:
-        sys.exit(f"--kinds: unknown {bad}; expected gemv, matvec_q4, bf16")
+        sys.exit(f"--kinds: unknown {bad}; expected gemv, matvec_q4, bf16, gemm")
 
     import cupy as cp
     import numpy as np
 
     from llmrs.engine.backends.cuda import CUDABackend
-    from llmrs.engine.backends.cuda_q4gemm import gemv_q4
+    from llmrs.engine.backends.cuda_q4gemm import gemm_q4, gemv_q4
     from llmrs.engine.config import ModelConfig
     from tests.test_quant_marlin import make_weight
 
@@ -72,6 +75,13 @@ def main() -> None:
                     be.q4_gemv = True
                 labels.append(f"{name} {N}x{K} matvec_q4")
             del dw
+        if "gemm" in kinds:
+            dw = be.upload_quantized(make_weight("awq", N, K, 128, rng))
+            xb = cp.empty((T, K), dtype=cp.uint16)
+            be._cast_bf16(x, xb)
+            assert gemm_q4(be, xb, dw.marlin, None, out, name=name), (name, N, K)
+            labels.append(f"{name} {N}x{K} gemm_q4 T{T}")
+            del dw, xb
         if "bf16" in kinds:
             wb = cp.asarray(rng.integers(0x3C00, 0x3D00, (N, K), dtype=np.uint16))  # bf16 words of 0.0078..0.0156
             be._linear(x, wb, None, out)
