@@ -34,9 +34,10 @@ def main() -> None:
     import cupy as cp
     import numpy as np
 
+    import llmrs.engine.backends.cuda_q4gemm as q4
     from llmrs.engine.backends import cuda_kernels as ck
     from llmrs.engine.backends.cuda import CUDABackend
-    from llmrs.engine.backends.cuda_q4gemm import BK, BN, THREADS, choose_splits, dequant_marlin, to_marlin
+    from llmrs.engine.backends.cuda_q4gemm import dequant_marlin, gemm_q4, to_marlin
     from llmrs.engine.config import ModelConfig
     from tests.test_quant_marlin import make_weight
 
@@ -51,33 +52,21 @@ def main() -> None:
         fns = {}
         for mt in (4, 8):
             fn = mod.get_function(f"gemm_q4z_m{mt}")
-            smem = stages[mt] * (16 * mt * 8 + 256 + 64) * 16
-            if smem > ck.STATIC_SMEM_LIMIT:
-                fn.max_dynamic_shared_size_bytes = smem
-            fns[mt] = (fn, smem)
-        sets[spec] = fns
+            if ck.gemm_q4_smem_bytes(mt, stages) > ck.STATIC_SMEM_LIMIT:
+                fn.max_dynamic_shared_size_bytes = ck.gemm_q4_smem_bytes(mt, stages)
+            fns[mt] = fn
+        sets[spec] = (stages, fns)
 
-    def launch(fn, smem, mt, mw, xb, out, part, T, N, K):
-        import llmrs.engine.backends.cuda_q4gemm as q4
-
-        saved = q4.MT8_FROM
-        q4.MT8_FROM = 1 if mt == 8 else 0  # choose_splits counts this MT's tiles
+    def launch(stages, fn, mt, mw, xb, out):
+        """The backend's gemm_q4 (its tile count, K slices and split-K reduce) with this set's kernel for MT:
+        the backend's entry point, its MT rule and its stage table swapped for the call."""
+        name = f"gemm_q4z_m{mt}"
+        saved = be.k.fns[name], q4.MT8_FROM, ck.GEMM_Q4_STAGES
+        be.k.fns[name], q4.MT8_FROM, ck.GEMM_Q4_STAGES = fn, (1 if mt == 8 else 0), stages
         try:
-            S = choose_splits(be, T, N, K)
+            assert gemm_q4(be, xb, mw, None, out)
         finally:
-            q4.MT8_FROM = saved
-        KT = K // BK
-        per = -(-KT // S)
-        S = -(-KT // per)
-        grid = (-(-N // BN), -(-T // (16 * mt)), S)
-        p = part if S > 1 else None
-        fn(grid, (THREADS,), (mw.qweight, mw.sz, xb, np.uint64(0), out, np.uint64(0) if p is None else p[:S * T * N],
-                              np.int32(T), np.int32(N), np.int32(K), np.int32(mw.group_size), np.int32(0),
-                              np.int32(per)), shared_mem=smem)
-        if S > 1:
-            n = T * N
-            be.k.fns["gemm_q4_reduce"]((min(65535, -(-n // 256)),), (256,),
-                                       (p, np.uint64(0), out, np.int32(T), np.int32(N), np.int32(S), np.int32(0)))
+            be.k.fns[name], q4.MT8_FROM, ck.GEMM_Q4_STAGES = saved
 
     def timed(fn) -> float:
         fn()
@@ -95,7 +84,6 @@ def main() -> None:
     for name, (N, K) in SHAPES.items():
         mw = to_marlin(be, be.upload_quantized(make_weight("awq", N, K, 128, rng)))
         wb = cp.empty((N, K), dtype=cp.uint16)
-        part = cp.empty(16 * max(tokens) * N, dtype=cp.float32)
         for T in tokens:
             x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
             xb = cp.empty((T, K), dtype=cp.uint16)
@@ -110,10 +98,10 @@ def main() -> None:
             rows.append({"shape": name, "T": T, "set": "dequant+cublas", "mt": 0, "us": round(us, 1),
                          "tflops": round(2 * T * N * K / us / 1e6, 1)})
             want = cp.asnumpy(ref)
-            for spec, fns in sets.items():
-                for mt, (fn, smem) in fns.items():
+            for spec, (stages, fns) in sets.items():
+                for mt, fn in fns.items():
                     out = cp.full((T, N), np.nan, dtype=cp.float32)
-                    us = timed(lambda: launch(fn, smem, mt, mw, xb, out, part, T, N, K))
+                    us = timed(lambda: launch(stages, fn, mt, mw, xb, out))
                     got = cp.asnumpy(out)
                     err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
                     rows.append({"shape": name, "T": T, "set": spec, "mt": mt, "us": round(us, 1),

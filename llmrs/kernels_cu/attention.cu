@@ -370,7 +370,8 @@ __device__ __forceinline__ void attn_cluster_impl(
 #pragma unroll
         for (int i = 0; i < DPL; ++i) {
             acc[h][i] = 0.0f;
-            qr[h][i] = (h < gn && active) ? q[(size_t)t * q_stride + (size_t)(g * G + h0 + h) * D + lane * DPL + i] * scale : 0.0f;
+            qr[h][i] = (h < gn && active)
+                           ? q[(size_t)t * q_stride + (size_t)(g * G + h0 + h) * D + lane * DPL + i] * scale : 0.0f;
         }
     }
 #pragma unroll 1
@@ -378,7 +379,8 @@ __device__ __forceinline__ void attn_cluster_impl(
         typename Raw<DPL>::T kr[CK], vr[CK];
 #pragma unroll
         for (int c = 0; c < CK; ++c)
-            load_kv<DPL>(k_cache, v_cache, tb, tb0, j0 + c * CW, end, active, Hkv, g, block_size, D, lane, kr[c], vr[c]);
+            load_kv<DPL>(k_cache, v_cache, tb, tb0, j0 + c * CW, end, active, Hkv, g, block_size, D, lane, kr[c],
+                         vr[c]);
 #pragma unroll
         for (int c = 0; c < CK; ++c) {
             if (j0 + c * CW >= end) break;  // warp-uniform

@@ -63,8 +63,8 @@ __device__ __forceinline__ void silu8_store(const Raw8<InT>& g, const Raw8<InT>&
 // 8 elements a chunk, a thread takes two chunks a blockDim apart and issues all four loads (gate and up of each)
 // before using them. At 256 tokens of the 7B (bf16 in, 29 MB moved; eager profile with CUDA events around each
 // launch) the one-chunk-of-4 form took 13.6 us a call, this one 13.1 (session 13 call6): the waves of threads were
-// not what held it. Else 4 elements a thread when I % 4 == 0, else one. Every form covers the rows for any grid (grid-stride), the values are the same
-// expression (silu_mul_f, then f32_to_bf16 rounding) in each.
+// not what held it. Else 4 elements a thread when I % 4 == 0, else one. Every form covers the rows for any grid
+// (grid-stride), the values are the same expression (silu_mul_f, then f32_to_bf16 rounding) in each.
 template <typename InT>
 __device__ __forceinline__ void silu_mul_to_bf16(const InT* __restrict__ gu, bf16_t* __restrict__ out, int T, int I) {
     const bool vec8 = (I & 7) == 0 && (((unsigned long long)gu | (unsigned long long)out) & 15) == 0;

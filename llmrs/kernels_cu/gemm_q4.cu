@@ -151,7 +151,8 @@ __device__ __forceinline__ void frag_b(unsigned w, float s, float c12, float c16
 
 template <int MT>
 struct GemmQ4Smem {
-    static constexpr int STAGES = MT == 8 ? GQ_STAGES_M8 : MT == 4 ? GQ_STAGES_M4 : MT == 2 ? GQ_STAGES_M2 : GQ_STAGES_M1;
+    static constexpr int STAGES =
+        MT == 8 ? GQ_STAGES_M8 : MT == 4 ? GQ_STAGES_M4 : MT == 2 ? GQ_STAGES_M2 : GQ_STAGES_M1;
     static_assert(STAGES >= 2, "the ring needs a stage in flight while one is used");
     uint4 a[STAGES][16 * MT * 8];                   // x rows: 8 chunks of 16 bytes (64 bf16), swizzled
     uint4 b[STAGES][256];                           // [warp][kb][lane] packed weights

@@ -6,9 +6,10 @@ f32 holding bf16-rounded values; the KV cache is bf16 in the contract layout
 `[num_blocks, num_kv_heads, block_size, head_dim]` per layer. Activations and the residual stream stay f32,
 so the CPU reference fed the same bf16-rounded weights differs only by bf16 K/V and, in GEMMs, bf16
 activations (and gate/up). Linear layers: for up to `matvec_max_tokens` tokens (MATVEC_MAX_TOKENS: one) the
-one-warp-per-row matvec (f32 x, bf16 W: decode is memory-bound), otherwise cuBLAS gemmEx (bf16 x bf16 -> f32, f32 accumulate),
-whose bf16 inputs the norms and SiLU x up write directly (`fuse_bf16`: the same bits as f32 + a cast); the gate/up
-GEMM writes bf16 itself where down's GEMM follows (`_gate_up_bf16`: a rounding the f32 path does not make). Quantized
+one-warp-per-row matvec (f32 x, bf16 W: decode is memory-bound), otherwise cuBLAS gemmEx (bf16 x bf16 -> f32, f32
+accumulate), whose bf16 inputs the norms and SiLU x up write directly (`fuse_bf16`: the same bits as f32 + a cast);
+the gate/up GEMM writes bf16 itself where down's GEMM follows (`_gate_up_bf16`: a rounding the f32 path does not
+make). Quantized
 weights (quant.py): up to 16 tokens the 4-bit GEMV (gemm_q4.cu, tensor cores; cuda_q4gemm.gemv_takes) or, up to
 8, the 4-/8-bit matvec (matvec_q4.cu); the Marlin-style 4-bit GEMM up to 192 (cuda_q4gemm.gemm_takes), dequantize +
 cuBLAS above.
@@ -702,7 +703,8 @@ class CUDABackend:
             name = "silu_mul_bf16_bf16" if gu_bf16 else "silu_mul_bf16"
             with self._span("silu_mul", name, T, I, 2, *((2,) if gu_bf16 else ())):
                 n = max(1, I // 16) if I % 8 == 0 else I // 4 if I % 4 == 0 else I  # threads a row (elementwise.cu)
-                self.k.fns[name]((min(65535, -(-n // 256)), min(65535, T)), (256,), (gu, act, np.int32(T), np.int32(I)))
+                self.k.fns[name]((min(65535, -(-n // 256)), min(65535, T)), (256,),
+                                 (gu, act, np.int32(T), np.int32(I)))
         else:
             act = self._buf("act", (T, I))
             n_el = T * I
@@ -757,8 +759,9 @@ class CUDABackend:
     def _cluster_size(self, T: int, max_len: int) -> int:
         """The cluster (splits) of attn_cluster for a T-token step over contexts up to max_len, 0 where attn_partial
         + attn_merge run instead: where attn_partial is the choice (`_attention`), on sm_90+ (clusters), for 64-
-        and 128-dim heads (the kernel's d2, d4), while the step's blocks fit one an SM and every warp loads its keys in one
-        batch (max_len <= CL x ATTN_CLUSTER_KEYS_PER_SPLIT); "auto" the first of ATTN_CLUSTER_SIZES that fits."""
+        and 128-dim heads (the kernel's d2, d4), while the step's blocks fit one an SM and every warp loads its keys
+        in one batch (max_len <= CL x ATTN_CLUSTER_KEYS_PER_SPLIT); "auto" the first of ATTN_CLUSTER_SIZES that
+        fits."""
         if self.attn_cluster == 0 or self.dpl not in (2, 4) or self.attn_splits is not None or self.k.cc < 90:
             return 0
         if self.attn_cluster == 4 and self.dpl != 4:  # attn_cluster4 exists for 128-dim heads only (an A/B form)
@@ -791,9 +794,9 @@ class CUDABackend:
         c = self.config
         T, Hq, Hkv, D = db.T, c.num_attention_heads, c.num_key_value_heads, c.head_dim
         gqa = self._use_gqa(T)
+        groups = -(-c.num_queries_per_kv // ATTN_MAXG)
         cl = 0 if gqa else self._cluster_size(T, db.max_len)
         if cl:
-            groups = -(-c.num_queries_per_kv // ATTN_MAXG)
             name = f"attn_cluster{cl}_d{self.dpl}"
             with self._span("attention", name, T, Hq, Hkv, D, db.kv_tokens, db.qk_pairs, cl):
                 getattr(self.k, name)((T, Hkv * groups, cl), (ATTN_CLUSTER_THREADS,),
@@ -804,7 +807,6 @@ class CUDABackend:
             return out
         S = self._splits(T, db.max_len, gqa)
         chunk = -(-db.max_len // S)
-        groups = -(-c.num_queries_per_kv // ATTN_MAXG)
         part_acc, part_ml = self._attn_partials(T, Hq, D, S)
         name = f"attn_partial{'_gqa' if gqa else ''}_d{self.dpl}"
         fn = getattr(self.k, name)

@@ -36,7 +36,6 @@ OPTIONS = ("-std=c++17",) + (
     ("-DLLMRS_NO_WARP_SUM8",) if os.environ.get("LLMRS_ATTN_WARP_SUM8", "1") in OFF_VALUES else ())
 
 
-
 def _gemm_q4_stages(spec: str) -> dict[int, int]:
     """gemm_q4.cu's pipeline stages per MT (m16 tiles of tokens a block): the defaults, with `MT:STAGES,...`
     (LLMRS_Q4_GEMM_STAGES, read at import, for A/Bs) over them."""
@@ -58,10 +57,14 @@ FILE_OPTIONS: dict[str, tuple[str, ...]] = {
 STATIC_SMEM_LIMIT = 48 << 10  # above, a kernel must be allowed its dynamic shared memory first
 
 
-def gemm_q4_smem_bytes(mt: int) -> int:
+def gemm_q4_smem_bytes(mt: int, stages: dict[int, int] | None = None) -> int:
     """Dynamic shared memory of gemm_q4{z,m}_m<MT>: GemmQ4Smem<MT> (x rows 16 MT x 8, weights 256, scale words 64;
-    16-byte entries) per stage."""
-    return GEMM_Q4_STAGES[mt] * (16 * mt * 8 + 256 + 64) * 16
+    16-byte entries) per stage, for `stages` (a module compiled with other -DGQ_STAGES_M*; default GEMM_Q4_STAGES)."""
+    return (GEMM_Q4_STAGES if stages is None else stages)[mt] * (16 * mt * 8 + 256 + 64) * 16
+
+
+# attn_cluster{CL}_d{DPL} (attention.cu): the cluster sizes of each head-dim form
+ATTN_CLUSTER_KERNELS = [f"attn_cluster{cl}_d{d}" for d, sizes in ((4, (4, 8, 16)), (2, (8, 16))) for cl in sizes]
 
 
 # gemv_q4's forms with the group size fixed at compile time (gemm_q4.cu's CPG: k32 blocks a group; G 32 and 128)
@@ -78,8 +81,7 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "matvec_q4.cu": [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
                     + ["dequant_q4_bf16", "dequant_q8_bf16"],
     "attention.cu": ["attn_partial_d1", "attn_partial_d2", "attn_partial_d4", "attn_partial_d8", "attn_merge",
-                    "attn_merge_bf16", "attn_cluster4_d4", "attn_cluster8_d4", "attn_cluster16_d4",
-                    "attn_cluster8_d2", "attn_cluster16_d2"],
+                    "attn_merge_bf16", *ATTN_CLUSTER_KERNELS],
     "attention_gqa.cu": ["attn_partial_gqa_d1", "attn_partial_gqa_d2", "attn_partial_gqa_d4", "attn_partial_gqa_d8"],
     "prefill_attention.cu": ["prefill_attn_d64", "prefill_attn_d128", "prefill_attn_bf16_d64",
                              "prefill_attn_bf16_d128", "decode_attn_tc_d64", "decode_attn_tc_d128",
@@ -94,14 +96,14 @@ ENTRY_POINTS: dict[str, list[str]] = {
 # kernels that keep common.cuh's PDL contract (pdl_enter / pdl_trigger + pdl_wait before dependent reads and writes)
 PDL_KERNELS = frozenset(
     ["embedding_gather", "rms_norm", "add_rms_norm", "rms_norm_bf16", "add_rms_norm_bf16", "silu_mul", "add_bias",
-     "add_inplace", "cast_f32_bf16", "silu_mul_bf16", "silu_mul_bf16_bf16", "rope_write_kv", "attn_merge", "attn_merge_bf16",
-     "gemm_q4_reduce", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"]
+     "add_inplace", "cast_f32_bf16", "silu_mul_bf16", "silu_mul_bf16_bf16", "rope_write_kv", "attn_merge",
+     "attn_merge_bf16", "gemm_q4_reduce", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"]
     + [f"gemv_{k}{t}_c{c}" for k in ("q4z", "q4m") for t in ("", "_t16") for c in GEMV_CPG]
     + [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16", "rope_norm_bf16")
        for nt in (1, 2, 4, 8)]
     + [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
     + [f"attn_partial_d{d}" for d in (1, 2, 4, 8)] + [f"attn_partial_gqa_d{d}" for d in (1, 2, 4, 8)]
-    + ["attn_cluster4_d4", "attn_cluster8_d4", "attn_cluster16_d4", "attn_cluster8_d2", "attn_cluster16_d2"]
+    + ATTN_CLUSTER_KERNELS
     + [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)]
     + [f"decode_attn_tc{o}_d{d}" for o in ("", "_bf16") for d in (64, 128)])
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
