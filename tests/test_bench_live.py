@@ -50,7 +50,7 @@ def test_metrics_equal_known_server_timing(server, backend):
     s = summarize(out.results, out.t0, slo={"ttft": 150, "tpot": 25})
     assert s.completed == reqs and s.failed == 0
     assert s.total_output_tokens == reqs * n  # from usage
-    ends, ttft_known, e2e_known = [], [], []
+    ends, ttft_known, e2e_known, itl_err = [], [], [], []
     for r in out.results:
         arrive, *sent = timings[specs[r.idx].prompt]
         transit = arrive - r.start  # request on the wire + server parsing: not part of the server's schedule
@@ -60,14 +60,18 @@ def test_metrics_equal_known_server_timing(server, backend):
         assert abs(r.ttft - (sent[0] - r.start)) < TOL
         assert abs(r.latency - (sent[-1] - r.start)) < TOL
         assert ttft <= r.ttft < ttft + 0.05
+        # each client gap against the gap the server really wrote (its schedule is absolute: a late write is
+        # followed by an early one, which a comparison with the nominal gap would count twice)
+        itl_err += [abs(g - (b - a)) for g, a, b in zip(r.itl, sent, sent[1:])]
         ttft_known.append(r.ttft - transit)
         e2e_known.append(r.latency - transit)
         ends.append((arrive + ttft + (n - 1) * gap, sent[-1]))
     # the known schedule (medians: a loaded box may delay the odd server write, which is not the client's error)
     assert float(np.median(ttft_known)) == pytest.approx(ttft, abs=TOL)
     assert float(np.median(e2e_known)) == pytest.approx(ttft + (n - 1) * gap, abs=TOL)
-    itls = [g for r in out.results for g in r.itl]
-    assert sum(abs(g - gap) < TOL for g in itls) >= 0.9 * len(itls)  # single gaps: at the mercy of the OS scheduler
+    # single gaps: the client's own thread may be scheduled late too, so most, not all, within TOL
+    assert float(np.median(itl_err)) < TOL / 3
+    assert sum(e < TOL for e in itl_err) >= 0.75 * len(itl_err)
     assert s.tpot_ms.mean == pytest.approx(gap / MS, abs=TOL / MS / (n - 1))
     assert s.itl_ms.median == pytest.approx(gap / MS, abs=TOL / MS)
     # all requests run at once: the run lasts until the last chunk (as written; as scheduled, give or take load)
