@@ -103,3 +103,33 @@ def test_attn_cluster_takes_the_smallest_cluster_that_holds_the_context():
     assert size(1, 100) == 0
     be.attn_cluster, be.dpl = None, 1  # 32-dim heads: none
     assert size(1, 100) == 0
+
+
+def test_wgmma_gemm_ring_and_dispatch():
+    """gemm_q4.cu's wgmma form: its ring (GQW_STAGES stages of GemmQ4Smem<8>'s size, plus 1 KB to align them to 1024
+    bytes) as the host sizes it, no entry in the modules CuPy compiles (sm_90a only: Kernels.wgmma_fns), and the
+    token counts / K slices the host gives it."""
+    import re
+
+    import llmrs.engine.backends.cuda_q4gemm as q4
+    from llmrs.engine.backends import cuda_kernels as ck
+
+    src = (ck.KERNELS_DIR / "gemm_q4.cu").read_text()
+    stages = int(re.search(r"#define GQW_STAGES (\d+)", src).group(1))
+    assert ck.GEMM_Q4WG_SMEM_BYTES == stages * 1344 * 16 + 1024 == ck.gemm_q4_smem_bytes(8, {8: stages}) + 1024
+    assert 2 * ck.GEMM_Q4WG_SMEM_BYTES <= 227 << 10  # WG_BLOCKS_PER_SM blocks an SM
+    for n in ck.GEMM_Q4WG_KERNELS:
+        assert f"GEMM_Q4WG({n}," in src and n in ck.PDL_KERNELS
+        assert all(n not in names for names in ck.ENTRY_POINTS.values())
+    assert ck.WGMMA_ARCH == {90: "sm_90a"}
+    # without the wgmma form, 256 tokens are dequantize + cuBLAS's; with it, the GEMM's (up to WG_MAX_TOKENS)
+    assert not q4.gemm_takes(256, 4608, 3584) and q4.gemm_takes(256, 4608, 3584, wgmma=True)
+    assert q4.gemm_takes(q4.WG_MAX_TOKENS, 3584, 18944, wgmma=True)
+    be = SimpleNamespace(num_sms=132, k=SimpleNamespace(wgmma=True))
+    assert q4.wgmma_takes(be, 256) and not q4.wgmma_takes(be, q4.WG_FROM - 1)
+    assert not q4.wgmma_takes(SimpleNamespace(k=SimpleNamespace(wgmma=False)), 256)
+    # K slices: 2 blocks an SM over the 128 x 128 tiles (7B qkv at 256 tokens: 36 x 2 tiles -> 3 slices; gate_up's
+    # 296 x 2 tiles fill the GPU alone; down: 28 x 2 tiles -> 4 slices of its 296 k64 tiles)
+    assert q4.choose_splits(be, 256, 4608, 3584, wgmma=True) == 3
+    assert q4.choose_splits(be, 256, 37888, 3584, wgmma=True) == 1
+    assert q4.choose_splits(be, 256, 3584, 18944, wgmma=True) == 4

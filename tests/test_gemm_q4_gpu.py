@@ -135,6 +135,58 @@ def test_gemm_q4_equals_dequantize_plus_cublas(backend, kind, G, T):
         report(f"gemm_q4 vs dequant+cublas {kind} G{G} T{T} acc{accumulate}", {"rel": err})
 
 
+WG_TOKENS = [1, 9, 100, 128, 129, 200, 256, 300]  # one token of a 128-token tile .. two and a partial third
+
+
+@pytest.mark.parametrize("N,K", SHAPES)
+@pytest.mark.parametrize("kind,G", FORMATS)
+def test_gemm_q4_wgmma_matches_numpy_bf16_reference(backend, N, K, kind, G):
+    """The Hopper form (gemm_q4wg{z,m}: wgmma, sm_90a) against the same float64 reference, every tile edge: tokens
+    past T and columns past N (576 = 4.5 blocks), bias, accumulate, one slice and split-K; outputs NaN-poisoned."""
+    if not backend.k.wgmma_arch:
+        pytest.skip(f"wgmma needs compute capability 9.0 (this GPU: {backend.k.cc})")
+    rng = np.random.default_rng(7 * N + K + G)
+    w = make_weight(kind, N, K, G, rng)
+    mw = to_marlin(backend, backend.upload_quantized(w))
+    wref = round_bf16(w.dequantize()).astype(np.float64)
+    worst = 0.0
+    for idx, T in enumerate(WG_TOKENS):
+        accumulate, with_bias = idx % 2 == 1, idx % 3 != 1
+        x = rng.standard_normal((T, K)).astype(np.float32)
+        bias = rng.standard_normal(N).astype(np.float32) if with_bias else None
+        y0 = rng.standard_normal((T, N)).astype(np.float32)
+        ref = round_bf16(x).astype(np.float64) @ wref.T + (0 if bias is None else bias) + (y0 if accumulate else 0)
+        xb = to_bf16_device(backend, x)
+        b = None if bias is None else cp.asarray(bias)
+        for splits in (1, 3, None):
+            out = cp.asarray(y0) if accumulate else cp.full((T, N), np.nan, dtype=cp.float32)
+            assert gemm_q4(backend, xb, mw, b, out, accumulate, splits=splits, wgmma=True)
+            worst = max(worst, check(out, ref, f"wgmma {kind} G{G} N{N} K{K} T{T} acc{accumulate} "
+                                               f"bias{with_bias} splits{splits}"))
+    report(f"gemm_q4 wgmma {kind} G{G} N{N} K{K}", {"rel": worst})
+
+
+def test_backend_takes_wgmma_above_mma_sync_tokens(backend, monkeypatch):
+    """Where the GPU has it, a 4-bit linear of 256 tokens (a 256-sequence decode step) goes through the wgmma GEMM,
+    not dequantize + cuBLAS, and equals the latter up to summation order."""
+    import llmrs.engine.backends.cuda_q4gemm as q4gemm
+
+    if not backend.k.wgmma_arch:
+        pytest.skip(f"wgmma needs compute capability 9.0 (this GPU: {backend.k.cc})")
+    backend.k.wgmma_fns()
+    monkeypatch.setattr(backend.k, "wgmma", True)  # LLMRS_Q4_WGMMA=1's switch (off by default until measured)
+    N, K, T = 576, 1536, 256
+    rng = np.random.default_rng(11)
+    dw = upload_with_rows(backend, make_weight("awq", N, K, 128, rng))
+    assert q4gemm.gemm_takes(T, N, K, backend.k.wgmma) and q4gemm.wgmma_takes(backend, T)
+    x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
+    out = cp.full((T, N), np.nan, dtype=cp.float32)
+    backend._linear_quant(x, dw, None, out, False, "t")
+    ref = cp.zeros((T, N), dtype=cp.float32)
+    dequant_cublas(backend, x, dw, None, ref, False)
+    check(out, cp.asnumpy(ref).astype(np.float64), "backend wgmma vs dequant+cublas")
+
+
 def test_shapes_outside_the_kernel_fall_back(backend):
     rng = np.random.default_rng(0)
     assert to_marlin(backend, backend.upload_quantized(make_weight("awq", 96, 256, 128, rng))) is None  # N % 64
@@ -155,7 +207,7 @@ def test_gemm_q4_timing_beside_dequantize_plus_cublas(backend, monkeypatch):
     def gemm_mt4(xb, mw, out):
         monkeypatch.setattr(q4gemm, "MT8_FROM", 0)
         try:
-            return gemm_q4(backend, xb, mw, None, out)
+            return gemm_q4(backend, xb, mw, None, out, wgmma=False)
         finally:
             monkeypatch.undo()
 
@@ -169,8 +221,10 @@ def test_gemm_q4_timing_beside_dequantize_plus_cublas(backend, monkeypatch):
             xb = to_bf16_device(backend, x)
             out = cp.empty((T, N), dtype=cp.float32)
             figures, outs = {}, {}
-            forms = [("gemm_q4", lambda: gemm_q4(backend, xb, mw, None, out)),
+            forms = [("gemm_q4", lambda: gemm_q4(backend, xb, mw, None, out, wgmma=False)),
                      ("dequant+cublas", lambda: dequant_cublas(backend, x, dw, None, out, False, mw))]
+            if backend.k.wgmma_arch:
+                forms.append(("wgmma", lambda: gemm_q4(backend, xb, mw, None, out, wgmma=True)))
             if q4gemm.tile_rows(T) == 8:
                 forms.append(("gemm_q4 MT4", lambda: gemm_mt4(xb, mw, out)))
             for label, fn in forms:
@@ -187,7 +241,8 @@ def test_gemm_q4_timing_beside_dequantize_plus_cublas(backend, monkeypatch):
             # what was timed computed the same product (both on bf16 x and the same bf16 weight values)
             assert np.isfinite(outs["gemm_q4"]).all()
             assert rel_err(outs["gemm_q4"], outs["dequant+cublas"]) < 1e-4, (N, K, T)
-            if "gemm_q4 MT4" in outs:  # the same sums (K slices may differ: the tile count sets them)
-                assert rel_err(outs["gemm_q4"], outs["gemm_q4 MT4"]) < 1e-4, (N, K, T)
+            for other in ("gemm_q4 MT4", "wgmma"):  # the same sums (K slices may differ: the tile count sets them)
+                if other in outs:
+                    assert rel_err(outs["gemm_q4"], outs[other]) < 1e-4, (N, K, T, other)
             report(f"gemm_q4 timing N{N} K{K} T{T}", figures)
             print(f"N{N} K{K} T{T}: {figures}")

@@ -368,6 +368,189 @@ extern "C" __global__ void gemm_q4_reduce(const float* __restrict__ part, const 
     }
 }
 
+// ---------------------------------------------------------------------- the Hopper form: wgmma (sm_90a)
+// gemm_q4wg{z,m}: the same product, layout, ring and epilogue as gemm_q4{z,m}_m8 (128 tokens x 128 columns a block,
+// K in 64-wide stages filled by StageLoader<8>), multiplied by the warpgroup's asynchronous
+// wgmma.mma_async.m64n128k16 instead of mma.sync (on the H200 the m8 kernel stalls at ~300-350 TFLOP/s of
+// mma.sync, 2 blocks an SM; cuBLAS's wgmma reaches 350-490 on the dequantized weights). The roles swap:
+// out^T = W x^T, the weights are wgmma's A from registers (the dequantized fragments: per warp exactly mma.sync's
+// m16n8k16 A layout) and x is B from shared memory, K-major: the ring's 128-byte x rows with their 16-byte chunks
+// XOR-swizzled by row % 8 are wgmma's 128-byte swizzle as they stand (the stages are 1024-byte aligned; a k16 step
+// is +32 bytes on the descriptor's start address; 8-row groups 1024 bytes apart).
+// Rows of A: warp w's rows of m64 tile j are the block's columns 32 w + 16 j + (0..15), so a lane's 16 bytes of
+// n-block w (words 2j, 2j + 1: the n8 tiles of rows g and g + 8) are its whole A fragment of both tiles.
+// Per stage two halves (k32 sub-blocks kb), each: dequantize 4 fragments, fence, 4 wgmma, commit; the next half's
+// fragments are decoded while the previous half multiplies (wait_group 1 before a half's registers are
+// rewritten). The ring's loads run STAGES - 2 ahead, so the stage they overwrite has no wgmma in flight.
+// sm_90a only (wgmma): other targets compile an empty body, which the host never launches (cuda_q4gemm).
+#define GQW_STAGES 4
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GQW_ON 1
+#endif
+
+struct GemmQ4WgSmem {  // GemmQ4Smem<8>'s stages: x first (16 KB a stage, so 1024-byte aligned from an aligned base)
+    uint4 a[GQW_STAGES][16 * 8 * 8];
+    uint4 b[GQW_STAGES][256];
+    uint4 s[GQW_STAGES][64];
+};
+
+#ifdef GQW_ON
+// the shared-memory matrix descriptor of a K-major bf16 tile with 128-byte swizzle: start address >> 4, leading
+// byte offset unused (1), stride byte offset 1024 (8 rows of 128 bytes) >> 4, swizzle mode 1 (128 bytes)
+__device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// keeps the compiler from moving accumulator reads or writes across a wgmma fence / wait
+__device__ __forceinline__ void wg_fence_acc(float (&d)[64]) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d[64] += A (registers, m64 x k16 bf16) * B (descriptor, k16 x n128 bf16, K-major)
+__device__ __forceinline__ void wgmma_m64n128(float (&d)[64], const unsigned (&a)[4], unsigned long long desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+// One half stage (k32 sub-block kb of stage st): warp `warp`'s A fragments of both m64 tiles for its two k16 steps
+// (A[ks * 2 + j]), then their four wgmma against the stage's x.
+template <int MODE>
+__device__ __forceinline__ void wg_half(const GemmQ4WgSmem& sm, int st, int kb, int warp, int lane,
+                                        float (&acc)[2][64], unsigned (&A)[4][4]) {
+    const unsigned* S = reinterpret_cast<const unsigned*>(sm.s[st]);
+    const uint4 q = sm.b[st][(warp * 2 + kb) * 32 + lane];
+    const unsigned wq[4] = {q.x, q.y, q.z, q.w};
+    float sc[4], c12[4], c16[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) frag_consts<MODE>(S[kb * GQ_BN + warp * 32 + 8 * i + (lane >> 2)], sc[i], c12[i], c16[i]);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        frag_b<MODE, 0>(wq[2 * j], sc[2 * j], c12[2 * j], c16[2 * j], A[j][0], A[j][2]);
+        frag_b<MODE, 0>(wq[2 * j + 1], sc[2 * j + 1], c12[2 * j + 1], c16[2 * j + 1], A[j][1], A[j][3]);
+        frag_b<MODE, 1>(wq[2 * j], sc[2 * j], c12[2 * j], c16[2 * j], A[2 + j][0], A[2 + j][2]);
+        frag_b<MODE, 1>(wq[2 * j + 1], sc[2 * j + 1], c12[2 * j + 1], c16[2 * j + 1], A[2 + j][1], A[2 + j][3]);
+    }
+    const unsigned x0 = smem_u32(sm.a[st]) + 64u * kb;  // k16 step ks of this half: + 32 ks bytes
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wgmma_m64n128(acc[j], A[ks * 2 + j], wg_desc(x0 + 32u * ks));
+    wg_commit();
+}
+#endif
+
+template <int MODE>
+__device__ __forceinline__ void gemm_q4wg_impl(const uint4* __restrict__ Bq, const uint4* __restrict__ SZ,
+                                               const uint4* __restrict__ X, const float* __restrict__ bias,
+                                               float* __restrict__ out, float* __restrict__ part, int T, int N, int K,
+                                               int G, int accumulate, int kt_per_split) {
+#ifdef GQW_ON
+    pdl_enter();
+    constexpr int STAGES = GQW_STAGES, AHEAD = GQW_STAGES - 2;
+    static_assert(AHEAD >= 1, "a stage in flight while one is used, and one whose wgmma may still run");
+    extern __shared__ uint4 gq_smem[];  // GemmQ4WgSmem + 1 KB: its stages start at the next 1024-byte boundary
+    const unsigned pad = (1024u - (smem_u32(gq_smem) & 1023u)) & 1023u;
+    GemmQ4WgSmem& sm = *reinterpret_cast<GemmQ4WgSmem*>(reinterpret_cast<char*>(gq_smem) + pad);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int nblk = blockIdx.x, m0 = blockIdx.y * 128;
+    const int kt0 = blockIdx.z * kt_per_split, nk = min((K >> 6) - kt0, kt_per_split);
+
+    float acc[2][64];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 64; ++e) acc[j][e] = 0.0f;
+    unsigned A0[4][4], A1[4][4];
+
+    StageLoader<8> ld;
+    ld.init(sm, Bq, SZ, X, T, N, K, G, m0, nblk, kt0);
+#pragma unroll
+    for (int s = 0; s < AHEAD; ++s) {
+        if (s < nk) ld.template load<GemmQ4WgSmem>(s);
+        cp_async_commit();
+    }
+    int st_use = 0, st_load = AHEAD;
+    for (int it = 0; it < nk; ++it) {
+        cp_async_wait<AHEAD - 1>();                                   // stage `it` has landed (this thread) ...
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // ... visible to wgmma's async proxy ...
+        __syncthreads();  // ... for every thread; and no wgmma of stage it - AHEAD (the slot loaded next) runs
+        if (it + AHEAD < nk) ld.template load<GemmQ4WgSmem>(st_load);
+        cp_async_commit();
+        wg_fence_acc(acc[0]);
+        wg_fence_acc(acc[1]);
+        wg_wait<1>();  // the previous stage's first half is done: A0 is free
+        wg_half<MODE>(sm, st_use, 0, warp, lane, acc, A0);
+        wg_wait<1>();  // the previous stage's second half is done: A1 is free
+        wg_half<MODE>(sm, st_use, 1, warp, lane, acc, A1);
+        st_use = st_use + 1 == STAGES ? 0 : st_use + 1;
+        st_load = st_load + 1 == STAGES ? 0 : st_load + 1;
+    }
+    wg_wait<0>();
+    wg_fence_acc(acc[0]);
+    wg_fence_acc(acc[1]);
+    cp_async_wait<0>();
+    if ((nblk * 4 + warp) * 32 >= N) return;  // the last block may reach past N (warp-uniform)
+
+    // D row 16 warp + g (+ 8) of tile j is column 32 warp + 16 j + g (+ 8); D column 8 i + 2 t (+ 1) is token 8 i +
+    // 2 t (+ 1) of the block
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int n = (nblk * 4 + warp) * 32 + 16 * j + 8 * h + g;
+            const float bn = bias && !part ? bias[n] : 0.0f;
+#pragma unroll
+            for (int i = 0; i < 16; ++i)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int m = m0 + 8 * i + 2 * t + e;
+                    if (m >= T) continue;
+                    const float v = acc[j][4 * i + 2 * h + e];
+                    if (part) {
+                        part[((size_t)blockIdx.z * T + m) * N + n] = v;
+                    } else {
+                        float* dst = out + (size_t)m * N + n;
+                        *dst = accumulate ? *dst + (v + bn) : v + bn;
+                    }
+                }
+        }
+#endif
+}
+
+#define GEMM_Q4WG(NAME, MODE)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(GQ_THREADS, 2)                                                   \
+        NAME(const uint4* __restrict__ Bq, const uint4* __restrict__ SZ, const uint4* __restrict__ X,              \
+             const float* __restrict__ bias, float* __restrict__ out, float* __restrict__ part, int T, int N, int K, \
+             int G, int accumulate, int kt_per_split) {                                                           \
+        gemm_q4wg_impl<MODE>(Bq, SZ, X, bias, out, part, T, N, K, G, accumulate, kt_per_split);                   \
+    }
+GEMM_Q4WG(gemm_q4wgz, 0)
+GEMM_Q4WG(gemm_q4wgm, 1)
+
 // ---------------------------------------------------------------------- dequantization from this layout
 // dequant_marlin_bf16: W[n, k] as bf16 (uint32 pairs [N][K/2]) from the layout above, for cuBLAS above
 // cuda_q4gemm.MAX_TOKENS where the backend keeps no row-major copy (dequant_q4_bf16 reads that one): frag_b's

@@ -633,7 +633,7 @@ class CUDABackend:
                         np.int32(K), np.int32(T), np.int32(G), acc))
             return
         # the Marlin-style 4-bit GEMM (gemm_q4.cu); beyond cuda_q4gemm.gemm_takes dequantize + cuBLAS is faster
-        if gemm_takes(T, N, K) and linear_q4(self, x, w.marlin, bias, out, accumulate, name):
+        if gemm_takes(T, N, K, self.k.wgmma) and linear_q4(self, x, w.marlin, bias, out, accumulate, name):
             return
         wb = self._buf("dequant_w", (N, K), np.uint16)
         grid = (min(65535, -(-(N * K // 8) // 256)),)  # a word (8 weights) a thread
@@ -657,7 +657,7 @@ class CUDABackend:
         matvec, the 4-bit GEMV and GEMM take f32."""
         if isinstance(w, DeviceQuantWeight):
             return (self.fuse_bf16 and T > max(GEMV_MAX_TOKENS, self.quant_matvec_max_tokens)
-                    and not gemm_takes(T, w.N, w.K))
+                    and not gemm_takes(T, w.N, w.K, self.k.wgmma))
         return self.fuse_bf16 and T > self.matvec_max_tokens
 
     def _rms_norm_bf16(self, x: Any, w: Any, eps: float, out: Any, y: Any = None, rows: Any = None,

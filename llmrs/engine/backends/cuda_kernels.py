@@ -55,6 +55,17 @@ FILE_OPTIONS: dict[str, tuple[str, ...]] = {
     "gemm_q4.cu": tuple(f"-DGQ_STAGES_M{mt}={n}" for mt, n in sorted(GEMM_Q4_STAGES.items())),
 }
 STATIC_SMEM_LIMIT = 48 << 10  # above, a kernel must be allowed its dynamic shared memory first
+# gemm_q4.cu's wgmma kernels (the Hopper form of the 4-bit GEMM) need an arch-specific target (sm_90a), which CuPy's
+# own compile (sm_90) lacks: Kernels.wgmma_fns() compiles the file once more for it through NVRTC (module_for_arch),
+# where the GPU has one (WGMMA_ARCH). Elsewhere, and in the modules CuPy compiles, they are empty bodies that the
+# host never launches. LLMRS_Q4_WGMMA=1 makes the backend take them (cuda_q4gemm.wgmma_takes); off by default until
+# they are measured on a GPU (they were written in a session without device time: ptx-check clean on sm_90a).
+WGMMA_ARCH: dict[int, str] = {90: "sm_90a"}
+WGMMA = os.environ.get("LLMRS_Q4_WGMMA", "0") not in OFF_VALUES
+# GemmQ4WgSmem: GQW_STAGES (4) stages of 16 KB x rows + 4 KB codes + 1 KB scale words, and 1 KB to align the stages
+# to 1024 bytes
+GEMM_Q4WG_KERNELS = ("gemm_q4wgz", "gemm_q4wgm")
+GEMM_Q4WG_SMEM_BYTES = 4 * (1024 + 256 + 64) * 16 + 1024
 
 
 def gemm_q4_smem_bytes(mt: int, stages: dict[int, int] | None = None) -> int:
@@ -104,7 +115,7 @@ PDL_KERNELS = frozenset(
     + [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
     + [f"attn_partial_d{d}" for d in (1, 2, 4, 8)] + [f"attn_partial_gqa_d{d}" for d in (1, 2, 4, 8)]
     + ATTN_CLUSTER_KERNELS
-    + [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)]
+    + [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)] + list(GEMM_Q4WG_KERNELS)
     + [f"decode_attn_tc{o}_d{d}" for o in ("", "_bf16") for d in (64, 128)])
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
@@ -225,6 +236,35 @@ def pdl_supported(cp: Any) -> bool:
     return True
 
 
+def module_for_arch(cp: Any, source: str, options: tuple[str, ...], arch: str) -> Any:
+    """A RawModule of `source` compiled by NVRTC for `arch` (e.g. 'sm_90a') and loaded from a cubin, cached on disk
+    beside CuPy's modules (keyed by the source, the options and NVRTC's version; CuPy's `-ftz=true` kept)."""
+    import hashlib
+
+    from cupy.cuda import compiler
+    from cupy_backends.cuda.libs import nvrtc
+
+    opts = (*options, "-ftz=true", f"--gpu-architecture={arch}")
+    key = hashlib.sha256(repr((source, opts, nvrtc.getVersion())).encode()).hexdigest()[:40]
+    cache = Path(compiler.get_cache_dir())
+    path = cache / f"llmrs_{arch}_{key}.cubin"
+    if not path.exists():
+        prog = nvrtc.createProgram(source, f"llmrs_{arch}.cu", (), ())
+        try:
+            try:
+                nvrtc.compileProgram(prog, opts)
+            except nvrtc.NVRTCError as e:
+                raise RuntimeError(f"NVRTC for {arch} failed:\n{nvrtc.getProgramLog(prog)}") from e
+            cubin = nvrtc.getCUBIN(prog)
+        finally:
+            nvrtc.destroyProgram(prog)
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(cubin)
+        os.replace(tmp, path)  # atomic: concurrent processes write the same bytes
+    return cp.RawModule(path=str(path))
+
+
 class Kernels:
     """Every entry point as a `cupy.RawKernel`-like callable: `k.rms_norm(grid, block, args)`."""
 
@@ -246,6 +286,29 @@ class Kernels:
                 if n.startswith("attn_cluster16") and self.cc >= 90:
                     allow_nonportable_cluster(raw)  # 16 blocks a cluster (8 is the portable limit)
                 self.fns[n] = PdlKernel(raw, self, n) if n in PDL_KERNELS else raw
+        # the wgmma form of the 4-bit GEMM: compiled now (warm-up) where the backend is to take it
+        self.wgmma_arch = WGMMA_ARCH.get(self.cc)
+        self._cp, self._wg_fns, self._wg_lock = cp, None, threading.Lock()
+        self.wgmma = bool(WGMMA and self.wgmma_arch)
+        if self.wgmma:
+            self.wgmma_fns()
+
+    def wgmma_fns(self) -> dict[str, Any]:
+        """gemm_q4.cu's wgmma kernels (GEMM_Q4WG_KERNELS), compiled for this GPU's arch-specific target on first
+        use; RuntimeError on a GPU without one (WGMMA_ARCH)."""
+        with self._wg_lock:
+            if self._wg_fns is None:
+                if not self.wgmma_arch:
+                    raise RuntimeError(f"the wgmma GEMM needs compute capability 9.0 (sm_90a); this GPU: {self.cc}")
+                mod = module_for_arch(self._cp, kernel_source("gemm_q4.cu"),
+                                      OPTIONS + FILE_OPTIONS.get("gemm_q4.cu", ()), self.wgmma_arch)
+                fns = {}
+                for n in GEMM_Q4WG_KERNELS:
+                    raw = mod.get_function(n)
+                    raw.max_dynamic_shared_size_bytes = GEMM_Q4WG_SMEM_BYTES
+                    fns[n] = PdlKernel(raw, self, n)
+                self._wg_fns = fns
+            return self._wg_fns
 
     def __getattr__(self, name: str) -> Any:
         try:

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from llmrs.engine.backends.cuda_kernels import GEMV_CPG, gemm_q4_smem_bytes
+from llmrs.engine.backends.cuda_kernels import GEMM_Q4WG_SMEM_BYTES, GEMV_CPG, gemm_q4_smem_bytes
 from llmrs.engine.quant import DeviceQuantWeight, marlin_reorder, marlin_scales
 
 NULL = np.uint64(0)
@@ -121,10 +121,27 @@ MAX_TOKENS_SMALL = int(os.environ.get("LLMRS_Q4_GEMM_MAX_TOKENS_SMALL", str(MAX_
 SMALL_MAX_WEIGHTS = 64 << 20
 
 
-def gemm_takes(T: int, N: int, K: int) -> bool:
+# The Hopper form (gemm_q4.cu's gemm_q4wg{z,m}: wgmma, sm_90a, 128 tokens x 128 columns a block) from WG_FROM tokens
+# up to WG_MAX_TOKENS where the backend takes it (Kernels.wgmma: LLMRS_Q4_WGMMA=1 on a GPU with sm_90a; off by
+# default until measured, cuda_kernels.WGMMA); it then also takes the token counts above MAX_TOKENS that dequantize
+# + cuBLAS had. LLMRS_Q4_WGMMA_FROM / LLMRS_Q4_WGMMA_MAX_TOKENS (read at import) for A/Bs. The starting values are
+# guesses from the mma.sync form's figures (module docstring), to be replaced by scripts/bench_gemm_q4_forms.py's.
+WG_FROM = int(os.environ.get("LLMRS_Q4_WGMMA_FROM", "128"))
+WG_MAX_TOKENS = int(os.environ.get("LLMRS_Q4_WGMMA_MAX_TOKENS", str(1 << 30)))
+WG_TOKENS = 128  # tokens a block
+WG_BLOCKS_PER_SM = 2  # resident at once: <= 255 registers x 128 threads and 85 KB of ring each (ptx-check)
+
+
+def wgmma_takes(backend: Any, T: int) -> bool:
+    """Whether T tokens go through the wgmma form of the GEMM (rather than mma.sync's or dequantize + cuBLAS)."""
+    return bool(getattr(backend.k, "wgmma", False)) and WG_FROM <= T <= WG_MAX_TOKENS
+
+
+def gemm_takes(T: int, N: int, K: int, wgmma: bool = False) -> bool:
     """Whether T tokens of a 4-bit N x K weight with the GEMM layout go through gemm_q4 rather than dequantize +
-    cuBLAS (above the GEMV's tokens)."""
-    return T <= MAX_TOKENS or (T <= MAX_TOKENS_SMALL and N * K <= SMALL_MAX_WEIGHTS)
+    cuBLAS (above the GEMV's tokens); `wgmma`: the GPU has the wgmma form (Kernels.wgmma)."""
+    return (T <= MAX_TOKENS or (T <= MAX_TOKENS_SMALL and N * K <= SMALL_MAX_WEIGHTS)
+            or (wgmma and WG_FROM <= T <= WG_MAX_TOKENS))
 
 
 def tile_rows(T: int) -> int:
@@ -141,20 +158,25 @@ def tile_rows(T: int) -> int:
 GEMM_BLOCKS_PER_SM = 4
 
 
-def choose_splits(backend: Any, T: int, N: int, K: int) -> int:
+def choose_splits(backend: Any, T: int, N: int, K: int, wgmma: bool = False) -> int:
     """Slices of K so that the grid reaches about LLMRS_Q4_GEMM_BLOCKS_PER_SM blocks per SM (1 when the tiles
-    already do)."""
+    already do); the wgmma form: WG_BLOCKS_PER_SM (what fits), its 128-token tiles."""
     from llmrs.engine.backends.cuda import env_int  # (cuda.py imports this module)
 
-    per_sm = env_int("LLMRS_Q4_GEMM_BLOCKS_PER_SM", GEMM_BLOCKS_PER_SM)
-    tiles = -(-N // BN) * -(-T // (16 * tile_rows(T)))
+    if wgmma:
+        per_sm, tiles = WG_BLOCKS_PER_SM, -(-N // BN) * -(-T // WG_TOKENS)
+    else:
+        per_sm = env_int("LLMRS_Q4_GEMM_BLOCKS_PER_SM", GEMM_BLOCKS_PER_SM)
+        tiles = -(-N // BN) * -(-T // (16 * tile_rows(T)))
     return max(1, min(per_sm * backend.num_sms // tiles, (K // BK) // MIN_KT_PER_SPLIT, MAX_SPLITS))
 
 
 def gemm_q4(backend: Any, x_bf16: Any, mw: MarlinWeight | None, bias: Any | None, out: Any,
-            accumulate: bool = False, splits: int | None = None, name: str = "linear") -> bool:
+            accumulate: bool = False, splits: int | None = None, name: str = "linear",
+            wgmma: bool | None = None) -> bool:
     """out[T, N] (=|+=) x_bf16[T, K] @ W^T (+ bias): x bf16 words (uint16) contiguous, out f32 [T, N] contiguous,
-    bias f32 [N] or None. False (nothing launched) where mw is None or the shapes do not match: fall back."""
+    bias f32 [N] or None. False (nothing launched) where mw is None or the shapes do not match: fall back.
+    `wgmma`: force the wgmma form on or off (tests, A/Bs; on needs Kernels.wgmma); None: wgmma_takes decides."""
     if mw is None:
         return False
     T, K = x_bf16.shape
@@ -162,15 +184,21 @@ def gemm_q4(backend: Any, x_bf16: Any, mw: MarlinWeight | None, bias: Any | None
     if (K != mw.K or out.shape != (T, N) or x_bf16.dtype != np.uint16 or out.dtype != np.float32
             or not x_bf16.flags.c_contiguous or not out.flags.c_contiguous or T < 1):
         return False
-    mt = tile_rows(T)
+    wg = wgmma_takes(backend, T) if wgmma is None else wgmma
     KT = K // BK
-    S = choose_splits(backend, T, N, K) if splits is None else max(1, min(int(splits), KT))
+    S = choose_splits(backend, T, N, K, wg) if splits is None else max(1, min(int(splits), KT))
     per = -(-KT // S)
     S = -(-KT // per)  # no empty slice
-    grid = (-(-N // BN), -(-T // (16 * mt)), S)
-    fn = backend.k.fns[f"gemm_{'q4m' if mw.mode else 'q4z'}_m{mt}"]
+    if wg:
+        grid = (-(-N // BN), -(-T // WG_TOKENS), S)
+        fn = backend.k.wgmma_fns()[f"gemm_{'q4wgm' if mw.mode else 'q4wgz'}"]  # RuntimeError without sm_90a
+        smem = GEMM_Q4WG_SMEM_BYTES
+    else:
+        mt = tile_rows(T)
+        grid = (-(-N // BN), -(-T // (16 * mt)), S)
+        fn = backend.k.fns[f"gemm_{'q4m' if mw.mode else 'q4z'}_m{mt}"]
+        smem = gemm_q4_smem_bytes(mt)
     b = NULL if bias is None else bias
-    smem = gemm_q4_smem_bytes(mt)
     with backend._span("gemm_q4", name, T, N, K, accumulate, bias is not None):
         if S == 1:
             fn(grid, (THREADS,), (mw.qweight, mw.sz, x_bf16, b, out, NULL, np.int32(T), np.int32(N), np.int32(K),

@@ -1,0 +1,110 @@
+"""The 4-bit GEMM's forms on Qwen2.5-7B's AWQ shapes at batched-decode / prefill token counts, beside the bf16 model's
+cuBLAS GEMM on the same (dequantized) weights: what a 4-bit linear costs against a bf16 one at each T.
+
+    PYTHONPATH=. python3 scripts/bench_gemm_q4_forms.py [--tokens 64,128,192,256,512,1024,4096] [--json PATH]
+
+Forms: `mma` (gemm_q4{z}_m<MT>: mma.sync), `wgmma` (gemm_q4wgz: sm_90a; absent elsewhere), `dequant+cublas` (the
+weight dequantized into a bf16 scratch, then cuBLAS: the backend's path above cuda_q4gemm.MAX_TOKENS without
+wgmma), and `bf16` (cuBLAS alone on that bf16 weight: a bf16 checkpoint's linear). CUDA events around --reps
+launches each, the backend's K slices; every 4-bit output checked against dequantize + cuBLAS (equal up to f32
+summation order; "WRONG" above 1e-4). Prints us and TFLOP/s per shape, T and form, then the 28-layer sums of the four
+linears (ms) per form at each T.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+SHAPES = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
+LAYERS = 28
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", default="64,128,192,256,512,1024,4096")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    import cupy as cp
+    import numpy as np
+
+    from llmrs.engine.backends.cuda import CUDABackend
+    from llmrs.engine.backends.cuda_q4gemm import dequant_marlin, gemm_q4, to_marlin
+    from llmrs.engine.config import ModelConfig
+    from tests.test_quant_marlin import make_weight
+
+    c = ModelConfig(model_type="llama", vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                    num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    be = CUDABackend(c, num_blocks=2, cuda_graphs=False)
+    print(f"wgmma form: {be.k.wgmma_arch or 'none'} (compute capability {be.k.cc}; the backend takes it: "
+          f"{be.k.wgmma})")
+
+    def timed(fn, reps):
+        fn()
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        for _ in range(reps):
+            fn()
+        stop.record()
+        stop.synchronize()
+        return cp.cuda.get_elapsed_time(start, stop) * 1e3 / reps
+
+    rng = np.random.default_rng(0)
+    tokens = [int(t) for t in args.tokens.split(",")]
+    rows, sums = [], {}
+    for name, (N, K) in SHAPES.items():
+        dw = be.upload_quantized(make_weight("awq", N, K, 128, rng))
+        mw = to_marlin(be, dw)
+        wb = cp.empty((N, K), dtype=cp.uint16)
+        dequant_marlin(be, mw, wb)
+        for T in tokens:
+            x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
+            xb = cp.empty((T, K), dtype=cp.uint16)
+            be._cast_bf16(x, xb)
+            out = cp.empty((T, N), dtype=cp.float32)
+            ref = cp.empty((T, N), dtype=cp.float32)
+
+            xin = xb if be.fuse_bf16 else x  # the backend's producers write bf16 x for cuBLAS (fuse_bf16)
+
+            def dq():
+                dequant_marlin(be, mw, wb)
+                be._linear(xin, wb, None, ref, False)
+
+            forms = {"mma": lambda: gemm_q4(be, xb, mw, None, out, wgmma=False), "dequant+cublas": dq,
+                     "bf16": lambda: be._linear(xin, wb, None, ref, False)}
+            if be.k.wgmma_arch:
+                forms["wgmma"] = lambda: gemm_q4(be, xb, mw, None, out, wgmma=True)
+            dq()
+            want = cp.asnumpy(ref)
+            line = []
+            for form, fn in forms.items():
+                us = timed(fn, args.reps)
+                ok = ""
+                if form in ("mma", "wgmma"):
+                    got = cp.asnumpy(out)
+                    err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+                    ok = "" if np.isfinite(got).all() and err < 1e-4 else f" WRONG({err:.1e})"
+                tf = 2 * T * N * K / us / 1e6
+                rows.append({"shape": name, "N": N, "K": K, "T": T, "form": form, "us": round(us, 2),
+                             "tflops": round(tf, 1), "ok": not ok})
+                sums[(T, form)] = sums.get((T, form), 0.0) + us * LAYERS / 1e3
+                line.append(f"{form} {us:8.1f} us {tf:6.1f} TF{ok}")
+            print(f"{name:8s} T {T:5d}: " + " | ".join(line), flush=True)
+    print("\n28-layer sums of the four linears (ms):")
+    forms = sorted({f for _, f in sums})
+    print(f"{'T':>6s} " + " ".join(f"{f:>15s}" for f in forms))
+    for T in tokens:
+        print(f"{T:6d} " + " ".join(f"{sums.get((T, f), float('nan')):15.3f}" for f in forms))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "sums_ms": [
+            {"T": T, "form": f, "ms": round(v, 3)} for (T, f), v in sums.items()]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
