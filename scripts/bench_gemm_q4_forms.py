@@ -20,8 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-SHAPES = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
-LAYERS = 28
+from scripts.bench_gemm_q4 import LAYERS, SHAPES, tiny_backend  # noqa: E402
 
 
 def main() -> None:
@@ -34,26 +33,13 @@ def main() -> None:
     import cupy as cp
     import numpy as np
 
-    from llmrs.engine.backends.cuda import CUDABackend
     from llmrs.engine.backends.cuda_q4gemm import dequant_marlin, gemm_q4, to_marlin
-    from llmrs.engine.config import ModelConfig
+    from tests.cuda_helpers import event_us
     from tests.test_quant_marlin import make_weight
 
-    c = ModelConfig(model_type="llama", vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                    num_attention_heads=2, num_key_value_heads=1, head_dim=32)
-    be = CUDABackend(c, num_blocks=2, cuda_graphs=False)
+    be = tiny_backend()
     print(f"wgmma form: {be.k.wgmma_arch or 'none'} (compute capability {be.k.cc}; the backend takes it: "
           f"{be.k.wgmma})")
-
-    def timed(fn, reps):
-        fn()
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        for _ in range(reps):
-            fn()
-        stop.record()
-        stop.synchronize()
-        return cp.cuda.get_elapsed_time(start, stop) * 1e3 / reps
 
     rng = np.random.default_rng(0)
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -84,7 +70,7 @@ def main() -> None:
             want = cp.asnumpy(ref)
             line = []
             for form, fn in forms.items():
-                us = timed(fn, args.reps)
+                us = event_us(fn, args.reps)
                 ok = ""
                 if form in ("mma", "wgmma"):
                     got = cp.asnumpy(out)

@@ -35,6 +35,23 @@ def report(key: str, value) -> None:
             f.write(json.dumps({"key": key, "value": value}) + "\n")
 
 
+def event_us(fn, reps: int = 20) -> float:
+    """GPU time of one fn() call between CUDA events around `reps` back-to-back calls (after 3 untimed ones); the
+    host's launch cost shows where a call launches little work (graph_us leaves it out)."""
+    import cupy as cp
+
+    for _ in range(3):
+        fn()
+    cp.cuda.Device().synchronize()
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    for _ in range(reps):
+        fn()
+    stop.record()
+    stop.synchronize()
+    return cp.cuda.get_elapsed_time(start, stop) * 1e3 / reps
+
+
 def graph_us(fn, reps: int = 50) -> float:
     """GPU time of one fn() call: `reps` calls captured in a CUDA graph, replayed once untimed and once timed (no
     host launch cost inside; back-to-back launches from Python would time the host)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.cuda_helpers import rel_err, report, require_gpu
+from tests.cuda_helpers import event_us, rel_err, report, require_gpu
 
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
@@ -158,18 +158,6 @@ def test_attn_merge_staged_equals_its_per_thread_loop(rng, head_dim, ratio, spli
     assert rel_err(staged, reference(qkv[:, : heads * D], K, V, batch, ratio, float(be.scale))) < 1e-5
 
 
-def _event_us(fn, reps: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    for _ in range(reps):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return cp.cuda.get_elapsed_time(start, stop) * 1e3 / reps
-
-
 def test_gqa_attention_timing_7b_decode():
     """Qwen2.5-7B attention (28 query heads, 4 KV heads, head_dim 128, bf16 cache, block 16): 64 and 256 decodes
     at context 512, attn_partial vs attn_partial_gqa (+ attn_merge where split) at the backend's split choice,
@@ -209,7 +197,7 @@ def test_gqa_attention_timing_7b_decode():
         runs += [(name, fn, S0) for name, fn in variants.items()]
         for name, fn, S in runs:
             bufs = buffers(be, B, S)
-            us = _event_us(lambda: launch(be, fn, qkv, q_stride, db, S, bufs))
+            us = event_us(lambda: launch(be, fn, qkv, q_stride, db, S, bufs))
             gbs = gbytes / (us * 1e-6)
             report(f"attn_gqa timing 7B B={B} ctx={ctx} {name} S={S}", {"us": round(us, 1), "GB/s": round(gbs)})
             lines.append(f"B={B:3d} ctx={ctx} {name:24s} S={S}: {us:8.1f} us  {gbs:6.0f} GB/s "

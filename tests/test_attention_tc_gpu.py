@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.cuda_helpers import rel_err, report, require_gpu
+from tests.cuda_helpers import event_us, rel_err, report, require_gpu
 
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 from llmrs.engine.backends.cuda import CUDABackend, bf16_bits  # noqa: E402
 from llmrs.engine.backends.cuda_prefill import decode_attention_tc  # noqa: E402
 from llmrs.engine.batch import build_step_batch  # noqa: E402
-from tests.test_attention_gqa_gpu import BS, _event_us, cfg, launch, make_case, reference  # noqa: E402
+from tests.test_attention_gqa_gpu import BS, cfg, launch, make_case, reference  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +95,9 @@ def test_tc_attention_timing_7b_decode():
         out_g = cp.zeros((B, heads * D), dtype=cp.float32)
         out_t = cp.zeros_like(out_g)
         be.attn_kernel = "gqa"
-        us_g = _event_us(lambda: be._attention(0, qkv, q_stride, db, out_g))
+        us_g = event_us(lambda: be._attention(0, qkv, q_stride, db, out_g))
         be.attn_kernel = "tc"
-        us_t = _event_us(lambda: be._attention(0, qkv, q_stride, db, out_t))
+        us_t = event_us(lambda: be._attention(0, qkv, q_stride, db, out_t))
         kv_bytes = 2 * 2 * B * ctx * kv * D
         line = (f"7B attention B={B} ctx={ctx}: gqa {us_g:.1f} us ({kv_bytes / us_g / 1e3:.0f} GB/s), "
                 f"tc {us_t:.1f} us ({kv_bytes / us_t / 1e3:.0f} GB/s)")

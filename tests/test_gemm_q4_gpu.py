@@ -4,7 +4,8 @@ machine with `python3 -m pytest -q -m gpu tests/test_gemm_q4_gpu.py`; skips clea
 - against numpy: x rounded to bf16 @ the dequantized weight rounded to bf16 (what dequant_q4_bf16 gives), float64
   accumulation; fresh random inputs, T from 9 (one m16 tile, mostly padding) to 256, N with a half block
   (576 = 4.5 x 128), G 128 and 32, zero (AWQ, Q4_0) and min (Q4_1) modes, accumulate and bias, one slice of K
-  and the automatic split-K; outputs poisoned with NaN first;
+  and the automatic split-K; outputs poisoned with NaN first; the same for the wgmma form (sm_90a GPUs), which
+  the backend takes only with LLMRS_Q4_WGMMA=1, and the backend's path through it against dequantize + cuBLAS;
 - against the existing dequantize + cuBLAS path (the same bf16 weights: equal up to f32 summation order);
 - the GPU reorder equals the numpy one; shapes outside the kernel come back None / False (fall back);
 - timing beside dequantize + cuBLAS, reported (TFLOP/s), not asserted.
@@ -30,6 +31,7 @@ TOL = 2e-3  # measured errors are ~1e-6 (same bf16 inputs, f32 vs f64 sums); a w
 SHAPES = [(128, 256), (576, 1536), (3584, 3584)]
 FORMATS = [("awq", 128), ("awq", 32), ("q4_0", 32), ("q4_1", 32), ("q4_1", 128)]
 TOKENS = [9, 16, 33, 64, 100, 200, 256]  # 100: one partial 128-token (MT 8) tile; 200: a full one and a partial one
+WG_TOKENS = [1, 9, 100, 128, 129, 200, 256, 300]  # the wgmma form: one token of a 128-token tile .. 2 and a part
 
 
 @pytest.fixture(scope="module")
@@ -81,10 +83,15 @@ def check(out, ref, what):
     return err
 
 
+@pytest.mark.parametrize("wgmma", [False, True], ids=["mma", "wgmma"])
 @pytest.mark.parametrize("N,K", SHAPES)
 @pytest.mark.parametrize("kind,G", FORMATS)
-def test_gemm_q4_matches_numpy_bf16_reference(backend, N, K, kind, G):
-    rng = np.random.default_rng(N + K + G)
+def test_gemm_q4_matches_numpy_bf16_reference(backend, N, K, kind, G, wgmma):
+    """Both forms: mma.sync (gemm_q4{z,m}_m<MT>) and the Hopper one (gemm_q4wg{z,m}: wgmma, sm_90a; its 128-token
+    tiles from one token to two and a partial third, 3 K slices too)."""
+    if wgmma and not backend.k.wgmma_arch:
+        pytest.skip(f"wgmma needs compute capability 9.0 (this GPU: {backend.k.cc})")
+    rng = np.random.default_rng(N + K + G + 7 * wgmma)
     w = make_weight(kind, N, K, G, rng)
     dw = backend.upload_quantized(w)
     mw = to_marlin(backend, dw)
@@ -92,7 +99,7 @@ def test_gemm_q4_matches_numpy_bf16_reference(backend, N, K, kind, G):
     np.testing.assert_array_equal(cp.asnumpy(mw.qweight), Q.marlin_reorder(w.qweight))
     wref = round_bf16(w.dequantize()).astype(np.float64)
     worst = 0.0
-    for idx, T in enumerate(TOKENS):
+    for idx, T in enumerate(WG_TOKENS if wgmma else TOKENS):
         accumulate, with_bias = idx % 2 == 1, idx % 3 != 1
         x = rng.standard_normal((T, K)).astype(np.float32)
         bias = rng.standard_normal(N).astype(np.float32) if with_bias else None
@@ -104,15 +111,16 @@ def test_gemm_q4_matches_numpy_bf16_reference(backend, N, K, kind, G):
             ref = ref + y0
         xb = to_bf16_device(backend, x)
         b = None if bias is None else cp.asarray(bias)
-        for splits in (1, None):
+        for splits in (1, 3, None) if wgmma else (1, None):
             out = cp.asarray(y0) if accumulate else cp.full((T, N), np.nan, dtype=cp.float32)
-            assert gemm_q4(backend, xb, mw, b, out, accumulate, splits=splits)
-            worst = max(worst, check(out, ref, f"{kind} G{G} N{N} K{K} T{T} acc{accumulate} bias{with_bias} "
-                                               f"splits{splits}"))
-        out = cp.asarray(y0) if accumulate else cp.full((T, N), np.nan, dtype=cp.float32)
-        assert linear_q4(backend, cp.asarray(x), mw, b, out, accumulate)  # from f32 x, through gemm_x
-        worst = max(worst, check(out, ref, f"linear_q4 {kind} G{G} N{N} K{K} T{T}"))
-    report(f"gemm_q4 {kind} G{G} N{N} K{K}", {"rel": worst})
+            assert gemm_q4(backend, xb, mw, b, out, accumulate, splits=splits, wgmma=wgmma)
+            worst = max(worst, check(out, ref, f"wgmma{wgmma} {kind} G{G} N{N} K{K} T{T} acc{accumulate} "
+                                               f"bias{with_bias} splits{splits}"))
+        if not wgmma:
+            out = cp.asarray(y0) if accumulate else cp.full((T, N), np.nan, dtype=cp.float32)
+            assert linear_q4(backend, cp.asarray(x), mw, b, out, accumulate)  # from f32 x, through gemm_x
+            worst = max(worst, check(out, ref, f"linear_q4 {kind} G{G} N{N} K{K} T{T}"))
+    report(f"gemm_q4{' wgmma' if wgmma else ''} {kind} G{G} N{N} K{K}", {"rel": worst})
 
 
 @pytest.mark.parametrize("kind,G", [("awq", 128), ("q4_0", 32), ("q4_1", 32)])
@@ -133,37 +141,6 @@ def test_gemm_q4_equals_dequantize_plus_cublas(backend, kind, G, T):
         assert linear_q4(backend, x, mw, bias, out, accumulate)
         err = check(out, cp.asnumpy(ref).astype(np.float64), f"vs cublas {kind} T{T} acc{accumulate}")
         report(f"gemm_q4 vs dequant+cublas {kind} G{G} T{T} acc{accumulate}", {"rel": err})
-
-
-WG_TOKENS = [1, 9, 100, 128, 129, 200, 256, 300]  # one token of a 128-token tile .. two and a partial third
-
-
-@pytest.mark.parametrize("N,K", SHAPES)
-@pytest.mark.parametrize("kind,G", FORMATS)
-def test_gemm_q4_wgmma_matches_numpy_bf16_reference(backend, N, K, kind, G):
-    """The Hopper form (gemm_q4wg{z,m}: wgmma, sm_90a) against the same float64 reference, every tile edge: tokens
-    past T and columns past N (576 = 4.5 blocks), bias, accumulate, one slice and split-K; outputs NaN-poisoned."""
-    if not backend.k.wgmma_arch:
-        pytest.skip(f"wgmma needs compute capability 9.0 (this GPU: {backend.k.cc})")
-    rng = np.random.default_rng(7 * N + K + G)
-    w = make_weight(kind, N, K, G, rng)
-    mw = to_marlin(backend, backend.upload_quantized(w))
-    wref = round_bf16(w.dequantize()).astype(np.float64)
-    worst = 0.0
-    for idx, T in enumerate(WG_TOKENS):
-        accumulate, with_bias = idx % 2 == 1, idx % 3 != 1
-        x = rng.standard_normal((T, K)).astype(np.float32)
-        bias = rng.standard_normal(N).astype(np.float32) if with_bias else None
-        y0 = rng.standard_normal((T, N)).astype(np.float32)
-        ref = round_bf16(x).astype(np.float64) @ wref.T + (0 if bias is None else bias) + (y0 if accumulate else 0)
-        xb = to_bf16_device(backend, x)
-        b = None if bias is None else cp.asarray(bias)
-        for splits in (1, 3, None):
-            out = cp.asarray(y0) if accumulate else cp.full((T, N), np.nan, dtype=cp.float32)
-            assert gemm_q4(backend, xb, mw, b, out, accumulate, splits=splits, wgmma=True)
-            worst = max(worst, check(out, ref, f"wgmma {kind} G{G} N{N} K{K} T{T} acc{accumulate} "
-                                               f"bias{with_bias} splits{splits}"))
-    report(f"gemm_q4 wgmma {kind} G{G} N{N} K{K}", {"rel": worst})
 
 
 def test_backend_takes_wgmma_above_mma_sync_tokens(backend, monkeypatch):

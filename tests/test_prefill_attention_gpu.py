@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from tests.cuda_helpers import rel_err, report, require_gpu
+from tests.cuda_helpers import event_us, rel_err, report, require_gpu
 
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
@@ -166,19 +166,6 @@ def test_prefill_attention_block_size_32_and_unsupported_head_dim():
     assert not ok32
 
 
-def _time(fn, reps=20):
-    for _ in range(3):
-        fn()
-    cp.cuda.Device().synchronize()
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    for _ in range(reps):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return cp.cuda.get_elapsed_time(start, stop) / reps * 1e-3
-
-
 @pytest.mark.parametrize("n_seqs,lengths", [(1, [16, 32, 64, 128, 256, 512, 1024, 2048, 4096]),
                                              (16, [8, 16, 32, 64, 128, 256, 512])])
 def test_prefill_attention_speed_against_the_decode_kernel(n_seqs, lengths):
@@ -199,12 +186,12 @@ def test_prefill_attention_speed_against_the_decode_kernel(n_seqs, lengths):
         db = be.device_batch(batch)
         tiles = plan_prefill_tiles(batch.query_start, batch.positions)
         td = cp.asarray(tiles.reshape(-1))
-        t_new = _time(lambda: prefill_attention(be, 0, q, heads * D, db, td, tiles.shape[0], out))
+        t_new = event_us(lambda: prefill_attention(be, 0, q, heads * D, db, td, tiles.shape[0], out)) * 1e-6
         be.prefill_min_tokens = None  # a step without tiles: _attention runs attn_partial
         db_old = be.device_batch(batch)
         be.prefill_min_tokens = 16
         assert db_old.n_prefill_tiles == 0
-        t_old = _time(lambda: be._attention(0, q, heads * D, db_old, out))
+        t_old = event_us(lambda: be._attention(0, q, heads * D, db_old, out)) * 1e-6
         flops = 4.0 * D * heads * n_seqs * L * (L + 1) / 2
         rows.append((L, t_new, t_old))
         report(f"prefill_attn 7B-shape {n_seqs}x{L}", {"us": t_new * 1e6, "tflops": flops / t_new / 1e12,
