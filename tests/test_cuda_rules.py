@@ -120,7 +120,7 @@ def test_wgmma_gemm_ring_and_dispatch():
     assert 2 * ck.GEMM_Q4WG_SMEM_BYTES <= 227 << 10  # WG_BLOCKS_PER_SM blocks an SM
     for n in ck.GEMM_Q4WG_KERNELS:
         assert f"GEMM_Q4WG({n}," in src and n in ck.PDL_KERNELS
-        assert all(n not in names for names in ck.ENTRY_POINTS.values())
+        assert all(n not in names for names in ck.ENTRY_POINTS.values()) and n in ck.ARCH_ENTRY_POINTS["gemm_q4.cu"]
     assert ck.WGMMA_ARCH == {90: "sm_90a"}
     # without the wgmma form, 256 tokens are dequantize + cuBLAS's; with it, the GEMM's (up to WG_MAX_TOKENS)
     assert not q4.gemm_takes(256, 4608, 3584) and q4.gemm_takes(256, 4608, 3584, wgmma=True)

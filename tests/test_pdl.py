@@ -48,7 +48,7 @@ def test_kernel_params_refuse_python_numbers():
 
 
 def test_pdl_kernels_are_entry_points_of_files_that_wait():
-    entry = {n: f for f, names in ck.ENTRY_POINTS.items() for n in names}
+    entry = {n: f for eps in (ck.ENTRY_POINTS, ck.ARCH_ENTRY_POINTS) for f, names in eps.items() for n in names}
     for name in ck.PDL_KERNELS:
         assert name in entry, f"{name} is not an entry point"
         src = ck.kernel_source(entry[name])

@@ -65,6 +65,7 @@ WGMMA = os.environ.get("LLMRS_Q4_WGMMA", "0") not in OFF_VALUES
 # GemmQ4WgSmem: GQW_STAGES (4) stages of 16 KB x rows + 4 KB codes + 1 KB scale words, and 1 KB to align the stages
 # to 1024 bytes
 GEMM_Q4WG_KERNELS = ("gemm_q4wgz", "gemm_q4wgm")
+ARCH_ENTRY_POINTS: dict[str, list[str]] = {"gemm_q4.cu": list(GEMM_Q4WG_KERNELS)}  # file -> its arch-specific ones
 GEMM_Q4WG_SMEM_BYTES = 4 * (1024 + 256 + 64) * 16 + 1024
 
 
@@ -300,10 +301,11 @@ class Kernels:
             if self._wg_fns is None:
                 if not self.wgmma_arch:
                     raise RuntimeError(f"the wgmma GEMM needs compute capability 9.0 (sm_90a); this GPU: {self.cc}")
-                mod = module_for_arch(self._cp, kernel_source("gemm_q4.cu"),
-                                      OPTIONS + FILE_OPTIONS.get("gemm_q4.cu", ()), self.wgmma_arch)
+                (fname, names), = ARCH_ENTRY_POINTS.items()
+                mod = module_for_arch(self._cp, kernel_source(fname), OPTIONS + FILE_OPTIONS.get(fname, ()),
+                                      self.wgmma_arch)
                 fns = {}
-                for n in GEMM_Q4WG_KERNELS:
+                for n in names:
                     raw = mod.get_function(n)
                     raw.max_dynamic_shared_size_bytes = GEMM_Q4WG_SMEM_BYTES
                     fns[n] = PdlKernel(raw, self, n)
