@@ -7,8 +7,9 @@ Forms: `mma` (gemm_q4{z}_m<MT>: mma.sync), `wgmma` (gemm_q4wgz: sm_90a; absent e
 weight dequantized into a bf16 scratch, then cuBLAS: the backend's path above cuda_q4gemm.MAX_TOKENS without
 wgmma), and `bf16` (cuBLAS alone on that bf16 weight: a bf16 checkpoint's linear). CUDA events around --reps
 launches each, the backend's K slices; every 4-bit output checked against dequantize + cuBLAS (equal up to f32
-summation order; "WRONG" above 1e-4). Prints us and TFLOP/s per shape, T and form, then the 28-layer sums of the four
-linears (ms) per form at each T.
+summation order; "WRONG" above 1e-4). Prints us, TFLOP/s and the fraction of the roof per shape, T and form (the
+larger of the bytes at 4296 GB/s, 4.25 bits a weight for the 4-bit forms and 16 for bf16, and the FLOPs at 792
+TFLOP/s: issue 8's H200 ceilings), then the 28-layer sums of the four linears (ms) per form at each T.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scripts.bench_gemm_q4 import LAYERS, SHAPES, tiny_backend  # noqa: E402
+
+BW, PEAK = 4296e9, 792e12
 
 
 def main() -> None:
@@ -77,10 +80,12 @@ def main() -> None:
                     err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
                     ok = "" if np.isfinite(got).all() and err < 1e-4 else f" WRONG({err:.1e})"
                 tf = 2 * T * N * K / us / 1e6
+                wbytes = N * K * (2 if form == "bf16" else 4.25 / 8)
+                roof_us = max((wbytes + T * K * 2 + T * N * 4) / BW, 2 * T * N * K / PEAK) * 1e6
                 rows.append({"shape": name, "N": N, "K": K, "T": T, "form": form, "us": round(us, 2),
-                             "tflops": round(tf, 1), "ok": not ok})
+                             "tflops": round(tf, 1), "roof_pct": round(100 * roof_us / us, 1), "ok": not ok})
                 sums[(T, form)] = sums.get((T, form), 0.0) + us * LAYERS / 1e3
-                line.append(f"{form} {us:8.1f} us {tf:6.1f} TF{ok}")
+                line.append(f"{form} {us:8.1f} us {tf:6.1f} TF {100 * roof_us / us:5.1f}%{ok}")
             print(f"{name:8s} T {T:5d}: " + " | ".join(line), flush=True)
     print("\n28-layer sums of the four linears (ms):")
     forms = sorted({f for _, f in sums})

@@ -133,3 +133,31 @@ def test_wgmma_gemm_ring_and_dispatch():
     assert q4.choose_splits(be, 256, 4608, 3584, wgmma=True) == 3
     assert q4.choose_splits(be, 256, 37888, 3584, wgmma=True) == 1
     assert q4.choose_splits(be, 256, 3584, 18944, wgmma=True) == 4
+
+
+def test_bf16_wgmma_gemm_ring_clusters_and_dispatch():
+    """The bf16 wgmma GEMM (gemm_bf16wg_s{S}): its ring as the host sizes it (GBW_STAGES stages of 16 KB of W rows and
+    16 KB of x rows, + 1 KB to align), big enough for the 128 x 128 partial it becomes, 2 blocks an SM; a kernel per
+    compiled cluster size; where `_linear` takes it (opt-in) and the cluster it gets."""
+    import re
+
+    from llmrs.engine.backends import cuda_kernels as ck
+    from llmrs.engine.backends import cuda_wgmma as wg
+
+    src = (ck.KERNELS_DIR / "gemm_q4.cu").read_text()
+    stages = int(re.search(r"#define GBW_STAGES (\d+)", src).group(1))
+    red_ld = int(re.search(r"#define GBW_RED_LD (\d+)", src).group(1))
+    assert ck.GEMM_BF16WG_SMEM_BYTES == stages * 2 * 16384 + 1024 and 128 * red_ld * 4 <= stages * 2 * 16384
+    assert 2 * ck.GEMM_BF16WG_SMEM_BYTES <= 227 << 10
+    assert [int(s) for s in re.findall(r"^GEMM_BF16WG\((\d)\)", src, re.M)] == list(ck.GEMM_BF16WG_SPLITS)
+    assert set(ck.GEMM_BF16WG_KERNELS) <= ck.PDL_KERNELS
+    be = SimpleNamespace(num_sms=132, k=SimpleNamespace(bf16_wgmma=True))
+    qkv, o, gate_up, down = (4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944)
+    assert all(wg.bf16_wgmma_takes(be, 256, *s) for s in (qkv, o, down)) and not wg.bf16_wgmma_takes(be, 256, *gate_up)
+    assert not wg.bf16_wgmma_takes(be, wg.WGB_FROM - 1, *qkv) and not wg.bf16_wgmma_takes(be, wg.WGB_MAX_TOKENS + 1, *o)
+    assert not wg.bf16_wgmma_takes(SimpleNamespace(num_sms=132, k=SimpleNamespace(bf16_wgmma=False)), 256, *qkv)
+    assert not wg.bf16_wgmma_takes(be, 256, 4604, 3584) and not wg.bf16_wgmma_takes(be, 256, 4608, 3560)
+    # clusters: 72 qkv tiles at 256 tokens -> 3 slices (216 blocks), o / down's 56 -> 4 (224); 128 tokens: qkv's 36
+    # tiles -> 4 (the largest compiled)
+    assert [wg.bf16_splits(be, 256, *s) for s in (qkv, o, down)] == [3, 4, 4]
+    assert wg.bf16_splits(be, 128, *qkv) == 4 and wg.bf16_splits(be, 512, *qkv) == 1

@@ -212,14 +212,18 @@ def test_sass_without_nvdisasm_is_one_line(tmp_path):
     assert p.returncode == 2 and "LLMRS_NVDISASM" in p.stderr and "Traceback" not in p.stderr
 
 
-def test_wgmma_gemm_compiles_clean_for_sm_90a():
-    """gemm_q4.cu's wgmma form exists only for the arch-specific target (`llmrs ptx-check`'s default archs compile
-    empty bodies): built for sm_90a it holds its 8 wgmma a stage (HGMMA in the SASS main loop) without local memory,
-    in at most 255 registers (2 blocks of 128 threads an SM: cuda_q4gemm.WG_BLOCKS_PER_SM)."""
+def test_wgmma_gemms_compile_clean_for_sm_90a():
+    """gemm_q4.cu's wgmma kernels (the 4-bit GEMM's Hopper form, the bf16 GEMM with K split over a cluster) exist
+    only for the arch-specific target (`llmrs ptx-check`'s default archs compile empty bodies): built for sm_90a each
+    holds its 8 wgmma a stage (HGMMA in the SASS main loop; for the 4-slice cluster the reduction loop is the larger
+    one) without local memory, in at most 255 registers (2 blocks of 128 threads an SM)."""
+    from llmrs.engine.backends.cuda_kernels import ARCH_ENTRY_POINTS
+
     p = ptx_check(str(ROOT / "llmrs" / "kernels_cu" / "gemm_q4.cu"), "--arch", "sm_90a", "--sass", "--json")
     assert p.returncode == 0, p.stdout + p.stderr
     rows = {r["name"]: r for r in json.loads(p.stdout)["results"]}
-    for name in ("gemm_q4wgz", "gemm_q4wgm"):
+    for name in ARCH_ENTRY_POINTS["gemm_q4.cu"]:
         r = rows[name]
         assert not r["flagged"] and r["spill_stores"] == 0 and r["registers"] <= 255, r
-        assert dict(r["sass"]["main_loop_mix"]).get("HGMMA") == 8, r["sass"]
+        if name != "gemm_bf16wg_s4":
+            assert dict(r["sass"]["main_loop_mix"]).get("HGMMA") == 8, r["sass"]

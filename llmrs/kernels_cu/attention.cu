@@ -308,29 +308,6 @@ extern "C" __global__ void attn_merge_bf16(const float* __restrict__ part_acc, c
 // trap (the host never launches them there: cuda.py's cluster rule checks the compute capability).
 #define CW 8  // warps a cluster block
 #define CK 8  // keys a warp loads at once
-__device__ __forceinline__ unsigned cluster_rank() {
-    unsigned r = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-#endif
-    return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-// a float in block `rank`'s shared memory at the address of `p` in this block's
-__device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
-    float v = 0.0f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    unsigned a = (unsigned)__cvta_generic_to_shared(p), ra;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
-#endif
-    return v;
-}
-
 template <int DPL, int CL>
 __device__ __forceinline__ void attn_cluster_impl(
     const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,

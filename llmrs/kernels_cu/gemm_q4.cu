@@ -384,9 +384,6 @@ extern "C" __global__ void gemm_q4_reduce(const float* __restrict__ part, const 
 // rewritten). The ring's loads run STAGES - 2 ahead, so the stage they overwrite has no wgmma in flight.
 // sm_90a only (wgmma): other targets compile an empty body, which the host never launches (cuda_q4gemm).
 #define GQW_STAGES 4
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define GQW_ON 1
-#endif
 
 struct GemmQ4WgSmem {  // GemmQ4Smem<8>'s stages: x first (16 KB a stage, so 1024-byte aligned from an aligned base)
     uint4 a[GQW_STAGES][16 * 8 * 8];
@@ -394,46 +391,7 @@ struct GemmQ4WgSmem {  // GemmQ4Smem<8>'s stages: x first (16 KB a stage, so 102
     uint4 s[GQW_STAGES][64];
 };
 
-#ifdef GQW_ON
-// the shared-memory matrix descriptor of a K-major bf16 tile with 128-byte swizzle: start address >> 4, leading
-// byte offset unused (1), stride byte offset 1024 (8 rows of 128 bytes) >> 4, swizzle mode 1 (128 bytes)
-__device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
-    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// keeps the compiler from moving accumulator reads or writes across a wgmma fence / wait
-__device__ __forceinline__ void wg_fence_acc(float (&d)[64]) {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// d[64] += A (registers, m64 x k16 bf16) * B (descriptor, k16 x n128 bf16, K-major)
-__device__ __forceinline__ void wgmma_m64n128(float (&d)[64], const unsigned (&a)[4], unsigned long long desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-}
-
+#ifdef LLMRS_WGMMA
 // One half stage (k32 sub-block kb of stage st): warp `warp`'s A fragments of both m64 tiles for its two k16 steps
 // (A[ks * 2 + j]), then their four wgmma against the stage's x.
 template <int MODE>
@@ -444,7 +402,8 @@ __device__ __forceinline__ void wg_half(const GemmQ4WgSmem& sm, int st, int kb, 
     const unsigned wq[4] = {q.x, q.y, q.z, q.w};
     float sc[4], c12[4], c16[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) frag_consts<MODE>(S[kb * GQ_BN + warp * 32 + 8 * i + (lane >> 2)], sc[i], c12[i], c16[i]);
+    for (int i = 0; i < 4; ++i)
+        frag_consts<MODE>(S[kb * GQ_BN + warp * 32 + 8 * i + (lane >> 2)], sc[i], c12[i], c16[i]);
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
         frag_b<MODE, 0>(wq[2 * j], sc[2 * j], c12[2 * j], c16[2 * j], A[j][0], A[j][2]);
@@ -467,7 +426,7 @@ __device__ __forceinline__ void gemm_q4wg_impl(const uint4* __restrict__ Bq, con
                                                const uint4* __restrict__ X, const float* __restrict__ bias,
                                                float* __restrict__ out, float* __restrict__ part, int T, int N, int K,
                                                int G, int accumulate, int kt_per_split) {
-#ifdef GQW_ON
+#ifdef LLMRS_WGMMA
     pdl_enter();
     constexpr int STAGES = GQW_STAGES, AHEAD = GQW_STAGES - 2;
     static_assert(AHEAD >= 1, "a stage in flight while one is used, and one whose wgmma may still run");
@@ -550,6 +509,161 @@ __device__ __forceinline__ void gemm_q4wg_impl(const uint4* __restrict__ Bq, con
     }
 GEMM_Q4WG(gemm_q4wgz, 0)
 GEMM_Q4WG(gemm_q4wgm, 1)
+
+// ---------------------------------------------------------------------- the bf16 wgmma GEMM (sm_90a)
+// gemm_bf16wg_s{S}: out[T, N] (= or +=) x[T, K] @ W[N, K]^T (+ bias[N]), W and x bf16 (uint16 words), out f32: the
+// bf16 linears whose output tiles alone leave the GPU half empty at a batched step's token counts (a 7B's qkv, o
+// and down at 256 tokens: 72 / 56 / 56 tiles of 128 x 128 on 132 SMs; cuBLAS ran qkv and o at ~42% of the roof
+// there, session 13). It lives here for the ring and wgmma helpers it shares with gemm_q4wg. A block is one
+// warpgroup, 128 columns x 128 tokens: two m64n128k16 wgmma a k16 step, both operands from shared memory (K-major,
+// 128-byte swizzle, the W rows as A: out^T = W x^T), K in 64-wide stages through a GBW_STAGES-deep cp.async ring
+// (one stage multiplied while the next GBW_STAGES - 1 load; the multiply drains at each stage's end, which the
+// second block of an SM covers). K is split over the S blocks of a thread-block cluster (__cluster_dims__(1, 1,
+// S)): each leaves its 128 x 128 f32 partial in its own shared memory (the ring's space), and after a cluster
+// barrier block r sums the token rows r, r + S, ... of all S partials in rank order (distributed shared memory,
+// 16 bytes a load: deterministic) and writes them with bias / accumulate. No partials in global memory, no reduce
+// launch. sm_90a only; elsewhere empty bodies the host never launches.
+#define GBW_STAGES 3
+#define GBW_RED_LD 132  // floats a partial's token row (128 + 4: a warp's stores of one accumulator hit 32 banks)
+
+struct GemmBf16WgSmem {
+    uint4 w[GBW_STAGES][1024];  // 128 columns x 64 k, 128 bytes a row, swizzled
+    uint4 x[GBW_STAGES][1024];  // 128 tokens x 64 k
+};
+static_assert(sizeof(GemmBf16WgSmem) >= 128 * GBW_RED_LD * 4, "the partial reuses the ring's space");
+
+template <int S>
+__device__ __forceinline__ void gemm_bf16wg_impl(const uint4* __restrict__ W, const uint4* __restrict__ X,
+                                                 const float* __restrict__ bias, float* __restrict__ out, int T,
+                                                 int N, int K, int accumulate, int kt_per_split) {
+#ifdef LLMRS_WGMMA
+    pdl_enter();
+    constexpr int STAGES = GBW_STAGES, AHEAD = GBW_STAGES - 1;
+    extern __shared__ uint4 gbw_smem[];  // GemmBf16WgSmem + 1 KB: its stages start at the next 1024-byte boundary
+    const unsigned pad = (1024u - (smem_u32(gbw_smem) & 1023u)) & 1023u;
+    GemmBf16WgSmem& sm = *reinterpret_cast<GemmBf16WgSmem*>(reinterpret_cast<char*>(gbw_smem) + pad);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int n0 = blockIdx.x * 128, m0 = blockIdx.y * 128;
+    const unsigned rank = cluster_rank();  // = blockIdx.z: the cluster spans grid.z (S slices of K)
+    const int kt0 = (int)rank * kt_per_split, nk = max(0, min((K >> 6) - kt0, kt_per_split));
+    const int K8 = K >> 3;  // 16-byte chunks a row
+
+    // a thread's share of a stage: chunk cc of rows r0 + 16 i (i < 8) of both tiles; (r0 + 16 i) % 8 == r0 % 8, so
+    // every one of its chunks lands at the same swizzled offset in its row
+    const int cc = tid & 7, r0 = tid >> 3;
+    const unsigned sw = (unsigned)(r0 * 128 + ((cc ^ (r0 & 7)) << 4));
+    auto load = [&](int st, int kt) {
+        const unsigned wd = smem_u32(sm.w[st]) + sw, xd = smem_u32(sm.x[st]) + sw;
+        const int k8 = kt * 8 + cc;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int wr = n0 + r0 + 16 * i, xr = m0 + r0 + 16 * i;
+            cp_async16(wd + i * 2048u, W + (size_t)(wr < N ? wr : 0) * K8 + k8, wr < N ? 16 : 0);
+            cp_async16(xd + i * 2048u, X + (size_t)(xr < T ? xr : 0) * K8 + k8, xr < T ? 16 : 0);
+        }
+    };
+
+    float acc[2][64];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 64; ++e) acc[j][e] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < AHEAD; ++s) {
+        if (s < nk) load(s, kt0 + s);
+        cp_async_commit();
+    }
+    int st_use = 0, st_load = AHEAD;
+    for (int it = 0; it < nk; ++it) {
+        cp_async_wait<AHEAD - 1>();                                   // stage `it` has landed (this thread) ...
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // ... visible to wgmma's async proxy ...
+        __syncthreads();  // ... for every thread; and stage it - 1's wgmma (the slot loaded next) are done
+        if (it + AHEAD < nk) load(st_load, kt0 + it + AHEAD);
+        cp_async_commit();
+        const unsigned wa = smem_u32(sm.w[st_use]), xa = smem_u32(sm.x[st_use]);
+        wg_fence_acc(acc[0]);
+        wg_fence_acc(acc[1]);
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+            for (int j = 0; j < 2; ++j)  // m64 tile j: W rows 64 j .. 64 j + 63 of the block (8 KB further)
+                wgmma_m64n128_ss(acc[j], wg_desc(wa + 8192u * j + 32u * ks), wg_desc(xa + 32u * ks));
+        wg_commit();
+        wg_wait<0>();
+        wg_fence_acc(acc[0]);
+        wg_fence_acc(acc[1]);
+        st_use = st_use + 1 == STAGES ? 0 : st_use + 1;
+        st_load = st_load + 1 == STAGES ? 0 : st_load + 1;
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is done with the ring: its space takes the partial
+
+    // the partial, [token][column] (row stride GBW_RED_LD): D row 16 warp + g + 8 h of tile j is column 64 j + 16 warp
+    // + 8 h + g, D column 8 i + 2 t + e token 8 i + 2 t + e
+    float* red = reinterpret_cast<float*>(&sm);
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int i = 0; i < 16; ++i)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    red[(8 * i + 2 * t + e) * GBW_RED_LD + 64 * j + 16 * warp + 8 * h + g] = acc[j][4 * i + 2 * h + e];
+    cluster_sync();  // every block's partial is written and visible across the cluster
+
+    // block `rank` sums token rows rank, rank + S, ...: a warp a row at a time, a lane 4 columns (16 bytes)
+    const int q = lane * 4, n = n0 + q;
+    const float4 b4 = bias != nullptr && n < N ? *reinterpret_cast<const float4*>(bias + n)
+                                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int c = (int)rank + S * warp; c < 128; c += S * 4) {
+        const int m = m0 + c;
+        float4 v = ld_cluster4(red + c * GBW_RED_LD + q, 0);
+#pragma unroll
+        for (int s = 1; s < S; ++s) {
+            const float4 p = ld_cluster4(red + c * GBW_RED_LD + q, s);
+            v.x += p.x;
+            v.y += p.y;
+            v.z += p.z;
+            v.w += p.w;
+        }
+        if (m < T && n < N) {
+            v.x += b4.x;
+            v.y += b4.y;
+            v.z += b4.z;
+            v.w += b4.w;
+            float4* dst = reinterpret_cast<float4*>(out + (size_t)m * N + n);
+            if (accumulate) {
+                const float4 o = *dst;
+                v.x = o.x + v.x;
+                v.y = o.y + v.y;
+                v.z = o.z + v.z;
+                v.w = o.w + v.w;
+            }
+            *dst = v;
+        }
+    }
+    cluster_sync();  // no block leaves (its shared memory) while another may still read it
+#endif
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GBW_CLUSTER(S) __cluster_dims__(1, 1, S)
+#else
+#define GBW_CLUSTER(S)
+#endif
+#define GEMM_BF16WG(S)                                                                                           \
+    extern "C" __global__ void __launch_bounds__(128, 2) GBW_CLUSTER(S) gemm_bf16wg_s##S(                        \
+        const uint4* __restrict__ W, const uint4* __restrict__ X, const float* __restrict__ bias,                 \
+        float* __restrict__ out, int T, int N, int K, int accumulate, int kt_per_split) {                         \
+        gemm_bf16wg_impl<S>(W, X, bias, out, T, N, K, accumulate, kt_per_split);                                  \
+    }
+GEMM_BF16WG(1)
+GEMM_BF16WG(2)
+GEMM_BF16WG(3)
+GEMM_BF16WG(4)
 
 // ---------------------------------------------------------------------- dequantization from this layout
 // dequant_marlin_bf16: W[n, k] as bf16 (uint32 pairs [N][K/2]) from the layout above, for cuBLAS above

@@ -58,6 +58,7 @@ import numpy as np
 from llmrs.engine.backends.cuda_kernels import OFF_VALUES
 from llmrs.engine.backends.cuda_q4gemm import (GEMV_MAX_TOKENS, dequant_marlin, gemm_takes, gemv_q4, gemv_takes,
                                                linear_q4)
+from llmrs.engine.backends.cuda_wgmma import bf16_wgmma_takes, gemm_bf16wg
 from llmrs.engine.batch import StepBatch
 from llmrs.engine.config import ModelConfig
 from llmrs.engine.model import Model, ModelWeights, rope_inv_freq
@@ -538,6 +539,9 @@ class CUDABackend:
             xb = self._buf("gemm_x", (T, K), np.uint16)
             with self._span("cast", "cast_bf16 " + name, T * K):
                 self._cast_bf16(x, xb)
+        if not out_bf16 and bf16_wgmma_takes(self, T, N, K):  # K split over a cluster (cuda_wgmma), opt-in
+            gemm_bf16wg(self, xb, w, bias, out, accumulate, name)
+            return
         with self._span("gemm", name, T, N, K, accumulate, False, 2 if out_bf16 else 4):
             # row-major out[T, N] = x[T, K] @ w[N, K]^T  <=>  column-major out^T[N, T] = w^T' ... (op(A) = W^T view)
             gemm = self.cublas.gemmEx if self._raw_gemm is None else self._raw_gemm

@@ -55,18 +55,27 @@ FILE_OPTIONS: dict[str, tuple[str, ...]] = {
     "gemm_q4.cu": tuple(f"-DGQ_STAGES_M{mt}={n}" for mt, n in sorted(GEMM_Q4_STAGES.items())),
 }
 STATIC_SMEM_LIMIT = 48 << 10  # above, a kernel must be allowed its dynamic shared memory first
-# gemm_q4.cu's wgmma kernels (the Hopper form of the 4-bit GEMM) need an arch-specific target (sm_90a), which CuPy's
-# own compile (sm_90) lacks: Kernels.wgmma_fns() compiles the file once more for it through NVRTC (module_for_arch),
-# where the GPU has one (WGMMA_ARCH). Elsewhere, and in the modules CuPy compiles, they are empty bodies that the
-# host never launches. LLMRS_Q4_WGMMA=1 makes the backend take them (cuda_q4gemm.wgmma_takes); off by default until
-# they are measured on a GPU (they were written in a session without device time: ptx-check clean on sm_90a).
+# gemm_q4.cu's wgmma kernels (the Hopper form of the 4-bit GEMM, gemm_q4wg{z,m}, and the bf16 GEMM with K split over
+# a cluster, gemm_bf16wg_s{S}) need an arch-specific target (sm_90a), which CuPy's own compile (sm_90) lacks:
+# Kernels.wgmma_fns() compiles the file once more for it through NVRTC (module_for_arch), where the GPU has one
+# (WGMMA_ARCH). Elsewhere, and in the modules CuPy compiles, they are empty bodies that the host never launches.
+# LLMRS_Q4_WGMMA=1 / LLMRS_BF16_WGMMA=1 make the backend take them (cuda_q4gemm.wgmma_takes,
+# cuda_wgmma.bf16_wgmma_takes); off by default until they are measured on a GPU (they were written in a session
+# without device time: ptx-check clean on sm_90a).
 WGMMA_ARCH: dict[int, str] = {90: "sm_90a"}
 WGMMA = os.environ.get("LLMRS_Q4_WGMMA", "0") not in OFF_VALUES
-# GemmQ4WgSmem: GQW_STAGES (4) stages of 16 KB x rows + 4 KB codes + 1 KB scale words, and 1 KB to align the stages
-# to 1024 bytes
+BF16_WGMMA = os.environ.get("LLMRS_BF16_WGMMA", "0") not in OFF_VALUES
 GEMM_Q4WG_KERNELS = ("gemm_q4wgz", "gemm_q4wgm")
-ARCH_ENTRY_POINTS: dict[str, list[str]] = {"gemm_q4.cu": list(GEMM_Q4WG_KERNELS)}  # file -> its arch-specific ones
+GEMM_BF16WG_SPLITS = (1, 2, 3, 4)  # cluster sizes compiled (gemm_bf16wg_s{S})
+GEMM_BF16WG_KERNELS = tuple(f"gemm_bf16wg_s{s}" for s in GEMM_BF16WG_SPLITS)
+ARCH_ENTRY_POINTS: dict[str, list[str]] = {  # file -> its arch-specific entry points
+    "gemm_q4.cu": [*GEMM_Q4WG_KERNELS, *GEMM_BF16WG_KERNELS]}
+# dynamic shared memory, with 1 KB to align the stages to 1024 bytes: GemmQ4WgSmem, GQW_STAGES (4) stages of 16 KB x
+# rows + 4 KB codes + 1 KB scale words; GemmBf16WgSmem, GBW_STAGES (3) stages of 16 KB W rows + 16 KB x rows
 GEMM_Q4WG_SMEM_BYTES = 4 * (1024 + 256 + 64) * 16 + 1024
+GEMM_BF16WG_SMEM_BYTES = 3 * 2 * 16384 + 1024
+WGMMA_SMEM_BYTES = {**{n: GEMM_Q4WG_SMEM_BYTES for n in GEMM_Q4WG_KERNELS},
+                    **{n: GEMM_BF16WG_SMEM_BYTES for n in GEMM_BF16WG_KERNELS}}
 
 
 def gemm_q4_smem_bytes(mt: int, stages: dict[int, int] | None = None) -> int:
@@ -117,6 +126,7 @@ PDL_KERNELS = frozenset(
     + [f"attn_partial_d{d}" for d in (1, 2, 4, 8)] + [f"attn_partial_gqa_d{d}" for d in (1, 2, 4, 8)]
     + ATTN_CLUSTER_KERNELS
     + [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)] + list(GEMM_Q4WG_KERNELS)
+    + list(GEMM_BF16WG_KERNELS)
     + [f"decode_attn_tc{o}_d{d}" for o in ("", "_bf16") for d in (64, 128)])
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
@@ -287,16 +297,17 @@ class Kernels:
                 if n.startswith("attn_cluster16") and self.cc >= 90:
                     allow_nonportable_cluster(raw)  # 16 blocks a cluster (8 is the portable limit)
                 self.fns[n] = PdlKernel(raw, self, n) if n in PDL_KERNELS else raw
-        # the wgmma form of the 4-bit GEMM: compiled now (warm-up) where the backend is to take it
+        # the wgmma GEMMs: compiled now (warm-up) where the backend is to take them
         self.wgmma_arch = WGMMA_ARCH.get(self.cc)
         self._cp, self._wg_fns, self._wg_lock = cp, None, threading.Lock()
-        self.wgmma = bool(WGMMA and self.wgmma_arch)
-        if self.wgmma:
+        self.wgmma = bool(WGMMA and self.wgmma_arch)  # the 4-bit GEMM's wgmma form (cuda_q4gemm.wgmma_takes)
+        self.bf16_wgmma = bool(BF16_WGMMA and self.wgmma_arch)  # the bf16 one (cuda_wgmma.bf16_wgmma_takes)
+        if self.wgmma or self.bf16_wgmma:
             self.wgmma_fns()
 
     def wgmma_fns(self) -> dict[str, Any]:
-        """gemm_q4.cu's wgmma kernels (GEMM_Q4WG_KERNELS), compiled for this GPU's arch-specific target on first
-        use; RuntimeError on a GPU without one (WGMMA_ARCH)."""
+        """The arch-specific kernels (ARCH_ENTRY_POINTS), compiled for this GPU's target on first use; RuntimeError
+        on a GPU without one (WGMMA_ARCH)."""
         with self._wg_lock:
             if self._wg_fns is None:
                 if not self.wgmma_arch:
@@ -307,7 +318,7 @@ class Kernels:
                 fns = {}
                 for n in names:
                     raw = mod.get_function(n)
-                    raw.max_dynamic_shared_size_bytes = GEMM_Q4WG_SMEM_BYTES
+                    raw.max_dynamic_shared_size_bytes = WGMMA_SMEM_BYTES[n]
                     fns[n] = PdlKernel(raw, self, n)
                 self._wg_fns = fns
             return self._wg_fns
