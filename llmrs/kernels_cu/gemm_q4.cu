@@ -597,6 +597,7 @@ __device__ __forceinline__ void gemm_bf16wg_impl(const uint4* __restrict__ W, co
         st_load = st_load + 1 == STAGES ? 0 : st_load + 1;
     }
     cp_async_wait<0>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // wgmma's reads of the ring before its reuse
     __syncthreads();  // every warp is done with the ring: its space takes the partial
 
     // the partial, [token][column] (row stride GBW_RED_LD): D row 16 warp + g + 8 h of tile j is column 64 j + 16 warp
