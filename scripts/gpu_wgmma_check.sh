@@ -19,6 +19,8 @@ timeout 120 python3 -c "
 from llmrs.engine.backends.cuda_kernels import get_kernels
 k = get_kernels(); print('cc', k.cc, 'arch', k.wgmma_arch, 'kernels', sorted(k.wgmma_fns()))" 2>&1 | tail -5
 if [ -z "${WG_SKIP_TESTS:-}" ]; then
+step "probe: one tile, structured inputs (where a layout error would show)"
+timeout 120 python3 scripts/wgmma_probe.py > $R/probe.txt 2>&1; tail -40 $R/probe.txt
 step "tests: gemm_q4 (wgmma included), gemv_q4, quantized parity"
 TEST_TIMEOUT=420 TEST_PATHS="tests/test_gemm_q4_gpu.py tests/test_gemm_bf16_wgmma_gpu.py ${WG_TESTS:-}" \
   TEST_ARGS="-x" gpu_tests
@@ -50,5 +52,5 @@ if [ -n "${WG_SERVE:-}" ]; then
   bench_table $R
 fi
 } 2>&1 | tee $OUT/summary.txt
-cp $R/forms.txt $R/forms-bf16.txt $OUT/ 2>/dev/null
+cp $R/forms.txt $R/forms-bf16.txt $R/probe.txt $OUT/ 2>/dev/null
 tar czf $OUT/results.tgz -C $R .
