@@ -57,13 +57,8 @@ def main() -> None:
                 line += f"  first bad (t={t}, n={n}) = W{tuple(map(int, hits[0])) if len(hits) else ' none'}"
         print(line, flush=True)
 
-    cases = [(128, 128, 64), (128, 128, 128), (1, 128, 64), (128, 256, 64), (200, 192, 128)]
-    print("gemm_q4wgz (AWQ, G 64 where K is 64 .. 128 -> the group size of the case)")
-    for T, N, K in cases:
-        G = 64 if K == 64 else 128
-        w = make_weight("awq", N, K, G, rng)
-        mw = to_marlin(be, be.upload_quantized(w))
-        wref = round_bf16(w.dequantize()).astype(np.float64)
+    def probe(launch, wref, T, N, K):
+        """Random x, then one-hot x, through `launch(x_bf16, out)` against x @ wref^T (float64)."""
         for onehot in (False, True):
             x = np.zeros((T, K), np.float32)
             if onehot:
@@ -71,27 +66,24 @@ def main() -> None:
             else:
                 x = rng.standard_normal((T, K)).astype(np.float32)
             out = cp.full((T, N), np.nan, dtype=cp.float32)
-            gemm_q4(be, bf16(x), mw, None, out, splits=1, wgmma=True)
+            launch(bf16(x), out)
             ref = round_bf16(x).astype(np.float64) @ wref.T
             report(f"T{T} N{N} K{K}{' one-hot' if onehot else ''}", cp.asnumpy(out), ref, wref, onehot)
+
+    cases = [(128, 128, 64), (128, 128, 128), (1, 128, 64), (128, 256, 64), (200, 192, 128)]
+    print("gemm_q4wgz (AWQ; group size 64 where K is 64, else 128)")
+    for T, N, K in cases:
+        w = make_weight("awq", N, K, 64 if K == 64 else 128, rng)
+        mw = to_marlin(be, be.upload_quantized(w))
+        probe(lambda xb, out: gemm_q4(be, xb, mw, None, out, splits=1, wgmma=True),
+              round_bf16(w.dequantize()).astype(np.float64), T, N, K)
     for S in (1, 2):
         print(f"gemm_bf16wg_s{S}")
         for T, N, K in cases:
-            if K // 64 < S:
-                continue
-            w = round_bf16(rng.standard_normal((N, K)).astype(np.float32)).astype(np.float64)
-            wb = bf16(w.astype(np.float32))
-            for onehot in (False, True):
-                x = np.zeros((T, K), np.float32)
-                if onehot:
-                    x[np.arange(T), np.arange(T) % K] = 1.0
-                else:
-                    x = rng.standard_normal((T, K)).astype(np.float32)
-                out = cp.full((T, N), np.nan, dtype=cp.float32)
-                gemm_bf16wg(be, bf16(x), wb, None, out, splits=S)
-                ref = round_bf16(x).astype(np.float64) @ w.T
-                report(f"T{T} N{N} K{K}{' one-hot' if onehot else ''}", cp.asnumpy(out), ref, w, onehot)
-
+            if K // 64 >= S:
+                w = round_bf16(rng.standard_normal((N, K)).astype(np.float32)).astype(np.float64)
+                wb = bf16(w.astype(np.float32))
+                probe(lambda xb, out: gemm_bf16wg(be, xb, wb, None, out, splits=S), w, T, N, K)
 
 if __name__ == "__main__":
     main()
