@@ -162,6 +162,11 @@ def test_backend_takes_wgmma_above_mma_sync_tokens(backend, monkeypatch):
     ref = cp.zeros((T, N), dtype=cp.float32)
     dequant_cublas(backend, x, dw, None, ref, False)
     check(out, cp.asnumpy(ref).astype(np.float64), "backend wgmma vs dequant+cublas")
+    # its input as bf16 words (the producers write them where it runs: `_gemm_takes_bf16`): the same result uncast
+    assert backend._gemm_takes_bf16(dw, T) and not backend._gemm_out_bf16(dw, T)
+    out2 = cp.full((T, N), np.nan, dtype=cp.float32)
+    backend._linear(to_bf16_device(backend, cp.asnumpy(x)), dw, None, out2)
+    np.testing.assert_array_equal(cp.asnumpy(out2), cp.asnumpy(out))
 
 
 def test_shapes_outside_the_kernel_fall_back(backend):

@@ -56,8 +56,8 @@ from typing import Any
 import numpy as np
 
 from llmrs.engine.backends.cuda_kernels import OFF_VALUES
-from llmrs.engine.backends.cuda_q4gemm import (GEMV_MAX_TOKENS, dequant_marlin, gemm_takes, gemv_q4, gemv_takes,
-                                               linear_q4)
+from llmrs.engine.backends.cuda_q4gemm import (GEMV_MAX_TOKENS, dequant_marlin, gemm_q4, gemm_takes, gemv_q4,
+                                               gemv_takes, linear_q4, wgmma_takes)
 from llmrs.engine.backends.cuda_wgmma import bf16_wgmma_takes, gemm_bf16wg
 from llmrs.engine.batch import StepBatch
 from llmrs.engine.config import ModelConfig
@@ -516,7 +516,7 @@ class CUDABackend:
         only on that same GEMM path, without bias or accumulate."""
         x_bf16 = x.dtype == np.uint16
         assert not x_bf16 or self._gemm_takes_bf16(w, x.shape[0]), "bf16 activations only on the bf16 GEMM path"
-        assert not out_bf16 or (self._gemm_takes_bf16(w, x.shape[0]) and bias is None and not accumulate
+        assert not out_bf16 or (self._gemm_out_bf16(w, x.shape[0]) and bias is None and not accumulate
                                 and out.dtype == np.uint16), "a bf16 output only from the plain bf16 GEMM"
         if isinstance(w, DeviceQuantWeight):
             return self._linear_quant(x, w, bias, out, accumulate, name, out_bf16)
@@ -636,9 +636,15 @@ class CUDABackend:
                        (w.qweight, w.scales, NULL if w.zeros is None else w.zeros, x, b, out, np.int32(N),
                         np.int32(K), np.int32(T), np.int32(G), acc))
             return
-        # the Marlin-style 4-bit GEMM (gemm_q4.cu); beyond cuda_q4gemm.gemm_takes dequantize + cuBLAS is faster
-        if gemm_takes(T, N, K, self.k.wgmma) and linear_q4(self, x, w.marlin, bias, out, accumulate, name):
-            return
+        # the Marlin-style 4-bit GEMM (gemm_q4.cu); beyond cuda_q4gemm.gemm_takes dequantize + cuBLAS is faster.
+        # x arrives as bf16 words where the wgmma form runs (`_gemm_takes_bf16`): the GEMM reads it uncast
+        if gemm_takes(T, N, K, self.k.wgmma):
+            assert not out_bf16, f"{name}: the 4-bit GEMM writes f32"
+            if x.dtype == np.uint16:
+                assert gemm_q4(self, x, w.marlin, bias, out, accumulate, name=name), f"{name}: bf16 x, no GEMM layout"
+                return
+            if linear_q4(self, x, w.marlin, bias, out, accumulate, name):
+                return
         wb = self._buf("dequant_w", (N, K), np.uint16)
         grid = (min(65535, -(-(N * K // 8) // 256)),)  # a word (8 weights) a thread
         with self._span("dequant", name, N, K, w.nbytes):
@@ -655,14 +661,23 @@ class CUDABackend:
         self._linear(x, wb, bias, out, accumulate, name, out_bf16)
 
     def _gemm_takes_bf16(self, w: Any, T: int) -> bool:
-        """Whether `_linear` over `w` with T tokens runs cuBLAS on a bf16 matrix, so that the producer of its input
-        writes bf16 words itself (`fuse_bf16`): a plain bf16 weight above the matvec's tokens, a quantized one
-        above every packed-weight kernel's (dequantized into a bf16 scratch, then cuBLAS: `_linear_quant`). The
-        matvec, the 4-bit GEMV and GEMM take f32."""
-        if isinstance(w, DeviceQuantWeight):
+        """Whether `_linear` over `w` with T tokens reads bf16 x, so that the producer of its input writes bf16 words
+        itself (`fuse_bf16`): a plain bf16 weight above the matvec's tokens (cuBLAS, or the opt-in bf16 wgmma GEMM),
+        a quantized one above every packed-weight kernel's (dequantized into a bf16 scratch, then cuBLAS:
+        `_linear_quant`) and where the opt-in wgmma form of the 4-bit GEMM runs. The matvec, the 4-bit GEMV and the
+        mma.sync GEMM take f32."""
+        if isinstance(w, DeviceQuantWeight):  # the wgmma form of the 4-bit GEMM (opt-in) reads bf16 x too
             return (self.fuse_bf16 and T > max(GEMV_MAX_TOKENS, self.quant_matvec_max_tokens)
-                    and not gemm_takes(T, w.N, w.K, self.k.wgmma))
+                    and (not gemm_takes(T, w.N, w.K, self.k.wgmma)
+                         or (wgmma_takes(self, T) and w.marlin is not None)))
         return self.fuse_bf16 and T > self.matvec_max_tokens
+
+    def _gemm_out_bf16(self, w: Any, T: int) -> bool:
+        """Whether `_linear` over `w` with T tokens can write bf16 words (out_bf16): cuBLAS only, i.e. a bf16
+        weight on the GEMM path or a quantized one dequantized for cuBLAS (not the 4-bit GEMMs, which write f32)."""
+        if isinstance(w, DeviceQuantWeight):
+            return self._gemm_takes_bf16(w, T) and not gemm_takes(T, w.N, w.K, self.k.wgmma)
+        return self._gemm_takes_bf16(w, T)
 
     def _rms_norm_bf16(self, x: Any, w: Any, eps: float, out: Any, y: Any = None, rows: Any = None,
                        n_rows: int | None = None) -> None:
@@ -720,7 +735,7 @@ class CUDABackend:
         """Whether gate/up comes out of cuBLAS as bf16 words and silu_mul_bf16_bf16 reads them (LLMRS_GATE_UP_BF16):
         both gate_up and down on the bf16 GEMM path (`_gemm_takes_bf16`), so the f32 [T, 2I] product is never
         written or read."""
-        return (self.gate_up_bf16 and self._gemm_takes_bf16(layer.gate_up, T)
+        return (self.gate_up_bf16 and self._gemm_out_bf16(layer.gate_up, T)
                 and self._gemm_takes_bf16(layer.down, T))
 
     def _attn_choice(self, T: int) -> str:
