@@ -107,8 +107,8 @@ def test_attn_cluster_takes_the_smallest_cluster_that_holds_the_context():
 
 def test_wgmma_gemm_ring_and_dispatch():
     """gemm_q4.cu's wgmma form: its ring (GQW_STAGES stages of GemmQ4Smem<8>'s size, plus 1 KB to align them to 1024
-    bytes) as the host sizes it, no entry in the modules CuPy compiles (sm_90a only: Kernels.wgmma_fns), and the
-    token counts / K slices the host gives it."""
+    bytes) as the host sizes it, a kernel per mode and compiled cluster size, none in the modules CuPy compiles
+    (sm_90a only: Kernels.wgmma_fns), and the token counts / K slices the host gives it."""
     import re
 
     import llmrs.engine.backends.cuda_q4gemm as q4
@@ -118,9 +118,11 @@ def test_wgmma_gemm_ring_and_dispatch():
     stages = int(re.search(r"#define GQW_STAGES (\d+)", src).group(1))
     assert ck.GEMM_Q4WG_SMEM_BYTES == stages * 1344 * 16 + 1024 == ck.gemm_q4_smem_bytes(8, {8: stages}) + 1024
     assert 2 * ck.GEMM_Q4WG_SMEM_BYTES <= 227 << 10  # WG_BLOCKS_PER_SM blocks an SM
+    made = {f"gemm_q4wg{k}_s{s}" for k, _, s in re.findall(r"^GEMM_Q4WG\((\w), (\d), (\d)\)", src, re.M)}
+    assert made == set(ck.GEMM_Q4WG_KERNELS) and len(made) == 2 * len(ck.WG_SPLITS)
     for n in ck.GEMM_Q4WG_KERNELS:
-        assert f"GEMM_Q4WG({n}," in src and n in ck.PDL_KERNELS
-        assert all(n not in names for names in ck.ENTRY_POINTS.values()) and n in ck.ARCH_ENTRY_POINTS["gemm_q4.cu"]
+        assert n in ck.PDL_KERNELS and n in ck.ARCH_ENTRY_POINTS["gemm_q4.cu"]
+        assert all(n not in names for names in ck.ENTRY_POINTS.values())
     assert ck.WGMMA_ARCH == {90: "sm_90a"}
     # without the wgmma form, 256 tokens are dequantize + cuBLAS's; with it, the GEMM's (up to WG_MAX_TOKENS)
     assert not q4.gemm_takes(256, 4608, 3584) and q4.gemm_takes(256, 4608, 3584, wgmma=True)
@@ -130,9 +132,11 @@ def test_wgmma_gemm_ring_and_dispatch():
     assert not q4.wgmma_takes(SimpleNamespace(k=SimpleNamespace(wgmma=False)), 256)
     # K slices: 2 blocks an SM over the 128 x 128 tiles (7B qkv at 256 tokens: 36 x 2 tiles -> 3 slices; gate_up's
     # 296 x 2 tiles fill the GPU alone; down: 28 x 2 tiles -> 4 slices of its 296 k64 tiles)
+    # (the slices are a cluster's blocks: at most the largest compiled cluster, 4)
     assert q4.choose_splits(be, 256, 4608, 3584, wgmma=True) == 3
     assert q4.choose_splits(be, 256, 37888, 3584, wgmma=True) == 1
     assert q4.choose_splits(be, 256, 3584, 18944, wgmma=True) == 4
+    assert q4.choose_splits(be, 128, 4608, 3584, wgmma=True) == 4 and max(ck.WG_SPLITS) == 4
 
 
 def test_bf16_wgmma_gemm_ring_clusters_and_dispatch():
@@ -146,7 +150,7 @@ def test_bf16_wgmma_gemm_ring_clusters_and_dispatch():
 
     src = (ck.KERNELS_DIR / "gemm_q4.cu").read_text()
     stages = int(re.search(r"#define GBW_STAGES (\d+)", src).group(1))
-    red_ld = int(re.search(r"#define GBW_RED_LD (\d+)", src).group(1))
+    red_ld = int(re.search(r"#define WG_RED_LD (\d+)", src).group(1))
     assert ck.GEMM_BF16WG_SMEM_BYTES == stages * 2 * 16384 + 1024 and 128 * red_ld * 4 <= stages * 2 * 16384
     assert 2 * ck.GEMM_BF16WG_SMEM_BYTES <= 227 << 10
     assert [int(s) for s in re.findall(r"^GEMM_BF16WG\((\d)\)", src, re.M)] == list(ck.GEMM_BF16WG_SPLITS)

@@ -369,7 +369,7 @@ extern "C" __global__ void gemm_q4_reduce(const float* __restrict__ part, const 
 }
 
 // ---------------------------------------------------------------------- the Hopper form: wgmma (sm_90a)
-// gemm_q4wg{z,m}: the same product, layout, ring and epilogue as gemm_q4{z,m}_m8 (128 tokens x 128 columns a block,
+// gemm_q4wg{z,m}_s{S}: the same product, layout and ring as gemm_q4{z,m}_m8 (128 tokens x 128 columns a block,
 // K in 64-wide stages filled by StageLoader<8>), multiplied by the warpgroup's asynchronous
 // wgmma.mma_async.m64n128k16 instead of mma.sync (on the H200 the m8 kernel stalls at ~300-350 TFLOP/s of
 // mma.sync, 2 blocks an SM; cuBLAS's wgmma reaches 350-490 on the dequantized weights). The roles swap:
@@ -382,7 +382,8 @@ extern "C" __global__ void gemm_q4_reduce(const float* __restrict__ part, const 
 // Per stage two halves (k32 sub-blocks kb), each: dequantize 4 fragments, fence, 4 wgmma, commit; the next half's
 // fragments are decoded while the previous half multiplies (wait_group 1 before a half's registers are
 // rewritten). The ring's loads run STAGES - 2 ahead, so the stage they overwrite has no wgmma in flight.
-// sm_90a only (wgmma): other targets compile an empty body, which the host never launches (cuda_q4gemm).
+// gemm_q4wg{z,m}_s{S}: K split over a cluster of S blocks (wg_cluster_store below: no partials in global memory,
+// no gemm_q4_reduce). sm_90a only (wgmma): other targets compile empty bodies, never launched (cuda_q4gemm).
 #define GQW_STAGES 4
 
 struct GemmQ4WgSmem {  // GemmQ4Smem<8>'s stages: x first (16 KB a stage, so 1024-byte aligned from an aligned base)
@@ -390,6 +391,80 @@ struct GemmQ4WgSmem {  // GemmQ4Smem<8>'s stages: x first (16 KB a stage, so 102
     uint4 b[GQW_STAGES][256];
     uint4 s[GQW_STAGES][64];
 };
+
+// The wgmma GEMMs' split-K epilogue over a thread-block cluster. K is split over the S blocks of a cluster
+// (__cluster_dims__(1, 1, S): the slices of one 128 x 128 output tile); each block leaves its f32 partial in its own
+// shared memory (the ring's space, no longer needed), [token][column] with rows of WG_RED_LD floats (128 + 4: a
+// warp's stores of one accumulator hit 32 banks); after a cluster barrier block `rank` sums the token rows rank,
+// rank + S, ... of all S partials in rank order (distributed shared memory, 16 bytes a load: deterministic) and
+// writes them with bias / accumulate. No partials in global memory, no reduce launch.
+#define WG_RED_LD 132
+static_assert(sizeof(GemmQ4WgSmem) >= 128 * WG_RED_LD * 4, "the partial reuses the ring's space");
+
+#ifdef LLMRS_WGMMA
+// the block's two m64n128 accumulator tiles into red: D row 16 warp + g + 8 h of tile j is block column col(j, h, g),
+// D column 8 i + 2 t + e is token 8 i + 2 t + e
+template <typename Col>
+__device__ __forceinline__ void wg_partial_to_smem(const float (&acc)[2][64], float* red, Col col) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int c = col(j, h, g);
+#pragma unroll
+            for (int i = 0; i < 16; ++i)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) red[(8 * i + 2 * t + e) * WG_RED_LD + c] = acc[j][4 * i + 2 * h + e];
+        }
+}
+
+// the cluster's sum of the partials for this block's token rows, written to out[m0 + row, n0 + column]
+template <int S>
+__device__ __forceinline__ void wg_cluster_store(const float* red, const float* __restrict__ bias,
+                                                 float* __restrict__ out, int m0, int n0, int T, int N,
+                                                 int accumulate) {
+    cluster_sync();  // every block's partial is written and visible across the cluster
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, q = lane * 4, n = n0 + q;
+    const int rank = (int)cluster_rank();
+    const float4 b4 = bias != nullptr && n < N ? *reinterpret_cast<const float4*>(bias + n)
+                                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int c = rank + S * warp; c < 128; c += S * 4) {  // a warp a row at a time, a lane 4 columns
+        const int m = m0 + c;
+        float4 v = ld_cluster4(red + c * WG_RED_LD + q, 0);
+#pragma unroll
+        for (int s = 1; s < S; ++s) {
+            const float4 p = ld_cluster4(red + c * WG_RED_LD + q, s);
+            v.x += p.x;
+            v.y += p.y;
+            v.z += p.z;
+            v.w += p.w;
+        }
+        if (m < T && n < N) {
+            v.x += b4.x;
+            v.y += b4.y;
+            v.z += b4.z;
+            v.w += b4.w;
+            float4* dst = reinterpret_cast<float4*>(out + (size_t)m * N + n);
+            if (accumulate) {
+                const float4 o = *dst;
+                v.x = o.x + v.x;
+                v.y = o.y + v.y;
+                v.z = o.z + v.z;
+                v.w = o.w + v.w;
+            }
+            *dst = v;
+        }
+    }
+    cluster_sync();  // no block leaves (its shared memory) while another may still read it
+}
+#endif
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define WG_CLUSTER(S) __cluster_dims__(1, 1, S)
+#else
+#define WG_CLUSTER(S)
+#endif
 
 #ifdef LLMRS_WGMMA
 // One half stage (k32 sub-block kb of stage st): warp `warp`'s A fragments of both m64 tiles for its two k16 steps
@@ -421,11 +496,11 @@ __device__ __forceinline__ void wg_half(const GemmQ4WgSmem& sm, int st, int kb, 
 }
 #endif
 
-template <int MODE>
+template <int MODE, int S>
 __device__ __forceinline__ void gemm_q4wg_impl(const uint4* __restrict__ Bq, const uint4* __restrict__ SZ,
                                                const uint4* __restrict__ X, const float* __restrict__ bias,
-                                               float* __restrict__ out, float* __restrict__ part, int T, int N, int K,
-                                               int G, int accumulate, int kt_per_split) {
+                                               float* __restrict__ out, int T, int N, int K, int G, int accumulate,
+                                               int kt_per_split) {
 #ifdef LLMRS_WGMMA
     pdl_enter();
     constexpr int STAGES = GQW_STAGES, AHEAD = GQW_STAGES - 2;
@@ -435,7 +510,7 @@ __device__ __forceinline__ void gemm_q4wg_impl(const uint4* __restrict__ Bq, con
     GemmQ4WgSmem& sm = *reinterpret_cast<GemmQ4WgSmem*>(reinterpret_cast<char*>(gq_smem) + pad);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int nblk = blockIdx.x, m0 = blockIdx.y * 128;
-    const int kt0 = blockIdx.z * kt_per_split, nk = min((K >> 6) - kt0, kt_per_split);
+    const int kt0 = (int)cluster_rank() * kt_per_split, nk = max(0, min((K >> 6) - kt0, kt_per_split));
 
     float acc[2][64];
 #pragma unroll
@@ -471,44 +546,29 @@ __device__ __forceinline__ void gemm_q4wg_impl(const uint4* __restrict__ Bq, con
     wg_fence_acc(acc[0]);
     wg_fence_acc(acc[1]);
     cp_async_wait<0>();
-    if ((nblk * 4 + warp) * 32 >= N) return;  // the last block may reach past N (warp-uniform)
-
-    // D row 16 warp + g (+ 8) of tile j is column 32 warp + 16 j + g (+ 8); D column 8 i + 2 t (+ 1) is token 8 i +
-    // 2 t (+ 1) of the block
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int n = (nblk * 4 + warp) * 32 + 16 * j + 8 * h + g;
-            const float bn = bias && !part ? bias[n] : 0.0f;
-#pragma unroll
-            for (int i = 0; i < 16; ++i)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int m = m0 + 8 * i + 2 * t + e;
-                    if (m >= T) continue;
-                    const float v = acc[j][4 * i + 2 * h + e];
-                    if (part) {
-                        part[((size_t)blockIdx.z * T + m) * N + n] = v;
-                    } else {
-                        float* dst = out + (size_t)m * N + n;
-                        *dst = accumulate ? *dst + (v + bn) : v + bn;
-                    }
-                }
-        }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // wgmma's reads of the ring before its reuse
+    __syncthreads();  // every warp is done with the ring: its space takes the partial
+    float* red = reinterpret_cast<float*>(&sm);
+    wg_partial_to_smem(acc, red, [warp](int j, int h, int g) { return 32 * warp + 16 * j + 8 * h + g; });
+    wg_cluster_store<S>(red, bias, out, m0, nblk * GQ_BN, T, N, accumulate);
 #endif
 }
 
-#define GEMM_Q4WG(NAME, MODE)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(GQ_THREADS, 2)                                                   \
-        NAME(const uint4* __restrict__ Bq, const uint4* __restrict__ SZ, const uint4* __restrict__ X,              \
-             const float* __restrict__ bias, float* __restrict__ out, float* __restrict__ part, int T, int N, int K, \
-             int G, int accumulate, int kt_per_split) {                                                           \
-        gemm_q4wg_impl<MODE>(Bq, SZ, X, bias, out, part, T, N, K, G, accumulate, kt_per_split);                   \
+#define GEMM_Q4WG(KIND, MODE, S)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(GQ_THREADS, 2) WG_CLUSTER(S) gemm_q4wg##KIND##_s##S(             \
+        const uint4* __restrict__ Bq, const uint4* __restrict__ SZ, const uint4* __restrict__ X,                  \
+        const float* __restrict__ bias, float* __restrict__ out, int T, int N, int K, int G, int accumulate,       \
+        int kt_per_split) {                                                                                       \
+        gemm_q4wg_impl<MODE, S>(Bq, SZ, X, bias, out, T, N, K, G, accumulate, kt_per_split);                      \
     }
-GEMM_Q4WG(gemm_q4wgz, 0)
-GEMM_Q4WG(gemm_q4wgm, 1)
+GEMM_Q4WG(z, 0, 1)
+GEMM_Q4WG(z, 0, 2)
+GEMM_Q4WG(z, 0, 3)
+GEMM_Q4WG(z, 0, 4)
+GEMM_Q4WG(m, 1, 1)
+GEMM_Q4WG(m, 1, 2)
+GEMM_Q4WG(m, 1, 3)
+GEMM_Q4WG(m, 1, 4)
 
 // ---------------------------------------------------------------------- the bf16 wgmma GEMM (sm_90a)
 // gemm_bf16wg_s{S}: out[T, N] (= or +=) x[T, K] @ W[N, K]^T (+ bias[N]), W and x bf16 (uint16 words), out f32: the
@@ -518,19 +578,16 @@ GEMM_Q4WG(gemm_q4wgm, 1)
 // warpgroup, 128 columns x 128 tokens: two m64n128k16 wgmma a k16 step, both operands from shared memory (K-major,
 // 128-byte swizzle, the W rows as A: out^T = W x^T), K in 64-wide stages through a GBW_STAGES-deep cp.async ring
 // (one stage multiplied while the next GBW_STAGES - 1 load; the multiply drains at each stage's end, which the
-// second block of an SM covers). K is split over the S blocks of a thread-block cluster (__cluster_dims__(1, 1,
-// S)): each leaves its 128 x 128 f32 partial in its own shared memory (the ring's space), and after a cluster
-// barrier block r sums the token rows r, r + S, ... of all S partials in rank order (distributed shared memory,
-// 16 bytes a load: deterministic) and writes them with bias / accumulate. No partials in global memory, no reduce
-// launch. sm_90a only; elsewhere empty bodies the host never launches.
+// second block of an SM covers). K is split over the S blocks of a thread-block cluster, their partials summed in
+// distributed shared memory (wg_cluster_store, as gemm_q4wg's). sm_90a only; elsewhere empty bodies the host never
+// launches.
 #define GBW_STAGES 3
-#define GBW_RED_LD 132  // floats a partial's token row (128 + 4: a warp's stores of one accumulator hit 32 banks)
 
 struct GemmBf16WgSmem {
     uint4 w[GBW_STAGES][1024];  // 128 columns x 64 k, 128 bytes a row, swizzled
     uint4 x[GBW_STAGES][1024];  // 128 tokens x 64 k
 };
-static_assert(sizeof(GemmBf16WgSmem) >= 128 * GBW_RED_LD * 4, "the partial reuses the ring's space");
+static_assert(sizeof(GemmBf16WgSmem) >= 128 * WG_RED_LD * 4, "the partial reuses the ring's space");
 
 template <int S>
 __device__ __forceinline__ void gemm_bf16wg_impl(const uint4* __restrict__ W, const uint4* __restrict__ X,
@@ -542,10 +599,10 @@ __device__ __forceinline__ void gemm_bf16wg_impl(const uint4* __restrict__ W, co
     extern __shared__ uint4 gbw_smem[];  // GemmBf16WgSmem + 1 KB: its stages start at the next 1024-byte boundary
     const unsigned pad = (1024u - (smem_u32(gbw_smem) & 1023u)) & 1023u;
     GemmBf16WgSmem& sm = *reinterpret_cast<GemmBf16WgSmem*>(reinterpret_cast<char*>(gbw_smem) + pad);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x, warp = tid >> 5;
     const int n0 = blockIdx.x * 128, m0 = blockIdx.y * 128;
-    const unsigned rank = cluster_rank();  // = blockIdx.z: the cluster spans grid.z (S slices of K)
-    const int kt0 = (int)rank * kt_per_split, nk = max(0, min((K >> 6) - kt0, kt_per_split));
+    // the cluster spans grid.z: its rank is the K slice
+    const int kt0 = (int)cluster_rank() * kt_per_split, nk = max(0, min((K >> 6) - kt0, kt_per_split));
     const int K8 = K >> 3;  // 16-byte chunks a row
 
     // a thread's share of a stage: chunk cc of rows r0 + 16 i (i < 8) of both tiles; (r0 + 16 i) % 8 == r0 % 8, so
@@ -600,63 +657,14 @@ __device__ __forceinline__ void gemm_bf16wg_impl(const uint4* __restrict__ W, co
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // wgmma's reads of the ring before its reuse
     __syncthreads();  // every warp is done with the ring: its space takes the partial
 
-    // the partial, [token][column] (row stride GBW_RED_LD): D row 16 warp + g + 8 h of tile j is column 64 j + 16 warp
-    // + 8 h + g, D column 8 i + 2 t + e token 8 i + 2 t + e
     float* red = reinterpret_cast<float*>(&sm);
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int i = 0; i < 16; ++i)
-#pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    red[(8 * i + 2 * t + e) * GBW_RED_LD + 64 * j + 16 * warp + 8 * h + g] = acc[j][4 * i + 2 * h + e];
-    cluster_sync();  // every block's partial is written and visible across the cluster
-
-    // block `rank` sums token rows rank, rank + S, ...: a warp a row at a time, a lane 4 columns (16 bytes)
-    const int q = lane * 4, n = n0 + q;
-    const float4 b4 = bias != nullptr && n < N ? *reinterpret_cast<const float4*>(bias + n)
-                                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int c = (int)rank + S * warp; c < 128; c += S * 4) {
-        const int m = m0 + c;
-        float4 v = ld_cluster4(red + c * GBW_RED_LD + q, 0);
-#pragma unroll
-        for (int s = 1; s < S; ++s) {
-            const float4 p = ld_cluster4(red + c * GBW_RED_LD + q, s);
-            v.x += p.x;
-            v.y += p.y;
-            v.z += p.z;
-            v.w += p.w;
-        }
-        if (m < T && n < N) {
-            v.x += b4.x;
-            v.y += b4.y;
-            v.z += b4.z;
-            v.w += b4.w;
-            float4* dst = reinterpret_cast<float4*>(out + (size_t)m * N + n);
-            if (accumulate) {
-                const float4 o = *dst;
-                v.x = o.x + v.x;
-                v.y = o.y + v.y;
-                v.z = o.z + v.z;
-                v.w = o.w + v.w;
-            }
-            *dst = v;
-        }
-    }
-    cluster_sync();  // no block leaves (its shared memory) while another may still read it
+    wg_partial_to_smem(acc, red, [warp](int j, int h, int g) { return 64 * j + 16 * warp + 8 * h + g; });
+    wg_cluster_store<S>(red, bias, out, m0, n0, T, N, accumulate);
 #endif
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define GBW_CLUSTER(S) __cluster_dims__(1, 1, S)
-#else
-#define GBW_CLUSTER(S)
-#endif
 #define GEMM_BF16WG(S)                                                                                           \
-    extern "C" __global__ void __launch_bounds__(128, 2) GBW_CLUSTER(S) gemm_bf16wg_s##S(                        \
+    extern "C" __global__ void __launch_bounds__(128, 2) WG_CLUSTER(S) gemm_bf16wg_s##S(                        \
         const uint4* __restrict__ W, const uint4* __restrict__ X, const float* __restrict__ bias,                 \
         float* __restrict__ out, int T, int N, int K, int accumulate, int kt_per_split) {                         \
         gemm_bf16wg_impl<S>(W, X, bias, out, T, N, K, accumulate, kt_per_split);                                  \

@@ -65,8 +65,9 @@ STATIC_SMEM_LIMIT = 48 << 10  # above, a kernel must be allowed its dynamic shar
 WGMMA_ARCH: dict[int, str] = {90: "sm_90a"}
 WGMMA = os.environ.get("LLMRS_Q4_WGMMA", "0") not in OFF_VALUES
 BF16_WGMMA = os.environ.get("LLMRS_BF16_WGMMA", "0") not in OFF_VALUES
-GEMM_Q4WG_KERNELS = ("gemm_q4wgz", "gemm_q4wgm")
-GEMM_BF16WG_SPLITS = (1, 2, 3, 4)  # cluster sizes compiled (gemm_bf16wg_s{S})
+WG_SPLITS = (1, 2, 3, 4)  # the cluster sizes (K slices) compiled: gemm_q4wg{z,m}_s{S}, gemm_bf16wg_s{S}
+GEMM_Q4WG_KERNELS = tuple(f"gemm_q4wg{k}_s{s}" for k in ("z", "m") for s in WG_SPLITS)
+GEMM_BF16WG_SPLITS = WG_SPLITS
 GEMM_BF16WG_KERNELS = tuple(f"gemm_bf16wg_s{s}" for s in GEMM_BF16WG_SPLITS)
 ARCH_ENTRY_POINTS: dict[str, list[str]] = {  # file -> its arch-specific entry points
     "gemm_q4.cu": [*GEMM_Q4WG_KERNELS, *GEMM_BF16WG_KERNELS]}

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from llmrs.engine.backends.cuda_kernels import GEMM_Q4WG_SMEM_BYTES, GEMV_CPG, gemm_q4_smem_bytes
+from llmrs.engine.backends.cuda_kernels import GEMM_Q4WG_SMEM_BYTES, GEMV_CPG, WG_SPLITS, gemm_q4_smem_bytes
 from llmrs.engine.quant import DeviceQuantWeight, marlin_reorder, marlin_scales
 
 NULL = np.uint64(0)
@@ -163,11 +163,12 @@ def choose_splits(backend: Any, T: int, N: int, K: int, wgmma: bool = False) -> 
     already do); the wgmma form: WG_BLOCKS_PER_SM (what fits), its 128-token tiles."""
     from llmrs.engine.backends.cuda import env_int  # (cuda.py imports this module)
 
-    if wgmma:
-        per_sm, tiles = WG_BLOCKS_PER_SM, -(-N // BN) * -(-T // WG_TOKENS)
-    else:
-        per_sm = env_int("LLMRS_Q4_GEMM_BLOCKS_PER_SM", GEMM_BLOCKS_PER_SM)
-        tiles = -(-N // BN) * -(-T // (16 * tile_rows(T)))
+    if wgmma:  # the K slices are a cluster's blocks: one of the compiled sizes (WG_SPLITS)
+        tiles = -(-N // BN) * -(-T // WG_TOKENS)
+        S = max(1, min(WG_BLOCKS_PER_SM * backend.num_sms // tiles, (K // BK) // MIN_KT_PER_SPLIT))
+        return max(s for s in WG_SPLITS if s <= S)
+    per_sm = env_int("LLMRS_Q4_GEMM_BLOCKS_PER_SM", GEMM_BLOCKS_PER_SM)
+    tiles = -(-N // BN) * -(-T // (16 * tile_rows(T)))
     return max(1, min(per_sm * backend.num_sms // tiles, (K // BK) // MIN_KT_PER_SPLIT, MAX_SPLITS))
 
 
@@ -187,18 +188,22 @@ def gemm_q4(backend: Any, x_bf16: Any, mw: MarlinWeight | None, bias: Any | None
     wg = wgmma_takes(backend, T) if wgmma is None else wgmma
     KT = K // BK
     S = choose_splits(backend, T, N, K, wg) if splits is None else max(1, min(int(splits), KT))
+    if wg:  # a compiled cluster size; its slices may end empty (a block of zeros), never overlap
+        S = max(s for s in WG_SPLITS if s <= S)
     per = -(-KT // S)
-    S = -(-KT // per)  # no empty slice
-    if wg:
-        grid = (-(-N // BN), -(-T // WG_TOKENS), S)
-        fn = backend.k.wgmma_fns()[f"gemm_{'q4wgm' if mw.mode else 'q4wgz'}"]  # RuntimeError without sm_90a
-        smem = GEMM_Q4WG_SMEM_BYTES
-    else:
-        mt = tile_rows(T)
-        grid = (-(-N // BN), -(-T // (16 * mt)), S)
-        fn = backend.k.fns[f"gemm_{'q4m' if mw.mode else 'q4z'}_m{mt}"]
-        smem = gemm_q4_smem_bytes(mt)
     b = NULL if bias is None else bias
+    if wg:  # K split over a cluster of S blocks, summed in distributed shared memory: no partials, no reduce
+        fn = backend.k.wgmma_fns()[f"gemm_q4wg{'m' if mw.mode else 'z'}_s{S}"]  # RuntimeError without sm_90a
+        with backend._span("gemm_q4", name, T, N, K, accumulate, bias is not None):
+            fn((-(-N // BN), -(-T // WG_TOKENS), S), (THREADS,),
+               (mw.qweight, mw.sz, x_bf16, b, out, np.int32(T), np.int32(N), np.int32(K), np.int32(mw.group_size),
+                np.int32(1 if accumulate else 0), np.int32(per)), shared_mem=GEMM_Q4WG_SMEM_BYTES)
+        return True
+    S = -(-KT // per)  # no empty slice
+    mt = tile_rows(T)
+    grid = (-(-N // BN), -(-T // (16 * mt)), S)
+    fn = backend.k.fns[f"gemm_{'q4m' if mw.mode else 'q4z'}_m{mt}"]
+    smem = gemm_q4_smem_bytes(mt)
     with backend._span("gemm_q4", name, T, N, K, accumulate, bias is not None):
         if S == 1:
             fn(grid, (THREADS,), (mw.qweight, mw.sz, x_bf16, b, out, NULL, np.int32(T), np.int32(N), np.int32(K),

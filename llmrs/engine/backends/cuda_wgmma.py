@@ -24,7 +24,7 @@ from llmrs.engine.backends.cuda_kernels import GEMM_BF16WG_SMEM_BYTES, GEMM_BF16
 NULL = np.uint64(0)
 TILE = 128  # columns and tokens a block
 BK = 64  # k a stage
-BLOCKS_PER_SM = 2  # resident at once: 161 registers x 128 threads, 97 KB of ring each (ptx-check)
+BLOCKS_PER_SM = 2  # resident at once: 160 registers x 128 threads, 97 KB of ring each (ptx-check)
 WGB_FROM = int(os.environ.get("LLMRS_BF16_WGMMA_FROM", "64"))
 WGB_MAX_TOKENS = int(os.environ.get("LLMRS_BF16_WGMMA_MAX_TOKENS", "512"))
 
