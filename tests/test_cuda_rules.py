@@ -127,6 +127,7 @@ def test_wgmma_gemm_ring_and_dispatch():
     # without the wgmma form, 256 tokens are dequantize + cuBLAS's; with it, the GEMM's (up to WG_MAX_TOKENS)
     assert not q4.gemm_takes(256, 4608, 3584) and q4.gemm_takes(256, 4608, 3584, wgmma=True)
     assert q4.gemm_takes(q4.WG_MAX_TOKENS, 3584, 18944, wgmma=True)
+    assert not q4.gemm_takes(q4.WG_MAX_TOKENS + 1, 3584, 18944, wgmma=True)  # large prefills: dequantize + cuBLAS
     be = SimpleNamespace(num_sms=132, k=SimpleNamespace(wgmma=True))
     assert q4.wgmma_takes(be, 256) and not q4.wgmma_takes(be, q4.WG_FROM - 1)
     assert not q4.wgmma_takes(SimpleNamespace(k=SimpleNamespace(wgmma=False)), 256)

@@ -127,7 +127,8 @@ SMALL_MAX_WEIGHTS = 64 << 20
 # + cuBLAS had. LLMRS_Q4_WGMMA_FROM / LLMRS_Q4_WGMMA_MAX_TOKENS (read at import) for A/Bs. The starting values are
 # guesses from the mma.sync form's figures (module docstring), to be replaced by scripts/bench_gemm_q4_forms.py's.
 WG_FROM = int(os.environ.get("LLMRS_Q4_WGMMA_FROM", "128"))
-WG_MAX_TOKENS = int(os.environ.get("LLMRS_Q4_WGMMA_MAX_TOKENS", str(1 << 30)))
+# above ~1024 tokens dequantize + cuBLAS amortizes its dequantization (320-570 TFLOP/s at 1024, the docstring)
+WG_MAX_TOKENS = int(os.environ.get("LLMRS_Q4_WGMMA_MAX_TOKENS", "1024"))
 WG_TOKENS = 128  # tokens a block
 WG_BLOCKS_PER_SM = 2  # resident at once: <= 255 registers x 128 threads and 85 KB of ring each (ptx-check)
 
