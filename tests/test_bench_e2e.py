@@ -38,3 +38,26 @@ def test_bench_starts_llmrs_serve_and_saves_complete_results(tmp_path):
     assert all(int(r["output_tokens"]) == 8 and int(r["prompt_tokens"]) == 24 for r in rows)
     assert (tmp_path / "rep" / REPORT_MD).read_text().count("llmrs-cpu") >= 1
     assert all((tmp_path / "rep" / p).is_file() for p in PLOTS)
+
+
+def test_bench_fits_prompts_to_a_small_vocabulary_server(tmp_path, tiny_qwen2):
+    """Against `llmrs serve` on a 400-token test model the random prompts are built from ids the server has: the
+    bench finds its vocabulary through /detokenize instead of sending ids it refuses (it crashed with an HTTP 400
+    traceback before), and fits each prompt to the asked length where the tiny BPE's merges let it (the fit keeps
+    the closest text after its rounds and records the length the server counts)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    res = subprocess.run(
+        [sys.executable, "-m", "llmrs", "bench", "-n", "4", "-c", "2", "--input-len", "40", "--output-len", "4",
+         "--ignore-eos", "--workers", "1", "--serve-args", f"{tiny_qwen2} --device cpu", "-o", str(tmp_path),
+         "--name", "small"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    doc = json.loads((tmp_path / "small.json").read_text())
+    assert doc["tokenizer"].startswith("server:")
+    s = doc["runs"][0]["summary"]
+    assert s["completed"] == 4 and s["failed"] == 0
+    rows = list(csv.DictReader(open(next(tmp_path.glob("small*.csv")))))
+    assert all(r["input_len"] == r["prompt_tokens"] for r in rows)  # what the bench recorded, the server counted
+    lens = sorted(int(r["input_len"]) for r in rows)
+    assert lens.count(40) >= 2 and all(abs(n - 40) <= 3 for n in lens), lens

@@ -154,3 +154,44 @@ def test_prefix_cache_counters_from_llmrs_and_vllm_metrics():
     assert prefix_cache_delta(before, after) == {"source": "vllm", "query_tokens": 512, "hit_tokens": 256,
                                                  "hit_rate": 0.5}
     assert prefix_cache_delta(None, after) is None
+
+
+def test_a_server_vocabulary_smaller_than_the_id_range_is_found_and_used():
+    """Random prompts draw ids from dataset.ID_RANGE; a server whose /detokenize refuses ids past its vocabulary
+    (400 here, a test model's) gets them from [256, 400) instead (bisection over /detokenize); its errors on a
+    tokenizer call come back as one UserError line, not an HTTP traceback."""
+    import httpx
+
+    from llmrs.bench.dataset import ID_RANGE, id_range
+    from llmrs.bench.tokenization import ServerTokenizer, probe_server_tokenizer
+
+    vocab, calls = 400, []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = __import__("json").loads(request.content)
+        if request.url.path == "/tokenize":
+            return httpx.Response(200, json={"tokens": [300, 301], "count": 2})
+        calls.append(body["tokens"])
+        if any(not 0 <= t < vocab for t in body["tokens"]):
+            return httpx.Response(400, json={"error": {"message": "token id outside the vocabulary"}})
+        return httpx.Response(200, json={"prompt": "x" * len(body["tokens"])})
+
+    async def probe(h):
+        async with httpx.AsyncClient(transport=httpx.MockTransport(h)) as client:
+            return await probe_server_tokenizer("http://srv", "m", client)
+
+    tok = asyncio.run(probe(handler))
+    assert tok is not None and tok.vocab_size == vocab and len(calls) < 25  # ~log2(32000) probes
+    assert id_range(tok.vocab_size) == (256, vocab) and id_range(None) == ID_RANGE == id_range(10**6)
+    assert id_range(300) == (150, 300)  # too few ids above 256: the upper half
+    vocab = 10**6  # a large vocabulary: /detokenize takes the whole range, nothing to cut
+    assert asyncio.run(probe(handler)).vocab_size is None
+
+    async def failing():
+        def h(request):
+            return httpx.Response(503, text="engine down")
+        async with httpx.AsyncClient(transport=httpx.MockTransport(h)) as client:
+            await ServerTokenizer("http://srv", "m", client).decode([1])
+
+    with pytest.raises(UserError, match="/detokenize answered 503: engine down"):
+        asyncio.run(failing())

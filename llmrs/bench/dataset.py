@@ -46,12 +46,24 @@ def _lengths(rng: np.random.Generator, n: int, mean: int, ratio: float) -> np.nd
     return rng.integers(lo, hi + 1, size=n)
 
 
+def id_range(vocab_size: int | None) -> tuple[int, int]:
+    """[lo, hi) of the random ids for a server's tokenizer: ID_RANGE, cut to a smaller vocabulary where the server
+    said so (ServerTokenizer.vocab_size); its first 256 ids stay out where the rest leaves 64 or more (byte-level
+    vocabularies put special tokens there), else its upper half."""
+    if vocab_size is None or vocab_size >= ID_RANGE[1]:
+        return ID_RANGE
+    lo = ID_RANGE[0] if vocab_size - ID_RANGE[0] >= 64 else vocab_size // 2
+    return lo, vocab_size
+
+
 def _id_sampler(tok: Tokenizer | None):
-    """Draws random ordinary token ids: from the local vocabulary minus special tokens, else ID_RANGE."""
+    """Draws random ordinary token ids: from the local vocabulary minus special tokens, else `id_range` (the
+    server's vocabulary where it is smaller than ID_RANGE)."""
     if isinstance(tok, LocalTokenizer):
         allowed = np.array(sorted(set(range(tok.vocab_size)) - tok.special_ids), dtype=np.int64)
         return lambda rng, k: allowed[rng.integers(0, allowed.size, size=k)].tolist()
-    return lambda rng, k: rng.integers(*ID_RANGE, size=k).tolist()
+    lo, hi = id_range(getattr(tok, "vocab_size", None))
+    return lambda rng, k: rng.integers(lo, hi, size=k).tolist()
 
 
 async def fit_text(tok: Tokenizer, ids: list[int], target: int, n_special: int, rng, draw) -> tuple[str, int]:

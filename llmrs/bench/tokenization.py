@@ -22,7 +22,9 @@ from llmrs.errors import UserError
 class ServerTokenizer:
     """Tokenizes through the server's /tokenize and /detokenize endpoints."""
 
-    vocab_size: int | None = None  # unknown: random ids are drawn from a range every common vocabulary covers
+    # None: /detokenize takes every id random prompts draw (dataset.ID_RANGE); else the first id it refuses (a
+    # vocabulary smaller than that range: `probe_id_limit`)
+    vocab_size: int | None = None
 
     def __init__(self, base_url: str, model: str, client: httpx.AsyncClient) -> None:
         self.base_url, self.model, self.client = base_url.rstrip("/"), model, client
@@ -30,13 +32,45 @@ class ServerTokenizer:
 
     async def encode(self, text: str) -> list[int]:
         r = await self.client.post(f"{self.base_url}/tokenize", json={"model": self.model, "prompt": text})
-        r.raise_for_status()
+        _check(r, "/tokenize")
         return list(r.json()["tokens"])
 
     async def decode(self, ids: list[int]) -> str:
-        r = await self.client.post(f"{self.base_url}/detokenize", json={"model": self.model, "tokens": [int(i) for i in ids]})
-        r.raise_for_status()
+        r = await self._detokenize(ids)
+        _check(r, "/detokenize")
         return r.json()["prompt"]
+
+    async def _detokenize(self, ids: list[int]) -> httpx.Response:
+        return await self.client.post(f"{self.base_url}/detokenize",
+                                      json={"model": self.model, "tokens": [int(i) for i in ids]})
+
+    async def probe_id_limit(self, top: int) -> int | None:
+        """The first token id the server's /detokenize refuses (4xx), found by bisection below `top`, or None
+        where it takes `top - 1` (every id a random prompt draws). A vocabulary of a few hundred tokens (a test
+        model) is smaller than the range random prompts draw from; vLLM's and llmrs's servers refuse ids
+        outside theirs."""
+        async def takes(i: int) -> bool:
+            r = await self._detokenize([i])
+            if r.status_code < 400:
+                return True
+            if r.status_code < 500:
+                return False
+            _check(r, "/detokenize")
+            return False
+
+        if await takes(top - 1) or not await takes(0):
+            return None
+        lo, hi = 0, top - 1  # lo taken, hi refused
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if await takes(mid) else (lo, mid)
+        return hi
+
+
+def _check(r: httpx.Response, what: str) -> None:
+    """A failed tokenizer call as one clear line (UserError), not a traceback."""
+    if r.status_code >= 400:
+        raise UserError(f"the server's {what} answered {r.status_code}: {r.text[:200]}")
 
 
 class LocalTokenizer:
@@ -76,13 +110,18 @@ class TokenizerChoice:
 
 async def probe_server_tokenizer(base_url: str, model: str, client: httpx.AsyncClient) -> ServerTokenizer | None:
     """The server's tokenizer if its /tokenize and /detokenize answer as vLLM's do, else None."""
+    from llmrs.bench.dataset import ID_RANGE
+
     tok = ServerTokenizer(base_url, model, client)
     try:
         ids = await tok.encode("hello world")
         await tok.decode(ids)
-    except (httpx.HTTPError, KeyError, ValueError, TypeError):
+    except (httpx.HTTPError, UserError, KeyError, ValueError, TypeError):
         return None
-    return tok if ids else None
+    if not ids:
+        return None
+    tok.vocab_size = await tok.probe_id_limit(ID_RANGE[1])
+    return tok
 
 
 async def choose_tokenizer(base_url: str, model: str, client: httpx.AsyncClient, local_path: str | None) -> TokenizerChoice:
