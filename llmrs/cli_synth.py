@@ -86,8 +86,10 @@ def doctor(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -
         try:
             from llmrs.engine.backends.cuda_kernels import ENTRY_POINTS, get_kernels
 
-            get_kernels()
+            k = get_kernels()
             data["kernels"] = f"{sum(len(v) for v in ENTRY_POINTS.values())} entry points compiled"
+            if k.wgmma_arch:  # the arch-specific kernels (wgmma; LLMRS_Q4_WGMMA / LLMRS_BF16_WGMMA take them)
+                data["kernels_" + k.wgmma_arch] = f"{len(k.wgmma_fns())} entry points compiled"
         except Exception as e:  # a compile error: show the compiler's message
             data["kernels"] = f"FAILED: {e}"
             rc = 1
