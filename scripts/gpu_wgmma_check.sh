@@ -7,7 +7,8 @@
 # against each cluster size); 3. WG_PROFILE=1: `llmrs profile` of the AWQ 7B step at 64 / 256 sequences with and
 # without the 4-bit form; 4. WG_SERVE=1: the synthetic 7B servers at 64 and 256 concurrent (new prompts), AWQ with
 # LLMRS_Q4_WGMMA=0 / 1 (issue 6: >= bf16 under load) and bf16 with LLMRS_BF16_WGMMA=0 / 1 (issue 8: >= 16,000 at
-# 256). Items 3 and 4 take ~3 and ~6 min: one call each (WG_SKIP_TESTS=1 leaves out 1 and 2).
+# 256). Items 3 and 4 take ~3 and ~6 min: one call each (WG_SKIP_TESTS=1 leaves out 1 and 2). Item 1 also runs the
+# quantized / bf16 parity and graph tests with every opt-in on (LLMRS_Q4_BF16_INPUT=1 included).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/llmrs-wg}; mkdir -p "$OUT"; R=/tmp/res-wg; rm -rf $R; mkdir -p $R
@@ -24,6 +25,11 @@ timeout 120 python3 scripts/wgmma_probe.py > $R/probe.txt 2>&1; tail -40 $R/prob
 step "tests: gemm_q4 (wgmma included), gemv_q4, quantized parity"
 TEST_TIMEOUT=420 TEST_PATHS="tests/test_gemm_q4_gpu.py tests/test_gemm_bf16_wgmma_gpu.py ${WG_TESTS:-}" \
   TEST_ARGS="-x" gpu_tests
+step "end to end with the opt-ins on: 4-bit and bf16 parity / graphs / kernels (LLMRS_Q4_WGMMA=1 LLMRS_BF16_WGMMA=1
+LLMRS_Q4_BF16_INPUT=1)"
+LLMRS_Q4_WGMMA=1 LLMRS_BF16_WGMMA=1 LLMRS_Q4_BF16_INPUT=1 timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider \
+  -x tests/test_quant_gpu.py tests/test_cuda_parity.py tests/test_cuda_graphs.py > $R/optin-tests.log 2>&1
+tail -3 $R/optin-tests.log
 step "bench: four AWQ linears per form"
 timeout 240 python3 scripts/bench_gemm_q4_forms.py --tokens ${WG_TOKENS:-64,128,192,256,512,1024,4096} \
   --json $R/forms.json > $R/forms.txt 2>&1; tail -12 $R/forms.txt
@@ -44,7 +50,7 @@ if [ -n "${WG_SERVE:-}" ]; then
     var=$([ $model = qwen2.5-7b ] && echo LLMRS_BF16_WGMMA || echo LLMRS_Q4_WGMMA)
     for v in 0 1; do
       step "server $model, $var=$v: 64 and 256 concurrent"
-      SERVE_MODEL=$model serve_up $model-wg$v $var=$v || continue
+      SERVE_MODEL=$model serve_up $model-wg$v $var=$v LLMRS_Q4_BF16_INPUT=$v || continue
       for c in 64 256; do load_bench bench-7b-$model-wg$v-c$c $c $((5000 + 10 * v + c)); done
       serve_down
     done

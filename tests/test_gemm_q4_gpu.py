@@ -169,6 +169,22 @@ def test_backend_takes_wgmma_above_mma_sync_tokens(backend, monkeypatch):
     np.testing.assert_array_equal(cp.asnumpy(out2), cp.asnumpy(out))
 
 
+def test_bf16_input_to_the_mma_gemm_gives_the_cast_paths_bits(backend, monkeypatch):
+    """LLMRS_Q4_BF16_INPUT=1 (off by default): at 17-192 tokens the mma.sync GEMM reads x as bf16 words from the
+    producers instead of casting f32 x itself; the same bits either way."""
+    monkeypatch.setattr(backend, "q4_bf16_input", True)
+    N, K, T = 576, 1536, 64
+    rng = np.random.default_rng(13)
+    dw = backend.upload_quantized(make_weight("awq", N, K, 128, rng))
+    assert backend._gemm_takes_bf16(dw, T) and not backend._gemm_out_bf16(dw, T)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    a, b = cp.full((T, N), np.nan, dtype=cp.float32), cp.full((T, N), np.nan, dtype=cp.float32)
+    backend._linear_quant(cp.asarray(x), dw, None, a, False, "f32 x")
+    backend._linear(to_bf16_device(backend, x), dw, None, b)
+    np.testing.assert_array_equal(cp.asnumpy(a), cp.asnumpy(b))
+    assert np.isfinite(cp.asnumpy(b)).all()
+
+
 def test_shapes_outside_the_kernel_fall_back(backend):
     rng = np.random.default_rng(0)
     assert to_marlin(backend, backend.upload_quantized(make_weight("awq", 96, 256, 128, rng))) is None  # N % 64

@@ -306,15 +306,16 @@ def test_gemm_takes_up_to_max_tokens_and_small_matrices_further(small, monkeypat
     assert not any(gemm_takes(257, *s) for s in (qkv, o, gate_up, down))
     # with the wgmma form (Kernels.wgmma, opt-in) the GEMM keeps every T from WG_FROM and reads bf16 x there (where
     # the weight has the GEMM layout); a bf16 output (gate/up for silu_mul_bf16_bf16) only from cuBLAS
-    for wgmma in (False, True):
+    # (LLMRS_Q4_BF16_INPUT, opt-in: the mma.sync GEMM reads bf16 x too)
+    for wgmma, bf16_input in ((False, False), (True, False), (False, True)):
         fake = SimpleNamespace(fuse_bf16=True, quant_matvec_max_tokens=8, matvec_max_tokens=1, num_sms=132,
-                               k=SimpleNamespace(wgmma=wgmma))
+                               k=SimpleNamespace(wgmma=wgmma), q4_bf16_input=bf16_input)
         fake._gemm_takes_bf16 = lambda w, T, fake=fake: CUDABackend._gemm_takes_bf16(fake, w, T)
         for N, K in (qkv, gate_up):
             for marlin in (None, object()):
                 w = DeviceQuantWeight("awq", N, K, 128, None, None, None, marlin)
                 for T in (8, 17, 192, 193, 256, 257, 4096):
                     bf16_in = CUDABackend._gemm_takes_bf16(fake, w, T)
-                    wg = wgmma and T >= q4gemm.WG_FROM and marlin is not None
+                    wg = (bf16_input or wgmma and q4gemm.WG_FROM <= T <= q4gemm.WG_MAX_TOKENS) and marlin is not None
                     assert bf16_in == (T > 16 and (not gemm_takes(T, N, K, wgmma) or wg)), (N, K, T, wgmma)
                     assert CUDABackend._gemm_out_bf16(fake, w, T) == (bf16_in and not gemm_takes(T, N, K, wgmma))

@@ -230,6 +230,11 @@ class CUDABackend:
     # decode over 4-bit weights: gemv_q4 (tensor cores, the Marlin layout) instead of matvec_q4 (f32 FMA, the row
     # layout); LLMRS_Q4_GEMV=0 for A/B runs, tests that need matvec_q4's f32 activations set it False
     q4_gemv = os.environ.get("LLMRS_Q4_GEMV", "1") not in OFF_VALUES
+    # the mma.sync 4-bit GEMM (17-192 tokens) reads its x as bf16 words written by the producers (norms, SiLU x up,
+    # attention) instead of a cast kernel before each linear, as dequantize + cuBLAS and the wgmma form do: the same
+    # bits (the producers' bf16 forms round as cast_f32_bf16 does), ~4 launches a layer fewer. LLMRS_Q4_BF16_INPUT=1;
+    # off by default until a GPU run shows it (written in a session without device time)
+    q4_bf16_input = os.environ.get("LLMRS_Q4_BF16_INPUT", "0") not in OFF_VALUES
     # GEMM-sized steps (prefill, batches above matvec_max_tokens): the q/k/v bias added by rope_write_kv, not by a
     # separate add_bias launch (bit-identical); False (tests) keeps add_bias
     fold_qkv_bias = True
@@ -664,12 +669,12 @@ class CUDABackend:
         """Whether `_linear` over `w` with T tokens reads bf16 x, so that the producer of its input writes bf16 words
         itself (`fuse_bf16`): a plain bf16 weight above the matvec's tokens (cuBLAS, or the opt-in bf16 wgmma GEMM),
         a quantized one above every packed-weight kernel's (dequantized into a bf16 scratch, then cuBLAS:
-        `_linear_quant`) and where the opt-in wgmma form of the 4-bit GEMM runs. The matvec, the 4-bit GEMV and the
-        mma.sync GEMM take f32."""
-        if isinstance(w, DeviceQuantWeight):  # the wgmma form of the 4-bit GEMM (opt-in) reads bf16 x too
+        `_linear_quant`) and where the opt-in wgmma form of the 4-bit GEMM runs (the mma.sync one too with
+        `q4_bf16_input`). The matvec and the 4-bit GEMV take f32."""
+        if isinstance(w, DeviceQuantWeight):  # the 4-bit GEMMs read bf16 x too where opted in
             return (self.fuse_bf16 and T > max(GEMV_MAX_TOKENS, self.quant_matvec_max_tokens)
                     and (not gemm_takes(T, w.N, w.K, self.k.wgmma)
-                         or (wgmma_takes(self, T) and w.marlin is not None)))
+                         or (w.marlin is not None and (self.q4_bf16_input or wgmma_takes(self, T)))))
         return self.fuse_bf16 and T > self.matvec_max_tokens
 
     def _gemm_out_bf16(self, w: Any, T: int) -> bool:
