@@ -25,8 +25,7 @@ timeout 120 python3 scripts/wgmma_probe.py > $R/probe.txt 2>&1; tail -40 $R/prob
 step "tests: gemm_q4 (wgmma included), gemv_q4, quantized parity"
 TEST_TIMEOUT=420 TEST_PATHS="tests/test_gemm_q4_gpu.py tests/test_gemm_bf16_wgmma_gpu.py ${WG_TESTS:-}" \
   TEST_ARGS="-x" gpu_tests
-step "end to end with the opt-ins on: 4-bit and bf16 parity / graphs / kernels (LLMRS_Q4_WGMMA=1 LLMRS_BF16_WGMMA=1
-LLMRS_Q4_BF16_INPUT=1)"
+step "end to end with every opt-in on: quantized / bf16 parity and graph tests"
 LLMRS_Q4_WGMMA=1 LLMRS_BF16_WGMMA=1 LLMRS_Q4_BF16_INPUT=1 timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider \
   -x tests/test_quant_gpu.py tests/test_cuda_parity.py tests/test_cuda_graphs.py > $R/optin-tests.log 2>&1
 tail -3 $R/optin-tests.log
@@ -40,7 +39,7 @@ fi
 if [ -n "${WG_PROFILE:-}" ]; then
   for v in 0 1; do
     step "profile 7B AWQ, batch 64,256, LLMRS_Q4_WGMMA=$v"
-    LLMRS_Q4_WGMMA=$v timeout 240 python3 -m llmrs profile --synthetic qwen2.5-7b-awq --batch 64,256 --context 512 \
+    LLMRS_Q4_WGMMA=$v LLMRS_Q4_BF16_INPUT=$v timeout 240 python3 -m llmrs profile --synthetic qwen2.5-7b-awq --batch 64,256 --context 512 \
       --out $R/profile-awq-wg$v.json > $R/profile-awq-wg$v.txt 2>&1; grep -E "step|busy|gemm|dequant|matmul" \
       $R/profile-awq-wg$v.txt | head -12
   done
