@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.bench_gemm_q4 import LAYERS, SHAPES, tiny_backend  # noqa: E402
+from scripts.bench_gemm_q4 import LAYERS, SHAPES  # noqa: E402
 
 BW, PEAK = 4296e9, 792e12
 
@@ -33,9 +33,9 @@ def main() -> None:
     import cupy as cp
     import numpy as np
 
-    from llmrs.engine.backends.cuda_kernels import GEMM_BF16WG_SPLITS
+    from llmrs.engine.backends.cuda_kernels import WG_SPLITS
     from llmrs.engine.backends.cuda_wgmma import bf16_splits, gemm_bf16wg
-    from tests.cuda_helpers import event_us
+    from tests.cuda_helpers import bf16_words, event_us, tiny_backend
 
     be = tiny_backend()
     be.k.bf16_wgmma = False  # the backend's _linear: cuBLAS
@@ -45,16 +45,14 @@ def main() -> None:
     tokens = [int(t) for t in args.tokens.split(",")]
     rows, sums = [], {}
     for name, (N, K) in SHAPES.items():
-        w = cp.empty((N, K), dtype=cp.uint16)
-        be._cast_bf16(cp.asarray(rng.standard_normal((N, K)).astype(np.float32) * 0.02), w)
+        w = bf16_words(be, rng.standard_normal((N, K)).astype(np.float32) * 0.02)
         for T in tokens:
-            xb = cp.empty((T, K), dtype=cp.uint16)
-            be._cast_bf16(cp.asarray(rng.standard_normal((T, K)).astype(np.float32)), xb)
+            xb = bf16_words(be, rng.standard_normal((T, K)).astype(np.float32))
             ref, out = cp.empty((T, N), dtype=cp.float32), cp.empty((T, N), dtype=cp.float32)
             roof_us = max((N * K * 2 + T * K * 2 + T * N * 4) / BW, 2 * T * N * K / PEAK) * 1e6
             auto = bf16_splits(be, T, N, K)
             forms = {"cublas": lambda: be._linear(xb, w, None, ref)}
-            for S in GEMM_BF16WG_SPLITS:
+            for S in WG_SPLITS:
                 forms[f"wgmma S{S}{'*' if S == auto else ''}"] = lambda S=S: gemm_bf16wg(be, xb, w, None, out, splits=S)
             forms["cublas"]()
             want = cp.asnumpy(ref)

@@ -23,16 +23,6 @@ SHAPES = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "dow
 LAYERS = 28
 
 
-def tiny_backend():
-    """A CUDA backend of a tiny model: its kernels, cuBLAS handle and buffers for timing stand-alone linears."""
-    from llmrs.engine.backends.cuda import CUDABackend
-    from llmrs.engine.config import ModelConfig
-
-    c = ModelConfig(model_type="llama", vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                    num_attention_heads=2, num_key_value_heads=1, head_dim=32)
-    return CUDABackend(c, num_blocks=2, cuda_graphs=False)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", default="128,192,256,512")
@@ -47,6 +37,7 @@ def main() -> None:
     import llmrs.engine.backends.cuda_q4gemm as q4
     from llmrs.engine.backends import cuda_kernels as ck
     from llmrs.engine.backends.cuda_q4gemm import dequant_marlin, gemm_q4, to_marlin
+    from tests.cuda_helpers import tiny_backend
     from tests.test_quant_marlin import make_weight
 
     be = tiny_backend()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.bench_gemm_q4 import LAYERS, SHAPES, tiny_backend  # noqa: E402
+from scripts.bench_gemm_q4 import LAYERS, SHAPES  # noqa: E402
 
 BW, PEAK = 4296e9, 792e12
 
@@ -37,7 +37,7 @@ def main() -> None:
     import numpy as np
 
     from llmrs.engine.backends.cuda_q4gemm import dequant_marlin, gemm_q4, to_marlin
-    from tests.cuda_helpers import event_us
+    from tests.cuda_helpers import bf16_words, event_us, tiny_backend
     from tests.test_quant_marlin import make_weight
 
     be = tiny_backend()
@@ -54,8 +54,7 @@ def main() -> None:
         dequant_marlin(be, mw, wb)
         for T in tokens:
             x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
-            xb = cp.empty((T, K), dtype=cp.uint16)
-            be._cast_bf16(x, xb)
+            xb = bf16_words(be, x)
             out = cp.empty((T, N), dtype=cp.float32)
             ref = cp.empty((T, N), dtype=cp.float32)
 

@@ -43,15 +43,13 @@ def main() -> None:
     import cupy as cp
     import numpy as np
 
-    from llmrs.engine.backends.cuda import CUDABackend, round_bf16
+    from llmrs.engine.backends.cuda import round_bf16
     from llmrs.engine.backends.cuda_q4gemm import GEMV_BLOCKS_PER_SM, gemv_q4, gemv_splits, gemv_takes
-    from llmrs.engine.config import ModelConfig
     from tests.cuda_helpers import graph_us as graph_time_us
+    from tests.cuda_helpers import tiny_backend
     from tests.test_quant_marlin import make_weight
 
-    c = ModelConfig(model_type="llama", vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                    num_attention_heads=2, num_key_value_heads=1, head_dim=32)
-    be = CUDABackend(c, num_blocks=2, cuda_graphs=False)
+    be = tiny_backend()
     from llmrs.engine.backends.cuda_kernels import ENTRY_POINTS, OPTIONS, kernel_source
 
     names = [n for n in ENTRY_POINTS["gemm_q4.cu"] if n.startswith("gemv_")]  # every form a variant replaces

@@ -42,14 +42,11 @@ def main() -> None:
     import cupy as cp
     import numpy as np
 
-    from llmrs.engine.backends.cuda import CUDABackend
     from llmrs.engine.backends.cuda_q4gemm import gemm_q4, gemv_q4
-    from llmrs.engine.config import ModelConfig
+    from tests.cuda_helpers import bf16_words, tiny_backend
     from tests.test_quant_marlin import make_weight
 
-    c = ModelConfig(model_type="llama", vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                    num_attention_heads=2, num_key_value_heads=1, head_dim=32)
-    be = CUDABackend(c, num_blocks=2, cuda_graphs=False)
+    be = tiny_backend()
     rng = np.random.default_rng(0)
     shapes = {k: v for k, v in SHAPES[args.preset].items() if k != "L"}
     T = args.tokens
@@ -77,8 +74,7 @@ def main() -> None:
             del dw
         if "gemm" in kinds:
             dw = be.upload_quantized(make_weight("awq", N, K, 128, rng))
-            xb = cp.empty((T, K), dtype=cp.uint16)
-            be._cast_bf16(x, xb)
+            xb = bf16_words(be, x)
             assert gemm_q4(be, xb, dw.marlin, None, out, name=name), (name, N, K)
             labels.append(f"{name} {N}x{K} gemm_q4 T{T}")
             del dw, xb

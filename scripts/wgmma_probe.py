@@ -17,7 +17,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.bench_gemm_q4 import tiny_backend  # noqa: E402
 
 
 def main() -> None:
@@ -27,6 +26,7 @@ def main() -> None:
     from llmrs.engine.backends.cuda import round_bf16
     from llmrs.engine.backends.cuda_q4gemm import gemm_q4, to_marlin
     from llmrs.engine.backends.cuda_wgmma import gemm_bf16wg
+    from tests.cuda_helpers import bf16_words, tiny_backend
     from tests.test_quant_marlin import make_weight
 
     be = tiny_backend()
@@ -34,11 +34,6 @@ def main() -> None:
         sys.exit(f"no wgmma on this GPU (compute capability {be.k.cc})")
     print("compiled:", sorted(be.k.wgmma_fns()))
     rng = np.random.default_rng(0)
-
-    def bf16(a):
-        out = cp.empty(a.shape, dtype=cp.uint16)
-        be._cast_bf16(cp.asarray(a, dtype=cp.float32), out)
-        return out
 
     def hexmask(bad, axis_mod, axis):
         idx = np.arange(bad.shape[axis]) % axis_mod
@@ -66,7 +61,7 @@ def main() -> None:
             else:
                 x = rng.standard_normal((T, K)).astype(np.float32)
             out = cp.full((T, N), np.nan, dtype=cp.float32)
-            launch(bf16(x), out)
+            launch(bf16_words(be, x), out)
             ref = round_bf16(x).astype(np.float64) @ wref.T
             report(f"T{T} N{N} K{K}{' one-hot' if onehot else ''}", cp.asnumpy(out), ref, wref, onehot)
 
@@ -82,7 +77,7 @@ def main() -> None:
         for T, N, K in cases:
             if K // 64 >= S:
                 w = round_bf16(rng.standard_normal((N, K)).astype(np.float32)).astype(np.float64)
-                wb = bf16(w.astype(np.float32))
+                wb = bf16_words(be, w)
                 probe(lambda xb, out: gemm_bf16wg(be, xb, wb, None, out, splits=S), w, T, N, K)
 
 if __name__ == "__main__":

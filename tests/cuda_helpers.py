@@ -35,6 +35,26 @@ def report(key: str, value) -> None:
             f.write(json.dumps({"key": key, "value": value}) + "\n")
 
 
+def tiny_backend():
+    """A CUDABackend of a one-layer tiny model: its kernels, cuBLAS handle and buffers, for testing and timing
+    stand-alone linears (the GEMM / GEMV tests, scripts/bench_gemm_q4*.py, ncu_linears.py, ...)."""
+    from llmrs.engine.backends.cuda import CUDABackend
+    from llmrs.engine.config import ModelConfig
+
+    c = ModelConfig(model_type="llama", vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                    num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    return CUDABackend(c, num_blocks=2, cuda_graphs=False)
+
+
+def bf16_words(backend, a):
+    """`a` (numpy or CuPy) as bf16 words (uint16) on the GPU, rounded by the backend's own cast_f32_bf16."""
+    import cupy as cp
+
+    out = cp.empty(a.shape, dtype=cp.uint16)
+    backend._cast_bf16(cp.asarray(a, dtype=cp.float32), out)
+    return out
+
+
 def event_us(fn, reps: int = 20) -> float:
     """GPU time of one fn() call between CUDA events around `reps` back-to-back calls (after 3 untimed ones); the
     host's launch cost shows where a call launches little work (graph_us leaves it out)."""

@@ -117,7 +117,7 @@ def test_wgmma_gemm_ring_and_dispatch():
     src = (ck.KERNELS_DIR / "gemm_q4.cu").read_text()
     stages = int(re.search(r"#define GQW_STAGES (\d+)", src).group(1))
     assert ck.GEMM_Q4WG_SMEM_BYTES == stages * 1344 * 16 + 1024 == ck.gemm_q4_smem_bytes(8, {8: stages}) + 1024
-    assert 2 * ck.GEMM_Q4WG_SMEM_BYTES <= 227 << 10  # WG_BLOCKS_PER_SM blocks an SM
+    assert ck.WG_BLOCKS_PER_SM * ck.GEMM_Q4WG_SMEM_BYTES <= 227 << 10
     made = {f"gemm_q4wg{k}_s{s}" for k, _, s in re.findall(r"^GEMM_Q4WG\((\w), (\d), (\d)\)", src, re.M)}
     assert made == set(ck.GEMM_Q4WG_KERNELS) and len(made) == 2 * len(ck.WG_SPLITS)
     for n in ck.GEMM_Q4WG_KERNELS:
@@ -153,8 +153,8 @@ def test_bf16_wgmma_gemm_ring_clusters_and_dispatch():
     stages = int(re.search(r"#define GBW_STAGES (\d+)", src).group(1))
     red_ld = int(re.search(r"#define WG_RED_LD (\d+)", src).group(1))
     assert ck.GEMM_BF16WG_SMEM_BYTES == stages * 2 * 16384 + 1024 and 128 * red_ld * 4 <= stages * 2 * 16384
-    assert 2 * ck.GEMM_BF16WG_SMEM_BYTES <= 227 << 10
-    assert [int(s) for s in re.findall(r"^GEMM_BF16WG\((\d)\)", src, re.M)] == list(ck.GEMM_BF16WG_SPLITS)
+    assert ck.WG_BLOCKS_PER_SM * ck.GEMM_BF16WG_SMEM_BYTES <= 227 << 10
+    assert [int(s) for s in re.findall(r"^GEMM_BF16WG\((\d)\)", src, re.M)] == list(ck.WG_SPLITS)
     assert set(ck.GEMM_BF16WG_KERNELS) <= ck.PDL_KERNELS
     be = SimpleNamespace(num_sms=132, k=SimpleNamespace(bf16_wgmma=True))
     qkv, o, gate_up, down = (4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944)

@@ -14,33 +14,24 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.cuda_helpers import rel_err, report, require_gpu
+from tests.cuda_helpers import bf16_words, rel_err, report, require_gpu, tiny_backend
 
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
-from llmrs.engine.backends.cuda import CUDABackend, round_bf16  # noqa: E402
-from llmrs.engine.backends.cuda_kernels import GEMM_BF16WG_SPLITS  # noqa: E402
+from llmrs.engine.backends.cuda import round_bf16  # noqa: E402
+from llmrs.engine.backends.cuda_kernels import WG_SPLITS  # noqa: E402
 from llmrs.engine.backends.cuda_wgmma import bf16_wgmma_takes, gemm_bf16wg  # noqa: E402
-from llmrs.engine.config import ModelConfig  # noqa: E402
 
 TOL = 1e-5  # f32 sums of exact bf16 products against float64: ~1e-7; a wrong tile, row or slice is O(1)
 
 
 @pytest.fixture(scope="module")
 def backend():
-    c = ModelConfig(model_type="llama", vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                    num_attention_heads=2, num_key_value_heads=1, head_dim=32)
-    be = CUDABackend(c, num_blocks=2, cuda_graphs=False)
+    be = tiny_backend()
     if not be.k.wgmma_arch:
         pytest.skip(f"wgmma needs compute capability 9.0 (this GPU: {be.k.cc})")
     return be
-
-
-def bf16_words(backend, a: np.ndarray):
-    out = cp.empty(a.shape, dtype=cp.uint16)
-    backend._cast_bf16(cp.asarray(a, dtype=cp.float32), out)
-    return out
 
 
 @pytest.mark.parametrize("N,K", [(576, 1536), (4608, 3584)])
@@ -57,7 +48,7 @@ def test_matches_numpy_at_every_tile_edge_and_cluster_size(backend, N, K):
         ref = round_bf16(x).astype(np.float64) @ wref.T + (0 if bias is None else bias) + (y0 if accumulate else 0)
         xb = bf16_words(backend, x)
         b = None if bias is None else cp.asarray(bias)
-        for S in (*GEMM_BF16WG_SPLITS, None):
+        for S in (*WG_SPLITS, None):
             out = cp.asarray(y0) if accumulate else cp.full((T, N), np.nan, dtype=cp.float32)
             gemm_bf16wg(backend, xb, wb, b, out, accumulate, splits=S)
             got = cp.asnumpy(out)

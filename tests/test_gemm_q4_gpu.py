@@ -16,15 +16,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.cuda_helpers import rel_err, report, require_gpu
+from tests.cuda_helpers import bf16_words, rel_err, report, require_gpu, tiny_backend
 
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
 from llmrs.engine import quant as Q  # noqa: E402
-from llmrs.engine.backends.cuda import NULL, CUDABackend, round_bf16  # noqa: E402
+from llmrs.engine.backends.cuda import NULL, round_bf16  # noqa: E402
 from llmrs.engine.backends.cuda_q4gemm import dequant_marlin, gemm_q4, linear_q4, to_marlin  # noqa: E402
-from llmrs.engine.config import ModelConfig  # noqa: E402
 from tests.test_quant_marlin import make_weight  # noqa: E402
 
 TOL = 2e-3  # measured errors are ~1e-6 (same bf16 inputs, f32 vs f64 sums); a wrong tile or group is >> TOL
@@ -36,15 +35,7 @@ WG_TOKENS = [1, 9, 100, 128, 129, 200, 256, 300]  # the wgmma form: one token of
 
 @pytest.fixture(scope="module")
 def backend():
-    c = ModelConfig(model_type="llama", vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                    num_attention_heads=2, num_key_value_heads=1, head_dim=32)
-    return CUDABackend(c, num_blocks=2, cuda_graphs=False)
-
-
-def to_bf16_device(backend, x):
-    xb = cp.empty(x.shape, dtype=cp.uint16)
-    backend._cast_bf16(cp.asarray(x), xb)
-    return xb
+    return tiny_backend()
 
 
 def upload_with_rows(backend, w):
@@ -109,7 +100,7 @@ def test_gemm_q4_matches_numpy_bf16_reference(backend, N, K, kind, G, wgmma):
             ref = ref + bias
         if accumulate:
             ref = ref + y0
-        xb = to_bf16_device(backend, x)
+        xb = bf16_words(backend, x)
         b = None if bias is None else cp.asarray(bias)
         for splits in (1, 3, None) if wgmma else (1, None):
             out = cp.asarray(y0) if accumulate else cp.full((T, N), np.nan, dtype=cp.float32)
@@ -165,7 +156,7 @@ def test_backend_takes_wgmma_above_mma_sync_tokens(backend, monkeypatch):
     # its input as bf16 words (the producers write them where it runs: `_gemm_takes_bf16`): the same result uncast
     assert backend._gemm_takes_bf16(dw, T) and not backend._gemm_out_bf16(dw, T)
     out2 = cp.full((T, N), np.nan, dtype=cp.float32)
-    backend._linear(to_bf16_device(backend, cp.asnumpy(x)), dw, None, out2)
+    backend._linear(bf16_words(backend, cp.asnumpy(x)), dw, None, out2)
     np.testing.assert_array_equal(cp.asnumpy(out2), cp.asnumpy(out))
 
 
@@ -180,7 +171,7 @@ def test_bf16_input_to_the_mma_gemm_gives_the_cast_paths_bits(backend, monkeypat
     x = rng.standard_normal((T, K)).astype(np.float32)
     a, b = cp.full((T, N), np.nan, dtype=cp.float32), cp.full((T, N), np.nan, dtype=cp.float32)
     backend._linear_quant(cp.asarray(x), dw, None, a, False, "f32 x")
-    backend._linear(to_bf16_device(backend, x), dw, None, b)
+    backend._linear(bf16_words(backend, x), dw, None, b)
     np.testing.assert_array_equal(cp.asnumpy(a), cp.asnumpy(b))
     assert np.isfinite(cp.asnumpy(b)).all()
 
@@ -216,7 +207,7 @@ def test_gemm_q4_timing_beside_dequantize_plus_cublas(backend, monkeypatch):
         mw = to_marlin(backend, dw)
         for T in (16, 64, 96, 128, 192, 256, 1024):
             x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
-            xb = to_bf16_device(backend, x)
+            xb = bf16_words(backend, x)
             out = cp.empty((T, N), dtype=cp.float32)
             figures, outs = {}, {}
             forms = [("gemm_q4", lambda: gemm_q4(backend, xb, mw, None, out, wgmma=False)),

@@ -18,14 +18,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.cuda_helpers import graph_us, rel_err, report, require_gpu
+from tests.cuda_helpers import graph_us, rel_err, report, require_gpu, tiny_backend
 
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
-from llmrs.engine.backends.cuda import NULL, CUDABackend, round_bf16  # noqa: E402
+from llmrs.engine.backends.cuda import NULL, round_bf16  # noqa: E402
 from llmrs.engine.backends.cuda_q4gemm import gemv_q4, gemv_splits, gemv_takes, linear_q4, to_marlin  # noqa: E402
-from llmrs.engine.config import ModelConfig  # noqa: E402
 from llmrs.engine.weights import bf16_to_f32  # noqa: E402
 from tests.test_quant_marlin import make_weight  # noqa: E402
 
@@ -36,9 +35,7 @@ CASES = [("awq", 64, 64, 32), ("awq", 576, 1536, 128), ("awq", 4608, 3584, 128),
 
 @pytest.fixture(scope="module")
 def backend():
-    c = ModelConfig(model_type="llama", vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                    num_attention_heads=2, num_key_value_heads=1, head_dim=32)
-    return CUDABackend(c, num_blocks=2, cuda_graphs=False)
+    return tiny_backend()
 
 
 @pytest.mark.parametrize("kind,N,K,G", CASES)

@@ -18,14 +18,13 @@ import pytest
 
 from llmrs.errors import UserError
 
-from tests.cuda_helpers import rel_err, report, require_gpu
+from tests.cuda_helpers import rel_err, report, require_gpu, tiny_backend
 
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
 from llmrs.engine import quant as Q  # noqa: E402
 from llmrs.engine.backends.cuda import CUDABackend, bf16_bits, round_bf16  # noqa: E402
-from llmrs.engine.config import ModelConfig  # noqa: E402
 from llmrs.engine.loader import load  # noqa: E402
 from llmrs.engine.runner import ModelRunner  # noqa: E402
 from tests.conftest import write_tiny_model  # noqa: E402
@@ -35,9 +34,7 @@ from tests.test_quant import random_awq, random_gguf_blocks  # noqa: E402
 
 @pytest.fixture(scope="module")
 def backend():
-    c = ModelConfig(model_type="llama", vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                    num_attention_heads=2, num_key_value_heads=1, head_dim=32)
-    return CUDABackend(c, num_blocks=2, cuda_graphs=False)
+    return tiny_backend()
 
 
 def make_weight(source, N, K, G, seed):

@@ -379,10 +379,10 @@ class ProcessEngine:
             del self._wbuf[: self._woff]
             self._woff = 0
         if self._wbuf and not self._writing:
-            self._loop.add_writer(self._commands.fileno(), self._write_some)
+            self._loop.add_writer(fd, self._write_some)
             self._writing = True
         elif not self._wbuf and self._writing:
-            self._loop.remove_writer(self._commands.fileno())
+            self._loop.remove_writer(fd)
             self._writing = False
 
     def _close_writer(self) -> None:

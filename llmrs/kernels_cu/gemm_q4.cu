@@ -402,6 +402,14 @@ struct GemmQ4WgSmem {  // GemmQ4Smem<8>'s stages: x first (16 KB a stage, so 102
 static_assert(sizeof(GemmQ4WgSmem) >= 128 * WG_RED_LD * 4, "the partial reuses the ring's space");
 
 #ifdef LLMRS_WGMMA
+// the wgmma kernels' ring in dynamic shared memory, from the first 1024-byte boundary (the 128-byte swizzle's atoms;
+// the host asks 1 KB more than the struct)
+template <typename Smem>
+__device__ __forceinline__ Smem& wg_smem(uint4* dyn) {
+    const unsigned pad = (1024u - (smem_u32(dyn) & 1023u)) & 1023u;
+    return *reinterpret_cast<Smem*>(reinterpret_cast<char*>(dyn) + pad);
+}
+
 // the block's two m64n128 accumulator tiles into red: D row 16 warp + g + 8 h of tile j is block column col(j, h, g),
 // D column 8 i + 2 t + e is token 8 i + 2 t + e
 template <typename Col>
@@ -505,9 +513,8 @@ __device__ __forceinline__ void gemm_q4wg_impl(const uint4* __restrict__ Bq, con
     pdl_enter();
     constexpr int STAGES = GQW_STAGES, AHEAD = GQW_STAGES - 2;
     static_assert(AHEAD >= 1, "a stage in flight while one is used, and one whose wgmma may still run");
-    extern __shared__ uint4 gq_smem[];  // GemmQ4WgSmem + 1 KB: its stages start at the next 1024-byte boundary
-    const unsigned pad = (1024u - (smem_u32(gq_smem) & 1023u)) & 1023u;
-    GemmQ4WgSmem& sm = *reinterpret_cast<GemmQ4WgSmem*>(reinterpret_cast<char*>(gq_smem) + pad);
+    extern __shared__ uint4 gq_smem[];  // GemmQ4WgSmem + 1 KB
+    GemmQ4WgSmem& sm = wg_smem<GemmQ4WgSmem>(gq_smem);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int nblk = blockIdx.x, m0 = blockIdx.y * 128;
     const int kt0 = (int)cluster_rank() * kt_per_split, nk = max(0, min((K >> 6) - kt0, kt_per_split));
@@ -596,9 +603,8 @@ __device__ __forceinline__ void gemm_bf16wg_impl(const uint4* __restrict__ W, co
 #ifdef LLMRS_WGMMA
     pdl_enter();
     constexpr int STAGES = GBW_STAGES, AHEAD = GBW_STAGES - 1;
-    extern __shared__ uint4 gbw_smem[];  // GemmBf16WgSmem + 1 KB: its stages start at the next 1024-byte boundary
-    const unsigned pad = (1024u - (smem_u32(gbw_smem) & 1023u)) & 1023u;
-    GemmBf16WgSmem& sm = *reinterpret_cast<GemmBf16WgSmem*>(reinterpret_cast<char*>(gbw_smem) + pad);
+    extern __shared__ uint4 gbw_smem[];  // GemmBf16WgSmem + 1 KB
+    GemmBf16WgSmem& sm = wg_smem<GemmBf16WgSmem>(gbw_smem);
     const int tid = threadIdx.x, warp = tid >> 5;
     const int n0 = blockIdx.x * 128, m0 = blockIdx.y * 128;
     // the cluster spans grid.z: its rank is the K slice

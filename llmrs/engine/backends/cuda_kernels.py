@@ -66,9 +66,9 @@ WGMMA_ARCH: dict[int, str] = {90: "sm_90a"}
 WGMMA = os.environ.get("LLMRS_Q4_WGMMA", "0") not in OFF_VALUES
 BF16_WGMMA = os.environ.get("LLMRS_BF16_WGMMA", "0") not in OFF_VALUES
 WG_SPLITS = (1, 2, 3, 4)  # the cluster sizes (K slices) compiled: gemm_q4wg{z,m}_s{S}, gemm_bf16wg_s{S}
+WG_BLOCKS_PER_SM = 2  # resident at once, both kernels: __launch_bounds__(128, 2), <= 99 KB of ring each (ptx-check)
 GEMM_Q4WG_KERNELS = tuple(f"gemm_q4wg{k}_s{s}" for k in ("z", "m") for s in WG_SPLITS)
-GEMM_BF16WG_SPLITS = WG_SPLITS
-GEMM_BF16WG_KERNELS = tuple(f"gemm_bf16wg_s{s}" for s in GEMM_BF16WG_SPLITS)
+GEMM_BF16WG_KERNELS = tuple(f"gemm_bf16wg_s{s}" for s in WG_SPLITS)
 ARCH_ENTRY_POINTS: dict[str, list[str]] = {  # file -> its arch-specific entry points
     "gemm_q4.cu": [*GEMM_Q4WG_KERNELS, *GEMM_BF16WG_KERNELS]}
 # dynamic shared memory, with 1 KB to align the stages to 1024 bytes: GemmQ4WgSmem, GQW_STAGES (4) stages of 16 KB x
@@ -77,6 +77,11 @@ GEMM_Q4WG_SMEM_BYTES = 4 * (1024 + 256 + 64) * 16 + 1024
 GEMM_BF16WG_SMEM_BYTES = 3 * 2 * 16384 + 1024
 WGMMA_SMEM_BYTES = {**{n: GEMM_Q4WG_SMEM_BYTES for n in GEMM_Q4WG_KERNELS},
                     **{n: GEMM_BF16WG_SMEM_BYTES for n in GEMM_BF16WG_KERNELS}}
+
+
+def wg_cluster(S: int) -> int:
+    """The largest compiled cluster size (WG_SPLITS) of at most S K slices (1 for S < 1)."""
+    return max(s for s in WG_SPLITS if s <= max(1, S))
 
 
 def gemm_q4_smem_bytes(mt: int, stages: dict[int, int] | None = None) -> int:

@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from llmrs.engine.backends.cuda_kernels import GEMM_Q4WG_SMEM_BYTES, GEMV_CPG, WG_SPLITS, gemm_q4_smem_bytes
+from llmrs.engine.backends.cuda_kernels import (GEMM_Q4WG_SMEM_BYTES, GEMV_CPG, WG_BLOCKS_PER_SM, gemm_q4_smem_bytes,
+                                                wg_cluster)
 from llmrs.engine.quant import DeviceQuantWeight, marlin_reorder, marlin_scales
 
 NULL = np.uint64(0)
@@ -130,19 +131,23 @@ WG_FROM = int(os.environ.get("LLMRS_Q4_WGMMA_FROM", "128"))
 # above ~1024 tokens dequantize + cuBLAS amortizes its dequantization (320-570 TFLOP/s at 1024, the docstring)
 WG_MAX_TOKENS = int(os.environ.get("LLMRS_Q4_WGMMA_MAX_TOKENS", "1024"))
 WG_TOKENS = 128  # tokens a block
-WG_BLOCKS_PER_SM = 2  # resident at once: <= 255 registers x 128 threads and 85 KB of ring each (ptx-check)
+
+
+def in_wgmma_range(T: int) -> bool:
+    """WG_FROM <= T <= WG_MAX_TOKENS: token counts the wgmma form takes where the backend has it on."""
+    return WG_FROM <= T <= WG_MAX_TOKENS
 
 
 def wgmma_takes(backend: Any, T: int) -> bool:
     """Whether T tokens go through the wgmma form of the GEMM (rather than mma.sync's or dequantize + cuBLAS)."""
-    return bool(getattr(backend.k, "wgmma", False)) and WG_FROM <= T <= WG_MAX_TOKENS
+    return bool(getattr(backend.k, "wgmma", False)) and in_wgmma_range(T)
 
 
 def gemm_takes(T: int, N: int, K: int, wgmma: bool = False) -> bool:
     """Whether T tokens of a 4-bit N x K weight with the GEMM layout go through gemm_q4 rather than dequantize +
     cuBLAS (above the GEMV's tokens); `wgmma`: the GPU has the wgmma form (Kernels.wgmma)."""
     return (T <= MAX_TOKENS or (T <= MAX_TOKENS_SMALL and N * K <= SMALL_MAX_WEIGHTS)
-            or (wgmma and WG_FROM <= T <= WG_MAX_TOKENS))
+            or (wgmma and in_wgmma_range(T)))
 
 
 def tile_rows(T: int) -> int:
@@ -164,10 +169,9 @@ def choose_splits(backend: Any, T: int, N: int, K: int, wgmma: bool = False) -> 
     already do); the wgmma form: WG_BLOCKS_PER_SM (what fits), its 128-token tiles."""
     from llmrs.engine.backends.cuda import env_int  # (cuda.py imports this module)
 
-    if wgmma:  # the K slices are a cluster's blocks: one of the compiled sizes (WG_SPLITS)
+    if wgmma:  # the K slices are a cluster's blocks: one of the compiled sizes (cuda_kernels.wg_cluster)
         tiles = -(-N // BN) * -(-T // WG_TOKENS)
-        S = max(1, min(WG_BLOCKS_PER_SM * backend.num_sms // tiles, (K // BK) // MIN_KT_PER_SPLIT))
-        return max(s for s in WG_SPLITS if s <= S)
+        return wg_cluster(min(WG_BLOCKS_PER_SM * backend.num_sms // tiles, (K // BK) // MIN_KT_PER_SPLIT))
     per_sm = env_int("LLMRS_Q4_GEMM_BLOCKS_PER_SM", GEMM_BLOCKS_PER_SM)
     tiles = -(-N // BN) * -(-T // (16 * tile_rows(T)))
     return max(1, min(per_sm * backend.num_sms // tiles, (K // BK) // MIN_KT_PER_SPLIT, MAX_SPLITS))
@@ -190,7 +194,7 @@ def gemm_q4(backend: Any, x_bf16: Any, mw: MarlinWeight | None, bias: Any | None
     KT = K // BK
     S = choose_splits(backend, T, N, K, wg) if splits is None else max(1, min(int(splits), KT))
     if wg:  # a compiled cluster size; its slices may end empty (a block of zeros), never overlap
-        S = max(s for s in WG_SPLITS if s <= S)
+        S = wg_cluster(S)
     per = -(-KT // S)
     b = NULL if bias is None else bias
     if wg:  # K split over a cluster of S blocks, summed in distributed shared memory: no partials, no reduce

@@ -19,12 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from llmrs.engine.backends.cuda_kernels import GEMM_BF16WG_SMEM_BYTES, GEMM_BF16WG_SPLITS
+from llmrs.engine.backends.cuda_kernels import GEMM_BF16WG_SMEM_BYTES, WG_BLOCKS_PER_SM, WG_SPLITS, wg_cluster
 
 NULL = np.uint64(0)
 TILE = 128  # columns and tokens a block
 BK = 64  # k a stage
-BLOCKS_PER_SM = 2  # resident at once: 160 registers x 128 threads, 97 KB of ring each (ptx-check)
 WGB_FROM = int(os.environ.get("LLMRS_BF16_WGMMA_FROM", "64"))
 WGB_MAX_TOKENS = int(os.environ.get("LLMRS_BF16_WGMMA_MAX_TOKENS", "512"))
 
@@ -40,10 +39,9 @@ def bf16_wgmma_takes(backend: Any, T: int, N: int, K: int) -> bool:
 
 
 def bf16_splits(backend: Any, T: int, N: int, K: int) -> int:
-    """S: the K slices (cluster size) that bring the tiles to about BLOCKS_PER_SM blocks an SM, at most the largest
-    compiled cluster and the k64 tiles of K."""
-    S = max(1, min(BLOCKS_PER_SM * backend.num_sms // tiles(T, N), max(GEMM_BF16WG_SPLITS), K // BK))
-    return max(s for s in GEMM_BF16WG_SPLITS if s <= S)
+    """S: the K slices (cluster size) that bring the tiles to about WG_BLOCKS_PER_SM blocks an SM, a compiled
+    cluster size (cuda_kernels.wg_cluster) of at most the k64 tiles of K."""
+    return wg_cluster(min(WG_BLOCKS_PER_SM * backend.num_sms // tiles(T, N), K // BK))
 
 
 def gemm_bf16wg(backend: Any, x_bf16: Any, w: Any, bias: Any | None, out: Any, accumulate: bool = False,
@@ -55,7 +53,7 @@ def gemm_bf16wg(backend: Any, x_bf16: Any, w: Any, bias: Any | None, out: Any, a
     assert w.shape[1] == K and out.shape == (T, N) and out.dtype == np.float32 and x_bf16.dtype == np.uint16
     assert N % 8 == 0 and K % BK == 0, (N, K)
     S = bf16_splits(backend, T, N, K) if splits is None else int(splits)
-    assert S in GEMM_BF16WG_SPLITS, S
+    assert S in WG_SPLITS, S
     per = -(-(K // BK) // S)
     fn = backend.k.wgmma_fns()[f"gemm_bf16wg_s{S}"]
     with backend._span("gemm", name, T, N, K, accumulate, bias is not None, 4):
