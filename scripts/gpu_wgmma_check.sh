@@ -45,7 +45,7 @@ if [ -n "${WG_PROFILE:-}" ]; then
   done
 fi
 if [ -n "${WG_SERVE:-}" ]; then
-  for model in qwen2.5-7b-awq qwen2.5-7b; do
+  for model in ${WG_SERVE_MODELS:-qwen2.5-7b-awq qwen2.5-7b}; do
     var=$([ $model = qwen2.5-7b ] && echo LLMRS_BF16_WGMMA || echo LLMRS_Q4_WGMMA)
     for v in 0 1; do
       step "server $model, $var=$v: 64 and 256 concurrent"

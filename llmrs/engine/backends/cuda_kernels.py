@@ -258,12 +258,11 @@ def module_for_arch(cp: Any, source: str, options: tuple[str, ...], arch: str) -
     beside CuPy's modules (keyed by the source, the options and NVRTC's version; CuPy's `-ftz=true` kept)."""
     import hashlib
 
-    from cupy.cuda import compiler
     from cupy_backends.cuda.libs import nvrtc
 
     opts = (*options, "-ftz=true", f"--gpu-architecture={arch}")
     key = hashlib.sha256(repr((source, opts, nvrtc.getVersion())).encode()).hexdigest()[:40]
-    cache = Path(compiler.get_cache_dir())
+    cache = Path(os.environ.get("CUPY_CACHE_DIR") or Path.home() / ".cupy" / "kernel_cache")  # CuPy's own default
     path = cache / f"llmrs_{arch}_{key}.cubin"
     if not path.exists():
         prog = nvrtc.createProgram(source, f"llmrs_{arch}.cu", (), ())
