@@ -9,7 +9,7 @@ LLMRS  := $(VENV)/bin/llmrs
 EXTRAS ?= serve,bench,roofline,ptx
 PROMPT ?= Explain in two sentences why LLM decoding is limited by memory bandwidth.
 
-.PHONY: setup setup-test run test clean
+.PHONY: setup setup-test run test clean wheels
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,3 +43,12 @@ test: setup-test
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
+
+# The wheels a lent GPU machine lacks (python 3.12 there; carried as .whl/, installed by scripts/gpu_lib.sh
+# use_wheels), pinned to what the tests ran with here.
+WHEELS = fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 pydantic==2.14.4 pydantic_core==2.50.5 \
+	annotated-types==0.8.0 typing-inspection==0.4.5 opentelemetry-api==1.45.2 gguf==0.19.0 openai==3.57.0 \
+	jiter==0.19.0 sniffio==1.3.1 distro
+wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $(WHEELS)

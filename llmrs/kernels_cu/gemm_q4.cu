@@ -787,7 +787,11 @@ extern "C" __global__ void dequant_marlin_q4m_bf16(const uint4* __restrict__ Bq,
 // blocks in flight (168 registers at 3 blocks an SM: 33.0 us), 5 blocks an SM (96 registers, spills), and x's B
 // registers plus each group's X made once a block in shared memory (no ones mma, one 16-byte shared load a k32
 // block; two versions of the staging: 3.93 / 2.82 ms/token against 2.76, the staging's wait before any mma costs
-// more than the instructions it saves).
+// more than the instructions it saves); each warp's codes through a ring of 3 / 4 / 5 shared-memory stages of
+// 2 KB filled by one cp.async.bulk each (TMA + mbarrier, no code registers: 96-117 registers; fifteenth session,
+// scripts/gpu_gemv_tma_check.sh): the 7B's four linears at one token 1.724 -> 1.934 / 1.822 / 2.054 ms for 28
+// layers (gate_up 29.3 -> 29.1 us at 4 stages, down 18.1 -> 20.6), at 4 tokens 1.774 -> 1.942 (4 stages): more
+// bytes in flight a warp did not stream faster.
 // Then (not yet run on a GPU; SASS read from `cuobjdump -sass` of the ptxas output): the loop's instructions
 // came to ~97 a k32 block at G 128 executed, of which ~8 were moves of codes between registers (q = qn at the
 // top of each batch: the predicated loads made the compiler keep old values), ~3 the flush's zeroing, the rest of
@@ -803,40 +807,6 @@ extern "C" __global__ void dequant_marlin_q4m_bf16(const uint4* __restrict__ Bq,
 #define GV_DEPTH 4  // k32 blocks in flight a warp while the previous GV_DEPTH are used (registers)
 #endif
 #define GV_BF16_ONES 0x3F803F80u
-
-// GV_TMA (sm_90+; -DGV_TMA=1, an A/B form until measured): each warp's codes come through a ring of GV_STAGES
-// shared-memory stages of GV_DEPTH k32 blocks (2 KB at 4), each filled by one bulk copy (cp.async.bulk, the TMA
-// unit) that lane 0 issues and an mbarrier completes, instead of 16-byte loads into registers: a warp keeps
-// (GV_STAGES - 1) x 2 KB in flight at no register cost (registers hold 2 KB at most today), what one token's
-// latency-bound stream needs (~1.9 TB/s of 4.3 at GV_DEPTH 4 and 4 blocks an SM).
-#ifndef GV_TMA
-#define GV_TMA 0
-#endif
-#ifndef GV_STAGES
-#define GV_STAGES 4
-#endif
-#if GV_TMA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define GV_BULK 1
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-// one bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) into shared memory, completing on bar
-__device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    unsigned ok;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
-    } while (!ok);
-}
-#else
-#define GV_BULK 0
-#endif
 
 __device__ __forceinline__ unsigned bf16x2_code(unsigned w) {
     unsigned r;
@@ -930,40 +900,15 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
     static_assert(CPG == 0 || GV_DEPTH % CPG == 0, "a fixed group size must divide GV_DEPTH (whole groups a batch)");
     pdl_trigger();
     constexpr int TOK = 8 * NU;
+    __shared__ float red[GV_WARPS][TOK][36];  // [warp][token][column] (36: conflict-free stores)
     __shared__ int last;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int nb = blockIdx.x, KB = K >> 5, cpg = CPG ? CPG : G >> 5;
     const int kb_lo = min(KB, (blockIdx.y * GV_WARPS + warp) * kpw), kb_hi = min(KB, kb_lo + kpw);
     const uint4* wp = Bq + (size_t)nb * KB * 32 + lane;
-#if GV_BULK
-    // the ring ([warp][stage][k32 block of the stage][lane]: one 512-byte run a block, as in global memory), its
-    // barriers, and after the loop (every issued copy waited for) the warps' partial sums in the same bytes
-    constexpr int RING = GV_WARPS * GV_STAGES * GV_DEPTH * 32, RED = GV_WARPS * TOK * 36 / 4;
-    __shared__ __align__(128) uint4 smem[RING > RED ? RING : RED];
-    __shared__ __align__(8) unsigned long long bars[GV_WARPS][GV_STAGES];
-    float(*red)[TOK][36] = reinterpret_cast<float(*)[TOK][36]>(smem);
-    const uint4* ring = smem + warp * GV_STAGES * GV_DEPTH * 32;
-    const unsigned ring_sm = smem_u32(ring), bar_sm = smem_u32(bars[warp]);
-    const uint4* wrun = Bq + ((size_t)nb * KB + kb_lo) * 32;  // the warp's run: GV_DEPTH k32 blocks a batch
-    const int nbat = kb_hi > kb_lo ? (kb_hi - kb_lo + GV_DEPTH - 1) / GV_DEPTH : 0;
-    auto issue = [&](int i) {  // batch i into stage i % GV_STAGES (lane 0)
-        const unsigned bytes = (unsigned)min(GV_DEPTH, kb_hi - kb_lo - i * GV_DEPTH) * 512u;
-        const int st = i % GV_STAGES;
-        bulk_load(ring_sm + st * GV_DEPTH * 512, wrun + (size_t)i * GV_DEPTH * 32, bytes, bar_sm + 8 * st);
-    };
-    if (lane == 0) {
-#pragma unroll
-        for (int st = 0; st < GV_STAGES; ++st) mbar_init(bar_sm + 8 * st, 1);
-        mbar_fence_init();
-        for (int i = 0; i < GV_STAGES && i < nbat; ++i) issue(i);  // weights: no kernel writes them (before pdl_wait)
-    }
-    __syncwarp();
-#else
-    __shared__ float red[GV_WARPS][TOK][36];  // [warp][token][column] (36: conflict-free stores)
     uint4 qa[GV_DEPTH], qb[GV_DEPTH];  // two batches' codes: one used while the other is loaded (no copies)
 #pragma unroll
     for (int d = 0; d < GV_DEPTH; ++d) qa[d] = ldg_stream(wp + (size_t)min(kb_lo + d, max(kb_hi - 1, 0)) * 32);
-#endif
     pdl_wait();  // x (and out, part) come from earlier kernels
 
     bool live[NU];
@@ -973,9 +918,7 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
         live[u] = 8 * u + g < T;
         xr[u] = x + (size_t)(live[u] ? 8 * u + g : 0) * K + 2 * t + 32 * kb_lo;
     }
-#if !GV_BULK
     const uint4* wn = wp + (size_t)(kb_lo + GV_DEPTH) * 32;  // the next batch's codes
-#endif
     const unsigned* szc = SZ + nb * 32 + g;  // + group * N + 16 j + 8 r
     float c[NU][2][4], cx[NU][4], acc[NU][2][4];
 #pragma unroll
@@ -998,15 +941,17 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
     sp += 2 * (size_t)N;
     // one batch: GV_DEPTH k32 blocks from base, its codes in q; the next batch's codes go out into qn first (from a
     // valid address always, so no register keeps an old value: past the run a load re-reads the run's first block)
-    auto load_x = [&](uint4 (&xb)[GV_DEPTH][NU], const int base) {
+    auto batch = [&](const uint4 (&q)[GV_DEPTH], uint4 (&qn)[GV_DEPTH], const int base, const int half) {
+        uint4 xb[GV_DEPTH][NU];
 #pragma unroll
         for (int d = 0; d < GV_DEPTH; ++d)
 #pragma unroll
             for (int u = 0; u < NU; ++u) xb[d][u] = gemv_xb(xr[u] + 32 * d, live[u] && base + d < kb_hi);
 #pragma unroll
         for (int u = 0; u < NU; ++u) xr[u] += 32 * GV_DEPTH;
-    };
-    auto compute = [&](const uint4 (&q)[GV_DEPTH], const uint4 (&xb)[GV_DEPTH][NU], const int base, const int half) {
+#pragma unroll
+        for (int d = 0; d < GV_DEPTH; ++d) qn[d] = ldg_stream(base + GV_DEPTH + d < kb_hi ? wn + 32 * d : wp);
+        wn += 32 * GV_DEPTH;
 #pragma unroll
         for (int d = 0; d < GV_DEPTH; ++d) {
             if (base + d < kb_hi) {
@@ -1026,42 +971,11 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
             }
         }
     };
-#if GV_BULK
-    // batch i: its stage's copy waited for (phase i / GV_STAGES), the codes read (a warp's 512 bytes a k32 block,
-    // conflict-free), used, then the stage refilled with batch i + GV_STAGES once every lane is past its reads
-    auto batch = [&](const int i, const int half) {
-        const int base = kb_lo + i * GV_DEPTH, st = i % GV_STAGES;
-        uint4 xb[GV_DEPTH][NU];
-        load_x(xb, base);
-        mbar_wait(bar_sm + 8 * st, (unsigned)(i / GV_STAGES) & 1u);
-        uint4 q[GV_DEPTH];
-#pragma unroll
-        for (int d = 0; d < GV_DEPTH; ++d) q[d] = ring[(st * GV_DEPTH + d) * 32 + lane];
-        compute(q, xb, base, half);
-        __syncwarp();
-        if (lane == 0 && i + GV_STAGES < nbat) issue(i + GV_STAGES);
-    };
-    for (int i = 0; i < nbat; i += 2) {
-        batch(i, 0);
-        if (i + 1 >= nbat) break;
-        batch(i + 1, 1);
-    }
-    __syncthreads();  // every warp past its ring before red reuses the bytes
-#else
-    auto batch = [&](const uint4 (&q)[GV_DEPTH], uint4 (&qn)[GV_DEPTH], const int base, const int half) {
-        uint4 xb[GV_DEPTH][NU];
-        load_x(xb, base);
-#pragma unroll
-        for (int d = 0; d < GV_DEPTH; ++d) qn[d] = ldg_stream(base + GV_DEPTH + d < kb_hi ? wn + 32 * d : wp);
-        wn += 32 * GV_DEPTH;
-        compute(q, xb, base, half);
-    };
     for (int base = kb_lo; base < kb_hi; base += 2 * GV_DEPTH) {
         batch(qa, qb, base, 0);
         if (base + GV_DEPTH >= kb_hi) break;
         batch(qb, qa, base + GV_DEPTH, 1);
     }
-#endif
     // lane (g, t): column 16 j + 8 r + g, token 8 u + 2 t + h in acc[u][j][2 r + h]
 #pragma unroll
     for (int u = 0; u < NU; ++u)

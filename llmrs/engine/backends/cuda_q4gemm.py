@@ -123,13 +123,16 @@ SMALL_MAX_WEIGHTS = 64 << 20
 
 
 # The Hopper form (gemm_q4.cu's gemm_q4wg{z,m}: wgmma, sm_90a, 128 tokens x 128 columns a block) from WG_FROM tokens
-# up to WG_MAX_TOKENS where the backend takes it (Kernels.wgmma: LLMRS_Q4_WGMMA=1 on a GPU with sm_90a; off by
-# default until measured, cuda_kernels.WGMMA); it then also takes the token counts above MAX_TOKENS that dequantize
-# + cuBLAS had. LLMRS_Q4_WGMMA_FROM / LLMRS_Q4_WGMMA_MAX_TOKENS (read at import) for A/Bs. The starting values are
-# guesses from the mma.sync form's figures (module docstring), to be replaced by scripts/bench_gemm_q4_forms.py's.
+# up to WG_MAX_TOKENS where the backend takes it (Kernels.wgmma: LLMRS_Q4_WGMMA=1 on a GPU with sm_90a,
+# cuda_kernels.WGMMA); it then also takes the token counts above MAX_TOKENS that dequantize + cuBLAS had.
+# LLMRS_Q4_WGMMA_FROM / LLMRS_Q4_WGMMA_MAX_TOKENS (read at import) for A/Bs. Measured on the H200
+# (scripts/bench_gemm_q4_forms.py, the 7B's four AWQ linears summed over 28 layers, ms, mma.sync / dequantize +
+# cuBLAS / wgmma; bf16 cuBLAS for scale): T 64 5.91 / 9.05 / 7.10 (4.19), 128 8.13 / 9.20 / 7.32 (4.35), 192
+# 10.78 / 11.06 / 9.95 (5.41), 256 12.31 / 10.23 / 10.00 (5.63), 512 22.31 / 13.98 / 17.43 (9.53), 1024 43.00 /
+# 22.26 / 32.08 (17.85): the wgmma form is the fastest 4-bit form from 128 to 256 tokens (its 128-token tiles
+# leave 192 as slow as 256), dequantize + cuBLAS above.
 WG_FROM = int(os.environ.get("LLMRS_Q4_WGMMA_FROM", "128"))
-# above ~1024 tokens dequantize + cuBLAS amortizes its dequantization (320-570 TFLOP/s at 1024, the docstring)
-WG_MAX_TOKENS = int(os.environ.get("LLMRS_Q4_WGMMA_MAX_TOKENS", "1024"))
+WG_MAX_TOKENS = int(os.environ.get("LLMRS_Q4_WGMMA_MAX_TOKENS", "256"))
 WG_TOKENS = 128  # tokens a block
 
 
