@@ -5,7 +5,7 @@ machine with `python3 -m pytest -q -m gpu tests/test_gemm_q4_gpu.py`; skips clea
   accumulation; fresh random inputs, T from 9 (one m16 tile, mostly padding) to 256, N with a half block
   (576 = 4.5 x 128), G 128 and 32, zero (AWQ, Q4_0) and min (Q4_1) modes, accumulate and bias, one slice of K
   and the automatic split-K; outputs poisoned with NaN first; the same for the wgmma form (sm_90a GPUs), which
-  the backend takes only with LLMRS_Q4_WGMMA=1, and the backend's path through it against dequantize + cuBLAS;
+  the backend takes by default there (LLMRS_Q4_WGMMA=0 turns it off), and its path through it against dequantize + cuBLAS;
 - against the existing dequantize + cuBLAS path (the same bf16 weights: equal up to f32 summation order);
 - the GPU reorder equals the numpy one; shapes outside the kernel come back None / False (fall back);
 - timing beside dequantize + cuBLAS, reported (TFLOP/s), not asserted.
@@ -142,11 +142,11 @@ def test_backend_takes_wgmma_above_mma_sync_tokens(backend, monkeypatch):
     if not backend.k.wgmma_arch:
         pytest.skip(f"wgmma needs compute capability 9.0 (this GPU: {backend.k.cc})")
     backend.k.wgmma_fns()
-    monkeypatch.setattr(backend.k, "wgmma", True)  # LLMRS_Q4_WGMMA=1's switch (off by default until measured)
+    monkeypatch.setattr(backend.k, "wgmma", True)  # LLMRS_Q4_WGMMA's switch (on by default where sm_90a)
     N, K, T = 576, 1536, 256
     rng = np.random.default_rng(11)
     dw = upload_with_rows(backend, make_weight("awq", N, K, 128, rng))
-    assert q4gemm.gemm_takes(T, N, K, backend.k.wgmma) and q4gemm.wgmma_takes(backend, T)
+    assert q4gemm.gemm_takes(T, N, K, backend.num_sms) and q4gemm.wgmma_takes(backend, T, N)
     x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
     out = cp.full((T, N), np.nan, dtype=cp.float32)
     backend._linear_quant(x, dw, None, out, False, "t")
@@ -161,7 +161,7 @@ def test_backend_takes_wgmma_above_mma_sync_tokens(backend, monkeypatch):
 
 
 def test_bf16_input_to_the_mma_gemm_gives_the_cast_paths_bits(backend, monkeypatch):
-    """LLMRS_Q4_BF16_INPUT=1 (off by default): at 17-192 tokens the mma.sync GEMM reads x as bf16 words from the
+    """LLMRS_Q4_BF16_INPUT (on by default): at 17-192 tokens the mma.sync GEMM reads x as bf16 words from the
     producers instead of casting f32 x itself; the same bits either way."""
     monkeypatch.setattr(backend, "q4_bf16_input", True)
     N, K, T = 576, 1536, 64

@@ -232,9 +232,9 @@ class CUDABackend:
     q4_gemv = os.environ.get("LLMRS_Q4_GEMV", "1") not in OFF_VALUES
     # the mma.sync 4-bit GEMM (17-192 tokens) reads its x as bf16 words written by the producers (norms, SiLU x up,
     # attention) instead of a cast kernel before each linear, as dequantize + cuBLAS and the wgmma form do: the same
-    # bits (the producers' bf16 forms round as cast_f32_bf16 does), ~4 launches a layer fewer. LLMRS_Q4_BF16_INPUT=1;
-    # off by default until a GPU run shows it (written in a session without device time)
-    q4_bf16_input = os.environ.get("LLMRS_Q4_BF16_INPUT", "0") not in OFF_VALUES
+    # bits (the producers' bf16 forms round as cast_f32_bf16 does), ~4 launches a layer fewer (H200, `llmrs profile
+    # --synthetic qwen2.5-7b-awq --batch 64`: step 6.369 -> 6.168 ms). LLMRS_Q4_BF16_INPUT=0 for A/Bs
+    q4_bf16_input = os.environ.get("LLMRS_Q4_BF16_INPUT", "1") not in OFF_VALUES
     # GEMM-sized steps (prefill, batches above matvec_max_tokens): the q/k/v bias added by rope_write_kv, not by a
     # separate add_bias launch (bit-identical); False (tests) keeps add_bias
     fold_qkv_bias = True
@@ -643,7 +643,7 @@ class CUDABackend:
             return
         # the Marlin-style 4-bit GEMM (gemm_q4.cu); beyond cuda_q4gemm.gemm_takes dequantize + cuBLAS is faster.
         # x arrives as bf16 words where the wgmma form runs (`_gemm_takes_bf16`): the GEMM reads it uncast
-        if gemm_takes(T, N, K, self.k.wgmma):
+        if self._q4_gemm_takes(T, N, K):
             assert not out_bf16, f"{name}: the 4-bit GEMM writes f32"
             if x.dtype == np.uint16:
                 assert gemm_q4(self, x, w.marlin, bias, out, accumulate, name=name), f"{name}: bf16 x, no GEMM layout"
@@ -665,6 +665,10 @@ class CUDABackend:
                                         np.int32(K), np.int32(G), np.int32(1 if w.mode == "min" else 0)))
         self._linear(x, wb, bias, out, accumulate, name, out_bf16)
 
+    def _q4_gemm_takes(self, T: int, N: int, K: int) -> bool:
+        """cuda_q4gemm.gemm_takes on this GPU (its wgmma form where Kernels.wgmma)."""
+        return gemm_takes(T, N, K, self.num_sms if self.k.wgmma else 0)
+
     def _gemm_takes_bf16(self, w: Any, T: int) -> bool:
         """Whether `_linear` over `w` with T tokens reads bf16 x, so that the producer of its input writes bf16 words
         itself (`fuse_bf16`): a plain bf16 weight above the matvec's tokens (cuBLAS, or the opt-in bf16 wgmma GEMM),
@@ -673,15 +677,15 @@ class CUDABackend:
         `q4_bf16_input`). The matvec and the 4-bit GEMV take f32."""
         if isinstance(w, DeviceQuantWeight):  # the 4-bit GEMMs read bf16 x too where opted in
             return (self.fuse_bf16 and T > max(GEMV_MAX_TOKENS, self.quant_matvec_max_tokens)
-                    and (not gemm_takes(T, w.N, w.K, self.k.wgmma)
-                         or (w.marlin is not None and (self.q4_bf16_input or wgmma_takes(self, T)))))
+                    and (not self._q4_gemm_takes(T, w.N, w.K)
+                         or (w.marlin is not None and (self.q4_bf16_input or wgmma_takes(self, T, w.N)))))
         return self.fuse_bf16 and T > self.matvec_max_tokens
 
     def _gemm_out_bf16(self, w: Any, T: int) -> bool:
         """Whether `_linear` over `w` with T tokens can write bf16 words (out_bf16): cuBLAS only, i.e. a bf16
         weight on the GEMM path or a quantized one dequantized for cuBLAS (not the 4-bit GEMMs, which write f32)."""
         if isinstance(w, DeviceQuantWeight):
-            return self._gemm_takes_bf16(w, T) and not gemm_takes(T, w.N, w.K, self.k.wgmma)
+            return self._gemm_takes_bf16(w, T) and not self._q4_gemm_takes(T, w.N, w.K)
         return self._gemm_takes_bf16(w, T)
 
     def _rms_norm_bf16(self, x: Any, w: Any, eps: float, out: Any, y: Any = None, rows: Any = None,

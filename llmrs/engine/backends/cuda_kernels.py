@@ -59,11 +59,10 @@ STATIC_SMEM_LIMIT = 48 << 10  # above, a kernel must be allowed its dynamic shar
 # a cluster, gemm_bf16wg_s{S}) need an arch-specific target (sm_90a), which CuPy's own compile (sm_90) lacks:
 # Kernels.wgmma_fns() compiles the file once more for it through NVRTC (module_for_arch), where the GPU has one
 # (WGMMA_ARCH). Elsewhere, and in the modules CuPy compiles, they are empty bodies that the host never launches.
-# LLMRS_Q4_WGMMA=1 / LLMRS_BF16_WGMMA=1 make the backend take them (cuda_q4gemm.wgmma_takes,
-# cuda_wgmma.bf16_wgmma_takes); off by default until they are measured on a GPU (they were written in a session
-# without device time: ptx-check clean on sm_90a).
+# The backend takes the 4-bit one where cuda_q4gemm.wgmma_takes (LLMRS_Q4_WGMMA=0 turns it off: A/Bs), the bf16 one
+# only with LLMRS_BF16_WGMMA=1 (cuda_wgmma.bf16_wgmma_takes: slower than cuBLAS on the H200, cuda_wgmma's figures).
 WGMMA_ARCH: dict[int, str] = {90: "sm_90a"}
-WGMMA = os.environ.get("LLMRS_Q4_WGMMA", "0") not in OFF_VALUES
+WGMMA = os.environ.get("LLMRS_Q4_WGMMA", "1") not in OFF_VALUES
 BF16_WGMMA = os.environ.get("LLMRS_BF16_WGMMA", "0") not in OFF_VALUES
 WG_SPLITS = (1, 2, 3, 4)  # the cluster sizes (K slices) compiled: gemm_q4wg{z,m}_s{S}, gemm_bf16wg_s{S}
 WG_BLOCKS_PER_SM = 2  # resident at once, both kernels: __launch_bounds__(128, 2), <= 99 KB of ring each (ptx-check)

@@ -136,21 +136,27 @@ WG_MAX_TOKENS = int(os.environ.get("LLMRS_Q4_WGMMA_MAX_TOKENS", "256"))
 WG_TOKENS = 128  # tokens a block
 
 
-def in_wgmma_range(T: int) -> bool:
-    """WG_FROM <= T <= WG_MAX_TOKENS: token counts the wgmma form takes where the backend has it on."""
-    return WG_FROM <= T <= WG_MAX_TOKENS
+def in_wgmma_range(T: int, N: int, num_sms: int) -> bool:
+    """Token counts and shapes the wgmma form takes where the backend has it on: WG_FROM <= T <= WG_MAX_TOKENS,
+    and above one 128-token tile only weights whose 128-column tiles do not fill the SMs alone (N / 128 < SMs):
+    a 7B's gate_up at 256 tokens is cuBLAS's after dequantization (H200, `llmrs profile --synthetic qwen2.5-7b-awq
+    --batch 256`: 28 x 199 us in the wgmma form against 96 dequantize + 93 cuBLAS; qkv / o / down, split over a
+    cluster, faster in the wgmma form: 30.5 / 27.6 / 94.4 us against 32.6 / 31.9 / 105.7, the forms bench)."""
+    return WG_FROM <= T <= WG_MAX_TOKENS and (T <= WG_TOKENS or -(-N // BN) < num_sms)
 
 
-def wgmma_takes(backend: Any, T: int) -> bool:
-    """Whether T tokens go through the wgmma form of the GEMM (rather than mma.sync's or dequantize + cuBLAS)."""
-    return bool(getattr(backend.k, "wgmma", False)) and in_wgmma_range(T)
+def wgmma_takes(backend: Any, T: int, N: int) -> bool:
+    """Whether T tokens of an N-column weight go through the wgmma form of the GEMM (rather than mma.sync's or
+    dequantize + cuBLAS)."""
+    return bool(getattr(backend.k, "wgmma", False)) and in_wgmma_range(T, N, backend.num_sms)
 
 
-def gemm_takes(T: int, N: int, K: int, wgmma: bool = False) -> bool:
+def gemm_takes(T: int, N: int, K: int, wgmma_sms: int = 0) -> bool:
     """Whether T tokens of a 4-bit N x K weight with the GEMM layout go through gemm_q4 rather than dequantize +
-    cuBLAS (above the GEMV's tokens); `wgmma`: the GPU has the wgmma form (Kernels.wgmma)."""
+    cuBLAS (above the GEMV's tokens); `wgmma_sms`: the GPU's SM count where it has the wgmma form (Kernels.wgmma),
+    else 0."""
     return (T <= MAX_TOKENS or (T <= MAX_TOKENS_SMALL and N * K <= SMALL_MAX_WEIGHTS)
-            or (wgmma and in_wgmma_range(T)))
+            or (wgmma_sms > 0 and in_wgmma_range(T, N, wgmma_sms)))
 
 
 def tile_rows(T: int) -> int:
@@ -193,7 +199,7 @@ def gemm_q4(backend: Any, x_bf16: Any, mw: MarlinWeight | None, bias: Any | None
     if (K != mw.K or out.shape != (T, N) or x_bf16.dtype != np.uint16 or out.dtype != np.float32
             or not x_bf16.flags.c_contiguous or not out.flags.c_contiguous or T < 1):
         return False
-    wg = wgmma_takes(backend, T) if wgmma is None else wgmma
+    wg = wgmma_takes(backend, T, N) if wgmma is None else wgmma
     KT = K // BK
     S = choose_splits(backend, T, N, K, wg) if splits is None else max(1, min(int(splits), KT))
     if wg:  # a compiled cluster size; its slices may end empty (a block of zeros), never overlap

@@ -6,10 +6,15 @@ At 256 tokens a 7B's qkv (4608 columns), o (3584) and down (3584 x 18944) have 7
 TunableOp offered no other algorithm). This kernel splits K over S = 1-4 blocks of a thread-block cluster that sum
 their partials through distributed shared memory (no partials in global memory, no reduce launch; deterministic),
 S chosen so the tiles x S fill about 2 blocks an SM. `gemm_bf16wg` runs out[T, N] (=|+=) x_bf16 @ W^T (+ bias) with
-f32 out; `bf16_wgmma_takes` says where the backend's `_linear` takes it instead of cuBLAS: with LLMRS_BF16_WGMMA=1
-(off by default: written in a session without device time, not yet measured) on an sm_90a GPU, for
-LLMRS_BF16_WGMMA_FROM <= T <= LLMRS_BF16_WGMMA_MAX_TOKENS (read at import; 64 / 512 to start, guesses to be replaced
-by `scripts/bench_gemm_bf16_forms.py`'s figures) where the tiles number fewer than the SMs (gate_up keeps cuBLAS).
+f32 out; `bf16_wgmma_takes` says where the backend's `_linear` takes it instead of cuBLAS: only with
+LLMRS_BF16_WGMMA=1 on an sm_90a GPU, for LLMRS_BF16_WGMMA_FROM <= T <= LLMRS_BF16_WGMMA_MAX_TOKENS (read at import;
+64 / 512) where the tiles number fewer than the SMs (gate_up keeps cuBLAS).
+
+Off by default: correct, but slower than cuBLAS on the H200 at every measured shape (fifteenth session,
+`scripts/bench_gemm_bf16_forms.py`, 28-layer sums of qkv + o + down, ms, cuBLAS / this kernel at the backend's
+cluster: T 64 2.371 / 2.516, 128 2.399 / 2.649, 256 2.623 / 3.376, 512 4.081 / 6.290; its best cluster size per
+shape came within ~5% of cuBLAS at qkv / o, 20-40% behind at down). What it would need: more than one warpgroup a
+block (cuBLAS's kernels keep two consumer warpgroups and a producer), TMA loads instead of cp.async.
 """
 
 from __future__ import annotations
