@@ -534,22 +534,27 @@ __device__ __forceinline__ void gemm_q4wg_impl(const uint4* __restrict__ Bq, con
         cp_async_commit();
     }
     int st_use = 0, st_load = AHEAD;
-    for (int it = 0; it < nk; ++it) {
-        cp_async_wait<AHEAD - 1>();                                   // stage `it` has landed (this thread) ...
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // ... visible to wgmma's async proxy ...
-        __syncthreads();  // ... for every thread; and no wgmma of stage it - AHEAD (the slot loaded next) runs
-        if (it + AHEAD < nk) ld.template load<GemmQ4WgSmem>(st_load);
-        cp_async_commit();
-        wg_fence_acc(acc[0]);
-        wg_fence_acc(acc[1]);
-        wg_wait<1>();  // the previous stage's first half is done: A0 is free
-        wg_half<MODE>(sm, st_use, 0, warp, lane, acc, A0);
-        wg_wait<1>();  // the previous stage's second half is done: A1 is free
-        wg_half<MODE>(sm, st_use, 1, warp, lane, acc, A1);
-        st_use = st_use + 1 == STAGES ? 0 : st_use + 1;
-        st_load = st_load + 1 == STAGES ? 0 : st_load + 1;
+    // the loop and its final wait inside one branch: where a slice is empty (nk 0) the zeros reach the epilogue
+    // without joining a path whose wgmma are still in flight (ptxas serializes every wgmma of a kernel where a
+    // non-wgmma instruction may define their accumulators mid-pipeline: C7515, `llmrs ptx-check --arch sm_90a`)
+    if (nk > 0) {
+        for (int it = 0; it < nk; ++it) {
+            cp_async_wait<AHEAD - 1>();                                   // stage `it` has landed (this thread) ...
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // ... visible to wgmma's async proxy ...
+            __syncthreads();  // ... for every thread; and no wgmma of stage it - AHEAD (the slot loaded next) runs
+            if (it + AHEAD < nk) ld.template load<GemmQ4WgSmem>(st_load);
+            cp_async_commit();
+            wg_fence_acc(acc[0]);
+            wg_fence_acc(acc[1]);
+            wg_wait<1>();  // the previous stage's first half is done: A0 is free
+            wg_half<MODE>(sm, st_use, 0, warp, lane, acc, A0);
+            wg_wait<1>();  // the previous stage's second half is done: A1 is free
+            wg_half<MODE>(sm, st_use, 1, warp, lane, acc, A1);
+            st_use = st_use + 1 == STAGES ? 0 : st_use + 1;
+            st_load = st_load + 1 == STAGES ? 0 : st_load + 1;
+        }
+        wg_wait<0>();
     }
-    wg_wait<0>();
     wg_fence_acc(acc[0]);
     wg_fence_acc(acc[1]);
     cp_async_wait<0>();
