@@ -311,13 +311,11 @@ def test_gemm_takes_up_to_max_tokens_and_small_matrices_further(small, monkeypat
         fake = SimpleNamespace(fuse_bf16=True, quant_matvec_max_tokens=8, matvec_max_tokens=1, num_sms=132,
                                k=SimpleNamespace(wgmma=wgmma), q4_bf16_input=bf16_input)
         fake._gemm_takes_bf16 = lambda w, T, fake=fake: CUDABackend._gemm_takes_bf16(fake, w, T)
-        fake._q4_gemm_takes = lambda T, N, K, fake=fake: CUDABackend._q4_gemm_takes(fake, T, N, K)
-        sms = 132 if wgmma else 0
         for N, K in (qkv, gate_up):
             for marlin in (None, object()):
                 w = DeviceQuantWeight("awq", N, K, 128, None, None, None, marlin)
                 for T in (8, 17, 192, 193, 256, 257, 4096):
                     bf16_in = CUDABackend._gemm_takes_bf16(fake, w, T)
-                    wg = (bf16_input or wgmma and q4gemm.in_wgmma_range(T, N, 132)) and marlin is not None
-                    assert bf16_in == (T > 16 and (not gemm_takes(T, N, K, sms) or wg)), (N, K, T, wgmma)
-                    assert CUDABackend._gemm_out_bf16(fake, w, T) == (bf16_in and not gemm_takes(T, N, K, sms))
+                    wg = (bf16_input or wgmma and q4gemm.in_wgmma_range(T, N, K)) and marlin is not None
+                    assert bf16_in == (T > 16 and (not gemm_takes(T, N, K, wgmma) or wg)), (N, K, T, wgmma)
+                    assert CUDABackend._gemm_out_bf16(fake, w, T) == (bf16_in and not gemm_takes(T, N, K, wgmma))

@@ -643,7 +643,7 @@ class CUDABackend:
             return
         # the Marlin-style 4-bit GEMM (gemm_q4.cu); beyond cuda_q4gemm.gemm_takes dequantize + cuBLAS is faster.
         # x arrives as bf16 words where the wgmma form runs (`_gemm_takes_bf16`): the GEMM reads it uncast
-        if self._q4_gemm_takes(T, N, K):
+        if gemm_takes(T, N, K, self.k.wgmma):
             assert not out_bf16, f"{name}: the 4-bit GEMM writes f32"
             if x.dtype == np.uint16:
                 assert gemm_q4(self, x, w.marlin, bias, out, accumulate, name=name), f"{name}: bf16 x, no GEMM layout"
@@ -665,10 +665,6 @@ class CUDABackend:
                                         np.int32(K), np.int32(G), np.int32(1 if w.mode == "min" else 0)))
         self._linear(x, wb, bias, out, accumulate, name, out_bf16)
 
-    def _q4_gemm_takes(self, T: int, N: int, K: int) -> bool:
-        """cuda_q4gemm.gemm_takes on this GPU (its wgmma form where Kernels.wgmma)."""
-        return gemm_takes(T, N, K, self.num_sms if self.k.wgmma else 0)
-
     def _gemm_takes_bf16(self, w: Any, T: int) -> bool:
         """Whether `_linear` over `w` with T tokens reads bf16 x, so that the producer of its input writes bf16 words
         itself (`fuse_bf16`): a plain bf16 weight above the matvec's tokens (cuBLAS, or the opt-in bf16 wgmma GEMM),
@@ -677,15 +673,15 @@ class CUDABackend:
         `q4_bf16_input`). The matvec and the 4-bit GEMV take f32."""
         if isinstance(w, DeviceQuantWeight):  # the 4-bit GEMMs read bf16 x too where opted in
             return (self.fuse_bf16 and T > max(GEMV_MAX_TOKENS, self.quant_matvec_max_tokens)
-                    and (not self._q4_gemm_takes(T, w.N, w.K)
-                         or (w.marlin is not None and (self.q4_bf16_input or wgmma_takes(self, T, w.N)))))
+                    and (not gemm_takes(T, w.N, w.K, self.k.wgmma)
+                         or (w.marlin is not None and (self.q4_bf16_input or wgmma_takes(self, T, w.N, w.K)))))
         return self.fuse_bf16 and T > self.matvec_max_tokens
 
     def _gemm_out_bf16(self, w: Any, T: int) -> bool:
         """Whether `_linear` over `w` with T tokens can write bf16 words (out_bf16): cuBLAS only, i.e. a bf16
         weight on the GEMM path or a quantized one dequantized for cuBLAS (not the 4-bit GEMMs, which write f32)."""
         if isinstance(w, DeviceQuantWeight):
-            return self._gemm_takes_bf16(w, T) and not self._q4_gemm_takes(T, w.N, w.K)
+            return self._gemm_takes_bf16(w, T) and not gemm_takes(T, w.N, w.K, self.k.wgmma)
         return self._gemm_takes_bf16(w, T)
 
     def _rms_norm_bf16(self, x: Any, w: Any, eps: float, out: Any, y: Any = None, rows: Any = None,
