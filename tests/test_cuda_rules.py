@@ -124,17 +124,16 @@ def test_wgmma_gemm_ring_and_dispatch():
         assert n in ck.PDL_KERNELS and n in ck.ARCH_ENTRY_POINTS["gemm_q4.cu"]
         assert all(n not in names for names in ck.ENTRY_POINTS.values())
     assert ck.WGMMA_ARCH == {90: "sm_90a"}
-    # without the wgmma form, 256 tokens are dequantize + cuBLAS's; with it, the GEMM's from WG_FROM (from
-    # WG_SMALL_FROM for weights of at most SMALL_MAX_WEIGHTS: a 7B's qkv and o) up to WG_MAX_TOKENS (measured)
-    assert (q4.WG_SMALL_FROM, q4.WG_FROM, q4.WG_MAX_TOKENS) == (64, 128, 256)
+    # without the wgmma form, 256 tokens are dequantize + cuBLAS's; with it, the GEMM's from WG_FROM up to
+    # WG_MAX_TOKENS (both measured)
+    assert (q4.WG_FROM, q4.WG_MAX_TOKENS) == (128, 256)
     assert not q4.gemm_takes(256, 4608, 3584) and q4.gemm_takes(256, 4608, 3584, wgmma=True)
-    assert q4.gemm_takes(q4.WG_MAX_TOKENS, 3584, 18944, wgmma=True)
+    assert q4.gemm_takes(256, 37888, 3584, wgmma=True) and q4.gemm_takes(q4.WG_MAX_TOKENS, 3584, 18944, wgmma=True)
     assert not q4.gemm_takes(q4.WG_MAX_TOKENS + 1, 3584, 18944, wgmma=True)  # prefills: dequantize + cuBLAS
     be = SimpleNamespace(num_sms=132, k=SimpleNamespace(wgmma=True))
-    assert q4.wgmma_takes(be, 256, 37888, 3584) and not q4.wgmma_takes(be, q4.WG_FROM - 1, 37888, 3584)
-    assert q4.wgmma_takes(be, 64, 4608, 3584) and not q4.wgmma_takes(be, 63, 4608, 3584)
-    assert not q4.wgmma_takes(be, 64, 3584, 18944) and q4.wgmma_takes(be, 128, 3584, 18944)
-    assert not q4.wgmma_takes(SimpleNamespace(num_sms=132, k=SimpleNamespace(wgmma=False)), 256, 4608, 3584)
+    assert q4.wgmma_takes(be, 256) and q4.wgmma_takes(be, 128) and not q4.wgmma_takes(be, q4.WG_FROM - 1)
+    assert not q4.wgmma_takes(be, q4.WG_MAX_TOKENS + 1)
+    assert not q4.wgmma_takes(SimpleNamespace(num_sms=132, k=SimpleNamespace(wgmma=False)), 256)
     # K slices: 2 blocks an SM over the 128 x 128 tiles (7B qkv at 256 tokens: 36 x 2 tiles -> 3 slices; gate_up's
     # 296 x 2 tiles fill the GPU alone; down: 28 x 2 tiles -> 4 slices of its 296 k64 tiles)
     # (the slices are a cluster's blocks: at most the largest compiled cluster, 4)

@@ -146,7 +146,7 @@ def test_backend_takes_wgmma_above_mma_sync_tokens(backend, monkeypatch):
     N, K, T = 576, 1536, 256
     rng = np.random.default_rng(11)
     dw = upload_with_rows(backend, make_weight("awq", N, K, 128, rng))
-    assert q4gemm.gemm_takes(T, N, K, backend.k.wgmma) and q4gemm.wgmma_takes(backend, T, N, K)
+    assert q4gemm.gemm_takes(T, N, K, backend.k.wgmma) and q4gemm.wgmma_takes(backend, T)
     x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
     out = cp.full((T, N), np.nan, dtype=cp.float32)
     backend._linear_quant(x, dw, None, out, False, "t")

@@ -316,6 +316,6 @@ def test_gemm_takes_up_to_max_tokens_and_small_matrices_further(small, monkeypat
                 w = DeviceQuantWeight("awq", N, K, 128, None, None, None, marlin)
                 for T in (8, 17, 192, 193, 256, 257, 4096):
                     bf16_in = CUDABackend._gemm_takes_bf16(fake, w, T)
-                    wg = (bf16_input or wgmma and q4gemm.in_wgmma_range(T, N, K)) and marlin is not None
+                    wg = (bf16_input or wgmma and q4gemm.in_wgmma_range(T)) and marlin is not None
                     assert bf16_in == (T > 16 and (not gemm_takes(T, N, K, wgmma) or wg)), (N, K, T, wgmma)
                     assert CUDABackend._gemm_out_bf16(fake, w, T) == (bf16_in and not gemm_takes(T, N, K, wgmma))

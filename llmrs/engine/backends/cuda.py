@@ -674,7 +674,7 @@ class CUDABackend:
         if isinstance(w, DeviceQuantWeight):  # the 4-bit GEMMs read bf16 x too where opted in
             return (self.fuse_bf16 and T > max(GEMV_MAX_TOKENS, self.quant_matvec_max_tokens)
                     and (not gemm_takes(T, w.N, w.K, self.k.wgmma)
-                         or (w.marlin is not None and (self.q4_bf16_input or wgmma_takes(self, T, w.N, w.K)))))
+                         or (w.marlin is not None and (self.q4_bf16_input or wgmma_takes(self, T)))))
         return self.fuse_bf16 and T > self.matvec_max_tokens
 
     def _gemm_out_bf16(self, w: Any, T: int) -> bool:
