@@ -159,6 +159,13 @@ def test_parsers_read_ptx_and_ptxas_output():
     info = parse_ptxas(log)["k1"]
     assert (info.registers, info.spill_stores, info.spill_loads, info.stack_frame, info.shared_bytes,
             info.barriers) == (255, 8, 12, 72, 49152, 1)
+    # the wgmma note names its function; it may come before that function's resource lines
+    serial = ("ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due "
+              "to non wgmma instructions defining accumulator registers of a wgmma between start and end of the "
+              "pipeline stage in the function 'gemm_q4wgz_s1' in line 27312\n")
+    infos = parse_ptxas(serial + log.replace("'k1'", "'gemm_q4wgz_s1'").replace("for k1", "for gemm_q4wgz_s1"))
+    assert infos["gemm_q4wgz_s1"].wgmma_serialized.startswith("non wgmma instructions defining accumulator")
+    assert infos["gemm_q4wgz_s1"].registers == 255 and info.wgmma_serialized == ""
     d = parse_directives("// ptx-check: instantiate gemm<128, 64>\n//ptx-check: allow foo\n"
                          "// ptx-check: options -DTILE=8\n")
     assert d.instantiate == ["gemm<128, 64>"] and d.allow == ["foo"] and d.options == ["-DTILE=8"]
@@ -216,7 +223,9 @@ def test_wgmma_gemms_compile_clean_for_sm_90a():
     """gemm_q4.cu's wgmma kernels (the 4-bit GEMM's Hopper form, the bf16 GEMM with K split over a cluster) exist
     only for the arch-specific target (`llmrs ptx-check`'s default archs compile empty bodies): built for sm_90a each
     holds its 8 wgmma a stage (HGMMA in the SASS main loop; for the 4-slice cluster the reduction loop is the larger
-    one) without local memory, in at most 255 registers (2 blocks of 128 threads an SM)."""
+    one) without local memory, in at most 255 registers (2 blocks of 128 threads an SM), and not serialized by
+    ptxas (its C7515 note: each wgmma waiting for the one before; the 4-bit form had it until the fifteenth
+    session, ~20% of its time)."""
     from llmrs.engine.backends.cuda_kernels import ARCH_ENTRY_POINTS
 
     p = ptx_check(str(ROOT / "llmrs" / "kernels_cu" / "gemm_q4.cu"), "--arch", "sm_90a", "--sass", "--json")
@@ -225,5 +234,22 @@ def test_wgmma_gemms_compile_clean_for_sm_90a():
     for name in ARCH_ENTRY_POINTS["gemm_q4.cu"]:
         r = rows[name]
         assert not r["flagged"] and r["spill_stores"] == 0 and r["registers"] <= 255, r
+        assert r["wgmma_serialized"] == "" and r["status"] == "ok", r
         if name != "gemm_bf16wg_s4":
             assert dict(r["sass"]["main_loop_mix"]).get("HGMMA") == 8, r["sass"]
+
+
+def test_serialized_wgmma_is_flagged_unless_allowed():
+    """A kernel whose wgmma ptxas serialized is flagged (exit 1) as local memory is; --allow accepts it too."""
+    from llmrs.roofline.ptx.check import KernelResult
+
+    base = dict(file="k.cu", arch="sm_90a", name="g", mangled="g", kind="entry", ld_local=0, st_local=0,
+                local_depot_bytes=0, registers=200, spill_stores=0, spill_loads=0, stack_frame=0, shared_bytes=0,
+                uses_local=False, allowed=False)
+    assert KernelResult(**base).status == "ok" and not KernelResult(**base).flagged
+    ser = KernelResult(**base, wgmma_serialized="non wgmma instructions defining accumulator registers")
+    assert ser.flagged and ser.status == "WGMMA SERIALIZED" and ser.to_dict()["flagged"]
+    both = KernelResult(**{**base, "uses_local": True}, wgmma_serialized="x")
+    assert both.status == "LOCAL MEMORY + WGMMA SERIALIZED"
+    allowed = KernelResult(**{**base, "allowed": True}, wgmma_serialized="x")
+    assert not allowed.flagged and allowed.status == "allowed"

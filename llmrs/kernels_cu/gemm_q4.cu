@@ -794,9 +794,9 @@ extern "C" __global__ void dequant_marlin_q4m_bf16(const uint4* __restrict__ Bq,
 // block; two versions of the staging: 3.93 / 2.82 ms/token against 2.76, the staging's wait before any mma costs
 // more than the instructions it saves); each warp's codes through a ring of 3 / 4 / 5 shared-memory stages of
 // 2 KB filled by one cp.async.bulk each (TMA + mbarrier, no code registers: 96-117 registers; fifteenth session,
-// scripts/gpu_gemv_tma_check.sh): the 7B's four linears at one token 1.724 -> 1.934 / 1.822 / 2.054 ms for 28
-// layers (gate_up 29.3 -> 29.1 us at 4 stages, down 18.1 -> 20.6), at 4 tokens 1.774 -> 1.942 (4 stages): more
-// bytes in flight a warp did not stream faster.
+// commit 251c82f, reports/h200-qwen2.5/session15 call3): the 7B's four linears at one token 1.724 -> 1.934 /
+// 1.822 / 2.054 ms for 28 layers (gate_up 29.3 -> 29.1 us at 4 stages, down 18.1 -> 20.6), at 4 tokens 1.774 ->
+// 1.942 (4 stages): more bytes in flight a warp did not stream faster.
 // Then (not yet run on a GPU; SASS read from `cuobjdump -sass` of the ptxas output): the loop's instructions
 // came to ~97 a k32 block at G 128 executed, of which ~8 were moves of codes between registers (q = qn at the
 // top of each batch: the predicated loads made the compiler keep old values), ~3 the flush's zeroing, the rest of

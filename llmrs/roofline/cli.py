@@ -191,7 +191,8 @@ def ptx_check(
 ) -> None:
     """Compile kernels (NVRTC -> PTX, ptxas -> SASS) and count local memory: ld.local/st.local, spills, stack.
 
-    Exit 0: clean; 1: a kernel spills or uses local memory (not --allow'ed); 2: a compile error (log shown).
+    Exit 0: clean; 1: a kernel spills or uses local memory, or ptxas serialized its wgmma (sm_90a), not
+    --allow'ed; 2: a compile error (log shown).
     Templates: declare instantiations in the .cu, one per line: `// ptx-check: instantiate NAME<ARGS>`.
     Needs no GPU: pip install 'llmrs[ptx]' (cuda-bindings, nvidia-cuda-nvrtc, nvidia-cuda-nvcc).
     """
@@ -249,12 +250,18 @@ def ptx_check(
         _exit(2)
     if flagged:
         if not as_json:
-            names = sorted({f"{r.name} ({r.arch})" for r in flagged})
-            console.print(f"[red]{len(flagged)} kernel/arch pair(s) use local memory:[/] {', '.join(names)}; "
-                          "fix them or --allow NAME")
+            local = sorted({f"{r.name} ({r.arch})" for r in flagged if r.uses_local})
+            if local:
+                console.print(f"[red]{len(local)} kernel/arch pair(s) use local memory:[/] {', '.join(local)}; "
+                              "fix them or --allow NAME")
+            for r in flagged:
+                if r.wgmma_serialized:
+                    console.print(f"[red]{r.name} ({r.arch}): ptxas serialized its wgmma[/], due to "
+                                  f"{r.wgmma_serialized}")
         _exit(1)
     if not as_json:
-        console.print(f"[green]clean[/]: {len(results)} kernel/arch pair(s), no local memory, no spills")
+        console.print(f"[green]clean[/]: {len(results)} kernel/arch pair(s), no local memory, no spills"
+                      + (", no serialized wgmma" if any(a.endswith("a") for a in archs) else ""))
 
 
 def register(app: typer.Typer) -> None:

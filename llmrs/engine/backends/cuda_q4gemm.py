@@ -125,8 +125,9 @@ SMALL_MAX_WEIGHTS = 64 << 20
 # The Hopper form (gemm_q4.cu's gemm_q4wg{z,m}: wgmma, sm_90a, 128 tokens x 128 columns a block) from WG_FROM tokens
 # up to WG_MAX_TOKENS where the backend takes it (Kernels.wgmma: a GPU with sm_90a, LLMRS_Q4_WGMMA not 0;
 # cuda_kernels.WGMMA); it then also takes the token counts above MAX_TOKENS that dequantize + cuBLAS had.
-# LLMRS_Q4_WGMMA_FROM / _MAX_TOKENS (read at import) for A/Bs. Measured on the H200 (scripts/bench_gemm_q4_forms.py, the 7B's AWQ linears, us a layer, mma.sync /
-# dequantize + cuBLAS / wgmma; reports/h200-qwen2.5/session15 call10): T 64: qkv 36.6 / 26.9 / 26.7, o 35.0 / 28.2 /
+# LLMRS_Q4_WGMMA_FROM / _MAX_TOKENS (read at import) for A/Bs. Measured on the H200 (scripts/bench_gemm_q4_forms.py,
+# the 7B's AWQ linears, us a layer, mma.sync / dequantize + cuBLAS / wgmma; reports/h200-qwen2.5/session15 call10,
+# after the fix that let ptxas pipeline the wgmma; before it the wgmma form was 10-25% slower): T 64: qkv 36.6 / 26.9 / 26.7, o 35.0 / 28.2 /
 # 23.9, gate_up 86.0 / 172.1 / 99.7, down 48.2 / 92.6 / 53.6; T 128: qkv 40.0 / 29.2 / 25.3, o 37.2 / 25.7 / 24.3,
 # gate_up 138.8 / 173.3 / 120.0, down 77.2 / 96.0 / 54.5; T 256: qkv 46.2 / 31.0 / 27.2, o 36.5 / 25.7 / 24.7,
 # gate_up 229.9 / 195.6 / 184.0, down 120.8 / 104.8 / 81.0; T 512: qkv 82.0 / 41.7 / 62.2, o 65.5 / 32.9 / 35.6,

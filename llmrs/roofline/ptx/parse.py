@@ -6,6 +6,9 @@ per-thread local array the compiler allocated). ptxas -v prints per function:
     ptxas info    : Function properties for NAME
         128 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
     ptxas info    : Used 38 registers, used 0 barriers, 4096 bytes smem, 380 bytes cmem[0]
+and, for a kernel whose wgmma (sm_90a) it could not pipeline, a note naming the function and the cause:
+    ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due to
+                    CAUSE in the function 'NAME'
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class PtxasInfo:
     stack_frame: int = 0
     shared_bytes: int = 0
     barriers: int = 0
+    wgmma_serialized: str = ""  # ptxas's cause where it serialized the function's wgmma (each waits for the last)
 
 
 def _body(ptx: str, start: int) -> tuple[str, int]:
@@ -84,6 +88,7 @@ _USED = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
 _BARRIERS = re.compile(r"used (\d+) barriers")
 _COMPILING = re.compile(r"Compiling entry function '([\w$.]+)'")
+_WGMMA_SERIAL = re.compile(r"wgmma\.mma_async instructions are serialized due to (.+?) in the function '([\w$.]+)'")
 
 
 def parse_ptxas(log: str) -> dict[str, PtxasInfo]:
@@ -91,7 +96,9 @@ def parse_ptxas(log: str) -> dict[str, PtxasInfo]:
     infos: dict[str, PtxasInfo] = {}
     current: str | None = None
     for line in log.splitlines():
-        if m := _COMPILING.search(line):
+        if m := _WGMMA_SERIAL.search(line):  # names its function: may come before that function's other lines
+            infos.setdefault(m.group(2), PtxasInfo()).wgmma_serialized = m.group(1)
+        elif m := _COMPILING.search(line):
             current = m.group(1)
             infos.setdefault(current, PtxasInfo())
         elif m := _PROPS.search(line):
