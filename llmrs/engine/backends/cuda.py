@@ -11,8 +11,8 @@ accumulate), whose bf16 inputs the norms and SiLU x up write directly (`fuse_bf1
 the gate/up GEMM writes bf16 itself where down's GEMM follows (`_gate_up_bf16`: a rounding the f32 path does not
 make). Quantized
 weights (quant.py): up to 16 tokens the 4-bit GEMV (gemm_q4.cu, tensor cores; cuda_q4gemm.gemv_takes) or, up to
-8, the 4-/8-bit matvec (matvec_q4.cu); the Marlin-style 4-bit GEMM up to 192 (cuda_q4gemm.gemm_takes), dequantize +
-cuBLAS above.
+8, the 4-/8-bit matvec (matvec_q4.cu); the Marlin-style 4-bit GEMM up to 192 (cuda_q4gemm.gemm_takes; its wgmma
+form at 128-256 on Hopper), dequantize + cuBLAS above.
 
 Attention: `_attention` picks per step: the tensor-core prefill kernel (cuda_prefill.py) when a sequence brings
 `prefill_min_tokens` or more new tokens; else, where it can run, decode_attn_tc (prefill_attention.cu, tensor

@@ -122,20 +122,20 @@ MAX_TOKENS_SMALL = int(os.environ.get("LLMRS_Q4_GEMM_MAX_TOKENS_SMALL", str(MAX_
 SMALL_MAX_WEIGHTS = 64 << 20
 
 
-# The Hopper form (gemm_q4.cu's gemm_q4wg{z,m}: wgmma, sm_90a, 128 tokens x 128 columns a block) from WG_FROM tokens
-# up to WG_MAX_TOKENS where the backend takes it (Kernels.wgmma: a GPU with sm_90a, LLMRS_Q4_WGMMA not 0;
+# The Hopper form (gemm_q4.cu's gemm_q4wg{z,m}: wgmma, sm_90a, 128 tokens x 128 columns a block) from WG_FROM tokens up
+# to WG_MAX_TOKENS where the backend takes it (Kernels.wgmma: a GPU with sm_90a, LLMRS_Q4_WGMMA not 0;
 # cuda_kernels.WGMMA); it then also takes the token counts above MAX_TOKENS that dequantize + cuBLAS had.
-# LLMRS_Q4_WGMMA_FROM / _MAX_TOKENS (read at import) for A/Bs. Measured on the H200 (scripts/bench_gemm_q4_forms.py,
-# the 7B's AWQ linears, us a layer, mma.sync / dequantize + cuBLAS / wgmma; reports/h200-qwen2.5/session15 call10,
-# after the fix that let ptxas pipeline the wgmma; before it the wgmma form was 10-25% slower): T 64: qkv 36.6 / 26.9 / 26.7, o 35.0 / 28.2 /
-# 23.9, gate_up 86.0 / 172.1 / 99.7, down 48.2 / 92.6 / 53.6; T 128: qkv 40.0 / 29.2 / 25.3, o 37.2 / 25.7 / 24.3,
-# gate_up 138.8 / 173.3 / 120.0, down 77.2 / 96.0 / 54.5; T 256: qkv 46.2 / 31.0 / 27.2, o 36.5 / 25.7 / 24.7,
-# gate_up 229.9 / 195.6 / 184.0, down 120.8 / 104.8 / 81.0; T 512: qkv 82.0 / 41.7 / 62.2, o 65.5 / 32.9 / 35.6,
-# gate_up 400.3 / 283.8 / 304.2, down 247.4 / 138.8 / 150.8. 28-layer sums (ms) at 64 / 128 / 256 / 512 / 1024:
-# mma.sync 5.76 / 8.21 / 12.14 / 22.27 / 42.80, dequantize + cuBLAS 8.95 / 9.08 / 10.00 / 13.92 / 22.40, wgmma 5.71 /
-# 6.27 / 8.88 / 15.48 / 29.00 (bf16 cuBLAS 4.32 / 4.39 / 5.58 / 9.63 / 18.10). Below 128 tokens the forms bench has
-# the wgmma form faster for qkv and o at 64, but not inside the engine's step (`llmrs profile --synthetic
-# qwen2.5-7b-awq --batch 64`, call11: qkv 0.586 -> 0.619 ms, o 0.551 -> 0.494, step 6.219 -> 6.193): left to mma.sync.
+# LLMRS_Q4_WGMMA_FROM / _MAX_TOKENS (read at import) for A/Bs. Measured on the H200 (scripts/bench_gemm_q4_forms.py, the
+# 7B's AWQ linears, us a layer, mma.sync / dequantize + cuBLAS / wgmma; reports/h200-qwen2.5/session15 call10, after the
+# fix that let ptxas pipeline the wgmma; before it the wgmma form was 10-25% slower): T 64: qkv 36.6 / 26.9 / 26.7, o
+# 35.0 / 28.2 / 23.9, gate_up 86.0 / 172.1 / 99.7, down 48.2 / 92.6 / 53.6; T 128: qkv 40.0 / 29.2 / 25.3, o 37.2 / 25.7
+# / 24.3, gate_up 138.8 / 173.3 / 120.0, down 77.2 / 96.0 / 54.5; T 256: qkv 46.2 / 31.0 / 27.2, o 36.5 / 25.7 / 24.7,
+# gate_up 229.9 / 195.6 / 184.0, down 120.8 / 104.8 / 81.0; T 512: qkv 82.0 / 41.7 / 62.2, o 65.5 / 32.9 / 35.6, gate_up
+# 400.3 / 283.8 / 304.2, down 247.4 / 138.8 / 150.8. 28-layer sums (ms) at 64 / 128 / 256 / 512 / 1024: mma.sync 5.76 /
+# 8.21 / 12.14 / 22.27 / 42.80, dequantize + cuBLAS 8.95 / 9.08 / 10.00 / 13.92 / 22.40, wgmma 5.71 / 6.27 / 8.88 /
+# 15.48 / 29.00 (bf16 cuBLAS 4.32 / 4.39 / 5.58 / 9.63 / 18.10). Below 128 tokens the forms bench has the wgmma form
+# faster for qkv and o at 64, but not inside the engine's step (`llmrs profile --synthetic qwen2.5-7b-awq --batch 64`,
+# call11: qkv 0.586 -> 0.619 ms, o 0.551 -> 0.494, step 6.219 -> 6.193): left to mma.sync.
 WG_FROM = int(os.environ.get("LLMRS_Q4_WGMMA_FROM", "128"))
 WG_MAX_TOKENS = int(os.environ.get("LLMRS_Q4_WGMMA_MAX_TOKENS", "256"))
 WG_TOKENS = 128  # tokens a block
