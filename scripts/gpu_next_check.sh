@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# One call on a lent H200 (carry .whl; ~5 min), what session 13 left unmeasured (its items 1 and 2, the branches
-# exp/attn-shared-key and exp/matvec-splits8, did not survive into the next checkout: only main lands):
-#   1. what bounds the 4-bit GEMM at 256 tokens (issue 6 under load: ~300-350 TFLOP/s of mma.sync, cuBLAS's wgmma
-#      350-490): Nsight Compute on gemm_q4z_m8 (with LLMRS_Q4_WGMMA=1 in the environment: the wgmma form gemm_q4wgz) for the 7B's four
-#      linears at T 256 (tensor pipe, shared memory, issue slots, stall reasons); run scripts/gpu_wgmma_check.sh
-#      first (the wgmma form's correctness);
+# One call on a lent H200 (carry .whl; ~5 min), what the fifteenth session left unmeasured:
+#   1. what bounds the 4-bit wgmma GEMM (gemm_q4wgz, on by default on Hopper at 128-256 tokens) at 256 tokens: the
+#      7B's gate_up / down run at 39-42% of the FLOP roof in the 256-sequence AWQ step (session 15 call11) where
+#      bf16 cuBLAS reaches ~80%: Nsight Compute on it for the 7B's four linears at T 256 (tensor pipe, shared
+#      memory, issue slots, stall reasons): is it the in-warpgroup decode, the stage barriers or the B operand?
 #   2. the server TTFT's server-to-server spread (session 13: medians 9.67-11.25 ms over 10 fresh servers of the same
 #      code, the engine alone 7.31-7.52): four fresh servers, each traced (LLMRS_TRACE_FILE), 24 new 256-token prompts:
 #      which segment (app, route / tokenize, core, step, GPU, SSE) carries the difference between a slow and a fast
@@ -16,7 +15,7 @@ OUT=${OUT:-/tmp/llmrs-next}; mkdir -p "$OUT"; R=/tmp/res-next; rm -rf $R; mkdir 
 use_wheels || exit 1
 ROOT=$PWD
 {
-step "ncu: gemm_q4 at 256 tokens"
+step "ncu: gemm_q4 (the wgmma form) at 256 tokens"
 timeout 300 /usr/local/cuda/bin/ncu --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
   --section MemoryWorkloadAnalysis --section SchedulerStats --section WarpStateStats --section Occupancy \
   --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" -k "regex:gemm_q4(wg)?[zm]" \
