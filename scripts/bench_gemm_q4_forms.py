@@ -3,7 +3,8 @@ cuBLAS GEMM on the same (dequantized) weights: what a 4-bit linear costs against
 
     PYTHONPATH=. python3 scripts/bench_gemm_q4_forms.py [--tokens 64,128,192,256,512,1024,4096] [--json PATH]
 
-Forms: `mma` (gemm_q4{z}_m<MT>: mma.sync), `wgmma` (gemm_q4wgz: sm_90a; absent elsewhere), `dequant+cublas` (the
+Forms: `mma` (gemm_q4{z}_m<MT>: mma.sync), `wgmma` (gemm_q4wgz: sm_90a; absent elsewhere), `wgmma256` (gemm_q4w2z:
+its 256-token tiles, two warpgroups a block; sm_90a, above 128 tokens), `dequant+cublas` (the
 weight dequantized into a bf16 scratch, then cuBLAS: the backend's path above cuda_q4gemm.MAX_TOKENS without
 wgmma), and `bf16` (cuBLAS alone on that bf16 weight: a bf16 checkpoint's linear). CUDA events around --reps
 launches each, the backend's K slices; every 4-bit output checked against dequantize + cuBLAS (equal up to f32
@@ -67,14 +68,16 @@ def main() -> None:
             forms = {"mma": lambda: gemm_q4(be, xb, mw, None, out, wgmma=False), "dequant+cublas": dq,
                      "bf16": lambda: be._linear(xin, wb, None, ref, False)}
             if be.k.wgmma_arch:
-                forms["wgmma"] = lambda: gemm_q4(be, xb, mw, None, out, wgmma=True)
+                forms["wgmma"] = lambda: gemm_q4(be, xb, mw, None, out, wgmma=True, t256=False)
+                if T > 128:
+                    forms["wgmma256"] = lambda: gemm_q4(be, xb, mw, None, out, wgmma=True, t256=True)
             dq()
             want = cp.asnumpy(ref)
             line = []
             for form, fn in forms.items():
                 us = event_us(fn, args.reps)
                 ok = ""
-                if form in ("mma", "wgmma"):
+                if form in ("mma", "wgmma", "wgmma256"):
                     got = cp.asnumpy(out)
                     err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
                     ok = "" if np.isfinite(got).all() and err < 1e-4 else f" WRONG({err:.1e})"

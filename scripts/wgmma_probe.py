@@ -3,8 +3,9 @@ where the output is wrong, which token rows / columns / K stages, so a layout er
 
     PYTHONPATH=. python3 scripts/wgmma_probe.py
 
-For each kernel (the 4-bit gemm_q4wgz on an AWQ weight, the bf16 gemm_bf16wg_s1 / _s2) and case (T x N x K: 128 x
-128 x 64 = one stage of one tile; x 128 = two stages; 1 x 128 x 64; 128 x 256 x 64 = two column blocks): the
+For each kernel (the 4-bit gemm_q4wgz and its 256-token form gemm_q4w2z on an AWQ weight, the bf16 gemm_bf16wg_s1 /
+_s2) and case (T x N x K: 128 x 128 x 64 = one stage of one tile; x 128 = two stages; 1 x 128 x 64; 128 x 256 x 64
+= two column blocks; gemm_q4w2z the same with 256-token tiles): the
 relative error against float64 numpy, then per token % 16 and per column % 32 the fraction of wrong outputs (a hex
 digit each, 0-f = 0-100%), and the same with x one-hot (token t reads k = t % K only: out[t, n] = W[n, t % K]) where
 a wrong output is matched to the W element it equals (the first hit: which (n, k) the kernel read instead).
@@ -70,7 +71,13 @@ def main() -> None:
     for T, N, K in cases:
         w = make_weight("awq", N, K, 64 if K == 64 else 128, rng)
         mw = to_marlin(be, be.upload_quantized(w))
-        probe(lambda xb, out: gemm_q4(be, xb, mw, None, out, splits=1, wgmma=True),
+        probe(lambda xb, out: gemm_q4(be, xb, mw, None, out, splits=1, wgmma=True, t256=False),
+              round_bf16(w.dequantize()).astype(np.float64), T, N, K)
+    print("gemm_q4w2z (256-token tiles, two warpgroups)")
+    for T, N, K in [(256, 128, 64), (256, 128, 128), (1, 128, 64), (256, 256, 64), (300, 192, 128)]:
+        w = make_weight("awq", N, K, 64 if K == 64 else 128, rng)
+        mw = to_marlin(be, be.upload_quantized(w))
+        probe(lambda xb, out: gemm_q4(be, xb, mw, None, out, splits=1, wgmma=True, t256=True),
               round_bf16(w.dequantize()).astype(np.float64), T, N, K)
     for S in (1, 2):
         print(f"gemm_bf16wg_s{S}")

@@ -141,6 +141,25 @@ def test_wgmma_gemm_ring_and_dispatch():
     assert q4.choose_splits(be, 256, 37888, 3584, wgmma=True) == 1
     assert q4.choose_splits(be, 256, 3584, 18944, wgmma=True) == 4
     assert q4.choose_splits(be, 128, 4608, 3584, wgmma=True) == 4 and max(ck.WG_SPLITS) == 4
+    # the 256-token form (gemm_q4w2{z,m}_s{S}, opt-in): Q2_STAGES stages of 32 KB x + 4 KB codes + 1 KB scales, one
+    # block an SM, 256 threads; a kernel per mode and cluster size; above one 128-token tile up to WG_MAX_TOKENS;
+    # one block an SM over its 128 x 256 tiles (qkv 36 tiles -> 3 slices, gate_up 296 -> 1, down 28 -> 4)
+    q2 = int(re.search(r"#define Q2_STAGES (\d+)", src).group(1))
+    assert int(re.search(r"#define Q2_THREADS (\d+)", src).group(1)) == 2 * q4.THREADS
+    assert ck.GEMM_Q4W2_SMEM_BYTES == q2 * (2048 + 256 + 64) * 16 + 1024 <= 227 << 10
+    red_ld = int(re.search(r"#define WG_RED_LD (\d+)", src).group(1))
+    assert 256 * red_ld * 4 <= q2 * (2048 + 256 + 64) * 16  # the partial fits the ring (a static_assert too)
+    made2 = {f"gemm_q4w2{k}_s{s}" for k, _, s in re.findall(r"^GEMM_Q4W2\((\w), (\d), (\d)\)", src, re.M)}
+    assert made2 == set(ck.GEMM_Q4W2_KERNELS) and len(made2) == 2 * len(ck.WG_SPLITS)
+    for n in ck.GEMM_Q4W2_KERNELS:
+        assert n in ck.PDL_KERNELS and n in ck.ARCH_ENTRY_POINTS["gemm_q4.cu"]
+        assert ck.WGMMA_SMEM_BYTES[n] == ck.GEMM_Q4W2_SMEM_BYTES
+    w2 = SimpleNamespace(num_sms=132, k=SimpleNamespace(wgmma=True, wgmma_t256=True))
+    assert q4.w2_takes(w2, 129) and q4.w2_takes(w2, q4.WG_MAX_TOKENS) and not q4.w2_takes(w2, 128)
+    assert not q4.w2_takes(w2, q4.WG_MAX_TOKENS + 1) and not q4.w2_takes(be, 256)  # be: the switch off
+    assert q4.choose_splits(be, 256, 4608, 3584, wgmma=True, t256=True) == 3
+    assert q4.choose_splits(be, 256, 37888, 3584, wgmma=True, t256=True) == 1
+    assert q4.choose_splits(be, 200, 3584, 18944, wgmma=True, t256=True) == 4
 
 
 def test_bf16_wgmma_gemm_ring_clusters_and_dispatch():

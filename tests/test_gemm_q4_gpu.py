@@ -5,7 +5,8 @@ machine with `python3 -m pytest -q -m gpu tests/test_gemm_q4_gpu.py`; skips clea
   accumulation; fresh random inputs, T from 9 (one m16 tile, mostly padding) to 256, N with a half block
   (576 = 4.5 x 128), G 128 and 32, zero (AWQ, Q4_0) and min (Q4_1) modes, accumulate and bias, one slice of K
   and the automatic split-K; outputs poisoned with NaN first; the same for the wgmma form (sm_90a GPUs), which
-  the backend takes by default there (LLMRS_Q4_WGMMA=0 turns it off), and its path through it against dequantize + cuBLAS;
+  the backend takes by default there (LLMRS_Q4_WGMMA=0 turns it off), and for its 256-token form (opt-in:
+  LLMRS_Q4_WGMMA_T256=1); the backend's path through each against dequantize + cuBLAS;
 - against the existing dequantize + cuBLAS path (the same bf16 weights: equal up to f32 summation order);
 - the GPU reorder equals the numpy one; shapes outside the kernel come back None / False (fall back);
 - timing beside dequantize + cuBLAS, reported (TFLOP/s), not asserted.
@@ -31,6 +32,7 @@ SHAPES = [(128, 256), (576, 1536), (3584, 3584)]
 FORMATS = [("awq", 128), ("awq", 32), ("q4_0", 32), ("q4_1", 32), ("q4_1", 128)]
 TOKENS = [9, 16, 33, 64, 100, 200, 256]  # 100: one partial 128-token (MT 8) tile; 200: a full one and a partial one
 WG_TOKENS = [1, 9, 100, 128, 129, 200, 256, 300]  # the wgmma form: one token of a 128-token tile .. 2 and a part
+W2_TOKENS = [1, 100, 129, 256, 300, 513]  # its 256-token form: one token of a tile .. 2 and a part of a third
 
 
 @pytest.fixture(scope="module")
@@ -74,15 +76,17 @@ def check(out, ref, what):
     return err
 
 
-@pytest.mark.parametrize("wgmma", [False, True], ids=["mma", "wgmma"])
+@pytest.mark.parametrize("form", ["mma", "wgmma", "wgmma256"])
 @pytest.mark.parametrize("N,K", SHAPES)
 @pytest.mark.parametrize("kind,G", FORMATS)
-def test_gemm_q4_matches_numpy_bf16_reference(backend, N, K, kind, G, wgmma):
-    """Both forms: mma.sync (gemm_q4{z,m}_m<MT>) and the Hopper one (gemm_q4wg{z,m}: wgmma, sm_90a; its 128-token
-    tiles from one token to two and a partial third, 3 K slices too)."""
+def test_gemm_q4_matches_numpy_bf16_reference(backend, N, K, kind, G, form):
+    """Every form: mma.sync (gemm_q4{z,m}_m<MT>) and the Hopper ones (wgmma, sm_90a: gemm_q4wg{z,m}, its 128-token
+    tiles from one token to two and a partial third; gemm_q4w2{z,m}, 256-token tiles from one token to two and a
+    partial third; 3 K slices too)."""
+    wgmma, t256 = form != "mma", form == "wgmma256"
     if wgmma and not backend.k.wgmma_arch:
         pytest.skip(f"wgmma needs compute capability 9.0 (this GPU: {backend.k.cc})")
-    rng = np.random.default_rng(N + K + G + 7 * wgmma)
+    rng = np.random.default_rng(N + K + G + 7 * wgmma + 11 * t256)
     w = make_weight(kind, N, K, G, rng)
     dw = backend.upload_quantized(w)
     mw = to_marlin(backend, dw)
@@ -90,7 +94,7 @@ def test_gemm_q4_matches_numpy_bf16_reference(backend, N, K, kind, G, wgmma):
     np.testing.assert_array_equal(cp.asnumpy(mw.qweight), Q.marlin_reorder(w.qweight))
     wref = round_bf16(w.dequantize()).astype(np.float64)
     worst = 0.0
-    for idx, T in enumerate(WG_TOKENS if wgmma else TOKENS):
+    for idx, T in enumerate(W2_TOKENS if t256 else WG_TOKENS if wgmma else TOKENS):
         accumulate, with_bias = idx % 2 == 1, idx % 3 != 1
         x = rng.standard_normal((T, K)).astype(np.float32)
         bias = rng.standard_normal(N).astype(np.float32) if with_bias else None
@@ -104,14 +108,14 @@ def test_gemm_q4_matches_numpy_bf16_reference(backend, N, K, kind, G, wgmma):
         b = None if bias is None else cp.asarray(bias)
         for splits in (1, 3, None) if wgmma else (1, None):
             out = cp.asarray(y0) if accumulate else cp.full((T, N), np.nan, dtype=cp.float32)
-            assert gemm_q4(backend, xb, mw, b, out, accumulate, splits=splits, wgmma=wgmma)
-            worst = max(worst, check(out, ref, f"wgmma{wgmma} {kind} G{G} N{N} K{K} T{T} acc{accumulate} "
+            assert gemm_q4(backend, xb, mw, b, out, accumulate, splits=splits, wgmma=wgmma, t256=t256)
+            worst = max(worst, check(out, ref, f"{form} {kind} G{G} N{N} K{K} T{T} acc{accumulate} "
                                                f"bias{with_bias} splits{splits}"))
         if not wgmma:
             out = cp.asarray(y0) if accumulate else cp.full((T, N), np.nan, dtype=cp.float32)
             assert linear_q4(backend, cp.asarray(x), mw, b, out, accumulate)  # from f32 x, through gemm_x
             worst = max(worst, check(out, ref, f"linear_q4 {kind} G{G} N{N} K{K} T{T}"))
-    report(f"gemm_q4{' wgmma' if wgmma else ''} {kind} G{G} N{N} K{K}", {"rel": worst})
+    report(f"gemm_q4{'' if form == 'mma' else ' ' + form} {kind} G{G} N{N} K{K}", {"rel": worst})
 
 
 @pytest.mark.parametrize("kind,G", [("awq", 128), ("q4_0", 32), ("q4_1", 32)])
@@ -134,25 +138,29 @@ def test_gemm_q4_equals_dequantize_plus_cublas(backend, kind, G, T):
         report(f"gemm_q4 vs dequant+cublas {kind} G{G} T{T} acc{accumulate}", {"rel": err})
 
 
-def test_backend_takes_wgmma_above_mma_sync_tokens(backend, monkeypatch):
-    """Where the GPU has it, a 4-bit linear of 256 tokens (a 256-sequence decode step) goes through the wgmma GEMM,
-    not dequantize + cuBLAS, and equals the latter up to summation order."""
+@pytest.mark.parametrize("t256", [False, True], ids=["wgmma", "wgmma256"])
+def test_backend_takes_wgmma_above_mma_sync_tokens(backend, monkeypatch, t256):
+    """Where the GPU has it, a 4-bit linear of 256 tokens (a 256-sequence decode step) goes through the wgmma GEMM
+    (its 256-token form with LLMRS_Q4_WGMMA_T256=1), not dequantize + cuBLAS, and equals the latter up to summation
+    order."""
     import llmrs.engine.backends.cuda_q4gemm as q4gemm
 
     if not backend.k.wgmma_arch:
         pytest.skip(f"wgmma needs compute capability 9.0 (this GPU: {backend.k.cc})")
     backend.k.wgmma_fns()
     monkeypatch.setattr(backend.k, "wgmma", True)  # LLMRS_Q4_WGMMA's switch (on by default where sm_90a)
+    monkeypatch.setattr(backend.k, "wgmma_t256", t256)  # LLMRS_Q4_WGMMA_T256's
     N, K, T = 576, 1536, 256
     rng = np.random.default_rng(11)
     dw = upload_with_rows(backend, make_weight("awq", N, K, 128, rng))
     assert q4gemm.gemm_takes(T, N, K, backend.k.wgmma) and q4gemm.wgmma_takes(backend, T)
+    assert q4gemm.w2_takes(backend, T) == t256
     x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
     out = cp.full((T, N), np.nan, dtype=cp.float32)
     backend._linear_quant(x, dw, None, out, False, "t")
     ref = cp.zeros((T, N), dtype=cp.float32)
     dequant_cublas(backend, x, dw, None, ref, False)
-    check(out, cp.asnumpy(ref).astype(np.float64), "backend wgmma vs dequant+cublas")
+    check(out, cp.asnumpy(ref).astype(np.float64), f"backend wgmma (t256 {t256}) vs dequant+cublas")
     # its input as bf16 words (the producers write them where it runs: `_gemm_takes_bf16`): the same result uncast
     assert backend._gemm_takes_bf16(dw, T) and not backend._gemm_out_bf16(dw, T)
     out2 = cp.full((T, N), np.nan, dtype=cp.float32)

@@ -167,14 +167,16 @@ struct GemmQ4Smem {
 // unroll (their trip count hung on the thread): `llmrs ptx-check --sass` on sm_90 counted 871 instructions in the
 // main loop of gemm_q4z_m4 statically (its inner copy loops running MT times each), now 437, fully unrolled
 // (m1: 793 -> 341, m2: 809 -> 371; registers m4 159 -> 167, still 3 blocks an SM).
-template <int MT>
+// THREADS: the block's threads (gemm_q4w2's 256: one code load a thread, 8 x chunks)
+template <int MT, int THREADS = GQ_THREADS>
 struct StageLoader {
-    static constexpr int NA = 16 * MT * 8 / GQ_THREADS;  // x chunks a thread (MT)
+    static constexpr int NA = 16 * MT * 8 / THREADS;  // x chunks a thread
+    static constexpr int NW = 256 / THREADS;           // 16-byte code loads a thread (a stage: 256)
     const uint4* xa[NA];
     unsigned a_off[NA];  // byte offset in a stage's a[]
     int a_bytes[NA];
-    const uint4* wb[2];
-    bool b_live[2];
+    const uint4* wb[NW];
+    bool b_live[NW];
     const uint4* sz;  // this thread's scale column (tid < 64), row 0
     int k, gshift, N4;
     bool s_live;
@@ -190,14 +192,14 @@ struct StageLoader {
         s_sm = smem_u32(&sm.s[0][tid]);
 #pragma unroll
         for (int i = 0; i < NA; ++i) {
-            const int c = tid + i * GQ_THREADS, r = c >> 3, cc = c & 7, m = m0 + r;
+            const int c = tid + i * THREADS, r = c >> 3, cc = c & 7, m = m0 + r;
             xa[i] = X + (size_t)(m < T ? m : 0) * K8 + kt0 * 8 + cc;
             a_off[i] = (unsigned)(r * 8 + (cc ^ (r & 7))) * 16u;
             a_bytes[i] = m < T ? 16 : 0;
         }
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int c = tid + i * GQ_THREADS, nb = nblk * 4 + (c >> 6), kb = (c >> 5) & 1;
+        for (int i = 0; i < NW; ++i) {
+            const int c = tid + i * THREADS, nb = nblk * 4 + (c >> 6), kb = (c >> 5) & 1;
             b_live[i] = nb < NB;
             wb[i] = Bq + ((size_t)(b_live[i] ? nb : 0) * KB + 2 * kt0 + kb) * 32 + (c & 31);
         }
@@ -219,8 +221,8 @@ struct StageLoader {
             xa[i] += 8;
         }
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            if (b_live[i]) cp_async16(b_sm + st * B_STAGE + i * GQ_THREADS * 16, wb[i], 16);
+        for (int i = 0; i < NW; ++i) {
+            if (b_live[i]) cp_async16(b_sm + st * B_STAGE + i * THREADS * 16, wb[i], 16);
             wb[i] += 64;
         }
         if (s_live) cp_async16(s_sm + st * S_STAGE, sz + (size_t)(k >> gshift) * N4, 16);
@@ -427,8 +429,9 @@ __device__ __forceinline__ void wg_partial_to_smem(const float (&acc)[2][64], fl
         }
 }
 
-// the cluster's sum of the partials for this block's token rows, written to out[m0 + row, n0 + column]
-template <int S>
+// the cluster's sum of the partials for this block's ROWS token rows (WARPS warps), written to
+// out[m0 + row, n0 + column]
+template <int S, int ROWS = 128, int WARPS = 4>
 __device__ __forceinline__ void wg_cluster_store(const float* red, const float* __restrict__ bias,
                                                  float* __restrict__ out, int m0, int n0, int T, int N,
                                                  int accumulate) {
@@ -437,7 +440,7 @@ __device__ __forceinline__ void wg_cluster_store(const float* red, const float* 
     const int rank = (int)cluster_rank();
     const float4 b4 = bias != nullptr && n < N ? *reinterpret_cast<const float4*>(bias + n)
                                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int c = rank + S * warp; c < 128; c += S * 4) {  // a warp a row at a time, a lane 4 columns
+    for (int c = rank + S * warp; c < ROWS; c += S * WARPS) {  // a warp a row at a time, a lane 4 columns
         const int m = m0 + c;
         float4 v = ld_cluster4(red + c * WG_RED_LD + q, 0);
 #pragma unroll
@@ -581,6 +584,136 @@ GEMM_Q4WG(m, 1, 1)
 GEMM_Q4WG(m, 1, 2)
 GEMM_Q4WG(m, 1, 3)
 GEMM_Q4WG(m, 1, 4)
+
+// gemm_q4w2{z,m}_s{S}: the wgmma form with 256 tokens a block, for steps of more than one 128-token tile. gemm_q4wg
+// decodes each weight once per 128 tokens in the warpgroup that multiplies it, and ptx-check --sass counts ~408
+// instructions a thread a k64 stage for its 8 m64n128k16 wgmma (64 weights decoded a thread: ~2 / 3 of them); at
+// 256 tokens its two token tiles decode every weight twice (the H200: 39-42% of the FLOP roof for a 7B's gate_up /
+// down in the 256-sequence step). Here a block is two warpgroups over 128 columns x 256 tokens: warpgroup wg owns
+// columns 64 wg .. 64 wg + 63 as one m64 tile and multiplies it by all 256 tokens (m64n256k16, 128 accumulators a
+// thread as before), so a thread decodes 32 weights a stage for the same 4 x 262k multiply-adds, and both
+// warpgroups read one x tile (a stage: 32 KB of x, 4 KB of codes, 1 KB of scales; Q2_STAGES of them, one block an
+// SM). The loader, layout, decode and cluster split-K epilogue are gemm_q4wg's. Opt-in (cuda_q4gemm.W2): written
+// without a GPU in the fifteenth session.
+#define Q2_THREADS 256
+#define Q2_STAGES 5
+
+struct GemmQ4W2Smem {  // GemmQ4Smem<16>'s stages: x first (32 KB a stage, 1024-byte aligned from an aligned base)
+    uint4 a[Q2_STAGES][16 * 16 * 8];
+    uint4 b[Q2_STAGES][256];
+    uint4 s[Q2_STAGES][64];
+};
+static_assert(sizeof(GemmQ4W2Smem) >= 256 * WG_RED_LD * 4, "the partial reuses the ring's space");
+
+#ifdef LLMRS_WGMMA
+// One half stage (k32 sub-block kb of stage st) for warp w of warpgroup wg: its A fragments of the warpgroup's m64
+// tile (block columns 64 wg + 16 w + (0..15): n-block 2 wg + w / 2, words 2 j and 2 j + 1 with j = w % 2, as
+// gemm_q4wg's warp w / 2 holds them for its tile j) for the half's two k16 steps, then their two wgmma.
+template <int MODE>
+__device__ __forceinline__ void w2_half(const GemmQ4W2Smem& sm, int st, int kb, int wg, int w, int lane,
+                                        float (&acc)[128], unsigned (&A)[2][4]) {
+    const unsigned* S = reinterpret_cast<const unsigned*>(sm.s[st]);
+    const int nbl = 2 * wg + (w >> 1), j = w & 1, g = lane >> 2;
+    const uint4 q = sm.b[st][(nbl * 2 + kb) * 32 + lane];
+    const unsigned w0 = j ? q.z : q.x, w1 = j ? q.w : q.y;  // rows g, g + 8 of the warp's m16 slice
+    float s0, c12_0, c16_0, s1, c12_1, c16_1;
+    frag_consts<MODE>(S[kb * GQ_BN + 32 * nbl + 16 * j + g], s0, c12_0, c16_0);
+    frag_consts<MODE>(S[kb * GQ_BN + 32 * nbl + 16 * j + 8 + g], s1, c12_1, c16_1);
+    frag_b<MODE, 0>(w0, s0, c12_0, c16_0, A[0][0], A[0][2]);
+    frag_b<MODE, 0>(w1, s1, c12_1, c16_1, A[0][1], A[0][3]);
+    frag_b<MODE, 1>(w0, s0, c12_0, c16_0, A[1][0], A[1][2]);
+    frag_b<MODE, 1>(w1, s1, c12_1, c16_1, A[1][1], A[1][3]);
+    const unsigned x0 = smem_u32(sm.a[st]) + 64u * kb;  // k16 step ks of this half: + 32 ks bytes
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) wgmma_m64n256(acc, A[ks], wg_desc(x0 + 32u * ks));
+    wg_commit();
+}
+#endif
+
+template <int MODE, int S>
+__device__ __forceinline__ void gemm_q4w2_impl(const uint4* __restrict__ Bq, const uint4* __restrict__ SZ,
+                                               const uint4* __restrict__ X, const float* __restrict__ bias,
+                                               float* __restrict__ out, int T, int N, int K, int G, int accumulate,
+                                               int kt_per_split) {
+#ifdef LLMRS_WGMMA
+    pdl_enter();
+    constexpr int STAGES = Q2_STAGES, AHEAD = Q2_STAGES - 2;
+    static_assert(AHEAD >= 1, "a stage in flight while one is used, and one whose wgmma may still run");
+    extern __shared__ uint4 gq_smem[];  // GemmQ4W2Smem + 1 KB
+    GemmQ4W2Smem& sm = wg_smem<GemmQ4W2Smem>(gq_smem);
+    const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, w = (tid >> 5) & 3;
+    const int nblk = blockIdx.x, m0 = blockIdx.y * 256;
+    const int kt0 = (int)cluster_rank() * kt_per_split, nk = max(0, min((K >> 6) - kt0, kt_per_split));
+
+    float acc[128];
+#pragma unroll
+    for (int e = 0; e < 128; ++e) acc[e] = 0.0f;
+    unsigned A0[2][4], A1[2][4];
+
+    StageLoader<16, Q2_THREADS> ld;
+    ld.init(sm, Bq, SZ, X, T, N, K, G, m0, nblk, kt0);
+#pragma unroll
+    for (int s = 0; s < AHEAD; ++s) {
+        if (s < nk) ld.template load<GemmQ4W2Smem>(s);
+        cp_async_commit();
+    }
+    int st_use = 0, st_load = AHEAD;
+    // the loop and its final wait inside one branch, as gemm_q4wg's (else ptxas serializes the wgmma)
+    if (nk > 0) {
+        for (int it = 0; it < nk; ++it) {
+            cp_async_wait<AHEAD - 1>();                                   // stage `it` has landed (this thread) ...
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // ... visible to wgmma's async proxy ...
+            __syncthreads();  // ... for every thread; and no wgmma of stage it - AHEAD (the slot loaded next) runs
+            if (it + AHEAD < nk) ld.template load<GemmQ4W2Smem>(st_load);
+            cp_async_commit();
+            wg_fence_acc128(acc);
+            wg_wait<1>();  // the previous stage's first half is done: A0 is free
+            w2_half<MODE>(sm, st_use, 0, wg, w, lane, acc, A0);
+            wg_wait<1>();  // the previous stage's second half is done: A1 is free
+            w2_half<MODE>(sm, st_use, 1, wg, w, lane, acc, A1);
+            st_use = st_use + 1 == STAGES ? 0 : st_use + 1;
+            st_load = st_load + 1 == STAGES ? 0 : st_load + 1;
+        }
+        wg_wait<0>();
+    }
+    wg_fence_acc128(acc);
+    cp_async_wait<0>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // wgmma's reads of the ring before its reuse
+    __syncthreads();  // every warp is done with the ring: its space takes the partial
+    // D row 16 w + g + 8 h of warpgroup wg's tile is block column 64 wg + 16 w + 8 h + g; D column 8 i + 2 t + e is
+    // token 8 i + 2 t + e (i < 32)
+    float* red = reinterpret_cast<float*>(&sm);
+    {
+        const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int c = 64 * wg + 16 * w + 8 * h + g;
+#pragma unroll
+            for (int i = 0; i < 32; ++i)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) red[(8 * i + 2 * t + e) * WG_RED_LD + c] = acc[4 * i + 2 * h + e];
+        }
+    }
+    wg_cluster_store<S, 256, Q2_THREADS / 32>(red, bias, out, m0, nblk * GQ_BN, T, N, accumulate);
+#endif
+}
+
+#define GEMM_Q4W2(KIND, MODE, S)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(Q2_THREADS, 1) WG_CLUSTER(S) gemm_q4w2##KIND##_s##S(             \
+        const uint4* __restrict__ Bq, const uint4* __restrict__ SZ, const uint4* __restrict__ X,                  \
+        const float* __restrict__ bias, float* __restrict__ out, int T, int N, int K, int G, int accumulate,       \
+        int kt_per_split) {                                                                                       \
+        gemm_q4w2_impl<MODE, S>(Bq, SZ, X, bias, out, T, N, K, G, accumulate, kt_per_split);                      \
+    }
+GEMM_Q4W2(z, 0, 1)
+GEMM_Q4W2(z, 0, 2)
+GEMM_Q4W2(z, 0, 3)
+GEMM_Q4W2(z, 0, 4)
+GEMM_Q4W2(m, 1, 1)
+GEMM_Q4W2(m, 1, 2)
+GEMM_Q4W2(m, 1, 3)
+GEMM_Q4W2(m, 1, 4)
 
 // ---------------------------------------------------------------------- the bf16 wgmma GEMM (sm_90a)
 // gemm_bf16wg_s{S}: out[T, N] (= or +=) x[T, K] @ W[N, K]^T (+ bias[N]), W and x bf16 (uint16 words), out f32: the

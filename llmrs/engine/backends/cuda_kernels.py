@@ -63,18 +63,25 @@ STATIC_SMEM_LIMIT = 48 << 10  # above, a kernel must be allowed its dynamic shar
 # only with LLMRS_BF16_WGMMA=1 (cuda_wgmma.bf16_wgmma_takes: slower than cuBLAS on the H200, cuda_wgmma's figures).
 WGMMA_ARCH: dict[int, str] = {90: "sm_90a"}
 WGMMA = os.environ.get("LLMRS_Q4_WGMMA", "1") not in OFF_VALUES
+# the 4-bit wgmma form with 256 tokens a block (gemm_q4w2{z,m}, two warpgroups), opt-in until measured
+# (cuda_q4gemm.w2_takes): LLMRS_Q4_WGMMA_T256=1
+WGMMA_T256 = os.environ.get("LLMRS_Q4_WGMMA_T256", "0") not in OFF_VALUES
 BF16_WGMMA = os.environ.get("LLMRS_BF16_WGMMA", "0") not in OFF_VALUES
 WG_SPLITS = (1, 2, 3, 4)  # the cluster sizes (K slices) compiled: gemm_q4wg{z,m}_s{S}, gemm_bf16wg_s{S}
 WG_BLOCKS_PER_SM = 2  # resident at once, both kernels: __launch_bounds__(128, 2), <= 99 KB of ring each (ptx-check)
 GEMM_Q4WG_KERNELS = tuple(f"gemm_q4wg{k}_s{s}" for k in ("z", "m") for s in WG_SPLITS)
+GEMM_Q4W2_KERNELS = tuple(f"gemm_q4w2{k}_s{s}" for k in ("z", "m") for s in WG_SPLITS)
 GEMM_BF16WG_KERNELS = tuple(f"gemm_bf16wg_s{s}" for s in WG_SPLITS)
 ARCH_ENTRY_POINTS: dict[str, list[str]] = {  # file -> its arch-specific entry points
-    "gemm_q4.cu": [*GEMM_Q4WG_KERNELS, *GEMM_BF16WG_KERNELS]}
+    "gemm_q4.cu": [*GEMM_Q4WG_KERNELS, *GEMM_Q4W2_KERNELS, *GEMM_BF16WG_KERNELS]}
 # dynamic shared memory, with 1 KB to align the stages to 1024 bytes: GemmQ4WgSmem, GQW_STAGES (4) stages of 16 KB x
 # rows + 4 KB codes + 1 KB scale words; GemmBf16WgSmem, GBW_STAGES (3) stages of 16 KB W rows + 16 KB x rows
 GEMM_Q4WG_SMEM_BYTES = 4 * (1024 + 256 + 64) * 16 + 1024
+# GemmQ4W2Smem: Q2_STAGES (5) stages of 32 KB x rows (256 tokens) + 4 KB codes + 1 KB scale words; one block an SM
+GEMM_Q4W2_SMEM_BYTES = 5 * (2048 + 256 + 64) * 16 + 1024
 GEMM_BF16WG_SMEM_BYTES = 3 * 2 * 16384 + 1024
 WGMMA_SMEM_BYTES = {**{n: GEMM_Q4WG_SMEM_BYTES for n in GEMM_Q4WG_KERNELS},
+                    **{n: GEMM_Q4W2_SMEM_BYTES for n in GEMM_Q4W2_KERNELS},
                     **{n: GEMM_BF16WG_SMEM_BYTES for n in GEMM_BF16WG_KERNELS}}
 
 
@@ -131,7 +138,7 @@ PDL_KERNELS = frozenset(
     + [f"attn_partial_d{d}" for d in (1, 2, 4, 8)] + [f"attn_partial_gqa_d{d}" for d in (1, 2, 4, 8)]
     + ATTN_CLUSTER_KERNELS
     + [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)] + list(GEMM_Q4WG_KERNELS)
-    + list(GEMM_BF16WG_KERNELS)
+    + list(GEMM_Q4W2_KERNELS) + list(GEMM_BF16WG_KERNELS)
     + [f"decode_attn_tc{o}_d{d}" for o in ("", "_bf16") for d in (64, 128)])
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
@@ -305,6 +312,7 @@ class Kernels:
         self.wgmma_arch = WGMMA_ARCH.get(self.cc)
         self._cp, self._wg_fns, self._wg_lock = cp, None, threading.Lock()
         self.wgmma = bool(WGMMA and self.wgmma_arch)  # the 4-bit GEMM's wgmma form (cuda_q4gemm.wgmma_takes)
+        self.wgmma_t256 = bool(WGMMA_T256 and self.wgmma)  # its 256-token form (cuda_q4gemm.w2_takes)
         self.bf16_wgmma = bool(BF16_WGMMA and self.wgmma_arch)  # the bf16 one (cuda_wgmma.bf16_wgmma_takes)
         if self.wgmma or self.bf16_wgmma:
             self.wgmma_fns()

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from llmrs.engine.backends.cuda_kernels import (GEMM_Q4WG_SMEM_BYTES, GEMV_CPG, WG_BLOCKS_PER_SM, gemm_q4_smem_bytes,
-                                                wg_cluster)
+from llmrs.engine.backends.cuda_kernels import (GEMM_Q4W2_SMEM_BYTES, GEMM_Q4WG_SMEM_BYTES, GEMV_CPG, WG_BLOCKS_PER_SM,
+                                                gemm_q4_smem_bytes, wg_cluster)
 from llmrs.engine.quant import DeviceQuantWeight, marlin_reorder, marlin_scales
 
 NULL = np.uint64(0)
@@ -141,6 +141,19 @@ WG_MAX_TOKENS = int(os.environ.get("LLMRS_Q4_WGMMA_MAX_TOKENS", "256"))
 WG_TOKENS = 128  # tokens a block
 
 
+# The 256-token form (gemm_q4.cu's gemm_q4w2{z,m}: two warpgroups, 128 columns x 256 tokens a block, each weight
+# decoded once per 256 tokens, one block an SM) above one 128-token tile, up to WG_MAX_TOKENS, where the backend
+# has it (Kernels.wgmma_t256: LLMRS_Q4_WGMMA_T256=1, opt-in until scripts/bench_gemm_q4_forms.py and a step
+# measure it).
+W2_TOKENS = 256
+W2_BLOCKS_PER_SM = 1  # 190 KB of ring a block (cuda_kernels.GEMM_Q4W2_SMEM_BYTES)
+
+
+def w2_takes(backend: Any, T: int) -> bool:
+    """Whether T tokens go through the 256-token wgmma form (rather than gemm_q4wg's 128-token tiles)."""
+    return bool(getattr(backend.k, "wgmma_t256", False)) and WG_TOKENS < T <= WG_MAX_TOKENS
+
+
 def in_wgmma_range(T: int) -> bool:
     """WG_FROM <= T <= WG_MAX_TOKENS: token counts the wgmma form takes where the backend has it on."""
     return WG_FROM <= T <= WG_MAX_TOKENS
@@ -172,14 +185,16 @@ def tile_rows(T: int) -> int:
 GEMM_BLOCKS_PER_SM = 4
 
 
-def choose_splits(backend: Any, T: int, N: int, K: int, wgmma: bool = False) -> int:
+def choose_splits(backend: Any, T: int, N: int, K: int, wgmma: bool = False, t256: bool = False) -> int:
     """Slices of K so that the grid reaches about LLMRS_Q4_GEMM_BLOCKS_PER_SM blocks per SM (1 when the tiles
-    already do); the wgmma form: WG_BLOCKS_PER_SM (what fits), its 128-token tiles."""
+    already do); the wgmma form: WG_BLOCKS_PER_SM (what fits), its 128-token tiles; `t256`: its 256-token form,
+    W2_BLOCKS_PER_SM."""
     from llmrs.engine.backends.cuda import env_int  # (cuda.py imports this module)
 
     if wgmma:  # the K slices are a cluster's blocks: one of the compiled sizes (cuda_kernels.wg_cluster)
-        tiles = -(-N // BN) * -(-T // WG_TOKENS)
-        return wg_cluster(min(WG_BLOCKS_PER_SM * backend.num_sms // tiles, (K // BK) // MIN_KT_PER_SPLIT))
+        per_sm, tok = (W2_BLOCKS_PER_SM, W2_TOKENS) if t256 else (WG_BLOCKS_PER_SM, WG_TOKENS)
+        tiles = -(-N // BN) * -(-T // tok)
+        return wg_cluster(min(per_sm * backend.num_sms // tiles, (K // BK) // MIN_KT_PER_SPLIT))
     per_sm = env_int("LLMRS_Q4_GEMM_BLOCKS_PER_SM", GEMM_BLOCKS_PER_SM)
     tiles = -(-N // BN) * -(-T // (16 * tile_rows(T)))
     return max(1, min(per_sm * backend.num_sms // tiles, (K // BK) // MIN_KT_PER_SPLIT, MAX_SPLITS))
@@ -187,10 +202,11 @@ def choose_splits(backend: Any, T: int, N: int, K: int, wgmma: bool = False) -> 
 
 def gemm_q4(backend: Any, x_bf16: Any, mw: MarlinWeight | None, bias: Any | None, out: Any,
             accumulate: bool = False, splits: int | None = None, name: str = "linear",
-            wgmma: bool | None = None) -> bool:
+            wgmma: bool | None = None, t256: bool | None = None) -> bool:
     """out[T, N] (=|+=) x_bf16[T, K] @ W^T (+ bias): x bf16 words (uint16) contiguous, out f32 [T, N] contiguous,
     bias f32 [N] or None. False (nothing launched) where mw is None or the shapes do not match: fall back.
-    `wgmma`: force the wgmma form on or off (tests, A/Bs; on needs Kernels.wgmma); None: wgmma_takes decides."""
+    `wgmma`: force the wgmma form on or off (tests, A/Bs; on needs sm_90a); None: wgmma_takes decides. `t256`: with
+    the wgmma form, force its 256-token form on or off; None: w2_takes decides."""
     if mw is None:
         return False
     T, K = x_bf16.shape
@@ -199,18 +215,22 @@ def gemm_q4(backend: Any, x_bf16: Any, mw: MarlinWeight | None, bias: Any | None
             or not x_bf16.flags.c_contiguous or not out.flags.c_contiguous or T < 1):
         return False
     wg = wgmma_takes(backend, T) if wgmma is None else wgmma
+    w2 = wg and (w2_takes(backend, T) if t256 is None else t256)
     KT = K // BK
-    S = choose_splits(backend, T, N, K, wg) if splits is None else max(1, min(int(splits), KT))
+    S = choose_splits(backend, T, N, K, wg, w2) if splits is None else max(1, min(int(splits), KT))
     if wg:  # a compiled cluster size; its slices may end empty (a block of zeros), never overlap
         S = wg_cluster(S)
     per = -(-KT // S)
     b = NULL if bias is None else bias
     if wg:  # K split over a cluster of S blocks, summed in distributed shared memory: no partials, no reduce
-        fn = backend.k.wgmma_fns()[f"gemm_q4wg{'m' if mw.mode else 'z'}_s{S}"]  # RuntimeError without sm_90a
+        kind = f"{'w2' if w2 else 'wg'}{'m' if mw.mode else 'z'}"
+        fn = backend.k.wgmma_fns()[f"gemm_q4{kind}_s{S}"]  # RuntimeError without sm_90a
+        tok, threads, smem = (W2_TOKENS, 2 * THREADS, GEMM_Q4W2_SMEM_BYTES) if w2 else (
+            WG_TOKENS, THREADS, GEMM_Q4WG_SMEM_BYTES)
         with backend._span("gemm_q4", name, T, N, K, accumulate, bias is not None):
-            fn((-(-N // BN), -(-T // WG_TOKENS), S), (THREADS,),
+            fn((-(-N // BN), -(-T // tok), S), (threads,),
                (mw.qweight, mw.sz, x_bf16, b, out, np.int32(T), np.int32(N), np.int32(K), np.int32(mw.group_size),
-                np.int32(1 if accumulate else 0), np.int32(per)), shared_mem=GEMM_Q4WG_SMEM_BYTES)
+                np.int32(1 if accumulate else 0), np.int32(per)), shared_mem=smem)
         return True
     S = -(-KT // per)  # no empty slice
     mt = tile_rows(T)

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One call on a lent H200 (carry .whl; ~5 min): the 256-token form of the 4-bit wgmma GEMM (gemm_q4w2{z,m}: two
+# warpgroups over 128 columns x 256 tokens, each weight decoded once per 256 tokens; written in the fifteenth
+# session without device time, opt-in LLMRS_Q4_WGMMA_T256=1):
+#   1. scripts/wgmma_probe.py (one tile, structured inputs: where a layout error would show);
+#   2. tests/test_gemm_q4_gpu.py (every form against float64, the backend path with the switch);
+#   3. scripts/bench_gemm_q4_forms.py at 192-1024 tokens (mma / wgmma / wgmma256 / dequantize + cuBLAS / bf16);
+#   4. `llmrs profile --synthetic qwen2.5-7b-awq --batch 256` with LLMRS_Q4_WGMMA_T256=0 / 1;
+#   5. W2_SERVE=1: the 7B AWQ server at 64 / 256 concurrent with it off / on (~3 min more).
+# If it is right and faster: on by default (cuda_kernels.WGMMA_T256), and if it beats dequantize + cuBLAS above 256
+# tokens, WG_MAX_TOKENS up for it (cuda_q4gemm.w2_takes / in_wgmma_range).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/llmrs-w2}; mkdir -p "$OUT"; R=/tmp/res-w2; rm -rf $R; mkdir -p $R
+. "$(dirname "$0")/gpu_lib.sh"
+use_wheels || exit 1
+{
+step "probe"
+timeout 120 python3 scripts/wgmma_probe.py > $R/probe.txt 2>&1; grep -A6 "gemm_q4w2z" $R/probe.txt | head -12
+TEST_TIMEOUT=300 TEST_PATHS="tests/test_gemm_q4_gpu.py" gpu_tests
+step "bench: the forms at 192-1024 tokens"
+timeout 200 python3 scripts/bench_gemm_q4_forms.py --tokens ${W2_TOKENS:-192,256,384,512,1024} --json $R/forms.json \
+  > $R/forms.txt 2>&1; tail -8 $R/forms.txt
+for v in 0 1; do
+  step "profile 7B AWQ, batch 256, LLMRS_Q4_WGMMA_T256=$v"
+  LLMRS_Q4_WGMMA_T256=$v timeout 150 python3 -m llmrs profile --synthetic qwen2.5-7b-awq --batch 256 --context 512 \
+    --out $R/profile-t256-$v.json > $R/profile-t256-$v.txt 2>&1
+  grep -E "step wall|gemm_q4|dequant" $R/profile-t256-$v.txt | head -8
+done
+if [ -n "${W2_SERVE:-}" ]; then
+  for v in 0 1; do
+    step "server qwen2.5-7b-awq, LLMRS_Q4_WGMMA_T256=$v: 64 and 256 concurrent"
+    SERVE_MODEL=qwen2.5-7b-awq serve_up awq-t256-$v LLMRS_Q4_WGMMA_T256=$v || continue
+    for c in 64 256; do load_bench bench-7b-awq-t256-$v-c$c $c $((5400 + 10 * v + c)); done
+    serve_down
+  done
+  bench_table $R
+fi
+} 2>&1 | tee $OUT/summary.txt
+cp $R/forms.txt $R/probe.txt $OUT/ 2>/dev/null
+tar czf $OUT/results.tgz -C $R .
