@@ -189,9 +189,10 @@ __device__ __forceinline__ void wg_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 // keeps the compiler from moving accumulator reads or writes across a wgmma fence / wait
-__device__ __forceinline__ void wg_fence_acc(float (&d)[64]) {
+template <int N>
+__device__ __forceinline__ void wg_fence_acc(float (&d)[N]) {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // the 64 accumulators of an m64n128 wgmma as asm operands %0 .. %63
@@ -253,11 +254,6 @@ __device__ __forceinline__ void wgmma_m64n256(float (&d)[128], const unsigned (&
                  "%132, p, 1, 1, 0;\n}\n"
                  : WG_D128(d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-}
-// keeps the compiler from moving accumulator reads or writes across a wgmma fence / wait
-__device__ __forceinline__ void wg_fence_acc128(float (&d)[128]) {
-#pragma unroll
-    for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // d[64] += A (descriptor, m64 x k16 bf16, K-major) * B (descriptor, k16 x n128 bf16, K-major)

@@ -478,6 +478,46 @@ __device__ __forceinline__ void wg_cluster_store(const float* red, const float* 
 #endif
 
 #ifdef LLMRS_WGMMA
+// The 4-bit wgmma kernels' main loop over their nk k64 stages (gemm_q4wg, gemm_q4w2): the ring's loads run
+// STAGES - 2 ahead (the slot they overwrite has no wgmma in flight), each stage is two half stages whose fragments
+// are decoded while the previous half multiplies (`half(st, kb)`: decode, fence, wgmma, commit; `fence_acc()`
+// pins the accumulators). The loop and its final wait sit inside one branch: where a slice is empty (nk 0) the
+// zeros reach the epilogue without joining a path whose wgmma are still in flight (ptxas serializes every wgmma
+// of a kernel where a non-wgmma instruction may define their accumulators mid-pipeline: C7515, flagged by
+// `llmrs ptx-check --arch sm_90a`). On return the ring is free for the partial.
+template <typename Smem, int STAGES, typename Loader, typename Half, typename FenceAcc>
+__device__ __forceinline__ void wg_q4_mainloop(Loader& ld, int nk, Half half, FenceAcc fence_acc) {
+    constexpr int AHEAD = STAGES - 2;
+    static_assert(AHEAD >= 1, "a stage in flight while one is used, and one whose wgmma may still run");
+#pragma unroll
+    for (int s = 0; s < AHEAD; ++s) {
+        if (s < nk) ld.template load<Smem>(s);
+        cp_async_commit();
+    }
+    int st_use = 0, st_load = AHEAD;
+    if (nk > 0) {
+        for (int it = 0; it < nk; ++it) {
+            cp_async_wait<AHEAD - 1>();                                   // stage `it` has landed (this thread) ...
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // ... visible to wgmma's async proxy ...
+            __syncthreads();  // ... for every thread; and no wgmma of stage it - AHEAD (the slot loaded next) runs
+            if (it + AHEAD < nk) ld.template load<Smem>(st_load);
+            cp_async_commit();
+            fence_acc();
+            wg_wait<1>();  // the previous stage's first half is done: its fragment registers are free
+            half(st_use, 0);
+            wg_wait<1>();  // the previous stage's second half is done
+            half(st_use, 1);
+            st_use = st_use + 1 == STAGES ? 0 : st_use + 1;
+            st_load = st_load + 1 == STAGES ? 0 : st_load + 1;
+        }
+        wg_wait<0>();
+    }
+    fence_acc();
+    cp_async_wait<0>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // wgmma's reads of the ring before its reuse
+    __syncthreads();  // every warp is done with the ring: its space takes the partial
+}
+
 // One half stage (k32 sub-block kb of stage st): warp `warp`'s A fragments of both m64 tiles for its two k16 steps
 // (A[ks * 2 + j]), then their four wgmma against the stage's x.
 template <int MODE>
@@ -514,8 +554,6 @@ __device__ __forceinline__ void gemm_q4wg_impl(const uint4* __restrict__ Bq, con
                                                int kt_per_split) {
 #ifdef LLMRS_WGMMA
     pdl_enter();
-    constexpr int STAGES = GQW_STAGES, AHEAD = GQW_STAGES - 2;
-    static_assert(AHEAD >= 1, "a stage in flight while one is used, and one whose wgmma may still run");
     extern __shared__ uint4 gq_smem[];  // GemmQ4WgSmem + 1 KB
     GemmQ4WgSmem& sm = wg_smem<GemmQ4WgSmem>(gq_smem);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -531,38 +569,12 @@ __device__ __forceinline__ void gemm_q4wg_impl(const uint4* __restrict__ Bq, con
 
     StageLoader<8> ld;
     ld.init(sm, Bq, SZ, X, T, N, K, G, m0, nblk, kt0);
-#pragma unroll
-    for (int s = 0; s < AHEAD; ++s) {
-        if (s < nk) ld.template load<GemmQ4WgSmem>(s);
-        cp_async_commit();
-    }
-    int st_use = 0, st_load = AHEAD;
-    // the loop and its final wait inside one branch: where a slice is empty (nk 0) the zeros reach the epilogue
-    // without joining a path whose wgmma are still in flight (ptxas serializes every wgmma of a kernel where a
-    // non-wgmma instruction may define their accumulators mid-pipeline: C7515, `llmrs ptx-check --arch sm_90a`)
-    if (nk > 0) {
-        for (int it = 0; it < nk; ++it) {
-            cp_async_wait<AHEAD - 1>();                                   // stage `it` has landed (this thread) ...
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // ... visible to wgmma's async proxy ...
-            __syncthreads();  // ... for every thread; and no wgmma of stage it - AHEAD (the slot loaded next) runs
-            if (it + AHEAD < nk) ld.template load<GemmQ4WgSmem>(st_load);
-            cp_async_commit();
+    wg_q4_mainloop<GemmQ4WgSmem, GQW_STAGES>(
+        ld, nk, [&](int st, int kb) { wg_half<MODE>(sm, st, kb, warp, lane, acc, kb ? A1 : A0); },
+        [&] {
             wg_fence_acc(acc[0]);
             wg_fence_acc(acc[1]);
-            wg_wait<1>();  // the previous stage's first half is done: A0 is free
-            wg_half<MODE>(sm, st_use, 0, warp, lane, acc, A0);
-            wg_wait<1>();  // the previous stage's second half is done: A1 is free
-            wg_half<MODE>(sm, st_use, 1, warp, lane, acc, A1);
-            st_use = st_use + 1 == STAGES ? 0 : st_use + 1;
-            st_load = st_load + 1 == STAGES ? 0 : st_load + 1;
-        }
-        wg_wait<0>();
-    }
-    wg_fence_acc(acc[0]);
-    wg_fence_acc(acc[1]);
-    cp_async_wait<0>();
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // wgmma's reads of the ring before its reuse
-    __syncthreads();  // every warp is done with the ring: its space takes the partial
+        });
     float* red = reinterpret_cast<float*>(&sm);
     wg_partial_to_smem(acc, red, [warp](int j, int h, int g) { return 32 * warp + 16 * j + 8 * h + g; });
     wg_cluster_store<S>(red, bias, out, m0, nblk * GQ_BN, T, N, accumulate);
@@ -638,8 +650,6 @@ __device__ __forceinline__ void gemm_q4w2_impl(const uint4* __restrict__ Bq, con
                                                int kt_per_split) {
 #ifdef LLMRS_WGMMA
     pdl_enter();
-    constexpr int STAGES = Q2_STAGES, AHEAD = Q2_STAGES - 2;
-    static_assert(AHEAD >= 1, "a stage in flight while one is used, and one whose wgmma may still run");
     extern __shared__ uint4 gq_smem[];  // GemmQ4W2Smem + 1 KB
     GemmQ4W2Smem& sm = wg_smem<GemmQ4W2Smem>(gq_smem);
     const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, w = (tid >> 5) & 3;
@@ -653,34 +663,9 @@ __device__ __forceinline__ void gemm_q4w2_impl(const uint4* __restrict__ Bq, con
 
     StageLoader<16, Q2_THREADS> ld;
     ld.init(sm, Bq, SZ, X, T, N, K, G, m0, nblk, kt0);
-#pragma unroll
-    for (int s = 0; s < AHEAD; ++s) {
-        if (s < nk) ld.template load<GemmQ4W2Smem>(s);
-        cp_async_commit();
-    }
-    int st_use = 0, st_load = AHEAD;
-    // the loop and its final wait inside one branch, as gemm_q4wg's (else ptxas serializes the wgmma)
-    if (nk > 0) {
-        for (int it = 0; it < nk; ++it) {
-            cp_async_wait<AHEAD - 1>();                                   // stage `it` has landed (this thread) ...
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // ... visible to wgmma's async proxy ...
-            __syncthreads();  // ... for every thread; and no wgmma of stage it - AHEAD (the slot loaded next) runs
-            if (it + AHEAD < nk) ld.template load<GemmQ4W2Smem>(st_load);
-            cp_async_commit();
-            wg_fence_acc128(acc);
-            wg_wait<1>();  // the previous stage's first half is done: A0 is free
-            w2_half<MODE>(sm, st_use, 0, wg, w, lane, acc, A0);
-            wg_wait<1>();  // the previous stage's second half is done: A1 is free
-            w2_half<MODE>(sm, st_use, 1, wg, w, lane, acc, A1);
-            st_use = st_use + 1 == STAGES ? 0 : st_use + 1;
-            st_load = st_load + 1 == STAGES ? 0 : st_load + 1;
-        }
-        wg_wait<0>();
-    }
-    wg_fence_acc128(acc);
-    cp_async_wait<0>();
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // wgmma's reads of the ring before its reuse
-    __syncthreads();  // every warp is done with the ring: its space takes the partial
+    wg_q4_mainloop<GemmQ4W2Smem, Q2_STAGES>(
+        ld, nk, [&](int st, int kb) { w2_half<MODE>(sm, st, kb, wg, w, lane, acc, kb ? A1 : A0); },
+        [&] { wg_fence_acc(acc); });
     // D row 16 w + g + 8 h of warpgroup wg's tile is block column 64 wg + 16 w + 8 h + g; D column 8 i + 2 t + e is
     // token 8 i + 2 t + e (i < 32)
     float* red = reinterpret_cast<float*>(&sm);
