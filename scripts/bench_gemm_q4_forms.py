@@ -11,6 +11,10 @@ launches each, the backend's K slices; every 4-bit output checked against dequan
 summation order; "WRONG" above 1e-4). Prints us, TFLOP/s and the fraction of the roof per shape, T and form (the
 larger of the bytes at 4296 GB/s, 4.25 bits a weight for the 4-bit forms and 16 for bf16, and the FLOPs at 792
 TFLOP/s: issue 8's H200 ceilings), then the 28-layer sums of the four linears (ms) per form at each T.
+--splits also times the wgmma forms at every compiled cluster size (`wgmma S2`, ...: K split over S blocks): the
+backend picks S from the SMs its tiles leave free, which leaves a large weight's last wave of blocks part-empty
+(the 7B's gate_up at 256 tokens: 592 tiles of 128 x 128 on 264 resident blocks, 2.24 rounds); the figures say
+whether a split that fills the last round pays for its reduction.
 """
 
 from __future__ import annotations
@@ -32,11 +36,13 @@ def main() -> None:
     ap.add_argument("--tokens", default="64,128,192,256,512,1024,4096")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--splits", action="store_true", help="also the wgmma forms at each compiled cluster size")
     args = ap.parse_args()
 
     import cupy as cp
     import numpy as np
 
+    from llmrs.engine.backends.cuda_kernels import WG_SPLITS
     from llmrs.engine.backends.cuda_q4gemm import dequant_marlin, gemm_q4, to_marlin
     from tests.cuda_helpers import bf16_words, event_us, tiny_backend
     from tests.test_quant_marlin import make_weight
@@ -71,13 +77,18 @@ def main() -> None:
                 forms["wgmma"] = lambda: gemm_q4(be, xb, mw, None, out, wgmma=True, t256=False)
                 if T > 128:
                     forms["wgmma256"] = lambda: gemm_q4(be, xb, mw, None, out, wgmma=True, t256=True)
+                for S in WG_SPLITS if args.splits else ():
+                    for form, t256 in (("wgmma", False), ("wgmma256", True)):
+                        if form in forms:
+                            forms[f"{form} S{S}"] = (lambda S=S, t256=t256: gemm_q4(be, xb, mw, None, out, splits=S,
+                                                                                     wgmma=True, t256=t256))
             dq()
             want = cp.asnumpy(ref)
             line = []
             for form, fn in forms.items():
                 us = event_us(fn, args.reps)
                 ok = ""
-                if form in ("mma", "wgmma", "wgmma256"):
+                if form.startswith(("mma", "wgmma")):
                     got = cp.asnumpy(out)
                     err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
                     ok = "" if np.isfinite(got).all() and err < 1e-4 else f" WRONG({err:.1e})"

@@ -4,7 +4,8 @@
 # session without device time, opt-in LLMRS_Q4_WGMMA_T256=1):
 #   1. scripts/wgmma_probe.py (one tile, structured inputs: where a layout error would show);
 #   2. tests/test_gemm_q4_gpu.py (every form against float64, the backend path with the switch);
-#   3. scripts/bench_gemm_q4_forms.py at 192-1024 tokens (mma / wgmma / wgmma256 / dequantize + cuBLAS / bf16);
+#   3. scripts/bench_gemm_q4_forms.py --splits at 192-1024 tokens (mma / wgmma / wgmma256 / dequantize + cuBLAS /
+#      bf16; the wgmma forms at every cluster size too: does filling the last wave of blocks pay?);
 #   4. `llmrs profile --synthetic qwen2.5-7b-awq --batch 256` with LLMRS_Q4_WGMMA_T256=0 / 1;
 #   5. W2_SERVE=1: the 7B AWQ server at 64 / 256 concurrent with it off / on (~3 min more).
 # If it is right and faster: on by default (cuda_kernels.WGMMA_T256), and if it beats dequantize + cuBLAS above 256
@@ -19,8 +20,8 @@ step "probe"
 timeout 120 python3 scripts/wgmma_probe.py > $R/probe.txt 2>&1; grep -A6 "gemm_q4w2z" $R/probe.txt | head -12
 TEST_TIMEOUT=300 TEST_PATHS="tests/test_gemm_q4_gpu.py" gpu_tests
 step "bench: the forms at 192-1024 tokens"
-timeout 200 python3 scripts/bench_gemm_q4_forms.py --tokens ${W2_TOKENS:-192,256,384,512,1024} --json $R/forms.json \
-  > $R/forms.txt 2>&1; tail -8 $R/forms.txt
+timeout 240 python3 scripts/bench_gemm_q4_forms.py --tokens ${W2_TOKENS:-192,256,384,512,1024} --splits \
+  --json $R/forms.json > $R/forms.txt 2>&1; tail -7 $R/forms.txt
 for v in 0 1; do
   step "profile 7B AWQ, batch 256, LLMRS_Q4_WGMMA_T256=$v"
   LLMRS_Q4_WGMMA_T256=$v timeout 150 python3 -m llmrs profile --synthetic qwen2.5-7b-awq --batch 256 --context 512 \
