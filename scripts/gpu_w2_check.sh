@@ -6,7 +6,8 @@
 #   2. tests/test_gemm_q4_gpu.py (every form against float64, the backend path with the switch);
 #   3. scripts/bench_gemm_q4_forms.py --splits at 192-1024 tokens (mma / wgmma / wgmma256 / dequantize + cuBLAS /
 #      bf16; the wgmma forms at every cluster size too: does filling the last wave of blocks pay?);
-#   4. `llmrs profile --synthetic qwen2.5-7b-awq --batch 256` with LLMRS_Q4_WGMMA_T256=0 / 1;
+#   4. `llmrs profile --synthetic qwen2.5-7b-awq --batch 128,256` with LLMRS_Q4_WGMMA_T256=0 / 1 and
+#      LLMRS_Q4_WG_FILL=0 / 1 (K slices that fill a large weight's last round of blocks: cuda_q4gemm.wave_fill_splits);
 #   5. W2_SERVE=1: the 7B AWQ server at 64 / 256 concurrent with it off / on (~3 min more).
 # If it is right and faster: on by default (cuda_kernels.WGMMA_T256), and if it beats dequantize + cuBLAS above 256
 # tokens, WG_MAX_TOKENS up for it (cuda_q4gemm.w2_takes / in_wgmma_range).
@@ -22,11 +23,12 @@ TEST_TIMEOUT=300 TEST_PATHS="tests/test_gemm_q4_gpu.py" gpu_tests
 step "bench: the forms at 192-1024 tokens"
 timeout 240 python3 scripts/bench_gemm_q4_forms.py --tokens ${W2_TOKENS:-192,256,384,512,1024} --splits \
   --json $R/forms.json > $R/forms.txt 2>&1; tail -7 $R/forms.txt
-for v in 0 1; do
-  step "profile 7B AWQ, batch 256, LLMRS_Q4_WGMMA_T256=$v"
-  LLMRS_Q4_WGMMA_T256=$v timeout 150 python3 -m llmrs profile --synthetic qwen2.5-7b-awq --batch 256 --context 512 \
-    --out $R/profile-t256-$v.json > $R/profile-t256-$v.txt 2>&1
-  grep -E "step wall|gemm_q4|dequant" $R/profile-t256-$v.txt | head -8
+for v in "0 0" "1 0" "0 1" "1 1"; do
+  set -- $v
+  step "profile 7B AWQ, batch 128,256, LLMRS_Q4_WGMMA_T256=$1 LLMRS_Q4_WG_FILL=$2"
+  LLMRS_Q4_WGMMA_T256=$1 LLMRS_Q4_WG_FILL=$2 timeout 100 python3 -m llmrs profile --synthetic qwen2.5-7b-awq \
+    --batch 128,256 --context 512 --out $R/profile-t256-$1-fill$2.json > $R/profile-t256-$1-fill$2.txt 2>&1
+  grep -E "step wall|gemm_q4|dequant" $R/profile-t256-$1-fill$2.txt | head -10
 done
 if [ -n "${W2_SERVE:-}" ]; then
   for v in 0 1; do

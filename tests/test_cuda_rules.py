@@ -162,6 +162,28 @@ def test_wgmma_gemm_ring_and_dispatch():
     assert q4.choose_splits(be, 200, 3584, 18944, wgmma=True, t256=True) == 4
 
 
+def test_wave_fill_splits_fill_the_last_round_of_blocks(monkeypatch):
+    """LLMRS_Q4_WG_FILL=1 (an A/B): the wgmma forms' K slices chosen so that tiles x S blocks fill their last round of
+    resident blocks best, the fewest rounds on a tie; the default rule keeps S = 1 where the tiles alone reach the
+    slots. A 7B at 256 tokens on 132 SMs (264 slots of gemm_q4wg, 132 of gemm_q4w2)."""
+    from types import SimpleNamespace
+
+    import llmrs.engine.backends.cuda_q4gemm as q4
+
+    assert q4.wave_fill_splits(592, 264, 7) == 4  # gate_up: 2.24 rounds (75% full) -> 8.97 (99.7%)
+    assert q4.wave_fill_splits(72, 264, 7) == 3 and q4.wave_fill_splits(56, 264, 37) == 4  # qkv, down: as before
+    assert q4.wave_fill_splits(296, 264, 7) == 4 and q4.wave_fill_splits(36, 132, 7) == 3
+    assert q4.wave_fill_splits(264, 264, 7) == 1  # one full round: no split
+    assert q4.wave_fill_splits(592, 264, 1) == 1 and q4.wave_fill_splits(592, 264, 0) == 1  # a short K: none
+    be = SimpleNamespace(num_sms=132)
+    monkeypatch.delenv("LLMRS_Q4_WG_FILL", raising=False)
+    assert q4.choose_splits(be, 256, 37888, 3584, wgmma=True) == 1
+    monkeypatch.setenv("LLMRS_Q4_WG_FILL", "1")
+    assert q4.choose_splits(be, 256, 37888, 3584, wgmma=True) == 4
+    assert q4.choose_splits(be, 256, 4608, 3584, wgmma=True) == 3
+    assert q4.choose_splits(be, 256, 37888, 3584, wgmma=True, t256=True) == 4
+
+
 def test_bf16_wgmma_gemm_ring_clusters_and_dispatch():
     """The bf16 wgmma GEMM (gemm_bf16wg_s{S}): its ring as the host sizes it (GBW_STAGES stages of 16 KB of W rows and
     16 KB of x rows, + 1 KB to align), big enough for the 128 x 128 partial it becomes, 2 blocks an SM; a kernel per
