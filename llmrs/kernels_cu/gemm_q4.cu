@@ -620,14 +620,16 @@ static_assert(sizeof(GemmQ4W2Smem) >= 256 * WG_RED_LD * 4, "the partial reuses t
 #ifdef LLMRS_WGMMA
 // One half stage (k32 sub-block kb of stage st) for warp w of warpgroup wg: its A fragments of the warpgroup's m64
 // tile (block columns 64 wg + 16 w + (0..15): n-block 2 wg + w / 2, words 2 j and 2 j + 1 with j = w % 2, as
-// gemm_q4wg's warp w / 2 holds them for its tile j) for the half's two k16 steps, then their two wgmma.
+// gemm_q4wg's warp w / 2 holds them for its tile j; one 8-byte load) for the half's two k16 steps, then their two
+// wgmma. (Measured by ptx-check, not kept: the scale constants made once a stage where G >= 64 put a branch in the
+// pipeline and ptxas serialized the wgmma.)
 template <int MODE>
 __device__ __forceinline__ void w2_half(const GemmQ4W2Smem& sm, int st, int kb, int wg, int w, int lane,
                                         float (&acc)[128], unsigned (&A)[2][4]) {
     const unsigned* S = reinterpret_cast<const unsigned*>(sm.s[st]);
     const int nbl = 2 * wg + (w >> 1), j = w & 1, g = lane >> 2;
-    const uint4 q = sm.b[st][(nbl * 2 + kb) * 32 + lane];
-    const unsigned w0 = j ? q.z : q.x, w1 = j ? q.w : q.y;  // rows g, g + 8 of the warp's m16 slice
+    const uint2 q = reinterpret_cast<const uint2*>(&sm.b[st][(nbl * 2 + kb) * 32 + lane])[j];
+    const unsigned w0 = q.x, w1 = q.y;  // rows g, g + 8 of the warp's m16 slice
     float s0, c12_0, c16_0, s1, c12_1, c16_1;
     frag_consts<MODE>(S[kb * GQ_BN + 32 * nbl + 16 * j + g], s0, c12_0, c16_0);
     frag_consts<MODE>(S[kb * GQ_BN + 32 * nbl + 16 * j + 8 + g], s1, c12_1, c16_1);
