@@ -89,6 +89,104 @@ __device__ __forceinline__ void warp_sum8(float (&v)[MAXG]) {
     for (int h = 0; h < MAXG; ++h) v[h] = __shfl_sync(0xffffffffu, y, 4 * h);
 }
 
+// The pieces attn_partial and attn_cluster share (one expression each, so both keep the same bits).
+// The split's block-table entries [b0, ...) for keys [start, end) in shared memory (host-written before the step:
+// read before pdl_wait), so a key costs one dependent round trip (its K/V rows) instead of two; splits spanning more
+// than ATTN_TABLE_STAGE blocks read the table from global memory. Sets the table the keys read (tb, from entry tb0).
+__device__ __forceinline__ void attn_stage_table(const int* table, int* s_tbl, int start, int end, int block_size,
+                                                 const int*& tb, int& tb0) {
+    const int b0 = start / block_size, nblk = end > start ? (end - 1) / block_size + 1 - b0 : 0;
+    const bool staged = nblk <= ATTN_TABLE_STAGE;
+    if (staged)
+        for (int i = threadIdx.x; i < nblk; i += blockDim.x) s_tbl[i] = table[b0 + i];
+    __syncthreads();
+    tb = staged ? s_tbl : table;
+    tb0 = staged ? b0 : 0;
+}
+
+// the MAXG heads' query (scaled; zeros past gn and for idle lanes) and the online softmax's empty state
+template <int DPL>
+__device__ __forceinline__ void attn_init(const float* __restrict__ q, int q_stride, int t, int head0, int gn,
+                                          bool active, int lane, int D, float scale, float (&qr)[MAXG][DPL],
+                                          float (&acc)[MAXG][DPL], float (&m)[MAXG], float (&l)[MAXG]) {
+#pragma unroll
+    for (int h = 0; h < MAXG; ++h) {
+        m[h] = NEG_INF;
+        l[h] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+            acc[h][i] = 0.0f;
+            qr[h][i] = (h < gn && active) ? q[(size_t)t * q_stride + (size_t)(head0 + h) * D + lane * DPL + i] * scale
+                                          : 0.0f;
+        }
+    }
+}
+
+// one key (this lane's K / V dims kf, vf) into every head's online softmax: every one of the MAXG heads, also past
+// gn (q = 0 there, results unused): without a branch per head the compiler interleaves the heads' shuffle reductions
+// and exps instead of running them one after another (a key cost ~7 x the latency of one head's chain that way)
+template <int DPL>
+__device__ __forceinline__ void attn_key(const float (&qr)[MAXG][DPL], const float (&kf)[DPL], const float (&vf)[DPL],
+                                         float (&acc)[MAXG][DPL], float (&m)[MAXG], float (&l)[MAXG]) {
+    float dots[MAXG];
+#pragma unroll
+    for (int h = 0; h < MAXG; ++h) {
+        float d = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) d += qr[h][i] * kf[i];
+        dots[h] = d;
+    }
+#ifndef LLMRS_NO_WARP_SUM8
+    warp_sum8(dots);
+#else
+#pragma unroll
+    for (int h = 0; h < MAXG; ++h) dots[h] = warp_sum(dots[h]);
+#endif
+#pragma unroll
+    for (int h = 0; h < MAXG; ++h) {
+        const float d = dots[h];
+        const float mn = fmaxf(m[h], d);
+        const float corr = expf(m[h] - mn), p = expf(d - mn);
+        l[h] = l[h] * corr + p;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) acc[h][i] = acc[h][i] * corr + p * vf[i];
+        m[h] = mn;
+    }
+}
+
+// the block's W warps merged: each warp's (m, l, acc) of its heads into shared memory, then for (head h, dim d)
+// the block's M, L and A (call after a __syncthreads that follows attn_warp_out)
+template <int DPL, int W>
+__device__ __forceinline__ void attn_warp_out(float (&s_m)[W][MAXG], float (&s_l)[W][MAXG],
+                                              float (&s_acc)[W][MAXG][32 * DPL], int warp, int lane, int gn,
+                                              const float (&acc)[MAXG][DPL], const float (&m)[MAXG],
+                                              const float (&l)[MAXG]) {
+#pragma unroll
+    for (int h = 0; h < MAXG; ++h) {
+        if (h < gn) {
+            if (lane == 0) { s_m[warp][h] = m[h]; s_l[warp][h] = l[h]; }
+#pragma unroll
+            for (int i = 0; i < DPL; ++i) s_acc[warp][h][lane * DPL + i] = acc[h][i];
+        }
+    }
+}
+template <int DPL, int W>
+__device__ __forceinline__ void attn_warp_merge(const float (&s_m)[W][MAXG], const float (&s_l)[W][MAXG],
+                                                const float (&s_acc)[W][MAXG][32 * DPL], int h, int d, float& M,
+                                                float& Ls, float& A) {
+    M = NEG_INF;
+    for (int w = 0; w < W; ++w) M = fmaxf(M, s_m[w][h]);
+    Ls = 0.0f;
+    A = 0.0f;
+    if (M != NEG_INF) {
+        for (int w = 0; w < W; ++w) {
+            const float e = expf(s_m[w][h] - M);
+            Ls += s_l[w][h] * e;
+            A += s_acc[w][h][d] * e;
+        }
+    }
+}
+
 template <int DPL>
 __device__ __forceinline__ void attn_partial_impl(
     const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,
@@ -109,30 +207,14 @@ __device__ __forceinline__ void attn_partial_impl(
     const int start = s * chunk, end = min(L, start + chunk);
     const int* table = block_tables + (size_t)token_seq[t] * max_blocks;
     prefetch_kv_l2(k_cache, v_cache, table, start, min(end, L - 1), Hkv, g, block_size, D);
-    // the split's block-table entries in shared memory (host-written before the step: read before pdl_wait), so a
-    // key costs one dependent round trip (its K/V rows) instead of two; splits spanning more than ATTN_TABLE_STAGE
-    // blocks read the table from global memory as before
     __shared__ int s_tbl[ATTN_TABLE_STAGE];
-    const int b0 = start / block_size, nblk = end > start ? (end - 1) / block_size + 1 - b0 : 0;
-    const bool staged = nblk <= ATTN_TABLE_STAGE;
-    if (staged)
-        for (int i = threadIdx.x; i < nblk; i += blockDim.x) s_tbl[i] = table[b0 + i];
-    __syncthreads();
-    const int* tb = staged ? s_tbl : table;
-    const int tb0 = staged ? b0 : 0;
+    const int* tb;
+    int tb0;
+    attn_stage_table(table, s_tbl, start, end, block_size, tb, tb0);
     pdl_wait();  // q and this token's K/V row are the previous kernels'
 
     float qr[MAXG][DPL], acc[MAXG][DPL], m[MAXG], l[MAXG];
-#pragma unroll
-    for (int h = 0; h < MAXG; ++h) {
-        m[h] = NEG_INF;
-        l[h] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < DPL; ++i) {
-            acc[h][i] = 0.0f;
-            qr[h][i] = (h < gn && active) ? q[(size_t)t * q_stride + (size_t)(g * G + h0 + h) * D + lane * DPL + i] * scale : 0.0f;
-        }
-    }
+    attn_init<DPL>(q, q_stride, t, g * G + h0, gn, active, lane, D, scale, qr, acc, m, l);
     // key j's K and V rows in kf / vf; the next key's (j + ATTN_WARPS) are loaded before key j is used, so a warp
     // has one block-table + K/V round trip in flight while it computes (the sums are unchanged)
     typename Raw<DPL>::T kr, vr;
@@ -143,56 +225,15 @@ __device__ __forceinline__ void attn_partial_impl(
         unpack_raw(kr, kf);
         unpack_raw(vr, vf);
         load_kv<DPL>(k_cache, v_cache, tb, tb0, j + ATTN_WARPS, end, active, Hkv, g, block_size, D, lane, kr, vr);
-        // every one of the MAXG heads, also past gn (q = 0 there, results unused): without a branch per head
-        // the compiler interleaves the heads' shuffle reductions and exps instead of running them one after another
-        // (a key cost ~7 x the latency of one head's chain that way)
-        float dots[MAXG];
-#pragma unroll
-        for (int h = 0; h < MAXG; ++h) {
-            float d = 0.0f;
-#pragma unroll
-            for (int i = 0; i < DPL; ++i) d += qr[h][i] * kf[i];
-            dots[h] = d;
-        }
-#ifndef LLMRS_NO_WARP_SUM8
-        warp_sum8(dots);
-#else
-#pragma unroll
-        for (int h = 0; h < MAXG; ++h) dots[h] = warp_sum(dots[h]);
-#endif
-#pragma unroll
-        for (int h = 0; h < MAXG; ++h) {
-            const float d = dots[h];
-            const float mn = fmaxf(m[h], d);
-            const float corr = expf(m[h] - mn), p = expf(d - mn);
-            l[h] = l[h] * corr + p;
-#pragma unroll
-            for (int i = 0; i < DPL; ++i) acc[h][i] = acc[h][i] * corr + p * vf[i];
-            m[h] = mn;
-        }
+        attn_key<DPL>(qr, kf, vf, acc, m, l);
     }
     // merge the warps of the block
-#pragma unroll
-    for (int h = 0; h < MAXG; ++h) {
-        if (h < gn) {
-            if (lane == 0) { s_m[warp][h] = m[h]; s_l[warp][h] = l[h]; }
-#pragma unroll
-            for (int i = 0; i < DPL; ++i) s_acc[warp][h][lane * DPL + i] = acc[h][i];
-        }
-    }
+    attn_warp_out<DPL, ATTN_WARPS>(s_m, s_l, s_acc, warp, lane, gn, acc, m, l);
     __syncthreads();
     for (int idx = threadIdx.x; idx < gn * D; idx += blockDim.x) {
         const int h = idx / D, d = idx % D;
-        float M = NEG_INF;
-        for (int w = 0; w < ATTN_WARPS; ++w) M = fmaxf(M, s_m[w][h]);
-        float Ls = 0.0f, A = 0.0f;
-        if (M != NEG_INF) {
-            for (int w = 0; w < ATTN_WARPS; ++w) {
-                const float e = expf(s_m[w][h] - M);
-                Ls += s_l[w][h] * e;
-                A += s_acc[w][h][d] * e;
-            }
-        }
+        float M, Ls, A;
+        attn_warp_merge<DPL, ATTN_WARPS>(s_m, s_l, s_acc, h, d, M, Ls, A);
         const int head = g * G + h0 + h;
         if (S == 1) {
             out[(size_t)t * Hq * D + (size_t)head * D + d] = A / Ls;
@@ -330,27 +371,13 @@ __device__ __forceinline__ void attn_cluster_impl(
     const int start = min(L, s * chunk), end = min(L, start + chunk);
     const int* table = block_tables + (size_t)token_seq[t] * max_blocks;
     prefetch_kv_l2(k_cache, v_cache, table, start, min(end, L - 1), Hkv, g, block_size, D);
-    const int b0 = start / block_size, nblk = end > start ? (end - 1) / block_size + 1 - b0 : 0;
-    const bool staged = nblk <= ATTN_TABLE_STAGE;
-    if (staged)
-        for (int i = threadIdx.x; i < nblk; i += blockDim.x) s_tbl[i] = table[b0 + i];
-    __syncthreads();
-    const int* tb = staged ? s_tbl : table;
-    const int tb0 = staged ? b0 : 0;
+    const int* tb;
+    int tb0;
+    attn_stage_table(table, s_tbl, start, end, block_size, tb, tb0);
     pdl_wait();  // q and this token's K/V row are the previous kernels'
 
     float qr[MAXG][DPL], acc[MAXG][DPL], m[MAXG], l[MAXG];
-#pragma unroll
-    for (int h = 0; h < MAXG; ++h) {
-        m[h] = NEG_INF;
-        l[h] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < DPL; ++i) {
-            acc[h][i] = 0.0f;
-            qr[h][i] = (h < gn && active)
-                           ? q[(size_t)t * q_stride + (size_t)(g * G + h0 + h) * D + lane * DPL + i] * scale : 0.0f;
-        }
-    }
+    attn_init<DPL>(q, q_stride, t, g * G + h0, gn, active, lane, D, scale, qr, acc, m, l);
 #pragma unroll 1
     for (int j0 = start + warp; j0 < end; j0 += CW * CK) {
         typename Raw<DPL>::T kr[CK], vr[CK];
@@ -364,54 +391,16 @@ __device__ __forceinline__ void attn_cluster_impl(
             float kf[DPL], vf[DPL];
             unpack_raw(kr[c], kf);
             unpack_raw(vr[c], vf);
-            float dots[MAXG];
-#pragma unroll
-            for (int h = 0; h < MAXG; ++h) {
-                float d = 0.0f;
-#pragma unroll
-                for (int i = 0; i < DPL; ++i) d += qr[h][i] * kf[i];
-                dots[h] = d;
-            }
-#ifndef LLMRS_NO_WARP_SUM8
-            warp_sum8(dots);
-#else
-#pragma unroll
-            for (int h = 0; h < MAXG; ++h) dots[h] = warp_sum(dots[h]);
-#endif
-#pragma unroll
-            for (int h = 0; h < MAXG; ++h) {
-                const float d = dots[h];
-                const float mn = fmaxf(m[h], d);
-                const float corr = expf(m[h] - mn), p = expf(d - mn);
-                l[h] = l[h] * corr + p;
-#pragma unroll
-                for (int i = 0; i < DPL; ++i) acc[h][i] = acc[h][i] * corr + p * vf[i];
-                m[h] = mn;
-            }
+            attn_key<DPL>(qr, kf, vf, acc, m, l);
         }
     }
     // the block's warps, as attn_partial merges them
-#pragma unroll
-    for (int h = 0; h < MAXG; ++h) {
-        if (h < gn) {
-            if (lane == 0) { s_m[warp][h] = m[h]; s_l[warp][h] = l[h]; }
-#pragma unroll
-            for (int i = 0; i < DPL; ++i) s_acc[warp][h][lane * DPL + i] = acc[h][i];
-        }
-    }
+    attn_warp_out<DPL, CW>(s_m, s_l, s_acc, warp, lane, gn, acc, m, l);
     __syncthreads();
     for (int idx = threadIdx.x; idx < gn * D; idx += blockDim.x) {
         const int h = idx / D, d = idx % D;
-        float M = NEG_INF;
-        for (int w = 0; w < CW; ++w) M = fmaxf(M, s_m[w][h]);
-        float Ls = 0.0f, A = 0.0f;
-        if (M != NEG_INF) {
-            for (int w = 0; w < CW; ++w) {
-                const float e = expf(s_m[w][h] - M);
-                Ls += s_l[w][h] * e;
-                A += s_acc[w][h][d] * e;
-            }
-        }
+        float M, Ls, A;
+        attn_warp_merge<DPL, CW>(s_m, s_l, s_acc, h, d, M, Ls, A);
         c_a[h][d] = A;
         if (d == 0) { c_m[h] = M; c_l[h] = Ls; }
     }
