@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a lent H200 (carry .whl; ~5 min): the 256-token form of the 4-bit wgmma GEMM (gemm_q4w2{z,m}: two
+# One call on a lent H200 (carry .whl; ~7 min): the 256-token form of the 4-bit wgmma GEMM (gemm_q4w2{z,m}: two
 # warpgroups over 128 columns x 256 tokens, each weight decoded once per 256 tokens; written in the fifteenth
 # session without device time, opt-in LLMRS_Q4_WGMMA_T256=1):
 #   1. scripts/wgmma_probe.py (one tile, structured inputs: where a layout error would show);
@@ -8,7 +8,9 @@
 #      bf16; the wgmma forms at every cluster size too: does filling the last wave of blocks pay?);
 #   4. `llmrs profile --synthetic qwen2.5-7b-awq --batch 128,256` with LLMRS_Q4_WGMMA_T256=0 / 1 and
 #      LLMRS_Q4_WG_FILL=0 / 1 (K slices that fill a large weight's last round of blocks: cuda_q4gemm.wave_fill_splits);
-#   5. W2_SERVE=1: the 7B AWQ server at 64 / 256 concurrent with it off / on (~3 min more).
+#   5. the one-stream decode bench of the 3B and the 7B (attention.cu's kernels now share their pieces: same
+#      instruction counts by ptx-check, times to confirm);
+#   6. W2_SERVE=1: the 7B AWQ server at 64 / 256 concurrent with it off / on (~3 min more).
 # If it is right and faster: on by default (cuda_kernels.WGMMA_T256), and if it beats dequantize + cuBLAS above 256
 # tokens, WG_MAX_TOKENS up for it (cuda_q4gemm.w2_takes / in_wgmma_range).
 set -uo pipefail
@@ -29,6 +31,13 @@ for v in "0 0" "1 0" "0 1" "1 1"; do
   LLMRS_Q4_WGMMA_T256=$1 LLMRS_Q4_WG_FILL=$2 timeout 100 python3 -m llmrs profile --synthetic qwen2.5-7b-awq \
     --batch 128,256 --context 512 --out $R/profile-t256-$1-fill$2.json > $R/profile-t256-$1-fill$2.txt 2>&1
   grep -E "step wall|gemm_q4|dequant" $R/profile-t256-$1-fill$2.txt | head -10
+done
+step "decode bench, one stream (attention.cu's shared pieces: expected 7B 4.14, 3B 2.31 ms/token)"
+for m in qwen2.5-3b qwen2.5-7b; do
+  timeout 100 python3 -m llmrs synth --like $m --decode-bench --bandwidth-gbs 4296 --prompt-len 256 --steps 256 \
+    --json $R/decode-$m.json > $R/decode-$m.log 2>&1
+  python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], round(r['ms_per_token'], 3), 'ms/token')" \
+    $R/decode-$m.json $m 2>/dev/null || tail -3 $R/decode-$m.log
 done
 if [ -n "${W2_SERVE:-}" ]; then
   for v in 0 1; do
