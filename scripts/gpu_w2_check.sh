@@ -36,7 +36,7 @@ step "decode bench, one stream (attention.cu's shared pieces: expected 7B 4.14, 
 for m in qwen2.5-3b qwen2.5-7b; do
   timeout 100 python3 -m llmrs synth --like $m --decode-bench --bandwidth-gbs 4296 --prompt-len 256 --steps 256 \
     --json $R/decode-$m.json > $R/decode-$m.log 2>&1
-  python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], round(r['ms_per_token'], 3), 'ms/token')" \
+  python3 -c "import json,sys; print(sys.argv[2], round(json.load(open(sys.argv[1]))['ms_per_token'], 3), 'ms')" \
     $R/decode-$m.json $m 2>/dev/null || tail -3 $R/decode-$m.log
 done
 if [ -n "${W2_SERVE:-}" ]; then
