@@ -24,8 +24,10 @@ use_wheels() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
       .whl/*.whl || return 1
     export PYTHONPATH=$PWD:/tmp/site
-    # a wheel set that misses a dependency (fastapi 0.165 imports opentelemetry-api, openai 3.57 httpx2) fails here, not at serve time
-    python3 -c "import fastapi, uvicorn, pydantic, openai, gguf" || { echo "use_wheels: .whl/ misses a dependency (make wheels)"; return 1; }
+    # a wheel set that misses a dependency (fastapi 0.165 imports opentelemetry-api, openai 3.57 httpx2) fails
+    # here, not at serve time
+    python3 -c "import fastapi, uvicorn, pydantic, openai, gguf" \
+      || { echo "use_wheels: .whl/ misses a dependency (make wheels)"; return 1; }
   else
     export PYTHONPATH=$PWD
   fi

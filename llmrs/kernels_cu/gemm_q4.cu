@@ -412,18 +412,19 @@ __device__ __forceinline__ Smem& wg_smem(uint4* dyn) {
     return *reinterpret_cast<Smem*>(reinterpret_cast<char*>(dyn) + pad);
 }
 
-// the block's two m64n128 accumulator tiles into red: D row 16 warp + g + 8 h of tile j is block column col(j, h, g),
-// D column 8 i + 2 t + e is token 8 i + 2 t + e
-template <typename Col>
-__device__ __forceinline__ void wg_partial_to_smem(const float (&acc)[2][64], float* red, Col col) {
+// the block's J m64nN accumulator tiles (NA = N / 2 floats a thread each: gemm_q4wg's two m64n128, gemm_q4w2's one
+// m64n256) into red: D row 16 warp + g + 8 h of tile j is block column col(j, h, g), D column 8 i + 2 t + e is token
+// 8 i + 2 t + e
+template <int J, int NA, typename Col>
+__device__ __forceinline__ void wg_partial_to_smem(const float (&acc)[J][NA], float* red, Col col) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
+    for (int j = 0; j < J; ++j)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int c = col(j, h, g);
 #pragma unroll
-            for (int i = 0; i < 16; ++i)
+            for (int i = 0; i < NA / 4; ++i)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) red[(8 * i + 2 * t + e) * WG_RED_LD + c] = acc[j][4 * i + 2 * h + e];
         }
@@ -605,8 +606,8 @@ GEMM_Q4WG(m, 1, 4)
 // columns 64 wg .. 64 wg + 63 as one m64 tile and multiplies it by all 256 tokens (m64n256k16, 128 accumulators a
 // thread as before), so a thread decodes 32 weights a stage for the same 4 x 262k multiply-adds, and both
 // warpgroups read one x tile (a stage: 32 KB of x, 4 KB of codes, 1 KB of scales; Q2_STAGES of them, one block an
-// SM). The loader, layout, decode and cluster split-K epilogue are gemm_q4wg's. Opt-in (cuda_q4gemm.W2): written
-// without a GPU in the fifteenth session.
+// SM). The loader, layout, decode, main loop and cluster split-K epilogue are gemm_q4wg's. Opt-in
+// (LLMRS_Q4_WGMMA_T256=1, cuda_q4gemm.w2_takes): written without a GPU in the fifteenth session.
 #define Q2_THREADS 256
 #define Q2_STAGES 5
 
@@ -658,30 +659,18 @@ __device__ __forceinline__ void gemm_q4w2_impl(const uint4* __restrict__ Bq, con
     const int nblk = blockIdx.x, m0 = blockIdx.y * 256;
     const int kt0 = (int)cluster_rank() * kt_per_split, nk = max(0, min((K >> 6) - kt0, kt_per_split));
 
-    float acc[128];
+    float acc[1][128];  // one m64n256 tile
 #pragma unroll
-    for (int e = 0; e < 128; ++e) acc[e] = 0.0f;
+    for (int e = 0; e < 128; ++e) acc[0][e] = 0.0f;
     unsigned A0[2][4], A1[2][4];
 
     StageLoader<16, Q2_THREADS> ld;
     ld.init(sm, Bq, SZ, X, T, N, K, G, m0, nblk, kt0);
     wg_q4_mainloop<GemmQ4W2Smem, Q2_STAGES>(
-        ld, nk, [&](int st, int kb) { w2_half<MODE>(sm, st, kb, wg, w, lane, acc, kb ? A1 : A0); },
-        [&] { wg_fence_acc(acc); });
-    // D row 16 w + g + 8 h of warpgroup wg's tile is block column 64 wg + 16 w + 8 h + g; D column 8 i + 2 t + e is
-    // token 8 i + 2 t + e (i < 32)
+        ld, nk, [&](int st, int kb) { w2_half<MODE>(sm, st, kb, wg, w, lane, acc[0], kb ? A1 : A0); },
+        [&] { wg_fence_acc(acc[0]); });
     float* red = reinterpret_cast<float*>(&sm);
-    {
-        const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int c = 64 * wg + 16 * w + 8 * h + g;
-#pragma unroll
-            for (int i = 0; i < 32; ++i)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) red[(8 * i + 2 * t + e) * WG_RED_LD + c] = acc[4 * i + 2 * h + e];
-        }
-    }
+    wg_partial_to_smem(acc, red, [wg, w](int, int h, int g) { return 64 * wg + 16 * w + 8 * h + g; });
     wg_cluster_store<S, 256, Q2_THREADS / 32>(red, bias, out, m0, nblk * GQ_BN, T, N, accumulate);
 #endif
 }

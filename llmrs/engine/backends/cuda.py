@@ -669,9 +669,9 @@ class CUDABackend:
         """Whether `_linear` over `w` with T tokens reads bf16 x, so that the producer of its input writes bf16 words
         itself (`fuse_bf16`): a plain bf16 weight above the matvec's tokens (cuBLAS, or the opt-in bf16 wgmma GEMM),
         a quantized one above every packed-weight kernel's (dequantized into a bf16 scratch, then cuBLAS:
-        `_linear_quant`) and where the opt-in wgmma form of the 4-bit GEMM runs (the mma.sync one too with
-        `q4_bf16_input`). The matvec and the 4-bit GEMV take f32."""
-        if isinstance(w, DeviceQuantWeight):  # the 4-bit GEMMs read bf16 x too where opted in
+        `_linear_quant`) and where the wgmma form of the 4-bit GEMM runs (the mma.sync one too with
+        `q4_bf16_input`, on by default). The matvec and the 4-bit GEMV take f32."""
+        if isinstance(w, DeviceQuantWeight):  # the 4-bit GEMMs read bf16 x too (wgmma always, mma.sync by switch)
             return (self.fuse_bf16 and T > max(GEMV_MAX_TOKENS, self.quant_matvec_max_tokens)
                     and (not gemm_takes(T, w.N, w.K, self.k.wgmma)
                          or (w.marlin is not None and (self.q4_bf16_input or wgmma_takes(self, T)))))

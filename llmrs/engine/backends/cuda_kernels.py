@@ -67,8 +67,10 @@ WGMMA = os.environ.get("LLMRS_Q4_WGMMA", "1") not in OFF_VALUES
 # (cuda_q4gemm.w2_takes): LLMRS_Q4_WGMMA_T256=1
 WGMMA_T256 = os.environ.get("LLMRS_Q4_WGMMA_T256", "0") not in OFF_VALUES
 BF16_WGMMA = os.environ.get("LLMRS_BF16_WGMMA", "0") not in OFF_VALUES
-WG_SPLITS = (1, 2, 3, 4)  # the cluster sizes (K slices) compiled: gemm_q4wg{z,m}_s{S}, gemm_bf16wg_s{S}
-WG_BLOCKS_PER_SM = 2  # resident at once, both kernels: __launch_bounds__(128, 2), <= 99 KB of ring each (ptx-check)
+WG_SPLITS = (1, 2, 3, 4)  # the cluster sizes (K slices) compiled: gemm_q4wg / q4w2{z,m}_s{S}, gemm_bf16wg_s{S}
+# resident at once, gemm_q4wg and gemm_bf16wg: __launch_bounds__(128, 2), <= 99 KB of ring each (ptx-check);
+# gemm_q4w2: one (cuda_q4gemm.W2_BLOCKS_PER_SM)
+WG_BLOCKS_PER_SM = 2
 GEMM_Q4WG_KERNELS = tuple(f"gemm_q4wg{k}_s{s}" for k in ("z", "m") for s in WG_SPLITS)
 GEMM_Q4W2_KERNELS = tuple(f"gemm_q4w2{k}_s{s}" for k in ("z", "m") for s in WG_SPLITS)
 GEMM_BF16WG_KERNELS = tuple(f"gemm_bf16wg_s{s}" for s in WG_SPLITS)

@@ -48,17 +48,20 @@ class KernelResult:
     sass: SassSummary | None = None  # with --sass: instructions, loops, the main loop's opcode mix
 
     @property
+    def problems(self) -> list[str]:
+        """What ptx-check flags in this kernel (before --allow)."""
+        return [p for p, on in (("LOCAL MEMORY", self.uses_local), ("WGMMA SERIALIZED", bool(self.wgmma_serialized)))
+                if on]
+
+    @property
     def flagged(self) -> bool:
-        return (self.uses_local or bool(self.wgmma_serialized)) and not self.allowed
+        return bool(self.problems) and not self.allowed
 
     @property
     def status(self) -> str:
-        if not self.uses_local and not self.wgmma_serialized:
+        if not self.problems:
             return "ok"
-        if self.allowed:
-            return "allowed"
-        return " + ".join(w for w, on in (("LOCAL MEMORY", self.uses_local), ("WGMMA SERIALIZED",
-                                                                              bool(self.wgmma_serialized))) if on)
+        return "allowed" if self.allowed else " + ".join(self.problems)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
