@@ -130,20 +130,21 @@ def test_wgmma_gemm_ring_and_dispatch():
     assert not q4.gemm_takes(256, 4608, 3584) and q4.gemm_takes(256, 4608, 3584, wgmma=True)
     assert q4.gemm_takes(256, 37888, 3584, wgmma=True) and q4.gemm_takes(q4.WG_MAX_TOKENS, 3584, 18944, wgmma=True)
     assert not q4.gemm_takes(q4.WG_MAX_TOKENS + 1, 3584, 18944, wgmma=True)  # prefills: dequantize + cuBLAS
-    be = SimpleNamespace(num_sms=132, k=SimpleNamespace(wgmma=True))
+    be = SimpleNamespace(num_sms=132, k=SimpleNamespace(wgmma=True, wgmma_t256=False))
     assert q4.wgmma_takes(be, 256) and q4.wgmma_takes(be, 128) and not q4.wgmma_takes(be, q4.WG_FROM - 1)
     assert not q4.wgmma_takes(be, q4.WG_MAX_TOKENS + 1)
     assert not q4.wgmma_takes(SimpleNamespace(num_sms=132, k=SimpleNamespace(wgmma=False)), 256)
     # K slices: 2 blocks an SM over the 128 x 128 tiles (7B qkv at 256 tokens: 36 x 2 tiles -> 3 slices; gate_up's
-    # 296 x 2 tiles fill the GPU alone; down: 28 x 2 tiles -> 4 slices of its 296 k64 tiles)
-    # (the slices are a cluster's blocks: at most the largest compiled cluster, 4)
+    # 296 x 2 tiles pass the GPU's 264 slots: wave_fill_splits, 4 slices; down: 28 x 2 tiles -> 4 slices of its 296
+    # k64 tiles) (the slices are a cluster's blocks: at most the largest compiled cluster, 4)
     assert q4.choose_splits(be, 256, 4608, 3584, wgmma=True) == 3
-    assert q4.choose_splits(be, 256, 37888, 3584, wgmma=True) == 1
+    assert q4.choose_splits(be, 256, 37888, 3584, wgmma=True) == 4
     assert q4.choose_splits(be, 256, 3584, 18944, wgmma=True) == 4
     assert q4.choose_splits(be, 128, 4608, 3584, wgmma=True) == 4 and max(ck.WG_SPLITS) == 4
-    # the 256-token form (gemm_q4w2{z,m}_s{S}, opt-in): Q2_STAGES stages of 32 KB x + 4 KB codes + 1 KB scales, one
-    # block an SM, 256 threads; a kernel per mode and cluster size; above one 128-token tile up to WG_MAX_TOKENS;
-    # one block an SM over its 128 x 256 tiles (qkv 36 tiles -> 3 slices, gate_up 296 -> 1, down 28 -> 4)
+    # the 256-token form (gemm_q4w2{z,m}_s{S}, on by default): Q2_STAGES stages of 32 KB x + 4 KB codes + 1 KB
+    # scales, one block an SM, 256 threads; a kernel per mode and cluster size; above one 128-token tile up to
+    # WG_MAX_TOKENS and from W2_UPPER_FROM (exclusive) to two of its tiles; one block an SM over its 128 x 256 tiles
+    # (qkv 36 tiles -> 3 slices, gate_up 296 -> 2 (wave_fill_splits, at most W2_FILL_MAX_SPLITS), down 28 -> 4)
     q2 = int(re.search(r"#define Q2_STAGES (\d+)", src).group(1))
     assert int(re.search(r"#define Q2_THREADS (\d+)", src).group(1)) == 2 * q4.THREADS
     assert ck.GEMM_Q4W2_SMEM_BYTES == q2 * (2048 + 256 + 64) * 16 + 1024 <= 227 << 10
@@ -157,31 +158,41 @@ def test_wgmma_gemm_ring_and_dispatch():
     w2 = SimpleNamespace(num_sms=132, k=SimpleNamespace(wgmma=True, wgmma_t256=True))
     assert q4.w2_takes(w2, 129) and q4.w2_takes(w2, q4.WG_MAX_TOKENS) and not q4.w2_takes(w2, 128)
     assert not q4.w2_takes(w2, q4.WG_MAX_TOKENS + 1) and not q4.w2_takes(be, 256)  # be: the switch off
+    assert (q4.W2_UPPER_FROM, q4.W2_MAX_TOKENS) == (448, 512)  # measured: the form's second tile pays from ~440
+    assert not q4.w2_takes(w2, 448) and q4.w2_takes(w2, 449) and q4.w2_takes(w2, 512) and not q4.w2_takes(w2, 513)
+    assert q4.wgmma_takes(w2, 480) and not q4.wgmma_takes(be, 480) and not q4.wgmma_takes(w2, 300)
+    assert q4.gemm_takes(480, 37888, 3584, wgmma=True, t256=True) and not q4.gemm_takes(480, 37888, 3584, wgmma=True)
     assert q4.choose_splits(be, 256, 4608, 3584, wgmma=True, t256=True) == 3
-    assert q4.choose_splits(be, 256, 37888, 3584, wgmma=True, t256=True) == 1
+    assert q4.choose_splits(be, 256, 37888, 3584, wgmma=True, t256=True) == 2
+    assert q4.choose_splits(be, 512, 37888, 3584, wgmma=True, t256=True) == 2
     assert q4.choose_splits(be, 200, 3584, 18944, wgmma=True, t256=True) == 4
 
 
 def test_wave_fill_splits_fill_the_last_round_of_blocks(monkeypatch):
-    """LLMRS_Q4_WG_FILL=1 (an A/B): the wgmma forms' K slices chosen so that tiles x S blocks fill their last round of
-    resident blocks best, the fewest rounds on a tie; the default rule keeps S = 1 where the tiles alone reach the
-    slots. A 7B at 256 tokens on 132 SMs (264 slots of gemm_q4wg, 132 of gemm_q4w2)."""
+    """Where a wgmma form's tiles pass half its resident blocks, K slices chosen so that the tiles finish in the
+    fewest rounds of blocks over S (each block 1/S of a tile), the smaller S on a tie; at most 2 for the 256-token
+    form (measured); LLMRS_Q4_WG_FILL=0 leaves S = 1 there. A 7B on 132 SMs (264 slots of gemm_q4wg, 132 of
+    gemm_q4w2)."""
     from types import SimpleNamespace
 
     import llmrs.engine.backends.cuda_q4gemm as q4
 
-    assert q4.wave_fill_splits(592, 264, 7) == 4  # gate_up: 2.24 rounds (75% full) -> 8.97 (99.7%)
-    assert q4.wave_fill_splits(72, 264, 7) == 3 and q4.wave_fill_splits(56, 264, 37) == 4  # qkv, down: as before
-    assert q4.wave_fill_splits(296, 264, 7) == 4 and q4.wave_fill_splits(36, 132, 7) == 3
+    assert q4.wave_fill_splits(592, 264, 7) == 4  # 3 rounds -> 9 of a quarter tile: 2.25
+    assert q4.wave_fill_splits(296, 264, 7) == 4  # gate_up at 128 tokens: 2 rounds -> 1.25
+    assert q4.wave_fill_splits(296, 132, 2) == 2  # the 256-token form's gate_up: 3 -> 2.5
+    assert q4.wave_fill_splits(72, 264, 7) == 3 and q4.wave_fill_splits(56, 264, 37) == 4
+    assert q4.wave_fill_splits(36, 132, 7) == 3
     assert q4.wave_fill_splits(264, 264, 7) == 1  # one full round: no split
     assert q4.wave_fill_splits(592, 264, 1) == 1 and q4.wave_fill_splits(592, 264, 0) == 1  # a short K: none
     be = SimpleNamespace(num_sms=132)
     monkeypatch.delenv("LLMRS_Q4_WG_FILL", raising=False)
-    assert q4.choose_splits(be, 256, 37888, 3584, wgmma=True) == 1
-    monkeypatch.setenv("LLMRS_Q4_WG_FILL", "1")
-    assert q4.choose_splits(be, 256, 37888, 3584, wgmma=True) == 4
+    assert q4.choose_splits(be, 128, 37888, 3584, wgmma=True) == 4
+    assert q4.choose_splits(be, 256, 37888, 3584, wgmma=True, t256=True) == 2
+    assert q4.choose_splits(be, 128, 4608, 3584, wgmma=True) == 4  # 36 tiles: the default rule
+    monkeypatch.setenv("LLMRS_Q4_WG_FILL", "0")
+    assert q4.choose_splits(be, 128, 37888, 3584, wgmma=True) == 1
+    assert q4.choose_splits(be, 256, 37888, 3584, wgmma=True, t256=True) == 1
     assert q4.choose_splits(be, 256, 4608, 3584, wgmma=True) == 3
-    assert q4.choose_splits(be, 256, 37888, 3584, wgmma=True, t256=True) == 4
 
 
 def test_bf16_wgmma_gemm_ring_clusters_and_dispatch():

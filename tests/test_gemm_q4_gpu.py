@@ -138,11 +138,11 @@ def test_gemm_q4_equals_dequantize_plus_cublas(backend, kind, G, T):
         report(f"gemm_q4 vs dequant+cublas {kind} G{G} T{T} acc{accumulate}", {"rel": err})
 
 
-@pytest.mark.parametrize("t256", [False, True], ids=["wgmma", "wgmma256"])
-def test_backend_takes_wgmma_above_mma_sync_tokens(backend, monkeypatch, t256):
+@pytest.mark.parametrize("t256,T", [(False, 256), (True, 256), (True, 480)], ids=["wgmma", "wgmma256", "wgmma256-T480"])
+def test_backend_takes_wgmma_above_mma_sync_tokens(backend, monkeypatch, t256, T):
     """Where the GPU has it, a 4-bit linear of 256 tokens (a 256-sequence decode step) goes through the wgmma GEMM
-    (its 256-token form with LLMRS_Q4_WGMMA_T256=1), not dequantize + cuBLAS, and equals the latter up to summation
-    order."""
+    (its 256-token form unless LLMRS_Q4_WGMMA_T256=0; that form also takes 449-512 tokens: two of its tiles), not
+    dequantize + cuBLAS, and equals the latter up to summation order."""
     import llmrs.engine.backends.cuda_q4gemm as q4gemm
 
     if not backend.k.wgmma_arch:
@@ -150,10 +150,10 @@ def test_backend_takes_wgmma_above_mma_sync_tokens(backend, monkeypatch, t256):
     backend.k.wgmma_fns()
     monkeypatch.setattr(backend.k, "wgmma", True)  # LLMRS_Q4_WGMMA's switch (on by default where sm_90a)
     monkeypatch.setattr(backend.k, "wgmma_t256", t256)  # LLMRS_Q4_WGMMA_T256's
-    N, K, T = 576, 1536, 256
+    N, K = 576, 1536
     rng = np.random.default_rng(11)
     dw = upload_with_rows(backend, make_weight("awq", N, K, 128, rng))
-    assert q4gemm.gemm_takes(T, N, K, backend.k.wgmma) and q4gemm.wgmma_takes(backend, T)
+    assert q4gemm.gemm_takes(T, N, K, backend.k.wgmma, t256) and q4gemm.wgmma_takes(backend, T)
     assert q4gemm.w2_takes(backend, T) == t256
     x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
     out = cp.full((T, N), np.nan, dtype=cp.float32)

@@ -304,18 +304,22 @@ def test_gemm_takes_up_to_max_tokens_and_small_matrices_further(small, monkeypat
     assert gemm_takes(256, *qkv) == gemm_takes(256, *o) == gemm_takes(193, *o) == (small == 256)
     assert not gemm_takes(193, *gate_up) and not gemm_takes(256, *gate_up) and not gemm_takes(256, *down)
     assert not any(gemm_takes(257, *s) for s in (qkv, o, gate_up, down))
-    # with the wgmma form (Kernels.wgmma, sm_90a) the GEMM keeps the T of its range and reads bf16 x there (where
-    # the weight has the GEMM layout); a bf16 output (gate/up for silu_mul_bf16_bf16) only from cuBLAS
-    # (LLMRS_Q4_BF16_INPUT, on by default: the mma.sync GEMM reads bf16 x too)
-    for wgmma, bf16_input in ((False, False), (True, False), (False, True), (True, True)):
+    # with the wgmma form (Kernels.wgmma, sm_90a) the GEMM keeps the T of its range (with its 256-token form,
+    # Kernels.wgmma_t256, 449-512 too) and reads bf16 x there (where the weight has the GEMM layout); a bf16 output
+    # (gate/up for silu_mul_bf16_bf16) only from cuBLAS (LLMRS_Q4_BF16_INPUT, on by default: the mma.sync GEMM reads
+    # bf16 x too)
+    for wgmma, t256, bf16_input in ((False, False, False), (True, False, False), (True, True, False),
+                                    (False, False, True), (True, True, True)):
         fake = SimpleNamespace(fuse_bf16=True, quant_matvec_max_tokens=8, matvec_max_tokens=1, num_sms=132,
-                               k=SimpleNamespace(wgmma=wgmma), q4_bf16_input=bf16_input)
+                               k=SimpleNamespace(wgmma=wgmma, wgmma_t256=t256), q4_bf16_input=bf16_input)
         fake._gemm_takes_bf16 = lambda w, T, fake=fake: CUDABackend._gemm_takes_bf16(fake, w, T)
         for N, K in (qkv, gate_up):
             for marlin in (None, object()):
                 w = DeviceQuantWeight("awq", N, K, 128, None, None, None, marlin)
-                for T in (8, 17, 192, 193, 256, 257, 4096):
+                for T in (8, 17, 192, 193, 256, 257, 448, 449, 512, 513, 4096):
                     bf16_in = CUDABackend._gemm_takes_bf16(fake, w, T)
-                    wg = (bf16_input or wgmma and q4gemm.in_wgmma_range(T)) and marlin is not None
-                    assert bf16_in == (T > 16 and (not gemm_takes(T, N, K, wgmma) or wg)), (N, K, T, wgmma)
-                    assert CUDABackend._gemm_out_bf16(fake, w, T) == (bf16_in and not gemm_takes(T, N, K, wgmma))
+                    takes = gemm_takes(T, N, K, wgmma, t256)
+                    assert takes == (gemm_takes(T, N, K) or (wgmma and (128 <= T <= 256 or (t256 and 448 < T <= 512))))
+                    wg = (bf16_input or wgmma and q4gemm.in_wgmma_range(T, t256)) and marlin is not None
+                    assert bf16_in == (T > 16 and (not takes or wg)), (N, K, T, wgmma, t256)
+                    assert CUDABackend._gemm_out_bf16(fake, w, T) == (bf16_in and not takes)

@@ -643,7 +643,7 @@ class CUDABackend:
             return
         # the Marlin-style 4-bit GEMM (gemm_q4.cu); beyond cuda_q4gemm.gemm_takes dequantize + cuBLAS is faster.
         # x arrives as bf16 words where the wgmma form runs (`_gemm_takes_bf16`): the GEMM reads it uncast
-        if gemm_takes(T, N, K, self.k.wgmma):
+        if gemm_takes(T, N, K, self.k.wgmma, self.k.wgmma_t256):
             assert not out_bf16, f"{name}: the 4-bit GEMM writes f32"
             if x.dtype == np.uint16:
                 assert gemm_q4(self, x, w.marlin, bias, out, accumulate, name=name), f"{name}: bf16 x, no GEMM layout"
@@ -673,7 +673,7 @@ class CUDABackend:
         `q4_bf16_input`, on by default). The matvec and the 4-bit GEMV take f32."""
         if isinstance(w, DeviceQuantWeight):  # the 4-bit GEMMs read bf16 x too (wgmma always, mma.sync by switch)
             return (self.fuse_bf16 and T > max(GEMV_MAX_TOKENS, self.quant_matvec_max_tokens)
-                    and (not gemm_takes(T, w.N, w.K, self.k.wgmma)
+                    and (not gemm_takes(T, w.N, w.K, self.k.wgmma, self.k.wgmma_t256)
                          or (w.marlin is not None and (self.q4_bf16_input or wgmma_takes(self, T)))))
         return self.fuse_bf16 and T > self.matvec_max_tokens
 
@@ -681,7 +681,7 @@ class CUDABackend:
         """Whether `_linear` over `w` with T tokens can write bf16 words (out_bf16): cuBLAS only, i.e. a bf16
         weight on the GEMM path or a quantized one dequantized for cuBLAS (not the 4-bit GEMMs, which write f32)."""
         if isinstance(w, DeviceQuantWeight):
-            return self._gemm_takes_bf16(w, T) and not gemm_takes(T, w.N, w.K, self.k.wgmma)
+            return self._gemm_takes_bf16(w, T) and not gemm_takes(T, w.N, w.K, self.k.wgmma, self.k.wgmma_t256)
         return self._gemm_takes_bf16(w, T)
 
     def _rms_norm_bf16(self, x: Any, w: Any, eps: float, out: Any, y: Any = None, rows: Any = None,

@@ -63,9 +63,9 @@ STATIC_SMEM_LIMIT = 48 << 10  # above, a kernel must be allowed its dynamic shar
 # only with LLMRS_BF16_WGMMA=1 (cuda_wgmma.bf16_wgmma_takes: slower than cuBLAS on the H200, cuda_wgmma's figures).
 WGMMA_ARCH: dict[int, str] = {90: "sm_90a"}
 WGMMA = os.environ.get("LLMRS_Q4_WGMMA", "1") not in OFF_VALUES
-# the 4-bit wgmma form with 256 tokens a block (gemm_q4w2{z,m}, two warpgroups), opt-in until measured
-# (cuda_q4gemm.w2_takes): LLMRS_Q4_WGMMA_T256=1
-WGMMA_T256 = os.environ.get("LLMRS_Q4_WGMMA_T256", "0") not in OFF_VALUES
+# the 4-bit wgmma form with 256 tokens a block (gemm_q4w2{z,m}, two warpgroups; where: cuda_q4gemm.w2_takes, its
+# figures beside it); LLMRS_Q4_WGMMA_T256=0 turns it off (A/Bs)
+WGMMA_T256 = os.environ.get("LLMRS_Q4_WGMMA_T256", "1") not in OFF_VALUES
 BF16_WGMMA = os.environ.get("LLMRS_BF16_WGMMA", "0") not in OFF_VALUES
 WG_SPLITS = (1, 2, 3, 4)  # the cluster sizes (K slices) compiled: gemm_q4wg / q4w2{z,m}_s{S}, gemm_bf16wg_s{S}
 # resident at once, gemm_q4wg and gemm_bf16wg: __launch_bounds__(128, 2), <= 99 KB of ring each (ptx-check);

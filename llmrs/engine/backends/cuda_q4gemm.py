@@ -142,33 +142,43 @@ WG_TOKENS = 128  # tokens a block
 
 
 # The 256-token form (gemm_q4.cu's gemm_q4w2{z,m}: two warpgroups, 128 columns x 256 tokens a block, each weight
-# decoded once per 256 tokens, one block an SM) above one 128-token tile, up to WG_MAX_TOKENS, where the backend
-# has it (Kernels.wgmma_t256: LLMRS_Q4_WGMMA_T256=1, opt-in until scripts/bench_gemm_q4_forms.py and a step
-# measure it).
+# decoded once per 256 tokens, one block an SM) above one 128-token tile up to WG_MAX_TOKENS, and from W2_UPPER_FROM
+# to W2_MAX_TOKENS (two of its tiles), where the backend has it (Kernels.wgmma_t256: LLMRS_Q4_WGMMA_T256, on unless
+# 0). Measured on the H200 (scripts/bench_gemm_q4_forms.py --splits, reports/h200-qwen2.5/session16 call1), the 7B's
+# four AWQ linears summed over 28 layers (ms), wgmma (128-token tiles) / 256-token form / dequantize + cuBLAS: T 192
+# 8.83 / 7.39 / 10.08, 256 8.70 / 7.23 / 9.86, 384 14.70 / 12.77 / 11.99, 512 15.43 / 12.51 / 13.79, 1024 28.87 /
+# 23.07 / 22.10 (bf16 cuBLAS 5.33 / 5.34 / 7.48 / 9.46 / 17.78). Its cost goes by 256-token tiles, dequantize +
+# cuBLAS's by tokens: between one and two tiles the latter wins up to about 440 tokens. `llmrs profile --synthetic
+# qwen2.5-7b-awq --batch 128,256`: the 256-sequence step 12.14 -> 10.30 ms.
 W2_TOKENS = 256
 W2_BLOCKS_PER_SM = 1  # 190 KB of ring a block (cuda_kernels.GEMM_Q4W2_SMEM_BYTES)
+W2_UPPER_FROM = int(os.environ.get("LLMRS_Q4_W2_UPPER_FROM", "448"))  # exclusive
+W2_MAX_TOKENS = 2 * W2_TOKENS
+
+
+def in_wgmma_range(T: int, t256: bool = False) -> bool:
+    """Token counts the wgmma forms take where the backend has them: WG_FROM <= T <= WG_MAX_TOKENS, and with the
+    256-token form (`t256`) W2_UPPER_FROM < T <= W2_MAX_TOKENS too."""
+    return WG_FROM <= T <= WG_MAX_TOKENS or (t256 and W2_UPPER_FROM < T <= W2_MAX_TOKENS)
 
 
 def w2_takes(backend: Any, T: int) -> bool:
     """Whether T tokens go through the 256-token wgmma form (rather than gemm_q4wg's 128-token tiles)."""
-    return bool(getattr(backend.k, "wgmma_t256", False)) and WG_TOKENS < T <= WG_MAX_TOKENS
-
-
-def in_wgmma_range(T: int) -> bool:
-    """WG_FROM <= T <= WG_MAX_TOKENS: token counts the wgmma form takes where the backend has it on."""
-    return WG_FROM <= T <= WG_MAX_TOKENS
+    return bool(getattr(backend.k, "wgmma_t256", False)) and WG_TOKENS < T and in_wgmma_range(T, True)
 
 
 def wgmma_takes(backend: Any, T: int) -> bool:
-    """Whether T tokens go through the wgmma form of the GEMM (rather than mma.sync's or dequantize + cuBLAS)."""
-    return bool(getattr(backend.k, "wgmma", False)) and in_wgmma_range(T)
+    """Whether T tokens go through a wgmma form of the GEMM (rather than mma.sync's or dequantize + cuBLAS)."""
+    k = backend.k
+    return bool(getattr(k, "wgmma", False)) and in_wgmma_range(T, bool(getattr(k, "wgmma_t256", False)))
 
 
-def gemm_takes(T: int, N: int, K: int, wgmma: bool = False) -> bool:
+def gemm_takes(T: int, N: int, K: int, wgmma: bool = False, t256: bool = False) -> bool:
     """Whether T tokens of a 4-bit N x K weight with the GEMM layout go through gemm_q4 rather than dequantize +
-    cuBLAS (above the GEMV's tokens); `wgmma`: the GPU has the wgmma form (Kernels.wgmma)."""
+    cuBLAS (above the GEMV's tokens); `wgmma`: the GPU has the wgmma form (Kernels.wgmma), `t256`: its 256-token
+    form too (Kernels.wgmma_t256)."""
     return (T <= MAX_TOKENS or (T <= MAX_TOKENS_SMALL and N * K <= SMALL_MAX_WEIGHTS)
-            or (wgmma and in_wgmma_range(T)))
+            or (wgmma and in_wgmma_range(T, t256)))
 
 
 def tile_rows(T: int) -> int:
@@ -188,32 +198,36 @@ GEMM_BLOCKS_PER_SM = 4
 def choose_splits(backend: Any, T: int, N: int, K: int, wgmma: bool = False, t256: bool = False) -> int:
     """Slices of K so that the grid reaches about LLMRS_Q4_GEMM_BLOCKS_PER_SM blocks per SM (1 when the tiles
     already do); the wgmma form: WG_BLOCKS_PER_SM (what fits), its 128-token tiles; `t256`: its 256-token form,
-    W2_BLOCKS_PER_SM."""
+    W2_BLOCKS_PER_SM. Where the wgmma form's tiles alone pass half its resident blocks, wave_fill_splits."""
     from llmrs.engine.backends.cuda import env_int  # (cuda.py imports this module)
 
     if wgmma:  # the K slices are a cluster's blocks: one of the compiled sizes (cuda_kernels.wg_cluster)
         per_sm, tok = (W2_BLOCKS_PER_SM, W2_TOKENS) if t256 else (WG_BLOCKS_PER_SM, WG_TOKENS)
         tiles = -(-N // BN) * -(-T // tok)
+        slots = per_sm * backend.num_sms
         most = (K // BK) // MIN_KT_PER_SPLIT
-        if env_int("LLMRS_Q4_WG_FILL", 0):
-            return wave_fill_splits(tiles, per_sm * backend.num_sms, most)
-        return wg_cluster(min(per_sm * backend.num_sms // tiles, most))
+        if 2 * tiles > slots and env_int("LLMRS_Q4_WG_FILL", 1):
+            return wave_fill_splits(tiles, slots, min(most, W2_FILL_MAX_SPLITS if t256 else max(WG_SPLITS)))
+        return wg_cluster(min(slots // tiles, most))
     per_sm = env_int("LLMRS_Q4_GEMM_BLOCKS_PER_SM", GEMM_BLOCKS_PER_SM)
     tiles = -(-N // BN) * -(-T // (16 * tile_rows(T)))
     return max(1, min(per_sm * backend.num_sms // tiles, (K // BK) // MIN_KT_PER_SPLIT, MAX_SPLITS))
 
 
-def wave_fill_splits(tiles: int, slots: int, most: int) -> int:
-    """The compiled cluster size S (at most `most`, at least 1) whose tiles x S blocks fill their last round of
-    `slots` resident blocks best (the fewest rounds on a tie): LLMRS_Q4_WG_FILL=1, an A/B until measured. Without it
-    a weight whose tiles alone reach the slots keeps S = 1, its last round part-empty (the 7B's gate_up: 592 tiles
-    of 128 x 128 at 256 tokens on 264 slots, 2.24 rounds, 75% full; S = 4: 8.97 rounds, 99.7%)."""
-    def fill(S: int) -> float:
-        rounds = tiles * S / slots
-        return rounds / -(-tiles * S // slots)
+# The 256-token form's K slices where its tiles fill the GPU: at most 2 (H200, session16 call1, the 7B's gate_up at
+# 256 tokens, 296 tiles on 132 SMs, us: S 1 149.4, 2 140.5, 3 166.0, 4 179.0; at 512: 247.8 / 249.8 / 328.0 / 351.6)
+W2_FILL_MAX_SPLITS = 2
 
+
+def wave_fill_splits(tiles: int, slots: int, most: int) -> int:
+    """The compiled cluster size S (at most `most`, at least 1) that finishes `tiles` tiles on `slots` resident blocks
+    in the least time, each block doing 1/S of a tile: the fewest rounds of blocks over S (the smaller S on a tie).
+    Where the tiles alone pass half the slots the default rule gives S = 1 and leaves the last round part-empty (the
+    7B's gate_up at 128 tokens: 296 tiles on 264 slots of gemm_q4wg, 2 rounds, the second 12% full; S = 4: 5 rounds
+    of a quarter tile each, 1.25). LLMRS_Q4_WG_FILL=0 turns it off (`llmrs profile --synthetic qwen2.5-7b-awq --batch
+    128`, H200, session16 call1: the step 8.94 ms off, 8.48 on; gate_up 3.07 -> 2.80 ms)."""
     sizes = [S for S in WG_SPLITS if S <= max(1, most)]
-    return max(sizes, key=lambda S: (round(fill(S), 3), -S))
+    return min(sizes, key=lambda S: (-(-tiles * S // slots) / S, S))
 
 
 def gemm_q4(backend: Any, x_bf16: Any, mw: MarlinWeight | None, bias: Any | None, out: Any,
