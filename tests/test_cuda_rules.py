@@ -158,8 +158,8 @@ def test_wgmma_gemm_ring_and_dispatch():
     w2 = SimpleNamespace(num_sms=132, k=SimpleNamespace(wgmma=True, wgmma_t256=True))
     assert q4.w2_takes(w2, 129) and q4.w2_takes(w2, q4.WG_MAX_TOKENS) and not q4.w2_takes(w2, 128)
     assert not q4.w2_takes(w2, q4.WG_MAX_TOKENS + 1) and not q4.w2_takes(be, 256)  # be: the switch off
-    assert (q4.W2_UPPER_FROM, q4.W2_MAX_TOKENS) == (448, 512)  # measured: the form's second tile pays from ~440
-    assert not q4.w2_takes(w2, 448) and q4.w2_takes(w2, 449) and q4.w2_takes(w2, 512) and not q4.w2_takes(w2, 513)
+    assert (q4.W2_UPPER_FROM, q4.W2_MAX_TOKENS) == (424, 512)  # measured: its second tile pays from ~425
+    assert not q4.w2_takes(w2, 424) and q4.w2_takes(w2, 425) and q4.w2_takes(w2, 512) and not q4.w2_takes(w2, 513)
     assert q4.wgmma_takes(w2, 480) and not q4.wgmma_takes(be, 480) and not q4.wgmma_takes(w2, 300)
     assert q4.gemm_takes(480, 37888, 3584, wgmma=True, t256=True) and not q4.gemm_takes(480, 37888, 3584, wgmma=True)
     assert q4.choose_splits(be, 256, 4608, 3584, wgmma=True, t256=True) == 3

@@ -141,7 +141,7 @@ def test_gemm_q4_equals_dequantize_plus_cublas(backend, kind, G, T):
 @pytest.mark.parametrize("t256,T", [(False, 256), (True, 256), (True, 480)], ids=["wgmma", "wgmma256", "wgmma256-T480"])
 def test_backend_takes_wgmma_above_mma_sync_tokens(backend, monkeypatch, t256, T):
     """Where the GPU has it, a 4-bit linear of 256 tokens (a 256-sequence decode step) goes through the wgmma GEMM
-    (its 256-token form unless LLMRS_Q4_WGMMA_T256=0; that form also takes 449-512 tokens: two of its tiles), not
+    (its 256-token form unless LLMRS_Q4_WGMMA_T256=0; that form also takes 425-512 tokens: two of its tiles), not
     dequantize + cuBLAS, and equals the latter up to summation order."""
     import llmrs.engine.backends.cuda_q4gemm as q4gemm
 

@@ -305,7 +305,7 @@ def test_gemm_takes_up_to_max_tokens_and_small_matrices_further(small, monkeypat
     assert not gemm_takes(193, *gate_up) and not gemm_takes(256, *gate_up) and not gemm_takes(256, *down)
     assert not any(gemm_takes(257, *s) for s in (qkv, o, gate_up, down))
     # with the wgmma form (Kernels.wgmma, sm_90a) the GEMM keeps the T of its range (with its 256-token form,
-    # Kernels.wgmma_t256, 449-512 too) and reads bf16 x there (where the weight has the GEMM layout); a bf16 output
+    # Kernels.wgmma_t256, 425-512 too) and reads bf16 x there (where the weight has the GEMM layout); a bf16 output
     # (gate/up for silu_mul_bf16_bf16) only from cuBLAS (LLMRS_Q4_BF16_INPUT, on by default: the mma.sync GEMM reads
     # bf16 x too)
     for wgmma, t256, bf16_input in ((False, False, False), (True, False, False), (True, True, False),
@@ -316,10 +316,10 @@ def test_gemm_takes_up_to_max_tokens_and_small_matrices_further(small, monkeypat
         for N, K in (qkv, gate_up):
             for marlin in (None, object()):
                 w = DeviceQuantWeight("awq", N, K, 128, None, None, None, marlin)
-                for T in (8, 17, 192, 193, 256, 257, 448, 449, 512, 513, 4096):
+                for T in (8, 17, 192, 193, 256, 257, 424, 425, 512, 513, 4096):
                     bf16_in = CUDABackend._gemm_takes_bf16(fake, w, T)
                     takes = gemm_takes(T, N, K, wgmma, t256)
-                    assert takes == (gemm_takes(T, N, K) or (wgmma and (128 <= T <= 256 or (t256 and 448 < T <= 512))))
+                    assert takes == (gemm_takes(T, N, K) or (wgmma and (128 <= T <= 256 or (t256 and 424 < T <= 512))))
                     wg = (bf16_input or wgmma and q4gemm.in_wgmma_range(T, t256)) and marlin is not None
                     assert bf16_in == (T > 16 and (not takes or wg)), (N, K, T, wgmma, t256)
                     assert CUDABackend._gemm_out_bf16(fake, w, T) == (bf16_in and not takes)

@@ -144,15 +144,16 @@ WG_TOKENS = 128  # tokens a block
 # The 256-token form (gemm_q4.cu's gemm_q4w2{z,m}: two warpgroups, 128 columns x 256 tokens a block, each weight
 # decoded once per 256 tokens, one block an SM) above one 128-token tile up to WG_MAX_TOKENS, and from W2_UPPER_FROM
 # to W2_MAX_TOKENS (two of its tiles), where the backend has it (Kernels.wgmma_t256: LLMRS_Q4_WGMMA_T256, on unless
-# 0). Measured on the H200 (scripts/bench_gemm_q4_forms.py --splits, reports/h200-qwen2.5/session16 call1), the 7B's
-# four AWQ linears summed over 28 layers (ms), wgmma (128-token tiles) / 256-token form / dequantize + cuBLAS: T 192
-# 8.83 / 7.39 / 10.08, 256 8.70 / 7.23 / 9.86, 384 14.70 / 12.77 / 11.99, 512 15.43 / 12.51 / 13.79, 1024 28.87 /
-# 23.07 / 22.10 (bf16 cuBLAS 5.33 / 5.34 / 7.48 / 9.46 / 17.78). Its cost goes by 256-token tiles, dequantize +
-# cuBLAS's by tokens: between one and two tiles the latter wins up to about 440 tokens. `llmrs profile --synthetic
-# qwen2.5-7b-awq --batch 128,256`: the 256-sequence step 12.14 -> 10.30 ms.
+# 0). Measured on the H200 (scripts/bench_gemm_q4_forms.py --splits, reports/h200-qwen2.5/session16 calls 1-2), the
+# 7B's four AWQ linears summed over 28 layers (ms), wgmma (128-token tiles) / 256-token form / dequantize + cuBLAS: T
+# 192 8.83 / 7.39 / 10.08, 256 8.70 / 7.23 / 9.86, 320 14.36 / 12.61 / 11.84, 384 14.70 / 12.77 / 11.99, 448 15.14 /
+# 13.09 / 13.52, 480 14.99 / 13.08 / 13.68, 512 15.43 / 12.51 / 13.79, 1024 28.87 / 23.07 / 22.10 (bf16 cuBLAS 5.33 /
+# 5.34 / 7.06 / 7.48 / 8.94 / 9.11 / 9.46 / 17.78). Its cost goes by 256-token tiles, dequantize + cuBLAS's by tokens:
+# between one and two tiles they cross at about 425 tokens. `llmrs profile --synthetic qwen2.5-7b-awq --batch
+# 128,256 --context 512`: the 256-sequence step 12.14 -> 10.30 ms (the 512-token prefill 16.46 -> 15.40 with 425-512).
 W2_TOKENS = 256
 W2_BLOCKS_PER_SM = 1  # 190 KB of ring a block (cuda_kernels.GEMM_Q4W2_SMEM_BYTES)
-W2_UPPER_FROM = int(os.environ.get("LLMRS_Q4_W2_UPPER_FROM", "448"))  # exclusive
+W2_UPPER_FROM = int(os.environ.get("LLMRS_Q4_W2_UPPER_FROM", "424"))  # exclusive
 W2_MAX_TOKENS = 2 * W2_TOKENS
 
 
