@@ -126,12 +126,12 @@ def test_wgmma_gemm_ring_and_dispatch():
     assert ck.WGMMA_ARCH == {90: "sm_90a"}
     # without the wgmma form, 256 tokens are dequantize + cuBLAS's; with it, the GEMM's from WG_FROM up to
     # WG_MAX_TOKENS (both measured)
-    assert (q4.WG_FROM, q4.WG_MAX_TOKENS) == (128, 256)
+    assert (q4.WG_FROM, q4.WG_MAX_TOKENS) == (65, 256)
     assert not q4.gemm_takes(256, 4608, 3584) and q4.gemm_takes(256, 4608, 3584, wgmma=True)
     assert q4.gemm_takes(256, 37888, 3584, wgmma=True) and q4.gemm_takes(q4.WG_MAX_TOKENS, 3584, 18944, wgmma=True)
     assert not q4.gemm_takes(q4.WG_MAX_TOKENS + 1, 3584, 18944, wgmma=True)  # prefills: dequantize + cuBLAS
     be = SimpleNamespace(num_sms=132, k=SimpleNamespace(wgmma=True, wgmma_t256=False))
-    assert q4.wgmma_takes(be, 256) and q4.wgmma_takes(be, 128) and not q4.wgmma_takes(be, q4.WG_FROM - 1)
+    assert q4.wgmma_takes(be, 256) and q4.wgmma_takes(be, 65) and not q4.wgmma_takes(be, 64)
     assert not q4.wgmma_takes(be, q4.WG_MAX_TOKENS + 1)
     assert not q4.wgmma_takes(SimpleNamespace(num_sms=132, k=SimpleNamespace(wgmma=False)), 256)
     # K slices: 2 blocks an SM over the 128 x 128 tiles (7B qkv at 256 tokens: 36 x 2 tiles -> 3 slices; gate_up's

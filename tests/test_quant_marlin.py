@@ -316,10 +316,10 @@ def test_gemm_takes_up_to_max_tokens_and_small_matrices_further(small, monkeypat
         for N, K in (qkv, gate_up):
             for marlin in (None, object()):
                 w = DeviceQuantWeight("awq", N, K, 128, None, None, None, marlin)
-                for T in (8, 17, 192, 193, 256, 257, 424, 425, 512, 513, 4096):
+                for T in (8, 17, 64, 65, 192, 193, 256, 257, 424, 425, 512, 513, 4096):
                     bf16_in = CUDABackend._gemm_takes_bf16(fake, w, T)
                     takes = gemm_takes(T, N, K, wgmma, t256)
-                    assert takes == (gemm_takes(T, N, K) or (wgmma and (128 <= T <= 256 or (t256 and 424 < T <= 512))))
+                    assert takes == (gemm_takes(T, N, K) or (wgmma and (65 <= T <= 256 or (t256 and 424 < T <= 512))))
                     wg = (bf16_input or wgmma and q4gemm.in_wgmma_range(T, t256)) and marlin is not None
                     assert bf16_in == (T > 16 and (not takes or wg)), (N, K, T, wgmma, t256)
                     assert CUDABackend._gemm_out_bf16(fake, w, T) == (bf16_in and not takes)

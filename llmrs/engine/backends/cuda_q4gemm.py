@@ -135,8 +135,11 @@ SMALL_MAX_WEIGHTS = 64 << 20
 # 8.21 / 12.14 / 22.27 / 42.80, dequantize + cuBLAS 8.95 / 9.08 / 10.00 / 13.92 / 22.40, wgmma 5.71 / 6.27 / 8.88 /
 # 15.48 / 29.00 (bf16 cuBLAS 4.32 / 4.39 / 5.58 / 9.63 / 18.10). Below 128 tokens the forms bench has the wgmma form
 # faster for qkv and o at 64, but not inside the engine's step (`llmrs profile --synthetic qwen2.5-7b-awq --batch 64`,
-# call11: qkv 0.586 -> 0.619 ms, o 0.551 -> 0.494, step 6.219 -> 6.193): left to mma.sync.
-WG_FROM = int(os.environ.get("LLMRS_Q4_WGMMA_FROM", "128"))
+# call11: qkv 0.586 -> 0.619 ms, o 0.551 -> 0.494, step 6.219 -> 6.193). With wave_fill_splits (session16 call3,
+# LLMRS_Q4_WGMMA_FROM=33 against 128, `llmrs profile ... --batch 32,64,96`): 64 tokens 6.156 -> 7.225 ms a step (the
+# 7B AWQ server at 64 concurrent 8,395 / 8,669 -> 7,321 / 7,532 tok/s), 96 tokens 8.796 -> 7.617: mma.sync's tiles
+# are 64 tokens (tile_rows), so above 64 it decodes each weight twice, the wgmma form once. From 65 tokens, then.
+WG_FROM = int(os.environ.get("LLMRS_Q4_WGMMA_FROM", "65"))
 WG_MAX_TOKENS = int(os.environ.get("LLMRS_Q4_WGMMA_MAX_TOKENS", "256"))
 WG_TOKENS = 128  # tokens a block
 
