@@ -18,7 +18,7 @@ ROOT=$PWD
 step "ncu: gemm_q4 (the wgmma form) at 256 tokens"
 timeout 300 /usr/local/cuda/bin/ncu --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
   --section MemoryWorkloadAnalysis --section SchedulerStats --section WarpStateStats --section Occupancy \
-  --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" -k "regex:gemm_q4(wg)?[zm]" \
+  --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" -k "regex:gemm_q4(wg|w2)?[zm]" \
   python3 scripts/ncu_linears.py --tokens 256 --kinds gemm --labels $R/gemm-labels.json > $R/ncu-gemm.txt 2>&1
 python3 scripts/ncu_summary.py $R/ncu-gemm.txt --labels $R/gemm-labels.json 2>&1 | tail -8
 grep -E "Compute \(SM\) Throughput|Memory Throughput|L1/TEX Cache Throughput|Issue Slots Busy|Executed Ipc A" \
