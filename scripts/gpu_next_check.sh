@@ -15,6 +15,7 @@ OUT=${OUT:-/tmp/llmrs-next}; mkdir -p "$OUT"; R=/tmp/res-next; rm -rf $R; mkdir 
 use_wheels || exit 1
 ROOT=$PWD
 {
+if [ -z "${NEXT_SKIP_NCU:-}" ]; then  # NEXT_SKIP_NCU=1: the traced servers only
 step "ncu: gemm_q4 (the wgmma form) at 256 tokens"
 timeout 300 /usr/local/cuda/bin/ncu --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
   --section MemoryWorkloadAnalysis --section SchedulerStats --section WarpStateStats --section Occupancy \
@@ -23,6 +24,7 @@ timeout 300 /usr/local/cuda/bin/ncu --clock-control none --section SpeedOfLight 
 python3 scripts/ncu_summary.py $R/ncu-gemm.txt --labels $R/gemm-labels.json 2>&1 | tail -8
 grep -E "Compute \(SM\) Throughput|Memory Throughput|L1/TEX Cache Throughput|Issue Slots Busy|Executed Ipc A" \
   $R/ncu-gemm.txt | head -24
+fi
 for i in 1 2 3 4; do
   step "traced server $i"
   rm -f $R/trace-$i.txt
