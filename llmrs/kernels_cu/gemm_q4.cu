@@ -606,8 +606,8 @@ GEMM_Q4WG(m, 1, 4)
 // columns 64 wg .. 64 wg + 63 as one m64 tile and multiplies it by all 256 tokens (m64n256k16, 128 accumulators a
 // thread as before), so a thread decodes 32 weights a stage for the same 4 x 262k multiply-adds, and both
 // warpgroups read one x tile (a stage: 32 KB of x, 4 KB of codes, 1 KB of scales; Q2_STAGES of them, one block an
-// SM). The loader, layout, decode, main loop and cluster split-K epilogue are gemm_q4wg's. Opt-in
-// (LLMRS_Q4_WGMMA_T256=1, cuda_q4gemm.w2_takes): written without a GPU in the fifteenth session.
+// SM). The loader, layout, decode, main loop and cluster split-K epilogue are gemm_q4wg's. Where the host takes
+// it: cuda_q4gemm.w2_takes (129-256 and 425-512 tokens; LLMRS_Q4_WGMMA_T256=0 turns it off), its figures there.
 #define Q2_THREADS 256
 #define Q2_STAGES 5
 
