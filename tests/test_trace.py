@@ -58,3 +58,44 @@ def test_nothing_is_written_without_the_variable(tmp_path, monkeypatch):
     trace.tr("route")
     t, pid, tag = Path(tmp_path / "t.txt").read_text().split()
     assert float(t) > 0 and int(pid) == os.getpid() and tag == "route"
+
+
+def test_one_descriptor_a_process_and_whole_lines_from_several(tmp_path, monkeypatch):
+    """tr opens the file once per process (and again where PATH changes or after a fork), so a tag costs one
+    write(2); processes writing at once leave whole lines (O_APPEND)."""
+    import multiprocessing as mp
+
+    import llmrs.trace as trace
+
+    opened: list[str] = []
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda path, *a: opened.append(path) or real_open(path, *a))
+    first, second = str(tmp_path / "a.txt"), str(tmp_path / "b.txt")
+    monkeypatch.setattr(trace, "PATH", first)
+    for _ in range(50):
+        trace.tr("core_step")
+    monkeypatch.setattr(trace, "PATH", second)
+    trace.tr("route")
+    assert opened == [first, second]
+    assert len(Path(first).read_text().splitlines()) == 50 and Path(second).read_text().split()[2] == "route"
+
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_write_tags, args=(second, i)) for i in range(4)]
+    for pr in procs:
+        pr.start()
+    for pr in procs:
+        pr.join(30)
+        assert pr.exitcode == 0
+    lines = Path(second).read_text().splitlines()[1:]
+    assert len(lines) == 4 * 200
+    pids = {int(line.split()[1]) for line in lines}
+    assert len(pids) == 4 and os.getpid() not in pids  # each child reopened the file as itself
+    assert all(len(line.split()) == 3 and line.split()[2].startswith("tag") for line in lines)
+
+
+def _write_tags(path: str, i: int) -> None:
+    import llmrs.trace as trace
+
+    trace.PATH = path
+    for j in range(200):
+        trace.tr(f"tag{i}-{j}")
