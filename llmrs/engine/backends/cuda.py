@@ -325,6 +325,11 @@ class CUDABackend:
         self._launches = 0  # sample_launch calls: which half of the token read-back buffer a step uses
         self.profiler: Any = None  # a llmrs.profile.KernelTimer while `llmrs profile` measures
         self._raw_gemm: Any = None  # set by DecodeGraphs while capturing: CuPy's gemmEx refuses stream capture
+        self._lt: Any = None  # cuda_lt.LtGemm: the bf16 GEMMs through cuBLASLt (LLMRS_CUBLASLT=1; off: unmeasured)
+        if os.environ.get("LLMRS_CUBLASLT", "0") not in OFF_VALUES:
+            from llmrs.engine.backends.cuda_lt import LtGemm
+
+            self._lt = LtGemm(_cublas_workspaces[cp.cuda.Device().id].data.ptr, CUBLAS_WORKSPACE_BYTES)
         if cuda_graphs is None:
             cuda_graphs = os.environ.get("LLMRS_CUDA_GRAPHS", "1") not in OFF_VALUES
         self.graphs: Any = None
@@ -549,11 +554,16 @@ class CUDABackend:
             return
         with self._span("gemm", name, T, N, K, accumulate, False, 2 if out_bf16 else 4):
             # row-major out[T, N] = x[T, K] @ w[N, K]^T  <=>  column-major out^T[N, T] = w^T' ... (op(A) = W^T view)
-            gemm = self.cublas.gemmEx if self._raw_gemm is None else self._raw_gemm
-            gemm(self._handle, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K,
-                 self._one_ptr, w.data.ptr, CUDA_R_16BF, K, xb.data.ptr, CUDA_R_16BF, K,
-                 self._one_ptr if accumulate else self._zero_ptr, out.data.ptr,
-                 CUDA_R_16BF if out_bf16 else CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+            if self._lt is not None:  # cuBLASLt, each shape's algorithm chosen once (LLMRS_CUBLASLT=1, cuda_lt)
+                self._lt.matmul(N, T, K, self._one_ptr, w.data.ptr, xb.data.ptr,
+                                self._one_ptr if accumulate else self._zero_ptr, out.data.ptr,
+                                CUDA_R_16BF if out_bf16 else CUDA_R_32F, self.cp.cuda.get_current_stream().ptr)
+            else:
+                gemm = self.cublas.gemmEx if self._raw_gemm is None else self._raw_gemm
+                gemm(self._handle, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K,
+                     self._one_ptr, w.data.ptr, CUDA_R_16BF, K, xb.data.ptr, CUDA_R_16BF, K,
+                     self._one_ptr if accumulate else self._zero_ptr, out.data.ptr,
+                     CUDA_R_16BF if out_bf16 else CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
         if bias is not None:
             n = T * N
             with self._span("add_bias", "add_bias " + name, T, N):
