@@ -582,13 +582,16 @@ __device__ __forceinline__ void gemm_q4wg_impl(const uint4* __restrict__ Bq, con
 #endif
 }
 
-#define GEMM_Q4WG(KIND, MODE, S)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(GQ_THREADS, 2) WG_CLUSTER(S) gemm_q4wg##KIND##_s##S(             \
+// the 4-bit wgmma forms' entry points gemm_q4<FORM><KIND>_s<S> (FORM wg / w2: gemm_q4<FORM>_impl, THREADS threads,
+// MINB blocks an SM; KIND z / m: the zero-point or min MODE; S: the cluster's K slices)
+#define GEMM_Q4_WGMMA(FORM, THREADS, MINB, KIND, MODE, S)                                                         \
+    extern "C" __global__ void __launch_bounds__(THREADS, MINB) WG_CLUSTER(S) gemm_q4##FORM##KIND##_s##S(          \
         const uint4* __restrict__ Bq, const uint4* __restrict__ SZ, const uint4* __restrict__ X,                  \
         const float* __restrict__ bias, float* __restrict__ out, int T, int N, int K, int G, int accumulate,       \
         int kt_per_split) {                                                                                       \
-        gemm_q4wg_impl<MODE, S>(Bq, SZ, X, bias, out, T, N, K, G, accumulate, kt_per_split);                      \
+        gemm_q4##FORM##_impl<MODE, S>(Bq, SZ, X, bias, out, T, N, K, G, accumulate, kt_per_split);                \
     }
+#define GEMM_Q4WG(KIND, MODE, S) GEMM_Q4_WGMMA(wg, GQ_THREADS, 2, KIND, MODE, S)
 GEMM_Q4WG(z, 0, 1)
 GEMM_Q4WG(z, 0, 2)
 GEMM_Q4WG(z, 0, 3)
@@ -675,13 +678,7 @@ __device__ __forceinline__ void gemm_q4w2_impl(const uint4* __restrict__ Bq, con
 #endif
 }
 
-#define GEMM_Q4W2(KIND, MODE, S)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(Q2_THREADS, 1) WG_CLUSTER(S) gemm_q4w2##KIND##_s##S(             \
-        const uint4* __restrict__ Bq, const uint4* __restrict__ SZ, const uint4* __restrict__ X,                  \
-        const float* __restrict__ bias, float* __restrict__ out, int T, int N, int K, int G, int accumulate,       \
-        int kt_per_split) {                                                                                       \
-        gemm_q4w2_impl<MODE, S>(Bq, SZ, X, bias, out, T, N, K, G, accumulate, kt_per_split);                      \
-    }
+#define GEMM_Q4W2(KIND, MODE, S) GEMM_Q4_WGMMA(w2, Q2_THREADS, 1, KIND, MODE, S)
 GEMM_Q4W2(z, 0, 1)
 GEMM_Q4W2(z, 0, 2)
 GEMM_Q4W2(z, 0, 3)
