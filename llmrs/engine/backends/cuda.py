@@ -12,7 +12,7 @@ the gate/up GEMM writes bf16 itself where down's GEMM follows (`_gate_up_bf16`: 
 make). Quantized
 weights (quant.py): up to 16 tokens the 4-bit GEMV (gemm_q4.cu, tensor cores; cuda_q4gemm.gemv_takes) or, up to
 8, the 4-/8-bit matvec (matvec_q4.cu); the Marlin-style 4-bit GEMM up to 192 (cuda_q4gemm.gemm_takes; its wgmma
-form at 128-256 on Hopper), dequantize + cuBLAS above.
+forms at 65-256 and 425-512 on Hopper), dequantize + cuBLAS above.
 
 Attention: `_attention` picks per step: the tensor-core prefill kernel (cuda_prefill.py) when a sequence brings
 `prefill_min_tokens` or more new tokens; else, where it can run, decode_attn_tc (prefill_attention.cu, tensor

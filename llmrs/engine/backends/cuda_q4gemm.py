@@ -158,6 +158,26 @@ W2_TOKENS = 256
 W2_BLOCKS_PER_SM = 1  # 190 KB of ring a block (cuda_kernels.GEMM_Q4W2_SMEM_BYTES)
 W2_UPPER_FROM = int(os.environ.get("LLMRS_Q4_W2_UPPER_FROM", "424"))  # exclusive
 W2_MAX_TOKENS = 2 * W2_TOKENS
+# The 256-token form's K slices where its tiles fill the GPU: at most 2 (H200, session16 call1, the 7B's gate_up at
+# 256 tokens, 296 tiles on 132 SMs, us: S 1 149.4, 2 140.5, 3 166.0, 4 179.0; at 512: 247.8 / 249.8 / 328.0 / 351.6)
+W2_FILL_MAX_SPLITS = 2
+
+
+@dataclass(frozen=True)
+class WgForm:
+    """A wgmma form's launch shape: tokens and threads a block, its dynamic shared memory, blocks resident an SM, and
+    the most K slices wave_fill_splits gives it."""
+
+    kernel: str  # gemm_q4<kernel>{z,m}_s{S}
+    tokens: int
+    threads: int
+    smem: int
+    per_sm: int
+    fill_max: int
+
+
+WG_FORM = WgForm("wg", WG_TOKENS, THREADS, GEMM_Q4WG_SMEM_BYTES, WG_BLOCKS_PER_SM, max(WG_SPLITS))
+W2_FORM = WgForm("w2", W2_TOKENS, 2 * THREADS, GEMM_Q4W2_SMEM_BYTES, W2_BLOCKS_PER_SM, W2_FILL_MAX_SPLITS)
 
 
 def in_wgmma_range(T: int, t256: bool = False) -> bool:
@@ -206,21 +226,16 @@ def choose_splits(backend: Any, T: int, N: int, K: int, wgmma: bool = False, t25
     from llmrs.engine.backends.cuda import env_int  # (cuda.py imports this module)
 
     if wgmma:  # the K slices are a cluster's blocks: one of the compiled sizes (cuda_kernels.wg_cluster)
-        per_sm, tok = (W2_BLOCKS_PER_SM, W2_TOKENS) if t256 else (WG_BLOCKS_PER_SM, WG_TOKENS)
-        tiles = -(-N // BN) * -(-T // tok)
-        slots = per_sm * backend.num_sms
+        form = W2_FORM if t256 else WG_FORM
+        tiles = -(-N // BN) * -(-T // form.tokens)
+        slots = form.per_sm * backend.num_sms
         most = (K // BK) // MIN_KT_PER_SPLIT
         if 2 * tiles > slots and env_int("LLMRS_Q4_WG_FILL", 1):
-            return wave_fill_splits(tiles, slots, min(most, W2_FILL_MAX_SPLITS if t256 else max(WG_SPLITS)))
+            return wave_fill_splits(tiles, slots, min(most, form.fill_max))
         return wg_cluster(min(slots // tiles, most))
     per_sm = env_int("LLMRS_Q4_GEMM_BLOCKS_PER_SM", GEMM_BLOCKS_PER_SM)
     tiles = -(-N // BN) * -(-T // (16 * tile_rows(T)))
     return max(1, min(per_sm * backend.num_sms // tiles, (K // BK) // MIN_KT_PER_SPLIT, MAX_SPLITS))
-
-
-# The 256-token form's K slices where its tiles fill the GPU: at most 2 (H200, session16 call1, the 7B's gate_up at
-# 256 tokens, 296 tiles on 132 SMs, us: S 1 149.4, 2 140.5, 3 166.0, 4 179.0; at 512: 247.8 / 249.8 / 328.0 / 351.6)
-W2_FILL_MAX_SPLITS = 2
 
 
 def wave_fill_splits(tiles: int, slots: int, most: int) -> int:
@@ -257,14 +272,12 @@ def gemm_q4(backend: Any, x_bf16: Any, mw: MarlinWeight | None, bias: Any | None
     per = -(-KT // S)
     b = NULL if bias is None else bias
     if wg:  # K split over a cluster of S blocks, summed in distributed shared memory: no partials, no reduce
-        kind = f"{'w2' if w2 else 'wg'}{'m' if mw.mode else 'z'}"
-        fn = backend.k.wgmma_fns()[f"gemm_q4{kind}_s{S}"]  # RuntimeError without sm_90a
-        tok, threads, smem = (W2_TOKENS, 2 * THREADS, GEMM_Q4W2_SMEM_BYTES) if w2 else (
-            WG_TOKENS, THREADS, GEMM_Q4WG_SMEM_BYTES)
+        form = W2_FORM if w2 else WG_FORM
+        fn = backend.k.wgmma_fns()[f"gemm_q4{form.kernel}{'m' if mw.mode else 'z'}_s{S}"]  # RuntimeError off sm_90a
         with backend._span("gemm_q4", name, T, N, K, accumulate, bias is not None):
-            fn((-(-N // BN), -(-T // tok), S), (threads,),
+            fn((-(-N // BN), -(-T // form.tokens), S), (form.threads,),
                (mw.qweight, mw.sz, x_bf16, b, out, np.int32(T), np.int32(N), np.int32(K), np.int32(mw.group_size),
-                np.int32(1 if accumulate else 0), np.int32(per)), shared_mem=smem)
+                np.int32(1 if accumulate else 0), np.int32(per)), shared_mem=form.smem)
         return True
     S = -(-KT // per)  # no empty slice
     mt = tile_rows(T)
