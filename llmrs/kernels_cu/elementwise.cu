@@ -9,7 +9,6 @@
 //   add_bias:      y[t, n] += b[n]                                  (after a cuBLAS GEMM)
 //   add_inplace:   x[i] += y[i]
 //   cast_f32_bf16: y[i] = bf16(x[i])  (round to nearest even; GEMM operands, weights at upload)
-//   l2_prefetch:   pull up to four byte ranges (upcoming decode weights) into L2 while the GPU waits on latency
 #include "common.cuh"
 
 // 4 floats -> 4 bf16 words in one 8-byte store (element 0 in the low half of .x), each as f32_to_bf16 rounds it
@@ -145,32 +144,4 @@ extern "C" __global__ void cast_f32_bf16(const float* __restrict__ x, bf16_t* __
     }
     for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < n; idx += stride)
         y[idx] = f32_to_bf16(x[idx]);
-}
-
-// A decode step at a few tokens leaves DRAM idle while its latency-bound kernels run (attention, the norms): this
-// kernel, launched before one of them, hands the memory system byte ranges of the weights read next
-// (cp.async.bulk.prefetch.L2: fire and forget, no registers or completion to wait on), so that the following
-// projection finds them in L2 (up to four ranges: a paired weight's two halves, a 4-bit weight's codes and scales). Each thread takes chunks of L2P_CHUNK bytes grid-stride over each range; the host
-// passes 16-byte aligned pointers and lengths that are multiples of 16. Prefetches hand nothing to the thread and
-// the weights are written by no kernel, so they go out before pdl_wait; the wait keeps the PDL chain (the next
-// kernel's pdl_wait returns only once the kernel before this one has finished). A no-op below sm_90.
-#define L2P_CHUNK 16384
-__device__ __forceinline__ void l2_prefetch_range(const char* p, long long n, long long t, long long nt) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    for (long long off = t * L2P_CHUNK; off < n; off += nt * L2P_CHUNK) {
-        const unsigned size = (unsigned)(n - off < L2P_CHUNK ? n - off : L2P_CHUNK);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(size) : "memory");
-    }
-#endif
-}
-
-extern "C" __global__ void l2_prefetch(const char* p0, long long n0, const char* p1, long long n1, const char* p2,
-                                       long long n2, const char* p3, long long n3) {
-    pdl_trigger();
-    const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x, nt = (long long)gridDim.x * blockDim.x;
-    l2_prefetch_range(p0, n0, t, nt);
-    l2_prefetch_range(p1, n1, t, nt);
-    l2_prefetch_range(p2, n2, t, nt);
-    l2_prefetch_range(p3, n3, t, nt);
-    pdl_wait();
 }

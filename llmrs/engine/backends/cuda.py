@@ -298,15 +298,6 @@ class CUDABackend:
             raise UserError(f"LLMRS_ATTN_CLUSTER={cl!r}: expected auto, 0, 4, 8 or 16")
         self.attn_cluster: int | None = None if cl == "auto" else int(cl)
         self.k = get_kernels()  # compiles every kernel now (warm-up), not on the first request
-        # L2 prefetch of the next weights before a small decode step's latency-bound kernels (cuda_l2: the points
-        # LLMRS_L2_PREFETCH names, LLMRS_L2_PREFETCH_MB a point); sm_90+ (cp.async.bulk.prefetch), one GPU
-        from llmrs.engine.backends import cuda_l2
-
-        self.l2_points = cuda_l2.parse_points(os.environ.get("LLMRS_L2_PREFETCH", "0"))
-        self.l2_budget = cuda_l2.budget_bytes()
-        self.l2_max_tokens = env_int("LLMRS_L2_PREFETCH_MAX_TOKENS", cuda_l2.MAX_TOKENS)
-        if self.k.cc < 90 or tp is not None:
-            self.l2_points = frozenset()
         from llmrs.engine.backends.cuda_prefill import prefill_supported
 
         if (os.environ.get("LLMRS_PREFILL_ATTN", "1") in OFF_VALUES or not prefill_supported(self)
@@ -861,18 +852,6 @@ class CUDABackend:
         self._attn_merge(part_acc, part_ml, out, T, Hq, D, S)
         return out
 
-    def _l2_prefetch(self, T: int, *weights: tuple[Any, bool]) -> None:
-        """One l2_prefetch of the heads of `weights` ((w, paired) in the order they are read next), up to
-        `l2_budget` bytes (cuda_l2)."""
-        from llmrs.engine.backends import cuda_l2
-
-        items = []
-        for w, paired in weights:
-            marlin = (isinstance(w, DeviceQuantWeight) and w.kind == "q4" and w.marlin is not None
-                      and T <= GEMV_MAX_TOKENS and (w.qweight is None or self.q4_gemv and gemv_takes(self, T, w.N, w.K)))
-            items.append((w, paired and not isinstance(w, DeviceQuantWeight), marlin))
-        cuda_l2.launch(self, cuda_l2.ranges_for(items, self.l2_budget))
-
     def _attn_partials(self, T: int, Hq: int, D: int, S: int) -> tuple[Any, Any]:
         """The per-split partial sums and (m, l) pairs a decode attention launch of S splits writes for attn_merge
         (NULL, NULL for one split: the kernel writes the output itself)."""
@@ -932,12 +911,9 @@ class CUDABackend:
         # NOTE: the norms and silu_mul feeding qkv, gate_up and down write bf16 words when that GEMM runs on a bf16
         # matrix (`_norm_for`, `_silu_mul_for`), and so does the tensor-core prefill attention for o; the other
         # attention kernels' f32 output is cast before o
-        l2 = self.l2_points if self.l2_points and not db.n_prefill_tiles and T <= self.l2_max_tokens else ()
         for n, layer in enumerate(w.layers):
             pair = self._pair_epilogue(layer.qkv, T)
             norm_in = pair and not pending and self._norm_folds(layer.qkv)  # input_norm folded into the matvec
-            if "norm1" in l2 and not norm_in:
-                self._l2_prefetch(T, (layer.qkv, False))
             h = x if norm_in else self._norm_for(layer.qkv, x, layer.input_norm, eps, y=part if pending else None)
             if pair:
                 self._matvec_pair("rope", h, layer.qkv, qkv, bias=layer.qkv_bias, db=db, layer=n,
@@ -956,15 +932,11 @@ class CUDABackend:
             att_bf16 = (self._buf("att_bf16", (T, Hq * D), np.uint16)
                         if (db.n_prefill_tiles or self._attn_choice(T) == "tc") and self._gemm_takes_bf16(layer.o, T)
                         else None)
-            pair = self._pair_epilogue(layer.gate_up, T)
-            if "attn" in l2:
-                self._l2_prefetch(T, (layer.o, False), (layer.gate_up, pair))
             o_in = self._attention(n, qkv, n_qkv, db, att, out_bf16=att_bf16)
+            pair = self._pair_epilogue(layer.gate_up, T)
             norm_in = pair and tp is None and self._norm_folds(layer.gate_up)  # post_norm folded into gate_up
             if tp is None:
                 self._linear(o_in, layer.o, None, x, accumulate=True, name="o")
-                if "norm2" in l2 and not norm_in:
-                    self._l2_prefetch(T, (layer.gate_up, pair))
                 h = x if norm_in else self._norm_for(layer.gate_up, x, layer.post_norm, eps)
             else:
                 self._linear(o_in, layer.o, None, part, name="o")

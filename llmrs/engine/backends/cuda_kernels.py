@@ -109,8 +109,7 @@ GEMV_CPG = (1, 4)
 ENTRY_POINTS: dict[str, list[str]] = {
     "embedding.cu": ["embedding_gather", "feed_tokens"],
     "rmsnorm.cu": ["rms_norm", "add_rms_norm", "rms_norm_bf16", "add_rms_norm_bf16"],
-    "elementwise.cu": ["silu_mul", "add_bias", "add_inplace", "cast_f32_bf16", "silu_mul_bf16", "silu_mul_bf16_bf16",
-                       "l2_prefetch"],
+    "elementwise.cu": ["silu_mul", "add_bias", "add_inplace", "cast_f32_bf16", "silu_mul_bf16", "silu_mul_bf16_bf16"],
     "rope_kv.cu": ["rope_write_kv", "write_kv"],
     "matvec.cu": [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16", "rope_norm_bf16")
                   for nt in (1, 2, 4, 8)],
@@ -132,8 +131,8 @@ ENTRY_POINTS: dict[str, list[str]] = {
 # kernels that keep common.cuh's PDL contract (pdl_enter / pdl_trigger + pdl_wait before dependent reads and writes)
 PDL_KERNELS = frozenset(
     ["embedding_gather", "rms_norm", "add_rms_norm", "rms_norm_bf16", "add_rms_norm_bf16", "silu_mul", "add_bias",
-     "add_inplace", "cast_f32_bf16", "silu_mul_bf16", "silu_mul_bf16_bf16", "l2_prefetch", "rope_write_kv",
-     "attn_merge", "attn_merge_bf16", "gemm_q4_reduce", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"]
+     "add_inplace", "cast_f32_bf16", "silu_mul_bf16", "silu_mul_bf16_bf16", "rope_write_kv", "attn_merge",
+     "attn_merge_bf16", "gemm_q4_reduce", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"]
     + [f"gemv_{k}{t}_c{c}" for k in ("q4z", "q4m") for t in ("", "_t16") for c in GEMV_CPG]
     + [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16", "rope_norm_bf16")
        for nt in (1, 2, 4, 8)]
