@@ -332,6 +332,32 @@ def gpu_weights(c: ModelConfig, backend: Any, seed: int = 0, quant: str | None =
     return ModelWeights(embed=embed, layers=layers, norm=ones, lm_head=lm_head)
 
 
+def run_ahead_intervals(model: Any, backend: Any, state: Any, prompt_len: int, table: list[int], bs: int,
+                        warmup: int, steps: int) -> list[float]:
+    """Seconds between consecutive tokens of `steps` single-stream decode steps after `warmup`, the engine's way
+    (async scheduling, stream_generate's run-ahead): each step is launched before the previous step's token is
+    back, its input fed on the device; positions prompt_len on (the same KV reads each call)."""
+    from llmrs.engine.batch import build_step_batch
+
+    feed = np.zeros(1, dtype=np.int32)
+    cached, prev, times = prompt_len, None, []
+    pending = None
+    for k in range(warmup + steps + 1):
+        batch = build_step_batch([([0], cached, table, True)], bs)
+        batch.feed = feed
+        nxt = backend.sample_launch(model.forward_device(batch), [state])
+        cached += 1
+        if pending is not None:
+            pending.wait()
+            now = time.perf_counter()
+            if prev is not None and k > warmup:
+                times.append(now - prev)
+            prev = now
+        pending = nxt
+    pending.wait()
+    return times
+
+
 def decode_benchmark(preset: str, prompt_len: int = 128, steps: int = 128, warmup: int = 8,
                      bandwidth_gbs: float | None = None, quant: str | None = None,
                      group_size: int = 128) -> dict[str, Any]:
@@ -372,24 +398,7 @@ def decode_benchmark(preset: str, prompt_len: int = 128, steps: int = 128, warmu
             times.append(time.perf_counter() - t)
         cached += 1
     ms_sync = 1000 * float(np.median(times))
-    # the engine's way (async scheduling, stream_generate's run-ahead): each step is launched before the previous
-    # step's token is back, its input fed on the device; over the same positions again (the same KV reads)
-    feed = np.zeros(1, dtype=np.int32)
-    cached, prev, ahead_times = prompt_len, None, []
-    pending = None
-    for k in range(warmup + steps + 1):
-        batch = build_step_batch([([0], cached, table, True)], bs)
-        batch.feed = feed
-        nxt = backend.sample_launch(model.forward_device(batch), [state])
-        cached += 1
-        if pending is not None:
-            pending.wait()
-            now = time.perf_counter()
-            if prev is not None and k > warmup:
-                ahead_times.append(now - prev)
-            prev = now
-        pending = nxt
-    pending.wait()
+    ahead_times = run_ahead_intervals(model, backend, state, prompt_len, table, bs, warmup, steps)
     ms = 1000 * float(np.median(ahead_times))
     mean_ctx = prompt_len + warmup + steps // 2
     fmt = get_format("bf16" if quant is None else "awq")

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Where a single-stream decode step's time goes inside its CUDA graph, by ablation (GPU; timing only).
+
+Eager per-kernel timings (`llmrs profile`) add a launch and two events around every kernel; inside a decode graph
+each kernel overlaps its neighbours' tails (programmatic dependent launch), so its real cost is what the step
+loses when it is gone. This builds a synthetic preset once and times the engine's run-ahead single-stream decode
+(`synth.run_ahead_intervals`, the `--decode-bench` loop) with classes of launches left out of the step (the
+graphs recaptured each time); the outputs are then wrong, the times are the point:
+
+  norm   the RMSNorms before qkv and gate_up (their input passed through)   attn   the decode attention
+  o      the o projection                  qkv   the qkv projection (+ RoPE / KV write)
+  mlp    gate_up (+ SiLU) and down         head  the final norm and lm_head (the sampler reads stale logits)
+
+  python3 scripts/ablate_decode.py --like qwen2.5-7b [--quant awq] --variants "full/-norm/-attn/-norm-attn"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+PARTS = ("norm", "attn", "o", "qkv", "mlp", "head")
+
+
+def ablate(backend, parts: set[str]) -> None:
+    """Patch the backend instance so that the named parts launch nothing (restored by deleting the attributes)."""
+    cls = type(backend)
+    if "norm" in parts:
+        backend._norm_for = lambda lin, x, w, eps, y=None: x
+    if "attn" in parts:
+        backend._attention = lambda layer, q, q_stride, db, out, out_bf16=None: out
+    skip = {n for p, ns in (("o", ("o",)), ("qkv", ("qkv",)), ("mlp", ("gate_up", "down")), ("head", ("lm_head",)))
+            if p in parts for n in ns}
+    if skip:
+        def linear(x, w, bias, out, accumulate=False, name="linear", out_bf16=False):
+            if name not in skip:
+                cls._linear(backend, x, w, bias, out, accumulate, name, out_bf16)
+        backend._linear = linear
+    pair_skip = ({"rope"} if "qkv" in parts else set()) | ({"silu"} if "mlp" in parts else set())
+    if pair_skip:
+        def pair(epi, *a, **kw):
+            if epi not in pair_skip:
+                cls._matvec_pair(backend, epi, *a, **kw)
+        backend._matvec_pair = pair
+    if "head" in parts:  # the final norm is the one over the sampled rows
+        def rms_norm(x, w, eps, out, rows=None, n_rows=None):
+            if rows is None:
+                cls._rms_norm(backend, x, w, eps, out, rows, n_rows)
+        backend._rms_norm = rms_norm
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--like", required=True)
+    ap.add_argument("--quant", default=None)
+    ap.add_argument("--variants", default="full/-norm/-attn/-norm-attn/-o/-head/-norm-attn-o-head",
+                    help="/-separated; each 'full' or '-PART-PART...' (PARTS)")
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+
+    from llmrs.engine.backends.cuda import CUDABackend, CUDAModel
+    from llmrs.engine.batch import build_step_batch
+    from llmrs.engine.sampling import SamplingParams, SamplingState, make_generator
+    from llmrs.roofline.presets import preset_config
+    from llmrs.synth import gpu_weights, run_ahead_intervals
+
+    c = preset_config(a.like)
+    bs, warmup = 16, 8
+    nb = -(-(a.prompt_len + warmup + a.steps + 2) // bs)
+    backend = CUDABackend(c, num_blocks=nb, block_size=bs)
+    model = CUDAModel(c, gpu_weights(c, backend, quant=a.quant), backend)
+    table = list(range(nb))
+    prompt = np.random.default_rng(0).integers(0, c.vocab_size, a.prompt_len).tolist()
+    state = SamplingState(SamplingParams(temperature=0.0), make_generator(0), prompt, [], [])
+    backend.sample(model.forward_device(build_step_batch([(prompt, 0, table, True)], bs)), [state])
+    variants = []
+    for v in a.variants.split("/"):
+        parts = set() if v == "full" else {p for p in v.split("-") if p}
+        bad = parts - set(PARTS)
+        if bad:
+            ap.error(f"unknown part(s) {sorted(bad)} in {v!r}; parts: {', '.join(PARTS)}")
+        variants.append((v, parts))
+    res: dict[str, list[float]] = {v: [] for v, _ in variants}
+    tag = a.like + (" " + a.quant if a.quant else "")
+    for r in range(a.rounds):
+        for label, parts in variants:
+            for name in ("_norm_for", "_attention", "_linear", "_matvec_pair", "_rms_norm"):
+                backend.__dict__.pop(name, None)
+            ablate(backend, parts)
+            backend.graphs.graphs.clear()
+            t = run_ahead_intervals(model, backend, state, a.prompt_len, table, bs, warmup, a.steps)
+            res[label].append(round(1000 * float(np.median(t)), 4))
+            print(f"{tag} round {r + 1} {label:>28}: {res[label][-1]:.4f} ms/token", flush=True)
+    full = min(res[variants[0][0]])
+    L = c.num_hidden_layers
+    print(f"--- {tag}: best of {a.rounds}, and what leaving the parts out saves ({L} layers)")
+    for label, ms in res.items():
+        d = full - min(ms)
+        print(f"{label:>28}: {min(ms):.4f} ms/token  saves {d:+.4f} ms = {1000 * d / L:+.2f} us a layer")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"preset": a.like, "quant": a.quant, "prompt_len": a.prompt_len, "steps": a.steps,
+                       "time": time.strftime("%Y-%m-%d %H:%M:%S"), "ms_per_token": res}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
