@@ -11,12 +11,16 @@ graphs recaptured each time); the outputs are then wrong, the times are the poin
   o      the o projection                  qkv   the qkv projection (+ RoPE / KV write)
   mlp    gate_up (+ SiLU) and down         head  the final norm and lm_head (the sampler reads stale logits)
 
+A variant "set:NAME=VALUE[,NAME=VALUE]" instead runs the whole step with backend attributes set (a Python literal
+or a string; restored afterwards): an A/B of a backend switch in one process, e.g. "full/set:matvec_smem=False".
+
   python3 scripts/ablate_decode.py --like qwen2.5-7b [--quant awq] --variants "full/-norm/-attn/-norm-attn"
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import sys
 import time
@@ -80,22 +84,39 @@ def main() -> int:
     prompt = np.random.default_rng(0).integers(0, c.vocab_size, a.prompt_len).tolist()
     state = SamplingState(SamplingParams(temperature=0.0), make_generator(0), prompt, [], [])
     backend.sample(model.forward_device(build_step_batch([(prompt, 0, table, True)], bs)), [state])
-    variants = []
+    variants = []  # (label, parts left out, attributes set)
     for v in a.variants.split("/"):
+        attrs: dict = {}
+        if v.startswith("set:"):
+            for kv in v[4:].split(","):
+                k, _, val = kv.partition("=")
+                if not hasattr(backend, k):
+                    ap.error(f"{v!r}: the backend has no attribute {k!r}")
+                try:
+                    attrs[k] = ast.literal_eval(val)
+                except (ValueError, SyntaxError):
+                    attrs[k] = val
+            variants.append((v, set(), attrs))
+            continue
         parts = set() if v == "full" else {p for p in v.split("-") if p}
         bad = parts - set(PARTS)
         if bad:
             ap.error(f"unknown part(s) {sorted(bad)} in {v!r}; parts: {', '.join(PARTS)}")
-        variants.append((v, parts))
-    res: dict[str, list[float]] = {v: [] for v, _ in variants}
+        variants.append((v, parts, attrs))
+    res: dict[str, list[float]] = {v[0]: [] for v in variants}
     tag = a.like + (" " + a.quant if a.quant else "")
     for r in range(a.rounds):
-        for label, parts in variants:
+        for label, parts, attrs in variants:
             for name in ("_norm_for", "_attention", "_linear", "_matvec_pair", "_rms_norm"):
                 backend.__dict__.pop(name, None)
             ablate(backend, parts)
+            saved = {k: getattr(backend, k) for k in attrs}
+            for k, val in attrs.items():
+                setattr(backend, k, val)
             backend.graphs.graphs.clear()
             t = run_ahead_intervals(model, backend, state, a.prompt_len, table, bs, warmup, a.steps)
+            for k, val in saved.items():
+                setattr(backend, k, val)
             res[label].append(round(1000 * float(np.median(t)), 4))
             print(f"{tag} round {r + 1} {label:>28}: {res[label][-1]:.4f} ms/token", flush=True)
     full = min(res[variants[0][0]])
