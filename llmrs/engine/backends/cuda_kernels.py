@@ -102,6 +102,8 @@ def gemm_q4_smem_bytes(mt: int, stages: dict[int, int] | None = None) -> int:
 # to the GPU's opt-in limit a block (`Kernels.smem_optin`: 227 KiB on Hopper, 163 KiB on the A100)
 MATVEC_SMEM_ROWS = 32
 CUDA_DEV_ATTR_SMEM_OPTIN = 97
+# LLMRS_SMEM_CARVEOUT=P (0-100): every kernel's preferred shared-memory carveout, for A/Bs (read at import)
+SMEM_CARVEOUT = int(os.environ["LLMRS_SMEM_CARVEOUT"]) if os.environ.get("LLMRS_SMEM_CARVEOUT") else None
 
 # attn_cluster{CL}_d{DPL} (attention.cu): the cluster sizes of each head-dim form
 ATTN_CLUSTER_KERNELS = [f"attn_cluster{cl}_d{d}" for d, sizes in ((4, (4, 8, 16)), (2, (8, 16))) for cl in sizes]
@@ -317,6 +319,8 @@ class Kernels:
                     raw.max_dynamic_shared_size_bytes = gemm_q4_smem_bytes(int(m.group(1)))
                 if n == "matvec_bf16_smem":
                     raw.max_dynamic_shared_size_bytes = self.smem_optin
+                if SMEM_CARVEOUT is not None:  # (an experiment: every kernel's preferred L1 / shared split)
+                    raw.preferred_shared_memory_carveout = SMEM_CARVEOUT
                 if n.startswith("attn_cluster16") and self.cc >= 90:
                     allow_nonportable_cluster(raw)  # 16 blocks a cluster (8 is the portable limit)
                 self.fns[n] = PdlKernel(raw, self, n) if n in PDL_KERNELS else raw
