@@ -104,6 +104,8 @@ MATVEC_SMEM_ROWS = 32
 CUDA_DEV_ATTR_SMEM_OPTIN = 97
 # LLMRS_SMEM_CARVEOUT=P (0-100): every kernel's preferred shared-memory carveout, for A/Bs (read at import)
 SMEM_CARVEOUT = int(os.environ["LLMRS_SMEM_CARVEOUT"]) if os.environ.get("LLMRS_SMEM_CARVEOUT") else None
+# LLMRS_SMEM_CARVEOUT_KERNELS=prefix,prefix: only the kernels whose names start so (default: every kernel)
+CARVEOUT_KERNELS = tuple(p for p in os.environ.get("LLMRS_SMEM_CARVEOUT_KERNELS", "").split(",") if p)
 
 # attn_cluster{CL}_d{DPL} (attention.cu): the cluster sizes of each head-dim form
 ATTN_CLUSTER_KERNELS = [f"attn_cluster{cl}_d{d}" for d, sizes in ((4, (4, 8, 16)), (2, (8, 16))) for cl in sizes]
@@ -319,8 +321,8 @@ class Kernels:
                     raw.max_dynamic_shared_size_bytes = gemm_q4_smem_bytes(int(m.group(1)))
                 if n == "matvec_bf16_smem":
                     raw.max_dynamic_shared_size_bytes = self.smem_optin
-                if SMEM_CARVEOUT is not None:  # (an experiment: every kernel's preferred L1 / shared split)
-                    raw.preferred_shared_memory_carveout = SMEM_CARVEOUT
+                if SMEM_CARVEOUT is not None and (not CARVEOUT_KERNELS or n.startswith(CARVEOUT_KERNELS)):
+                    raw.preferred_shared_memory_carveout = SMEM_CARVEOUT  # (an experiment: the L1 / shared split)
                 if n.startswith("attn_cluster16") and self.cc >= 90:
                     allow_nonportable_cluster(raw)  # 16 blocks a cluster (8 is the portable limit)
                 self.fns[n] = PdlKernel(raw, self, n) if n in PDL_KERNELS else raw
