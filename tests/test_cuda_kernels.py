@@ -292,34 +292,6 @@ def test_matvec_splits_agree(rng, splits, N, K, T):
     assert rel_err(cp.asnumpy(out), ref) < 1e-5
 
 
-@pytest.mark.parametrize("N,K", [(3584, 3584), (2048, 2048), (896, 896), (4000, 1000), (130, 8), (1, 64)])
-@pytest.mark.parametrize("bias,accumulate", [(False, False), (True, True), (False, True)])
-def test_matvec_from_shared_memory_equals_the_warp_per_row_matvec(rng, N, K, bias, accumulate):
-    """One token over a matrix that fits in shared memory (matvec_bf16_smem: a block an SM, its rows copied in
-    before pdl_wait): the same bits as matvec_bf16_t1 (one warp a row: same chunk order, same expression), blocks
-    with a partial row set included (4000 rows); shapes past a block's shared memory take the matvec."""
-    be = CUDABackend(cfg(), num_blocks=1)
-    W = be.upload(rng.standard_normal((N, K)).astype(np.float32) * 0.05)
-    x = cp.asarray(rng.standard_normal((1, K)).astype(np.float32))
-    b = be.upload(round_bf16(rng.standard_normal(N).astype(np.float32))) if bias else None
-    y0 = rng.standard_normal((1, N)).astype(np.float32)
-    outs = []
-    for on in (True, False):
-        be.matvec_smem = on
-        assert bool(be._matvec_smem_rows(N, K)) == (on and -(-N // be.num_sms) * K * 2 <= be.k.smem_optin
-                                                    and -(-N // be.num_sms) <= 32)
-        out = cp.asarray(y0) if accumulate else poison((1, N))
-        be._linear(x, W, b, out, accumulate=accumulate)
-        outs.append(cp.asnumpy(out))
-    assert be._matvec_smem_rows(896, 896) or not be.matvec_smem
-    np.testing.assert_array_equal(outs[0], outs[1])
-    ref = (cp.asnumpy(x).astype(np.float64) @ bf16_to_f32(cp.asnumpy(W)).T.astype(np.float64)
-           + (cp.asnumpy(b) if bias else 0) + (y0 if accumulate else 0))
-    assert rel_err(outs[0], ref) < 1e-5
-    be.matvec_smem = True
-    assert be._matvec_smem_rows(3584, 18944) == 0  # the 7B's down: 28 rows x 37 KB a block
-
-
 # ---------------------------------------------------------------------- bf16 producers of GEMM inputs
 def wide(rng, shape, scale=1.0):
     """Random f32 spanning many binades, so every rounding case of bf16 shows up."""

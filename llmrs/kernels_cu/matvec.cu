@@ -13,12 +13,6 @@
 // host picks splits by shape (few rows, long K: the `down` and o/qkv projections of a 7B decode step).
 #include "common.cuh"
 
-// acc += the 8 weights wf . the 8 x values (a, b): the one expression (and so rounding) of every bf16 matvec row sum
-__device__ __forceinline__ void dot8_acc(float& acc, const float* wf, float4 a, float4 b) {
-    acc += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z
-         + wf[7] * b.w;
-}
-
 template <int NT>
 __device__ __forceinline__ void fma8(const float* wf, const float* __restrict__ x, int K, int T, int t0, int k0,
                                      float* acc) {
@@ -26,7 +20,9 @@ __device__ __forceinline__ void fma8(const float* wf, const float* __restrict__ 
     for (int j = 0; j < NT; ++j) {
         if (t0 + j < T) {
             const float4* xp = reinterpret_cast<const float4*>(x + (size_t)(t0 + j) * K + k0);
-            dot8_acc(acc[j], wf, xp[0], xp[1]);
+            const float4 a = xp[0], b = xp[1];
+            acc[j] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w
+                    + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
         }
     }
 }
@@ -396,62 +392,6 @@ MATVEC(1)
 MATVEC(2)
 MATVEC(4)
 MATVEC(8)
-
-// One token over a matrix that fits in the GPU's shared memory (a 7B's or 3B's o projection: rows_per_block rows
-// a block, one block an SM; the host's matvec_smem_rows): each block copies its rows into shared memory with
-// cp.async *before* pdl_wait (weights: no kernel writes them), so inside a decode graph the whole matrix streams in
-// while the kernels before it (the decode attention) run, instead of 4 chunks a lane; after the wait the warps read
-// x once a chunk for up to MVS_RPW rows each (rows warp, warp + MVS_WARPS, ...). Each row's sum is matvec_bf16_t1's
-// (splits 1): chunks lane, lane + 32, ... in order through dot8_acc, then warp_sum, the same epilogue: the same
-// bits. K % 8 == 0; rows_per_block <= MVS_WARPS * MVS_RPW; dynamic shared memory rows_per_block * K * 2 bytes.
-#define MVS_WARPS 8
-#define MVS_RPW 4
-extern "C" __global__ void __launch_bounds__(MVS_WARPS * 32, 1)
-    matvec_bf16_smem(const bf16_t* __restrict__ W, const float* __restrict__ x, const float* __restrict__ bias,
-                     float* __restrict__ y, int N, int K, int rows_per_block, int accumulate) {
-    extern __shared__ uint4 wsm[];
-    pdl_trigger();
-    const int r0 = blockIdx.x * rows_per_block;
-    const int nr = min(rows_per_block, N - r0);
-    const int K8 = K >> 3;
-    const uint4* src = reinterpret_cast<const uint4*>(W + (size_t)r0 * K);
-    const unsigned base = (unsigned)__cvta_generic_to_shared(wsm);
-    for (int i = threadIdx.x; i < nr * K8; i += blockDim.x)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(base + 16u * i), "l"(src + i) : "memory");
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-    pdl_wait();
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    __syncthreads();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float acc[MVS_RPW];
-#pragma unroll
-    for (int j = 0; j < MVS_RPW; ++j) acc[j] = 0.0f;
-    for (int c = lane; c < K8; c += 32) {
-        const float4* xp = reinterpret_cast<const float4*>(x + 8 * c);
-        const float4 a = xp[0], b = xp[1];
-#pragma unroll
-        for (int j = 0; j < MVS_RPW; ++j) {
-            const int r = warp + MVS_WARPS * j;
-            if (r < nr) {
-                float wf[8];
-                unpack8(wsm[r * K8 + c], wf);
-                dot8_acc(acc[j], wf, a, b);
-            }
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < MVS_RPW; ++j) {
-        const int r = warp + MVS_WARPS * j;
-        if (r < nr) {
-            const float sum = warp_sum(acc[j]);
-            if (lane == 0) {
-                const int n = r0 + r;
-                const float bn = bias ? bias[n] : 0.0f;
-                y[n] = accumulate ? y[n] + (sum + bn) : sum + bn;
-            }
-        }
-    }
-}
 
 #define MATVEC_SILU(NT)                                                                                         \
     extern "C" __global__ void matvec_silu_bf16_t##NT(const bf16_t* __restrict__ W, const float* __restrict__ x, \

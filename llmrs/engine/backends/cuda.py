@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from llmrs.engine.backends.cuda_kernels import MATVEC_SMEM_ROWS, OFF_VALUES
+from llmrs.engine.backends.cuda_kernels import OFF_VALUES
 from llmrs.engine.backends.cuda_q4gemm import (GEMV_MAX_TOKENS, dequant_marlin, gemm_q4, gemm_takes, gemv_q4,
                                                gemv_takes, linear_q4, wgmma_takes)
 from llmrs.engine.backends.cuda_wgmma import bf16_wgmma_takes, gemm_bf16wg
@@ -269,9 +269,6 @@ class CUDABackend:
             raise UserError(f"LLMRS_FUSE_NORM={self.fuse_norm!r}: expected auto, 0 or 1")
         # gate/up written by cuBLAS as bf16 where both MLP GEMMs take bf16 (`_gate_up_bf16`); LLMRS_GATE_UP_BF16=0: f32
         self.gate_up_bf16 = os.environ.get("LLMRS_GATE_UP_BF16", "1").strip().lower() not in OFF_VALUES
-        # one token over a matrix that fits in shared memory (a block an SM): matvec_bf16_smem, which loads it all
-        # before pdl_wait (`_matvec_smem_rows`); LLMRS_MATVEC_SMEM=0: the warp-per-row matvec
-        self.matvec_smem = os.environ.get("LLMRS_MATVEC_SMEM", "1").strip().lower() not in OFF_VALUES
         forced = os.environ.get("LLMRS_MATVEC_SPLITS", "")
         self._matvec_forced_splits = int(forced) if forced in ("1", "2", "4") else 0
         self.attn_splits: int | None = None  # None: chosen per step; tests force values
@@ -521,15 +518,6 @@ class CUDABackend:
         # measured on the H200 (T = 1): down 3584x18944 42.5 -> 39.0 us with 4; o/qkv (K = N) slower with 2 or 4
         return 4 if K >= 4 * N and K >= 4096 and N * 4 <= 16384 else 1
 
-    def _matvec_smem_rows(self, N: int, K: int) -> int:
-        """Rows a block of matvec_bf16_smem (one token; one block an SM, the matrix in shared memory), or 0 where
-        it does not apply: `matvec_smem` off, K % 8, more than MATVEC_SMEM_ROWS rows an SM or more bytes than a
-        block may hold (Kernels.smem_optin)."""
-        if not self.matvec_smem or K % 8 or self.k.cc < 80:  # (cp.async: sm_80+)
-            return 0
-        rows = -(-N // self.num_sms)
-        return rows if rows <= MATVEC_SMEM_ROWS and rows * K * 2 <= self.k.smem_optin else 0
-
     def _linear(self, x: Any, w: Any, bias: Any | None, out: Any, accumulate: bool = False,
                 name: str = "linear", out_bf16: bool = False) -> None:
         """out (=|+=) x @ w.T (+ bias). x f32 [T, K] contiguous, w bf16 [N, K], out f32 [T, N] contiguous.
@@ -548,14 +536,6 @@ class CUDABackend:
         if T <= self.matvec_max_tokens:
             nt = matvec_nt(T)
             splits = self._matvec_splits(N, K)
-            rows = self._matvec_smem_rows(N, K) if T == 1 and splits == 1 else 0
-            if rows:  # the whole matrix into shared memory before pdl_wait (matvec.cu's matvec_bf16_smem)
-                with self._span("matvec", name, T, N, K, accumulate, bias is not None):
-                    self.k.matvec_bf16_smem((-(-N // rows),), (256,),
-                                            (w, x, NULL if bias is None else bias, out, np.int32(N), np.int32(K),
-                                             np.int32(rows), np.int32(1 if accumulate else 0)),
-                                            shared_mem=rows * K * 2)
-                return
             grid = (-(-N * splits // MATVEC_ROWS_PER_BLOCK), -(-T // nt))
             fn = getattr(self.k, f"matvec_bf16_t{nt}")
             with self._span("matvec", name, T, N, K, accumulate, bias is not None):

@@ -98,15 +98,6 @@ def gemm_q4_smem_bytes(mt: int, stages: dict[int, int] | None = None) -> int:
     return (GEMM_Q4_STAGES if stages is None else stages)[mt] * (16 * mt * 8 + 256 + 64) * 16
 
 
-# matvec_bf16_smem (matvec.cu): at most this many rows a block (MVS_WARPS x MVS_RPW), in dynamic shared memory of up
-# to the GPU's opt-in limit a block (`Kernels.smem_optin`: 227 KiB on Hopper, 163 KiB on the A100)
-MATVEC_SMEM_ROWS = 32
-CUDA_DEV_ATTR_SMEM_OPTIN = 97
-# LLMRS_SMEM_CARVEOUT=P (0-100): every kernel's preferred shared-memory carveout, for A/Bs (read at import)
-SMEM_CARVEOUT = int(os.environ["LLMRS_SMEM_CARVEOUT"]) if os.environ.get("LLMRS_SMEM_CARVEOUT") else None
-# LLMRS_SMEM_CARVEOUT_KERNELS=prefix,prefix: only the kernels whose names start so (default: every kernel)
-CARVEOUT_KERNELS = tuple(p for p in os.environ.get("LLMRS_SMEM_CARVEOUT_KERNELS", "").split(",") if p)
-
 # attn_cluster{CL}_d{DPL} (attention.cu): the cluster sizes of each head-dim form
 ATTN_CLUSTER_KERNELS = [f"attn_cluster{cl}_d{d}" for d, sizes in ((4, (4, 8, 16)), (2, (8, 16))) for cl in sizes]
 
@@ -121,7 +112,7 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "elementwise.cu": ["silu_mul", "add_bias", "add_inplace", "cast_f32_bf16", "silu_mul_bf16", "silu_mul_bf16_bf16"],
     "rope_kv.cu": ["rope_write_kv", "write_kv"],
     "matvec.cu": [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16", "rope_norm_bf16")
-                  for nt in (1, 2, 4, 8)] + ["matvec_bf16_smem"],
+                  for nt in (1, 2, 4, 8)],
     "matvec_q4.cu": [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
                     + ["dequant_q4_bf16", "dequant_q8_bf16"],
     "attention.cu": ["attn_partial_d1", "attn_partial_d2", "attn_partial_d4", "attn_partial_d8", "attn_merge",
@@ -141,8 +132,7 @@ ENTRY_POINTS: dict[str, list[str]] = {
 PDL_KERNELS = frozenset(
     ["embedding_gather", "rms_norm", "add_rms_norm", "rms_norm_bf16", "add_rms_norm_bf16", "silu_mul", "add_bias",
      "add_inplace", "cast_f32_bf16", "silu_mul_bf16", "silu_mul_bf16_bf16", "rope_write_kv", "attn_merge",
-     "attn_merge_bf16", "gemm_q4_reduce", "matvec_bf16_smem", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16",
-     "gemv_q4m_t16"]
+     "attn_merge_bf16", "gemm_q4_reduce", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"]
     + [f"gemv_{k}{t}_c{c}" for k in ("q4z", "q4m") for t in ("", "_t16") for c in GEMV_CPG]
     + [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16", "rope_norm_bf16")
        for nt in (1, 2, 4, 8)]
@@ -308,8 +298,6 @@ class Kernels:
         self.pdl = False  # set while a decode graph is captured (cuda_graphs.py), when `pdl_capable`
         self.pdl_capable = pdl_supported(cp)
         self.cc = int(cp.cuda.Device().compute_capability)
-        # cudaDevAttrMaxSharedMemoryPerBlockOptin: what a block may take once its kernel opts in
-        self.smem_optin = int(cp.cuda.runtime.deviceGetAttribute(CUDA_DEV_ATTR_SMEM_OPTIN, cp.cuda.Device().id))
         self.pdl_launches = 0
         for fname, names in ENTRY_POINTS.items():
             mod = cp.RawModule(code=kernel_source(fname), options=OPTIONS + FILE_OPTIONS.get(fname, ()))
@@ -319,10 +307,6 @@ class Kernels:
                 m = re.fullmatch(r"gemm_q4[zm]_m(\d+)", n)
                 if m and gemm_q4_smem_bytes(int(m.group(1))) > STATIC_SMEM_LIMIT:
                     raw.max_dynamic_shared_size_bytes = gemm_q4_smem_bytes(int(m.group(1)))
-                if n == "matvec_bf16_smem":
-                    raw.max_dynamic_shared_size_bytes = self.smem_optin
-                if SMEM_CARVEOUT is not None and (not CARVEOUT_KERNELS or n.startswith(CARVEOUT_KERNELS)):
-                    raw.preferred_shared_memory_carveout = SMEM_CARVEOUT  # (an experiment: the L1 / shared split)
                 if n.startswith("attn_cluster16") and self.cc >= 90:
                     allow_nonportable_cluster(raw)  # 16 blocks a cluster (8 is the portable limit)
                 self.fns[n] = PdlKernel(raw, self, n) if n in PDL_KERNELS else raw
