@@ -229,7 +229,7 @@ def test_warmup_for_serving_only_on_the_gpu_and_not_when_turned_off(smol, monkey
     assert calls[-1] == ("cuda", False)
     monkeypatch.setenv("LLMRS_WARMUP", "0")
     warm_up_for_serving(eng)
-    assert calls == ["cuda"]
+    assert calls == [("cuda", True), ("cuda", False)]
 
 
 def test_released_host_weights_are_refused_not_replaced(tiny_llama):
