@@ -187,49 +187,20 @@ def test_warmup_runs_a_request_then_leaves_no_trace(smol):
     assert eng.stats().prefix_hits == 0
 
 
-def test_warmup_fills_one_step_to_the_token_budget(smol, monkeypatch):
-    """After the single request, warmup runs as many prompts at once as fill max_num_batched_tokens (the largest
-    step the engine will plan, as vLLM's start-up profile run), then still leaves no trace; full_step=False runs the
-    single request only."""
-    cfg = EngineConfig(kv_cache_tokens=2048, max_num_batched_tokens=64, max_num_seqs=8)
-    eng = LLMEngine(smol, cfg)
-    sizes = []
-    schedule = eng.scheduler.schedule
-
-    def recording():
-        plan = schedule()
-        if plan is not None:
-            sizes.append(plan.batch.num_tokens)
-        return plan
-
-    monkeypatch.setattr(eng.scheduler, "schedule", recording)
-    eng.warmup(prompt_len=16, decode_steps=2)
-    assert max(sizes) == 64, sizes  # 4 prompts of 16 in one step
-    st = eng.stats()
-    assert not eng.has_unfinished() and not eng.requests and st.num_free_blocks == st.num_blocks
-    assert not eng.kv.pool.cached and (st.prompt_tokens_total, st.generation_tokens_total) == (0, 0)
-    sizes.clear()
-    eng.warmup(prompt_len=16, decode_steps=2, full_step=False)
-    assert max(sizes) == 16
-
-
 def test_warmup_for_serving_only_on_the_gpu_and_not_when_turned_off(smol, monkeypatch):
     from llmrs.engine.engine import warm_up_for_serving
 
     eng = LLMEngine(smol, EngineConfig(kv_cache_tokens=1024))
     calls = []
-    monkeypatch.setattr(eng, "warmup", lambda full_step=True: calls.append((eng.runner.device, full_step)))
+    monkeypatch.setattr(eng, "warmup", lambda: calls.append(eng.runner.device))
     warm_up_for_serving(eng)  # the CPU: nothing to warm
     assert calls == []
     monkeypatch.setattr(eng.runner, "device", "cuda")
     warm_up_for_serving(eng)
-    assert calls == [("cuda", True)]
-    monkeypatch.setenv("LLMRS_WARMUP", "request")
-    warm_up_for_serving(eng)
-    assert calls[-1] == ("cuda", False)
+    assert calls == ["cuda"]
     monkeypatch.setenv("LLMRS_WARMUP", "0")
     warm_up_for_serving(eng)
-    assert calls == [("cuda", True), ("cuda", False)]
+    assert calls == ["cuda"]
 
 
 def test_released_host_weights_are_refused_not_replaced(tiny_llama):

@@ -102,11 +102,10 @@ class RequestResult:
 
 
 def warm_up_for_serving(engine: "LLMEngine") -> None:
-    """`LLMEngine.warmup` where it pays: an engine on the GPU; LLMRS_WARMUP=0 skips it, LLMRS_WARMUP=request runs
-    the single request without the budget-filling step (`full_step`)."""
-    mode = os.environ.get("LLMRS_WARMUP", "1").strip().lower()
-    if getattr(engine.runner, "device", "cpu") == "cuda" and mode not in ("0", "false", "no", "off"):
-        engine.warmup(full_step=mode != "request")
+    """`LLMEngine.warmup` where it pays: an engine on the GPU; LLMRS_WARMUP=0 skips it."""
+    if getattr(engine.runner, "device", "cpu") == "cuda" and os.environ.get("LLMRS_WARMUP", "1") not in (
+            "0", "false", "no", "off"):
+        engine.warmup()
 
 
 def serving_config(**options: Any) -> EngineConfig:
@@ -281,36 +280,23 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self._inflight is not None or self.scheduler.has_unfinished()
 
-    def warmup(self, prompt_len: int = 256, decode_steps: int = 4, full_step: bool = True) -> float:
+    def warmup(self, prompt_len: int = 256, decode_steps: int = 4) -> float:
         """Run one throwaway request (a prefill of `prompt_len` tokens, then `decode_steps` decodes) before serving,
         so that the first real request does not pay the one-time costs of a step on the GPU (cuBLAS set-up and
         algorithm choice, workspace growth, the first decode graphs): on the H200 the first request's TTFT was 86 ms
-        against 13-30 ms for the next ones. With `full_step`, then as many such requests at once as fill a step's
-        token budget (max_num_batched_tokens; as vLLM's start-up profile run): the largest step's buffers and
-        GEMM kernels are then in place before the first load (on the H200 the first 256-concurrent run after a
-        server started was the slowest of its runs). Then forget it all: blocks free, prefix cache empty, counters
-        zero. Returns the seconds it took. Only on an idle engine."""
+        against 13-30 ms for the next ones. Then forget it: blocks free, prefix cache empty, counters zero.
+        Returns the seconds it took. Only on an idle engine."""
         assert not self.has_unfinished(), "warm-up of an engine with requests"
         t0 = time.perf_counter()
-        cfg = self.engine_config
-        n = max(1, min(prompt_len, cfg.max_num_batched_tokens, self.max_model_len - decode_steps - 1,
+        n = max(1, min(prompt_len, self.engine_config.max_num_batched_tokens, self.max_model_len - decode_steps - 1,
                        (self.kv.pool.num_blocks - 1) * self.kv.block_size - decode_steps))
         vocab = self.loaded.config.vocab_size
-        params = SamplingParams(max_tokens=decode_steps, temperature=0.0, ignore_eos=True)
-        rounds = [1]
-        if full_step:  # requests of n tokens that fill the budget, within max_num_seqs and the KV blocks
-            per = -(-(n + decode_steps) // self.kv.block_size)
-            rounds.append(max(1, min(cfg.max_num_batched_tokens // n, cfg.max_num_seqs,
-                                     (self.kv.pool.num_blocks - 1) // per)))
-        for r, count in enumerate(rounds):
-            for i in range(count):
-                # any ordinary ids (the output is thrown away), each request its own (no prefix hits)
-                ids = [1 + (j * 7919 + i * 104729 + r) % (vocab - 1) for j in range(n)]
-                self.add_request(f"llmrs-warmup-{r}-{i}", ids, params)
-            while self.has_unfinished():
-                self.step()
-            for i in range(count):
-                self.requests.pop(f"llmrs-warmup-{r}-{i}", None)
+        ids = [1 + (i * 7919) % (vocab - 1) for i in range(n)]  # any ordinary ids: the output is thrown away
+        self.add_request("llmrs-warmup", ids, SamplingParams(max_tokens=decode_steps, temperature=0.0,
+                                                             ignore_eos=True))
+        while self.has_unfinished():
+            self.step()
+        self.requests.pop("llmrs-warmup", None)
         self.precapture_graphs()
         self.kv.pool.forget_cached()
         self.kv.prefix_queries = self.kv.prefix_hits = 0
