@@ -16,7 +16,8 @@
 #   $SRV; fails without /health.
 # serve_down: stop it (SIGINT) and wait.  ttft_bench NAME LEN SEED [LABEL]: ${TTFT_N:-24} requests one at a
 #   time (LEN-token prompts, 2 new tokens) against it, the TTFT line printed.  load_bench NAME C SEED: 256 requests
-#   at C concurrent (prompt 256, 256 new tokens) into $R/NAME.json.
+#   at C concurrent (prompt 256, 256 new tokens) into $R/NAME.json.  load_runs NAME N SEED: N such runs at 256
+#   concurrent (NAME-r1 .. NAME-rN, seeds SEED + 10 i).
 # server_figures LABEL SEED: the default server's figures: TTFT at a 256-token prompt, then 64 and 256 concurrent
 #   twice (bench-7b-LABEL-runN-cC.json), every point its own prompts (seeds from SEED), the table printed.
 use_wheels() {
@@ -109,6 +110,9 @@ ttft_bench() {
   timeout 120 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len $2 --output-len 2 --ignore-eos \
     --workers 1 -o $R -c 1 -n ${TTFT_N:-24} --seed $3 --label $1 --name $1 > "$R/$1.log" 2>&1
   ttft_line "$R/$1.json" $2 "${4:-}"
+}
+load_runs() {  # NAME RUNS SEED: RUNS 256-concurrent load_bench runs against the server up, NAME-rI.json
+  local run; for run in $(seq 1 $2); do load_bench $1-r$run 256 $(($3 + 10 * run)); done
 }
 load_bench() {
   timeout 120 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos \

@@ -12,7 +12,7 @@ for i in 1 2; do
   for lt in 0 1; do
     step "server LLMRS_CUBLASLT=$lt ($i)"
     serve_up lt$lt-$i LLMRS_CUBLASLT=$lt || continue
-    for run in 1 2 3; do load_bench bench-7b-lt$lt-s$i-r$run 256 $((7000 + 100 * i + 10 * run + lt)); done
+    load_runs bench-7b-lt$lt-s$i 3 $((7000 + 100 * i + lt))
     serve_down
   done
 done
