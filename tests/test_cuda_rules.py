@@ -221,3 +221,18 @@ def test_bf16_wgmma_gemm_ring_clusters_and_dispatch():
     # tiles -> 4 (the largest compiled)
     assert [wg.bf16_splits(be, 256, *s) for s in (qkv, o, down)] == [3, 4, 4]
     assert wg.bf16_splits(be, 128, *qkv) == 4 and wg.bf16_splits(be, 512, *qkv) == 1
+
+
+@pytest.mark.parametrize("long_k", [1, 2, 4])
+def test_matvec_splits_only_the_long_k_rule_takes_its_setting(long_k):
+    """`_matvec_splits`: a 7B's down (K >= 4 N) gets `long_k_splits` warps a row (LLMRS_MATVEC_LONG_K_SPLITS,
+    default 4), every other shape one (and so keeps its paired epilogue); LLMRS_MATVEC_SPLITS forces all."""
+    be = SimpleNamespace(_matvec_forced_splits=0, long_k_splits=long_k)
+    split = lambda N, K: CUDABackend._matvec_splits(be, N, K)  # noqa: E731
+    assert split(3584, 18944) == long_k  # 7B down
+    assert split(2048, 11008) == long_k  # 3B down
+    assert [split(3584, 3584), split(37888, 3584), split(4608, 3584), split(152064, 3584)] == [1, 1, 1, 1]
+    assert split(3584, 18945) == 1  # K % 8: the scalar path
+    be._matvec_forced_splits = 2
+    assert split(3584, 3584) == 2 and split(3584, 18944) == 2
+

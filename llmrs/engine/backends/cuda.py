@@ -271,6 +271,12 @@ class CUDABackend:
         self.gate_up_bf16 = os.environ.get("LLMRS_GATE_UP_BF16", "1").strip().lower() not in OFF_VALUES
         forced = os.environ.get("LLMRS_MATVEC_SPLITS", "")
         self._matvec_forced_splits = int(forced) if forced in ("1", "2", "4") else 0
+        # warps a row where `_matvec_splits`'s long-K rule applies (a 7B's down): LLMRS_MATVEC_LONG_K_SPLITS, for
+        # A/Bs of that projection alone (LLMRS_MATVEC_SPLITS forces every matrix, and unpairs gate_up / qkv)
+        long_k = os.environ.get("LLMRS_MATVEC_LONG_K_SPLITS", "4").strip()
+        if long_k not in ("1", "2", "4"):
+            raise UserError(f"LLMRS_MATVEC_LONG_K_SPLITS={long_k!r}: expected 1, 2 or 4")
+        self.long_k_splits = int(long_k)
         self.attn_splits: int | None = None  # None: chosen per step; tests force values
         # decode attention kernel: "partial" (attention.cu: a warp per key, a shuffle reduction per query head) or
         # "gqa" (attention_gqa.cu: a lane per key, 32 keys a warp, the block's query heads from shared memory);
@@ -516,7 +522,7 @@ class CUDABackend:
         if self._matvec_forced_splits:
             return self._matvec_forced_splits
         # measured on the H200 (T = 1): down 3584x18944 42.5 -> 39.0 us with 4; o/qkv (K = N) slower with 2 or 4
-        return 4 if K >= 4 * N and K >= 4096 and N * 4 <= 16384 else 1
+        return self.long_k_splits if K >= 4 * N and K >= 4096 and N * 4 <= 16384 else 1
 
     def _linear(self, x: Any, w: Any, bias: Any | None, out: Any, accumulate: bool = False,
                 name: str = "linear", out_bf16: bool = False) -> None:
