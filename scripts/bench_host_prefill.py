@@ -1,5 +1,7 @@
 """Host (Python) time of an eager step of the fused forward pass, without a GPU: CUDABackend._forward_device with
-CuPy replaced by fake arrays (shape, dtype, views, data.ptr) and every kernel launch and cuBLAS call by a no-op.
+CuPy replaced by fake arrays (shape, dtype, views, data.ptr) and every kernel launch and cuBLAS call by a no-op
+that counts its calls (`fake_backend(c).k.fns[name].calls`, `.gemm_calls`: tests/test_bench_host_prefill.py reads
+them to check the step's dispatch without a GPU).
 
 What it measures is our own code per step (workspace views, argument tuples, numpy scalars, shape checks,
 device_batch's packing); CuPy's own cost per launch (~8.5 us on the H200's host, issue 8's anchor) comes on top
@@ -88,7 +90,11 @@ class _FakeCp:
 
 
 class _Launch:
+    def __init__(self) -> None:
+        self.calls = 0
+
     def __call__(self, grid, block, args, shared_mem=0) -> None:
+        self.calls += 1
         for a in args:  # a launcher looks at every argument
             getattr(a, "data", None)
 
@@ -102,6 +108,8 @@ class _Fns(dict):
 class _Kernels:
     def __init__(self) -> None:
         self.fns = _Fns()
+        # an H200's: compute capability, and the wgmma forms compiled
+        self.cc, self.wgmma, self.wgmma_t256, self.bf16_wgmma, self.pdl = 90, True, True, False, False
 
     def __getattr__(self, name):
         return self.fns[name]
@@ -117,13 +125,20 @@ def fake_backend(config):
     be.matvec_max_tokens, be.quant_matvec_max_tokens, be._matvec_forced_splits = C.MATVEC_MAX_TOKENS, 8, 0
     be.prefill_min_tokens, be.attn_kernel, be.attn_splits, be.num_sms = 16, "auto", None, 132
     be.dpl, be.scale, be._prefill_cc = max(1, config.head_dim // 32), np.float32(0.1), 90
+    # what __init__ sets from the environment, at its defaults
+    be.attn_cluster, be._lt, be.long_k_splits, be.gate_up_bf16 = None, None, 4, True
     L, Hkv, D = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
     be.k_cache = [FakeArray((64, Hkv, 16, D), np.uint16) for _ in range(L)]
     be.v_cache = list(be.k_cache)
     be.inv_freq = FakeArray((D // 2,))
     be._one, be._zero = np.array(1.0, np.float32), np.array(0.0, np.float32)
     be._one_ptr, be._zero_ptr, be._handle = be._one.ctypes.data, be._zero.ctypes.data, 0
-    be.cublas = types.SimpleNamespace(gemmEx=lambda *a: None)
+    be.gemm_calls = [0]
+
+    def gemm(*a) -> None:
+        be.gemm_calls[0] += 1
+
+    be.cublas = types.SimpleNamespace(gemmEx=gemm)
     be._pinned = lambda name, n, dtype: np.empty(n, dtype)
     return be
 
