@@ -332,6 +332,47 @@ def gpu_weights(c: ModelConfig, backend: Any, seed: int = 0, quant: str | None =
     return ModelWeights(embed=embed, layers=layers, norm=ones, lm_head=lm_head)
 
 
+@dataclasses.dataclass
+class SingleStream:
+    """A synthetic preset on the GPU with one sequence's prompt prefilled (`single_stream`)."""
+
+    config: ModelConfig
+    backend: Any
+    model: Any
+    table: list[int]  # the sequence's block table (every block of the cache)
+    state: Any  # its greedy SamplingState
+    bs: int  # block size
+    tok: int  # the token sampled after the prompt
+    build_s: float  # seconds to draw the weights on the GPU
+    prefill_s: float  # seconds of the prompt's (eager) prefill and its sample
+
+
+def single_stream(preset: str, prompt_len: int, decode_tokens: int, quant: str | None = None,
+                  group_size: int = 128) -> SingleStream:
+    """The CUDA backend and synthetic weights of `preset`, a KV cache for one sequence of prompt_len +
+    decode_tokens tokens, and a random prompt (seed 0) prefilled and sampled greedily: the set-up of the
+    single-stream decode bench and of scripts/ablate_decode.py."""
+    from llmrs.engine.backends.cuda import CUDABackend, CUDAModel
+    from llmrs.engine.batch import build_step_batch
+    from llmrs.engine.sampling import SamplingParams, SamplingState, make_generator
+
+    c = preset_config(preset)
+    bs = 16
+    blocks = -(-(prompt_len + decode_tokens) // bs)
+    backend = CUDABackend(c, num_blocks=blocks, block_size=bs)
+    t0 = time.perf_counter()
+    model = CUDAModel(c, gpu_weights(c, backend, quant=quant, group_size=group_size), backend)
+    backend.synchronize()
+    build_s = time.perf_counter() - t0
+    table = list(range(blocks))
+    prompt = np.random.default_rng(0).integers(0, c.vocab_size, prompt_len).tolist()
+    state = SamplingState(SamplingParams(temperature=0.0), make_generator(0), prompt, [], [])
+    t0 = time.perf_counter()
+    logits = model.forward_device(build_step_batch([(prompt, 0, table, True)], bs))
+    tok = backend.sample(logits, [state])[0].token_id
+    return SingleStream(c, backend, model, table, state, bs, tok, build_s, time.perf_counter() - t0)
+
+
 def run_ahead_intervals(model: Any, backend: Any, state: Any, prompt_len: int, table: list[int], bs: int,
                         warmup: int, steps: int) -> list[float]:
     """Seconds between consecutive tokens of `steps` single-stream decode steps after `warmup`, the engine's way
@@ -366,28 +407,13 @@ def decode_benchmark(preset: str, prompt_len: int = 128, steps: int = 128, warmu
     roofline cost model). `ms_per_token`: the median interval between tokens with each step launched before the
     previous token is back (how the engine decodes, async scheduling); `ms_per_token_sync`: the median step
     when the host waits for each token before launching the next (what this bench reported before)."""
-    from llmrs.engine.backends.cuda import CUDABackend, CUDAModel
     from llmrs.engine.batch import build_step_batch
-    from llmrs.engine.sampling import SamplingParams, SamplingState, make_generator
     from llmrs.roofline.cost import ModelCost
     from llmrs.roofline.formats import get_format
 
-    c = preset_config(preset)
-    bs = 16
-    total = prompt_len + warmup + steps + 1
-    backend = CUDABackend(c, num_blocks=-(-total // bs), block_size=bs)
-    t0 = time.perf_counter()
-    model = CUDAModel(c, gpu_weights(c, backend, quant=quant, group_size=group_size), backend)
-    backend.synchronize()
-    build_s = time.perf_counter() - t0
-    table = list(range(-(-total // bs)))
-    rng = np.random.default_rng(0)
-    prompt = rng.integers(0, c.vocab_size, prompt_len).tolist()
-    state = SamplingState(SamplingParams(temperature=0.0), make_generator(0), prompt, [], [])
-    t0 = time.perf_counter()
-    logits = model.forward_device(build_step_batch([(prompt, 0, table, True)], bs))
-    tok = backend.sample(logits, [state])[0].token_id
-    prefill_s = time.perf_counter() - t0
+    ss = single_stream(preset, prompt_len, warmup + steps + 1, quant, group_size)
+    c, backend, model, table, state, bs, tok = ss.config, ss.backend, ss.model, ss.table, ss.state, ss.bs, ss.tok
+    build_s, prefill_s = ss.build_s, ss.prefill_s
     cached = prompt_len
     times = []
     for k in range(warmup + steps):

@@ -28,10 +28,17 @@ import time
 import numpy as np
 
 PARTS = ("norm", "attn", "o", "qkv", "mlp", "head")
+PATCHED = ("_norm_for", "_attention", "_linear", "_matvec_pair", "_rms_norm")  # the backend methods `ablate` shadows
+
+
+def restore(backend) -> None:
+    """Undo `ablate`: drop the instance attributes that shadow the class's methods."""
+    for name in PATCHED:
+        backend.__dict__.pop(name, None)
 
 
 def ablate(backend, parts: set[str]) -> None:
-    """Patch the backend instance so that the named parts launch nothing (restored by deleting the attributes)."""
+    """Patch the backend instance so that the named parts launch nothing (`restore` undoes it)."""
     cls = type(backend)
     if "norm" in parts:
         backend._norm_for = lambda lin, x, w, eps, y=None: x
@@ -69,21 +76,11 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
 
-    from llmrs.engine.backends.cuda import CUDABackend, CUDAModel
-    from llmrs.engine.batch import build_step_batch
-    from llmrs.engine.sampling import SamplingParams, SamplingState, make_generator
-    from llmrs.roofline.presets import preset_config
-    from llmrs.synth import gpu_weights, run_ahead_intervals
+    from llmrs.synth import run_ahead_intervals, single_stream
 
-    c = preset_config(a.like)
-    bs, warmup = 16, 8
-    nb = -(-(a.prompt_len + warmup + a.steps + 2) // bs)
-    backend = CUDABackend(c, num_blocks=nb, block_size=bs)
-    model = CUDAModel(c, gpu_weights(c, backend, quant=a.quant), backend)
-    table = list(range(nb))
-    prompt = np.random.default_rng(0).integers(0, c.vocab_size, a.prompt_len).tolist()
-    state = SamplingState(SamplingParams(temperature=0.0), make_generator(0), prompt, [], [])
-    backend.sample(model.forward_device(build_step_batch([(prompt, 0, table, True)], bs)), [state])
+    warmup = 8
+    ss = single_stream(a.like, a.prompt_len, warmup + a.steps + 1, a.quant)
+    c, backend = ss.config, ss.backend
     variants = []  # (label, parts left out, attributes set)
     for v in a.variants.split("/"):
         attrs: dict = {}
@@ -107,14 +104,13 @@ def main() -> int:
     tag = a.like + (" " + a.quant if a.quant else "")
     for r in range(a.rounds):
         for label, parts, attrs in variants:
-            for name in ("_norm_for", "_attention", "_linear", "_matvec_pair", "_rms_norm"):
-                backend.__dict__.pop(name, None)
+            restore(backend)
             ablate(backend, parts)
             saved = {k: getattr(backend, k) for k in attrs}
             for k, val in attrs.items():
                 setattr(backend, k, val)
             backend.graphs.graphs.clear()
-            t = run_ahead_intervals(model, backend, state, a.prompt_len, table, bs, warmup, a.steps)
+            t = run_ahead_intervals(ss.model, backend, ss.state, a.prompt_len, ss.table, ss.bs, warmup, a.steps)
             for k, val in saved.items():
                 setattr(backend, k, val)
             res[label].append(round(1000 * float(np.median(t)), 4))

@@ -78,12 +78,17 @@ def test_each_part_left_out_launches_nothing_and_the_rest_runs(parts, gone):
     assert set(full.calls) - set(b.calls) == gone
     assert [c for c in full.calls if c not in gone] == b.calls
     assert h == ("x" if "norm" in parts else "normed")  # a norm left out passes its input through
+    ablate_decode.restore(b)  # the class's methods again: every launch
+    b.calls.clear()
+    step(b)
+    assert b.calls == full.calls
 
 
 def test_the_patched_methods_exist_on_the_cuda_backend_with_these_parameters():
     from llmrs.engine.backends.cuda import CUDABackend
 
-    for name in ("_norm_for", "_attention", "_linear", "_matvec_pair", "_rms_norm"):
+    assert ablate_decode.PATCHED == ("_norm_for", "_attention", "_linear", "_matvec_pair", "_rms_norm")
+    for name in ablate_decode.PATCHED:
         real = list(inspect.signature(getattr(CUDABackend, name)).parameters)
         assert real == list(inspect.signature(getattr(Backend, name)).parameters), name
     assert set(ablate_decode.PARTS) == {"norm", "attn", "o", "qkv", "mlp", "head"}
