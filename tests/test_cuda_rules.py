@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from llmrs.engine.backends.cuda import ATTN_TC_MIN_TOKENS, CUDABackend
+from llmrs.engine.backends.cuda import ATTN_TC_MIN_TOKENS, MATVEC_LONG_K_MIN_WARPS, CUDABackend
 from llmrs.engine.backends.cuda_prefill import TC_MIN_SPLIT_KEYS, decode_tc_splits
 from llmrs.roofline.presets import preset_config
 
@@ -225,8 +225,8 @@ def test_bf16_wgmma_gemm_ring_clusters_and_dispatch():
 
 @pytest.mark.parametrize("long_k", [1, 2, 4])
 def test_matvec_splits_only_the_long_k_rule_takes_its_setting(long_k):
-    """`_matvec_splits`: a 7B's down (K >= 4 N) gets `long_k_splits` warps a row (LLMRS_MATVEC_LONG_K_SPLITS,
-    default 4), every other shape one (and so keeps its paired epilogue); LLMRS_MATVEC_SPLITS forces all."""
+    """`_matvec_splits`: a 7B's down (K >= 4 N) gets `long_k_splits` warps a row where LLMRS_MATVEC_LONG_K_SPLITS
+    sets it, every other shape one (and so keeps its paired epilogue); LLMRS_MATVEC_SPLITS forces all."""
     be = SimpleNamespace(_matvec_forced_splits=0, long_k_splits=long_k)
     split = lambda N, K: CUDABackend._matvec_splits(be, N, K)  # noqa: E731
     assert split(3584, 18944) == long_k  # 7B down
@@ -236,3 +236,14 @@ def test_matvec_splits_only_the_long_k_rule_takes_its_setting(long_k):
     be._matvec_forced_splits = 2
     assert split(3584, 3584) == 2 and split(3584, 18944) == 2
 
+
+def test_matvec_long_k_splits_by_default_the_fewest_reaching_the_warp_count():
+    """The default (LLMRS_MATVEC_LONG_K_SPLITS unset: 0): the fewest of 1, 2, 4 warps a row giving the matrix
+    MATVEC_LONG_K_MIN_WARPS warps, the count that won for each preset's down inside the graphed one-stream step on
+    the H200 (session 18): 7B 1, 3B 2, 0.5B 4; the other shapes keep one."""
+    be = SimpleNamespace(_matvec_forced_splits=0, long_k_splits=0)
+    split = lambda N, K: CUDABackend._matvec_splits(be, N, K)  # noqa: E731
+    assert MATVEC_LONG_K_MIN_WARPS == 3584
+    assert [split(3584, 18944), split(2048, 11008), split(896, 4864)] == [1, 2, 4]  # 7B, 3B, 0.5B down
+    assert split(1536, 8960) == 4 and split(1792, 8960) == 2  # 1.5B down (1536 x 2 < 3584); a made-up N at 2
+    assert [split(3584, 3584), split(2048, 2048), split(896, 896), split(37888, 3584)] == [1, 1, 1, 1]

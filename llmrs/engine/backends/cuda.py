@@ -72,6 +72,8 @@ CUDA_R_32F, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT = 0, 14, 68, -1
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
 NULL = np.uint64(0)
 MATVEC_ROWS_PER_BLOCK = 4
+# the long-K matvec's warps per matrix (`_matvec_splits`): splits = the fewest of 1, 2, 4 reaching it
+MATVEC_LONG_K_MIN_WARPS = 3584
 VIEW_CACHE_MAX = 4096  # workspace views `_buf` keeps (cleared when full)
 # The RMSNorm folded into the paired qkv / gate_up matvecs (`fuse_norm` "auto") up to this hidden size. Measured on
 # the H200 (scripts/gpu_ab.sh, AB_VALUES LLMRS_FUSE_NORM=0/1, single-stream decode ms/token, unfolded -> folded):
@@ -271,12 +273,13 @@ class CUDABackend:
         self.gate_up_bf16 = os.environ.get("LLMRS_GATE_UP_BF16", "1").strip().lower() not in OFF_VALUES
         forced = os.environ.get("LLMRS_MATVEC_SPLITS", "")
         self._matvec_forced_splits = int(forced) if forced in ("1", "2", "4") else 0
-        # warps a row where `_matvec_splits`'s long-K rule applies (a 7B's down): LLMRS_MATVEC_LONG_K_SPLITS, for
+        # warps a row where `_matvec_splits`'s long-K rule applies (a 7B's down): by default the fewest (1, 2, 4)
+        # that give the matrix MATVEC_LONG_K_MIN_WARPS warps; LLMRS_MATVEC_LONG_K_SPLITS=1|2|4 sets one count, for
         # A/Bs of that projection alone (LLMRS_MATVEC_SPLITS forces every matrix, and unpairs gate_up / qkv)
-        long_k = os.environ.get("LLMRS_MATVEC_LONG_K_SPLITS", "4").strip()
-        if long_k not in ("1", "2", "4"):
-            raise UserError(f"LLMRS_MATVEC_LONG_K_SPLITS={long_k!r}: expected 1, 2 or 4")
-        self.long_k_splits = int(long_k)
+        long_k = os.environ.get("LLMRS_MATVEC_LONG_K_SPLITS", "auto").strip().lower()
+        if long_k not in ("auto", "1", "2", "4"):
+            raise UserError(f"LLMRS_MATVEC_LONG_K_SPLITS={long_k!r}: expected auto, 1, 2 or 4")
+        self.long_k_splits = 0 if long_k == "auto" else int(long_k)  # 0: by the warp count
         self.attn_splits: int | None = None  # None: chosen per step; tests force values
         # decode attention kernel: "partial" (attention.cu: a warp per key, a shuffle reduction per query head) or
         # "gqa" (attention_gqa.cu: a lane per key, 32 keys a warp, the block's query heads from shared memory);
@@ -521,8 +524,14 @@ class CUDABackend:
             return 1
         if self._matvec_forced_splits:
             return self._matvec_forced_splits
-        # measured on the H200 (T = 1): down 3584x18944 42.5 -> 39.0 us with 4; o/qkv (K = N) slower with 2 or 4
-        return self.long_k_splits if K >= 4 * N and K >= 4096 and N * 4 <= 16384 else 1
+        # measured on the H200 (T = 1): o/qkv (K = N) slower with 2 or 4. Long K: alone, the 7B's down took 42.5 us
+        # with 1 and 39.0 with 4, but inside the graphed step (one stream, session 18) the fewest splits that give
+        # ~3584 warps won: 7B (N 3584) 1, 3B (2048) 2, 0.5B (896) 4, each 1.2-2.3 us a layer ahead of the others
+        if not (K >= 4 * N and K >= 4096 and N * 4 <= 16384):
+            return 1
+        if self.long_k_splits:
+            return self.long_k_splits
+        return next((s for s in (1, 2) if N * s >= MATVEC_LONG_K_MIN_WARPS), 4)
 
     def _linear(self, x: Any, w: Any, bias: Any | None, out: Any, accumulate: bool = False,
                 name: str = "linear", out_bf16: bool = False) -> None:
