@@ -319,7 +319,11 @@ class LLMEngine:
         cap = min(env_int("LLMRS_WARMUP_GRAPH_CAP", 512), len_cap_for(self.max_model_len))
         if cap <= 0:
             return 0
-        return graphs.precapture(model.w, self.engine_config.max_num_seqs, cap)
+        n = graphs.precapture(model.w, self.engine_config.max_num_seqs, cap)
+        prefill = getattr(backend, "prefill_graphs", None)  # LLMRS_PREFILL_GRAPHS=1: the lone-prefill buckets too
+        if prefill is not None:
+            n += prefill.precapture(model.w, min(self.engine_config.max_num_batched_tokens, self.max_model_len))
+        return n
 
     # ------------------------------------------------------------------ the step
     def step(self) -> list[StepOutput]:

@@ -346,6 +346,13 @@ class CUDABackend:
             from llmrs.engine.backends.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(self)
+        # a lone prompt's prefill from graphs (cuda_prefill_graphs; LLMRS_PREFILL_GRAPHS=1, opt-in: not yet
+        # measured on a GPU)
+        self.prefill_graphs: Any = None
+        if cuda_graphs and os.environ.get("LLMRS_PREFILL_GRAPHS", "0") not in OFF_VALUES:
+            from llmrs.engine.backends.cuda_prefill_graphs import PrefillGraphs
+
+            self.prefill_graphs = PrefillGraphs(self)
 
     def _set_cublas_workspace(self) -> None:
         """A fixed cuBLAS workspace, so that cuBLAS allocates nothing inside a graph capture."""
@@ -483,9 +490,11 @@ class CUDABackend:
         self.k.cast_f32_bf16((min(65535, -(-n // 1024)),), (256,), (x, out, np.int64(n)))  # 4 a thread
 
     # ------------------------------------------------------------------ batch
-    def device_batch(self, batch: StepBatch) -> DeviceBatch:
-        cp = self.cp
-        T, B, S = batch.num_tokens, batch.num_seqs, int(batch.sample_rows.shape[0])
+    def pack_batch(self, batch: StepBatch) -> tuple[np.ndarray, int]:
+        """A StepBatch's index arrays as one int32 array (the layout `device_batch` and the prefill graphs copy to
+        the GPU: token ids, positions, slots, token_seq [T] each, sample rows [S], block tables, prefill tiles) and
+        the number of prefill tiles."""
+        T, B = batch.num_tokens, batch.num_seqs
         lens = np.diff(batch.query_start)
         token_seq = np.repeat(np.arange(B, dtype=np.int32), lens)
         bt = np.ascontiguousarray(batch.block_tables, dtype=np.int32)
@@ -497,12 +506,23 @@ class CUDABackend:
         packed = np.concatenate([batch.token_ids.astype(np.int32), batch.positions.astype(np.int32),
                                  batch.slot_mapping.astype(np.int32), token_seq,
                                  batch.sample_rows.astype(np.int32), bt.reshape(-1), tiles.reshape(-1)])
-        d = self._stage("batch", packed)  # async: the host may run ahead of the GPU (async scheduling)
+        return packed, len(tiles)
+
+    @staticmethod
+    def unpack_batch(d: Any, batch: StepBatch, n_tiles: int) -> DeviceBatch:
+        """The DeviceBatch whose arrays are views of `d`, a device copy of `pack_batch(batch)`'s array."""
+        T, S = batch.num_tokens, int(batch.sample_rows.shape[0])
+        bt = batch.block_tables
         o = np.cumsum([0, T, T, T, T, S, bt.size])
-        db = DeviceBatch(T=T, S=S, token_ids=d[o[0]:o[1]], positions=d[o[1]:o[2]], slots=d[o[2]:o[3]],
-                         token_seq=d[o[3]:o[4]], sample_rows=d[o[4]:o[5]], block_tables=d[o[5]:o[6]],
-                         max_blocks=int(bt.shape[1]), max_len=int(batch.positions.max()) + 1 if T else 0,
-                         prefill_tiles=d[o[6]:], n_prefill_tiles=len(tiles))
+        return DeviceBatch(T=T, S=S, token_ids=d[o[0]:o[1]], positions=d[o[1]:o[2]], slots=d[o[2]:o[3]],
+                           token_seq=d[o[3]:o[4]], sample_rows=d[o[4]:o[5]], block_tables=d[o[5]:o[6]],
+                           max_blocks=int(bt.shape[1]), max_len=int(batch.positions.max()) + 1 if T else 0,
+                           prefill_tiles=d[o[6]:], n_prefill_tiles=n_tiles)
+
+    def device_batch(self, batch: StepBatch) -> DeviceBatch:
+        packed, n_tiles = self.pack_batch(batch)
+        d = self._stage("batch", packed)  # async: the host may run ahead of the GPU (async scheduling)
+        db = self.unpack_batch(d, batch, n_tiles)
         if self.profiler is not None:
             db.kv_tokens = int(np.sum(batch.context_lens))
             db.qk_pairs = int(np.sum(batch.positions.astype(np.int64) + 1))
@@ -890,6 +910,8 @@ class CUDABackend:
         step overwrites."""
         if self.graphs is not None and self.profiler is None:
             logits = self.graphs.run(w, batch)
+            if logits is None and self.prefill_graphs is not None and batch.feed is None:
+                logits = self.prefill_graphs.run(w, batch)
             if logits is not None:
                 return self.cp.asnumpy(logits) if to_host else logits
         tr("fwd_begin")

@@ -239,7 +239,6 @@ class DecodeGraphs:
 
         cp, b = self.cp, self.b
         nb = -(-cap // b.block_size)
-        key = (B, cap)
         host = b._pinned(f"graph_{B}_{cap}", 5 * B + B * nb, np.int32)
         host[:] = self._pad_host(B, nb)
         dev = cp.asarray(host)
@@ -247,6 +246,13 @@ class DecodeGraphs:
         db = DeviceBatch(T=B, S=B, token_ids=dev[o[0]:o[1]], positions=dev[o[1]:o[2]], slots=dev[o[2]:o[3]],
                          token_seq=dev[o[3]:o[4]], sample_rows=dev[o[4]:o[5]], block_tables=dev[o[5]:],
                          max_blocks=nb, max_len=cap)
+        return self._capture_db(w, (B, cap), host, dev, db, nb, f"batch {B}, context {cap}")
+
+    def _capture_db(self, w: Any, key: tuple[int, int], host: np.ndarray, dev: Any, db: Any, nb: int,
+                    what: str) -> _Graph | None:
+        """Captures the step over `db` (views of `dev`, the device copy of `host`) in this object's workspace,
+        keeps it under `key`; None (and `key` marked failed) where the driver refuses it."""
+        cp, b = self.cp, self.b
         saved = b._ws
         b._ws = self.ws
         try:
@@ -275,8 +281,7 @@ class DecodeGraphs:
             self.stream.synchronize()
         except Exception as e:  # a capture the driver refuses: this shape runs eagerly from now on
             self.failed.add(key)
-            print(f"llmrs: CUDA graph capture failed for batch {B}, context {cap} ({e}); running eagerly",
-                  file=sys.stderr)
+            print(f"llmrs: CUDA graph capture failed for {what} ({e}); running eagerly", file=sys.stderr)
             return None
         finally:
             b._ws = saved

@@ -1,0 +1,119 @@
+"""CUDA graphs for a lone prompt's prefill (`LLMRS_PREFILL_GRAPHS=1`, opt-in: written without a GPU, not yet
+measured): time to first token without the host's launch speed in it.
+
+An eager 256-token prefill of a 7B enqueues ~230 launches (112 cuBLAS calls) in 3.4-7.4 ms depending on the
+host, against ~7 ms of GPU work (reports/h200-qwen2.5, sessions 16-17); where the host is the slower one, the first
+token waits on it. A step that is one sequence's prefill from position 0 (no cached prefix: the TTFT case) is
+padded up to a bucket of PREFILL_BUCKETS tokens and replayed from a graph captured per bucket:
+- the padded step (`padded_prefill`): the prompt's L tokens, then token 0 at positions L .. Tb-1; the block-table
+  row extended with the backend's pad block, so padding tokens whose positions fall past the sequence's blocks
+  write their K/V there (those in its last blocks write slots that the next tokens overwrite before any read);
+  the sampled row L - 1. Causal attention keeps the real tokens from seeing the padding keys (they come after
+  them), and no padding row's output is read;
+- everything the kernels read comes from one static device buffer in `CUDABackend.pack_batch`'s layout, refilled
+  by one async copy before each replay; positions and the prefill attention's tiles are the bucket's own (fixed);
+- capture as DecodeGraphs does (cuda_graphs.py: cuBLAS through RawCublas, programmatic dependent launch kept only
+  if a replay equals the eager step), in a workspace of its own.
+The padded rows cost GPU work (at most the bucket's slack); a step that is anything else runs eagerly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from llmrs.engine.backends.cuda_graphs import DecodeGraphs, _Graph
+from llmrs.engine.batch import StepBatch, build_step_batch
+
+PREFILL_BUCKETS = (32, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+
+
+def prefill_bucket(n: int, min_tokens: int) -> int | None:
+    """The bucket a lone prefill of n tokens is padded to: None below min_tokens or past the largest."""
+    if n < min_tokens:
+        return None
+    for b in PREFILL_BUCKETS:
+        if b >= n:
+            return b
+    return None
+
+
+def is_lone_prefill(batch: StepBatch) -> bool:
+    """One sequence, every token new from position 0, its last row sampled."""
+    T = batch.num_tokens
+    return (batch.num_seqs == 1 and T > 1 and int(batch.positions[0]) == 0 and int(batch.context_lens[0]) == T
+            and batch.sample_rows.shape[0] == 1 and int(batch.sample_rows[0]) == T - 1)
+
+
+def padded_prefill(batch: StepBatch, Tb: int, pad_block: int, block_size: int) -> StepBatch:
+    """The lone prefill `batch` (L tokens) padded to Tb tokens (module docstring): a block-table row of Tb /
+    block_size entries (the sequence's own, -1 and past them the pad block), slots from it, sample row L - 1."""
+    L = batch.num_tokens
+    assert is_lone_prefill(batch) and L <= Tb and Tb % block_size == 0
+    nb = Tb // block_size
+    table = np.full(nb, pad_block, dtype=np.int64)
+    own = np.asarray(batch.block_tables[0][:nb], dtype=np.int64)
+    table[:own.size] = np.where(own < 0, pad_block, own)
+    tokens = np.zeros(Tb, dtype=np.int64)
+    tokens[:L] = batch.token_ids
+    out = build_step_batch([(tokens.tolist(), 0, table.tolist(), True)], block_size)
+    out.sample_rows[:] = L - 1
+    return out
+
+
+class PrefillGraphs(DecodeGraphs):
+    """Captures and replays lone-prefill graphs for one CUDABackend, one per bucket (module docstring)."""
+
+    def run(self, w: Any, batch: StepBatch) -> Any | None:  # type: ignore[override]
+        """The step's logits [1, vocab] (a device view, overwritten by the next replay) from a graph, or None
+        when the step must run eagerly."""
+        b = self.b
+        if b.tp is not None or b.prefill_min_tokens is None or not is_lone_prefill(batch):
+            return None
+        Tb = prefill_bucket(batch.num_tokens, b.prefill_min_tokens)
+        if Tb is None:
+            return None
+        key = (Tb, 0)
+        g = self.graphs.get(key)
+        if g is None:
+            if key in self.failed:
+                return None
+            g = self._capture_prefill(w, Tb)
+            if g is None:
+                return None
+        if g.copied is not None:
+            g.copied.synchronize()
+        packed, _ = b.pack_batch(padded_prefill(batch, Tb, b.pad_block, b.block_size))
+        g.host[:] = packed
+        stream = self.cp.cuda.get_current_stream()
+        g.dev.set(g.host, stream=stream)
+        g.copied = g.copied or self.cp.cuda.Event(disable_timing=True)
+        g.copied.record(stream)
+        g.graph.launch(stream=stream)
+        self.replays += 1
+        return g.logits[:1]
+
+    def precapture(self, w: Any, max_tokens: int, max_cap: int = 0) -> int:  # type: ignore[override]
+        """Captures every bucket up to `max_tokens` now, largest first (the workspace grows once). Returns how
+        many."""
+        b = self.b
+        if b.tp is not None or b.prefill_min_tokens is None:
+            return 0
+        n = 0
+        for Tb in reversed([t for t in PREFILL_BUCKETS if t <= max_tokens]):
+            key = (Tb, 0)
+            if key not in self.graphs and key not in self.failed and self._capture_prefill(w, Tb) is not None:
+                n += 1
+        return n
+
+    def _capture_prefill(self, w: Any, Tb: int) -> _Graph | None:
+        b = self.b
+        # the bucket's own padding step: Tb tokens of one sequence whose blocks are all the pad block
+        shape = build_step_batch([([0] * Tb, 0, [b.pad_block] * (Tb // b.block_size), True)], b.block_size)
+        packed, n_tiles = b.pack_batch(shape)
+        host = b._pinned(f"prefill_graph_{Tb}", packed.size, np.int32)
+        host[:] = packed
+        dev = self.cp.asarray(host)
+        return self._capture_db(w, (Tb, 0), host, dev, b.unpack_batch(dev, shape, n_tiles), Tb // b.block_size,
+                                f"a {Tb}-token prefill")
