@@ -320,7 +320,7 @@ class LLMEngine:
         if cap <= 0:
             return 0
         n = graphs.precapture(model.w, self.engine_config.max_num_seqs, cap)
-        prefill = getattr(backend, "prefill_graphs", None)  # LLMRS_PREFILL_GRAPHS=1: the lone-prefill buckets too
+        prefill = getattr(backend, "prefill_graphs", None)  # the lone-prefill buckets too (LLMRS_PREFILL_GRAPHS)
         if prefill is not None:
             n += prefill.precapture(model.w, min(self.engine_config.max_num_batched_tokens, self.max_model_len))
         return n

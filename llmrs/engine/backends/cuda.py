@@ -346,10 +346,10 @@ class CUDABackend:
             from llmrs.engine.backends.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(self)
-        # a lone prompt's prefill from graphs (cuda_prefill_graphs; LLMRS_PREFILL_GRAPHS=1, opt-in: not yet
-        # measured on a GPU)
+        # a lone prompt's prefill from graphs (cuda_prefill_graphs; on with the decode graphs, LLMRS_PREFILL_GRAPHS=0
+        # turns it off)
         self.prefill_graphs: Any = None
-        if cuda_graphs and os.environ.get("LLMRS_PREFILL_GRAPHS", "0") not in OFF_VALUES:
+        if cuda_graphs and os.environ.get("LLMRS_PREFILL_GRAPHS", "1").strip().lower() not in OFF_VALUES:
             from llmrs.engine.backends.cuda_prefill_graphs import PrefillGraphs
 
             self.prefill_graphs = PrefillGraphs(self)

@@ -1,5 +1,12 @@
-"""CUDA graphs for a lone prompt's prefill (`LLMRS_PREFILL_GRAPHS=1`, opt-in: written without a GPU, not yet
-measured): time to first token without the host's launch speed in it.
+"""CUDA graphs for a lone prompt's prefill (on with the decode graphs; `LLMRS_PREFILL_GRAPHS=0` turns it off): time
+to first token without the host's launch speed in it, nor cuBLAS's first call of each new token count.
+
+Measured on the H200 (session 18, 7B bf16 synthetic, fresh servers, reports/h200-qwen2.5/session18): 256-token
+prompts, TTFT medians 9.03 / 9.53 / 8.75 / 9.25 ms against 9.28 / 9.70 / 9.50 / 9.28 eager (four servers each);
+prompts of varied lengths (192-576 tokens, 32 a pass), first pass on a fresh server 13.79 / 15.09 ms against
+18.07 / 18.70 eager, second pass 15.31 / 15.20 against 15.62 / 15.18. Eager, cuBLAS spends ~2.6 ms of host time
+on its first call of a (token count, shape) against ~0.05 ms later (scripts/cublas_first_shape.py): every new
+prompt length paid it up to five times; a graph per bucket pays it once, at warm-up.
 
 An eager 256-token prefill of a 7B enqueues ~230 launches (112 cuBLAS calls) in 3.4-7.4 ms depending on the
 host, against ~7 ms of GPU work (reports/h200-qwen2.5, sessions 16-17); where the host is the slower one, the first
