@@ -227,7 +227,7 @@ def test_bf16_wgmma_gemm_ring_clusters_and_dispatch():
 def test_matvec_splits_only_the_long_k_rule_takes_its_setting(long_k):
     """`_matvec_splits`: a 7B's down (K >= 4 N) gets `long_k_splits` warps a row where LLMRS_MATVEC_LONG_K_SPLITS
     sets it, every other shape one (and so keeps its paired epilogue); LLMRS_MATVEC_SPLITS forces all."""
-    be = SimpleNamespace(_matvec_forced_splits=0, long_k_splits=long_k)
+    be = SimpleNamespace(_matvec_forced_splits=0, long_k_splits=long_k, square_k_splits=False)
     split = lambda N, K: CUDABackend._matvec_splits(be, N, K)  # noqa: E731
     assert split(3584, 18944) == long_k  # 7B down
     assert split(2048, 11008) == long_k  # 3B down
@@ -241,7 +241,7 @@ def test_matvec_long_k_splits_by_default_the_fewest_reaching_the_warp_count():
     """The default (LLMRS_MATVEC_LONG_K_SPLITS unset: 0): the fewest of 1, 2, 4 warps a row giving the matrix
     MATVEC_LONG_K_MIN_WARPS warps, the count that won for each preset's down inside the graphed one-stream step on
     the H200 (session 18): 7B 1, 3B 2, 0.5B 4; the other shapes keep one."""
-    be = SimpleNamespace(_matvec_forced_splits=0, long_k_splits=0)
+    be = SimpleNamespace(_matvec_forced_splits=0, long_k_splits=0, square_k_splits=False)
     split = lambda N, K: CUDABackend._matvec_splits(be, N, K)  # noqa: E731
     assert MATVEC_LONG_K_MIN_WARPS == 3584
     assert [split(3584, 18944), split(2048, 11008), split(896, 4864)] == [1, 2, 4]  # 7B, 3B, 0.5B down

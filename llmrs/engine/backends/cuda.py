@@ -280,6 +280,7 @@ class CUDABackend:
         if long_k not in ("auto", "1", "2", "4"):
             raise UserError(f"LLMRS_MATVEC_LONG_K_SPLITS={long_k!r}: expected auto, 1, 2 or 4")
         self.long_k_splits = 0 if long_k == "auto" else int(long_k)  # 0: by the warp count
+        self.square_k_splits = False  # (an A/B of `_matvec_splits`: o by the warp count too)
         self.attn_splits: int | None = None  # None: chosen per step; tests force values
         # decode attention kernel: "partial" (attention.cu: a warp per key, a shuffle reduction per query head) or
         # "gqa" (attention_gqa.cu: a lane per key, 32 keys a warp, the block's query heads from shared memory);
@@ -548,6 +549,9 @@ class CUDABackend:
         # with 1 and 39.0 with 4, but inside the graphed step (one stream, session 18) the fewest splits that give
         # ~3584 warps won: 7B (N 3584) 1, 3B (2048) 2, 0.5B (896) 4, each 1.2-2.3 us a layer ahead of the others
         if not (K >= 4 * N and K >= 4096 and N * 4 <= 16384):
+            # square_k_splits (an A/B, off): a square matrix (o) by the long-K rule's warp count too
+            if self.square_k_splits and N == K:
+                return next((s for s in (1, 2) if N * s >= MATVEC_LONG_K_MIN_WARPS), 4)
             return 1
         if self.long_k_splits:
             return self.long_k_splits
