@@ -3,8 +3,8 @@
 # use_gguf: the embedded SmolLM2 GGUF (98 MB, over one call's carry) from /tmp/models/part1 (moved there by an
 #   earlier call of the same lease) + .gguf/part2 (carried now), joined; LLMRS_EMBEDDED_DIR set when it is there.
 # step TITLE: a section header with the time.  wait_health PORT [SECONDS]: until GET /health answers 200.
-# gpu_tests: `pytest -m gpu tests` (or $TEST_PATHS) into $R/gpu_tests.log (figures in $R/gpu_figures.jsonl), its
-#   summary printed.
+# gpu_tests: `pytest -m gpu tests` (or $TEST_PATHS; $TEST_ARGS split on spaces, $TEST_K one -k expression) into
+#   $R/gpu_tests.log (figures in $R/gpu_figures.jsonl), its summary printed.
 # serve_bench LABEL [SERVE ARGS]: `llmrs serve` of synthetic Qwen2.5-7B ($SERVE_MODEL: another preset, e.g.
 #   qwen2.5-7b-awq), `llmrs bench` at 1 stream, then 64 / 256 concurrent twice (prompt 256, 256 new tokens; each
 #   point its own prompts: a cold prefix cache);
@@ -56,7 +56,7 @@ PY
 }
 gpu_tests() {
   step "GPU tests"; LLMRS_GPU_REPORT=$R/gpu_figures.jsonl timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu \
-    -p no:cacheprovider -rs ${TEST_PATHS:-tests} ${TEST_ARGS:-} > $R/gpu_tests.log 2>&1
+    -p no:cacheprovider -rs ${TEST_PATHS:-tests} ${TEST_ARGS:-} ${TEST_K:+-k "$TEST_K"} > $R/gpu_tests.log 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed|SKIPPED|capture" $R/gpu_tests.log | tail -15
 }
 serve_bench() {
