@@ -74,6 +74,24 @@ NULL = np.uint64(0)
 MATVEC_ROWS_PER_BLOCK = 4
 # the long-K matvec's warps per matrix (`_matvec_splits`): splits = the fewest of 1, 2, 4 reaching it
 MATVEC_LONG_K_MIN_WARPS = 3584
+# cuBLAS's first call of a (token count, shape) costs ~2.6 ms of host time (~0.05 ms later; H200, session 18,
+# scripts/cublas_first_shape.py), so an eager step whose token count is new pays it for each GEMM shape. With
+# LLMRS_GEMM_PAD_ROWS=1 the GEMMs run on gemm_rows(T) rows (the padding rows' inputs and outputs are workspace
+# nobody reads): far fewer distinct counts, at the cost of the padding rows' work.
+def gemm_rows(T: int) -> int:
+    """The row count a T-token GEMM runs on with row padding: T up to 64, then the next multiple of 32 up to 512,
+    of 64 up to 2048, of 128 above."""
+    if T <= 64:
+        return T
+    g = 32 if T <= 512 else 64 if T <= 2048 else 128
+    return -(-T // g) * g
+
+
+def room_bytes(a: Any) -> int:
+    """Bytes of device memory from a's first element to the end of the allocation it lies in."""
+    return int(a.data.mem.size - (a.data.ptr - a.data.mem.ptr))
+
+
 VIEW_CACHE_MAX = 4096  # workspace views `_buf` keeps (cleared when full)
 # The RMSNorm folded into the paired qkv / gate_up matvecs (`fuse_norm` "auto") up to this hidden size. Measured on
 # the H200 (scripts/gpu_ab.sh, AB_VALUES LLMRS_FUSE_NORM=0/1, single-stream decode ms/token, unfolded -> folded):
@@ -220,6 +238,7 @@ class CUDABackend:
     # GEMM inputs written as bf16 by their producers (rms_norm_bf16, add_rms_norm_bf16, silu_mul_bf16) instead of
     # f32 + cast_f32_bf16: the same bits, two launches fewer per layer; False (tests) keeps the f32 + cast path
     fuse_bf16 = True
+    gemm_pad_rows = False  # the bf16 GEMMs on gemm_rows(T) rows (LLMRS_GEMM_PAD_ROWS=1; `_linear`, `_buf`)
     # decode-sized steps (the matvec path): RoPE + the K/V cache write in the qkv projection's epilogue and
     # SiLU x up in gate_up's (matvec_rope_bf16 / matvec_silu_bf16: bit-identical, two launches fewer per layer);
     # LLMRS_FUSE_EPILOGUES=0 (and tests) keep the separate kernels
@@ -281,6 +300,8 @@ class CUDABackend:
             raise UserError(f"LLMRS_MATVEC_LONG_K_SPLITS={long_k!r}: expected auto, 1, 2 or 4")
         self.long_k_splits = 0 if long_k == "auto" else int(long_k)  # 0: by the warp count
         self.square_k_splits = False  # (an A/B of `_matvec_splits`: o by the warp count too)
+        # the bf16 GEMMs on gemm_rows(T) rows where the workspace has room (`_linear`; LLMRS_GEMM_PAD_ROWS)
+        self.gemm_pad_rows = os.environ.get("LLMRS_GEMM_PAD_ROWS", "0").strip().lower() not in OFF_VALUES
         self.attn_splits: int | None = None  # None: chosen per step; tests force values
         # decode attention kernel: "partial" (attention.cu: a warp per key, a shuffle reduction per query head) or
         # "gqa" (attention_gqa.cu: a lane per key, 32 keys a warp, the block's query heads from shared memory);
@@ -401,8 +422,10 @@ class CUDABackend:
         if hit is not None and hit[0] is cur:  # (the decode graphs swap in their own workspace while capturing)
             return hit[1]
         n = int(np.prod(shape))
-        if cur is None or cur.size < n or cur.dtype != np.dtype(dtype):
-            cur = self.cp.empty(max(n, 1), dtype=dtype)
+        # room for a GEMM's padding rows past a [T, X] view (gemm_rows; only `_linear` reads or writes them)
+        room = gemm_rows(shape[0]) * int(np.prod(shape[1:])) if self.gemm_pad_rows and len(shape) == 2 else n
+        if cur is None or cur.size < room or cur.dtype != np.dtype(dtype):
+            cur = self.cp.empty(max(room, 1), dtype=dtype)
             self._ws[name] = cur
             self._views = {k: v for k, v in self._views.items() if k[0] != name}  # the old buffer's views go too
         if len(self._views) >= VIEW_CACHE_MAX:  # (step shapes vary with the batch: keep the cache bounded)
@@ -591,15 +614,20 @@ class CUDABackend:
         if not out_bf16 and bf16_wgmma_takes(self, T, N, K):  # K split over a cluster (cuda_wgmma), opt-in
             gemm_bf16wg(self, xb, w, bias, out, accumulate, name)
             return
+        M = T  # the rows cuBLAS computes: gemm_rows(T) where both buffers have room (the padding rows unread)
+        if self.gemm_pad_rows:
+            Tp = gemm_rows(T)
+            if Tp != T and room_bytes(xb) >= Tp * K * 2 and room_bytes(out) >= Tp * N * out.itemsize:
+                M = Tp
         with self._span("gemm", name, T, N, K, accumulate, False, 2 if out_bf16 else 4):
             # row-major out[T, N] = x[T, K] @ w[N, K]^T  <=>  column-major out^T[N, T] = w^T' ... (op(A) = W^T view)
             if self._lt is not None:  # cuBLASLt, each shape's algorithm chosen once (LLMRS_CUBLASLT=1, cuda_lt)
-                self._lt.matmul(N, T, K, self._one_ptr, w.data.ptr, xb.data.ptr,
+                self._lt.matmul(N, M, K, self._one_ptr, w.data.ptr, xb.data.ptr,
                                 self._one_ptr if accumulate else self._zero_ptr, out.data.ptr,
                                 CUDA_R_16BF if out_bf16 else CUDA_R_32F, self.cp.cuda.get_current_stream().ptr)
             else:
                 gemm = self.cublas.gemmEx if self._raw_gemm is None else self._raw_gemm
-                gemm(self._handle, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K,
+                gemm(self._handle, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K,
                      self._one_ptr, w.data.ptr, CUDA_R_16BF, K, xb.data.ptr, CUDA_R_16BF, K,
                      self._one_ptr if accumulate else self._zero_ptr, out.data.ptr,
                      CUDA_R_16BF if out_bf16 else CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
