@@ -112,6 +112,29 @@ def test_matvec_matches_numpy(rng, N, K, T, bias, accumulate):
     assert rel_err(cp.asnumpy(out), ref) < 1e-5
 
 
+@pytest.mark.parametrize("N,K", [(1, 8), (37, 64), (896, 896), (2048, 2048), (3584, 3584), (513, 4096), (300, 1000)])
+@pytest.mark.parametrize("bias,accumulate", [(False, False), (True, True)])
+def test_matvec_rows_equals_the_one_warp_matvec(rng, N, K, bias, accumulate):
+    """matvec_rows_bf16 (one token, rows held in registers before pdl_wait; LLMRS_MATVEC_ROWS=1, `preload`): the same
+    bits as matvec_bf16_t1 at one warp a row (the same chunks in the same order)."""
+    be = CUDABackend(cfg(), num_blocks=1)
+    W = be.upload(rng.standard_normal((N, K)).astype(np.float32) * 0.05)
+    x = cp.asarray(rng.standard_normal((1, K)).astype(np.float32))
+    b = be.upload(round_bf16(rng.standard_normal(N).astype(np.float32))) if bias else None
+    y0 = rng.standard_normal((1, N)).astype(np.float32)
+    outs = []
+    for rows in (False, True):
+        be.matvec_rows = rows
+        out = cp.asarray(y0) if accumulate else cp.asarray(poison((1, N)))
+        be._linear(x, W, b, out, accumulate=accumulate, preload=True)
+        outs.append(cp.asnumpy(out))
+    assert be._matvec_splits(N, K) == 1
+    np.testing.assert_array_equal(outs[1], outs[0])
+    ref = cp.asnumpy(x).astype(np.float64) @ bf16_to_f32(cp.asnumpy(W)).T.astype(np.float64)
+    ref = ref + (cp.asnumpy(b) if bias else 0) + (y0 if accumulate else 0)
+    assert rel_err(outs[1], ref) < 1e-5
+
+
 @pytest.mark.parametrize("N,K,T", [(64, 64, 9), (1001, 896, 33), (4864, 896, 130), (151, 72, 17)])
 @pytest.mark.parametrize("bias,accumulate", [(False, False), (True, True)])
 def test_cublas_gemm_path_matches_numpy(rng, N, K, T, bias, accumulate):

@@ -84,6 +84,42 @@ __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
 #endif
 }
 
+// Early weight loads under programmatic dependent launch. A kernel's first weight chunks are meant to stream while
+// the previous kernel drains (they are loaded before pdl_wait), but ptxas is free to move a load past
+// `griddepcontrol.wait` (SASS ACQBULK) and did: in every matvec and gemv kernel no load came before it (ptx-check
+// --sass, sm_90), so nothing streamed early. Two rules pin them (default; -DLLMRS_NO_EARLY_LOADS, from
+// LLMRS_EARLY_LOADS=0, restores the old code for A/B runs):
+//   ldg_early: the early chunk loads (ldg_stream's form);
+//   pdl_wait_on(v): pdl_wait made to depend on v, a word of each early chunk, so the loads are issued (and land)
+//     before the wait; the warp would wait for them right after it anyway;
+//   ldx4 / ldx2: the activations an earlier kernel wrote (x), read after the wait through the coherent path:
+//     ptxas may hoist a non-coherent (`ld.global.nc`, what `const __restrict__` compiles to) load above the wait,
+//     which would read x before the previous kernel wrote it; a coherent load stays below an acquire. (Below
+//     sm_90, no PDL: the non-coherent load, as before.)
+__device__ __forceinline__ uint4 ldg_early(const uint4* p) { return ldg_stream(p); }
+
+__device__ __forceinline__ unsigned early_word(const uint4& a) { return a.x; }
+
+__device__ __forceinline__ float2 ldx2(const float* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(LLMRS_NO_EARLY_LOADS)
+    float2 r;
+    asm volatile("ld.global.v2.f32 {%0, %1}, [%2];" : "=f"(r.x), "=f"(r.y) : "l"(p));
+    return r;
+#else
+    return __ldg(reinterpret_cast<const float2*>(p));
+#endif
+}
+
+__device__ __forceinline__ float4 ldx4(const float* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(LLMRS_NO_EARLY_LOADS)
+    float4 r;
+    asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w) : "l"(p));
+    return r;
+#else
+    return *reinterpret_cast<const float4*>(p);
+#endif
+}
+
 // Programmatic dependent launch (sm_90+; no-ops below, and when the kernel was launched without the attribute).
 // Inside a decode graph the backend launches its kernels with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 // (cuda_kernels.PDL_KERNELS), so kernel n+1's blocks start while kernel n drains. The contract of every such kernel:
@@ -100,6 +136,18 @@ __device__ __forceinline__ void pdl_trigger() {
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// pdl_wait after the loads that produced v (see ldg_early): both branches wait; the predicate makes ptxas issue the
+// loads first. Plain pdl_wait with -DLLMRS_NO_EARLY_LOADS.
+__device__ __forceinline__ void pdl_wait_on(unsigned v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(LLMRS_NO_EARLY_LOADS)
+    asm volatile("{\n .reg .pred q;\n setp.eq.u32 q, %0, 0x7fc00001;\n @q griddepcontrol.wait;\n"
+                 " @!q griddepcontrol.wait;\n}" :: "r"(v) : "memory");
+#else
+    (void)v;
+    pdl_wait();
 #endif
 }
 

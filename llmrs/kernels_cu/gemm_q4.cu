@@ -927,9 +927,8 @@ __device__ __forceinline__ unsigned bf16x2_code(unsigned w) {
 // x's B registers of one kb for the lane's token (zeros for a lane whose token is >= T): step 0 b0, b1, step 1 b0, b1
 __device__ __forceinline__ uint4 gemv_xb(const float* __restrict__ xr, bool live) {
     if (!live) return make_uint4(0u, 0u, 0u, 0u);
-    const float2 x0 = __ldg(reinterpret_cast<const float2*>(xr)), x1 = __ldg(reinterpret_cast<const float2*>(xr + 8));
-    const float2 x2 = __ldg(reinterpret_cast<const float2*>(xr + 16));
-    const float2 x3 = __ldg(reinterpret_cast<const float2*>(xr + 24));
+    // x comes from the previous kernel: ldx2 (common.cuh's early-load rules; __ldg with -DLLMRS_NO_EARLY_LOADS)
+    const float2 x0 = ldx2(xr), x1 = ldx2(xr + 8), x2 = ldx2(xr + 16), x3 = ldx2(xr + 24);
     return make_uint4(pack_bf16x2(x0.x, x2.x), pack_bf16x2(x0.y, x2.y), pack_bf16x2(x1.x, x3.x),
                       pack_bf16x2(x1.y, x3.y));
 }
@@ -1019,8 +1018,11 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
     const uint4* wp = Bq + (size_t)nb * KB * 32 + lane;
     uint4 qa[GV_DEPTH], qb[GV_DEPTH];  // two batches' codes: one used while the other is loaded (no copies)
 #pragma unroll
-    for (int d = 0; d < GV_DEPTH; ++d) qa[d] = ldg_stream(wp + (size_t)min(kb_lo + d, max(kb_hi - 1, 0)) * 32);
-    pdl_wait();  // x (and out, part) come from earlier kernels
+    for (int d = 0; d < GV_DEPTH; ++d) qa[d] = ldg_early(wp + (size_t)min(kb_lo + d, max(kb_hi - 1, 0)) * 32);
+    unsigned early = 0u;
+#pragma unroll
+    for (int d = 0; d < GV_DEPTH; ++d) early |= early_word(qa[d]);
+    pdl_wait_on(early);  // x (and out, part) come from earlier kernels
 
     bool live[NU];
     const float* xr[NU];  // this batch's x of the lane's token (running pointers: no address product a block)

@@ -19,8 +19,8 @@ __device__ __forceinline__ void fma8(const float* wf, const float* __restrict__ 
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
         if (t0 + j < T) {
-            const float4* xp = reinterpret_cast<const float4*>(x + (size_t)(t0 + j) * K + k0);
-            const float4 a = xp[0], b = xp[1];
+            const float* xp = x + (size_t)(t0 + j) * K + k0;
+            const float4 a = ldx4(xp), b = ldx4(xp + 4);
             acc[j] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w
                     + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
         }
@@ -50,10 +50,10 @@ __device__ __forceinline__ void matvec_row_sums(const bf16_t* __restrict__ W, co
         const int K8 = K >> 3;
         const uint4 z = make_uint4(0u, 0u, 0u, 0u);
         int c = s * 32 + lane;
-        uint4 p0 = c < K8 ? ldg_stream(w4 + c) : z, p1 = c + stride < K8 ? ldg_stream(w4 + c + stride) : z,
-              p2 = c + 2 * stride < K8 ? ldg_stream(w4 + c + 2 * stride) : z,
-              p3 = c + 3 * stride < K8 ? ldg_stream(w4 + c + 3 * stride) : z;
-        pdl_wait();
+        uint4 p0 = c < K8 ? ldg_early(w4 + c) : z, p1 = c + stride < K8 ? ldg_early(w4 + c + stride) : z,
+              p2 = c + 2 * stride < K8 ? ldg_early(w4 + c + 2 * stride) : z,
+              p3 = c + 3 * stride < K8 ? ldg_early(w4 + c + 3 * stride) : z;
+        pdl_wait_on(early_word(p0) | early_word(p1) | early_word(p2) | early_word(p3));
         while (c < K8) {
             const int cn = c + 4 * stride;
             const uint4 n0 = cn < K8 ? ldg_stream(w4 + cn) : z,
@@ -125,6 +125,56 @@ __device__ __forceinline__ void matvec_impl(const bf16_t* __restrict__ W, const 
     }
 }
 
+// One token, a warp's whole row in registers before pdl_wait (K <= 256 * R: R 16-byte chunks a lane): inside a
+// decode graph the row streams in while the previous kernel runs (the attention, before o), where matvec_bf16 has
+// only its first 4 chunks a lane in flight by then. Registers, not shared memory: a block with a large shared-memory
+// request waits for SMs to drain (session 17's matvec_bf16_smem). The chunks are summed in matvec_bf16's order at
+// one warp a row (c = lane, lane + 32, ...; fma8, warp_sum): the same bits as matvec_bf16_t1 at splits 1.
+template <int R>
+__device__ __forceinline__ void matvec_rows_impl(const bf16_t* __restrict__ W, const float* __restrict__ x,
+                                                 const float* __restrict__ bias, float* __restrict__ y, int N, int K,
+                                                 int accumulate) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (n >= N) return;  // (a block's last warps past N: no loads, no stores)
+    pdl_trigger();
+    const uint4* w4 = reinterpret_cast<const uint4*>(W + (size_t)n * K);
+    const int K8 = K >> 3;
+    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+    uint4 p[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) p[i] = lane + 32 * i < K8 ? ldg_early(w4 + lane + 32 * i) : z;
+    unsigned v = 0u;
+#pragma unroll
+    for (int i = 0; i < R; ++i) v |= early_word(p[i]);
+    pdl_wait_on(v);
+    float acc[1] = {0.0f};
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        const int c = lane + 32 * i;
+        if (c < K8) {
+            float wf[8];
+            unpack8(p[i], wf);
+            fma8<1>(wf, x, K, 1, 0, 8 * c, acc);
+        }
+    }
+    const float sum = warp_sum(acc[0]);
+    if (lane == 0) {
+        const float b = bias ? bias[n] : 0.0f;
+        y[n] = accumulate ? y[n] + (sum + b) : sum + b;
+    }
+}
+
+#define MATVEC_ROWS(R)                                                                                          \
+    extern "C" __global__ void matvec_rows_bf16_r##R(const bf16_t* __restrict__ W, const float* __restrict__ x, \
+                                                     const float* __restrict__ bias, float* __restrict__ y,     \
+                                                     int N, int K, int accumulate) {                             \
+        matvec_rows_impl<R>(W, x, bias, y, N, K, accumulate);                                                  \
+    }
+MATVEC_ROWS(4)
+MATVEC_ROWS(8)
+MATVEC_ROWS(16)
+
 // Paired rows with a fused epilogue: one warp computes both rows of a pair (a block's 4 warps: pairs
 // blockIdx.x * 4 + warp), so each 16-byte chunk of x is loaded once for the two rows; lane j finishes token t0 + j.
 // The row sums are matvec_impl's (same chunks, same order), the epilogues the same expressions as the kernels they
@@ -156,8 +206,8 @@ __device__ __forceinline__ void fma8x2(const float* wa, const float* wb, const f
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
         if (t0 + j < T) {
-            const float4* xp = reinterpret_cast<const float4*>(x + (size_t)(t0 + j) * K + k0);
-            const float4 a = xp[0], b = xp[1];
+            const float* xp = x + (size_t)(t0 + j) * K + k0;
+            const float4 a = ldx4(xp), b = ldx4(xp + 4);
             float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
             if (NORM) {
 #pragma unroll
@@ -179,14 +229,19 @@ __device__ __forceinline__ void fma8x2(const float* wa, const float* wb, const f
 // The weight stream of a row pair (chunks of 8 bf16, lane-strided), software-pipelined as matvec_row_sums: pair_first
 // loads each row's first 4 chunks (before pdl_wait: weights), pair_stream then loads the next 4 before the current 4
 // are used and hands each chunk to use(wa, wb, cc): the 8 weights of rows a and b at chunk cc.
+__device__ __forceinline__ unsigned early_words(const uint4 (&pa)[4], const uint4 (&pb)[4]) {
+    return early_word(pa[0]) | early_word(pa[1]) | early_word(pa[2]) | early_word(pa[3]) | early_word(pb[0])
+         | early_word(pb[1]) | early_word(pb[2]) | early_word(pb[3]);
+}
+
 __device__ __forceinline__ void pair_first(const uint4* a4, const uint4* b4, int K8, bool live, uint4 (&pa)[4],
                                            uint4 (&pb)[4]) {
     const uint4 z = make_uint4(0u, 0u, 0u, 0u);
     const int c = threadIdx.x & 31;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        pa[i] = live && c + 32 * i < K8 ? ldg_stream(a4 + c + 32 * i) : z;
-        pb[i] = live && c + 32 * i < K8 ? ldg_stream(b4 + c + 32 * i) : z;
+        pa[i] = live && c + 32 * i < K8 ? ldg_early(a4 + c + 32 * i) : z;
+        pb[i] = live && c + 32 * i < K8 ? ldg_early(b4 + c + 32 * i) : z;
     }
 }
 
@@ -232,7 +287,7 @@ __device__ __forceinline__ void matvec_pair_sums(const bf16_t* __restrict__ W, c
         const int K8 = K >> 3;
         uint4 pa[4], pb[4];
         pair_first(a4, b4, K8, true, pa, pb);
-        pdl_wait();
+        pdl_wait_on(early_words(pa, pb));
         pair_stream(a4, b4, K8, pa, pb, [&](const float* wa, const float* wb, int cc) {
             fma8x2<NT, NORM>(wa, wb, x, g, K, T, t0, 8 * cc, acc_a, acc_b, ss);
         });
@@ -281,12 +336,11 @@ __device__ __forceinline__ void pair_norm_staged(const bf16_t* __restrict__ W, c
     const int K8 = K >> 3;
     uint4 pa[4], pb[4];
     pair_first(a4, b4, K8, live, pa, pb);
-    pdl_wait();
-    const float4* x4 = reinterpret_cast<const float4*>(x);
+    pdl_wait_on(early_words(pa, pb));
     const float4* g4 = reinterpret_cast<const float4*>(g);
     float ss = 0.0f;
     for (int k4 = threadIdx.x; k4 < (K >> 2); k4 += blockDim.x) {
-        const float4 v = x4[k4], w = g4[k4];
+        const float4 v = ldx4(x + 4 * k4), w = g4[k4];
         ss += v.x * v.x;
         ss += v.y * v.y;
         ss += v.z * v.z;

@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from llmrs.engine.backends.cuda_kernels import OFF_VALUES
+from llmrs.engine.backends.cuda_kernels import MATVEC_ROWS_R, OFF_VALUES
 from llmrs.engine.backends.cuda_q4gemm import (GEMV_MAX_TOKENS, dequant_marlin, gemm_q4, gemm_takes, gemv_q4,
                                                gemv_takes, linear_q4, wgmma_takes)
 from llmrs.engine.backends.cuda_wgmma import bf16_wgmma_takes, gemm_bf16wg
@@ -239,6 +239,7 @@ class CUDABackend:
     # f32 + cast_f32_bf16: the same bits, two launches fewer per layer; False (tests) keeps the f32 + cast path
     fuse_bf16 = True
     gemm_pad_rows = False  # the bf16 GEMMs on gemm_rows(T) rows (LLMRS_GEMM_PAD_ROWS=1; `_linear`, `_buf`)
+    matvec_rows = False  # o at one token as matvec_rows_bf16 (LLMRS_MATVEC_ROWS=1; `_linear`)
     # decode-sized steps (the matvec path): RoPE + the K/V cache write in the qkv projection's epilogue and
     # SiLU x up in gate_up's (matvec_rope_bf16 / matvec_silu_bf16: bit-identical, two launches fewer per layer);
     # LLMRS_FUSE_EPILOGUES=0 (and tests) keep the separate kernels
@@ -302,6 +303,8 @@ class CUDABackend:
         self.square_k_splits = False  # (an A/B of `_matvec_splits`: o by the warp count too)
         # the bf16 GEMMs on gemm_rows(T) rows where the workspace has room (`_linear`; LLMRS_GEMM_PAD_ROWS)
         self.gemm_pad_rows = os.environ.get("LLMRS_GEMM_PAD_ROWS", "0").strip().lower() not in OFF_VALUES
+        # o at one token as matvec_rows_bf16 (its rows in registers while the attention runs; LLMRS_MATVEC_ROWS=1)
+        self.matvec_rows = os.environ.get("LLMRS_MATVEC_ROWS", "0").strip().lower() not in OFF_VALUES
         self.attn_splits: int | None = None  # None: chosen per step; tests force values
         # decode attention kernel: "partial" (attention.cu: a warp per key, a shuffle reduction per query head) or
         # "gqa" (attention_gqa.cu: a lane per key, 32 keys a warp, the block's query heads from shared memory);
@@ -581,11 +584,12 @@ class CUDABackend:
         return next((s for s in (1, 2) if N * s >= MATVEC_LONG_K_MIN_WARPS), 4)
 
     def _linear(self, x: Any, w: Any, bias: Any | None, out: Any, accumulate: bool = False,
-                name: str = "linear", out_bf16: bool = False) -> None:
+                name: str = "linear", out_bf16: bool = False, preload: bool = False) -> None:
         """out (=|+=) x @ w.T (+ bias). x f32 [T, K] contiguous, w bf16 [N, K], out f32 [T, N] contiguous.
         x may already be bf16 words (uint16) where `_gemm_takes_bf16(w, T)`: the GEMM then reads it uncast.
         out_bf16: `out` holds bf16 words (uint16), written by cuBLAS (f32 accumulate, one rounding at the store);
-        only on that same GEMM path, without bias or accumulate."""
+        only on that same GEMM path, without bias or accumulate. preload: a projection whose kernel may load its
+        whole rows before the previous kernel is done (o after the attention): `matvec_rows` at one token."""
         x_bf16 = x.dtype == np.uint16
         assert not x_bf16 or self._gemm_takes_bf16(w, x.shape[0]), "bf16 activations only on the bf16 GEMM path"
         assert not out_bf16 or (self._gemm_out_bf16(w, x.shape[0]) and bias is None and not accumulate
@@ -598,6 +602,15 @@ class CUDABackend:
         if T <= self.matvec_max_tokens:
             nt = matvec_nt(T)
             splits = self._matvec_splits(N, K)
+            if (preload and T == 1 and self.matvec_rows and splits == 1 and K % 8 == 0
+                    and K <= 256 * MATVEC_ROWS_R[-1]):
+                r = next(r for r in MATVEC_ROWS_R if K <= 256 * r)  # 16-byte chunks a lane
+                with self._span("matvec", name, T, N, K, accumulate, bias is not None):
+                    getattr(self.k, f"matvec_rows_bf16_r{r}")(
+                        (-(-N // MATVEC_ROWS_PER_BLOCK),), (32 * MATVEC_ROWS_PER_BLOCK,),
+                        (w, x, NULL if bias is None else bias, out, np.int32(N), np.int32(K),
+                         np.int32(1 if accumulate else 0)))
+                return
             grid = (-(-N * splits // MATVEC_ROWS_PER_BLOCK), -(-T // nt))
             fn = getattr(self.k, f"matvec_bf16_t{nt}")
             with self._span("matvec", name, T, N, K, accumulate, bias is not None):
@@ -1005,10 +1018,10 @@ class CUDABackend:
             pair = self._pair_epilogue(layer.gate_up, T)
             norm_in = pair and tp is None and self._norm_folds(layer.gate_up)  # post_norm folded into gate_up
             if tp is None:
-                self._linear(o_in, layer.o, None, x, accumulate=True, name="o")
+                self._linear(o_in, layer.o, None, x, accumulate=True, name="o", preload=True)
                 h = x if norm_in else self._norm_for(layer.gate_up, x, layer.post_norm, eps)
             else:
-                self._linear(o_in, layer.o, None, part, name="o")
+                self._linear(o_in, layer.o, None, part, name="o", preload=True)
                 self._all_reduce(part)
                 h = self._norm_for(layer.gate_up, x, layer.post_norm, eps, y=part)
             if pair:

@@ -29,8 +29,11 @@ from llmrs.engine.config import OFF_VALUES
 KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels_cu"
 # A/B switches compiled in: LLMRS_KV_PREFETCH=0 (decode attention without its L2 prefetch), LLMRS_STREAM_LOADS=0
 # (matvec weights through L1 like any load, common.cuh's ldg_stream), LLMRS_ATTN_WARP_SUM8=0 (attn_partial sums each
-# head's dot product with its own warp_sum instead of attention.cu's warp_sum8: the same bits)
+# head's dot product with its own warp_sum instead of attention.cu's warp_sum8: the same bits), LLMRS_EARLY_LOADS=0
+# (the matvec / gemv kernels' first weight loads not pinned before pdl_wait, x through the non-coherent path: the code
+# before session 18, common.cuh's ldg_early)
 OPTIONS = ("-std=c++17",) + (
+    ("-DLLMRS_NO_EARLY_LOADS",) if os.environ.get("LLMRS_EARLY_LOADS", "1") in OFF_VALUES else ()) + (
     ("-DLLMRS_NO_KV_PREFETCH",) if os.environ.get("LLMRS_KV_PREFETCH", "1") in OFF_VALUES else ()) + (
     ("-DLLMRS_NO_STREAM_LOADS",) if os.environ.get("LLMRS_STREAM_LOADS", "1") in OFF_VALUES else ()) + (
     ("-DLLMRS_NO_WARP_SUM8",) if os.environ.get("LLMRS_ATTN_WARP_SUM8", "1") in OFF_VALUES else ())
@@ -105,6 +108,7 @@ ATTN_CLUSTER_KERNELS = [f"attn_cluster{cl}_d{d}" for d, sizes in ((4, (4, 8, 16)
 # gemv_q4's forms with the group size fixed at compile time (gemm_q4.cu's CPG: k32 blocks a group; G 32 and 128)
 GEMV_CPG = (1, 4)
 
+MATVEC_ROWS_R = (4, 8, 16)  # matvec.cu's matvec_rows_bf16_r{R}: one token, rows up to 256 R bf16 held in registers
 # file -> entry points (extern "C")
 ENTRY_POINTS: dict[str, list[str]] = {
     "embedding.cu": ["embedding_gather", "feed_tokens"],
@@ -112,7 +116,7 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "elementwise.cu": ["silu_mul", "add_bias", "add_inplace", "cast_f32_bf16", "silu_mul_bf16", "silu_mul_bf16_bf16"],
     "rope_kv.cu": ["rope_write_kv", "write_kv"],
     "matvec.cu": [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16", "rope_norm_bf16")
-                  for nt in (1, 2, 4, 8)],
+                  for nt in (1, 2, 4, 8)] + [f"matvec_rows_bf16_r{r}" for r in MATVEC_ROWS_R],
     "matvec_q4.cu": [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
                     + ["dequant_q4_bf16", "dequant_q8_bf16"],
     "attention.cu": ["attn_partial_d1", "attn_partial_d2", "attn_partial_d4", "attn_partial_d8", "attn_merge",
@@ -137,6 +141,7 @@ PDL_KERNELS = frozenset(
     + [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16", "rope_norm_bf16")
        for nt in (1, 2, 4, 8)]
     + [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
+    + [f"matvec_rows_bf16_r{r}" for r in MATVEC_ROWS_R]
     + [f"attn_partial_d{d}" for d in (1, 2, 4, 8)] + [f"attn_partial_gqa_d{d}" for d in (1, 2, 4, 8)]
     + ATTN_CLUSTER_KERNELS
     + [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)] + list(GEMM_Q4WG_KERNELS)
