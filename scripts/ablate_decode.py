@@ -47,9 +47,9 @@ def ablate(backend, parts: set[str]) -> None:
     skip = {n for p, ns in (("o", ("o",)), ("qkv", ("qkv",)), ("mlp", ("gate_up", "down")), ("head", ("lm_head",)))
             if p in parts for n in ns}
     if skip:
-        def linear(x, w, bias, out, accumulate=False, name="linear", out_bf16=False):
+        def linear(x, w, bias, out, accumulate=False, name="linear", out_bf16=False, preload=False):
             if name not in skip:
-                cls._linear(backend, x, w, bias, out, accumulate, name, out_bf16)
+                cls._linear(backend, x, w, bias, out, accumulate, name, out_bf16, preload)
         backend._linear = linear
     pair_skip = ({"rope"} if "qkv" in parts else set()) | ({"silu"} if "mlp" in parts else set())
     if pair_skip:

@@ -28,7 +28,7 @@ class Backend:
         self.calls.append(("attention", layer))
         return "att"
 
-    def _linear(self, x, w, bias, out, accumulate=False, name="linear", out_bf16=False):
+    def _linear(self, x, w, bias, out, accumulate=False, name="linear", out_bf16=False, preload=False):
         self.calls.append(("linear", name))
 
     def _matvec_pair(self, epi, x, w, out, bias=None, db=None, layer=0, norm=None):
