@@ -206,6 +206,7 @@ def test_sass_counts_instructions_and_the_main_loop():
     assert sum(n for _, n in mv["main_loop_mix"]) == mv["main_loop"]
     ops = dict(mv["main_loop_mix"])
     assert ops.get("LDG", 0) > 0 and ops.get("FFMA", 0) > 0 and ops.get("BRA", 0) >= 1
+    assert mv["pdl_waits"] == 0 and mv["pre_wait_loads"] == 0  # (no PDL in the fixture: tests/test_early_loads.py)
     flat = by_name["scale<float, 128>"]
     assert flat["instructions"] > 0 and flat["loops"] == [] and flat["main_loop"] == 0
     table = ptx_check(str(FIX / "clean_matvec.cu"), "--arch", "sm_90", "--sass")

@@ -132,15 +132,18 @@ def print_measured(console: Console, points: list[MeasuredPoint]) -> None:
 
 def print_sass(console: Console, results: list[KernelResult]) -> None:
     """ptx-check --sass: each kernel's SASS size, its loops and the opcode mix of the longest one."""
-    t = Table(title="ptx-check --sass: instructions per kernel (main loop = the longest backward-branch span)")
-    for col in ("kernel", "arch", "instructions", "loops", "main loop", "main loop's opcodes (count)"):
+    t = Table(title="ptx-check --sass: instructions per kernel (main loop = the longest backward-branch span; "
+                    "loads before wait = global loads laid out before its last griddepcontrol.wait, PDL kernels)")
+    for col in ("kernel", "arch", "instructions", "loops", "main loop", "loads before wait",
+                "main loop's opcodes (count)"):
         t.add_column(col, justify="left" if col in ("kernel", "main loop's opcodes (count)") else "right")
     for r in results:
         s = r.sass
         if s is None:
             continue
         mix = ", ".join(f"{op} {n}" for op, n in s.mix[:10])
-        t.add_row(r.name, r.arch, str(s.instructions), str(len(s.loops)), str(s.main_loop or "-"), mix or "-")
+        t.add_row(r.name, r.arch, str(s.instructions), str(len(s.loops)), str(s.main_loop or "-"),
+                  str(s.pre_wait_loads) if s.pdl_waits else "-", mix or "-")
     console.print(t)
 
 

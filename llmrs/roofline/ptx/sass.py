@@ -6,6 +6,13 @@ slots for 33% of the DRAM bandwidth) is tuned by counting what its loop executes
 show it (register moves, rematerialized constants and address arithmetic appear only after ptxas).
 
 A loop is the span between a backward branch's target and the branch; the "main loop" is the longest one.
+
+Programmatic dependent launch: `griddepcontrol.wait` is SASS `ACQBULK`. A kernel that loads data no earlier kernel
+writes (weights) before it, so that the loads stream while the previous kernel drains, only gets that if ptxas leaves
+them there: it may move a load below the wait, and a non-coherent one (`ld.global.nc`) above it. `pre_wait_loads`
+counts the global loads (LDG) some path from the kernel's entry reaches without passing an ACQBULK (branches
+followed, both ways where predicated): loads that may run before the wait, wanted for weights, a bug for anything
+the previous kernel writes. llmrs's matvec kernels once had none there (session 18).
 Instruction lines of nvdisasm look like `/*0830*/  @P1 IADD3 R37, P1, R2, 0x200, RZ ;`, labels `.L_x_379:` and
 branches `BRA `(.L_x_371) ;`.
 """
@@ -39,10 +46,13 @@ class SassSummary:
     loops: list[tuple[int, int, int]] = field(default_factory=list)
     main_loop: int = 0
     mix: list[tuple[str, int]] = field(default_factory=list)  # base opcode (IMAD.MOV kept apart), count
+    pdl_waits: int = 0  # ACQBULK (griddepcontrol.wait) instructions
+    pre_wait_loads: int = 0  # global loads (LDG) laid out before the last of them
 
     def to_dict(self) -> dict:
         return {"instructions": self.instructions, "loops": [list(x) for x in self.loops],
-                "main_loop": self.main_loop, "main_loop_mix": [list(x) for x in self.mix]}
+                "main_loop": self.main_loop, "main_loop_mix": [list(x) for x in self.mix],
+                "pdl_waits": self.pdl_waits, "pre_wait_loads": self.pre_wait_loads}
 
 
 def parse_nvdisasm(text: str) -> dict[str, list[tuple[Instr | None, str | None]]]:
@@ -96,11 +106,57 @@ def summarize(lines: list[tuple[Instr | None, str | None]]) -> SassSummary:
                 loops.append((start, ins.addr, sum(1 for i in instrs if start <= i.addr <= ins.addr)))
     loops = sorted(set(loops), key=lambda x: -x[2])
     s = SassSummary(instructions=len(instrs), loops=loops)
+    s.pdl_waits = sum(1 for i in instrs if i.opcode.startswith("ACQBULK"))
+    if s.pdl_waits:
+        s.pre_wait_loads = _loads_before_wait(instrs, labels)
     if loops:
         start, end, n = loops[0]
         s.main_loop = n
         s.mix = Counter(_base(i.opcode) for i in instrs if start <= i.addr <= end).most_common()
     return s
+
+
+_PRED = re.compile(r"^@(!?)(P\d)\s")
+_WRITES_PRED = re.compile(r"^(?:@!?P\d\s+)?\S+\s+(P\d)\s*,")
+
+
+def _loads_before_wait(instrs: list[Instr], labels: dict[str, int]) -> int:
+    """LDG instructions some path from the entry reaches without passing an ACQBULK (module docstring). A path keeps
+    what its predicated branches assumed of their predicate (until an instruction writes it), so that the two
+    complementary waits of a predicated-wait idiom (`@P BRA over wait 1; wait 1; @!P BRA over wait 2; wait 2`) are
+    not both skipped."""
+    at = {ins.addr: k for k, ins in enumerate(instrs)}
+    seen: set = set()
+    reached: set[int] = set()
+    todo: list[tuple[int, frozenset]] = [(0, frozenset())] if instrs else []
+    while todo:
+        k, known = todo.pop()
+        if (k, known) in seen or k >= len(instrs):
+            continue
+        seen.add((k, known))
+        reached.add(k)
+        ins = instrs[k]
+        if ins.opcode.startswith("ACQBULK"):
+            continue
+        w = _WRITES_PRED.match(ins.text)
+        after = frozenset(x for x in known if x[0] != w.group(1)) if w else known
+        pm = _PRED.match(ins.text)
+        if ins.opcode.startswith("BRA"):
+            t = _TARGET.search(ins.text)
+            target = at.get(labels.get(t.group(1), -1)) if t else None
+            if pm is None:
+                if target is not None:
+                    todo.append((target, after))
+                continue
+            reg, want = pm.group(2), pm.group(1) == ""  # the branch is taken when reg == want
+            val = dict(known).get(reg)
+            if target is not None and val in (None, want):
+                todo.append((target, after | {(reg, want)}))
+            if val in (None, not want):
+                todo.append((k + 1, after | {(reg, not want)}))
+        elif not (ins.opcode.startswith(("EXIT", "RET")) and pm is None):
+            todo.append((k + 1, after))
+    return sum(1 for k in reached if instrs[k].opcode.startswith("LDG"))
 
 
 def disassemble(cubin: Path, nvdisasm: Path) -> str:
