@@ -78,3 +78,16 @@ def test_loads_before_wait_follows_branches_and_their_predicates():
     # without the predicate bookkeeping both waits could be skipped: a rewrite of the predicate in between breaks it
     code[3] = ins(0x30, "ISETP.NE.AND P6, PT, R9, RZ, PT")
     assert _loads_before_wait(code, labels) == 2
+
+
+def test_decode_attention_reads_q_after_the_wait():
+    """q is written by the kernel before the attention (qkv + rope). As a `const __restrict__` load ptxas had
+    hoisted it above the wait in attn_partial / attn_cluster (their loads before the wait grew with the dims a lane
+    holds: d1 4, d2 6, d4 12, d8 22: a race under programmatic launch); through ldx1 only the index loads
+    (positions, token_seq, the block table) stay there, the same count at every d."""
+    att = sass_of("attention.cu")
+    for fam in ("attn_partial_d{}", "attn_cluster16_d{}"):
+        counts = {d: att[fam.format(d)].pre_wait_loads for d in ((1, 2, 4, 8) if "partial" in fam else (2, 4))}
+        assert len(set(counts.values())) == 1 and max(counts.values()) <= 4, (fam, counts)
+    gqa = sass_of("attention_gqa.cu")
+    assert len({gqa[f"attn_partial_gqa_d{d}"].pre_wait_loads for d in (1, 2, 4, 8)}) == 1

@@ -116,8 +116,12 @@ __device__ __forceinline__ void attn_init(const float* __restrict__ q, int q_str
 #pragma unroll
         for (int i = 0; i < DPL; ++i) {
             acc[h][i] = 0.0f;
-            qr[h][i] = (h < gn && active) ? q[(size_t)t * q_stride + (size_t)(head0 + h) * D + lane * DPL + i] * scale
-                                          : 0.0f;
+            // q is the previous kernel's (qkv + rope): read through the coherent path (common.cuh ldx1), which
+            // ptxas keeps below pdl_wait; as a `const __restrict__` load (ld.global.nc) it had been hoisted above
+            // it (session 18, `llmrs ptx-check --sass`: loads before wait), a race under programmatic launch
+            qr[h][i] = (h < gn && active)
+                           ? ldx1(q + (size_t)t * q_stride + (size_t)(head0 + h) * D + lane * DPL + i) * scale
+                           : 0.0f;
         }
     }
 }

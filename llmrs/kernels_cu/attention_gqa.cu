@@ -122,7 +122,8 @@ __device__ __forceinline__ void attn_partial_gqa_impl(
 
     for (int i = threadIdx.x; i < QF; i += blockDim.x) {
         const int h = i / DMAX, d = i % DMAX;
-        s_q[i] = (h < gn && d < D) ? q[(size_t)t * q_stride + (size_t)(g * G + h0 + h) * D + d] * scale : 0.0f;
+        // q: the previous kernel's, through the coherent path (common.cuh ldx1: never above pdl_wait)
+        s_q[i] = (h < gn && d < D) ? ldx1(q + (size_t)t * q_stride + (size_t)(g * G + h0 + h) * D + d) * scale : 0.0f;
     }
     float acc[GQA_MAXG][DPL], m[GQA_MAXG], l[GQA_MAXG];
 #pragma unroll

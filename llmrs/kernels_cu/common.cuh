@@ -100,6 +100,16 @@ __device__ __forceinline__ uint4 ldg_early(const uint4* p) { return ldg_stream(p
 
 __device__ __forceinline__ unsigned early_word(const uint4& a) { return a.x; }
 
+__device__ __forceinline__ float ldx1(const float* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(LLMRS_NO_EARLY_LOADS)
+    float r;
+    asm volatile("ld.global.f32 %0, [%1];" : "=f"(r) : "l"(p));
+    return r;
+#else
+    return __ldg(p);
+#endif
+}
+
 __device__ __forceinline__ float2 ldx2(const float* p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(LLMRS_NO_EARLY_LOADS)
     float2 r;
