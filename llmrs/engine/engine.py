@@ -322,7 +322,11 @@ class LLMEngine:
         n = graphs.precapture(model.w, self.engine_config.max_num_seqs, cap)
         prefill = getattr(backend, "prefill_graphs", None)  # the lone-prefill buckets too (LLMRS_PREFILL_GRAPHS)
         if prefill is not None:
-            n += prefill.precapture(model.w, min(self.engine_config.max_num_batched_tokens, self.max_model_len))
+            idle = not self.has_unfinished()  # then its capture batches may use the pool's blocks (distinct slots)
+            n += prefill.precapture(model.w, min(self.engine_config.max_num_batched_tokens, self.max_model_len),
+                                    pool_blocks=idle)
+            if idle:
+                self.kv.pool.forget_cached()  # (what the captures wrote into those blocks is no prefix of anything)
         return n
 
     # ------------------------------------------------------------------ the step

@@ -115,6 +115,10 @@ class _Graph:
 class DecodeGraphs:
     """Captures and replays decode-step graphs for one CUDABackend (see the module docstring)."""
 
+    # a programmatic-launch capture whose replay differs from the eager step turns programmatic launch off for every
+    # later capture of the backend (PrefillGraphs: for that graph only)
+    pdl_failure_is_global = True
+
     def __init__(self, backend: Any):
         self.b = backend
         self.cp = backend.cp
@@ -274,9 +278,14 @@ class DecodeGraphs:
                 except Exception as e:
                     if not pdl:
                         raise
-                    print(f"llmrs: CUDA graph capture with programmatic dependent launch failed ({e}); "
-                          "capturing without it", file=sys.stderr)
-                    b.k.pdl_capable = pdl = False
+                    if self.pdl_failure_is_global:
+                        print(f"llmrs: CUDA graph capture with programmatic dependent launch failed ({e}); "
+                              "capturing without it", file=sys.stderr)
+                        b.k.pdl_capable = False
+                    else:  # (PrefillGraphs: this graph only, the decode graphs keep it)
+                        print(f"llmrs: CUDA graph capture with programmatic dependent launch failed for {what} "
+                              f"({e}); capturing that graph without it", file=sys.stderr)
+                    pdl = False
                     logits, graph = self._record(w, db, pdl=False)
             self.stream.synchronize()
         except Exception as e:  # a capture the driver refuses: this shape runs eagerly from now on

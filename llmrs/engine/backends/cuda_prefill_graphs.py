@@ -69,8 +69,23 @@ def padded_prefill(batch: StepBatch, Tb: int, pad_block: int, block_size: int) -
     return out
 
 
+def capture_blocks(Tb: int, block_size: int, num_blocks: int) -> list[int] | None:
+    """Distinct blocks for a Tb-token capture batch (blocks 0 .. Tb / block_size - 1 of the pool), or None where the
+    pool has fewer. Only while no sequence holds a block (the engine's precapture, right after its warm-up)."""
+    nb = Tb // block_size
+    return list(range(nb)) if nb <= num_blocks else None
+
+
 class PrefillGraphs(DecodeGraphs):
     """Captures and replays lone-prefill graphs for one CUDABackend, one per bucket (module docstring)."""
+
+    # The capture's check (its replay against the eager step) runs on the bucket's own batch. With every token's
+    # K/V in the one pad block, tokens 16 positions apart share a slot and write different (rotated) values in an
+    # unordered race, so the eager step and the replay could read different keys: on the H200 (session 18) 5 of
+    # ~10 servers failed the check and, as a decode graph's failure does, turned programmatic launch off for every
+    # later capture. Now the precapture (an idle engine: no block holds anything) gives the batch distinct blocks
+    # (`capture_blocks`), and a failure here costs only that graph its programmatic launch.
+    pdl_failure_is_global = False
 
     def run(self, w: Any, batch: StepBatch) -> Any | None:  # type: ignore[override]
         """The step's logits [1, vocab] (a device view, overwritten by the next replay) from a graph, or None
@@ -101,23 +116,29 @@ class PrefillGraphs(DecodeGraphs):
         self.replays += 1
         return g.logits[:1]
 
-    def precapture(self, w: Any, max_tokens: int, max_cap: int = 0) -> int:  # type: ignore[override]
-        """Captures every bucket up to `max_tokens` now, largest first (the workspace grows once). Returns how
-        many."""
+    def precapture(self, w: Any, max_tokens: int, max_cap: int = 0,  # type: ignore[override]
+                   pool_blocks: bool = False) -> int:
+        """Captures every bucket up to `max_tokens` now, largest first (the workspace grows once). pool_blocks: no
+        sequence holds a block and the caller forgets the prefix cache after (an idle engine): the capture batches
+        then write their K/V into the pool's first blocks, distinct ones (`capture_blocks`). Returns how many."""
         b = self.b
         if b.tp is not None or b.prefill_min_tokens is None:
             return 0
         n = 0
         for Tb in reversed([t for t in PREFILL_BUCKETS if t <= max_tokens]):
             key = (Tb, 0)
-            if key not in self.graphs and key not in self.failed and self._capture_prefill(w, Tb) is not None:
+            if (key not in self.graphs and key not in self.failed
+                    and self._capture_prefill(w, Tb, capture_blocks(Tb, b.block_size, b.num_blocks)
+                                              if pool_blocks else None) is not None):
                 n += 1
         return n
 
-    def _capture_prefill(self, w: Any, Tb: int) -> _Graph | None:
+    def _capture_prefill(self, w: Any, Tb: int, blocks: list[int] | None = None) -> _Graph | None:
+        """The bucket's graph, captured on its own padding step: Tb tokens of one sequence over `blocks` (distinct
+        blocks nothing holds: the precapture's), or all in the pad block (a capture while serving)."""
         b = self.b
-        # the bucket's own padding step: Tb tokens of one sequence whose blocks are all the pad block
-        shape = build_step_batch([([0] * Tb, 0, [b.pad_block] * (Tb // b.block_size), True)], b.block_size)
+        table = blocks if blocks is not None else [b.pad_block] * (Tb // b.block_size)
+        shape = build_step_batch([([0] * Tb, 0, table, True)], b.block_size)
         packed, n_tiles = b.pack_batch(shape)
         host = b._pinned(f"prefill_graph_{Tb}", packed.size, np.int32)
         host[:] = packed
