@@ -7,6 +7,8 @@ previous kernel writes, is read through the coherent path (ldx4 / ldx2), which p
 
 from __future__ import annotations
 
+import functools
+import re
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from llmrs.roofline.ptx.toolchain import find_nvdisasm, find_toolchain
 KERNELS = Path(__file__).resolve().parent.parent / "llmrs" / "kernels_cu"
 
 
+@functools.lru_cache(maxsize=None)
 def sass_of(cu: str, defines: tuple[str, ...] = ()) -> dict:
     """kernel -> its SassSummary (sm_90); skips where the CUDA compiler wheels are missing."""
     try:
@@ -91,3 +94,32 @@ def test_decode_attention_reads_q_after_the_wait():
         assert len(set(counts.values())) == 1 and max(counts.values()) <= 4, (fam, counts)
     gqa = sass_of("attention_gqa.cu")
     assert len({gqa[f"attn_partial_gqa_d{d}"].pre_wait_loads for d in (1, 2, 4, 8)}) == 1
+
+
+def expected_pre_wait_loads(name: str) -> int:
+    """What may run before each PDL kernel's wait on sm_90: weights and the step's index arrays, nothing an earlier
+    kernel of the step writes. The decode attention: its index loads (positions, token_seq, the block table); the
+    4-bit GEMV: its first code batch (+ the first groups' scale words where ptxas hoists them); the matvecs: their
+    early weight chunks (common.cuh ldg_early); every other kernel: none."""
+    rules = [(r"attn_(cluster\d+|partial)_d\d", 4), (r"attn_partial_gqa_d\d", 3), (r"decode_attn_tc", 2),
+             (r"gemv_q4[zm](_t16)?_c1$|gemv_q4[zm]_t16_c4$", 12), (r"gemv_q4", 4), (r"matvec_bf16_t\d", 4),
+             (r"matvec_(rope|silu)(_norm)?_bf16_t\d", 8)]
+    m = re.fullmatch(r"matvec_rows_bf16_r(\d+)", name)
+    if m:
+        return int(m.group(1))
+    return next((n for pat, n in rules if re.match(pat, name)), 0)
+
+
+def test_every_pdl_kernel_loads_before_its_wait_only_what_it_may():
+    """A guard over every kernel launched with programmatic dependent launch (cuda_kernels.PDL_KERNELS): a new
+    ptxas that hoists an activation load above the wait, or sinks the early weight loads, changes a count here."""
+    from llmrs.engine.backends.cuda_kernels import ENTRY_POINTS, PDL_KERNELS
+
+    seen = 0
+    for cu in ENTRY_POINTS:
+        for name, s in sass_of(cu).items():
+            if name not in PDL_KERNELS or s.pdl_waits == 0:  # (sm_90a-only kernels are empty bodies for sm_90)
+                continue
+            seen += 1
+            assert s.pre_wait_loads == expected_pre_wait_loads(name), (cu, name, s.pre_wait_loads)
+    assert seen >= 80  # (87 on sm_90 in session 18)
