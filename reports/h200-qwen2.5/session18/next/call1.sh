@@ -8,9 +8,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 . scripts/gpu_lib.sh
-export PYTHONPATH=$PWD:/tmp/site
-cat /tmp/models/p00 /tmp/models/p01 .gguf/p02 > /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf || exit 1
-export LLMRS_EMBEDDED_DIR=/tmp/models
+use_gguf_thirds || exit 1
 R=/tmp/res-next1; mkdir -p $R
 {
 TEST_TIMEOUT=300 gpu_tests
