@@ -100,6 +100,14 @@ __device__ __forceinline__ uint4 ldg_early(const uint4* p) { return ldg_stream(p
 
 __device__ __forceinline__ unsigned early_word(const uint4& a) { return a.x; }
 
+// pdl_wait_on's word over an array of early chunks: a word of each, or'ed onto v (another array's words)
+template <int N>
+__device__ __forceinline__ unsigned early_words(const uint4 (&p)[N], unsigned v = 0u) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v |= early_word(p[i]);
+    return v;
+}
+
 __device__ __forceinline__ float ldx1(const float* p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(LLMRS_NO_EARLY_LOADS)
     float r;

@@ -1019,10 +1019,7 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
     uint4 qa[GV_DEPTH], qb[GV_DEPTH];  // two batches' codes: one used while the other is loaded (no copies)
 #pragma unroll
     for (int d = 0; d < GV_DEPTH; ++d) qa[d] = ldg_early(wp + (size_t)min(kb_lo + d, max(kb_hi - 1, 0)) * 32);
-    unsigned early = 0u;
-#pragma unroll
-    for (int d = 0; d < GV_DEPTH; ++d) early |= early_word(qa[d]);
-    pdl_wait_on(early);  // x (and out, part) come from earlier kernels
+    pdl_wait_on(early_words(qa));  // x (and out, part) come from earlier kernels
 
     bool live[NU];
     const float* xr[NU];  // this batch's x of the lane's token (running pointers: no address product a block)

@@ -144,10 +144,7 @@ __device__ __forceinline__ void matvec_rows_impl(const bf16_t* __restrict__ W, c
     uint4 p[R];
 #pragma unroll
     for (int i = 0; i < R; ++i) p[i] = lane + 32 * i < K8 ? ldg_early(w4 + lane + 32 * i) : z;
-    unsigned v = 0u;
-#pragma unroll
-    for (int i = 0; i < R; ++i) v |= early_word(p[i]);
-    pdl_wait_on(v);
+    pdl_wait_on(early_words(p));
     float acc[1] = {0.0f};
 #pragma unroll
     for (int i = 0; i < R; ++i) {
@@ -229,11 +226,6 @@ __device__ __forceinline__ void fma8x2(const float* wa, const float* wb, const f
 // The weight stream of a row pair (chunks of 8 bf16, lane-strided), software-pipelined as matvec_row_sums: pair_first
 // loads each row's first 4 chunks (before pdl_wait: weights), pair_stream then loads the next 4 before the current 4
 // are used and hands each chunk to use(wa, wb, cc): the 8 weights of rows a and b at chunk cc.
-__device__ __forceinline__ unsigned early_words(const uint4 (&pa)[4], const uint4 (&pb)[4]) {
-    return early_word(pa[0]) | early_word(pa[1]) | early_word(pa[2]) | early_word(pa[3]) | early_word(pb[0])
-         | early_word(pb[1]) | early_word(pb[2]) | early_word(pb[3]);
-}
-
 __device__ __forceinline__ void pair_first(const uint4* a4, const uint4* b4, int K8, bool live, uint4 (&pa)[4],
                                            uint4 (&pb)[4]) {
     const uint4 z = make_uint4(0u, 0u, 0u, 0u);
@@ -287,7 +279,7 @@ __device__ __forceinline__ void matvec_pair_sums(const bf16_t* __restrict__ W, c
         const int K8 = K >> 3;
         uint4 pa[4], pb[4];
         pair_first(a4, b4, K8, true, pa, pb);
-        pdl_wait_on(early_words(pa, pb));
+        pdl_wait_on(early_words(pb, early_words(pa)));
         pair_stream(a4, b4, K8, pa, pb, [&](const float* wa, const float* wb, int cc) {
             fma8x2<NT, NORM>(wa, wb, x, g, K, T, t0, 8 * cc, acc_a, acc_b, ss);
         });
@@ -336,7 +328,7 @@ __device__ __forceinline__ void pair_norm_staged(const bf16_t* __restrict__ W, c
     const int K8 = K >> 3;
     uint4 pa[4], pb[4];
     pair_first(a4, b4, K8, live, pa, pb);
-    pdl_wait_on(early_words(pa, pb));
+    pdl_wait_on(early_words(pb, early_words(pa)));
     const float4* g4 = reinterpret_cast<const float4*>(g);
     float ss = 0.0f;
     for (int k4 = threadIdx.x; k4 < (K >> 2); k4 += blockDim.x) {
