@@ -133,7 +133,7 @@ def print_measured(console: Console, points: list[MeasuredPoint]) -> None:
 def print_sass(console: Console, results: list[KernelResult]) -> None:
     """ptx-check --sass: each kernel's SASS size, its loops and the opcode mix of the longest one."""
     t = Table(title="ptx-check --sass: instructions per kernel (main loop = the longest backward-branch span; "
-                    "loads before wait = global loads laid out before its last griddepcontrol.wait, PDL kernels)")
+                    "loads before wait = global loads a path reaches before a griddepcontrol.wait, PDL kernels)")
     for col in ("kernel", "arch", "instructions", "loops", "main loop", "loads before wait",
                 "main loop's opcodes (count)"):
         t.add_column(col, justify="left" if col in ("kernel", "main loop's opcodes (count)") else "right")

@@ -74,6 +74,13 @@ NULL = np.uint64(0)
 MATVEC_ROWS_PER_BLOCK = 4
 # the long-K matvec's warps per matrix (`_matvec_splits`): splits = the fewest of 1, 2, 4 reaching it
 MATVEC_LONG_K_MIN_WARPS = 3584
+
+
+def splits_by_warps(N: int) -> int:
+    """Warps a row (1, 2 or 4) for N rows: the fewest giving the matrix MATVEC_LONG_K_MIN_WARPS warps."""
+    return 1 if N >= MATVEC_LONG_K_MIN_WARPS else 2 if 2 * N >= MATVEC_LONG_K_MIN_WARPS else 4
+
+
 # cuBLAS's first call of a (token count, shape) costs ~2.6 ms of host time (~0.05 ms later; H200, session 18,
 # scripts/cublas_first_shape.py), so an eager step whose token count is new pays it for each GEMM shape. With
 # LLMRS_GEMM_PAD_ROWS=1 the GEMMs run on gemm_rows(T) rows (the padding rows' inputs and outputs are workspace
@@ -359,7 +366,7 @@ class CUDABackend:
         self._launches = 0  # sample_launch calls: which half of the token read-back buffer a step uses
         self.profiler: Any = None  # a llmrs.profile.KernelTimer while `llmrs profile` measures
         self._raw_gemm: Any = None  # set by DecodeGraphs while capturing: CuPy's gemmEx refuses stream capture
-        self._lt: Any = None  # cuda_lt.LtGemm: the bf16 GEMMs through cuBLASLt (LLMRS_CUBLASLT=1; off: unmeasured)
+        self._lt: Any = None  # cuda_lt.LtGemm: the bf16 GEMMs through cuBLASLt (LLMRS_CUBLASLT=1; off: no gain, s17)
         if os.environ.get("LLMRS_CUBLASLT", "0") not in OFF_VALUES:
             from llmrs.engine.backends.cuda_lt import LtGemm
 
@@ -576,12 +583,8 @@ class CUDABackend:
         # ~3584 warps won: 7B (N 3584) 1, 3B (2048) 2, 0.5B (896) 4, each 1.2-2.3 us a layer ahead of the others
         if not (K >= 4 * N and K >= 4096 and N * 4 <= 16384):
             # square_k_splits (an A/B, off): a square matrix (o) by the long-K rule's warp count too
-            if self.square_k_splits and N == K:
-                return next((s for s in (1, 2) if N * s >= MATVEC_LONG_K_MIN_WARPS), 4)
-            return 1
-        if self.long_k_splits:
-            return self.long_k_splits
-        return next((s for s in (1, 2) if N * s >= MATVEC_LONG_K_MIN_WARPS), 4)
+            return splits_by_warps(N) if self.square_k_splits and N == K else 1
+        return self.long_k_splits or splits_by_warps(N)
 
     def _linear(self, x: Any, w: Any, bias: Any | None, out: Any, accumulate: bool = False,
                 name: str = "linear", out_bf16: bool = False, preload: bool = False) -> None:

@@ -6,6 +6,8 @@ slots for 33% of the DRAM bandwidth) is tuned by counting what its loop executes
 show it (register moves, rematerialized constants and address arithmetic appear only after ptxas).
 
 A loop is the span between a backward branch's target and the branch; the "main loop" is the longest one.
+Instruction lines of nvdisasm look like `/*0830*/  @P1 IADD3 R37, P1, R2, 0x200, RZ ;`, labels `.L_x_379:` and
+branches `BRA `(.L_x_371) ;`.
 
 Programmatic dependent launch: `griddepcontrol.wait` is SASS `ACQBULK`. A kernel that loads data no earlier kernel
 writes (weights) before it, so that the loads stream while the previous kernel drains, only gets that if ptxas leaves
@@ -13,8 +15,6 @@ them there: it may move a load below the wait, and a non-coherent one (`ld.globa
 counts the global loads (LDG) some path from the kernel's entry reaches without passing an ACQBULK (branches
 followed, both ways where predicated): loads that may run before the wait, wanted for weights, a bug for anything
 the previous kernel writes. llmrs's matvec kernels once had none there (session 18).
-Instruction lines of nvdisasm look like `/*0830*/  @P1 IADD3 R37, P1, R2, 0x200, RZ ;`, labels `.L_x_379:` and
-branches `BRA `(.L_x_371) ;`.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class SassSummary:
     main_loop: int = 0
     mix: list[tuple[str, int]] = field(default_factory=list)  # base opcode (IMAD.MOV kept apart), count
     pdl_waits: int = 0  # ACQBULK (griddepcontrol.wait) instructions
-    pre_wait_loads: int = 0  # global loads (LDG) laid out before the last of them
+    pre_wait_loads: int = 0  # global loads (LDG) some path from the entry reaches before one of them
 
     def to_dict(self) -> dict:
         return {"instructions": self.instructions, "loops": [list(x) for x in self.loops],
