@@ -40,9 +40,9 @@ BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 MIN_LEN_CAP = 256
 
 
-def bucket_for(n: int) -> int | None:
-    """The smallest bucket holding n sequences; None past the largest."""
-    for b in BUCKETS:
+def bucket_for(n: int, buckets: tuple[int, ...] = BUCKETS) -> int | None:
+    """The smallest of `buckets` (ascending; the decode batch buckets) holding n; None past the largest."""
+    for b in buckets:
         if b >= n:
             return b
     return None

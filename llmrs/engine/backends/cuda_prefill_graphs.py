@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from llmrs.engine.backends.cuda_graphs import DecodeGraphs, _Graph
+from llmrs.engine.backends.cuda_graphs import DecodeGraphs, _Graph, bucket_for
 from llmrs.engine.batch import StepBatch, build_step_batch
 
 PREFILL_BUCKETS = (32, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
@@ -38,12 +38,7 @@ PREFILL_BUCKETS = (32, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
 def prefill_bucket(n: int, min_tokens: int) -> int | None:
     """The bucket a lone prefill of n tokens is padded to: None below min_tokens or past the largest."""
-    if n < min_tokens:
-        return None
-    for b in PREFILL_BUCKETS:
-        if b >= n:
-            return b
-    return None
+    return None if n < min_tokens else bucket_for(n, PREFILL_BUCKETS)
 
 
 def is_lone_prefill(batch: StepBatch) -> bool:
