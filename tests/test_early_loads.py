@@ -86,22 +86,28 @@ def test_loads_before_wait_follows_branches_and_their_predicates():
 def test_decode_attention_reads_q_after_the_wait():
     """q is written by the kernel before the attention (qkv + rope). As a `const __restrict__` load ptxas had
     hoisted it above the wait in attn_partial / attn_cluster (their loads before the wait grew with the dims a lane
-    holds: d1 4, d2 6, d4 12, d8 22: a race under programmatic launch); through ldx1 only the index loads
-    (positions, token_seq, the block table) stay there, the same count at every d."""
-    att = sass_of("attention.cu")
-    for fam in ("attn_partial_d{}", "attn_cluster16_d{}"):
-        counts = {d: att[fam.format(d)].pre_wait_loads for d in ((1, 2, 4, 8) if "partial" in fam else (2, 4))}
-        assert len(set(counts.values())) == 1 and max(counts.values()) <= 4, (fam, counts)
+    holds: d1 4, d2 6, d4 12, d8 22: a race under programmatic launch); through ldx* only the index loads
+    (positions, token_seq, the block table: 4) and the first keys' K / V rows an earlier step wrote (attn_first_keys:
+    attn_partial's first key, 2 loads; attn_cluster's first batch of 8 keys, 16) stay there, the same count at
+    every d. The old code: the index loads alone."""
+    att, old = sass_of("attention.cu"), sass_of("attention.cu", ("LLMRS_NO_EARLY_LOADS",))
+    for fam, early in (("attn_partial_d{}", 2), ("attn_cluster16_d{}", 16)):
+        ds = (1, 2, 4, 8) if "partial" in fam else (2, 4)
+        counts = {d: att[fam.format(d)].pre_wait_loads for d in ds}
+        assert set(counts.values()) == {4 + early}, (fam, counts)
+        assert {old[fam.format(d)].pre_wait_loads for d in ds} == {4}, fam
     gqa = sass_of("attention_gqa.cu")
     assert len({gqa[f"attn_partial_gqa_d{d}"].pre_wait_loads for d in (1, 2, 4, 8)}) == 1
 
 
 def expected_pre_wait_loads(name: str) -> int:
     """What may run before each PDL kernel's wait on sm_90: weights and the step's index arrays, nothing an earlier
-    kernel of the step writes. The decode attention: its index loads (positions, token_seq, the block table); the
-    4-bit GEMV: its first code batch (+ the first groups' scale words where ptxas hoists them); the matvecs: their
-    early weight chunks (common.cuh ldg_early); every other kernel: none."""
-    rules = [(r"attn_(cluster\d+|partial)_d\d", 4), (r"attn_partial_gqa_d\d", 3), (r"decode_attn_tc", 2),
+    kernel of the step writes. The decode attention: its index loads (positions, token_seq, the block table) and
+    its first keys' K / V rows (earlier steps'); the 4-bit GEMV: its first code batch (+ the first groups' scale
+    words where ptxas hoists them); the matvecs: their early weight chunks (common.cuh ldg_early); the RMSNorms:
+    their weight (2 float4s a thread) and rms_norm's row index; every other kernel: none."""
+    rules = [(r"attn_cluster\d+_d\d", 20), (r"attn_partial_d\d", 6), (r"attn_partial_gqa_d\d", 3),
+             (r"decode_attn_tc", 2), (r"rms_norm(_bf16)?$", 3), (r"add_rms_norm(_bf16)?$", 2),
              (r"gemv_q4[zm](_t16)?_c1$|gemv_q4[zm]_t16_c4$", 12), (r"gemv_q4", 4), (r"matvec_bf16_t\d", 4),
              (r"matvec_(rope|silu)(_norm)?_bf16_t\d", 8)]
     m = re.fullmatch(r"matvec_rows_bf16_r(\d+)", name)

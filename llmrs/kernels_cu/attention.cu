@@ -19,6 +19,11 @@
 
 #define ATTN_WARPS 4
 #define MAXG 8
+// the first keys' K / V rows before the PDL wait (attn_first_keys); -DLLMRS_NO_EARLY_KV (LLMRS_EARLY_KV=0) or
+// -DLLMRS_NO_EARLY_LOADS: after it, for A/B runs
+#if !defined(LLMRS_NO_EARLY_LOADS) && !defined(LLMRS_NO_EARLY_KV)
+#define ATTN_EARLY_KV 1
+#endif
 #define ATTN_TABLE_STAGE 64  // block-table entries a split stages in shared memory (1,024 keys at block size 16)
 // blocks per SM the register budget must allow: 1 (no cap) except head_dim 64, where ptxas's own choice with the
 // prefetched K/V row put 4 bytes in local memory on sm_86/sm_89 (ptx-check); 4 (<= 128 registers) fixes it
@@ -42,8 +47,9 @@ __device__ __forceinline__ void unpack_raw(uint2 r, float* f) {
 __device__ __forceinline__ void unpack_raw(uint4 r, float* f) { unpack8(r, f); }
 
 // key j's K and V rows (this lane's DPL dims) of kv head g as raw bits; zeros past `end` or for idle lanes
-// (`table` indexed by j / block_size - b0: the token's block table from entry b0, in shared memory when staged)
-template <int DPL>
+// (`table` indexed by j / block_size - b0: the token's block table from entry b0, in shared memory when staged);
+// COHERENT: through common.cuh's ldc (a row the kernel before wrote: the step's own keys, read after the wait)
+template <int DPL, bool COHERENT = false>
 __device__ __forceinline__ void load_kv(const bf16_t* __restrict__ k_cache, const bf16_t* __restrict__ v_cache,
                                         const int* table, int b0, int j, int end, bool active, int Hkv, int g,
                                         int block_size, int D, int lane, typename Raw<DPL>::T& k,
@@ -52,8 +58,13 @@ __device__ __forceinline__ void load_kv(const bf16_t* __restrict__ k_cache, cons
     if (active && j < end) {
         const size_t base = (((size_t)table[j / block_size - b0] * Hkv + g) * block_size + j % block_size) * D
                             + lane * DPL;
-        k = *reinterpret_cast<const R*>(k_cache + base);
-        v = *reinterpret_cast<const R*>(v_cache + base);
+        if (COHERENT) {
+            k = ldc(reinterpret_cast<const R*>(k_cache + base));
+            v = ldc(reinterpret_cast<const R*>(v_cache + base));
+        } else {
+            k = *reinterpret_cast<const R*>(k_cache + base);
+            v = *reinterpret_cast<const R*>(v_cache + base);
+        }
     } else {
         k = R{};
         v = R{};
@@ -104,25 +115,81 @@ __device__ __forceinline__ void attn_stage_table(const int* table, int* s_tbl, i
     tb0 = staged ? b0 : 0;
 }
 
+// The K / V rows of a warp's first N keys j0, j0 + STRIDE, ... (< end) into kr / vr, then pdl_wait. A key below
+// `old` (L - 1 - t for token t) was written by an earlier step, complete before this step's graph began: its rows go
+// out before the wait, so their DRAM / L2 round trip overlaps the kernel before (qkv + rope), and the wait depends on
+// a word of each (common.cuh pdl_wait_on), so ptxas keeps them there. Keys from `old` on may be this step's own
+// (written by the kernel before: token t's, and in a prefill chunk its sequence's tokens before it, at most t of
+// them, at consecutive positions): those are read after the wait, through the coherent path. Without ATTN_EARLY_KV:
+// every key after the wait (the code before).
+template <int DPL, int N, int STRIDE>
+__device__ __forceinline__ void attn_first_keys(const bf16_t* __restrict__ k_cache,
+                                                const bf16_t* __restrict__ v_cache, const int* tb, int tb0, int j0,
+                                                int end, int old, bool active, int Hkv, int g, int block_size,
+                                                int D, int lane, typename Raw<DPL>::T* kr,
+                                                typename Raw<DPL>::T* vr) {
+#ifdef ATTN_EARLY_KV
+    const int early_end = min(end, old);
+    unsigned word = 0u;
+#pragma unroll
+    for (int c = 0; c < N; ++c) {
+        load_kv<DPL>(k_cache, v_cache, tb, tb0, j0 + c * STRIDE, early_end, active, Hkv, g, block_size, D, lane,
+                     kr[c], vr[c]);
+        word |= early_word(kr[c]) | early_word(vr[c]);
+    }
+    pdl_wait_on(word);  // q and the step's own K / V rows are the previous kernels'
+#pragma unroll
+    for (int c = 0; c < N; ++c)
+        if (j0 + c * STRIDE >= early_end)
+            load_kv<DPL, true>(k_cache, v_cache, tb, tb0, j0 + c * STRIDE, end, active, Hkv, g, block_size, D,
+                               lane, kr[c], vr[c]);
+#else
+    pdl_wait();  // q and this token's K/V row are the previous kernels'
+#pragma unroll
+    for (int c = 0; c < N; ++c)
+        load_kv<DPL>(k_cache, v_cache, tb, tb0, j0 + c * STRIDE, end, active, Hkv, g, block_size, D, lane, kr[c],
+                     vr[c]);
+#endif
+}
+
 // the MAXG heads' query (scaled; zeros past gn and for idle lanes) and the online softmax's empty state
 template <int DPL>
 __device__ __forceinline__ void attn_init(const float* __restrict__ q, int q_stride, int t, int head0, int gn,
                                           bool active, int lane, int D, float scale, float (&qr)[MAXG][DPL],
                                           float (&acc)[MAXG][DPL], float (&m)[MAXG], float (&l)[MAXG]) {
+    // q is the previous kernel's (qkv + rope): read through the coherent path (common.cuh ldx*), which ptxas keeps
+    // below pdl_wait; as a `const __restrict__` load (ld.global.nc) it had been hoisted above it (session 18,
+    // `llmrs ptx-check --sass`: loads before wait), a race under programmatic launch. A lane's DPL dims are
+    // consecutive: one 16- (or 8-) byte load per 4 (2) of them where q's rows are so aligned (the same values).
+    constexpr int VW = DPL >= 4 ? 4 : DPL;
+    const bool vec = VW > 1 && ((q_stride | D) & (VW - 1)) == 0 && ((size_t)q & (4 * VW - 1)) == 0;
 #pragma unroll
     for (int h = 0; h < MAXG; ++h) {
         m[h] = NEG_INF;
         l[h] = 0.0f;
+        const bool on = h < gn && active;
+        const float* qh = q + (size_t)t * q_stride + (size_t)(head0 + h) * D + lane * DPL;
 #pragma unroll
-        for (int i = 0; i < DPL; ++i) {
-            acc[h][i] = 0.0f;
-            // q is the previous kernel's (qkv + rope): read through the coherent path (common.cuh ldx1), which
-            // ptxas keeps below pdl_wait; as a `const __restrict__` load (ld.global.nc) it had been hoisted above
-            // it (session 18, `llmrs ptx-check --sass`: loads before wait), a race under programmatic launch
-            qr[h][i] = (h < gn && active)
-                           ? ldx1(q + (size_t)t * q_stride + (size_t)(head0 + h) * D + lane * DPL + i) * scale
-                           : 0.0f;
+        for (int i = 0; i < DPL; ++i) acc[h][i] = 0.0f;
+        if constexpr (VW == 4) {
+            if (vec) {
+#pragma unroll
+                for (int i = 0; i < DPL; i += 4) {
+                    const float4 v = on ? ldx4(qh + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    qr[h][i] = v.x * scale; qr[h][i + 1] = v.y * scale;
+                    qr[h][i + 2] = v.z * scale; qr[h][i + 3] = v.w * scale;
+                }
+                continue;
+            }
+        } else if constexpr (VW == 2) {
+            if (vec) {
+                const float2 v = on ? ldx2(qh) : make_float2(0.0f, 0.0f);
+                qr[h][0] = v.x * scale; qr[h][1] = v.y * scale;
+                continue;
+            }
         }
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) qr[h][i] = on ? ldx1(qh + i) * scale : 0.0f;
     }
 }
 
@@ -215,14 +282,15 @@ __device__ __forceinline__ void attn_partial_impl(
     const int* tb;
     int tb0;
     attn_stage_table(table, s_tbl, start, end, block_size, tb, tb0);
-    pdl_wait();  // q and this token's K/V row are the previous kernels'
+    // key j's K and V rows in kf / vf; the next key's (j + ATTN_WARPS) are loaded before key j is used, so a warp
+    // has one block-table + K/V round trip in flight while it computes (the sums are unchanged). The first key's
+    // go out before the wait where an earlier step wrote them (attn_first_keys).
+    typename Raw<DPL>::T kr, vr;
+    attn_first_keys<DPL, 1, 1>(k_cache, v_cache, tb, tb0, start + warp, end, L - 1 - t, active, Hkv, g,
+                               block_size, D, lane, &kr, &vr);
 
     float qr[MAXG][DPL], acc[MAXG][DPL], m[MAXG], l[MAXG];
     attn_init<DPL>(q, q_stride, t, g * G + h0, gn, active, lane, D, scale, qr, acc, m, l);
-    // key j's K and V rows in kf / vf; the next key's (j + ATTN_WARPS) are loaded before key j is used, so a warp
-    // has one block-table + K/V round trip in flight while it computes (the sums are unchanged)
-    typename Raw<DPL>::T kr, vr;
-    load_kv<DPL>(k_cache, v_cache, tb, tb0, start + warp, end, active, Hkv, g, block_size, D, lane, kr, vr);
 #pragma unroll 1
     for (int j = start + warp; j < end; j += ATTN_WARPS) {
         float kf[DPL], vf[DPL];
@@ -374,21 +442,30 @@ __device__ __forceinline__ void attn_cluster_impl(
     const int L = positions[t] + 1, chunk = (L + CL - 1) / CL;
     const int start = min(L, s * chunk), end = min(L, start + chunk);
     const int* table = block_tables + (size_t)token_seq[t] * max_blocks;
-    prefetch_kv_l2(k_cache, v_cache, table, start, min(end, L - 1), Hkv, g, block_size, D);
+#ifdef ATTN_EARLY_KV
+    const int pf0 = start + CW * CK;  // the first batch is loaded outright (attn_first_keys): the L2 prefetch after it
+#else
+    const int pf0 = start;
+#endif
+    prefetch_kv_l2(k_cache, v_cache, table, pf0, min(end, L - 1), Hkv, g, block_size, D);
     const int* tb;
     int tb0;
     attn_stage_table(table, s_tbl, start, end, block_size, tb, tb0);
-    pdl_wait();  // q and this token's K/V row are the previous kernels'
+    // the first batch's K / V rows, before the wait where an earlier step wrote them (attn_first_keys)
+    typename Raw<DPL>::T kr[CK], vr[CK];
+    attn_first_keys<DPL, CK, CW>(k_cache, v_cache, tb, tb0, start + warp, end, L - 1 - t, active, Hkv, g,
+                                 block_size, D, lane, kr, vr);
 
     float qr[MAXG][DPL], acc[MAXG][DPL], m[MAXG], l[MAXG];
     attn_init<DPL>(q, q_stride, t, g * G + h0, gn, active, lane, D, scale, qr, acc, m, l);
 #pragma unroll 1
     for (int j0 = start + warp; j0 < end; j0 += CW * CK) {
-        typename Raw<DPL>::T kr[CK], vr[CK];
+        if (j0 != start + warp) {
 #pragma unroll
-        for (int c = 0; c < CK; ++c)
-            load_kv<DPL>(k_cache, v_cache, tb, tb0, j0 + c * CW, end, active, Hkv, g, block_size, D, lane, kr[c],
-                         vr[c]);
+            for (int c = 0; c < CK; ++c)
+                load_kv<DPL>(k_cache, v_cache, tb, tb0, j0 + c * CW, end, active, Hkv, g, block_size, D, lane,
+                             kr[c], vr[c]);
+        }
 #pragma unroll
         for (int c = 0; c < CK; ++c) {
             if (j0 + c * CW >= end) break;  // warp-uniform

@@ -99,6 +99,9 @@ __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
 __device__ __forceinline__ uint4 ldg_early(const uint4* p) { return ldg_stream(p); }
 
 __device__ __forceinline__ unsigned early_word(const uint4& a) { return a.x; }
+__device__ __forceinline__ unsigned early_word(const uint2& a) { return a.x; }
+__device__ __forceinline__ unsigned early_word(unsigned a) { return a; }
+__device__ __forceinline__ unsigned early_word(unsigned short a) { return a; }
 
 // pdl_wait_on's word over an array of early chunks: a word of each, or'ed onto v (another array's words)
 template <int N>
@@ -137,6 +140,34 @@ __device__ __forceinline__ float4 ldx4(const float* p) {
     return *reinterpret_cast<const float4*>(p);
 #endif
 }
+
+// ldc: 2 / 4 / 8 / 16 raw bytes an earlier kernel of the step wrote (the decode attention's current K / V row), read
+// after the wait through the coherent path, as ldx* (a plain load below sm_90 or with -DLLMRS_NO_EARLY_LOADS)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(LLMRS_NO_EARLY_LOADS)
+__device__ __forceinline__ unsigned short ldc(const unsigned short* p) {
+    unsigned short r;
+    asm volatile("ld.global.u16 %0, [%1];" : "=h"(r) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ unsigned ldc(const unsigned* p) {
+    unsigned r;
+    asm volatile("ld.global.u32 %0, [%1];" : "=r"(r) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ uint2 ldc(const uint2* p) {
+    uint2 r;
+    asm volatile("ld.global.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ uint4 ldc(const uint4* p) {
+    uint4 r;
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+#else
+template <typename R>
+__device__ __forceinline__ R ldc(const R* p) { return *p; }
+#endif
 
 // Programmatic dependent launch (sm_90+; no-ops below, and when the kernel was launched without the attribute).
 // Inside a decode graph the backend launches its kernels with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION

@@ -27,20 +27,36 @@ __device__ __forceinline__ void store4(bf16_t* o, int c, float4 v) {
     reinterpret_cast<uint2*>(o)[c] = make_uint2(bf16x2(v.x, v.y), bf16x2(v.z, v.w));
 }
 
+// The register-held path's norm weight (float4s c = threadIdx.x + j * blockDim.x < H4), then the PDL wait: no kernel
+// writes the weight, so its DRAM round trip overlaps the kernel before instead of following the wait (common.cuh
+// ldg_early / pdl_wait_on; -DLLMRS_NO_EARLY_LOADS or -DLLMRS_NO_EARLY_NORM (LLMRS_EARLY_NORM=0): the same loads
+// after the wait, for A/B runs).
+__device__ __forceinline__ void rn_weight_then_wait(const float* __restrict__ w, int H4, float4 (&wv)[RN_VEC]) {
+#ifdef LLMRS_NO_EARLY_NORM
+    pdl_wait();
+#endif
+    unsigned word = 0u;
+#pragma unroll
+    for (int j = 0; j < RN_VEC; ++j) {
+        const int c = threadIdx.x + j * blockDim.x;
+        const uint4 u = c < H4 ? ldg_early(reinterpret_cast<const uint4*>(w) + c) : make_uint4(0u, 0u, 0u, 0u);
+        wv[j] = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
+        word |= early_word(u);
+    }
+    pdl_wait_on(word);
+}
+
 // The register-held path (H % 4 == 0, H / 4 <= RN_VEC * blockDim.x): v[j] holds float4 c = threadIdx.x + j * blockDim.x
-// of the row (x, or x + y already written back by the caller); out = w * (x * inv) as the scalar path computes it.
+// of the row (x, or x + y already written back by the caller), wv[j] the weight's; out = w * (x * inv) as the scalar
+// path computes it.
 template <typename OutT>
-__device__ __forceinline__ void rms_norm_vec(const float4 (&v)[RN_VEC], const float* __restrict__ w,
+__device__ __forceinline__ void rms_norm_vec(const float4 (&v)[RN_VEC], const float4 (&wv)[RN_VEC],
                                              OutT* __restrict__ o, int H4, float eps, float* red, int H) {
-    float4 wv[RN_VEC];
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < RN_VEC; ++j) {
         const int c = threadIdx.x + j * blockDim.x;
-        if (c < H4) {
-            wv[j] = __ldg(reinterpret_cast<const float4*>(w) + c);  // in flight across the reduction
-            ss += (v[j].x * v[j].x + v[j].y * v[j].y) + (v[j].z * v[j].z + v[j].w * v[j].w);
-        }
+        if (c < H4) ss += (v[j].x * v[j].x + v[j].y * v[j].y) + (v[j].z * v[j].z + v[j].w * v[j].w);
     }
     ss = block_sum(ss, red);
     const float inv = 1.0f / sqrtf(ss / (float)H + eps);
@@ -68,15 +84,17 @@ __device__ __forceinline__ void rms_norm_row(const float* __restrict__ x, const 
     const float* xr = x + (size_t)r * H;
     if (rn_vec_fits(H, x, x, w, out)) {
         const int H4 = H >> 2;
-        float4 v[RN_VEC];
+        float4 wv[RN_VEC], v[RN_VEC];
+        rn_weight_then_wait(w, H4, wv);
 #pragma unroll
-        for (int j = 0; j < RN_VEC; ++j) {
+        for (int j = 0; j < RN_VEC; ++j) {  // x is the previous kernel's: the coherent path (common.cuh ldx4)
             const int c = threadIdx.x + j * blockDim.x;
-            v[j] = c < H4 ? reinterpret_cast<const float4*>(xr)[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v[j] = c < H4 ? ldx4(xr + 4 * c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
-        rms_norm_vec(v, w, out + (size_t)blockIdx.x * H, H4, eps, red, H);
+        rms_norm_vec(v, wv, out + (size_t)blockIdx.x * H, H4, eps, red, H);
         return;
     }
+    pdl_wait();
     float ss = 0.0f;
     for (int i = threadIdx.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
     ss = block_sum(ss, red);
@@ -94,21 +112,23 @@ __device__ __forceinline__ void add_rms_norm_row(float* __restrict__ x, const fl
     const float* yr = y + (size_t)blockIdx.x * H;
     if (rn_vec_fits(H, x, y, w, out)) {
         const int H4 = H >> 2;
-        float4 v[RN_VEC];
+        float4 wv[RN_VEC], v[RN_VEC];
+        rn_weight_then_wait(w, H4, wv);
 #pragma unroll
         for (int j = 0; j < RN_VEC; ++j) {
             const int c = threadIdx.x + j * blockDim.x;
             if (c < H4) {
-                const float4 a = reinterpret_cast<const float4*>(xr)[c], b = reinterpret_cast<const float4*>(yr)[c];
+                const float4 a = reinterpret_cast<const float4*>(xr)[c], b = ldx4(yr + 4 * c);
                 v[j] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
                 reinterpret_cast<float4*>(xr)[c] = v[j];
             } else {
                 v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
         }
-        rms_norm_vec(v, w, out + (size_t)blockIdx.x * H, H4, eps, red, H);
+        rms_norm_vec(v, wv, out + (size_t)blockIdx.x * H, H4, eps, red, H);
         return;
     }
+    pdl_wait();
     float ss = 0.0f;
     for (int i = threadIdx.x; i < H; i += blockDim.x) {
         const float v = xr[i] + yr[i];
@@ -123,25 +143,25 @@ __device__ __forceinline__ void add_rms_norm_row(float* __restrict__ x, const fl
 
 extern "C" __global__ void rms_norm(const float* __restrict__ x, const int* __restrict__ rows,
                                     const float* __restrict__ w, float* __restrict__ out, int H, float eps) {
-    pdl_enter();
+    pdl_trigger();  // rms_norm_row waits (after the norm weight's loads where it can)
     rms_norm_row(x, rows, w, out, H, eps);
 }
 
 extern "C" __global__ void rms_norm_bf16(const float* __restrict__ x, const int* __restrict__ rows,
                                          const float* __restrict__ w, bf16_t* __restrict__ out, int H, float eps) {
-    pdl_enter();
+    pdl_trigger();  // rms_norm_row waits (after the norm weight's loads where it can)
     rms_norm_row(x, rows, w, out, H, eps);
 }
 
 extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __restrict__ y,
                                         const float* __restrict__ w, float* __restrict__ out, int H, float eps) {
-    pdl_enter();
+    pdl_trigger();  // add_rms_norm_row waits (after the norm weight's loads where it can)
     add_rms_norm_row(x, y, w, out, H, eps);
 }
 
 extern "C" __global__ void add_rms_norm_bf16(float* __restrict__ x, const float* __restrict__ y,
                                              const float* __restrict__ w, bf16_t* __restrict__ out, int H,
                                              float eps) {
-    pdl_enter();
+    pdl_trigger();  // add_rms_norm_row waits (after the norm weight's loads where it can)
     add_rms_norm_row(x, y, w, out, H, eps);
 }

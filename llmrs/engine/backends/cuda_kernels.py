@@ -31,9 +31,12 @@ KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels_cu"
 # (matvec weights through L1 like any load, common.cuh's ldg_stream), LLMRS_ATTN_WARP_SUM8=0 (attn_partial sums each
 # head's dot product with its own warp_sum instead of attention.cu's warp_sum8: the same bits), LLMRS_EARLY_LOADS=0
 # (the matvec / gemv kernels' first weight loads not pinned before pdl_wait, x through the non-coherent path: the code
-# before session 18, common.cuh's ldg_early)
+# before session 18, common.cuh's ldg_early; LLMRS_EARLY_KV=0 / LLMRS_EARLY_NORM=0 only the decode attention's first
+# keys / the RMSNorm's weight, session 19's)
 OPTIONS = ("-std=c++17",) + (
     ("-DLLMRS_NO_EARLY_LOADS",) if os.environ.get("LLMRS_EARLY_LOADS", "1") in OFF_VALUES else ()) + (
+    ("-DLLMRS_NO_EARLY_KV",) if os.environ.get("LLMRS_EARLY_KV", "1") in OFF_VALUES else ()) + (
+    ("-DLLMRS_NO_EARLY_NORM",) if os.environ.get("LLMRS_EARLY_NORM", "1") in OFF_VALUES else ()) + (
     ("-DLLMRS_NO_KV_PREFETCH",) if os.environ.get("LLMRS_KV_PREFETCH", "1") in OFF_VALUES else ()) + (
     ("-DLLMRS_NO_STREAM_LOADS",) if os.environ.get("LLMRS_STREAM_LOADS", "1") in OFF_VALUES else ()) + (
     ("-DLLMRS_NO_WARP_SUM8",) if os.environ.get("LLMRS_ATTN_WARP_SUM8", "1") in OFF_VALUES else ())
