@@ -225,6 +225,64 @@ __device__ __forceinline__ void attn_key(const float (&qr)[MAXG][DPL], const flo
     }
 }
 
+// NB keys at once into every head's online softmax (attn_cluster with ATTN_KEY_BATCH = NB > 1): the NB keys' dot
+// products and warp_sum8 reductions are independent, so they overlap instead of running key after key; then one
+// update a head: m' = max(m, s_0 .. s_{NB-1}), l' = l e^(m - m') + sum_b e^(s_b - m'), acc likewise. The same sums
+// as attn_key's in another order (f32 rounding apart). Keys from `nvalid` on are padding (left out); key 0 is valid.
+template <int DPL, int NB>
+__device__ __forceinline__ void attn_keys(const float (&qr)[MAXG][DPL], const typename Raw<DPL>::T* kr,
+                                          const typename Raw<DPL>::T* vr, int nvalid, float (&acc)[MAXG][DPL],
+                                          float (&m)[MAXG], float (&l)[MAXG]) {
+    float sc[NB][MAXG];
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+        float kf[DPL];
+        unpack_raw(kr[b], kf);
+#pragma unroll
+        for (int h = 0; h < MAXG; ++h) {
+            float d = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DPL; ++i) d += qr[h][i] * kf[i];
+            sc[b][h] = d;
+        }
+    }
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+#ifndef LLMRS_NO_WARP_SUM8
+        warp_sum8(sc[b]);
+#else
+#pragma unroll
+        for (int h = 0; h < MAXG; ++h) sc[b][h] = warp_sum(sc[b][h]);
+#endif
+    }
+    float vf[NB][DPL];
+#pragma unroll
+    for (int b = 0; b < NB; ++b) unpack_raw(vr[b], vf[b]);
+#pragma unroll
+    for (int h = 0; h < MAXG; ++h) {
+        float mn = m[h];
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+            if (b < nvalid) mn = fmaxf(mn, sc[b][h]);
+        const float corr = expf(m[h] - mn);
+        float p[NB], ps = 0.0f;
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+            p[b] = b < nvalid ? expf(sc[b][h] - mn) : 0.0f;
+            ps += p[b];
+        }
+        l[h] = l[h] * corr + ps;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+            float a = acc[h][i] * corr;
+#pragma unroll
+            for (int b = 0; b < NB; ++b) a += p[b] * vf[b][i];
+            acc[h][i] = a;
+        }
+        m[h] = mn;
+    }
+}
+
 // the block's W warps merged: each warp's (m, l, acc) of its heads into shared memory, then for (head h, dim d)
 // the block's M, L and A (call after a __syncthreads that follows attn_warp_out)
 template <int DPL, int W>
@@ -419,7 +477,27 @@ extern "C" __global__ void attn_merge_bf16(const float* __restrict__ part_acc, c
 // sum_s L_s e^(M_s - M). A second barrier keeps every block's shared memory alive until all have read it.
 // So the step has no partials in global memory and no attn_merge launch. Below sm_90 the entry points exist and
 // trap (the host never launches them there: cuda.py's cluster rule checks the compute capability).
+// -DLLMRS_ATTN_CLOCKS (a probe, scripts/attn_clocks.py): thread 0 of every attn_cluster block adds the SM cycles
+// (clock64) of each phase to attn_clocks[phase] and counts itself in attn_clocks[15]; the host reads them
+// (RawModule.get_global) after a run of graphed decode steps: where the kernel's time goes after its PDL wait.
+#ifdef LLMRS_ATTN_CLOCKS
+__device__ unsigned long long attn_clocks[16];
+#define ATTN_CLOCK_START long long clk_prev_ = clock64();
+#define ATTN_CLOCK(i)                                                                        \
+    if (threadIdx.x == 0) {                                                                  \
+        const long long now_ = clock64();                                                    \
+        atomicAdd(&attn_clocks[i], (unsigned long long)(now_ - clk_prev_));                  \
+        clk_prev_ = now_;                                                                    \
+        if ((i) == 0) atomicAdd(&attn_clocks[15], 1ull);                                     \
+    }
+#else
+#define ATTN_CLOCK_START
+#define ATTN_CLOCK(i)
+#endif
 #define CW 8  // warps a cluster block
+#ifndef ATTN_KEY_BATCH
+#define ATTN_KEY_BATCH 1  // keys a warp of attn_cluster takes into its softmax at once (attn_keys above 1)
+#endif
 #define CK 8  // keys a warp loads at once
 template <int DPL, int CL>
 __device__ __forceinline__ void attn_cluster_impl(
@@ -428,6 +506,7 @@ __device__ __forceinline__ void attn_cluster_impl(
     const int* __restrict__ token_seq, const int* __restrict__ positions, float* __restrict__ out, int Hq, int Hkv,
     int D, int block_size, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    ATTN_CLOCK_START
     pdl_trigger();
     __shared__ float s_m[CW][MAXG], s_l[CW][MAXG];
     __shared__ float s_acc[CW][MAXG][32 * DPL];
@@ -453,8 +532,10 @@ __device__ __forceinline__ void attn_cluster_impl(
     attn_stage_table(table, s_tbl, start, end, block_size, tb, tb0);
     // the first batch's K / V rows, before the wait where an earlier step wrote them (attn_first_keys)
     typename Raw<DPL>::T kr[CK], vr[CK];
+    ATTN_CLOCK(0)  // entry -> the table staged, the early loads issued
     attn_first_keys<DPL, CK, CW>(k_cache, v_cache, tb, tb0, start + warp, end, L - 1 - t, active, Hkv, g,
                                  block_size, D, lane, kr, vr);
+    ATTN_CLOCK(1)  // -> past the PDL wait
 
     float qr[MAXG][DPL], acc[MAXG][DPL], m[MAXG], l[MAXG];
     attn_init<DPL>(q, q_stride, t, g * G + h0, gn, active, lane, D, scale, qr, acc, m, l);
@@ -466,6 +547,13 @@ __device__ __forceinline__ void attn_cluster_impl(
                 load_kv<DPL>(k_cache, v_cache, tb, tb0, j0 + c * CW, end, active, Hkv, g, block_size, D, lane,
                              kr[c], vr[c]);
         }
+#if ATTN_KEY_BATCH > 1
+#pragma unroll
+        for (int c = 0; c < CK; c += ATTN_KEY_BATCH) {
+            if (j0 + c * CW >= end) break;  // warp-uniform
+            attn_keys<DPL, ATTN_KEY_BATCH>(qr, &kr[c], &vr[c], (end - (j0 + c * CW) + CW - 1) / CW, acc, m, l);
+        }
+#else
 #pragma unroll
         for (int c = 0; c < CK; ++c) {
             if (j0 + c * CW >= end) break;  // warp-uniform
@@ -474,10 +562,13 @@ __device__ __forceinline__ void attn_cluster_impl(
             unpack_raw(vr[c], vf);
             attn_key<DPL>(qr, kf, vf, acc, m, l);
         }
+#endif
     }
+    ATTN_CLOCK(2)  // -> q and the keys done (warp 0)
     // the block's warps, as attn_partial merges them
     attn_warp_out<DPL, CW>(s_m, s_l, s_acc, warp, lane, gn, acc, m, l);
     __syncthreads();
+    ATTN_CLOCK(3)  // -> every warp's keys done
     for (int idx = threadIdx.x; idx < gn * D; idx += blockDim.x) {
         const int h = idx / D, d = idx % D;
         float M, Ls, A;
@@ -485,7 +576,9 @@ __device__ __forceinline__ void attn_cluster_impl(
         c_a[h][d] = A;
         if (d == 0) { c_m[h] = M; c_l[h] = Ls; }
     }
+    ATTN_CLOCK(4)  // -> the block's warps merged
     cluster_sync();  // every block's (M, L, A) written and visible to the cluster
+    ATTN_CLOCK(5)  // -> the cluster barrier
     // the splits, attn_merge's way: (head, dim) pairs dealt over the cluster's threads
     for (int idx = s * blockDim.x + threadIdx.x; idx < gn * D; idx += CL * blockDim.x) {
         const int h = idx / D, d = idx % D;
@@ -506,7 +599,9 @@ __device__ __forceinline__ void attn_cluster_impl(
         }
         out[(size_t)t * Hq * D + (size_t)(g * G + h0 + h) * D + d] = A / Ls;
     }
+    ATTN_CLOCK(6)  // -> the splits merged, out written
     cluster_sync();  // no block leaves (its shared memory) while another may still read it
+    ATTN_CLOCK(7)  // -> the second barrier
 #else
     __trap();
 #endif

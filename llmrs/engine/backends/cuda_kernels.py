@@ -39,7 +39,9 @@ OPTIONS = ("-std=c++17",) + (
     ("-DLLMRS_NO_EARLY_NORM",) if os.environ.get("LLMRS_EARLY_NORM", "1") in OFF_VALUES else ()) + (
     ("-DLLMRS_NO_KV_PREFETCH",) if os.environ.get("LLMRS_KV_PREFETCH", "1") in OFF_VALUES else ()) + (
     ("-DLLMRS_NO_STREAM_LOADS",) if os.environ.get("LLMRS_STREAM_LOADS", "1") in OFF_VALUES else ()) + (
-    ("-DLLMRS_NO_WARP_SUM8",) if os.environ.get("LLMRS_ATTN_WARP_SUM8", "1") in OFF_VALUES else ())
+    ("-DLLMRS_NO_WARP_SUM8",) if os.environ.get("LLMRS_ATTN_WARP_SUM8", "1") in OFF_VALUES else ()) + tuple(
+    # LLMRS_CUDA_DEFINES="NAME[=VALUE],...": more macros for every kernel file (probes such as LLMRS_ATTN_CLOCKS)
+    f"-D{d.strip()}" for d in os.environ.get("LLMRS_CUDA_DEFINES", "").split(",") if d.strip())
 
 
 def _gemm_q4_stages(spec: str) -> dict[int, int]:
