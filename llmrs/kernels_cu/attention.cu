@@ -24,6 +24,13 @@
 #if !defined(LLMRS_NO_EARLY_LOADS) && !defined(LLMRS_NO_EARLY_KV)
 #define ATTN_EARLY_KV 1
 #endif
+// the online softmax's exponentials per key (attn_key): expf, or with -DLLMRS_ATTN_FAST_EXP (LLMRS_CUDA_DEFINES=...,
+// an A/B) __expf (ex2.approx of x log2 e: 2 instructions, ~2 ulp, where expf is ~8)
+#ifdef LLMRS_ATTN_FAST_EXP
+#define ATTN_EXP(x) __expf(x)
+#else
+#define ATTN_EXP(x) expf(x)
+#endif
 #define ATTN_TABLE_STAGE 64  // block-table entries a split stages in shared memory (1,024 keys at block size 16)
 // blocks per SM the register budget must allow: 1 (no cap) except head_dim 64, where ptxas's own choice with the
 // prefetched K/V row put 4 bytes in local memory on sm_86/sm_89 (ptx-check); 4 (<= 128 registers) fixes it
@@ -217,68 +224,10 @@ __device__ __forceinline__ void attn_key(const float (&qr)[MAXG][DPL], const flo
     for (int h = 0; h < MAXG; ++h) {
         const float d = dots[h];
         const float mn = fmaxf(m[h], d);
-        const float corr = expf(m[h] - mn), p = expf(d - mn);
+        const float corr = ATTN_EXP(m[h] - mn), p = ATTN_EXP(d - mn);
         l[h] = l[h] * corr + p;
 #pragma unroll
         for (int i = 0; i < DPL; ++i) acc[h][i] = acc[h][i] * corr + p * vf[i];
-        m[h] = mn;
-    }
-}
-
-// NB keys at once into every head's online softmax (attn_cluster with ATTN_KEY_BATCH = NB > 1): the NB keys' dot
-// products and warp_sum8 reductions are independent, so they overlap instead of running key after key; then one
-// update a head: m' = max(m, s_0 .. s_{NB-1}), l' = l e^(m - m') + sum_b e^(s_b - m'), acc likewise. The same sums
-// as attn_key's in another order (f32 rounding apart). Keys from `nvalid` on are padding (left out); key 0 is valid.
-template <int DPL, int NB>
-__device__ __forceinline__ void attn_keys(const float (&qr)[MAXG][DPL], const typename Raw<DPL>::T* kr,
-                                          const typename Raw<DPL>::T* vr, int nvalid, float (&acc)[MAXG][DPL],
-                                          float (&m)[MAXG], float (&l)[MAXG]) {
-    float sc[NB][MAXG];
-#pragma unroll
-    for (int b = 0; b < NB; ++b) {
-        float kf[DPL];
-        unpack_raw(kr[b], kf);
-#pragma unroll
-        for (int h = 0; h < MAXG; ++h) {
-            float d = 0.0f;
-#pragma unroll
-            for (int i = 0; i < DPL; ++i) d += qr[h][i] * kf[i];
-            sc[b][h] = d;
-        }
-    }
-#pragma unroll
-    for (int b = 0; b < NB; ++b) {
-#ifndef LLMRS_NO_WARP_SUM8
-        warp_sum8(sc[b]);
-#else
-#pragma unroll
-        for (int h = 0; h < MAXG; ++h) sc[b][h] = warp_sum(sc[b][h]);
-#endif
-    }
-    float vf[NB][DPL];
-#pragma unroll
-    for (int b = 0; b < NB; ++b) unpack_raw(vr[b], vf[b]);
-#pragma unroll
-    for (int h = 0; h < MAXG; ++h) {
-        float mn = m[h];
-#pragma unroll
-        for (int b = 0; b < NB; ++b)
-            if (b < nvalid) mn = fmaxf(mn, sc[b][h]);
-        const float corr = expf(m[h] - mn);
-        float p[NB], ps = 0.0f;
-#pragma unroll
-        for (int b = 0; b < NB; ++b) {
-            p[b] = b < nvalid ? expf(sc[b][h] - mn) : 0.0f;
-            ps += p[b];
-        }
-        l[h] = l[h] * corr + ps;
-#pragma unroll
-        for (int i = 0; i < DPL; ++i) {
-            float a = acc[h][i] * corr;
-#pragma unroll
-            for (int b = 0; b < NB; ++b) a += p[b] * vf[b][i];
-            acc[h][i] = a;
-        }
         m[h] = mn;
     }
 }
@@ -299,17 +248,32 @@ __device__ __forceinline__ void attn_warp_out(float (&s_m)[W][MAXG], float (&s_l
         }
     }
 }
+// the merge's per-(warp, head) factors, once a block (not once a dim): M_h = max_w m_w, e_wh = e^(m_w - M_h) (unused
+// where M_h = -inf: no keys), by the block's first gn * W threads; call between the __syncthreads after attn_warp_out
+// and another. The same expressions, in the same order, as when every (head, dim) formed them itself (session 19:
+// the block merge was 1.3 us of attn_cluster's ~8 after its wait, 8 expf a dim), so the same bits.
+template <int W>
+__device__ __forceinline__ void attn_warp_scales(const float (&s_m)[W][MAXG], float (&s_e)[W][MAXG],
+                                                 float (&s_M)[MAXG], int gn) {
+    if ((int)threadIdx.x < gn * W) {
+        const int h = threadIdx.x / W, w = threadIdx.x % W;
+        float M = NEG_INF;
+        for (int u = 0; u < W; ++u) M = fmaxf(M, s_m[u][h]);
+        s_e[w][h] = M != NEG_INF ? expf(s_m[w][h] - M) : 0.0f;
+        if (w == 0) s_M[h] = M;
+    }
+}
+// (head h, dim d)'s M, L and A over the block's warps, from attn_warp_scales' factors
 template <int DPL, int W>
-__device__ __forceinline__ void attn_warp_merge(const float (&s_m)[W][MAXG], const float (&s_l)[W][MAXG],
-                                                const float (&s_acc)[W][MAXG][32 * DPL], int h, int d, float& M,
-                                                float& Ls, float& A) {
-    M = NEG_INF;
-    for (int w = 0; w < W; ++w) M = fmaxf(M, s_m[w][h]);
+__device__ __forceinline__ void attn_warp_merge(const float (&s_M)[MAXG], const float (&s_e)[W][MAXG],
+                                                const float (&s_l)[W][MAXG], const float (&s_acc)[W][MAXG][32 * DPL],
+                                                int h, int d, float& M, float& Ls, float& A) {
+    M = s_M[h];
     Ls = 0.0f;
     A = 0.0f;
     if (M != NEG_INF) {
         for (int w = 0; w < W; ++w) {
-            const float e = expf(s_m[w][h] - M);
+            const float e = s_e[w][h];
             Ls += s_l[w][h] * e;
             A += s_acc[w][h][d] * e;
         }
@@ -360,10 +324,13 @@ __device__ __forceinline__ void attn_partial_impl(
     // merge the warps of the block
     attn_warp_out<DPL, ATTN_WARPS>(s_m, s_l, s_acc, warp, lane, gn, acc, m, l);
     __syncthreads();
+    __shared__ float s_e[ATTN_WARPS][MAXG], s_M[MAXG];
+    attn_warp_scales<ATTN_WARPS>(s_m, s_e, s_M, gn);
+    __syncthreads();
     for (int idx = threadIdx.x; idx < gn * D; idx += blockDim.x) {
         const int h = idx / D, d = idx % D;
         float M, Ls, A;
-        attn_warp_merge<DPL, ATTN_WARPS>(s_m, s_l, s_acc, h, d, M, Ls, A);
+        attn_warp_merge<DPL, ATTN_WARPS>(s_M, s_e, s_l, s_acc, h, d, M, Ls, A);
         const int head = g * G + h0 + h;
         if (S == 1) {
             out[(size_t)t * Hq * D + (size_t)head * D + d] = A / Ls;
@@ -495,9 +462,6 @@ __device__ unsigned long long attn_clocks[16];
 #define ATTN_CLOCK(i)
 #endif
 #define CW 8  // warps a cluster block
-#ifndef ATTN_KEY_BATCH
-#define ATTN_KEY_BATCH 1  // keys a warp of attn_cluster takes into its softmax at once (attn_keys above 1)
-#endif
 #define CK 8  // keys a warp loads at once
 template <int DPL, int CL>
 __device__ __forceinline__ void attn_cluster_impl(
@@ -547,13 +511,6 @@ __device__ __forceinline__ void attn_cluster_impl(
                 load_kv<DPL>(k_cache, v_cache, tb, tb0, j0 + c * CW, end, active, Hkv, g, block_size, D, lane,
                              kr[c], vr[c]);
         }
-#if ATTN_KEY_BATCH > 1
-#pragma unroll
-        for (int c = 0; c < CK; c += ATTN_KEY_BATCH) {
-            if (j0 + c * CW >= end) break;  // warp-uniform
-            attn_keys<DPL, ATTN_KEY_BATCH>(qr, &kr[c], &vr[c], (end - (j0 + c * CW) + CW - 1) / CW, acc, m, l);
-        }
-#else
 #pragma unroll
         for (int c = 0; c < CK; ++c) {
             if (j0 + c * CW >= end) break;  // warp-uniform
@@ -562,17 +519,19 @@ __device__ __forceinline__ void attn_cluster_impl(
             unpack_raw(vr[c], vf);
             attn_key<DPL>(qr, kf, vf, acc, m, l);
         }
-#endif
     }
     ATTN_CLOCK(2)  // -> q and the keys done (warp 0)
     // the block's warps, as attn_partial merges them
     attn_warp_out<DPL, CW>(s_m, s_l, s_acc, warp, lane, gn, acc, m, l);
     __syncthreads();
+    __shared__ float s_e[CW][MAXG], s_M[MAXG];
+    attn_warp_scales<CW>(s_m, s_e, s_M, gn);
+    __syncthreads();
     ATTN_CLOCK(3)  // -> every warp's keys done
     for (int idx = threadIdx.x; idx < gn * D; idx += blockDim.x) {
         const int h = idx / D, d = idx % D;
         float M, Ls, A;
-        attn_warp_merge<DPL, CW>(s_m, s_l, s_acc, h, d, M, Ls, A);
+        attn_warp_merge<DPL, CW>(s_M, s_e, s_l, s_acc, h, d, M, Ls, A);
         c_a[h][d] = A;
         if (d == 0) { c_m[h] = M; c_l[h] = Ls; }
     }
