@@ -11,7 +11,8 @@
 // Warp w takes keys w, w+4, ... (the next key's block-table entry and K/V rows are loaded while the current key
 // is used); each lane holds DPL = D/32 dims of q, of the accumulators and of each key,
 // so the dot product is DPL FMAs + a shuffle reduction per head, and the softmax is online (running max m,
-// running sum l, rescaled accumulator), f32 throughout with expf. The 4 warps merge through shared memory.
+// running sum l, rescaled accumulator), f32 throughout (__expf per key, expf in the merges). The 4 warps merge
+// through shared memory.
 // With one split the block writes the normalized output; otherwise it writes (acc, m, l) partials and
 // attn_merge combines the splits: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).
 // Register arrays are indexed only by unrolled constants (no local memory; ptx-check pins it).
@@ -24,9 +25,11 @@
 #if !defined(LLMRS_NO_EARLY_LOADS) && !defined(LLMRS_NO_EARLY_KV)
 #define ATTN_EARLY_KV 1
 #endif
-// the online softmax's exponentials per key (attn_key): expf, or with -DLLMRS_ATTN_FAST_EXP (LLMRS_CUDA_DEFINES=...,
-// an A/B) __expf (ex2.approx of x log2 e: 2 instructions, ~2 ulp, where expf is ~8)
-#ifdef LLMRS_ATTN_FAST_EXP
+// the online softmax's two exponentials per key and head (attn_key): __expf (ex2.approx of x log2 e: 2 instructions
+// where expf is ~8; the per-key work is issue-bound, 8 warps on each of 32 SMs for the 7B), or expf with
+// -DLLMRS_ATTN_EXACT_EXP (LLMRS_ATTN_FAST_EXP=0). H200, best of 3 a process (session19/call4): 7B 3.9797 -> 3.9599,
+// 3B 2.2813 -> 2.2334 ms/token.
+#ifndef LLMRS_ATTN_EXACT_EXP
 #define ATTN_EXP(x) __expf(x)
 #else
 #define ATTN_EXP(x) expf(x)
