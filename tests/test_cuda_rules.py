@@ -247,3 +247,21 @@ def test_matvec_long_k_splits_by_default_the_fewest_reaching_the_warp_count():
     assert [split(3584, 18944), split(2048, 11008), split(896, 4864)] == [1, 2, 4]  # 7B, 3B, 0.5B down
     assert split(1536, 8960) == 4 and split(1792, 8960) == 2  # 1.5B down (1536 x 2 < 3584); a made-up N at 2
     assert [split(3584, 3584), split(2048, 2048), split(896, 896), split(37888, 3584)] == [1, 1, 1, 1]
+
+
+def test_kernel_ab_switches_become_compile_options():
+    """The A/B environment switches read at import (cuda_kernels.OPTIONS): session 19's early-load and fast-exp
+    switches, and LLMRS_CUDA_DEFINES for probes (scripts/attn_clocks.py); by default none of them is set."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from llmrs.engine.backends import cuda_kernels as ck; print(' '.join(ck.OPTIONS))"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMRS_")}
+    default = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert default.stdout.split() == ["-std=c++17"]
+    env.update(LLMRS_ATTN_FAST_EXP="0", LLMRS_EARLY_KV="0", LLMRS_EARLY_NORM="off",
+               LLMRS_CUDA_DEFINES=" LLMRS_ATTN_CLOCKS, ATTN_X=2 ,")
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert got.stdout.split() == ["-std=c++17", "-DLLMRS_NO_EARLY_KV", "-DLLMRS_NO_EARLY_NORM",
+                                  "-DLLMRS_ATTN_EXACT_EXP", "-DLLMRS_ATTN_CLOCKS", "-DATTN_X=2"]

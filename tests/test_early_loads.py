@@ -129,3 +129,15 @@ def test_every_pdl_kernel_loads_before_its_wait_only_what_it_may():
             seen += 1
             assert s.pre_wait_loads == expected_pre_wait_loads(name), (cu, name, s.pre_wait_loads)
     assert seen >= 80  # (87 on sm_90 in session 18)
+
+
+def test_the_attention_probe_and_exact_exp_builds():
+    """scripts/attn_clocks.py's build (-DLLMRS_ATTN_CLOCKS) and LLMRS_ATTN_FAST_EXP=0's (-DLLMRS_ATTN_EXACT_EXP)
+    compile attn_cluster with the same loads before the wait; __expf (the default) is ~8x fewer instructions an
+    exponential than expf, so the default kernel is the shorter one."""
+    base = sass_of("attention.cu")
+    probe = sass_of("attention.cu", ("LLMRS_ATTN_CLOCKS",))
+    exact = sass_of("attention.cu", ("LLMRS_ATTN_EXACT_EXP",))
+    for name in ("attn_cluster8_d4", "attn_cluster16_d2", "attn_partial_d4"):
+        assert probe[name].pre_wait_loads == exact[name].pre_wait_loads == base[name].pre_wait_loads
+        assert exact[name].instructions > base[name].instructions
