@@ -62,8 +62,10 @@ def _kernel_body(src: str, name: str) -> str:
     return src[i:i + 400]
 
 
-@pytest.mark.parametrize("fname", ["embedding.cu", "rmsnorm.cu", "elementwise.cu", "rope_kv.cu"])
+@pytest.mark.parametrize("fname", ["embedding.cu", "elementwise.cu", "rope_kv.cu"])
 def test_plain_pdl_kernels_wait_before_their_first_statement(fname):
+    """(rmsnorm.cu's kernels load their norm weight before the wait since session 19, as the matvecs their first
+    weight chunks: tests/test_early_loads.py counts what they load before it in the SASS.)"""
     src = (ck.KERNELS_DIR / fname).read_text()
     for name in ck.ENTRY_POINTS[fname]:
         if name in ck.PDL_KERNELS:
