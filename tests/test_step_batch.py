@@ -108,3 +108,24 @@ def test_scheduler_batches_equal_the_reference_builder_through_prefill_preemptio
         steps += 1
     assert not eng.has_unfinished() and eng.scheduler.num_preemptions > 0
     assert eng.kv.num_free_blocks == 40 and not eng.kv.row_of
+
+
+def test_keys_below_position_minus_index_were_written_by_earlier_steps():
+    """The decode attention loads the K / V rows of token t's keys below positions[t] - t before its PDL wait
+    (attention.cu attn_first_keys): it takes them as written by earlier steps. That holds because a sequence's new
+    tokens in a step are contiguous in the batch at consecutive positions from its cached count (so at most t of
+    them come before token t): checked here over random mixes of decodes and prefill chunks, with token_seq as the
+    CUDA backend forms it (np.repeat over the per-sequence counts)."""
+    rng = np.random.default_rng(7)
+    bs = 16
+    for _ in range(200):
+        B = int(rng.integers(1, 9))
+        cached = rng.integers(0, 300, B).tolist()
+        new = [int(n) for n in rng.choice([1, 1, 1, 5, 17, 64], B)]
+        tables = np.arange(B * 32, dtype=np.int32).reshape(B, 32)
+        ids = rng.integers(0, 100, sum(new)).tolist()
+        batch = build_step_batch_arrays(ids, cached, new, tables, [True] * B, bs)
+        token_seq = np.repeat(np.arange(B), new)
+        t = np.arange(len(ids))
+        # every key below positions[t] - t is below the sequence's cached count: computed before this step
+        assert (batch.positions - t <= np.asarray(cached)[token_seq]).all()
