@@ -8,7 +8,8 @@
 # One call, ~6 min, carry .whl:
 #   1. the bit-identity and attention tests, the graph and parity tests, with g4 on;
 #   2. attn_cluster's phase clocks for the four pairings (7B);
-#   3. best of 3 a process for the four pairings in turn, the first again at the end (7B), and the four (3B).
+#   3. best of 3 a process for the four pairings in turn, the first again at the end (7B), and the four (3B);
+#      then 4 heads a block over clusters of 16 (7B, 3B).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 . scripts/gpu_lib.sh
@@ -35,6 +36,10 @@ for p in qwen2.5-7b qwen2.5-3b; do
       --like $p --rounds 3 --variants full --json $R/ab-$p-h${pair/:/-own}.json > $R/ab-$p-h${pair/:/-own}.log 2>&1
     echo "$p heads a block ${pair%:*}, own head $pair: $(grep -E '^ +full:' $R/ab-$p-h${pair/:/-own}.log | tr -s ' ')"
   done
+  # 4 heads a block over clusters of 16 (4x today's blocks: the 3B's 2 kv heads fill 64 SMs)
+  LLMRS_ATTN_HEADS_PER_BLOCK=4 LLMRS_ATTN_CLUSTER=16 timeout 90 python3 scripts/ablate_decode.py --like $p \
+    --rounds 3 --variants full --json $R/ab-$p-h4-cl16.json > $R/ab-$p-h4-cl16.log 2>&1
+  echo "$p heads a block 4, own head 1, cluster 16: $(grep -E '^ +full:' $R/ab-$p-h4-cl16.log | tr -s ' ')"
 done
 } 2>&1 | tee $OUT/summary.txt
 tar czf $OUT/results.tgz -C $R .
