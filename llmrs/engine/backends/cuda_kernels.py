@@ -27,21 +27,19 @@ from typing import Any
 from llmrs.engine.config import OFF_VALUES
 
 KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels_cu"
-# A/B switches compiled in: LLMRS_KV_PREFETCH=0 (decode attention without its L2 prefetch), LLMRS_STREAM_LOADS=0
-# (matvec weights through L1 like any load, common.cuh's ldg_stream), LLMRS_ATTN_WARP_SUM8=0 (attn_partial sums each
-# head's dot product with its own warp_sum instead of attention.cu's warp_sum8: the same bits), LLMRS_EARLY_LOADS=0
-# (the matvec / gemv kernels' first weight loads not pinned before pdl_wait, x through the non-coherent path: the code
-# before session 18, common.cuh's ldg_early; LLMRS_EARLY_KV=0 / LLMRS_EARLY_NORM=0 only the decode attention's first
-# keys / the RMSNorm's weight, session 19's), LLMRS_ATTN_FAST_EXP=0 (the decode attention's per-key exponentials
-# through expf, not __expf)
-OPTIONS = ("-std=c++17",) + (
-    ("-DLLMRS_NO_EARLY_LOADS",) if os.environ.get("LLMRS_EARLY_LOADS", "1") in OFF_VALUES else ()) + (
-    ("-DLLMRS_NO_EARLY_KV",) if os.environ.get("LLMRS_EARLY_KV", "1") in OFF_VALUES else ()) + (
-    ("-DLLMRS_NO_EARLY_NORM",) if os.environ.get("LLMRS_EARLY_NORM", "1") in OFF_VALUES else ()) + (
-    ("-DLLMRS_NO_KV_PREFETCH",) if os.environ.get("LLMRS_KV_PREFETCH", "1") in OFF_VALUES else ()) + (
-    ("-DLLMRS_NO_STREAM_LOADS",) if os.environ.get("LLMRS_STREAM_LOADS", "1") in OFF_VALUES else ()) + (
-    ("-DLLMRS_NO_WARP_SUM8",) if os.environ.get("LLMRS_ATTN_WARP_SUM8", "1") in OFF_VALUES else ()) + (
-    ("-DLLMRS_ATTN_EXACT_EXP",) if os.environ.get("LLMRS_ATTN_FAST_EXP", "1") in OFF_VALUES else ()) + tuple(
+# A/B switches compiled in, each an environment variable that, set off, defines a macro: LLMRS_EARLY_LOADS=0 (the
+# matvec / gemv kernels' first weight loads not pinned before pdl_wait, x through the non-coherent path: the code
+# before session 18, common.cuh's ldg_early), LLMRS_EARLY_KV=0 / LLMRS_EARLY_NORM=0 (only the decode attention's
+# first keys / the RMSNorm's weight, session 19's), LLMRS_KV_PREFETCH=0 (decode attention without its L2 prefetch),
+# LLMRS_STREAM_LOADS=0 (matvec weights through L1 like any load, common.cuh's ldg_stream), LLMRS_ATTN_WARP_SUM8=0
+# (attn_partial sums each head's dot product with its own warp_sum instead of attention.cu's warp_sum8: the same
+# bits), LLMRS_ATTN_FAST_EXP=0 (the decode attention's per-key exponentials through expf, not __expf)
+AB_SWITCHES = {"LLMRS_EARLY_LOADS": "LLMRS_NO_EARLY_LOADS", "LLMRS_EARLY_KV": "LLMRS_NO_EARLY_KV",
+               "LLMRS_EARLY_NORM": "LLMRS_NO_EARLY_NORM", "LLMRS_KV_PREFETCH": "LLMRS_NO_KV_PREFETCH",
+               "LLMRS_STREAM_LOADS": "LLMRS_NO_STREAM_LOADS", "LLMRS_ATTN_WARP_SUM8": "LLMRS_NO_WARP_SUM8",
+               "LLMRS_ATTN_FAST_EXP": "LLMRS_ATTN_EXACT_EXP"}
+OPTIONS = ("-std=c++17",) + tuple(
+    f"-D{macro}" for var, macro in AB_SWITCHES.items() if os.environ.get(var, "1") in OFF_VALUES) + tuple(
     # LLMRS_CUDA_DEFINES="NAME[=VALUE],...": more macros for every kernel file (probes such as LLMRS_ATTN_CLOCKS)
     f"-D{d.strip()}" for d in os.environ.get("LLMRS_CUDA_DEFINES", "").split(",") if d.strip())
 
