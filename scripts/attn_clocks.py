@@ -8,7 +8,7 @@ early loads issued, to past the PDL wait, to warp 0's keys done, to all warps' k
 cluster barrier, the cluster merge, the last barrier). Prints the mean per block and launch in cycles and in us at
 the SM clock, and the step's ms/token (the probe's atomics cost a little).
 
-    python3 scripts/attn_clocks.py --like qwen2.5-7b [--define LLMRS_ATTN_FAST_EXP] [--json out.json]
+    python3 scripts/attn_clocks.py --like qwen2.5-7b [--define LLMRS_ATTN_EXACT_EXP] [--json out.json]
 """
 
 from __future__ import annotations
