@@ -88,6 +88,33 @@ def test_attn_cluster_matches_float64_and_partial_merge(D, CL, Hq, Hkv, lens):
     assert rel_err(got, pm) < 1e-5
 
 
+@pytest.mark.parametrize("D,CL", [(128, 8), (128, 16), (64, 8), (64, 16)])
+@pytest.mark.parametrize("Hq,Hkv,lens", [(28, 4, [512]), (28, 4, [1, 5, 17]), (16, 2, [300, 64, 1023]),
+                                         (14, 2, [300]), (12, 2, [77])])
+def test_attn_cluster_g4_gives_the_bits_of_the_8_head_form(D, CL, Hq, Hkv, lens):
+    """attn_cluster{CL}_d{D}_g4 (a block per 4 query heads: 7 a kv head -> 4 + 3, 8 -> 4 + 4, 6 -> 4 + 2) against
+    the 8-head form: the same keys a warp, the same sums and softmax per head, so the same bits."""
+    T, dpl = len(lens), D // 32
+    rng = np.random.default_rng(CL + Hq + len(lens) + D)
+    nb = -(-max(lens) // BS)
+    blocks = T * nb
+    args = (cp.asarray(rng.standard_normal((T, (Hq + 2 * Hkv) * D)).astype(np.float32)),
+            np.int32((Hq + 2 * Hkv) * D), cp.asarray(bf16_words(rng.standard_normal((blocks, Hkv, BS, D)))),
+            cp.asarray(bf16_words(rng.standard_normal((blocks, Hkv, BS, D)))),
+            cp.asarray(rng.permutation(blocks).reshape(T, nb).astype(np.int32)), np.int32(nb),
+            cp.arange(T, dtype=cp.int32), cp.asarray(np.array([n - 1 for n in lens], dtype=np.int32)))
+    k = ck.get_kernels()
+    outs = []
+    for suffix, hg in (("", 8), ("_g4", 4)):
+        out = cp.full((T, Hq * D), np.nan, dtype=cp.float32)
+        k.fns[f"attn_cluster{CL}_d{dpl}{suffix}"]((T, Hkv * -(-(Hq // Hkv) // hg), CL), (256,),
+                                                 args + (out, np.int32(Hq), np.int32(Hkv), np.int32(D),
+                                                         np.int32(BS), np.float32(1 / np.sqrt(D))))
+        outs.append(cp.asnumpy(out))
+    assert np.isfinite(outs[1]).all(), "every output written"
+    assert np.array_equal(outs[0], outs[1])
+
+
 @pytest.mark.parametrize("hidden,kernel", [(1024, "auto"), (512, "partial")])
 def test_backend_takes_the_cluster_where_attn_partial_ran_and_tokens_agree(tmp_path, hidden, kernel):
     """A tiny Qwen2 with 8 query heads and 2 kv heads of 128 dims (auto: attn_partial's place at one token) or 64

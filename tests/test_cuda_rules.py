@@ -16,8 +16,9 @@ from llmrs.roofline.presets import preset_config
 
 def fake_backend(preset: str, cc: int = 90, kernel: str = "auto") -> SimpleNamespace:
     be = SimpleNamespace(config=preset_config(preset), block_size=16, _prefill_cc=cc, attn_kernel=kernel,
-                         attn_splits=None, num_sms=132, fuse_norm="auto")
+                         attn_splits=None, num_sms=132, fuse_norm="auto", attn_heads_per_block=8)
     be._use_gqa = lambda T: CUDABackend._use_gqa(be, T)
+    be._cluster_heads = lambda: CUDABackend._cluster_heads(be)
     return be
 
 
@@ -103,6 +104,12 @@ def test_attn_cluster_takes_the_smallest_cluster_that_holds_the_context():
     assert size(1, 100) == 0
     be.attn_cluster, be.dpl = None, 1  # 32-dim heads: none
     assert size(1, 100) == 0
+    # the _g4 forms (a block per 4 query heads, LLMRS_ATTN_HEADS_PER_BLOCK=4): twice the blocks a token
+    be.dpl, be.attn_heads_per_block = 4, 4
+    assert CUDABackend._cluster_heads(be) == 4
+    assert size(2, 512) == 8 and size(3, 512) == 0  # 3 tokens x 4 kv heads x 2 head groups x 8 blocks > 132 SMs
+    be.attn_cluster = 4  # no _g4 form of the 4-block cluster: 8 heads a block there
+    assert CUDABackend._cluster_heads(be) == 8
 
 
 def test_wgmma_gemm_ring_and_dispatch():

@@ -110,6 +110,26 @@ __device__ __forceinline__ void warp_sum8(float (&v)[MAXG]) {
     for (int h = 0; h < MAXG; ++h) v[h] = __shfl_sync(0xffffffffu, y, 4 * h);
 }
 
+// warp_sum8's reduce-scatter for 4 heads (attn_cluster's _g4 forms): xor 16 keeps 2, xor 8 one (head (lane >> 3) &
+// 3), then xor 4, 2, 1; each head's total read from lane 8h. The same butterfly as warp_sum, so the same bits.
+__device__ __forceinline__ void warp_sum4(float (&v)[4]) {
+    const int lane = threadIdx.x & 31;
+    const bool hi16 = lane & 16, hi8 = lane & 8;
+    float w[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {  // heads 2 * hi16 + i
+        const float keep = hi16 ? v[i + 2] : v[i], send = hi16 ? v[i] : v[i + 2];
+        w[i] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
+    }
+    const float keep = hi8 ? w[1] : w[0], send = hi8 ? w[0] : w[1];
+    float y = keep + __shfl_xor_sync(0xffffffffu, send, 8);  // head (lane >> 3) & 3
+    y += __shfl_xor_sync(0xffffffffu, y, 4);
+    y += __shfl_xor_sync(0xffffffffu, y, 2);
+    y += __shfl_xor_sync(0xffffffffu, y, 1);
+#pragma unroll
+    for (int h = 0; h < 4; ++h) v[h] = __shfl_sync(0xffffffffu, y, 8 * h);
+}
+
 // The pieces attn_partial and attn_cluster share (one expression each, so both keep the same bits).
 // The split's block-table entries [b0, ...) for keys [start, end) in shared memory (host-written before the step:
 // read before pdl_wait), so a key costs one dependent round trip (its K/V rows) instead of two; splits spanning more
@@ -163,10 +183,10 @@ __device__ __forceinline__ void attn_first_keys(const bf16_t* __restrict__ k_cac
 }
 
 // the MAXG heads' query (scaled; zeros past gn and for idle lanes) and the online softmax's empty state
-template <int DPL>
+template <int DPL, int HG = MAXG>
 __device__ __forceinline__ void attn_init(const float* __restrict__ q, int q_stride, int t, int head0, int gn,
-                                          bool active, int lane, int D, float scale, float (&qr)[MAXG][DPL],
-                                          float (&acc)[MAXG][DPL], float (&m)[MAXG], float (&l)[MAXG]) {
+                                          bool active, int lane, int D, float scale, float (&qr)[HG][DPL],
+                                          float (&acc)[HG][DPL], float (&m)[HG], float (&l)[HG]) {
     // q is the previous kernel's (qkv + rope): read through the coherent path (common.cuh ldx*), which ptxas keeps
     // below pdl_wait; as a `const __restrict__` load (ld.global.nc) it had been hoisted above it (session 18,
     // `llmrs ptx-check --sass`: loads before wait), a race under programmatic launch. A lane's DPL dims are
@@ -174,7 +194,7 @@ __device__ __forceinline__ void attn_init(const float* __restrict__ q, int q_str
     constexpr int VW = DPL >= 4 ? 4 : DPL;
     const bool vec = VW > 1 && ((q_stride | D) & (VW - 1)) == 0 && ((size_t)q & (4 * VW - 1)) == 0;
 #pragma unroll
-    for (int h = 0; h < MAXG; ++h) {
+    for (int h = 0; h < HG; ++h) {
         m[h] = NEG_INF;
         l[h] = 0.0f;
         const bool on = h < gn && active;
@@ -206,25 +226,26 @@ __device__ __forceinline__ void attn_init(const float* __restrict__ q, int q_str
 // one key (this lane's K / V dims kf, vf) into every head's online softmax: every one of the MAXG heads, also past
 // gn (q = 0 there, results unused): without a branch per head the compiler interleaves the heads' shuffle reductions
 // and exps instead of running them one after another (a key cost ~7 x the latency of one head's chain that way)
-template <int DPL>
-__device__ __forceinline__ void attn_key(const float (&qr)[MAXG][DPL], const float (&kf)[DPL], const float (&vf)[DPL],
-                                         float (&acc)[MAXG][DPL], float (&m)[MAXG], float (&l)[MAXG]) {
-    float dots[MAXG];
+template <int DPL, int HG = MAXG>
+__device__ __forceinline__ void attn_key(const float (&qr)[HG][DPL], const float (&kf)[DPL], const float (&vf)[DPL],
+                                         float (&acc)[HG][DPL], float (&m)[HG], float (&l)[HG]) {
+    float dots[HG];
 #pragma unroll
-    for (int h = 0; h < MAXG; ++h) {
+    for (int h = 0; h < HG; ++h) {
         float d = 0.0f;
 #pragma unroll
         for (int i = 0; i < DPL; ++i) d += qr[h][i] * kf[i];
         dots[h] = d;
     }
 #ifndef LLMRS_NO_WARP_SUM8
-    warp_sum8(dots);
+    if constexpr (HG == 8) warp_sum8(dots);
+    else warp_sum4(dots);
 #else
 #pragma unroll
-    for (int h = 0; h < MAXG; ++h) dots[h] = warp_sum(dots[h]);
+    for (int h = 0; h < HG; ++h) dots[h] = warp_sum(dots[h]);
 #endif
 #pragma unroll
-    for (int h = 0; h < MAXG; ++h) {
+    for (int h = 0; h < HG; ++h) {
         const float d = dots[h];
         const float mn = fmaxf(m[h], d);
         const float corr = ATTN_EXP(m[h] - mn), p = ATTN_EXP(d - mn);
@@ -237,13 +258,13 @@ __device__ __forceinline__ void attn_key(const float (&qr)[MAXG][DPL], const flo
 
 // the block's W warps merged: each warp's (m, l, acc) of its heads into shared memory, then for (head h, dim d)
 // the block's M, L and A (call after a __syncthreads that follows attn_warp_out)
-template <int DPL, int W>
-__device__ __forceinline__ void attn_warp_out(float (&s_m)[W][MAXG], float (&s_l)[W][MAXG],
-                                              float (&s_acc)[W][MAXG][32 * DPL], int warp, int lane, int gn,
-                                              const float (&acc)[MAXG][DPL], const float (&m)[MAXG],
-                                              const float (&l)[MAXG]) {
+template <int DPL, int W, int HG = MAXG>
+__device__ __forceinline__ void attn_warp_out(float (&s_m)[W][HG], float (&s_l)[W][HG],
+                                              float (&s_acc)[W][HG][32 * DPL], int warp, int lane, int gn,
+                                              const float (&acc)[HG][DPL], const float (&m)[HG],
+                                              const float (&l)[HG]) {
 #pragma unroll
-    for (int h = 0; h < MAXG; ++h) {
+    for (int h = 0; h < HG; ++h) {
         if (h < gn) {
             if (lane == 0) { s_m[warp][h] = m[h]; s_l[warp][h] = l[h]; }
 #pragma unroll
@@ -255,9 +276,9 @@ __device__ __forceinline__ void attn_warp_out(float (&s_m)[W][MAXG], float (&s_l
 // where M_h = -inf: no keys), by the block's first gn * W threads; call between the __syncthreads after attn_warp_out
 // and another. The same expressions, in the same order, as when every (head, dim) formed them itself (session 19:
 // the block merge was 1.3 us of attn_cluster's ~8 after its wait, 8 expf a dim), so the same bits.
-template <int W>
-__device__ __forceinline__ void attn_warp_scales(const float (&s_m)[W][MAXG], float (&s_e)[W][MAXG],
-                                                 float (&s_M)[MAXG], int gn) {
+template <int W, int HG = MAXG>
+__device__ __forceinline__ void attn_warp_scales(const float (&s_m)[W][HG], float (&s_e)[W][HG],
+                                                 float (&s_M)[HG], int gn) {
     if ((int)threadIdx.x < gn * W) {
         const int h = threadIdx.x / W, w = threadIdx.x % W;
         float M = NEG_INF;
@@ -267,9 +288,9 @@ __device__ __forceinline__ void attn_warp_scales(const float (&s_m)[W][MAXG], fl
     }
 }
 // (head h, dim d)'s M, L and A over the block's warps, from attn_warp_scales' factors
-template <int DPL, int W>
-__device__ __forceinline__ void attn_warp_merge(const float (&s_M)[MAXG], const float (&s_e)[W][MAXG],
-                                                const float (&s_l)[W][MAXG], const float (&s_acc)[W][MAXG][32 * DPL],
+template <int DPL, int W, int HG = MAXG>
+__device__ __forceinline__ void attn_warp_merge(const float (&s_M)[HG], const float (&s_e)[W][HG],
+                                                const float (&s_l)[W][HG], const float (&s_acc)[W][HG][32 * DPL],
                                                 int h, int d, float& M, float& Ls, float& A) {
     M = s_M[h];
     Ls = 0.0f;
@@ -466,7 +487,7 @@ __device__ unsigned long long attn_clocks[16];
 #endif
 #define CW 8  // warps a cluster block
 #define CK 8  // keys a warp loads at once
-template <int DPL, int CL>
+template <int DPL, int CL, int HG>
 __device__ __forceinline__ void attn_cluster_impl(
     const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,
     const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,
@@ -475,14 +496,14 @@ __device__ __forceinline__ void attn_cluster_impl(
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     ATTN_CLOCK_START
     pdl_trigger();
-    __shared__ float s_m[CW][MAXG], s_l[CW][MAXG];
-    __shared__ float s_acc[CW][MAXG][32 * DPL];
-    __shared__ float c_a[MAXG][32 * DPL], c_m[MAXG], c_l[MAXG];  // this block's merged split, read cluster-wide
+    __shared__ float s_m[CW][HG], s_l[CW][HG];
+    __shared__ float s_acc[CW][HG][32 * DPL];
+    __shared__ float c_a[HG][32 * DPL], c_m[HG], c_l[HG];  // this block's merged split, read cluster-wide
     __shared__ int s_tbl[ATTN_TABLE_STAGE];
     const int t = blockIdx.x, s = (int)cluster_rank();
-    const int G = Hq / Hkv, ngroups = (G + MAXG - 1) / MAXG;
-    const int g = blockIdx.y / ngroups, h0 = (blockIdx.y % ngroups) * MAXG;
-    const int gn = min(MAXG, G - h0);
+    const int G = Hq / Hkv, ngroups = (G + HG - 1) / HG;
+    const int g = blockIdx.y / ngroups, h0 = (blockIdx.y % ngroups) * HG;
+    const int gn = min(HG, G - h0);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const bool active = lane * DPL < D;
     const int L = positions[t] + 1, chunk = (L + CL - 1) / CL;
@@ -504,8 +525,8 @@ __device__ __forceinline__ void attn_cluster_impl(
                                  block_size, D, lane, kr, vr);
     ATTN_CLOCK(1)  // -> past the PDL wait
 
-    float qr[MAXG][DPL], acc[MAXG][DPL], m[MAXG], l[MAXG];
-    attn_init<DPL>(q, q_stride, t, g * G + h0, gn, active, lane, D, scale, qr, acc, m, l);
+    float qr[HG][DPL], acc[HG][DPL], m[HG], l[HG];
+    attn_init<DPL, HG>(q, q_stride, t, g * G + h0, gn, active, lane, D, scale, qr, acc, m, l);
 #pragma unroll 1
     for (int j0 = start + warp; j0 < end; j0 += CW * CK) {
         if (j0 != start + warp) {
@@ -520,21 +541,21 @@ __device__ __forceinline__ void attn_cluster_impl(
             float kf[DPL], vf[DPL];
             unpack_raw(kr[c], kf);
             unpack_raw(vr[c], vf);
-            attn_key<DPL>(qr, kf, vf, acc, m, l);
+            attn_key<DPL, HG>(qr, kf, vf, acc, m, l);
         }
     }
     ATTN_CLOCK(2)  // -> q and the keys done (warp 0)
     // the block's warps, as attn_partial merges them
-    attn_warp_out<DPL, CW>(s_m, s_l, s_acc, warp, lane, gn, acc, m, l);
+    attn_warp_out<DPL, CW, HG>(s_m, s_l, s_acc, warp, lane, gn, acc, m, l);
     __syncthreads();
-    __shared__ float s_e[CW][MAXG], s_M[MAXG];
-    attn_warp_scales<CW>(s_m, s_e, s_M, gn);
+    __shared__ float s_e[CW][HG], s_M[HG];
+    attn_warp_scales<CW, HG>(s_m, s_e, s_M, gn);
     __syncthreads();
     ATTN_CLOCK(3)  // -> every warp's keys done
     for (int idx = threadIdx.x; idx < gn * D; idx += blockDim.x) {
         const int h = idx / D, d = idx % D;
         float M, Ls, A;
-        attn_warp_merge<DPL, CW>(s_M, s_e, s_l, s_acc, h, d, M, Ls, A);
+        attn_warp_merge<DPL, CW, HG>(s_M, s_e, s_l, s_acc, h, d, M, Ls, A);
         c_a[h][d] = A;
         if (d == 0) { c_m[h] = M; c_l[h] = Ls; }
     }
@@ -580,11 +601,28 @@ __device__ __forceinline__ void attn_cluster_impl(
         const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,             \
         const int* __restrict__ token_seq, const int* __restrict__ positions, float* __restrict__ out, int Hq, \
         int Hkv, int D, int block_size, float scale) {                                                        \
-        attn_cluster_impl<DPL, CL>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, token_seq,         \
-                                   positions, out, Hq, Hkv, D, block_size, scale);                            \
+        attn_cluster_impl<DPL, CL, MAXG>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, token_seq,   \
+                                         positions, out, Hq, Hkv, D, block_size, scale);                      \
+    }
+// attn_cluster{CL}_d{DPL}_g4: a block per 4 query heads of a kv head (not 8): twice the blocks (SMs) at the same
+// cluster size, half the per-key arithmetic a warp (the keys were issue-bound on 8 warps an SM, session 19's
+// scripts/attn_clocks.py); each K / V row is read by two blocks (from L2 the second time). The same keys a warp in
+// the same order, and every head's sums and softmax expressions as in the 8-head form: the same bits.
+#define ATTN_CLUSTER_G4(CL, DPL)                                                                               \
+    extern "C" __global__ void __launch_bounds__(CW * 32, 1) CLUSTER_DIMS(CL) attn_cluster##CL##_d##DPL##_g4( \
+        const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,                        \
+        const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,             \
+        const int* __restrict__ token_seq, const int* __restrict__ positions, float* __restrict__ out, int Hq, \
+        int Hkv, int D, int block_size, float scale) {                                                        \
+        attn_cluster_impl<DPL, CL, 4>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, token_seq,      \
+                                      positions, out, Hq, Hkv, D, block_size, scale);                         \
     }
 ATTN_CLUSTER(4, 4)
 ATTN_CLUSTER(8, 4)
 ATTN_CLUSTER(16, 4)
 ATTN_CLUSTER(8, 2)
 ATTN_CLUSTER(16, 2)
+ATTN_CLUSTER_G4(8, 4)
+ATTN_CLUSTER_G4(16, 4)
+ATTN_CLUSTER_G4(8, 2)
+ATTN_CLUSTER_G4(16, 2)

@@ -338,6 +338,12 @@ class CUDABackend:
         if cl not in ("auto", "0", "4", *map(str, ATTN_CLUSTER_SIZES)):
             raise UserError(f"LLMRS_ATTN_CLUSTER={cl!r}: expected auto, 0, 4, 8 or 16")
         self.attn_cluster: int | None = None if cl == "auto" else int(cl)
+        # query heads a block of attn_cluster takes: 8 (attn_cluster{CL}_d{D}) or 4 (its _g4 form: twice the blocks,
+        # half the per-key work a warp, the same bits); LLMRS_ATTN_HEADS_PER_BLOCK=4 (an A/B, not measured yet)
+        hpb = os.environ.get("LLMRS_ATTN_HEADS_PER_BLOCK", "8").strip()
+        if hpb not in ("4", "8"):
+            raise UserError(f"LLMRS_ATTN_HEADS_PER_BLOCK={hpb!r}: expected 4 or 8")
+        self.attn_heads_per_block = int(hpb)
         self.k = get_kernels()  # compiles every kernel now (warm-up), not on the first request
         from llmrs.engine.backends.cuda_prefill import prefill_supported
 
@@ -884,13 +890,18 @@ class CUDABackend:
         if self.attn_cluster == 4 and self.dpl != 4:  # attn_cluster4 exists for 128-dim heads only (an A/B form)
             return 0
         c = self.config
-        heads = T * c.num_key_value_heads * -(-c.num_queries_per_kv // ATTN_MAXG)
+        heads = T * c.num_key_value_heads * -(-c.num_queries_per_kv // self._cluster_heads())
         if self.attn_cluster is not None:  # a forced size (A/Bs): any context, its warps loop over key batches
             return self.attn_cluster if heads * self.attn_cluster <= self.num_sms else 0
         for cl in ATTN_CLUSTER_SIZES:
             if heads * cl <= self.num_sms and max_len <= cl * ATTN_CLUSTER_KEYS_PER_SPLIT:
                 return cl
         return 0
+
+    def _cluster_heads(self) -> int:
+        """Query heads a block of attn_cluster takes: ATTN_MAXG, or 4 (the _g4 forms; 128- and 64-dim heads at clusters
+        of 8 and 16) with LLMRS_ATTN_HEADS_PER_BLOCK=4."""
+        return 4 if self.attn_heads_per_block == 4 and self.attn_cluster != 4 else ATTN_MAXG
 
     def _attention(self, layer: int, q: Any, q_stride: int, db: DeviceBatch, out: Any, out_bf16: Any = None) -> Any:
         """out [T, Hq*D] = paged causal attention of q (row stride q_stride) over layer's cache; returns the buffer
@@ -914,9 +925,10 @@ class CUDABackend:
         groups = -(-c.num_queries_per_kv // ATTN_MAXG)
         cl = 0 if gqa else self._cluster_size(T, db.max_len)
         if cl:
-            name = f"attn_cluster{cl}_d{self.dpl}"
+            hg = self._cluster_heads()
+            name = f"attn_cluster{cl}_d{self.dpl}" + ("_g4" if hg == 4 else "")
             with self._span("attention", name, T, Hq, Hkv, D, db.kv_tokens, db.qk_pairs, cl):
-                getattr(self.k, name)((T, Hkv * groups, cl), (ATTN_CLUSTER_THREADS,),
+                getattr(self.k, name)((T, Hkv * -(-c.num_queries_per_kv // hg), cl), (ATTN_CLUSTER_THREADS,),
                                       (q, np.int32(q_stride), self.k_cache[layer], self.v_cache[layer],
                                        db.block_tables, np.int32(db.max_blocks), db.token_seq, db.positions, out,
                                        np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(self.block_size),
