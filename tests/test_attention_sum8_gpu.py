@@ -12,17 +12,20 @@ from llmrs.engine.backends import cuda_kernels as ck
 pytestmark = pytest.mark.gpu
 
 
+@pytest.mark.parametrize("other", [("-DLLMRS_NO_WARP_SUM8",), ("-DLLMRS_ATTN_ALL_LANES",),
+                                   ("-DLLMRS_ATTN_ALL_LANES", "-DLLMRS_NO_WARP_SUM8")])
 @pytest.mark.parametrize("D,Hq,Hkv,S", [(8, 8, 2, 1), (64, 14, 2, 3), (128, 28, 4, 5), (128, 16, 2, 33),
                                         (256, 8, 1, 2)])
-def test_warp_sum8_gives_the_bits_of_a_warp_sum_per_head(D, Hq, Hkv, S):
+def test_warp_sum8_gives_the_bits_of_a_warp_sum_per_head(D, Hq, Hkv, S, other):
+    """... and the softmax state of each lane's own head (the default) those of every head's in every lane
+    (-DLLMRS_ATTN_ALL_LANES, LLMRS_ATTN_OWN_HEAD=0)."""
     from tests.cuda_helpers import require_gpu
 
     cp = require_gpu()
     src = ck.kernel_source("attention.cu")
     dpl = 1 if D <= 32 else D // 32
     name = f"attn_partial_d{dpl}"
-    fns = [cp.RawModule(code=src, options=ck.OPTIONS + extra).get_function(name)
-           for extra in ((), ("-DLLMRS_NO_WARP_SUM8",))]
+    fns = [cp.RawModule(code=src, options=ck.OPTIONS + extra).get_function(name) for extra in ((), other)]
     rng = np.random.default_rng(D + S)
     T, bs, ctx = 3, 16, 150
     nb = -(-ctx // bs)
@@ -51,3 +54,42 @@ def test_warp_sum8_gives_the_bits_of_a_warp_sum_per_head(D, Hq, Hkv, S):
         assert np.array_equal(a, b)
     if S == 1:
         assert np.isfinite(outs[0][0]).all(), "every output written"
+
+
+@pytest.mark.parametrize("hg", [8, 4])
+@pytest.mark.parametrize("D,Hq,Hkv", [(128, 28, 4), (128, 16, 2), (64, 14, 2)])
+def test_attn_cluster_own_head_softmax_gives_the_same_bits(D, Hq, Hkv, hg):
+    """attn_cluster8 (8 or 4 query heads a block) with each lane's own head's softmax state (default) against every
+    head's in every lane (-DLLMRS_ATTN_ALL_LANES): the same expressions on the same values, so the same bits (sm_90:
+    clusters)."""
+    from tests.cuda_helpers import require_gpu
+
+    cp = require_gpu()
+    if int(cp.cuda.Device().compute_capability) < 90:
+        pytest.skip("attn_cluster needs sm_90 (thread-block clusters)")
+    src = ck.kernel_source("attention.cu")
+    name = f"attn_cluster8_d{D // 32}" + ("_g4" if hg == 4 else "")
+    fns = [cp.RawModule(code=src, options=ck.OPTIONS + extra).get_function(name)
+           for extra in ((), ("-DLLMRS_ATTN_ALL_LANES",))]
+    rng = np.random.default_rng(D + Hq)
+    T, bs, ctx = 3, 16, 300
+    nb = -(-ctx // bs)
+    blocks = T * nb
+    cache = lambda: cp.asarray((rng.standard_normal((blocks, Hkv, bs, D), dtype=np.float32).view(np.uint32)
+                                >> 16).astype(np.uint16))
+    k_cache, v_cache = cache(), cache()
+    tables = cp.asarray(rng.permutation(blocks).reshape(T, nb).astype(np.int32))
+    positions = cp.asarray(np.array([ctx - 1, 40, 197], dtype=np.int32))
+    token_seq = cp.arange(T, dtype=cp.int32)
+    q = cp.asarray(rng.standard_normal((T, (Hq + 2 * Hkv) * D), dtype=np.float32))
+    groups = -(-(Hq // Hkv) // hg)
+    outs = []
+    for fn in fns:
+        out = cp.full((T, Hq * D), np.nan, dtype=cp.float32)
+        fn((T, Hkv * groups, 8), (256,),
+           (q, np.int32(q.shape[1]), k_cache, v_cache, tables, np.int32(nb), token_seq, positions, out,
+            np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(bs), np.float32(1 / np.sqrt(D))))
+        cp.cuda.Device().synchronize()
+        outs.append(cp.asnumpy(out))
+    assert np.isfinite(outs[0]).all(), "every output written"
+    assert np.array_equal(outs[0], outs[1])

@@ -267,8 +267,9 @@ def test_kernel_ab_switches_become_compile_options():
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMRS_")}
     default = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert default.stdout.split() == ["-std=c++17"]
-    env.update(LLMRS_ATTN_FAST_EXP="0", LLMRS_EARLY_KV="0", LLMRS_EARLY_NORM="off",
+    env.update(LLMRS_ATTN_FAST_EXP="0", LLMRS_EARLY_KV="0", LLMRS_EARLY_NORM="off", LLMRS_ATTN_OWN_HEAD="0",
                LLMRS_CUDA_DEFINES=" LLMRS_ATTN_CLOCKS, ATTN_X=2 ,")
     got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert got.stdout.split() == ["-std=c++17", "-DLLMRS_NO_EARLY_KV", "-DLLMRS_NO_EARLY_NORM",
-                                  "-DLLMRS_ATTN_EXACT_EXP", "-DLLMRS_ATTN_CLOCKS", "-DATTN_X=2"]
+                                  "-DLLMRS_ATTN_EXACT_EXP", "-DLLMRS_ATTN_ALL_LANES", "-DLLMRS_ATTN_CLOCKS",
+                                  "-DATTN_X=2"]
