@@ -131,7 +131,8 @@ def test_backend_takes_the_cluster_where_attn_partial_ran_and_tokens_agree(tmp_p
     d = loaded.config.head_dim // 32
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
     ids = loaded.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 4)
-    names = (f"attn_cluster16_d{d}", f"attn_cluster8_d{d}", f"attn_partial_d{d}")
+    names = (f"attn_cluster16_d{d}", f"attn_cluster8_d{d}", f"attn_partial_d{d}", f"attn_cluster16_d{d}_g4",
+             f"attn_cluster8_d{d}_g4")
     runs = {}
     for cl in (16, 8, 0):
         r = ModelRunner(loaded, num_blocks=32, device="cuda")
@@ -157,7 +158,8 @@ def test_backend_takes_the_cluster_where_attn_partial_ran_and_tokens_agree(tmp_p
             runs[cl] = [o.token_ids[0] for o in stream_generate(r, ids, params)]
         finally:
             fns.update(saved)
-        want = f"attn_cluster{cl}_d{d}" if cl else f"attn_partial_d{d}"
+        g4 = "_g4" if cl and be._cluster_heads() == 4 else ""  # LLMRS_ATTN_HEADS_PER_BLOCK=4
+        want = f"attn_cluster{cl}_d{d}{g4}" if cl else f"attn_partial_d{d}"
         assert want in launched, (cl, sorted(set(launched)))
         if cl:
             assert f"attn_partial_d{d}" not in launched
