@@ -127,7 +127,7 @@ def fake_backend(config):
     be.dpl, be.scale, be._prefill_cc = max(1, config.head_dim // 32), np.float32(0.1), 90
     # what __init__ sets from the environment, at its defaults
     be.attn_cluster, be._lt, be.long_k_splits, be.gate_up_bf16 = None, None, 0, True
-    be.attn_heads_per_block = 8
+    be.attn_heads_per_block = None
     be.square_k_splits = False
     L, Hkv, D = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
     be.k_cache = [FakeArray((64, Hkv, 16, D), np.uint16) for _ in range(L)]

@@ -1,6 +1,6 @@
-"""attn_partial's reduce-scatter of the 8 heads' dot products (attention.cu warp_sum8) against the per-head warp_sum
-it replaced (compiled with -DLLMRS_NO_WARP_SUM8): the same bits in every output, at each head size and with splits.
-Run on the GPU machine (`pytest -m gpu`)."""
+"""The decode attention's reduce-scatter of the 8 (or 4) heads' dot products (attention.cu warp_sum8_own /
+warp_sum4_own) against the per-head warp_sum it replaced (compiled with -DLLMRS_NO_WARP_SUM8): the same bits in every
+output, at each head size and with splits. Run on the GPU machine (`pytest -m gpu`)."""
 
 from __future__ import annotations
 
@@ -12,20 +12,17 @@ from llmrs.engine.backends import cuda_kernels as ck
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("other", [("-DLLMRS_NO_WARP_SUM8",), ("-DLLMRS_ATTN_ALL_LANES",),
-                                   ("-DLLMRS_ATTN_ALL_LANES", "-DLLMRS_NO_WARP_SUM8")])
 @pytest.mark.parametrize("D,Hq,Hkv,S", [(8, 8, 2, 1), (64, 14, 2, 3), (128, 28, 4, 5), (128, 16, 2, 33),
                                         (256, 8, 1, 2)])
-def test_warp_sum8_gives_the_bits_of_a_warp_sum_per_head(D, Hq, Hkv, S, other):
-    """... and the softmax state of each lane's own head (the default) those of every head's in every lane
-    (-DLLMRS_ATTN_ALL_LANES, LLMRS_ATTN_OWN_HEAD=0)."""
+def test_warp_sum8_gives_the_bits_of_a_warp_sum_per_head(D, Hq, Hkv, S):
     from tests.cuda_helpers import require_gpu
 
     cp = require_gpu()
     src = ck.kernel_source("attention.cu")
     dpl = 1 if D <= 32 else D // 32
     name = f"attn_partial_d{dpl}"
-    fns = [cp.RawModule(code=src, options=ck.OPTIONS + extra).get_function(name) for extra in ((), other)]
+    fns = [cp.RawModule(code=src, options=ck.OPTIONS + extra).get_function(name)
+           for extra in ((), ("-DLLMRS_NO_WARP_SUM8",))]
     rng = np.random.default_rng(D + S)
     T, bs, ctx = 3, 16, 150
     nb = -(-ctx // bs)
@@ -58,10 +55,9 @@ def test_warp_sum8_gives_the_bits_of_a_warp_sum_per_head(D, Hq, Hkv, S, other):
 
 @pytest.mark.parametrize("hg", [8, 4])
 @pytest.mark.parametrize("D,Hq,Hkv", [(128, 28, 4), (128, 16, 2), (64, 14, 2)])
-def test_attn_cluster_own_head_softmax_gives_the_same_bits(D, Hq, Hkv, hg):
-    """attn_cluster8 (8 or 4 query heads a block) with each lane's own head's softmax state (default) against every
-    head's in every lane (-DLLMRS_ATTN_ALL_LANES): the same expressions on the same values, so the same bits (sm_90:
-    clusters)."""
+def test_attn_cluster_reduce_scatter_gives_the_bits_of_a_warp_sum_per_head(D, Hq, Hkv, hg):
+    """attn_cluster8 with 8 or 4 query heads a block (warp_sum8_own / warp_sum4_own, each lane's own head's softmax
+    state) against a warp_sum per head (-DLLMRS_NO_WARP_SUM8): the same bits (sm_90: clusters)."""
     from tests.cuda_helpers import require_gpu
 
     cp = require_gpu()
@@ -70,7 +66,7 @@ def test_attn_cluster_own_head_softmax_gives_the_same_bits(D, Hq, Hkv, hg):
     src = ck.kernel_source("attention.cu")
     name = f"attn_cluster8_d{D // 32}" + ("_g4" if hg == 4 else "")
     fns = [cp.RawModule(code=src, options=ck.OPTIONS + extra).get_function(name)
-           for extra in ((), ("-DLLMRS_ATTN_ALL_LANES",))]
+           for extra in ((), ("-DLLMRS_NO_WARP_SUM8",))]
     rng = np.random.default_rng(D + Hq)
     T, bs, ctx = 3, 16, 300
     nb = -(-ctx // bs)

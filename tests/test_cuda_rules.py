@@ -16,9 +16,9 @@ from llmrs.roofline.presets import preset_config
 
 def fake_backend(preset: str, cc: int = 90, kernel: str = "auto") -> SimpleNamespace:
     be = SimpleNamespace(config=preset_config(preset), block_size=16, _prefill_cc=cc, attn_kernel=kernel,
-                         attn_splits=None, num_sms=132, fuse_norm="auto", attn_heads_per_block=8)
+                         attn_splits=None, num_sms=132, fuse_norm="auto", attn_heads_per_block=None)
     be._use_gqa = lambda T: CUDABackend._use_gqa(be, T)
-    be._cluster_heads = lambda: CUDABackend._cluster_heads(be)
+    be._cluster_form = lambda T, n: CUDABackend._cluster_form(be, T, n)
     return be
 
 
@@ -83,14 +83,25 @@ def test_gemm_q4_stages_compile_in_what_the_host_sizes():
 
 def test_attn_cluster_takes_the_smallest_cluster_that_holds_the_context():
     """attn_cluster (one launch, no attn_merge) where attn_partial would run: sm_90+, 128-dim heads, 64 keys a
-    split at most (one load batch a warp), one block an SM; auto: 8 splits up to 512 keys, 16 up to 1024."""
-    be = fake_backend("qwen2.5-7b")
+    split at most (one load batch a warp), one block an SM; auto: 8 splits up to 512 keys, 16 up to 1024; 4 query
+    heads a block (the _g4 forms) where those blocks fit, else 8."""
+    be = fake_backend("qwen2.5-7b")  # 28 query heads, 4 kv heads: 2 blocks of 4 heads a kv head, or 1 of 8
     be.dpl, be.attn_cluster, be.k = 4, None, SimpleNamespace(cc=90)
+    form = lambda T, n: CUDABackend._cluster_form(be, T, n)  # noqa: E731
     size = lambda T, n: CUDABackend._cluster_size(be, T, n)  # noqa: E731
-    assert [size(1, n) for n in (1, 512, 513, 1024, 1025)] == [8, 8, 16, 16, 0]
-    assert size(4, 512) == 8 and size(5, 512) == 0  # 5 tokens x 4 kv heads x 8 blocks > 132 SMs
+    assert [form(1, n) for n in (1, 512, 513, 1024, 1025)] == [(8, 4), (8, 4), (16, 4), (16, 4), (0, 8)]
+    assert form(2, 512) == (8, 4)  # 2 tokens x 4 kv heads x 2 head groups x 8 blocks = 128 <= 132 SMs
+    assert form(3, 512) == (8, 8) and form(4, 512) == (8, 8)  # 4 heads a block would take 192: 8 heads, 96 / 128
+    assert size(5, 512) == 0  # 5 tokens x 4 kv heads x 8 blocks > 132 SMs
+    be.attn_heads_per_block = 8  # LLMRS_ATTN_HEADS_PER_BLOCK=8
+    assert form(1, 512) == (8, 8) and form(1, 1024) == (16, 8)
+    be.attn_heads_per_block = 4  # =4: that form or attn_partial
+    assert form(2, 512) == (8, 4) and form(3, 512) == (0, 8) and form(2, 1024) == (0, 8)
+    be.attn_heads_per_block = None
     be.attn_cluster = 16  # forced: at any context (its warps loop over batches of keys), while the blocks fit
-    assert size(1, 100) == 16 and size(1, 4096) == 16 and size(3, 100) == 0
+    assert form(1, 100) == (16, 4) and form(1, 4096) == (16, 4) and form(2, 100) == (16, 8) and size(3, 100) == 0
+    be.attn_cluster = 4  # (an A/B form of the d4 kernel only, 8 heads a block)
+    assert form(1, 100) == (4, 8)
     be.attn_cluster = 0
     assert size(1, 100) == 0
     be.attn_cluster = None
@@ -99,17 +110,11 @@ def test_attn_cluster_takes_the_smallest_cluster_that_holds_the_context():
     be.attn_splits, be.k = None, SimpleNamespace(cc=89)
     assert size(1, 100) == 0
     be.k, be.dpl = SimpleNamespace(cc=90), 2  # 64-dim heads: the d2 form
-    assert size(1, 100) == 8
+    assert form(1, 100) == (8, 4)
     be.attn_cluster = 4  # (an A/B form of the d4 kernel only)
     assert size(1, 100) == 0
     be.attn_cluster, be.dpl = None, 1  # 32-dim heads: none
     assert size(1, 100) == 0
-    # the _g4 forms (a block per 4 query heads, LLMRS_ATTN_HEADS_PER_BLOCK=4): twice the blocks a token
-    be.dpl, be.attn_heads_per_block = 4, 4
-    assert CUDABackend._cluster_heads(be) == 4
-    assert size(2, 512) == 8 and size(3, 512) == 0  # 3 tokens x 4 kv heads x 2 head groups x 8 blocks > 132 SMs
-    be.attn_cluster = 4  # no _g4 form of the 4-block cluster: 8 heads a block there
-    assert CUDABackend._cluster_heads(be) == 8
 
 
 def test_wgmma_gemm_ring_and_dispatch():
@@ -267,9 +272,8 @@ def test_kernel_ab_switches_become_compile_options():
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMRS_")}
     default = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert default.stdout.split() == ["-std=c++17"]
-    env.update(LLMRS_ATTN_FAST_EXP="0", LLMRS_EARLY_KV="0", LLMRS_EARLY_NORM="off", LLMRS_ATTN_OWN_HEAD="0",
+    env.update(LLMRS_ATTN_FAST_EXP="0", LLMRS_EARLY_KV="0", LLMRS_EARLY_NORM="off",
                LLMRS_CUDA_DEFINES=" LLMRS_ATTN_CLOCKS, ATTN_X=2 ,")
     got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert got.stdout.split() == ["-std=c++17", "-DLLMRS_NO_EARLY_KV", "-DLLMRS_NO_EARLY_NORM",
-                                  "-DLLMRS_ATTN_EXACT_EXP", "-DLLMRS_ATTN_ALL_LANES", "-DLLMRS_ATTN_CLOCKS",
-                                  "-DATTN_X=2"]
+                                  "-DLLMRS_ATTN_EXACT_EXP", "-DLLMRS_ATTN_CLOCKS", "-DATTN_X=2"]

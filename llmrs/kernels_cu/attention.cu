@@ -34,17 +34,11 @@
 #else
 #define ATTN_EXP(x) expf(x)
 #endif
-// The online softmax's scalar state (running max m and sum l of each head) and its per-key factors (corr, p): by
-// default each lane keeps only its own head's, the head the reduce-scatter (warp_sum8 / warp_sum4) leaves in its
-// 32 / HG lanes (head lane / (32 / HG)), and the factors reach the accumulators by two shuffles a head;
-// -DLLMRS_ATTN_ALL_LANES (LLMRS_ATTN_OWN_HEAD=0) keeps every head's in every lane (the code before: the same
-// expressions on the same values, 32 copies each). The same bits either way. ATTN_ML(HG): the heads a lane's m / l
-// hold.
-#ifdef LLMRS_ATTN_ALL_LANES
-#define ATTN_ML(HG) (HG)
-#else
-#define ATTN_ML(HG) 1
-#endif
+// The online softmax's scalar state (running max m and sum l) and its per-key factors (corr, p): each lane keeps
+// only its own head's, the head the reduce-scatter (warp_sum8_own / warp_sum4_own) leaves in its 32 / HG lanes
+// (head lane / (32 / HG)), and the factors reach every lane's accumulators by two shuffles a head. Until session 20
+// every lane formed every head's (the same expressions on the same values, 32 copies each): H200, best of 3 a process
+// (session20/call1), 7B 3.9624 -> 3.9394, 3B 2.2336 -> 2.2089 ms/token at 8 heads a block.
 #define ATTN_TABLE_STAGE 64  // block-table entries a split stages in shared memory (1,024 keys at block size 16)
 // blocks per SM the register budget must allow: 1 (no cap) except head_dim 64, where ptxas's own choice with the
 // prefetched K/V row put 4 bytes in local memory on sm_86/sm_89 (ptx-check); 4 (<= 128 registers) fixes it
@@ -94,10 +88,9 @@ __device__ __forceinline__ void load_kv(const bf16_t* __restrict__ k_cache, cons
 
 // The MAXG (8) heads' dot products of one key summed over the warp at once, as a reduce-scatter: at xor 16 a lane
 // keeps 4 heads and sends the other 4, at xor 8 it keeps 2, at xor 4 one (head (lane >> 2) & 7), then xor 2 and
-// 1 finish it and each head's total is read from lane 4h. 17 shuffles, 6 deep, for the 40 (8 chains of 5) of a
+// 1 finish it: the lane's own head's total (in its 4 lanes). 11 shuffles, 5 deep, for the 40 (8 chains of 5) of a
 // warp_sum per head; every sum is the same butterfly warp_sum forms (own + partner's at each level), so the values
 // are bit for bit warp_sum's. -DLLMRS_NO_WARP_SUM8 (LLMRS_ATTN_WARP_SUM8=0) keeps warp_sum per head.
-// warp_sum8_own: the lane's own head's total (head (lane >> 2) & 7, in its 4 lanes); warp_sum8: every head's in v.
 __device__ __forceinline__ float warp_sum8_own(const float (&v)[MAXG]) {
     static_assert(MAXG == 8, "warp_sum8 reduces 8 heads");
     const int lane = threadIdx.x & 31;
@@ -120,14 +113,9 @@ __device__ __forceinline__ float warp_sum8_own(const float (&v)[MAXG]) {
     y += __shfl_xor_sync(0xffffffffu, y, 1);
     return y;
 }
-__device__ __forceinline__ void warp_sum8(float (&v)[MAXG]) {
-    const float y = warp_sum8_own(v);
-#pragma unroll
-    for (int h = 0; h < MAXG; ++h) v[h] = __shfl_sync(0xffffffffu, y, 4 * h);
-}
 
-// warp_sum8's reduce-scatter for 4 heads (attn_cluster's _g4 forms): xor 16 keeps 2, xor 8 one (head (lane >> 3) &
-// 3), then xor 4, 2, 1; each head's total read from lane 8h. The same butterfly as warp_sum, so the same bits.
+// warp_sum8_own's reduce-scatter for 4 heads (attn_cluster's _g4 forms): xor 16 keeps 2, xor 8 one (head (lane >> 3)
+// & 3), then xor 4, 2, 1. The same butterfly as warp_sum, so the same bits.
 __device__ __forceinline__ float warp_sum4_own(const float (&v)[4]) {
     const int lane = threadIdx.x & 31;
     const bool hi16 = lane & 16, hi8 = lane & 8;
@@ -143,11 +131,6 @@ __device__ __forceinline__ float warp_sum4_own(const float (&v)[4]) {
     y += __shfl_xor_sync(0xffffffffu, y, 2);
     y += __shfl_xor_sync(0xffffffffu, y, 1);
     return y;
-}
-__device__ __forceinline__ void warp_sum4(float (&v)[4]) {
-    const float y = warp_sum4_own(v);
-#pragma unroll
-    for (int h = 0; h < 4; ++h) v[h] = __shfl_sync(0xffffffffu, y, 8 * h);
 }
 
 // The pieces attn_partial and attn_cluster share (one expression each, so both keep the same bits).
@@ -206,12 +189,9 @@ __device__ __forceinline__ void attn_first_keys(const bf16_t* __restrict__ k_cac
 template <int DPL, int HG = MAXG>
 __device__ __forceinline__ void attn_init(const float* __restrict__ q, int q_stride, int t, int head0, int gn,
                                           bool active, int lane, int D, float scale, float (&qr)[HG][DPL],
-                                          float (&acc)[HG][DPL], float (&m)[ATTN_ML(HG)], float (&l)[ATTN_ML(HG)]) {
-#pragma unroll
-    for (int h = 0; h < ATTN_ML(HG); ++h) {
-        m[h] = NEG_INF;
-        l[h] = 0.0f;
-    }
+                                          float (&acc)[HG][DPL], float& m, float& l) {
+    m = NEG_INF;
+    l = 0.0f;
     // q is the previous kernel's (qkv + rope): read through the coherent path (common.cuh ldx*), which ptxas keeps
     // below pdl_wait; as a `const __restrict__` load (ld.global.nc) it had been hoisted above it (session 18,
     // `llmrs ptx-check --sass`: loads before wait), a race under programmatic launch. A lane's DPL dims are
@@ -251,7 +231,7 @@ __device__ __forceinline__ void attn_init(const float* __restrict__ q, int q_str
 // and exps instead of running them one after another (a key cost ~7 x the latency of one head's chain that way)
 template <int DPL, int HG = MAXG>
 __device__ __forceinline__ void attn_key(const float (&qr)[HG][DPL], const float (&kf)[DPL], const float (&vf)[DPL],
-                                         float (&acc)[HG][DPL], float (&m)[ATTN_ML(HG)], float (&l)[ATTN_ML(HG)]) {
+                                         float (&acc)[HG][DPL], float& m, float& l) {
     float dots[HG];
 #pragma unroll
     for (int h = 0; h < HG; ++h) {
@@ -260,7 +240,6 @@ __device__ __forceinline__ void attn_key(const float (&qr)[HG][DPL], const float
         for (int i = 0; i < DPL; ++i) d += qr[h][i] * kf[i];
         dots[h] = d;
     }
-#ifndef LLMRS_ATTN_ALL_LANES
     // the lane's own head's total (head lane / LPH, in its LPH lanes), its softmax step here, then its factors to
     // every lane's accumulators
     constexpr int LPH = 32 / HG;
@@ -277,35 +256,16 @@ __device__ __forceinline__ void attn_key(const float (&qr)[HG][DPL], const float
         d = h == own ? t : d;
     }
 #endif
-    const float mn = fmaxf(m[0], d);
-    const float corr = ATTN_EXP(m[0] - mn), p = ATTN_EXP(d - mn);
-    l[0] = l[0] * corr + p;
-    m[0] = mn;
+    const float mn = fmaxf(m, d);
+    const float corr = ATTN_EXP(m - mn), p = ATTN_EXP(d - mn);
+    l = l * corr + p;
+    m = mn;
 #pragma unroll
     for (int h = 0; h < HG; ++h) {
         const float ch = __shfl_sync(0xffffffffu, corr, LPH * h), ph = __shfl_sync(0xffffffffu, p, LPH * h);
 #pragma unroll
         for (int i = 0; i < DPL; ++i) acc[h][i] = acc[h][i] * ch + ph * vf[i];
     }
-#else
-#ifndef LLMRS_NO_WARP_SUM8
-    if constexpr (HG == 8) warp_sum8(dots);
-    else warp_sum4(dots);
-#else
-#pragma unroll
-    for (int h = 0; h < HG; ++h) dots[h] = warp_sum(dots[h]);
-#endif
-#pragma unroll
-    for (int h = 0; h < HG; ++h) {
-        const float d = dots[h];
-        const float mn = fmaxf(m[h], d);
-        const float corr = ATTN_EXP(m[h] - mn), p = ATTN_EXP(d - mn);
-        l[h] = l[h] * corr + p;
-#pragma unroll
-        for (int i = 0; i < DPL; ++i) acc[h][i] = acc[h][i] * corr + p * vf[i];
-        m[h] = mn;
-    }
-#endif
 }
 
 // the block's W warps merged: each warp's (m, l, acc) of its heads into shared memory, then for (head h, dim d)
@@ -313,18 +273,12 @@ __device__ __forceinline__ void attn_key(const float (&qr)[HG][DPL], const float
 template <int DPL, int W, int HG = MAXG>
 __device__ __forceinline__ void attn_warp_out(float (&s_m)[W][HG], float (&s_l)[W][HG],
                                               float (&s_acc)[W][HG][32 * DPL], int warp, int lane, int gn,
-                                              const float (&acc)[HG][DPL], const float (&m)[ATTN_ML(HG)],
-                                              const float (&l)[ATTN_ML(HG)]) {
-#ifndef LLMRS_ATTN_ALL_LANES
+                                              const float (&acc)[HG][DPL], const float m, const float l) {
     constexpr int LPH = 32 / HG;  // lanes a head (attn_key)
-    if (lane % LPH == 0 && lane / LPH < gn) { s_m[warp][lane / LPH] = m[0]; s_l[warp][lane / LPH] = l[0]; }
-#endif
+    if (lane % LPH == 0 && lane / LPH < gn) { s_m[warp][lane / LPH] = m; s_l[warp][lane / LPH] = l; }
 #pragma unroll
     for (int h = 0; h < HG; ++h) {
         if (h < gn) {
-#ifdef LLMRS_ATTN_ALL_LANES
-            if (lane == 0) { s_m[warp][h] = m[h]; s_l[warp][h] = l[h]; }
-#endif
 #pragma unroll
             for (int i = 0; i < DPL; ++i) s_acc[warp][h][lane * DPL + i] = acc[h][i];
         }
@@ -393,7 +347,7 @@ __device__ __forceinline__ void attn_partial_impl(
     attn_first_keys<DPL, 1, 1>(k_cache, v_cache, tb, tb0, start + warp, end, L - 1 - t, active, Hkv, g,
                                block_size, D, lane, &kr, &vr);
 
-    float qr[MAXG][DPL], acc[MAXG][DPL], m[ATTN_ML(MAXG)], l[ATTN_ML(MAXG)];
+    float qr[MAXG][DPL], acc[MAXG][DPL], m, l;
     attn_init<DPL>(q, q_stride, t, g * G + h0, gn, active, lane, D, scale, qr, acc, m, l);
 #pragma unroll 1
     for (int j = start + warp; j < end; j += ATTN_WARPS) {
@@ -583,7 +537,7 @@ __device__ __forceinline__ void attn_cluster_impl(
                                  block_size, D, lane, kr, vr);
     ATTN_CLOCK(1)  // -> past the PDL wait
 
-    float qr[HG][DPL], acc[HG][DPL], m[ATTN_ML(HG)], l[ATTN_ML(HG)];
+    float qr[HG][DPL], acc[HG][DPL], m, l;
     attn_init<DPL, HG>(q, q_stride, t, g * G + h0, gn, active, lane, D, scale, qr, acc, m, l);
 #pragma unroll 1
     for (int j0 = start + warp; j0 < end; j0 += CW * CK) {

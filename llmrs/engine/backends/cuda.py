@@ -18,8 +18,8 @@ Attention: `_attention` picks per step: the tensor-core prefill kernel (cuda_pre
 `prefill_min_tokens` or more new tokens; else, where it can run, decode_attn_tc (prefill_attention.cu, tensor
 cores) from ATTN_TC_MIN_TOKENS tokens (from one for heads of <= 64 dims); else attn_partial (attention.cu) or, from
 ATTN_GQA_MIN_BLOCKS blocks a step, attn_partial_gqa (attention_gqa.cu); all split along the keys and share
-attn_merge, except where attn_partial's step fits attn_cluster (`_cluster_size`: sm_90+, its splits one thread-block
-cluster merged in distributed shared memory, one launch).
+attn_merge, except where attn_partial's step fits attn_cluster (`_cluster_form`: sm_90+, its splits one thread-block
+cluster merged in distributed shared memory, one launch; 4 query heads a block where those blocks fit, else 8).
 
 Tensor parallelism: with `tp=TPRank` (tp_nccl.py) the same fused step embeds the rank's vocabulary slice, sums
 the embeddings and every o/down partial over the ranks with NCCL on the step's stream, and gathers the logits.
@@ -333,17 +333,18 @@ class CUDABackend:
         # one-launch decode attention (attention.cu's attn_cluster{8,16}_d4: the splits of a (token, kv head) are a
         # thread-block cluster and merge through distributed shared memory, no attn_merge): LLMRS_ATTN_CLUSTER=auto
         # (default, None here: ATTN_CLUSTER_SIZES by context), 4, 8 or 16 (that size at any context, for A/Bs), 0
-        # (off: attn_partial + attn_merge); `_cluster_size` says where it runs
+        # (off: attn_partial + attn_merge); `_cluster_form` says where it runs
         cl = os.environ.get("LLMRS_ATTN_CLUSTER", "auto").strip().lower()
         if cl not in ("auto", "0", "4", *map(str, ATTN_CLUSTER_SIZES)):
             raise UserError(f"LLMRS_ATTN_CLUSTER={cl!r}: expected auto, 0, 4, 8 or 16")
         self.attn_cluster: int | None = None if cl == "auto" else int(cl)
-        # query heads a block of attn_cluster takes: 8 (attn_cluster{CL}_d{D}) or 4 (its _g4 form: twice the blocks,
-        # half the per-key work a warp, the same bits); LLMRS_ATTN_HEADS_PER_BLOCK=4 (an A/B, not measured yet)
-        hpb = os.environ.get("LLMRS_ATTN_HEADS_PER_BLOCK", "8").strip()
-        if hpb not in ("4", "8"):
-            raise UserError(f"LLMRS_ATTN_HEADS_PER_BLOCK={hpb!r}: expected 4 or 8")
-        self.attn_heads_per_block = int(hpb)
+        # query heads a block of attn_cluster takes: 4 (its _g4 forms: twice the blocks, half the per-key work a
+        # warp, the same bits; H200 one stream, session20/call1: 7B 3.9394 -> 3.9051, 3B 2.2089 -> 2.1475 ms/token)
+        # where the step's blocks fit the SMs, else 8; LLMRS_ATTN_HEADS_PER_BLOCK=4 or 8 forces one (A/Bs)
+        hpb = os.environ.get("LLMRS_ATTN_HEADS_PER_BLOCK", "auto").strip()
+        if hpb not in ("auto", "4", "8"):
+            raise UserError(f"LLMRS_ATTN_HEADS_PER_BLOCK={hpb!r}: expected auto, 4 or 8")
+        self.attn_heads_per_block: int | None = None if hpb == "auto" else int(hpb)
         self.k = get_kernels()  # compiles every kernel now (warm-up), not on the first request
         from llmrs.engine.backends.cuda_prefill import prefill_supported
 
@@ -881,27 +882,34 @@ class CUDABackend:
 
     def _cluster_size(self, T: int, max_len: int) -> int:
         """The cluster (splits) of attn_cluster for a T-token step over contexts up to max_len, 0 where attn_partial
-        + attn_merge run instead: where attn_partial is the choice (`_attention`), on sm_90+ (clusters), for 64-
-        and 128-dim heads (the kernel's d2, d4), while the step's blocks fit one an SM and every warp loads its keys
-        in one batch (max_len <= CL x ATTN_CLUSTER_KEYS_PER_SPLIT); "auto" the first of ATTN_CLUSTER_SIZES that
-        fits."""
-        if self.attn_cluster == 0 or self.dpl not in (2, 4) or self.attn_splits is not None or self.k.cc < 90:
-            return 0
-        if self.attn_cluster == 4 and self.dpl != 4:  # attn_cluster4 exists for 128-dim heads only (an A/B form)
-            return 0
-        c = self.config
-        heads = T * c.num_key_value_heads * -(-c.num_queries_per_kv // self._cluster_heads())
-        if self.attn_cluster is not None:  # a forced size (A/Bs): any context, its warps loop over key batches
-            return self.attn_cluster if heads * self.attn_cluster <= self.num_sms else 0
-        for cl in ATTN_CLUSTER_SIZES:
-            if heads * cl <= self.num_sms and max_len <= cl * ATTN_CLUSTER_KEYS_PER_SPLIT:
-                return cl
-        return 0
+        + attn_merge run instead (`_cluster_form`)."""
+        return self._cluster_form(T, max_len)[0]
 
-    def _cluster_heads(self) -> int:
-        """Query heads a block of attn_cluster takes: ATTN_MAXG, or 4 (the _g4 forms; 128- and 64-dim heads at clusters
-        of 8 and 16) with LLMRS_ATTN_HEADS_PER_BLOCK=4."""
-        return 4 if self.attn_heads_per_block == 4 and self.attn_cluster != 4 else ATTN_MAXG
+    def _cluster_form(self, T: int, max_len: int) -> tuple[int, int]:
+        """(cluster size, query heads a block) of attn_cluster for a T-token step over contexts up to max_len; size 0
+        where attn_partial + attn_merge run instead: where attn_partial is the choice (`_attention`), on sm_90+
+        (clusters), for 64- and 128-dim heads (the kernel's d2, d4), while the step's blocks fit one an SM and every
+        warp loads its keys in one batch (max_len <= CL x ATTN_CLUSTER_KEYS_PER_SPLIT). "auto" takes 4 heads a block
+        (the _g4 forms) before 8, and for each the first of ATTN_CLUSTER_SIZES that fits; the 4-block cluster (an
+        A/B form) has 8 heads a block only."""
+        if self.attn_cluster == 0 or self.dpl not in (2, 4) or self.attn_splits is not None or self.k.cc < 90:
+            return 0, ATTN_MAXG
+        if self.attn_cluster == 4 and self.dpl != 4:  # attn_cluster4 exists for 128-dim heads only (an A/B form)
+            return 0, ATTN_MAXG
+        c = self.config
+        forms = (4, ATTN_MAXG) if self.attn_heads_per_block is None else (self.attn_heads_per_block,)
+        for hg in forms:
+            if hg == 4 and self.attn_cluster == 4:
+                continue
+            heads = T * c.num_key_value_heads * -(-c.num_queries_per_kv // hg)
+            if self.attn_cluster is not None:  # a forced size (A/Bs): any context, its warps loop over key batches
+                if heads * self.attn_cluster <= self.num_sms:
+                    return self.attn_cluster, hg
+                continue
+            for cl in ATTN_CLUSTER_SIZES:
+                if heads * cl <= self.num_sms and max_len <= cl * ATTN_CLUSTER_KEYS_PER_SPLIT:
+                    return cl, hg
+        return 0, ATTN_MAXG
 
     def _attention(self, layer: int, q: Any, q_stride: int, db: DeviceBatch, out: Any, out_bf16: Any = None) -> Any:
         """out [T, Hq*D] = paged causal attention of q (row stride q_stride) over layer's cache; returns the buffer
@@ -923,9 +931,8 @@ class CUDABackend:
         T, Hq, Hkv, D = db.T, c.num_attention_heads, c.num_key_value_heads, c.head_dim
         gqa = self._use_gqa(T)
         groups = -(-c.num_queries_per_kv // ATTN_MAXG)
-        cl = 0 if gqa else self._cluster_size(T, db.max_len)
+        cl, hg = (0, ATTN_MAXG) if gqa else self._cluster_form(T, db.max_len)
         if cl:
-            hg = self._cluster_heads()
             name = f"attn_cluster{cl}_d{self.dpl}" + ("_g4" if hg == 4 else "")
             with self._span("attention", name, T, Hq, Hkv, D, db.kv_tokens, db.qk_pairs, cl):
                 getattr(self.k, name)((T, Hkv * -(-c.num_queries_per_kv // hg), cl), (ATTN_CLUSTER_THREADS,),
