@@ -38,11 +38,12 @@ use_gguf() {
   [ -f /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf ] && export LLMRS_EMBEDDED_DIR=/tmp/models
   return 0
 }
-# use_gguf_thirds: the same from thirds (the tree is too big for a half beside .whl): /tmp/models/p00, p01 moved there
-#   by the two calls before, .gguf/p02 carried now (split -b 33000000 -d ... .gguf/p); wheels from /tmp/site.
+# use_gguf_thirds: the same from parts (the tree is too big for a half beside .whl; split -b SIZE -d ... .gguf/p):
+#   all but the last moved to /tmp/models by the calls before (/tmp/models/p00, p01, ...), the last carried now in
+#   .gguf/; wheels from /tmp/site.
 use_gguf_thirds() {
   export PYTHONPATH=$PWD:/tmp/site
-  cat /tmp/models/p00 /tmp/models/p01 .gguf/p02 > /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf || return 1
+  cat /tmp/models/p[0-9][0-9] .gguf/p[0-9][0-9] > /tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf || return 1
   export LLMRS_EMBEDDED_DIR=/tmp/models
 }
 step() { echo; echo "=== $1 ($(date +%T))"; }
