@@ -474,10 +474,13 @@ extern "C" __global__ void attn_merge_bf16(const float* __restrict__ part_acc, c
 // start + w, start + w + CW, ... and loads the K / V rows of up to CK of them at once (one round trip for all,
 // not one a key), then runs attn_partial's per-key math on them in order (the same expressions: dot products,
 // warp_sum8, online softmax). The warps meet in shared memory as in attn_partial (M, L, A per head and dim); the
-// block leaves them in its own shared memory, the cluster barrier (release / acquire) makes them visible, and the
-// cluster's threads each combine one (head, dim) over the CL blocks, reading the other blocks' shared memory
-// (mapa + ld.shared::cluster), in block order with attn_merge's expressions: out = sum_s A_s e^(M_s - M) /
-// sum_s L_s e^(M_s - M). A second barrier keeps every block's shared memory alive until all have read it.
+// block pushes each (head, dim)'s (M, L, A) into the shared memory of the block that merges that pair (mapa +
+// st.shared::cluster; every block merges 1 / CL of them), the cluster barrier (release / acquire) makes them
+// visible, and each block's threads combine their pairs over the CL splits from their own shared memory, in block
+// order with attn_merge's expressions: out = sum_s A_s e^(M_s - M) / sum_s L_s e^(M_s - M). -DLLMRS_ATTN_CLUSTER_PULL
+// (LLMRS_ATTN_CLUSTER_PUSH=0; the form before session 20) leaves them in the block's own shared memory and the
+// merging threads read the other blocks' (ld.shared::cluster), a second barrier keeping it alive until all have
+// read it. The same bits either way.
 // So the step has no partials in global memory and no attn_merge launch. Below sm_90 the entry points exist and
 // trap (the host never launches them there: cuda.py's cluster rule checks the compute capability).
 // -DLLMRS_ATTN_CLOCKS (a probe, scripts/attn_clocks.py): thread 0 of every attn_cluster block adds the SM cycles
@@ -510,7 +513,16 @@ __device__ __forceinline__ void attn_cluster_impl(
     pdl_trigger();
     __shared__ float s_m[CW][HG], s_l[CW][HG];
     __shared__ float s_acc[CW][HG][32 * DPL];
+#ifndef LLMRS_ATTN_CLUSTER_PULL
+    // the (head, dim) pairs h * 32 * DPL + d of the cluster's heads, SL of them merged by each block: every block's
+    // split of those pairs (A) and of their heads (M, L), pushed here by the blocks
+    constexpr int SL = HG * 32 * DPL / CL;
+    static_assert(SL <= CW * 32 && SL * CL == HG * 32 * DPL, "a pair a thread");
+    __shared__ float p_a[CL][SL], p_m[CL][HG], p_l[CL][HG];
+    cluster_arrive_relaxed();  // this block runs (its shared memory there to push into): waited on before the pushes
+#else
     __shared__ float c_a[HG][32 * DPL], c_m[HG], c_l[HG];  // this block's merged split, read cluster-wide
+#endif
     __shared__ int s_tbl[ATTN_TABLE_STAGE];
     const int t = blockIdx.x, s = (int)cluster_rank();
     const int G = Hq / Hkv, ngroups = (G + HG - 1) / HG;
@@ -564,6 +576,49 @@ __device__ __forceinline__ void attn_cluster_impl(
     attn_warp_scales<CW, HG>(s_m, s_e, s_M, gn);
     __syncthreads();
     ATTN_CLOCK(3)  // -> every warp's keys done
+#ifndef LLMRS_ATTN_CLUSTER_PULL
+    // the block's split of each (head, dim) pushed into the shared memory of the block that merges it (rank pair /
+    // SL; a head's M and L into each block merging some of its dims), one barrier, then each block merges its SL
+    // pairs from its own shared memory: no remote reads on the way out and no second barrier (session 20: the pull
+    // form's merging blocks read 3 dependent rounds of remote shared memory while the others waited at the second
+    // barrier, ~1.3 us of the kernel's ~5 after its wait)
+    cluster_wait();  // every block of the cluster runs (arrived at its start)
+    for (int idx = threadIdx.x; idx < gn * D; idx += blockDim.x) {
+        const int h = idx / D, d = idx % D, pi = h * 32 * DPL + d;
+        float M, Ls, A;
+        attn_warp_merge<DPL, CW, HG>(s_M, s_e, s_l, s_acc, h, d, M, Ls, A);
+        st_cluster(&p_a[s][pi % SL], pi / SL, A);
+        if (d == 0) {
+            for (int o = pi / SL; o <= (pi + 32 * DPL - 1) / SL; ++o) {
+                st_cluster(&p_m[s][h], o, M);
+                st_cluster(&p_l[s][h], o, Ls);
+            }
+        }
+    }
+    ATTN_CLOCK(4)  // -> the block's warps merged, pushed
+    cluster_sync();  // every push written and visible
+    ATTN_CLOCK(5)  // -> the cluster barrier
+    if ((int)threadIdx.x < SL) {  // the splits, attn_merge's way, in block order
+        const int pi = s * SL + threadIdx.x, h = pi / (32 * DPL), d = pi % (32 * DPL);
+        if (h < gn && d < D) {
+            float M = NEG_INF;
+#pragma unroll
+            for (int r = 0; r < CL; ++r) M = fmaxf(M, p_m[r][h]);
+            float Ls = 0.0f, A = 0.0f;
+#pragma unroll
+            for (int r = 0; r < CL; ++r) {
+                const float mr = p_m[r][h];
+                if (mr == NEG_INF) continue;  // a split with no keys
+                const float e = expf(mr - M);
+                Ls += p_l[r][h] * e;
+                A += p_a[r][threadIdx.x] * e;
+            }
+            out[(size_t)t * Hq * D + (size_t)(g * G + h0 + h) * D + d] = A / Ls;
+        }
+    }
+    ATTN_CLOCK(6)  // -> the splits merged, out written
+    ATTN_CLOCK(7)  // (no second barrier: nothing reads another block's shared memory after the first)
+#else
     for (int idx = threadIdx.x; idx < gn * D; idx += blockDim.x) {
         const int h = idx / D, d = idx % D;
         float M, Ls, A;
@@ -597,6 +652,7 @@ __device__ __forceinline__ void attn_cluster_impl(
     ATTN_CLOCK(6)  // -> the splits merged, out written
     cluster_sync();  // no block leaves (its shared memory) while another may still read it
     ATTN_CLOCK(7)  // -> the second barrier
+#endif
 #else
     __trap();
 #endif

@@ -33,11 +33,12 @@ KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels_cu"
 # first keys / the RMSNorm's weight, session 19's), LLMRS_KV_PREFETCH=0 (decode attention without its L2 prefetch),
 # LLMRS_STREAM_LOADS=0 (matvec weights through L1 like any load, common.cuh's ldg_stream), LLMRS_ATTN_WARP_SUM8=0
 # (attn_partial sums each head's dot product with its own warp_sum instead of attention.cu's warp_sum8: the same
-# bits), LLMRS_ATTN_FAST_EXP=0 (the decode attention's per-key exponentials through expf, not __expf)
+# bits), LLMRS_ATTN_FAST_EXP=0 (the decode attention's per-key exponentials through expf, not __expf),
+# LLMRS_ATTN_CLUSTER_PUSH=0 (attn_cluster's blocks read each other's splits, not push them to the merging block)
 AB_SWITCHES = {"LLMRS_EARLY_LOADS": "LLMRS_NO_EARLY_LOADS", "LLMRS_EARLY_KV": "LLMRS_NO_EARLY_KV",
                "LLMRS_EARLY_NORM": "LLMRS_NO_EARLY_NORM", "LLMRS_KV_PREFETCH": "LLMRS_NO_KV_PREFETCH",
                "LLMRS_STREAM_LOADS": "LLMRS_NO_STREAM_LOADS", "LLMRS_ATTN_WARP_SUM8": "LLMRS_NO_WARP_SUM8",
-               "LLMRS_ATTN_FAST_EXP": "LLMRS_ATTN_EXACT_EXP"}
+               "LLMRS_ATTN_FAST_EXP": "LLMRS_ATTN_EXACT_EXP", "LLMRS_ATTN_CLUSTER_PUSH": "LLMRS_ATTN_CLUSTER_PULL"}
 OPTIONS = ("-std=c++17",) + tuple(
     f"-D{macro}" for var, macro in AB_SWITCHES.items() if os.environ.get(var, "1") in OFF_VALUES) + tuple(
     # LLMRS_CUDA_DEFINES="NAME[=VALUE],...": more macros for every kernel file (probes such as LLMRS_ATTN_CLOCKS)
