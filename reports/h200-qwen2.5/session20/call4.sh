@@ -12,7 +12,7 @@ TEST_TIMEOUT=300 gpu_tests
 cp $R/gpu_tests.log $OUT/
 step "profile qwen2.5-7b"
 timeout 150 python3 -m llmrs profile --synthetic qwen2.5-7b --batch 1,64,256 --context 512 --steps 5 \
-  --json $R/profile-7b.json > $R/profile-7b.txt 2>&1
+  --top 10 --out $R/profile-7b.json > $R/profile-7b.txt 2>&1
 head -60 $R/profile-7b.txt
 } 2>&1 | tee $OUT/summary.txt
 rm -f $R/*.csv; tar czf $OUT/results.tgz -C $R .
