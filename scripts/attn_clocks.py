@@ -23,8 +23,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+# (the push form, the default: the block merge includes the pushes, and there is no last barrier; the pull form,
+# LLMRS_ATTN_CLUSTER_PUSH=0, reads the splits in its cluster merge and waits at a second barrier)
 PHASES = ("table + early loads issued", "to past the PDL wait", "q + keys (warp 0)", "all warps' keys",
-          "block merge", "cluster barrier", "cluster merge + out", "last barrier")
+          "block merge (+ push)", "cluster barrier", "cluster merge + out", "last barrier (pull)")
 
 
 def main() -> int:
