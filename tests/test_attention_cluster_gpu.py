@@ -88,6 +88,18 @@ def test_attn_cluster_matches_float64_and_partial_merge(D, CL, Hq, Hkv, lens):
     assert rel_err(got, pm) < 1e-5
 
 
+def cluster_inputs(rng, lens, Hq, Hkv, D):
+    """attn_cluster's arguments up to `out`: q (fused qkv rows), random bf16 K / V caches paged in shuffled blocks,
+    the block tables, token_seq and positions of one token per sequence of the given lengths."""
+    T, nb = len(lens), -(-max(lens) // BS)
+    blocks = T * nb
+    return (cp.asarray(rng.standard_normal((T, (Hq + 2 * Hkv) * D)).astype(np.float32)),
+            np.int32((Hq + 2 * Hkv) * D), cp.asarray(bf16_words(rng.standard_normal((blocks, Hkv, BS, D)))),
+            cp.asarray(bf16_words(rng.standard_normal((blocks, Hkv, BS, D)))),
+            cp.asarray(rng.permutation(blocks).reshape(T, nb).astype(np.int32)), np.int32(nb),
+            cp.arange(T, dtype=cp.int32), cp.asarray(np.array([n - 1 for n in lens], dtype=np.int32)))
+
+
 @pytest.mark.parametrize("D,CL", [(128, 8), (128, 16), (64, 8), (64, 16)])
 @pytest.mark.parametrize("Hq,Hkv,lens", [(28, 4, [512]), (28, 4, [1, 5, 17]), (16, 2, [300, 64, 1023]),
                                          (14, 2, [300]), (12, 2, [77])])
@@ -96,13 +108,7 @@ def test_attn_cluster_g4_gives_the_bits_of_the_8_head_form(D, CL, Hq, Hkv, lens)
     the 8-head form: the same keys a warp, the same sums and softmax per head, so the same bits."""
     T, dpl = len(lens), D // 32
     rng = np.random.default_rng(CL + Hq + len(lens) + D)
-    nb = -(-max(lens) // BS)
-    blocks = T * nb
-    args = (cp.asarray(rng.standard_normal((T, (Hq + 2 * Hkv) * D)).astype(np.float32)),
-            np.int32((Hq + 2 * Hkv) * D), cp.asarray(bf16_words(rng.standard_normal((blocks, Hkv, BS, D)))),
-            cp.asarray(bf16_words(rng.standard_normal((blocks, Hkv, BS, D)))),
-            cp.asarray(rng.permutation(blocks).reshape(T, nb).astype(np.int32)), np.int32(nb),
-            cp.arange(T, dtype=cp.int32), cp.asarray(np.array([n - 1 for n in lens], dtype=np.int32)))
+    args = cluster_inputs(rng, lens, Hq, Hkv, D)
     k = ck.get_kernels()
     outs = []
     for suffix, hg in (("", 8), ("_g4", 4)):
@@ -128,13 +134,7 @@ def test_attn_cluster_push_gives_the_bits_of_the_pull_merge(name, Hq, Hkv):
     lens = [1, 9, 300, 1100]
     T = len(lens)
     rng = np.random.default_rng(CL + Hq + D)
-    nb = -(-max(lens) // BS)
-    blocks = T * nb
-    args = (cp.asarray(rng.standard_normal((T, (Hq + 2 * Hkv) * D)).astype(np.float32)),
-            np.int32((Hq + 2 * Hkv) * D), cp.asarray(bf16_words(rng.standard_normal((blocks, Hkv, BS, D)))),
-            cp.asarray(bf16_words(rng.standard_normal((blocks, Hkv, BS, D)))),
-            cp.asarray(rng.permutation(blocks).reshape(T, nb).astype(np.int32)), np.int32(nb),
-            cp.arange(T, dtype=cp.int32), cp.asarray(np.array([n - 1 for n in lens], dtype=np.int32)))
+    args = cluster_inputs(rng, lens, Hq, Hkv, D)
     src = ck.kernel_source("attention.cu")
     outs = []
     for extra in ((), ("-DLLMRS_ATTN_CLUSTER_PULL",)):

@@ -11,6 +11,20 @@ from llmrs.engine.backends import cuda_kernels as ck
 
 pytestmark = pytest.mark.gpu
 
+def paged_inputs(cp, rng, T, bs, ctx, mid, Hq, Hkv, D):
+    """q (fused qkv rows), random bf16 K / V caches paged in shuffled blocks of bs, the block tables, token_seq and
+    positions ctx - 1, 40 and mid (causal limits below the context too)."""
+    nb = -(-ctx // bs)
+    blocks = T * nb
+    cache = lambda: cp.asarray((rng.standard_normal((blocks, Hkv, bs, D), dtype=np.float32).view(np.uint32)
+                                >> 16).astype(np.uint16))
+    k_cache, v_cache = cache(), cache()
+    tables = cp.asarray(rng.permutation(blocks).reshape(T, nb).astype(np.int32))
+    positions = cp.asarray(np.array([ctx - 1, 40, mid], dtype=np.int32))
+    token_seq = cp.arange(T, dtype=cp.int32)
+    q = cp.asarray(rng.standard_normal((T, (Hq + 2 * Hkv) * D), dtype=np.float32))
+    return q, k_cache, v_cache, tables, nb, token_seq, positions
+
 
 @pytest.mark.parametrize("D,Hq,Hkv,S", [(8, 8, 2, 1), (64, 14, 2, 3), (128, 28, 4, 5), (128, 16, 2, 33),
                                         (256, 8, 1, 2)])
@@ -25,15 +39,7 @@ def test_warp_sum8_gives_the_bits_of_a_warp_sum_per_head(D, Hq, Hkv, S):
            for extra in ((), ("-DLLMRS_NO_WARP_SUM8",))]
     rng = np.random.default_rng(D + S)
     T, bs, ctx = 3, 16, 150
-    nb = -(-ctx // bs)
-    blocks = T * nb
-    cache = lambda: cp.asarray((rng.standard_normal((blocks, Hkv, bs, D), dtype=np.float32).view(np.uint32)
-                                >> 16).astype(np.uint16))
-    k_cache, v_cache = cache(), cache()
-    tables = cp.asarray(rng.permutation(blocks).reshape(T, nb).astype(np.int32))
-    positions = cp.asarray(np.array([ctx - 1, 40, 97], dtype=np.int32))  # causal limits below the context too
-    token_seq = cp.arange(T, dtype=cp.int32)
-    q = cp.asarray(rng.standard_normal((T, (Hq + 2 * Hkv) * D), dtype=np.float32))
+    q, k_cache, v_cache, tables, nb, token_seq, positions = paged_inputs(cp, rng, T, bs, ctx, 97, Hq, Hkv, D)
     groups = -(-(Hq // Hkv) // 8)
     chunk = -(-ctx // S)
     outs = []
@@ -69,15 +75,7 @@ def test_attn_cluster_reduce_scatter_gives_the_bits_of_a_warp_sum_per_head(D, Hq
            for extra in ((), ("-DLLMRS_NO_WARP_SUM8",))]
     rng = np.random.default_rng(D + Hq)
     T, bs, ctx = 3, 16, 300
-    nb = -(-ctx // bs)
-    blocks = T * nb
-    cache = lambda: cp.asarray((rng.standard_normal((blocks, Hkv, bs, D), dtype=np.float32).view(np.uint32)
-                                >> 16).astype(np.uint16))
-    k_cache, v_cache = cache(), cache()
-    tables = cp.asarray(rng.permutation(blocks).reshape(T, nb).astype(np.int32))
-    positions = cp.asarray(np.array([ctx - 1, 40, 197], dtype=np.int32))
-    token_seq = cp.arange(T, dtype=cp.int32)
-    q = cp.asarray(rng.standard_normal((T, (Hq + 2 * Hkv) * D), dtype=np.float32))
+    q, k_cache, v_cache, tables, nb, token_seq, positions = paged_inputs(cp, rng, T, bs, ctx, 197, Hq, Hkv, D)
     groups = -(-(Hq // Hkv) // hg)
     outs = []
     for fn in fns:
