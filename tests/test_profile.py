@@ -35,6 +35,13 @@ def test_matvec_cost_counts_weights_once_and_the_accumulated_output_twice():
     assert bf16_out == 2 * 100 * 200 + 2 * 64 * 200 + 2 * 64 * 100
 
 
+def test_sample_cost_reads_a_greedy_rows_logits_once():
+    S, V = 256, 152064
+    assert prof.kernel_cost("sample", (S, V, 0))[0] == 4 * S * V  # all greedy: the argmax pass only
+    assert prof.kernel_cost("sample", (S, V, 3))[0] == 4 * S * V + 8 * 3 * V  # 3 rows write and read their weights
+    assert prof.kernel_cost("sample", (S, V)) == prof.kernel_cost("sample", (S, V, S))  # profiles saved before
+
+
 def test_silu_mul_cost_follows_its_input_and_output_types():
     T, I = 8, 96
     assert prof.kernel_cost("silu_mul", (T, I))[0] == (8 + 4) * T * I  # f32 gate and up in, f32 out

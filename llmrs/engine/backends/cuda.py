@@ -1157,7 +1157,7 @@ class CUDABackend:
         d = self._stage("sample_params", params)
         fd, kd = d[: 4 * S].reshape(4, S), d[4 * S :].view(cp.int32)
         work = self._buf("sample_work", (S, V))
-        with self._span("sample", "sample_tokens", S, V):
+        with self._span("sample", "sample_tokens", S, V, sum(not st.params.greedy for st in states)):
             self.k.sample_tokens((S,), (1024,), (cp.ascontiguousarray(logits), np.int32(V), fd[0], kd, fd[1],
                                                 fd[2], fd[3], work, out))
         self._launches += 1
