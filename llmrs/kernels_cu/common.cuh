@@ -253,11 +253,19 @@ __device__ __forceinline__ void cluster_wait() {
     asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
 #endif
 }
+// the shared::cluster address of block `rank`'s shared memory at the address of `p` in this block's (mapa)
+__device__ __forceinline__ unsigned cluster_addr(const void* p, unsigned rank) {
+    unsigned ra = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+#endif
+    return ra;
+}
 // v into block `rank`'s shared memory at the address of `p` in this block's
 __device__ __forceinline__ void st_cluster(float* p, unsigned rank, float v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    unsigned a = (unsigned)__cvta_generic_to_shared(p), ra;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    const unsigned ra = cluster_addr(p, rank);
     asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(ra), "f"(v) : "memory");
 #endif
 }
@@ -265,8 +273,7 @@ __device__ __forceinline__ void st_cluster(float* p, unsigned rank, float v) {
 __device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
     float v = 0.0f;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    unsigned a = (unsigned)__cvta_generic_to_shared(p), ra;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    const unsigned ra = cluster_addr(p, rank);
     asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
 #endif
     return v;
@@ -275,8 +282,7 @@ __device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
 __device__ __forceinline__ float4 ld_cluster4(const float* p, unsigned rank) {
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    unsigned a = (unsigned)__cvta_generic_to_shared(p), ra;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    const unsigned ra = cluster_addr(p, rank);
     asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
                  : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
                  : "r"(ra)
