@@ -663,28 +663,21 @@ __device__ __forceinline__ void attn_cluster_impl(
 #else
 #define CLUSTER_DIMS(CL)
 #endif
-#define ATTN_CLUSTER(CL, DPL)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(CW * 32, 1) CLUSTER_DIMS(CL) attn_cluster##CL##_d##DPL(      \
-        const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,                        \
-        const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,             \
-        const int* __restrict__ token_seq, const int* __restrict__ positions, float* __restrict__ out, int Hq, \
-        int Hkv, int D, int block_size, float scale) {                                                        \
-        attn_cluster_impl<DPL, CL, MAXG>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, token_seq,   \
-                                         positions, out, Hq, Hkv, D, block_size, scale);                      \
-    }
-// attn_cluster{CL}_d{DPL}_g4: a block per 4 query heads of a kv head (not 8): twice the blocks (SMs) at the same
-// cluster size, half the per-key arithmetic a warp (the keys were issue-bound on 8 warps an SM, session 19's
+// attn_cluster{CL}_d{DPL}{NAME}: HG query heads of a kv head a block. _g4: 4, not 8: twice the blocks (SMs) at the
+// same cluster size, half the per-key arithmetic a warp (the keys were issue-bound on 8 warps an SM, session 19's
 // scripts/attn_clocks.py); each K / V row is read by two blocks (from L2 the second time). The same keys a warp in
 // the same order, and every head's sums and softmax expressions as in the 8-head form: the same bits.
-#define ATTN_CLUSTER_G4(CL, DPL)                                                                               \
-    extern "C" __global__ void __launch_bounds__(CW * 32, 1) CLUSTER_DIMS(CL) attn_cluster##CL##_d##DPL##_g4( \
+#define ATTN_CLUSTER_HG(CL, DPL, HG, NAME)                                                                     \
+    extern "C" __global__ void __launch_bounds__(CW * 32, 1) CLUSTER_DIMS(CL) attn_cluster##CL##_d##DPL##NAME( \
         const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,                        \
         const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,             \
         const int* __restrict__ token_seq, const int* __restrict__ positions, float* __restrict__ out, int Hq, \
         int Hkv, int D, int block_size, float scale) {                                                        \
-        attn_cluster_impl<DPL, CL, 4>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, token_seq,      \
-                                      positions, out, Hq, Hkv, D, block_size, scale);                         \
+        attn_cluster_impl<DPL, CL, HG>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, token_seq,     \
+                                       positions, out, Hq, Hkv, D, block_size, scale);                        \
     }
+#define ATTN_CLUSTER(CL, DPL) ATTN_CLUSTER_HG(CL, DPL, MAXG, )
+#define ATTN_CLUSTER_G4(CL, DPL) ATTN_CLUSTER_HG(CL, DPL, 4, _g4)
 ATTN_CLUSTER(4, 4)
 ATTN_CLUSTER(8, 4)
 ATTN_CLUSTER(16, 4)
