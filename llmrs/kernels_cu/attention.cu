@@ -92,7 +92,7 @@ __device__ __forceinline__ void load_kv(const bf16_t* __restrict__ k_cache, cons
 // warp_sum per head; every sum is the same butterfly warp_sum forms (own + partner's at each level), so the values
 // are bit for bit warp_sum's. -DLLMRS_NO_WARP_SUM8 (LLMRS_ATTN_WARP_SUM8=0) keeps warp_sum per head.
 __device__ __forceinline__ float warp_sum8_own(const float (&v)[MAXG]) {
-    static_assert(MAXG == 8, "warp_sum8 reduces 8 heads");
+    static_assert(MAXG == 8, "warp_sum8_own reduces 8 heads");
     const int lane = threadIdx.x & 31;
     const bool hi16 = lane & 16, hi8 = lane & 8, hi4 = lane & 4;
     float w[4];
@@ -185,7 +185,7 @@ __device__ __forceinline__ void attn_first_keys(const bf16_t* __restrict__ k_cac
 #endif
 }
 
-// the MAXG heads' query (scaled; zeros past gn and for idle lanes) and the online softmax's empty state
+// the HG heads' query (scaled; zeros past gn and for idle lanes) and the online softmax's empty state
 template <int DPL, int HG = MAXG>
 __device__ __forceinline__ void attn_init(const float* __restrict__ q, int q_stride, int t, int head0, int gn,
                                           bool active, int lane, int D, float scale, float (&qr)[HG][DPL],
@@ -226,7 +226,7 @@ __device__ __forceinline__ void attn_init(const float* __restrict__ q, int q_str
     }
 }
 
-// one key (this lane's K / V dims kf, vf) into every head's online softmax: every one of the MAXG heads, also past
+// one key (this lane's K / V dims kf, vf) into every head's online softmax: every one of the HG heads, also past
 // gn (q = 0 there, results unused): without a branch per head the compiler interleaves the heads' shuffle reductions
 // and exps instead of running them one after another (a key cost ~7 x the latency of one head's chain that way)
 template <int DPL, int HG = MAXG>
