@@ -58,6 +58,8 @@ def test_the_4bit_gemv_too():
     # its first GV_DEPTH (4) code words; the t16 form also hoists its first groups' scale words (weights: 8)
     assert gemv["gemv_q4z_c4"].pre_wait_loads == 4 and gemv["gemv_q4m_c4"].pre_wait_loads == 4
     assert gemv["gemv_q4z_t16_c4"].pre_wait_loads == 12
+    # the stream-K form: its first unit's 4 code words, nothing of x (written by the kernel before)
+    assert gemv["gemv_q4z_sk_c4"].pre_wait_loads == 4 and gemv["gemv_q4m_sk_c4"].pre_wait_loads == 4
 
 
 def ins(addr: int, text: str) -> Instr:

@@ -1163,3 +1163,194 @@ GEMV_Q4(gemv_q4z_c1, 0, 1, GV_MINB, 1)  // group 32 (GGUF Q4_0, Q4_1)
 GEMV_Q4(gemv_q4m_c1, 1, 1, GV_MINB, 1)
 GEMV_Q4(gemv_q4z_t16_c1, 0, 2, 3, 1)
 GEMV_Q4(gemv_q4m_t16_c1, 1, 2, 3, 1)
+
+// ---------------------------------------------------------------------- the decode GEMV, stream-K
+// gemv_q4{z,m}_sk_c{CPG}: gemv_q4's product (T <= 8 tokens, a group size fixed at compile time, K % 128 == 0) with
+// the work split evenly over W warps, the ones that are resident at once (the host's GEMV_BLOCKS_PER_SM blocks of
+// GV_WARPS an SM), instead of a tile's K over a block's warps and S slices. Why: with a tile's K split over the
+// warps of a block, the grid is tiles x S blocks, whole rounds of resident blocks or not: the 7B's gate_up is 1,184
+// blocks = 2.24 rounds (the last round runs a quarter full, each round pays the load latency of its first batch),
+// qkv and down 0.82 / 0.85 of one (a sixth of the SMs' warp slots empty). Here the (tile, unit) space, a unit
+// being GV_DEPTH k32 blocks (whole groups), is flattened tile-major and warp w takes units [w U / W, (w + 1) U / W):
+// every warp has the same work to within one unit and all of them run in one round.
+// In the layout a tile's k32 blocks follow each other and tile nb + 1 follows tile nb, so a warp's codes are one
+// contiguous run even across a tile boundary (the double-buffered loads just go on); x and the scale words start
+// over at each tile. A warp that holds a tile whole writes its outputs; the tiles it shares (its first and last),
+// it writes its partial sums into the tile's slot (w - the tile's first warp) of `part` [tiles][maxc][T][32] and the
+// last of the tile's warps to count in (a counter a tile, put back to 0 by that warp) sums the slots in slot order:
+// deterministic, one launch. No barrier: the warps never wait for each other.
+template <int MODE, int CPG>
+__device__ __forceinline__ void gemv_q4_sk_impl(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ,
+                                                const float* __restrict__ x, const float* __restrict__ bias,
+                                                float* __restrict__ out, float* __restrict__ part,
+                                                int* __restrict__ sem, int T, int N, int K, int accumulate, int W,
+                                                int maxc) {
+    static_assert(CPG > 0 && GV_DEPTH % CPG == 0, "whole groups a unit");
+    constexpr int GPU_ = GV_DEPTH / CPG;  // groups a unit
+    pdl_trigger();
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int w = blockIdx.x * GV_WARPS + (threadIdx.x >> 5);
+    if (w >= W) return;
+    const int UPT = (K >> 5) / GV_DEPTH, GPT = UPT * GPU_;  // units, groups a tile
+    const int U = (N >> 5) * UPT;
+    const int u_lo = (int)((unsigned)w * U / W), u_hi = (int)((unsigned)(w + 1) * U / W);
+    const uint4* wp = Bq + (size_t)u_lo * (32 * GV_DEPTH) + lane;
+    uint4 qa[GV_DEPTH], qb[GV_DEPTH];
+#pragma unroll
+    for (int d = 0; d < GV_DEPTH; ++d) qa[d] = ldg_early(wp + 32 * d);
+    pdl_wait_on(early_words(qa));  // x (and out, part) come from earlier kernels
+
+    int nb = u_lo / UPT;  // the tile
+    const int ut = u_lo - nb * UPT;  // the first unit's place in it
+    const bool live = g < T;
+    const float* x0 = x + (size_t)(live ? g : 0) * K + 2 * t;
+    const float* xr = x0 + ut * (32 * GV_DEPTH);
+    const uint4* wn = wp + 32 * GV_DEPTH;
+    float c[1][2][4], cx[1][4], acc[1][2][4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c[0][0][e] = c[0][1][e] = cx[0][e] = acc[0][0][e] = acc[0][1][e] = 0.0f;
+    // scale words a group ahead, as gemv_q4_impl: group i of the warp in sw[i & 1]; the prefetch pointer walks
+    // (tile, group) on its own: + N a group, to the next tile's group 0 after its last
+    const int g_end = (u_hi - u_lo) * GPU_;  // the warp's groups
+    const unsigned* szb = SZ + g;
+    int pt = nb, pg = ut * GPU_;  // the prefetch pointer's tile and group
+    const unsigned* spf = szb + (size_t)pg * N + pt * 32;
+    auto next_group = [&]() {
+        if (++pg == GPT) {
+            pg = 0;
+            spf = szb + ++pt * 32;
+        } else {
+            spf += N;
+        }
+    };
+    unsigned sw[2][4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sw[0][e] = __ldg(spf + 8 * e);
+    next_group();
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sw[1][e] = g_end > 1 ? __ldg(spf + 8 * e) : 0u;
+    next_group();
+    int gi = 0;  // the warp's groups flushed
+
+    // the tile's sums out: written whole, or as a partial that the tile's last warp adds up
+    auto emit = [&]() {
+        // the tile's first and last warps: warp v holds unit f for v = ceil((f + 1) W / U) - 1 (32-bit: U W < 2^32
+        // up to N x K = 2^38 at 2,112 warps)
+        const unsigned f0 = (unsigned)nb * UPT, f1 = f0 + UPT - 1;
+        const int wf = (int)(((f0 + 1) * (unsigned)W - 1) / (unsigned)U), wl = (int)(((f1 + 1) * (unsigned)W - 1) / (unsigned)U);
+        const int n0 = nb * 32;
+        if (wf == wl) {
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+#pragma unroll
+                for (int r = 0; r < 2; ++r)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int m = 2 * t + h, n = n0 + 16 * j + 8 * r + g;
+                        if (m < T) {
+                            const float o = acc[0][j][2 * r + h] + (bias ? bias[n] : 0.0f);
+                            float* dst = out + (size_t)m * N + n;
+                            *dst = accumulate ? *dst + o : o;
+                        }
+                    }
+        } else {
+            float* pp = part + ((size_t)nb * maxc + (w - wf)) * T * 32;
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+#pragma unroll
+                for (int r = 0; r < 2; ++r)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+                        if (2 * t + h < T) pp[(2 * t + h) * 32 + 16 * j + 8 * r + g] = acc[0][j][2 * r + h];
+            __threadfence();  // the partial, visible before the count below says so
+            __syncwarp();
+            int last = 0;
+            if (lane == 0) last = atomicAdd(sem + nb, 1) == wl - wf;
+            if (__shfl_sync(0xffffffffu, last, 0)) {
+                __threadfence();
+                const float* ps = part + (size_t)nb * maxc * T * 32 + lane;
+                const int n = n0 + lane;
+                for (int m = 0; m < T; ++m) {
+                    float v = 0.0f;
+                    for (int s = 0; s <= wl - wf; ++s) v += __ldcg(ps + ((size_t)s * T + m) * 32);
+                    const float o = v + (bias ? bias[n] : 0.0f);
+                    float* dst = out + (size_t)m * N + n;
+                    *dst = accumulate ? *dst + o : o;
+                }
+                if (lane == 0) sem[nb] = 0;  // ready for the next launch (stream order)
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[0][j][e] = 0.0f;
+    };
+    // one unit from q (u: its index); the next unit's codes go out into qn first (from a valid address always)
+    auto unit = [&](const uint4 (&q)[GV_DEPTH], uint4 (&qn)[GV_DEPTH], const int u, const int half) {
+        uint4 xb[GV_DEPTH][1];
+#pragma unroll
+        for (int d = 0; d < GV_DEPTH; ++d) xb[d][0] = gemv_xb(xr + 32 * d, live);
+        xr += 32 * GV_DEPTH;
+#pragma unroll
+        for (int d = 0; d < GV_DEPTH; ++d) qn[d] = ldg_stream(u + 1 < u_hi ? wn + 32 * d : wp);
+        wn += 32 * GV_DEPTH;
+#pragma unroll
+        for (int d = 0; d < GV_DEPTH; ++d) {
+            gemv_kb<1>(q[d], xb[d], c, cx, d % CPG == 0);
+            if ((d + 1) % CPG == 0) {
+                const int b = (half * GV_DEPTH + d) / CPG & 1;
+                gemv_flush<MODE, 1, false>(sw[b], c, cx, acc);
+                ++gi;
+                const bool more = gi + 1 < g_end;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) sw[b][e] = more ? __ldg(spf + 8 * e) : 0u;
+                next_group();
+            }
+        }
+    };
+    // tile by tile: the units of tile nb the warp holds (two at a time, the code registers alternating), its sums
+    // out, then the next tile; after an odd count the next codes are in qb (moved to qa, and the scale words'
+    // buffers swapped where a unit is an odd number of groups, so group i of the segment is in sw[i & 1] again)
+    int u = u_lo;
+    while (true) {
+        const int seg_end = min(u_hi, (nb + 1) * UPT);
+        bool odd = false;
+        while (true) {
+            unit(qa, qb, u, 0);
+            if (++u == seg_end) {
+                odd = true;
+                break;
+            }
+            unit(qb, qa, u, 1);
+            if (++u == seg_end) break;
+        }
+        emit();
+        if (u >= u_hi) break;
+        ++nb;
+        xr = x0;
+        if (odd) {
+#pragma unroll
+            for (int d = 0; d < GV_DEPTH; ++d) qa[d] = qb[d];
+            if (GPU_ & 1) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const unsigned v = sw[0][e];
+                    sw[0][e] = sw[1][e];
+                    sw[1][e] = v;
+                }
+            }
+        }
+    }
+}
+
+#define GEMV_Q4_SK(NAME, MODE, CPG)                                                                               \
+    extern "C" __global__ void __launch_bounds__(32 * GV_WARPS, GV_MINB)                                          \
+        NAME(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ, const float* __restrict__ x,          \
+             const float* __restrict__ bias, float* __restrict__ out, float* __restrict__ part,                   \
+             int* __restrict__ sem, int T, int N, int K, int accumulate, int W, int maxc) {                       \
+        gemv_q4_sk_impl<MODE, CPG>(Bq, SZ, x, bias, out, part, sem, T, N, K, accumulate, W, maxc);               \
+    }
+// group 128 (AWQ) only: the group-32 form (GGUF Q4_0 / Q4_1, a flush and a scale prefetch a k32 block) spilled
+// 4-8 bytes at 128 registers on every architecture (ptx-check), so those keep gemv_q4's K slices
+GEMV_Q4_SK(gemv_q4z_sk_c4, 0, 4)
+GEMV_Q4_SK(gemv_q4m_sk_c4, 1, 4)

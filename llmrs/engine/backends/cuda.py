@@ -259,6 +259,8 @@ class CUDABackend:
     # decode over 4-bit weights: gemv_q4 (tensor cores, the Marlin layout) instead of matvec_q4 (f32 FMA, the row
     # layout); LLMRS_Q4_GEMV=0 for A/B runs, tests that need matvec_q4's f32 activations set it False
     q4_gemv = os.environ.get("LLMRS_Q4_GEMV", "1") not in OFF_VALUES
+    # gemv_q4's stream-K form where it applies (cuda_q4gemm.gemv_streamk_takes; LLMRS_Q4_GEMV_STREAMK=0: K slices)
+    q4_streamk = os.environ.get("LLMRS_Q4_GEMV_STREAMK", "0").strip().lower() not in OFF_VALUES
     # the mma.sync 4-bit GEMM (17-192 tokens) reads its x as bf16 words written by the producers (norms, SiLU x up,
     # attention) instead of a cast kernel before each linear, as dequantize + cuBLAS and the wgmma form do: the same
     # bits (the producers' bf16 forms round as cast_f32_bf16 does), ~4 launches a layer fewer (H200, `llmrs profile

@@ -114,6 +114,7 @@ ATTN_CLUSTER_KERNELS = [f"attn_cluster{cl}_d{d}" for d, sizes in ((4, (4, 8, 16)
 
 # gemv_q4's forms with the group size fixed at compile time (gemm_q4.cu's CPG: k32 blocks a group; G 32 and 128)
 GEMV_CPG = (1, 4)
+GEMV_SK_CPG = (4,)  # and of its stream-K form (gemv_q4{z,m}_sk_c{CPG}: G 128)
 
 MATVEC_ROWS_R = (4, 8, 16)  # matvec.cu's matvec_rows_bf16_r{R}: one token, rows up to 256 R bf16 held in registers
 # file -> entry points (extern "C")
@@ -136,6 +137,7 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "gemm_q4.cu": [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)]
                   + ["gemm_q4_reduce", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"]
                   + [f"gemv_{k}{t}_c{c}" for k in ("q4z", "q4m") for t in ("", "_t16") for c in GEMV_CPG]
+                  + [f"gemv_{k}_sk_c{c}" for k in ("q4z", "q4m") for c in GEMV_SK_CPG]
                   + ["dequant_marlin_q4z_bf16", "dequant_marlin_q4m_bf16"],
 }
 
@@ -145,6 +147,7 @@ PDL_KERNELS = frozenset(
      "add_inplace", "cast_f32_bf16", "silu_mul_bf16", "silu_mul_bf16_bf16", "rope_write_kv", "attn_merge",
      "attn_merge_bf16", "gemm_q4_reduce", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"]
     + [f"gemv_{k}{t}_c{c}" for k in ("q4z", "q4m") for t in ("", "_t16") for c in GEMV_CPG]
+    + [f"gemv_{k}_sk_c{c}" for k in ("q4z", "q4m") for c in GEMV_SK_CPG]
     + [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16", "rope_norm_bf16")
        for nt in (1, 2, 4, 8)]
     + [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
