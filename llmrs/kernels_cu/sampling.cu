@@ -52,13 +52,13 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_tokens(
     const int r = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const float* x = logits + (size_t)r * V;
     float* w = work + (size_t)r * V;
+    const int per = (V + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
+    const int lo = min(V, tid * per), hi = min(V, lo + per);
 
-    // 1) max and argmax (first index among equal maxima), strided over the threads so a warp's loads are coalesced
-    // (all a greedy row does); each thread meets its indices in increasing order, so strict > keeps its first
-    // maximum, and the reduction below breaks ties by index: the same token as a walk of contiguous ranges
+    // 1) max and argmax (first index among equal maxima)
     float bv = NEG_INF;
     int bi = V;
-    for (int i = tid; i < V; i += SAMPLE_THREADS)
+    for (int i = lo; i < hi; ++i)
         if (x[i] > bv) { bv = x[i]; bi = i; }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -87,10 +87,6 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_tokens(
         if (tid == 0) out[r] = amax;
         return;
     }
-
-    // thread i's contiguous index range [i * per, (i + 1) * per), for the index-ordered passes below
-    const int per = (V + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
-    const int lo = min(V, tid * per), hi = min(V, lo + per);
 
     // 2) unnormalized probabilities with min_p applied
     const float inv_t = 1.0f / temp, mp = min_p[r];
