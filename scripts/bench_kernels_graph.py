@@ -53,6 +53,7 @@ def main() -> None:
     bs = 16
     nbps = -(-(a.context + 1) // bs)
     be = CUDABackend(dataclasses.replace(c, num_hidden_layers=1), num_blocks=T * nbps + 1, cuda_graphs=False)
+    be.matvec_streamk = False  # the one-warp-a-row forms first; stream-K timed beside them
     gen = cp.random.default_rng(0)
 
     def mat(n, k):
@@ -119,6 +120,12 @@ def main() -> None:
                 us = graph_us(lambda i: be._linear(x[name], pick(name, i), None, y[name], name=name))
                 add(f"matvec {name} splits={splits}", us, 2 * N * K)
             be._matvec_forced_splits = 0
+            if T == 1 and be._matvec_sk_plan(N, K) is not None:  # matvec_bf16_sk (LLMRS_MATVEC_STREAMK)
+                be.matvec_streamk = True
+                us = graph_us(lambda i: be._linear(x[name], pick(name, i), None, y[name], name=name))
+                be.matvec_streamk = False
+                W_, maxc = be._matvec_sk_plan(N, K)
+                add(f"matvec {name} stream-K W={W_} maxc={maxc}", us, 2 * N * K)
             print(f"  (backend's choice for {name}: splits={be._matvec_splits(N, K)})")
         act = cp.zeros((T, I), dtype=cp.float32)
         add("matvec gate_up+silu", graph_us(lambda i: be._matvec_pair("silu", x["gate_up"], pick("gate_up", i), act)),

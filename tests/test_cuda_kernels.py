@@ -315,6 +315,57 @@ def test_matvec_splits_agree(rng, splits, N, K, T):
     assert rel_err(cp.asnumpy(out), ref) < 1e-5
 
 
+@pytest.mark.parametrize("min_units,resident", [(4, None), (1, None), (4, 5)])
+@pytest.mark.parametrize("N,K", [(3584, 3584), (3584, 18944), (2048, 11008), (37, 1024), (1001, 4864), (3, 2048)])
+def test_matvec_streamk_matches_numpy_and_repeats_bit_exactly(rng, monkeypatch, N, K, min_units, resident):
+    """matvec_bf16_sk (LLMRS_MATVEC_STREAMK=1: one token's o / down, the row-major units of 256 weights split evenly
+    over the resident warps): numpy's product over plans that share rows between 2-3 warps (the 7B / 3B shapes),
+    between many (one unit a warp), and with a few warps each holding many whole rows (5 blocks of 4 warps on the
+    whole GPU); bias + accumulate; the same bits launch after launch, every row counter back to 0."""
+    import llmrs.engine.backends.cuda as cuda_backend
+
+    monkeypatch.setattr(cuda_backend, "MATVEC_SK_MIN_UNITS", min_units)
+    if resident is not None:  # 5 blocks of 4 warps: 20 warps in all
+        monkeypatch.setattr(cuda_backend, "resident_blocks", lambda fn, threads: resident)
+    be = CUDABackend(cfg(), num_blocks=1)
+    be.matvec_streamk = True
+    if resident is not None:
+        be.num_sms = 1
+    plan = be._matvec_sk_plan(N, K)
+    assert plan is not None
+    W = rng.standard_normal((N, K)).astype(np.float32) * 0.05
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    b = round_bf16(rng.standard_normal(N).astype(np.float32))
+    y0 = rng.standard_normal((1, N)).astype(np.float32)
+    ref = x.astype(np.float64) @ round_bf16(W).T.astype(np.float64) + b + y0
+    Wd, bd, xd = be.upload(W), be.upload(b), cp.asarray(x)
+    outs = []
+    for _ in range(3):
+        out = cp.asarray(y0)
+        be._linear(xd, Wd, bd, out, accumulate=True)
+        outs.append(cp.asnumpy(out))
+    assert rel_err(outs[0], ref) < 1e-5, plan
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+    out = poison((1, N))
+    be._linear(xd, Wd, None, out)  # no bias, no accumulate: every row written
+    assert rel_err(cp.asnumpy(out), x.astype(np.float64) @ round_bf16(W).T.astype(np.float64)) < 1e-5
+    assert int(be._ws["matvec_sk_sem"].sum()) == 0
+    report(f"matvec_bf16_sk N{N} K{K} min units {min_units}", {"W, maxc": plan})
+
+
+def test_matvec_streamk_leaves_what_it_cannot_plan_to_the_matvec(rng):
+    be = CUDABackend(cfg(), num_blocks=1)
+    be.matvec_streamk = True
+    for N, K in [(64, 896), (64, 768), (5, 256)]:  # K % 256, K < 1024: matvec_bf16_t1
+        assert be._matvec_sk_plan(N, K) is None
+        W = rng.standard_normal((N, K)).astype(np.float32) * 0.05
+        x = rng.standard_normal((1, K)).astype(np.float32)
+        out = poison((1, N))
+        be._linear(cp.asarray(x), be.upload(W), None, out)
+        assert rel_err(cp.asnumpy(out), x.astype(np.float64) @ round_bf16(W).T.astype(np.float64)) < 1e-5
+
+
 # ---------------------------------------------------------------------- bf16 producers of GEMM inputs
 def wide(rng, shape, scale=1.0):
     """Random f32 spanning many binades, so every rounding case of bf16 shows up."""

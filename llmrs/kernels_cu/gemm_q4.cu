@@ -1272,6 +1272,7 @@ __device__ __forceinline__ void gemv_q4_sk_impl(const uint4* __restrict__ Bq, co
                 const int n = n0 + lane;
                 for (int m = 0; m < T; ++m) {
                     float v = 0.0f;
+                    #pragma unroll 1  // (cold: once a shared row / tile)
                     for (int s = 0; s <= wl - wf; ++s) v += __ldcg(ps + ((size_t)s * T + m) * 32);
                     const float o = v + (bias ? bias[n] : 0.0f);
                     float* dst = out + (size_t)m * N + n;

@@ -473,3 +473,96 @@ MATVEC_ROPE(1, matvec_rope_norm_bf16_t1, true)
 MATVEC_ROPE(2, matvec_rope_norm_bf16_t2, true)
 MATVEC_ROPE(4, matvec_rope_norm_bf16_t4, true)
 MATVEC_ROPE(8, matvec_rope_norm_bf16_t8, true)
+
+// matvec_bf16_sk: matvec_bf16_t1's product (one token; bias, accumulate) with the work split evenly over the warps
+// resident at once (stream-K), for K % 256 == 0. One warp a row gives a matrix N warps, whole rounds of resident
+// warps or not: the 7B's o and down are 3,584 warps where 4,224 fit at once (8 blocks of 4 warps an SM at <= 64
+// registers), a sixth of the loads in flight that the SMs could hold, and both ran at ~80% of the bandwidth floor
+// inside the graphed step (session 20; Nsight Compute: ~20 cycles between a warp's issues waiting on its loads).
+// A unit is 32 chunks of 16 bytes (256 weights: a warp's step), units numbered row-major, so a warp's units are one
+// contiguous run of W even across rows; warp w takes units [w U / Wn, (w + 1) U / Wn), the same count to within
+// one. Each lane sums its chunks of a row in order (matvec_bf16's chunk order within the row), the warp reduces,
+// and a row the warp holds whole is written; a row it shares (its first or last) goes as a partial into the row's
+// slot (w - the row's first warp) of `part` [N][maxc], and the last of the row's warps to count in (a counter a
+// row, put back to 0 by that warp) adds the slots in slot order: deterministic, one launch, no barrier. Other bits
+// than matvec_bf16 where a row is shared (its sum in two or three pieces), within f32 rounding.
+extern "C" __global__ void __launch_bounds__(128, 8)
+    matvec_bf16_sk(const bf16_t* __restrict__ W, const float* __restrict__ x, const float* __restrict__ bias,
+                   float* __restrict__ y, float* __restrict__ part, int* __restrict__ sem, int N, int K,
+                   int accumulate, int Wn, int maxc) {
+    const int lane = threadIdx.x & 31;
+    const int w = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (w >= Wn) return;
+    pdl_trigger();
+    const int SPR = K >> 8;  // units a row
+    const unsigned U = (unsigned)N * SPR;
+    const int u_lo = (int)((unsigned)w * U / Wn), u_hi = (int)((unsigned)(w + 1) * U / Wn);
+    const uint4* w4 = reinterpret_cast<const uint4*>(W) + lane;  // unit u: w4[32 u]
+    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+    uint4 p0 = ldg_early(w4 + (size_t)u_lo * 32), p1 = u_lo + 1 < u_hi ? ldg_early(w4 + (size_t)(u_lo + 1) * 32) : z,
+          p2 = u_lo + 2 < u_hi ? ldg_early(w4 + (size_t)(u_lo + 2) * 32) : z,
+          p3 = u_lo + 3 < u_hi ? ldg_early(w4 + (size_t)(u_lo + 3) * 32) : z;
+    pdl_wait_on(early_word(p0) | early_word(p1) | early_word(p2) | early_word(p3));
+    int n = u_lo / SPR, ur = u_lo - n * SPR;  // the row and the unit within it
+    float acc[1] = {0.0f};
+    // row r's sum out (lane 0 writes; the whole warp reduces): written where the warp holds the row whole, else
+    // handed to the row's last warp through `part`
+    auto emit = [&](float v, int r) {
+        v = warp_sum(v);
+        const unsigned f0 = (unsigned)r * SPR, f1 = f0 + SPR - 1;
+        if (f0 < (unsigned)u_lo || f1 >= (unsigned)u_hi) {  // shared: the row's first and last warps
+            const int wf = (int)(((f0 + 1) * (unsigned)Wn - 1) / U), wl = (int)(((f1 + 1) * (unsigned)Wn - 1) / U);
+            float* ps = part + (size_t)r * maxc;
+            int last = 0;
+            if (lane == 0) {
+                ps[w - wf] = v;
+                __threadfence();  // the partial, visible before the count below says so
+                last = atomicAdd(sem + r, 1) == wl - wf;
+            }
+            if (!__shfl_sync(0xffffffffu, last, 0)) return;
+            if (lane == 0) {
+                __threadfence();
+                v = 0.0f;
+                #pragma unroll 1  // (cold: once a shared row / tile)
+                for (int s = 0; s <= wl - wf; ++s) v += __ldcg(ps + s);
+                sem[r] = 0;  // ready for the next launch (stream order)
+            }
+        }
+        if (lane == 0) {
+            const float o = v + (bias ? bias[r] : 0.0f);
+            y[r] = accumulate ? y[r] + o : o;
+        }
+    };
+    // a unit into acc; the row's last moves the sum to `done` (at most one a group of 4 units: SPR >= 4)
+    float done = 0.0f;
+    bool has_done = false;
+    auto use = [&](const uint4& p) {
+        float wf[8];
+        unpack8(p, wf);
+        fma8<1>(wf, x, K, 1, 0, 8 * (ur * 32 + lane), acc);
+        if (++ur == SPR) {
+            done = acc[0];
+            acc[0] = 0.0f;
+            ur = 0;
+            ++n;
+            has_done = true;
+        }
+    };
+    for (int u = u_lo; u < u_hi; u += 4) {
+        const int un = u + 4;
+        const uint4 n0 = un < u_hi ? ldg_stream(w4 + (size_t)un * 32) : z,
+                    n1 = un + 1 < u_hi ? ldg_stream(w4 + (size_t)(un + 1) * 32) : z,
+                    n2 = un + 2 < u_hi ? ldg_stream(w4 + (size_t)(un + 2) * 32) : z,
+                    n3 = un + 3 < u_hi ? ldg_stream(w4 + (size_t)(un + 3) * 32) : z;
+        use(p0);
+        if (u + 1 < u_hi) use(p1);
+        if (u + 2 < u_hi) use(p2);
+        if (u + 3 < u_hi) use(p3);
+        p0 = n0; p1 = n1; p2 = n2; p3 = n3;
+        if (has_done) {
+            emit(done, n - 1);
+            has_done = false;
+        }
+    }
+    if (ur != 0) emit(acc[0], n);  // the last row, begun and not finished here
+}

@@ -55,7 +55,8 @@ from typing import Any
 
 import numpy as np
 
-from llmrs.engine.backends.cuda_kernels import MATVEC_ROWS_R, OFF_VALUES
+from llmrs.engine.backends.cuda_kernels import (MATVEC_ROWS_R, OFF_VALUES, STREAMK_SEM_ROWS, resident_blocks,
+                                                streamk_split)
 from llmrs.engine.backends.cuda_q4gemm import (GEMV_MAX_TOKENS, dequant_marlin, gemm_q4, gemm_takes, gemv_q4,
                                                gemv_takes, linear_q4, wgmma_takes)
 from llmrs.engine.backends.cuda_wgmma import bf16_wgmma_takes, gemm_bf16wg
@@ -74,6 +75,8 @@ NULL = np.uint64(0)
 MATVEC_ROWS_PER_BLOCK = 4
 # the long-K matvec's warps per matrix (`_matvec_splits`): splits = the fewest of 1, 2, 4 reaching it
 MATVEC_LONG_K_MIN_WARPS = 3584
+# matvec_bf16_sk's least units (256 weights) a warp: one pipeline batch (4 in flight), fewer warps for small matrices
+MATVEC_SK_MIN_UNITS = 4
 
 
 def splits_by_warps(N: int) -> int:
@@ -314,6 +317,10 @@ class CUDABackend:
         self.gemm_pad_rows = os.environ.get("LLMRS_GEMM_PAD_ROWS", "0").strip().lower() not in OFF_VALUES
         # o at one token as matvec_rows_bf16 (its rows in registers while the attention runs; LLMRS_MATVEC_ROWS=1)
         self.matvec_rows = os.environ.get("LLMRS_MATVEC_ROWS", "0").strip().lower() not in OFF_VALUES
+        # the plain one-token matvec (o, down) as matvec_bf16_sk where `_matvec_sk_plan` has one: the row-major
+        # units split evenly over the resident warps (stream-K) instead of one or more warps a row
+        # (LLMRS_MATVEC_STREAMK=1; off until measured on a GPU)
+        self.matvec_streamk = os.environ.get("LLMRS_MATVEC_STREAMK", "0").strip().lower() not in OFF_VALUES
         self.attn_splits: int | None = None  # None: chosen per step; tests force values
         # decode attention kernel: "partial" (attention.cu: a warp per key, a shuffle reduction per query head) or
         # "gqa" (attention_gqa.cu: a lane per key, 32 keys a warp, the block's query heads from shared memory);
@@ -367,6 +374,7 @@ class CUDABackend:
         self._handle = cp.cuda.device.get_cublas_handle()
         self._set_cublas_workspace()
         self._ws: dict[str, Any] = {}
+        self._sk_plans: dict[tuple[int, int], tuple[int, int] | None] = {}  # `_matvec_sk_plan`'s, per shape
         self._views: dict[tuple, tuple[Any, Any]] = {}  # (name, shape, dtype) -> (buffer, view of it): `_buf`
         self._pin: dict[str, np.ndarray] = {}
         self._staged: dict[str, tuple[int, list[Any]]] = {}  # name -> (last half used, its copies' events)
@@ -595,6 +603,35 @@ class CUDABackend:
             return splits_by_warps(N) if self.square_k_splits and N == K else 1
         return self.long_k_splits or splits_by_warps(N)
 
+    def _matvec_sk_plan(self, N: int, K: int) -> tuple[int, int] | None:
+        """(W, maxc) of matvec_bf16_sk for an N x K weight (cuda_kernels.streamk_split: units of 256 weights, at
+        least MATVEC_SK_MIN_UNITS a warp, the warps resident at once by the kernel's registers), or None where it
+        does not apply (K % 256, K < 1024: the kernel finishes at most one row a group of 4 units)."""
+        if K % 256 or K < 1024:
+            return None
+        key = (N, K)
+        plan = self._sk_plans.get(key, False)
+        if plan is False:
+            resident = resident_blocks(self.k.fns["matvec_bf16_sk"], 32 * MATVEC_ROWS_PER_BLOCK)
+            plan = self._sk_plans[key] = streamk_split(N, K // 256, resident * MATVEC_ROWS_PER_BLOCK * self.num_sms,
+                                                       MATVEC_SK_MIN_UNITS)
+        return plan
+
+    def _matvec_sk(self, x: Any, w: Any, bias: Any | None, out: Any, accumulate: bool, name: str,
+                   plan: tuple[int, int]) -> None:
+        """out (=|+=) x @ w.T (+ bias) for one token through matvec_bf16_sk (`_matvec_sk_plan`'s plan)."""
+        N, K = w.shape
+        W, maxc = plan
+        sem = self._ws.get("matvec_sk_sem")
+        if sem is None:  # zeros once; each launch's last warp of a shared row puts its counter back to 0
+            sem = self._ws["matvec_sk_sem"] = self.cp.zeros(STREAMK_SEM_ROWS, dtype=self.cp.int32)
+        part = self._buf("matvec_sk_part", (N * maxc,), np.float32) if maxc > 1 else NULL
+        with self._span("matvec", name, 1, N, K, accumulate, bias is not None):
+            self.k.fns["matvec_bf16_sk"](
+                (-(-W // MATVEC_ROWS_PER_BLOCK),), (32 * MATVEC_ROWS_PER_BLOCK,),
+                (w, x, NULL if bias is None else bias, out, part, sem, np.int32(N), np.int32(K),
+                 np.int32(1 if accumulate else 0), np.int32(W), np.int32(maxc)))
+
     def _linear(self, x: Any, w: Any, bias: Any | None, out: Any, accumulate: bool = False,
                 name: str = "linear", out_bf16: bool = False, preload: bool = False) -> None:
         """out (=|+=) x @ w.T (+ bias). x f32 [T, K] contiguous, w bf16 [N, K], out f32 [T, N] contiguous.
@@ -622,6 +659,10 @@ class CUDABackend:
                         (-(-N // MATVEC_ROWS_PER_BLOCK),), (32 * MATVEC_ROWS_PER_BLOCK,),
                         (w, x, NULL if bias is None else bias, out, np.int32(N), np.int32(K),
                          np.int32(1 if accumulate else 0)))
+                return
+            plan = self._matvec_sk_plan(N, K) if self.matvec_streamk and T == 1 else None
+            if plan is not None:
+                self._matvec_sk(x, w, bias, out, accumulate, name, plan)
                 return
             grid = (-(-N * splits // MATVEC_ROWS_PER_BLOCK), -(-T // nt))
             fn = getattr(self.k, f"matvec_bf16_t{nt}")

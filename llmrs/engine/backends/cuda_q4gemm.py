@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from llmrs.engine.backends.cuda_kernels import (GEMM_Q4W2_SMEM_BYTES, GEMM_Q4WG_SMEM_BYTES, GEMV_CPG, GEMV_SK_CPG,
-                                                WG_BLOCKS_PER_SM, WG_SPLITS, gemm_q4_smem_bytes, wg_cluster)
+                                                WG_BLOCKS_PER_SM, WG_SPLITS, gemm_q4_smem_bytes, streamk_split,
+                                                wg_cluster)
 from llmrs.engine.quant import DeviceQuantWeight, marlin_reorder, marlin_scales
 
 NULL = np.uint64(0)
@@ -329,16 +330,9 @@ def gemv_streamk_plan(backend: Any, N: int, K: int) -> tuple[int, int] | None:
 
 @functools.lru_cache(maxsize=256)
 def _streamk_plan(num_sms: int, N: int, K: int, warps_per_sm: int, min_units: int) -> tuple[int, int] | None:
-    if K % (32 * GEMV_DEPTH) or N % 32 or N < 32:
+    if K % (32 * GEMV_DEPTH) or N % 32 or N // 32 > GEMV_SEM_TILES:
         return None
-    upt = K // 32 // GEMV_DEPTH
-    U = N // 32 * upt
-    W = max(1, min(U // max(1, min_units), warps_per_sm * num_sms))
-    if U * W >= 1 << 32:
-        return None
-    f0 = np.arange(N // 32, dtype=np.int64) * upt  # each tile's first and last warps (the kernel's rule)
-    first, last = ((f0 + 1) * W - 1) // U, ((f0 + upt) * W - 1) // U
-    return W, int((last - first).max()) + 1
+    return streamk_split(N // 32, K // 32 // GEMV_DEPTH, warps_per_sm * num_sms, min_units)
 
 
 def gemv_streamk_takes(backend: Any, T: int, N: int, K: int, G: int) -> bool:
