@@ -121,16 +121,48 @@ def test_attn_cluster_g4_gives_the_bits_of_the_8_head_form(D, CL, Hq, Hkv, lens)
     assert np.array_equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("D,CL", [(128, 8), (128, 16), (64, 8), (64, 16)])
+@pytest.mark.parametrize("Hq,Hkv,lens", [(28, 4, [512]), (28, 4, [1, 5, 17]), (16, 2, [300, 64, 1023]),
+                                         (14, 2, [300]), (12, 2, [77])])
+def test_attn_cluster_16_warps_a_block_matches_float64_and_the_8_warp_form(D, CL, Hq, Hkv, lens):
+    """attn_cluster{CL}_d{D}_g4_w16 (LLMRS_ATTN_CLUSTER_WARPS=16: 16 warps a block, 4 keys a warp where the 8-warp
+    form takes 8; 512 threads): float64 numpy's attention and the 8-warp form's to f32 rounding (the keys meet in
+    other warps, so other roundings); lengths with empty splits and past one batch a warp (1023: a warp loops)."""
+    T, dpl = len(lens), D // 32
+    rng = np.random.default_rng(3 * CL + Hq + len(lens) + D)
+    args = cluster_inputs(rng, lens, Hq, Hkv, D)
+    k = ck.get_kernels()
+    outs = {}
+    for suffix, threads in (("_g4", 256), ("_g4_w16", 512)):
+        out = cp.full((T, Hq * D), np.nan, dtype=cp.float32)
+        k.fns[f"attn_cluster{CL}_d{dpl}{suffix}"]((T, Hkv * -(-(Hq // Hkv) // 4), CL), (threads,),
+                                                 args + (out, np.int32(Hq), np.int32(Hkv), np.int32(D),
+                                                         np.int32(BS), np.float32(1 / np.sqrt(D))))
+        outs[suffix] = cp.asnumpy(out)
+    got = outs["_g4_w16"]
+    assert np.isfinite(got).all(), "every output written"
+    q, _, kc, vc, tables, _, _, positions = args
+    ref = reference(cp.asnumpy(q), cp.asnumpy(kc), cp.asnumpy(vc), cp.asnumpy(tables), cp.asnumpy(positions), Hq,
+                    Hkv, D, float(np.float32(1 / np.sqrt(D))))
+    err = rel_err(got, ref)
+    report(f"attn_cluster{CL}_d{dpl}_g4_w16 Hq{Hq} Hkv{Hkv} lens{lens}",
+           {"rel_err_f64": err, "rel_err_8_warps": rel_err(got, outs["_g4"])})
+    assert err < 1e-5, err
+    assert rel_err(got, outs["_g4"]) < 1e-5
+
+
 @pytest.mark.parametrize("name,Hq,Hkv", [("attn_cluster8_d4_g4", 28, 4), ("attn_cluster16_d4_g4", 16, 2),
                                          ("attn_cluster8_d2_g4", 14, 2), ("attn_cluster16_d2_g4", 12, 2),
                                          ("attn_cluster8_d4", 28, 4), ("attn_cluster16_d4", 16, 2),
-                                         ("attn_cluster4_d4", 8, 1), ("attn_cluster8_d2", 14, 2)])
+                                         ("attn_cluster4_d4", 8, 1), ("attn_cluster8_d2", 14, 2),
+                                         ("attn_cluster8_d4_g4_w16", 28, 4), ("attn_cluster16_d2_g4_w16", 12, 2)])
 def test_attn_cluster_push_gives_the_bits_of_the_pull_merge(name, Hq, Hkv):
     """The splits pushed into the merging block's shared memory (default) against each block reading the others'
     (-DLLMRS_ATTN_CLUSTER_PULL, LLMRS_ATTN_CLUSTER_PUSH=0): the same values merged in the same order, the same bits;
     lengths from 1 key (splits with none) to two load batches a warp."""
     CL, dpl = int(name.split("_")[1][7:]), int(name.split("_d")[1][0])
-    D, hg = 32 * dpl, 4 if name.endswith("_g4") else 8
+    D, hg = 32 * dpl, 4 if "_g4" in name else 8
+    threads = 512 if name.endswith("_w16") else 256
     lens = [1, 9, 300, 1100]
     T = len(lens)
     rng = np.random.default_rng(CL + Hq + D)
@@ -142,7 +174,7 @@ def test_attn_cluster_push_gives_the_bits_of_the_pull_merge(name, Hq, Hkv):
         if CL > 8:
             ck.allow_nonportable_cluster(fn)  # 16 blocks a cluster (8 is the portable limit), as Kernels does
         out = cp.full((T, Hq * D), np.nan, dtype=cp.float32)
-        fn((T, Hkv * -(-(Hq // Hkv) // hg), CL), (256,),
+        fn((T, Hkv * -(-(Hq // Hkv) // hg), CL), (threads,),
            args + (out, np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(BS), np.float32(1 / np.sqrt(D))))
         cp.cuda.Device().synchronize()
         outs.append(cp.asnumpy(out))
@@ -167,7 +199,7 @@ def test_backend_takes_the_cluster_where_attn_partial_ran_and_tokens_agree(tmp_p
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
     ids = loaded.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 4)
     names = (f"attn_cluster16_d{d}", f"attn_cluster8_d{d}", f"attn_partial_d{d}", f"attn_cluster16_d{d}_g4",
-             f"attn_cluster8_d{d}_g4")
+             f"attn_cluster8_d{d}_g4", f"attn_cluster16_d{d}_g4_w16", f"attn_cluster8_d{d}_g4_w16")
     runs = {}
     for cl in (16, 8, 0):
         r = ModelRunner(loaded, num_blocks=32, device="cuda")
@@ -194,6 +226,7 @@ def test_backend_takes_the_cluster_where_attn_partial_ran_and_tokens_agree(tmp_p
         finally:
             fns.update(saved)
         g4 = "_g4" if cl and be._cluster_form(1, 100)[1] == 4 else ""  # auto / LLMRS_ATTN_HEADS_PER_BLOCK
+        g4 += "_w16" if g4 and be.attn_cluster_warps == 16 else ""  # LLMRS_ATTN_CLUSTER_WARPS
         want = f"attn_cluster{cl}_d{d}{g4}" if cl else f"attn_partial_d{d}"
         assert want in launched, (cl, sorted(set(launched)))
         if cl:

@@ -108,8 +108,10 @@ def expected_pre_wait_loads(name: str) -> int:
     its first keys' K / V rows (earlier steps'); the 4-bit GEMV: its first code batch (+ the first groups' scale
     words where ptxas hoists them); the matvecs: their early weight chunks (common.cuh ldg_early); the RMSNorms:
     their weight (2 float4s a thread) and rms_norm's row index; every other kernel: none."""
-    rules = [(r"attn_cluster\d+_d\d", 20), (r"attn_partial_d\d", 6), (r"attn_partial_gqa_d\d", 3),
-             (r"decode_attn_tc", 2), (r"rms_norm(_bf16)?$", 3), (r"add_rms_norm(_bf16)?$", 2),
+    # (attn_cluster: 4 index loads + a K and a V row of each of its CK first keys: 8, or 4 in the 16-warp forms)
+    rules = [(r"attn_cluster\d+_d\d_g4_w16", 12), (r"attn_cluster\d+_d\d", 20), (r"attn_partial_d\d", 6),
+             (r"attn_partial_gqa_d\d", 3), (r"decode_attn_tc", 2), (r"rms_norm(_bf16)?$", 3),
+             (r"add_rms_norm(_bf16)?$", 2),
              (r"gemv_q4[zm](_t16)?_c1$|gemv_q4[zm]_t16_c4$", 12), (r"gemv_q4", 4), (r"matvec_bf16_(t\d|sk)", 4),
              (r"matvec_(rope|silu)(_norm)?_bf16_t\d", 8)]
     m = re.fullmatch(r"matvec_rows_bf16_r(\d+)", name)

@@ -500,9 +500,10 @@ __device__ unsigned long long attn_clocks[16];
 #define ATTN_CLOCK_START
 #define ATTN_CLOCK(i)
 #endif
-#define CW 8  // warps a cluster block
-#define CK 8  // keys a warp loads at once
-template <int DPL, int CL, int HG>
+// CW warps a cluster block, CK keys a warp loads at once: 8 x 8 (a split of 64 keys, the host's
+// ATTN_CLUSTER_KEYS_PER_SPLIT, in one batch), or 16 x 4 (the _w16 forms: the same 64 keys over twice the warps, each
+// with half the keys' dependent chain; LLMRS_ATTN_CLUSTER_WARPS=16, 4 heads a block only)
+template <int DPL, int CL, int HG, int CW, int CK>
 __device__ __forceinline__ void attn_cluster_impl(
     const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,
     const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,
@@ -667,17 +668,18 @@ __device__ __forceinline__ void attn_cluster_impl(
 // same cluster size, half the per-key arithmetic a warp (the keys were issue-bound on 8 warps an SM, session 19's
 // scripts/attn_clocks.py); each K / V row is read by two blocks (from L2 the second time). The same keys a warp in
 // the same order, and every head's sums and softmax expressions as in the 8-head form: the same bits.
-#define ATTN_CLUSTER_HG(CL, DPL, HG, NAME)                                                                     \
+#define ATTN_CLUSTER_HG(CL, DPL, HG, CW, CK, NAME)                                                             \
     extern "C" __global__ void __launch_bounds__(CW * 32, 1) CLUSTER_DIMS(CL) attn_cluster##CL##_d##DPL##NAME( \
         const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,                        \
         const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,             \
         const int* __restrict__ token_seq, const int* __restrict__ positions, float* __restrict__ out, int Hq, \
         int Hkv, int D, int block_size, float scale) {                                                        \
-        attn_cluster_impl<DPL, CL, HG>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, token_seq,     \
-                                       positions, out, Hq, Hkv, D, block_size, scale);                        \
+        attn_cluster_impl<DPL, CL, HG, CW, CK>(q, q_stride, k_cache, v_cache, block_tables, max_blocks,        \
+                                               token_seq, positions, out, Hq, Hkv, D, block_size, scale);      \
     }
-#define ATTN_CLUSTER(CL, DPL) ATTN_CLUSTER_HG(CL, DPL, MAXG, )
-#define ATTN_CLUSTER_G4(CL, DPL) ATTN_CLUSTER_HG(CL, DPL, 4, _g4)
+#define ATTN_CLUSTER(CL, DPL) ATTN_CLUSTER_HG(CL, DPL, MAXG, 8, 8, )
+#define ATTN_CLUSTER_G4(CL, DPL) ATTN_CLUSTER_HG(CL, DPL, 4, 8, 8, _g4)
+#define ATTN_CLUSTER_G4_W16(CL, DPL) ATTN_CLUSTER_HG(CL, DPL, 4, 16, 4, _g4_w16)
 ATTN_CLUSTER(4, 4)
 ATTN_CLUSTER(8, 4)
 ATTN_CLUSTER(16, 4)
@@ -687,3 +689,7 @@ ATTN_CLUSTER_G4(8, 4)
 ATTN_CLUSTER_G4(16, 4)
 ATTN_CLUSTER_G4(8, 2)
 ATTN_CLUSTER_G4(16, 2)
+ATTN_CLUSTER_G4_W16(8, 4)
+ATTN_CLUSTER_G4_W16(16, 4)
+ATTN_CLUSTER_G4_W16(8, 2)
+ATTN_CLUSTER_G4_W16(16, 2)

@@ -354,6 +354,12 @@ class CUDABackend:
         if hpb not in ("auto", "4", "8"):
             raise UserError(f"LLMRS_ATTN_HEADS_PER_BLOCK={hpb!r}: expected auto, 4 or 8")
         self.attn_heads_per_block: int | None = None if hpb == "auto" else int(hpb)
+        # warps a block of attn_cluster's 4-head forms: 8 (8 keys a warp at a 64-key split) or 16 (_g4_w16: 4 keys
+        # a warp, half the per-key chain, a block merge over 16 warps; LLMRS_ATTN_CLUSTER_WARPS=16, off until measured)
+        cw = os.environ.get("LLMRS_ATTN_CLUSTER_WARPS", "8").strip()
+        if cw not in ("8", "16"):
+            raise UserError(f"LLMRS_ATTN_CLUSTER_WARPS={cw!r}: expected 8 or 16")
+        self.attn_cluster_warps = int(cw)
         self.k = get_kernels()  # compiles every kernel now (warm-up), not on the first request
         from llmrs.engine.backends.cuda_prefill import prefill_supported
 
@@ -976,9 +982,11 @@ class CUDABackend:
         groups = -(-c.num_queries_per_kv // ATTN_MAXG)
         cl, hg = (0, ATTN_MAXG) if gqa else self._cluster_form(T, db.max_len)
         if cl:
-            name = f"attn_cluster{cl}_d{self.dpl}" + ("_g4" if hg == 4 else "")
+            w16 = hg == 4 and self.attn_cluster_warps == 16
+            name = f"attn_cluster{cl}_d{self.dpl}" + ("_g4" if hg == 4 else "") + ("_w16" if w16 else "")
             with self._span("attention", name, T, Hq, Hkv, D, db.kv_tokens, db.qk_pairs, cl):
-                getattr(self.k, name)((T, Hkv * -(-c.num_queries_per_kv // hg), cl), (ATTN_CLUSTER_THREADS,),
+                getattr(self.k, name)((T, Hkv * -(-c.num_queries_per_kv // hg), cl),
+                                      (2 * ATTN_CLUSTER_THREADS if w16 else ATTN_CLUSTER_THREADS,),
                                       (q, np.int32(q_stride), self.k_cache[layer], self.v_cache[layer],
                                        db.block_tables, np.int32(db.max_blocks), db.token_seq, db.positions, out,
                                        np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(self.block_size),

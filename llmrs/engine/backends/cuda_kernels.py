@@ -109,9 +109,10 @@ def gemm_q4_smem_bytes(mt: int, stages: dict[int, int] | None = None) -> int:
     return (GEMM_Q4_STAGES if stages is None else stages)[mt] * (16 * mt * 8 + 256 + 64) * 16
 
 
-# attn_cluster{CL}_d{DPL} (attention.cu): the cluster sizes of each head-dim form; _g4: a block per 4 query heads
+# attn_cluster{CL}_d{DPL} (attention.cu): the cluster sizes of each head-dim form; _g4: a block per 4 query heads;
+# _g4_w16: that with 16 warps a block (4 keys each where the 8-warp forms take 8)
 ATTN_CLUSTER_KERNELS = [f"attn_cluster{cl}_d{d}" for d, sizes in ((4, (4, 8, 16)), (2, (8, 16))) for cl in sizes] + [
-    f"attn_cluster{cl}_d{d}_g4" for d in (4, 2) for cl in (8, 16)]
+    f"attn_cluster{cl}_d{d}_g4{w}" for d in (4, 2) for cl in (8, 16) for w in ("", "_w16")]
 
 
 # gemv_q4's forms with the group size fixed at compile time (gemm_q4.cu's CPG: k32 blocks a group; G 32 and 128)
