@@ -628,6 +628,54 @@ def test_norm_folded_into_paired_matvecs_matches_rms_norm_then_matvec(rng, T, he
     assert rel_err(got[3], want_act) < 1e-4
 
 
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("heads,kv,head_dim,hidden,few", [(28, 4, 128, 3584, False), (16, 2, 128, 2048, False),
+                                                         (8, 2, 64, 1024, False), (8, 2, 64, 1024, True)])
+def test_paired_qkv_streamk_matches_the_one_warp_a_pair_kernel(rng, monkeypatch, heads, kv, head_dim, hidden, few,
+                                                               norm):
+    """matvec_rope{,_norm}_bf16_sk (LLMRS_MATVEC_STREAMK=1 or pair: one token's qkv pairs over the resident warps)
+    against matvec_rope{,_norm}_bf16_t1: q rotated to f32 rounding (a shared pair sums in pieces), K / V in the
+    cache equal or one bf16 step apart; the 7B's and 3B's shapes, and a plan of 4 warps for the whole matrix (each
+    warp many whole pairs, none idle: `few`); every pair counter back to 0."""
+    import llmrs.engine.backends.cuda as cuda_backend
+
+    if few:
+        monkeypatch.setattr(cuda_backend, "resident_blocks", lambda *a, **k: 1)
+    c = cfg(heads, kv, head_dim, hidden=hidden, inter=3 * 37)
+    be = CUDABackend(c, num_blocks=8)
+    if few:
+        be.num_sms = 1
+    n_qkv = (heads + 2 * kv) * head_dim
+    w_qkv = be.upload(rng.standard_normal((n_qkv, hidden)).astype(np.float32) / np.sqrt(hidden))
+    bias = be.upload(rng.standard_normal(n_qkv).astype(np.float32))
+    g = be.upload(round_bf16(rng.standard_normal(hidden).astype(np.float32)))
+    x = cp.asarray((rng.standard_normal((1, hidden)) * 3).astype(np.float32))
+    batch = build_step_batch([([7], int(rng.integers(0, 100)), rng.permutation(8).tolist(), True)], be.block_size)
+    db = be.device_batch(batch)
+    plan = be._pair_sk_plan(n_qkv, hidden, norm)
+    assert plan is not None and (not few or plan[0] == 4)
+
+    def run(sk):
+        be.pair_streamk = sk
+        for a in (be.k_cache[0], be.v_cache[0]):
+            a[...] = 0
+        qkv = poison((1, n_qkv))
+        be._matvec_pair("rope", x, w_qkv, qkv, bias=bias, db=db, norm=(g, 1e-6) if norm else None)
+        return [cp.asnumpy(qkv)[:, :heads * head_dim]] + [cp.asnumpy(a).copy() for a in (be.k_cache[0],
+                                                                                           be.v_cache[0])]
+
+    want = run(False)
+    for _ in range(2):  # twice: the counters went back to 0
+        got = run(True)
+        assert np.isfinite(got[0]).all()
+        np.testing.assert_allclose(got[0], want[0], rtol=2e-5, atol=2e-5)
+        for a, b in zip(got[1:], want[1:]):
+            np.testing.assert_allclose(bf16_to_f32(a), bf16_to_f32(b), rtol=2 ** -7, atol=1e-6)
+            assert np.any(a != 0)
+    assert int(be._ws["matvec_sk_sem"].sum()) == 0
+    report(f"matvec_rope{'_norm' if norm else ''}_bf16_sk H{hidden} heads {heads}/{kv}x{head_dim}", {"W, maxc": plan})
+
+
 def decode_step_each(tmp_path, arch, n_seqs, seed, settings, counted):
     """A matvec-path decode step of a tiny model (n_seqs sequences, one new token each at a random position) once
     under each of `settings` (callables configuring the backend), each from zeroed K/V caches, counting the launches

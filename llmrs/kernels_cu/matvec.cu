@@ -317,18 +317,11 @@ __device__ __forceinline__ void matvec_pair_sums(const bf16_t* __restrict__ W, c
 // norm-weight loads, no squares per chunk). ra / rb: rows na / nb already scaled by 1 / sqrt(mean(x^2) + eps),
 // in every lane. Every warp of the block takes part (the barrier), live or not; dead warps load no weights.
 #define NORM_STAGE_MAX_K 12288
-__device__ __forceinline__ void pair_norm_staged(const bf16_t* __restrict__ W, const float* __restrict__ x,
-                                                 const float* __restrict__ g, float eps, int K, int na, int nb,
-                                                 bool live, float& ra, float& rb) {
-    extern __shared__ float4 s_xg[];  // K / 4
-    __shared__ float s_red[4];
+// the staging: every thread of the (4-warp) block stores its float4s of x * g and adds its squares of x; returns
+// 1 / sqrt(mean(x^2) + eps), the same in every thread (after the block's barrier)
+__device__ __forceinline__ float norm_stage(const float* __restrict__ x, const float* __restrict__ g, float eps, int K,
+                                            float4* s_xg, float* s_red) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const uint4* a4 = reinterpret_cast<const uint4*>(W + (size_t)na * K);
-    const uint4* b4 = reinterpret_cast<const uint4*>(W + (size_t)nb * K);
-    const int K8 = K >> 3;
-    uint4 pa[4], pb[4];
-    pair_first(a4, b4, K8, live, pa, pb);
-    pdl_wait_on(early_words(pb, early_words(pa)));
     const float4* g4 = reinterpret_cast<const float4*>(g);
     float ss = 0.0f;
     for (int k4 = threadIdx.x; k4 < (K >> 2); k4 += blockDim.x) {
@@ -342,7 +335,21 @@ __device__ __forceinline__ void pair_norm_staged(const bf16_t* __restrict__ W, c
     ss = warp_sum(ss);
     if (lane == 0) s_red[warp] = ss;
     __syncthreads();
-    const float inv = 1.0f / sqrtf((s_red[0] + s_red[1] + s_red[2] + s_red[3]) / (float)K + eps);
+    return 1.0f / sqrtf((s_red[0] + s_red[1] + s_red[2] + s_red[3]) / (float)K + eps);
+}
+
+__device__ __forceinline__ void pair_norm_staged(const bf16_t* __restrict__ W, const float* __restrict__ x,
+                                                 const float* __restrict__ g, float eps, int K, int na, int nb,
+                                                 bool live, float& ra, float& rb) {
+    extern __shared__ float4 s_xg[];  // K / 4
+    __shared__ float s_red[4];
+    const uint4* a4 = reinterpret_cast<const uint4*>(W + (size_t)na * K);
+    const uint4* b4 = reinterpret_cast<const uint4*>(W + (size_t)nb * K);
+    const int K8 = K >> 3;
+    uint4 pa[4], pb[4];
+    pair_first(a4, b4, K8, live, pa, pb);
+    pdl_wait_on(early_words(pb, early_words(pa)));
+    const float inv = norm_stage(x, g, eps, K, s_xg, s_red);
     float acc_a = 0.0f, acc_b = 0.0f;
     if (live) {
         pair_stream(a4, b4, K8, pa, pb, [&](const float* wa, const float* wb, int cc) {
@@ -356,6 +363,37 @@ __device__ __forceinline__ void pair_norm_staged(const bf16_t* __restrict__ W, c
     }
     ra = warp_sum(acc_a) * inv;
     rb = warp_sum(acc_b) * inv;
+}
+
+// The qkv pair's epilogue (a, c: rows h D + i and h D + i + D / 2 of token t, bias added): a q head rotated in place
+// in y (= qkv), a k head rotated and a v head as it is, written to the paged caches as bf16 (rope_write_kv's math)
+__device__ __forceinline__ void pair_rope_out(float a, float c, int h, int i, int half, int t, float* __restrict__ y,
+                                              int N, const int* __restrict__ positions,
+                                              const float* __restrict__ inv_freq, const int* __restrict__ slots,
+                                              bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache, int Hq,
+                                              int Hkv, int D, int block_size) {
+    float* row = y + (size_t)t * N + h * D;
+    if (h >= Hq + Hkv) {  // a v head: to the cache as it is
+        const int sl = slots[t];
+        const long long r = ((long long)(sl / block_size) * Hkv + (h - Hq - Hkv)) * block_size + sl % block_size;
+        bf16_t* dst = v_cache + r * D;
+        dst[i] = f32_to_bf16(a);
+        dst[i + half] = f32_to_bf16(c);
+        return;
+    }
+    float sn, cs;
+    rope_sincos(__fmul_rn((float)positions[t], inv_freq[i]), &sn, &cs);
+    const float y1 = a * cs - c * sn, y2 = c * cs + a * sn;
+    if (h < Hq) {
+        row[i] = y1;
+        row[i + half] = y2;
+    } else {
+        const int sl = slots[t];
+        const long long r = ((long long)(sl / block_size) * Hkv + (h - Hq)) * block_size + sl % block_size;
+        bf16_t* dst = k_cache + r * D;
+        dst[i] = f32_to_bf16(y1);
+        dst[i + half] = f32_to_bf16(y2);
+    }
 }
 
 template <int NT, int EPI, bool NORM>
@@ -404,28 +442,7 @@ __device__ __forceinline__ void matvec_pair_impl(const bf16_t* __restrict__ W, c
         y[(size_t)t * P + p] = silu_mul_f(a, c);
         return;
     }
-    float* row = y + (size_t)t * N + h * D;
-    if (h >= Hq + Hkv) {  // a v head: to the cache as it is
-        const int sl = slots[t];
-        const long long r = ((long long)(sl / block_size) * Hkv + (h - Hq - Hkv)) * block_size + sl % block_size;
-        bf16_t* dst = v_cache + r * D;
-        dst[i] = f32_to_bf16(a);
-        dst[i + half] = f32_to_bf16(c);
-        return;
-    }
-    float sn, cs;
-    rope_sincos(__fmul_rn((float)positions[t], inv_freq[i]), &sn, &cs);
-    const float y1 = a * cs - c * sn, y2 = c * cs + a * sn;
-    if (h < Hq) {
-        row[i] = y1;
-        row[i + half] = y2;
-    } else {
-        const int sl = slots[t];
-        const long long r = ((long long)(sl / block_size) * Hkv + (h - Hq)) * block_size + sl % block_size;
-        bf16_t* dst = k_cache + r * D;
-        dst[i] = f32_to_bf16(y1);
-        dst[i + half] = f32_to_bf16(y2);
-    }
+    pair_rope_out(a, c, h, i, half, t, y, N, positions, inv_freq, slots, k_cache, v_cache, Hq, Hkv, D, block_size);
 }
 
 #define MATVEC(NT)                                                                                        \
@@ -473,6 +490,164 @@ MATVEC_ROPE(1, matvec_rope_norm_bf16_t1, true)
 MATVEC_ROPE(2, matvec_rope_norm_bf16_t2, true)
 MATVEC_ROPE(4, matvec_rope_norm_bf16_t4, true)
 MATVEC_ROPE(8, matvec_rope_norm_bf16_t8, true)
+
+// matvec_rope_bf16_sk / matvec_rope_norm_bf16_sk: matvec_rope{,_norm}_bf16_t1's outputs (one token; q rotated in
+// place, k rotated and v written to the paged caches; _norm: the RMSNorm before qkv folded in, x * g staged in shared
+// memory as pair_norm_staged does) with the work split as matvec_bf16_sk splits it: a unit is a 256-weight step of
+// both rows of a pair, units numbered pair by pair, warp w takes [w U / Wn, (w + 1) U / Wn). One warp a pair gives the
+// 7B's qkv 2,304 warps where 2,640 fit at once, the 3B's 1,280 where 2,112 do. A pair the warp holds whole is
+// finished by it; a shared pair's (a, c) partials meet in `part` [pairs][maxc] (float2) and the last of its warps to
+// count in adds them in slot order, then scales (norm), adds the bias and writes as matvec_pair_impl does. K % 256 ==
+// 0 and K >= 1024 (at most one pair finishes a group of 4 units).
+template <bool NORM>
+__device__ __forceinline__ void pair_sk_impl(
+    const bf16_t* __restrict__ W, const float* __restrict__ x, const float* __restrict__ g, float eps,
+    const float* __restrict__ bias, float* __restrict__ qkv, int N, int K, const int* __restrict__ positions,
+    const float* __restrict__ inv_freq, const int* __restrict__ slots, bf16_t* __restrict__ k_cache,
+    bf16_t* __restrict__ v_cache, int Hq, int Hkv, int D, int block_size, float2* __restrict__ part,
+    int* __restrict__ sem, int Wn, int maxc) {
+    const int lane = threadIdx.x & 31;
+    const int w = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    pdl_trigger();
+    const int SPR = K >> 8, half = D >> 1, K8 = K >> 3;
+    const unsigned U = (unsigned)(N >> 1) * SPR;
+    const bool live = w < Wn;
+    const int u_lo = live ? (int)((unsigned)w * U / Wn) : 0, u_hi = live ? (int)((unsigned)(w + 1) * U / Wn) : 0;
+    const uint4* W4 = reinterpret_cast<const uint4*>(W) + lane;
+    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+    // the load cursor (runs 4 units ahead of the use): pair lp, its step lr, the lane's next chunk of row a (row b is
+    // D / 2 rows further)
+    const int lp = u_lo / SPR;
+    int lr = u_lo - lp * SPR, li = lp % half;  // (the pair's rows: (lp / half) D + li and + D / 2)
+    const size_t boff = (size_t)half * K8;
+    const uint4* rowa = W4 + (size_t)((lp / half) * D + li) * K8;
+    const uint4* ra = rowa + lr * 32;
+    auto load = [&](int u, uint4& qa, uint4& qb) {
+        if (u < u_hi) {
+            qa = ldg_stream(ra);
+            qb = ldg_stream(ra + boff);
+            ra += 32;
+            if (++lr == SPR) {  // the next pair: the next row, past the head's b rows after its last pair
+                lr = 0;
+                rowa += K8;
+                if (++li == half) {
+                    li = 0;
+                    rowa += boff;
+                }
+                ra = rowa;
+            }
+        } else {
+            qa = qb = z;
+        }
+    };
+    uint4 pa[4], pb[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) load(u_lo + i, pa[i], pb[i]);  // (ldg_stream is ldg_early's form)
+    pdl_wait_on(early_words(pb, early_words(pa)));
+    float inv = 1.0f;
+    float4* s_xg = nullptr;
+    if (NORM) {
+        extern __shared__ float4 s_xg_dyn[];  // K / 4
+        __shared__ float s_red[4];
+        s_xg = s_xg_dyn;
+        inv = norm_stage(x, g, eps, K, s_xg, s_red);  // (every warp of the block, live or not: a barrier inside)
+    }
+    if (!live) return;
+    int p = u_lo / SPR, ur = u_lo - p * SPR;  // the use cursor: pair p, its step ur, the lane's x chunk (float4s)
+    int xo = 2 * (ur * 32 + lane);
+    float acc_a = 0.0f, acc_b = 0.0f, done_a = 0.0f, done_c = 0.0f;
+    bool has_done = false;
+    auto use = [&](const uint4& qa, const uint4& qb) {
+        float wa[8], wb[8], v[8];
+        unpack8(qa, wa);
+        unpack8(qb, wb);
+        if (NORM) {
+            const float4 u0 = s_xg[xo], u1 = s_xg[xo + 1];
+            v[0] = u0.x; v[1] = u0.y; v[2] = u0.z; v[3] = u0.w; v[4] = u1.x; v[5] = u1.y; v[6] = u1.z; v[7] = u1.w;
+        } else {
+            const float4 u0 = ldx4(x + 4 * xo), u1 = ldx4(x + 4 * xo + 4);
+            v[0] = u0.x; v[1] = u0.y; v[2] = u0.z; v[3] = u0.w; v[4] = u1.x; v[5] = u1.y; v[6] = u1.z; v[7] = u1.w;
+        }
+        xo += 64;
+        acc_a += wa[0] * v[0] + wa[1] * v[1] + wa[2] * v[2] + wa[3] * v[3]
+               + wa[4] * v[4] + wa[5] * v[5] + wa[6] * v[6] + wa[7] * v[7];
+        acc_b += wb[0] * v[0] + wb[1] * v[1] + wb[2] * v[2] + wb[3] * v[3]
+               + wb[4] * v[4] + wb[5] * v[5] + wb[6] * v[6] + wb[7] * v[7];
+        if (++ur == SPR) {
+            done_a = acc_a;
+            done_c = acc_b;
+            acc_a = acc_b = 0.0f;
+            ur = 0;
+            xo = 2 * lane;
+            ++p;
+            has_done = true;
+        }
+    };
+    // pair q's sums out: finished by this warp where it holds the pair whole, else by the pair's last warp
+    auto emit = [&](float a, float c, int q) {
+        a = warp_sum(a);
+        c = warp_sum(c);
+        const unsigned f0 = (unsigned)q * SPR, f1 = f0 + SPR - 1;
+        if (f0 < (unsigned)u_lo || f1 >= (unsigned)u_hi) {
+            const int wf = (int)(((f0 + 1) * (unsigned)Wn - 1) / U), wl = (int)(((f1 + 1) * (unsigned)Wn - 1) / U);
+            float2* ps = part + (size_t)q * maxc;
+            int last = 0;
+            if (lane == 0) {
+                ps[w - wf] = make_float2(a, c);
+                __threadfence();  // the partial, visible before the count below says so
+                last = atomicAdd(sem + q, 1) == wl - wf;
+            }
+            if (!__shfl_sync(0xffffffffu, last, 0)) return;
+            if (lane == 0) {
+                __threadfence();
+                a = c = 0.0f;
+#pragma unroll 1  // (cold: once a shared pair)
+                for (int s = 0; s <= wl - wf; ++s) {
+                    const float2 v = __ldcg(ps + s);
+                    a += v.x;
+                    c += v.y;
+                }
+                sem[q] = 0;  // ready for the next launch (stream order)
+            }
+        }
+        if (lane == 0) {
+            const int h = q / half, i = q % half;
+            a = a * inv + (bias ? bias[h * D + i] : 0.0f);
+            c = c * inv + (bias ? bias[h * D + i + half] : 0.0f);
+            pair_rope_out(a, c, h, i, half, 0, qkv, N, positions, inv_freq, slots, k_cache, v_cache, Hq, Hkv, D,
+                          block_size);
+        }
+    };
+    for (int u = u_lo; u < u_hi; u += 4) {
+        uint4 na[4], nb[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) load(u + 4 + i, na[i], nb[i]);
+        use(pa[0], pb[0]);
+        if (u + 1 < u_hi) use(pa[1], pb[1]);
+        if (u + 2 < u_hi) use(pa[2], pb[2]);
+        if (u + 3 < u_hi) use(pa[3], pb[3]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) { pa[i] = na[i]; pb[i] = nb[i]; }
+        if (has_done) {
+            emit(done_a, done_c, p - 1);
+            has_done = false;
+        }
+    }
+    if (ur != 0) emit(acc_a, acc_b, p);  // the last pair, begun and not finished here
+}
+
+#define MATVEC_ROPE_SK(NAME, NORM)                                                                              \
+    extern "C" __global__ void __launch_bounds__(128) NAME(                                                     \
+        const bf16_t* __restrict__ W, const float* __restrict__ x, const float* __restrict__ g, float eps,      \
+        const float* __restrict__ bias, float* __restrict__ qkv, int N, int K,                                  \
+        const int* __restrict__ positions, const float* __restrict__ inv_freq, const int* __restrict__ slots,   \
+        bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache, int Hq, int Hkv, int D, int block_size,     \
+        float2* __restrict__ part, int* __restrict__ sem, int Wn, int maxc) {                                   \
+        pair_sk_impl<NORM>(W, x, g, eps, bias, qkv, N, K, positions, inv_freq, slots, k_cache, v_cache, Hq, Hkv, \
+                           D, block_size, part, sem, Wn, maxc);                                                 \
+    }
+MATVEC_ROPE_SK(matvec_rope_bf16_sk, false)
+MATVEC_ROPE_SK(matvec_rope_norm_bf16_sk, true)
 
 // matvec_bf16_sk: matvec_bf16_t1's product (one token; bias, accumulate) with the work split evenly over the warps
 // resident at once (stream-K), for K % 256 == 0. One warp a row gives a matrix N warps, whole rounds of resident

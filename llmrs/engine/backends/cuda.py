@@ -317,10 +317,15 @@ class CUDABackend:
         self.gemm_pad_rows = os.environ.get("LLMRS_GEMM_PAD_ROWS", "0").strip().lower() not in OFF_VALUES
         # o at one token as matvec_rows_bf16 (its rows in registers while the attention runs; LLMRS_MATVEC_ROWS=1)
         self.matvec_rows = os.environ.get("LLMRS_MATVEC_ROWS", "0").strip().lower() not in OFF_VALUES
-        # the plain one-token matvec (o, down) as matvec_bf16_sk where `_matvec_sk_plan` has one: the row-major
-        # units split evenly over the resident warps (stream-K) instead of one or more warps a row
-        # (LLMRS_MATVEC_STREAMK=1; off until measured on a GPU)
-        self.matvec_streamk = os.environ.get("LLMRS_MATVEC_STREAMK", "0").strip().lower() not in OFF_VALUES
+        # one token's matvecs with their units split evenly over the resident warps (stream-K) instead of one or
+        # more warps a row: the plain ones (o, down) as matvec_bf16_sk (`_matvec_sk_plan`) and the qkv pairs as
+        # matvec_rope{,_norm}_bf16_sk (`_pair_sk_plan`). LLMRS_MATVEC_STREAMK=1 (both), plain, pair or 0 (off:
+        # the default until measured on a GPU)
+        sk = os.environ.get("LLMRS_MATVEC_STREAMK", "0").strip().lower()
+        if sk not in ("1", "plain", "pair", *OFF_VALUES):
+            raise UserError(f"LLMRS_MATVEC_STREAMK={sk!r}: expected 0, 1, plain or pair")
+        self.matvec_streamk = sk in ("1", "plain")
+        self.pair_streamk = sk in ("1", "pair")
         self.attn_splits: int | None = None  # None: chosen per step; tests force values
         # decode attention kernel: "partial" (attention.cu: a warp per key, a shuffle reduction per query head) or
         # "gqa" (attention_gqa.cu: a lane per key, 32 keys a warp, the block's query heads from shared memory);
@@ -375,6 +380,7 @@ class CUDABackend:
         self.inv_freq = cp.asarray(rope_inv_freq(c))
         self.scale = np.float32(1.0 / math.sqrt(D))
         self.num_sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+        self.smem_per_sm = int(cp.cuda.Device().attributes.get("MaxSharedMemoryPerMultiprocessor", 233472))
         self._one, self._zero = np.array(1.0, dtype=np.float32), np.array(0.0, dtype=np.float32)
         self._one_ptr, self._zero_ptr = self._one.ctypes.data, self._zero.ctypes.data  # (cuBLAS alpha / beta)
         self._handle = cp.cuda.device.get_cublas_handle()
@@ -623,14 +629,35 @@ class CUDABackend:
                                                        MATVEC_SK_MIN_UNITS)
         return plan
 
+    def _pair_sk_plan(self, N: int, K: int, norm: bool) -> tuple[int, int] | None:
+        """(W, maxc) of matvec_rope{,_norm}_bf16_sk for a qkv weight N x K: N / 2 pairs of K / 256 units, the warps
+        resident at once by the kernel's registers and (norm) its K * 4 bytes of staged x * g; None where it does
+        not apply (as `_matvec_sk_plan`)."""
+        if K % 256 or K < 1024 or N % 2 or (norm and K > NORM_STAGE_MAX_K):
+            return None
+        key = ("pair", N, K, norm)
+        plan = self._sk_plans.get(key, False)
+        if plan is False:
+            fn = self.k.fns["matvec_rope_norm_bf16_sk" if norm else "matvec_rope_bf16_sk"]
+            resident = resident_blocks(fn, 32 * MATVEC_ROWS_PER_BLOCK, 4 * K if norm else 0, self.smem_per_sm)
+            plan = self._sk_plans[key] = streamk_split(N // 2, K // 256,
+                                                       resident * MATVEC_ROWS_PER_BLOCK * self.num_sms,
+                                                       MATVEC_SK_MIN_UNITS)
+        return plan
+
+    def _sk_sem(self) -> Any:
+        """The stream-K kernels' row counters (zeros once; each launch's last warp of a shared row puts its back)."""
+        sem = self._ws.get("matvec_sk_sem")
+        if sem is None:
+            sem = self._ws["matvec_sk_sem"] = self.cp.zeros(STREAMK_SEM_ROWS, dtype=self.cp.int32)
+        return sem
+
     def _matvec_sk(self, x: Any, w: Any, bias: Any | None, out: Any, accumulate: bool, name: str,
                    plan: tuple[int, int]) -> None:
         """out (=|+=) x @ w.T (+ bias) for one token through matvec_bf16_sk (`_matvec_sk_plan`'s plan)."""
         N, K = w.shape
         W, maxc = plan
-        sem = self._ws.get("matvec_sk_sem")
-        if sem is None:  # zeros once; each launch's last warp of a shared row puts its counter back to 0
-            sem = self._ws["matvec_sk_sem"] = self.cp.zeros(STREAMK_SEM_ROWS, dtype=self.cp.int32)
+        sem = self._sk_sem()
         part = self._buf("matvec_sk_part", (N * maxc,), np.float32) if maxc > 1 else NULL
         with self._span("matvec", name, 1, N, K, accumulate, bias is not None):
             self.k.fns["matvec_bf16_sk"](
@@ -750,6 +777,19 @@ class CUDABackend:
                 self.k.fns[f"matvec_silu_{tag}bf16_t{nt}"](grid, block, args, shared_mem=smem)
             return
         c = self.config
+        plan = self._pair_sk_plan(N, K, norm is not None) if self.pair_streamk and T == 1 else None
+        if plan is not None:  # matvec_rope{,_norm}_bf16_sk: the (pair, step) units over the resident warps
+            W, maxc = plan
+            part = self._buf("pair_sk_part", (N // 2 * maxc * 2,), np.float32) if maxc > 1 else NULL
+            with self._span("matvec", label, T, N, K, False, bias is not None):
+                self.k.fns[f"matvec_rope_{tag}bf16_sk"](
+                    (-(-W // MATVEC_ROWS_PER_BLOCK),), block,
+                    (w, x, g, eps, NULL if bias is None else bias, out, np.int32(N), np.int32(K), db.positions,
+                     self.inv_freq, db.slots, self.k_cache[layer], self.v_cache[layer],
+                     np.int32(c.num_attention_heads), np.int32(c.num_key_value_heads), np.int32(c.head_dim),
+                     np.int32(self.block_size), part, self._sk_sem(), np.int32(W), np.int32(maxc)),
+                    shared_mem=4 * K if norm is not None else 0)
+            return
         with self._span("matvec", label, T, N, K, False, bias is not None):
             self.k.fns[f"matvec_rope_{tag}bf16_t{nt}"](
                 grid, block, (w, x, g, eps, NULL if bias is None else bias, out, np.int32(N), np.int32(K),

@@ -139,13 +139,15 @@ def streamk_split(rows: int, units_per_row: int, resident_warps: int, min_units:
     return W, int((hi - lo).max()) + 1
 
 
-def resident_blocks(fn: Any, threads: int) -> int:
+def resident_blocks(fn: Any, threads: int, smem: int = 0, smem_per_sm: int = 233472) -> int:
     """Blocks of `threads` threads of kernel `fn` (a RawKernel or PdlKernel) resident at once on an SM, as its
     registers allow (64K registers an SM, allocated 256 a warp; at most 2048 threads and 32 blocks; compute
-    capability 8.0-9.0); static shared memory is not the limit of the kernels that ask (none)."""
+    capability 8.0-9.0) and, with `smem` bytes of dynamic shared memory a block, the SM's shared memory
+    (`smem_per_sm`, the device's MaxSharedMemoryPerMultiprocessor; 1 KB reserved a block)."""
     regs = -(-max(1, int(fn.num_regs)) * 32 // 256) * 256  # a warp's allocation
     warps = -(-threads // 32)
-    return max(1, min(32, 2048 // (32 * warps), 65536 // (regs * warps)))
+    by_smem = smem_per_sm // (smem + int(getattr(fn, "shared_size_bytes", 0) or 0) + 1024) if smem else 32
+    return max(1, min(32, 2048 // (32 * warps), 65536 // (regs * warps), by_smem))
 
 
 MATVEC_ROWS_R = (4, 8, 16)  # matvec.cu's matvec_rows_bf16_r{R}: one token, rows up to 256 R bf16 held in registers
@@ -156,7 +158,8 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "elementwise.cu": ["silu_mul", "add_bias", "add_inplace", "cast_f32_bf16", "silu_mul_bf16", "silu_mul_bf16_bf16"],
     "rope_kv.cu": ["rope_write_kv", "write_kv"],
     "matvec.cu": [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16", "rope_norm_bf16")
-                  for nt in (1, 2, 4, 8)] + [f"matvec_rows_bf16_r{r}" for r in MATVEC_ROWS_R] + ["matvec_bf16_sk"],
+                  for nt in (1, 2, 4, 8)] + [f"matvec_rows_bf16_r{r}" for r in MATVEC_ROWS_R]
+                  + ["matvec_bf16_sk", "matvec_rope_bf16_sk", "matvec_rope_norm_bf16_sk"],
     "matvec_q4.cu": [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
                     + ["dequant_q4_bf16", "dequant_q8_bf16"],
     "attention.cu": ["attn_partial_d1", "attn_partial_d2", "attn_partial_d4", "attn_partial_d8", "attn_merge",
@@ -183,7 +186,8 @@ PDL_KERNELS = frozenset(
     + [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16", "rope_norm_bf16")
        for nt in (1, 2, 4, 8)]
     + [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
-    + [f"matvec_rows_bf16_r{r}" for r in MATVEC_ROWS_R] + ["matvec_bf16_sk"]
+    + [f"matvec_rows_bf16_r{r}" for r in MATVEC_ROWS_R] + ["matvec_bf16_sk", "matvec_rope_bf16_sk",
+                                                             "matvec_rope_norm_bf16_sk"]
     + [f"attn_partial_d{d}" for d in (1, 2, 4, 8)] + [f"attn_partial_gqa_d{d}" for d in (1, 2, 4, 8)]
     + ATTN_CLUSTER_KERNELS
     + [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)] + list(GEMM_Q4WG_KERNELS)

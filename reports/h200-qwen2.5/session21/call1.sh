@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# For the next lease (written in session 21, which had no device time left: not run). One call, carry .whl, ~8 min.
+# For the next lease (written in session 21, which had no device time left: not run). One call, carry .whl, ~7 min.
 # Two stream-K forms, each behind its switch (off by default), and the coalesced sampler (branch exp/sample-coalesced,
 # its sampling.cu saved here as sampling_coalesced.cu: bench_sample.py compiles both and compares their tokens):
-#   matvec_bf16_sk (LLMRS_MATVEC_STREAMK=1, backend.matvec_streamk): one token's o / down with the row-major units of
-#     256 weights split evenly over the 4,224 resident warps (the 7B's o / down are 3,584 warps, one a row);
+#   matvec_bf16_sk (LLMRS_MATVEC_STREAMK=plain or 1, backend.matvec_streamk): one token's o / down with the row-major
+#     units of 256 weights split evenly over the 4,224 resident warps (the 7B's o / down are 3,584 warps, one a row);
+#   matvec_rope{,_norm}_bf16_sk (LLMRS_MATVEC_STREAMK=pair or 1, backend.pair_streamk): one token's qkv pairs the
+#     same way (the 7B's qkv is 2,304 warps where 2,640 fit, the 3B's 1,280 where 2,112 do);
 #   gemv_q4*_sk_c4 (LLMRS_Q4_GEMV_STREAMK=1, backend.q4_streamk): AWQ G128 at T <= 8, (tile, 4 k32 blocks) units
 #     split evenly over the 2,112 resident warps (the 7B's gate_up is 2.24 rounds of blocks, qkv / down 0.82 / 0.85).
 #   attn_cluster*_g4_w16 (LLMRS_ATTN_CLUSTER_WARPS=16, backend.attn_cluster_warps): the decode attention's 4-head
@@ -13,8 +15,7 @@
 #      and graph tests with both forms on;
 #   2. per-kernel graphed timings: bench_kernels_graph.py (7B, 3B: o / down at 1, 2, 4 warps a row and stream-K),
 #      bench_gemv_q4.py (7B T 1 and 4, 3B T 1: K slices against stream-K plans);
-#   3. best of 3 a process, each form off / on in one process (ablate_decode set:), 7B and 3B bf16, 7B and 3B AWQ;
-#   4. `llmrs synth --decode-bench` 7B bf16 and 7B AWQ, off / on, one run each.
+# then call2.sh (the decode A/Bs: best of 3 a process, each switch off / on; `llmrs synth --decode-bench`).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 . scripts/gpu_lib.sh
@@ -37,32 +38,13 @@ timeout 120 python3 reports/h200-qwen2.5/session21/bench_sample.py 2>&1 | tee $R
 step "graphed kernels: bf16 o / down"
 for p in qwen2.5-7b qwen2.5-3b; do
   timeout 150 python3 scripts/bench_kernels_graph.py --like $p --context 512 --json $R/kg-$p.json > $R/kg-$p.log 2>&1
-  echo "--- $p"; grep -E "^matvec (o|down)|backend's choice for (o|down)" $R/kg-$p.log
+  echo "--- $p"; grep -E "^matvec (o|down|qkv\+rope|norm\+qkv\+rope)|backend's choice for (o|down)" $R/kg-$p.log
 done
 step "graphed kernels: 4-bit GEMV"
 for p in qwen2.5-7b:1 qwen2.5-3b:1 qwen2.5-7b:4; do
   timeout 150 python3 scripts/bench_gemv_q4.py --preset ${p%%:*} --tokens ${p#*:} --splits 1 \
     --json $R/gemv-${p%%:*}-t${p#*:}.json > $R/gemv-${p%%:*}-t${p#*:}.log 2>&1
   echo "--- ${p}"; grep -vE "^variant" $R/gemv-${p%%:*}-t${p#*:}.log | tail -30
-done
-step "decode best of 3 a process: off / on"
-for p in qwen2.5-7b qwen2.5-3b; do
-  timeout 200 python3 scripts/ablate_decode.py --like $p --rounds 3 \
-    --variants "full/set:matvec_streamk=True/set:attn_cluster_warps=16/set:matvec_streamk=True,attn_cluster_warps=16" \
-    --json $R/ab-$p.json > $R/ab-$p.log 2>&1
-  tail -5 $R/ab-$p.log
-  timeout 150 python3 scripts/ablate_decode.py --like $p --quant awq --rounds 3 \
-    --variants "full/set:q4_streamk=True" --json $R/ab-$p-awq.json > $R/ab-$p-awq.log 2>&1
-  tail -3 $R/ab-$p-awq.log
-done
-step "decode bench, one run each"
-for p in qwen2.5-7b:LLMRS_MATVEC_STREAMK qwen2.5-7b:awq:LLMRS_Q4_GEMV_STREAMK; do
-  v=${p##*:}; q=$(echo $p | cut -d: -f2); [ "$q" = "$v" ] && q=""; m=${p%%:*}
-  for on in 1 0; do
-    env $v=$on timeout 100 python3 -m llmrs synth --like $m ${q:+--quant $q} --decode-bench --bandwidth-gbs 4296 \
-      --prompt-len 256 --steps 256 --json $R/decode-$m$q-$on.json > $R/decode-$m$q-$on.log 2>&1
-    python3 -c "import json; d=json.load(open('$R/decode-$m$q-$on.json')); print('$m $q $v=$on', d['ms_per_token'], 'ms/token')"
-  done
 done
 } 2>&1 | tee $OUT/summary.txt
 tar czf $OUT/results.tgz -C $R .
