@@ -264,6 +264,11 @@ class CUDABackend:
     q4_gemv = os.environ.get("LLMRS_Q4_GEMV", "1") not in OFF_VALUES
     # gemv_q4's stream-K form where it applies (cuda_q4gemm.gemv_streamk_takes; LLMRS_Q4_GEMV_STREAMK=0: K slices)
     q4_streamk = os.environ.get("LLMRS_Q4_GEMV_STREAMK", "0").strip().lower() not in OFF_VALUES
+    # session 21's other switches at their defaults (__init__ reads the environment; stand-ins built without it,
+    # scripts/bench_host_prefill.py's, see these): the one-token stream-K matvecs off, 8 warps an attn_cluster block
+    matvec_streamk = False
+    pair_streamk = False
+    attn_cluster_warps = 8
     # the mma.sync 4-bit GEMM (17-192 tokens) reads its x as bf16 words written by the producers (norms, SiLU x up,
     # attention) instead of a cast kernel before each linear, as dequantize + cuBLAS and the wgmma form do: the same
     # bits (the producers' bf16 forms round as cast_f32_bf16 does), ~4 launches a layer fewer (H200, `llmrs profile
