@@ -21,7 +21,8 @@ EDITS = [("""    const int per = (V + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
 
     // 1) max""", """
     // 1) max"""),
-         ("for (int i = lo; i < hi; ++i)\n        if (x[i] > bv)", "for (int i = tid; i < V; i += SAMPLE_THREADS)\n        if (x[i] > bv)"),
+         ("for (int i = lo; i < hi; ++i)\n        if (x[i] > bv)",
+          "for (int i = tid; i < V; i += SAMPLE_THREADS)\n        if (x[i] > bv)"),
          ("""    // 2) unnormalized probabilities""", """    const int per = (V + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
     const int lo = min(V, tid * per), hi = min(V, lo + per);
 
