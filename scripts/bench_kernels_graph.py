@@ -137,7 +137,7 @@ def main() -> None:
             "silu", x["gate_up"], pick("gate_up", i), act, norm=(nw, 1e-6))), 2 * 2 * I * H)
         add("matvec norm+qkv+rope", graph_us(lambda i: be._matvec_pair(
             "rope", x["qkv"], pick("qkv", i), qkv, bias=bias, db=db, norm=(nw, 1e-6))), 2 * n_qkv * H)
-        if T == 1:  # matvec_rope{,_norm}_bf16_sk (LLMRS_MATVEC_STREAMK=pair)
+        if T == 1:  # matvec_{rope,silu}{,_norm}_bf16_sk (LLMRS_MATVEC_STREAMK=pair)
             be.pair_streamk = True
             for nrm in (None, (nw, 1e-6)):
                 plan = be._pair_sk_plan(n_qkv, H, nrm is not None)
@@ -145,6 +145,11 @@ def main() -> None:
                     add(f"matvec {'norm+' if nrm else ''}qkv+rope stream-K W={plan[0]} maxc={plan[1]}",
                         graph_us(lambda i: be._matvec_pair("rope", x["qkv"], pick("qkv", i), qkv, bias=bias, db=db,
                                                            norm=nrm)), 2 * n_qkv * H)
+                plan = be._pair_sk_plan(2 * I, H, nrm is not None, "silu")
+                if plan is not None:
+                    add(f"matvec {'norm+' if nrm else ''}gate_up+silu stream-K W={plan[0]} maxc={plan[1]}",
+                        graph_us(lambda i: be._matvec_pair("silu", x["gate_up"], pick("gate_up", i), act, norm=nrm)),
+                        2 * 2 * I * H)
             be.pair_streamk = False
         h = cp.zeros((T, H), dtype=cp.float32)
         add("rms_norm", graph_us(lambda i: be._rms_norm(x["qkv"], nw, 1e-6, h)))

@@ -676,6 +676,38 @@ def test_paired_qkv_streamk_matches_the_one_warp_a_pair_kernel(rng, monkeypatch,
     report(f"matvec_rope{'_norm' if norm else ''}_bf16_sk H{hidden} heads {heads}/{kv}x{head_dim}", {"W, maxc": plan})
 
 
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("hidden,inter,few", [(3584, 18944, False), (2048, 11008, False), (1024, 300, False),
+                                              (1024, 300, True)])
+def test_paired_gate_up_streamk_matches_the_one_warp_a_pair_kernel(rng, monkeypatch, hidden, inter, few, norm):
+    """matvec_silu{,_norm}_bf16_sk (LLMRS_MATVEC_STREAMK=1 or pair: one token's gate_up pairs over the resident
+    warps, SiLU(gate) x up) against matvec_silu{,_norm}_bf16_t1 to f32 rounding: the 7B's and 3B's shapes, a small one,
+    and 4 warps for the whole matrix (`few`)."""
+    import llmrs.engine.backends.cuda as cuda_backend
+
+    if few:
+        monkeypatch.setattr(cuda_backend, "resident_blocks", lambda *a, **k: 1)
+    be = CUDABackend(cfg(8, 2, 64, hidden=hidden, inter=inter), num_blocks=1)
+    if few:
+        be.num_sms = 1
+    w_gu = be.upload(rng.standard_normal((2 * inter, hidden)).astype(np.float32) / np.sqrt(hidden))
+    g = be.upload(round_bf16(rng.standard_normal(hidden).astype(np.float32)))
+    x = cp.asarray((rng.standard_normal((1, hidden)) * 3).astype(np.float32))
+    plan = be._pair_sk_plan(2 * inter, hidden, norm, "silu")
+    assert plan is not None and (not few or plan[0] == 4)
+    outs = []
+    for sk in (False, True, True):
+        be.pair_streamk = sk
+        act = poison((1, inter))
+        be._matvec_pair("silu", x, w_gu, act, norm=(g, 1e-6) if norm else None)
+        outs.append(cp.asnumpy(act))
+    assert np.isfinite(outs[1]).all()
+    np.testing.assert_allclose(outs[1], outs[0], rtol=2e-5, atol=2e-5)
+    np.testing.assert_array_equal(outs[2], outs[1])
+    assert int(be._ws["matvec_sk_sem"].sum()) == 0
+    report(f"matvec_silu{'_norm' if norm else ''}_bf16_sk H{hidden} I{inter}", {"W, maxc": plan})
+
+
 def decode_step_each(tmp_path, arch, n_seqs, seed, settings, counted):
     """A matvec-path decode step of a tiny model (n_seqs sequences, one new token each at a random position) once
     under each of `settings` (callables configuring the backend), each from zeroed K/V caches, counting the launches

@@ -491,15 +491,16 @@ MATVEC_ROPE(2, matvec_rope_norm_bf16_t2, true)
 MATVEC_ROPE(4, matvec_rope_norm_bf16_t4, true)
 MATVEC_ROPE(8, matvec_rope_norm_bf16_t8, true)
 
-// matvec_rope_bf16_sk / matvec_rope_norm_bf16_sk: matvec_rope{,_norm}_bf16_t1's outputs (one token; q rotated in
-// place, k rotated and v written to the paged caches; _norm: the RMSNorm before qkv folded in, x * g staged in shared
-// memory as pair_norm_staged does) with the work split as matvec_bf16_sk splits it: a unit is a 256-weight step of
-// both rows of a pair, units numbered pair by pair, warp w takes [w U / Wn, (w + 1) U / Wn). One warp a pair gives the
-// 7B's qkv 2,304 warps where 2,640 fit at once, the 3B's 1,280 where 2,112 do. A pair the warp holds whole is
+// matvec_{rope,silu}{,_norm}_bf16_sk: matvec_{rope,silu}{,_norm}_bf16_t1's outputs (one token; rope: q rotated in
+// place, k rotated and v written to the paged caches; silu: SiLU(gate) x up; _norm: the RMSNorm before folded in,
+// x * g staged in shared memory as pair_norm_staged does) with the work split as matvec_bf16_sk splits it: a unit is a
+// 256-weight step of both rows of a pair, units numbered pair by pair, warp w takes [w U / Wn, (w + 1) U / Wn). One
+// warp a pair gives the 7B's qkv 2,304 warps where 2,640 fit at once, the 3B's 1,280 where 2,112 do, and gate_up
+// whole rounds or not (7B 7.2, 3B 5.2). A pair the warp holds whole is
 // finished by it; a shared pair's (a, c) partials meet in `part` [pairs][maxc] (float2) and the last of its warps to
 // count in adds them in slot order, then scales (norm), adds the bias and writes as matvec_pair_impl does. K % 256 ==
 // 0 and K >= 1024 (at most one pair finishes a group of 4 units).
-template <bool NORM>
+template <int EPI, bool NORM>
 __device__ __forceinline__ void pair_sk_impl(
     const bf16_t* __restrict__ W, const float* __restrict__ x, const float* __restrict__ g, float eps,
     const float* __restrict__ bias, float* __restrict__ qkv, int N, int K, const int* __restrict__ positions,
@@ -614,8 +615,11 @@ __device__ __forceinline__ void pair_sk_impl(
             const int h = q / half, i = q % half;
             a = a * inv + (bias ? bias[h * D + i] : 0.0f);
             c = c * inv + (bias ? bias[h * D + i + half] : 0.0f);
-            pair_rope_out(a, c, h, i, half, 0, qkv, N, positions, inv_freq, slots, k_cache, v_cache, Hq, Hkv, D,
-                          block_size);
+            if (EPI == EPI_SILU)
+                qkv[q] = silu_mul_f(a, c);  // (qkv is act [I] here)
+            else
+                pair_rope_out(a, c, h, i, half, 0, qkv, N, positions, inv_freq, slots, k_cache, v_cache, Hq, Hkv, D,
+                              block_size);
         }
     };
     for (int u = u_lo; u < u_hi; u += 4) {
@@ -643,11 +647,23 @@ __device__ __forceinline__ void pair_sk_impl(
         const int* __restrict__ positions, const float* __restrict__ inv_freq, const int* __restrict__ slots,   \
         bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache, int Hq, int Hkv, int D, int block_size,     \
         float2* __restrict__ part, int* __restrict__ sem, int Wn, int maxc) {                                   \
-        pair_sk_impl<NORM>(W, x, g, eps, bias, qkv, N, K, positions, inv_freq, slots, k_cache, v_cache, Hq, Hkv, \
-                           D, block_size, part, sem, Wn, maxc);                                                 \
+        pair_sk_impl<EPI_ROPE, NORM>(W, x, g, eps, bias, qkv, N, K, positions, inv_freq, slots, k_cache, v_cache, \
+                                     Hq, Hkv, D, block_size, part, sem, Wn, maxc);                              \
     }
 MATVEC_ROPE_SK(matvec_rope_bf16_sk, false)
 MATVEC_ROPE_SK(matvec_rope_norm_bf16_sk, true)
+// gate_up's pairs (gate row i, up row I + i): the same split with the SiLU x up epilogue into act [I]; as a "head" of
+// D = N rows (half = I: row b is I rows after row a, and the pairs never wrap), no bias, no caches
+#define MATVEC_SILU_SK(NAME, NORM)                                                                              \
+    extern "C" __global__ void __launch_bounds__(128) NAME(                                                     \
+        const bf16_t* __restrict__ W, const float* __restrict__ x, const float* __restrict__ g, float eps,      \
+        float* __restrict__ act, int N, int K, float2* __restrict__ part, int* __restrict__ sem, int Wn,       \
+        int maxc) {                                                                                             \
+        pair_sk_impl<EPI_SILU, NORM>(W, x, g, eps, nullptr, act, N, K, nullptr, nullptr, nullptr, nullptr,      \
+                                     nullptr, 0, 0, N, 0, part, sem, Wn, maxc);                                 \
+    }
+MATVEC_SILU_SK(matvec_silu_bf16_sk, false)
+MATVEC_SILU_SK(matvec_silu_norm_bf16_sk, true)
 
 // matvec_bf16_sk: matvec_bf16_t1's product (one token; bias, accumulate) with the work split evenly over the warps
 // resident at once (stream-K), for K % 256 == 0. One warp a row gives a matrix N warps, whole rounds of resident

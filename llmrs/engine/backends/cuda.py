@@ -634,16 +634,16 @@ class CUDABackend:
                                                        MATVEC_SK_MIN_UNITS)
         return plan
 
-    def _pair_sk_plan(self, N: int, K: int, norm: bool) -> tuple[int, int] | None:
-        """(W, maxc) of matvec_rope{,_norm}_bf16_sk for a qkv weight N x K: N / 2 pairs of K / 256 units, the warps
-        resident at once by the kernel's registers and (norm) its K * 4 bytes of staged x * g; None where it does
-        not apply (as `_matvec_sk_plan`)."""
+    def _pair_sk_plan(self, N: int, K: int, norm: bool, epi: str = "rope") -> tuple[int, int] | None:
+        """(W, maxc) of matvec_{rope,silu}{,_norm}_bf16_sk for a qkv / gate_up weight N x K: N / 2 pairs of K / 256
+        units, the warps resident at once by the kernel's registers and (norm) its K * 4 bytes of staged x * g; None
+        where it does not apply (as `_matvec_sk_plan`)."""
         if K % 256 or K < 1024 or N % 2 or (norm and K > NORM_STAGE_MAX_K):
             return None
-        key = ("pair", N, K, norm)
+        key = (epi, N, K, norm)
         plan = self._sk_plans.get(key, False)
         if plan is False:
-            fn = self.k.fns["matvec_rope_norm_bf16_sk" if norm else "matvec_rope_bf16_sk"]
+            fn = self.k.fns[f"matvec_{epi}_{'norm_' if norm else ''}bf16_sk"]
             resident = resident_blocks(fn, 32 * MATVEC_ROWS_PER_BLOCK, 4 * K if norm else 0, self.smem_per_sm)
             plan = self._sk_plans[key] = streamk_split(N // 2, K // 256,
                                                        resident * MATVEC_ROWS_PER_BLOCK * self.num_sms,
@@ -775,6 +775,10 @@ class CUDABackend:
         # pair_norm_staged; the same condition as there)
         smem = 4 * K if norm is not None and nt == 1 and K % 8 == 0 and K <= NORM_STAGE_MAX_K else 0
         label = ("norm+" if norm is not None else "") + ("gate_up+silu" if epi == "silu" else "qkv+rope")
+        plan = self._pair_sk_plan(N, K, norm is not None, epi) if self.pair_streamk and T == 1 else None
+        if plan is not None:  # matvec_{rope,silu}{,_norm}_bf16_sk: the (pair, step) units over the resident warps
+            self._matvec_pair_sk(epi, x, w, out, bias, db, layer, (g, eps) if norm is not None else None, plan, label)
+            return
         if epi == "silu":
             args = (w, x, g, eps, out, np.int32(N), np.int32(K), np.int32(T)) if norm is not None else (
                 w, x, out, np.int32(N), np.int32(K), np.int32(T))
@@ -782,25 +786,36 @@ class CUDABackend:
                 self.k.fns[f"matvec_silu_{tag}bf16_t{nt}"](grid, block, args, shared_mem=smem)
             return
         c = self.config
-        plan = self._pair_sk_plan(N, K, norm is not None) if self.pair_streamk and T == 1 else None
-        if plan is not None:  # matvec_rope{,_norm}_bf16_sk: the (pair, step) units over the resident warps
-            W, maxc = plan
-            part = self._buf("pair_sk_part", (N // 2 * maxc * 2,), np.float32) if maxc > 1 else NULL
-            with self._span("matvec", label, T, N, K, False, bias is not None):
-                self.k.fns[f"matvec_rope_{tag}bf16_sk"](
-                    (-(-W // MATVEC_ROWS_PER_BLOCK),), block,
-                    (w, x, g, eps, NULL if bias is None else bias, out, np.int32(N), np.int32(K), db.positions,
-                     self.inv_freq, db.slots, self.k_cache[layer], self.v_cache[layer],
-                     np.int32(c.num_attention_heads), np.int32(c.num_key_value_heads), np.int32(c.head_dim),
-                     np.int32(self.block_size), part, self._sk_sem(), np.int32(W), np.int32(maxc)),
-                    shared_mem=4 * K if norm is not None else 0)
-            return
         with self._span("matvec", label, T, N, K, False, bias is not None):
             self.k.fns[f"matvec_rope_{tag}bf16_t{nt}"](
                 grid, block, (w, x, g, eps, NULL if bias is None else bias, out, np.int32(N), np.int32(K),
                               np.int32(T), db.positions, self.inv_freq, db.slots, self.k_cache[layer],
                               self.v_cache[layer], np.int32(c.num_attention_heads), np.int32(c.num_key_value_heads),
                               np.int32(c.head_dim), np.int32(self.block_size)), shared_mem=smem)
+
+    def _matvec_pair_sk(self, epi: str, x: Any, w: Any, out: Any, bias: Any, db: DeviceBatch | None, layer: int,
+                        norm: tuple[Any, Any] | None, plan: tuple[int, int], label: str) -> None:
+        """`_matvec_pair` at one token through matvec_{rope,silu}{,_norm}_bf16_sk (`_pair_sk_plan`'s plan; norm:
+        the folded RMSNorm's (weight, eps as np.float32) or None)."""
+        N, K = w.shape
+        W, maxc = plan
+        g, eps = norm if norm is not None else (NULL, np.float32(0.0))
+        tag = "norm_" if norm is not None else ""
+        part = self._buf("pair_sk_part", (N // 2 * maxc * 2,), np.float32) if maxc > 1 else NULL
+        grid, block = (-(-W // MATVEC_ROWS_PER_BLOCK),), (32 * MATVEC_ROWS_PER_BLOCK,)
+        tail = (part, self._sk_sem(), np.int32(W), np.int32(maxc))
+        with self._span("matvec", label, 1, N, K, False, bias is not None):
+            if epi == "silu":
+                self.k.fns[f"matvec_silu_{tag}bf16_sk"](grid, block, (w, x, g, eps, out, np.int32(N), np.int32(K))
+                                                        + tail, shared_mem=4 * K if norm is not None else 0)
+                return
+            c = self.config
+            self.k.fns[f"matvec_rope_{tag}bf16_sk"](
+                grid, block, (w, x, g, eps, NULL if bias is None else bias, out, np.int32(N), np.int32(K),
+                              db.positions, self.inv_freq, db.slots, self.k_cache[layer], self.v_cache[layer],
+                              np.int32(c.num_attention_heads), np.int32(c.num_key_value_heads),
+                              np.int32(c.head_dim), np.int32(self.block_size)) + tail,
+                shared_mem=4 * K if norm is not None else 0)
 
     def _linear_quant(self, x: Any, w: DeviceQuantWeight, bias: Any | None, out: Any, accumulate: bool,
                       name: str, out_bf16: bool = False) -> None:

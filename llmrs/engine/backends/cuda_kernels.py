@@ -151,6 +151,8 @@ def resident_blocks(fn: Any, threads: int, smem: int = 0, smem_per_sm: int = 233
 
 
 MATVEC_ROWS_R = (4, 8, 16)  # matvec.cu's matvec_rows_bf16_r{R}: one token, rows up to 256 R bf16 held in registers
+# matvec.cu's stream-K paired forms (one token): qkv + RoPE and gate_up + SiLU, each with and without the folded norm
+MATVEC_PAIR_SK = [f"matvec_{e}{n}_bf16_sk" for e in ("rope", "silu") for n in ("", "_norm")]
 # file -> entry points (extern "C")
 ENTRY_POINTS: dict[str, list[str]] = {
     "embedding.cu": ["embedding_gather", "feed_tokens"],
@@ -159,7 +161,7 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "rope_kv.cu": ["rope_write_kv", "write_kv"],
     "matvec.cu": [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16", "rope_norm_bf16")
                   for nt in (1, 2, 4, 8)] + [f"matvec_rows_bf16_r{r}" for r in MATVEC_ROWS_R]
-                  + ["matvec_bf16_sk", "matvec_rope_bf16_sk", "matvec_rope_norm_bf16_sk"],
+                  + ["matvec_bf16_sk"] + MATVEC_PAIR_SK,
     "matvec_q4.cu": [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
                     + ["dequant_q4_bf16", "dequant_q8_bf16"],
     "attention.cu": ["attn_partial_d1", "attn_partial_d2", "attn_partial_d4", "attn_partial_d8", "attn_merge",
@@ -186,8 +188,7 @@ PDL_KERNELS = frozenset(
     + [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16", "rope_norm_bf16")
        for nt in (1, 2, 4, 8)]
     + [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
-    + [f"matvec_rows_bf16_r{r}" for r in MATVEC_ROWS_R] + ["matvec_bf16_sk", "matvec_rope_bf16_sk",
-                                                             "matvec_rope_norm_bf16_sk"]
+    + [f"matvec_rows_bf16_r{r}" for r in MATVEC_ROWS_R] + ["matvec_bf16_sk"] + MATVEC_PAIR_SK
     + [f"attn_partial_d{d}" for d in (1, 2, 4, 8)] + [f"attn_partial_gqa_d{d}" for d in (1, 2, 4, 8)]
     + ATTN_CLUSTER_KERNELS
     + [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)] + list(GEMM_Q4WG_KERNELS)

@@ -4,8 +4,8 @@
 # its sampling.cu saved here as sampling_coalesced.cu: bench_sample.py compiles both and compares their tokens):
 #   matvec_bf16_sk (LLMRS_MATVEC_STREAMK=plain or 1, backend.matvec_streamk): one token's o / down with the row-major
 #     units of 256 weights split evenly over the 4,224 resident warps (the 7B's o / down are 3,584 warps, one a row);
-#   matvec_rope{,_norm}_bf16_sk (LLMRS_MATVEC_STREAMK=pair or 1, backend.pair_streamk): one token's qkv pairs the
-#     same way (the 7B's qkv is 2,304 warps where 2,640 fit, the 3B's 1,280 where 2,112 do);
+#   matvec_{rope,silu}{,_norm}_bf16_sk (LLMRS_MATVEC_STREAMK=pair or 1, backend.pair_streamk): one token's qkv and
+#     gate_up pairs the same way (the 7B's qkv is 2,304 warps where 2,640 fit, the 3B's 1,280 where 2,112 do);
 #   gemv_q4*_sk_c4 (LLMRS_Q4_GEMV_STREAMK=1, backend.q4_streamk): AWQ G128 at T <= 8, (tile, 4 k32 blocks) units
 #     split evenly over the 2,112 resident warps (the 7B's gate_up is 2.24 rounds of blocks, qkv / down 0.82 / 0.85).
 #   attn_cluster*_g4_w16 (LLMRS_ATTN_CLUSTER_WARPS=16, backend.attn_cluster_warps): the decode attention's 4-head
@@ -38,7 +38,8 @@ timeout 120 python3 reports/h200-qwen2.5/session21/bench_sample.py 2>&1 | tee $R
 step "graphed kernels: bf16 o / down"
 for p in qwen2.5-7b qwen2.5-3b; do
   timeout 150 python3 scripts/bench_kernels_graph.py --like $p --context 512 --json $R/kg-$p.json > $R/kg-$p.log 2>&1
-  echo "--- $p"; grep -E "^matvec (o|down|qkv\+rope|norm\+qkv\+rope)|backend's choice for (o|down)" $R/kg-$p.log
+  echo "--- $p"; grep -E "^matvec (o|down|qkv\+rope|norm\+qkv\+rope|gate_up\+silu|norm\+gate_up\+silu)|backend's choice for (o|down)" \
+    $R/kg-$p.log
 done
 step "graphed kernels: 4-bit GEMV"
 for p in qwen2.5-7b:1 qwen2.5-3b:1 qwen2.5-7b:4; do

@@ -2,7 +2,8 @@
 # For the next lease (written in session 21, not run), after call1.sh (its GPU tests green). One call, carry .whl,
 # ~8 min: the session's switches off / on in one process each (best of 3, `scripts/ablate_decode.py` set:), 7B and 3B
 # bf16 (matvec_streamk: o / down; pair_streamk: qkv; attn_cluster_warps=16; all three), 7B and 3B AWQ (q4_streamk);
-# then `llmrs synth --decode-bench`, 7B bf16 (LLMRS_MATVEC_STREAMK=1) and 7B AWQ (LLMRS_Q4_GEMV_STREAMK=1), on / off.
+# then `llmrs synth --decode-bench`, 7B bf16 (LLMRS_MATVEC_STREAMK=1) and 7B AWQ (LLMRS_Q4_GEMV_STREAMK=1), on / off,
+# and 7B AWQ with every shape on the stream-K GEMV (LLMRS_Q4_GEMV_K_PER_N=0: o leaves matvec_q4).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 . scripts/gpu_lib.sh
@@ -28,5 +29,10 @@ for p in qwen2.5-7b:LLMRS_MATVEC_STREAMK qwen2.5-7b:awq:LLMRS_Q4_GEMV_STREAMK; d
     python3 -c "import json; d=json.load(open('$R/decode-$m$q-$on.json')); print('$m $q $v=$on', d['ms_per_token'], 'ms/token')"
   done
 done
+# every 4-bit shape on the GEMV at one token (o too, which takes matvec_q4's row form by default), in stream-K form
+LLMRS_Q4_GEMV_K_PER_N=0 LLMRS_Q4_GEMV_STREAMK=1 timeout 100 python3 -m llmrs synth --like qwen2.5-7b --quant awq \
+  --decode-bench --bandwidth-gbs 4296 --prompt-len 256 --steps 256 --json $R/decode-awq-all-gemv-sk.json \
+  > $R/decode-awq-all-gemv-sk.log 2>&1
+python3 -c "import json; d=json.load(open('$R/decode-awq-all-gemv-sk.json')); print('7B awq, every shape on the stream-K GEMV', d['ms_per_token'], 'ms/token')"
 } 2>&1 | tee $OUT/summary.txt
 tar czf $OUT/results.tgz -C $R .
