@@ -64,6 +64,21 @@ def ablate(backend, parts: set[str]) -> None:
         backend._rms_norm = rms_norm
 
 
+class recording:
+    """A kernel that adds its name to `names` at each launch (the graphs are captured through it); its other
+    attributes (num_regs, ...) are the kernel's."""
+
+    def __init__(self, fn, name: str, names: set[str]):
+        self.fn, self.name, self.names = fn, name, names
+
+    def __call__(self, *args, **kwargs):
+        self.names.add(self.name)
+        return self.fn(*args, **kwargs)
+
+    def __getattr__(self, attr: str):
+        return getattr(self.fn, attr)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--like", required=True)
@@ -101,6 +116,7 @@ def main() -> int:
             ap.error(f"unknown part(s) {sorted(bad)} in {v!r}; parts: {', '.join(PARTS)}")
         variants.append((v, parts, attrs))
     res: dict[str, list[float]] = {v[0]: [] for v in variants}
+    launched: dict[str, set[str]] = {}  # the kernels each variant's step launched (round 1): a set: switch took effect
     tag = a.like + (" " + a.quant if a.quant else "")
     for r in range(a.rounds):
         for label, parts, attrs in variants:
@@ -110,11 +126,21 @@ def main() -> int:
             for k, val in attrs.items():
                 setattr(backend, k, val)
             backend.graphs.graphs.clear()
-            t = run_ahead_intervals(ss.model, backend, ss.state, a.prompt_len, ss.table, ss.bs, warmup, a.steps)
+            fns = dict(backend.k.fns)
+            if r == 0:
+                names = launched.setdefault(label, set())
+                backend.k.fns.update({n: recording(fn, n, names) for n, fn in fns.items()})
+            try:
+                t = run_ahead_intervals(ss.model, backend, ss.state, a.prompt_len, ss.table, ss.bs, warmup, a.steps)
+            finally:
+                backend.k.fns.update(fns)
             for k, val in saved.items():
                 setattr(backend, k, val)
             res[label].append(round(1000 * float(np.median(t)), 4))
             print(f"{tag} round {r + 1} {label:>28}: {res[label][-1]:.4f} ms/token", flush=True)
+            if r == 0 and label != variants[0][0]:
+                base = launched[variants[0][0]]
+                print(f"{'':>28}  kernels: +{sorted(launched[label] - base)} -{sorted(base - launched[label])}")
     full = min(res[variants[0][0]])
     L = c.num_hidden_layers
     print(f"--- {tag}: best of {a.rounds}, and what leaving the parts out saves ({L} layers)")
@@ -124,7 +150,8 @@ def main() -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"preset": a.like, "quant": a.quant, "prompt_len": a.prompt_len, "steps": a.steps,
-                       "time": time.strftime("%Y-%m-%d %H:%M:%S"), "ms_per_token": res}, f, indent=1)
+                       "time": time.strftime("%Y-%m-%d %H:%M:%S"), "ms_per_token": res,
+                       "kernels": {k: sorted(v) for k, v in launched.items()}}, f, indent=1)
     return 0
 
 

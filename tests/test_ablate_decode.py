@@ -92,3 +92,20 @@ def test_the_patched_methods_exist_on_the_cuda_backend_with_these_parameters():
         real = list(inspect.signature(getattr(CUDABackend, name)).parameters)
         assert real == list(inspect.signature(getattr(Backend, name)).parameters), name
     assert set(ablate_decode.PARTS) == {"norm", "attn", "o", "qkv", "mlp", "head"}
+
+
+def test_recording_kernels_name_each_launch_and_keep_their_attributes():
+    """The kernel wrapper behind each variant's "kernels: +[...] -[...]" line (a set: switch that took effect shows
+    there): a launch adds the name, and the kernel's own attributes (num_regs: the stream-K plans read it) pass
+    through."""
+    class Kernel:
+        num_regs = 64
+
+        def __call__(self, grid, block, args, shared_mem=0):
+            return ("launched", grid, shared_mem)
+
+    names: set[str] = set()
+    k = ablate_decode.recording(Kernel(), "matvec_bf16_sk", names)
+    assert k.num_regs == 64 and not names
+    assert k((4,), (128,), (), shared_mem=16) == ("launched", (4,), 16)
+    assert names == {"matvec_bf16_sk"}

@@ -15,10 +15,10 @@ for p in qwen2.5-7b qwen2.5-3b; do
   timeout 200 python3 scripts/ablate_decode.py --like $p --rounds 3 \
     --variants "full/set:matvec_streamk=True/set:pair_streamk=True/set:attn_cluster_warps=16/set:matvec_streamk=True,pair_streamk=True,attn_cluster_warps=16" \
     --json $R/ab-$p.json > $R/ab-$p.log 2>&1
-  tail -6 $R/ab-$p.log
+  tail -6 $R/ab-$p.log; grep -B1 "kernels:" $R/ab-$p.log | grep -v "^--" | sed 's/^qwen.*round 1 *//' 
   timeout 150 python3 scripts/ablate_decode.py --like $p --quant awq --rounds 3 \
     --variants "full/set:q4_streamk=True" --json $R/ab-$p-awq.json > $R/ab-$p-awq.log 2>&1
-  tail -3 $R/ab-$p-awq.log
+  tail -3 $R/ab-$p-awq.log; grep "kernels:" $R/ab-$p-awq.log
 done
 step "decode bench, one run each"
 for p in qwen2.5-7b:LLMRS_MATVEC_STREAMK qwen2.5-7b:awq:LLMRS_Q4_GEMV_STREAMK; do
