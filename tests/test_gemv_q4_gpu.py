@@ -25,8 +25,8 @@ pytestmark = pytest.mark.gpu
 
 from llmrs.engine.backends.cuda import NULL, round_bf16  # noqa: E402
 from llmrs.engine.backends import cuda_q4gemm  # noqa: E402
-from llmrs.engine.backends.cuda_q4gemm import (gemv_q4, gemv_splits, gemv_streamk_plan, gemv_streamk_takes,  # noqa: E402
-                                               gemv_takes, linear_q4, to_marlin)
+from llmrs.engine.backends.cuda_q4gemm import (  # noqa: E402
+    gemv_q4, gemv_splits, gemv_streamk_plan, gemv_streamk_takes, gemv_takes, linear_q4, to_marlin)
 from llmrs.engine.weights import bf16_to_f32  # noqa: E402
 from tests.test_quant_marlin import make_weight  # noqa: E402
 
@@ -88,21 +88,23 @@ def test_gemv_q4_repeats_bit_exactly_and_resets_its_counters(backend):
 
 
 @pytest.mark.parametrize("warps_per_sm,min_units", [(16, 2), (1, 1), (64, 1)])
-@pytest.mark.parametrize("kind,N,K", [("awq", 4608, 3584), ("q4_1", 1216, 1152), ("awq", 128, 18944)])
-def test_gemv_q4_streamk_matches_numpy_whatever_the_warps(backend, monkeypatch, kind, N, K, warps_per_sm,
+@pytest.mark.parametrize("kind,N,K,G", [("awq", 4608, 3584, 128), ("q4_1", 1216, 1152, 128), ("awq", 128, 18944, 128),
+                                        ("q4_0", 3584, 2048, 32), ("q4_1", 1216, 1152, 32)])
+def test_gemv_q4_streamk_matches_numpy_whatever_the_warps(backend, monkeypatch, kind, N, K, G, warps_per_sm,
                                                            min_units):
     """The stream-K form over plans of every kind: tiles shared by up to maxc warps, warps holding several whole
-    tiles (1 warp an SM), one unit a warp (64 an SM, at most one unit each); T = 1..8, bias and accumulate."""
+    tiles (1 warp an SM), one unit a warp (64 an SM, at most one unit each); G 128 and 32 (a tile of K 1152: 9 units,
+    odd segments); T = 1..8, bias and accumulate."""
     monkeypatch.setattr(cuda_q4gemm, "GEMV_SK_WARPS_PER_SM", warps_per_sm)
     monkeypatch.setattr(cuda_q4gemm, "GEMV_SK_MIN_UNITS", min_units)
-    rng = np.random.default_rng(N + K + warps_per_sm)
-    w = make_weight(kind, N, K, 128, rng)
+    rng = np.random.default_rng(N + K + G + warps_per_sm)
+    w = make_weight(kind, N, K, G, rng)
     mw = to_marlin(backend, backend.upload_quantized(w))
     wref = w.dequantize().astype(np.float64)
     plan = gemv_streamk_plan(backend, N, K)
     assert plan is not None
     for T in range(1, 9):
-        assert gemv_streamk_takes(backend, T, N, K, 128)
+        assert gemv_streamk_takes(backend, T, N, K, G)
         accumulate, with_bias = T % 2 == 1, T % 3 != 1
         x = rng.standard_normal((T, K)).astype(np.float32)
         bias = rng.standard_normal(N).astype(np.float32) if with_bias else None
@@ -118,7 +120,7 @@ def test_gemv_q4_streamk_matches_numpy_whatever_the_warps(backend, monkeypatch, 
         assert rel_err(got, ref) < TOL, (kind, N, K, T, plan, rel_err(got, ref))
         assert bool(cp.isnan(buf[T * N:]).all()), "wrote past the output"
     assert int(backend._ws["gemv_q4_sem"].sum()) == 0
-    report(f"gemv_q4 stream-K {kind} N{N} K{K} warps/SM {warps_per_sm}", {"W, maxc": plan})
+    report(f"gemv_q4 stream-K {kind} G{G} N{N} K{K} warps/SM {warps_per_sm}", {"W, maxc": plan})
 
 
 def test_gemv_q4_streamk_repeats_bit_exactly(backend):

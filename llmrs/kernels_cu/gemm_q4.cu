@@ -1165,7 +1165,7 @@ GEMV_Q4(gemv_q4z_t16_c1, 0, 2, 3, 1)
 GEMV_Q4(gemv_q4m_t16_c1, 1, 2, 3, 1)
 
 // ---------------------------------------------------------------------- the decode GEMV, stream-K
-// gemv_q4{z,m}_sk_c{CPG}: gemv_q4's product (T <= 8 tokens, a group size fixed at compile time, K % 128 == 0) with
+// gemv_q4{z,m}_sk_c{CPG}: gemv_q4's product (T <= 8 tokens, G 32 or 128 fixed at compile time, K % 128 == 0) with
 // the work split evenly over W warps, the ones that are resident at once (the host's GEMV_BLOCKS_PER_SM blocks of
 // GV_WARPS an SM), instead of a tile's K over a block's warps and S slices. Why: with a tile's K split over the
 // warps of a block, the grid is tiles x S blocks, whole rounds of resident blocks or not: the 7B's gate_up is 1,184
@@ -1203,8 +1203,7 @@ __device__ __forceinline__ void gemv_q4_sk_impl(const uint4* __restrict__ Bq, co
     int nb = u_lo / UPT;  // the tile
     const int ut = u_lo - nb * UPT;  // the first unit's place in it
     const bool live = g < T;
-    const float* x0 = x + (size_t)(live ? g : 0) * K + 2 * t;
-    const float* xr = x0 + ut * (32 * GV_DEPTH);
+    const float* xr = x + (size_t)(live ? g : 0) * K + 2 * t + ut * (32 * GV_DEPTH);
     const uint4* wn = wp + 32 * GV_DEPTH;
     float c[1][2][4], cx[1][4], acc[1][2][4];
 #pragma unroll
@@ -1212,13 +1211,12 @@ __device__ __forceinline__ void gemv_q4_sk_impl(const uint4* __restrict__ Bq, co
     // scale words a group ahead, as gemv_q4_impl: group i of the warp in sw[i & 1]; the prefetch pointer walks
     // (tile, group) on its own: + N a group, to the next tile's group 0 after its last
     const int g_end = (u_hi - u_lo) * GPU_;  // the warp's groups
-    const unsigned* szb = SZ + g;
     int pt = nb, pg = ut * GPU_;  // the prefetch pointer's tile and group
-    const unsigned* spf = szb + (size_t)pg * N + pt * 32;
+    const unsigned* spf = SZ + g + (size_t)pg * N + pt * 32;
     auto next_group = [&]() {
         if (++pg == GPT) {
             pg = 0;
-            spf = szb + ++pt * 32;
+            spf = SZ + g + ++pt * 32;
         } else {
             spf += N;
         }
@@ -1230,14 +1228,15 @@ __device__ __forceinline__ void gemv_q4_sk_impl(const uint4* __restrict__ Bq, co
 #pragma unroll
     for (int e = 0; e < 4; ++e) sw[1][e] = g_end > 1 ? __ldg(spf + 8 * e) : 0u;
     next_group();
-    int gi = 0;  // the warp's groups flushed
+    int gleft = g_end - 2;  // the warp's groups not yet loaded into sw
 
     // the tile's sums out: written whole, or as a partial that the tile's last warp adds up
     auto emit = [&]() {
         // the tile's first and last warps: warp v holds unit f for v = ceil((f + 1) W / U) - 1 (32-bit: U W < 2^32
         // up to N x K = 2^38 at 2,112 warps)
         const unsigned f0 = (unsigned)nb * UPT, f1 = f0 + UPT - 1;
-        const int wf = (int)(((f0 + 1) * (unsigned)W - 1) / (unsigned)U), wl = (int)(((f1 + 1) * (unsigned)W - 1) / (unsigned)U);
+        const int wf = (int)(((f0 + 1) * (unsigned)W - 1) / (unsigned)U),
+                  wl = (int)(((f1 + 1) * (unsigned)W - 1) / (unsigned)U);
         const int n0 = nb * 32;
         if (wf == wl) {
 #pragma unroll
@@ -1293,7 +1292,7 @@ __device__ __forceinline__ void gemv_q4_sk_impl(const uint4* __restrict__ Bq, co
         for (int d = 0; d < GV_DEPTH; ++d) xb[d][0] = gemv_xb(xr + 32 * d, live);
         xr += 32 * GV_DEPTH;
 #pragma unroll
-        for (int d = 0; d < GV_DEPTH; ++d) qn[d] = ldg_stream(u + 1 < u_hi ? wn + 32 * d : wp);
+        for (int d = 0; d < GV_DEPTH; ++d) qn[d] = ldg_stream(wn + (u + 1 < u_hi ? 32 * d : 32 * (d - GV_DEPTH)));
         wn += 32 * GV_DEPTH;
 #pragma unroll
         for (int d = 0; d < GV_DEPTH; ++d) {
@@ -1301,8 +1300,7 @@ __device__ __forceinline__ void gemv_q4_sk_impl(const uint4* __restrict__ Bq, co
             if ((d + 1) % CPG == 0) {
                 const int b = (half * GV_DEPTH + d) / CPG & 1;
                 gemv_flush<MODE, 1, false>(sw[b], c, cx, acc);
-                ++gi;
-                const bool more = gi + 1 < g_end;
+                const bool more = gleft-- > 0;
 #pragma unroll
                 for (int e = 0; e < 4; ++e) sw[b][e] = more ? __ldg(spf + 8 * e) : 0u;
                 next_group();
@@ -1328,7 +1326,7 @@ __device__ __forceinline__ void gemv_q4_sk_impl(const uint4* __restrict__ Bq, co
         emit();
         if (u >= u_hi) break;
         ++nb;
-        xr = x0;
+        xr -= K;  // (a segment that is not the warp's last ends at its tile's end: x back to the tile's start)
         if (odd) {
 #pragma unroll
             for (int d = 0; d < GV_DEPTH; ++d) qa[d] = qb[d];
@@ -1351,7 +1349,9 @@ __device__ __forceinline__ void gemv_q4_sk_impl(const uint4* __restrict__ Bq, co
              int* __restrict__ sem, int T, int N, int K, int accumulate, int W, int maxc) {                       \
         gemv_q4_sk_impl<MODE, CPG>(Bq, SZ, x, bias, out, part, sem, T, N, K, accumulate, W, maxc);               \
     }
-// group 128 (AWQ) only: the group-32 form (GGUF Q4_0 / Q4_1, a flush and a scale prefetch a k32 block) spilled
-// 4-8 bytes at 128 registers on every architecture (ptx-check), so those keep gemv_q4's K slices
-GEMV_Q4_SK(gemv_q4z_sk_c4, 0, 4)
+// (the group-32 forms spilled 4-8 bytes at 128 registers until x, the dummy loads' address and the scale pointer
+// stopped keeping their own bases: ptx-check)
+GEMV_Q4_SK(gemv_q4z_sk_c4, 0, 4)  // group 128 (AWQ)
 GEMV_Q4_SK(gemv_q4m_sk_c4, 1, 4)
+GEMV_Q4_SK(gemv_q4z_sk_c1, 0, 1)  // group 32 (GGUF Q4_0, Q4_1)
+GEMV_Q4_SK(gemv_q4m_sk_c1, 1, 1)

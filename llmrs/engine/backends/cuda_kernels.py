@@ -117,7 +117,7 @@ ATTN_CLUSTER_KERNELS = [f"attn_cluster{cl}_d{d}" for d, sizes in ((4, (4, 8, 16)
 
 # gemv_q4's forms with the group size fixed at compile time (gemm_q4.cu's CPG: k32 blocks a group; G 32 and 128)
 GEMV_CPG = (1, 4)
-GEMV_SK_CPG = (4,)  # and of its stream-K form (gemv_q4{z,m}_sk_c{CPG}: G 128)
+GEMV_SK_CPG = (1, 4)  # and of its stream-K form (gemv_q4{z,m}_sk_c{CPG})
 
 STREAMK_SEM_ROWS = 1 << 18  # the stream-K kernels' counters (a row / tile each): the plans refuse more rows
 
