@@ -15,6 +15,7 @@ def sim(N, K, W, CPG=4, DEPTH=4):
         u_lo, u_hi = w * U // W, (w + 1) * U // W
         if u_hi <= u_lo: continue
         nb = u_lo // UPT; ut = u_lo - nb * UPT
+        xr = ut * DEPTH  # x's k32 block (the kernel's xr, in k32 blocks from the token's row start)
         pt, pg = nb, ut * GPU_
         def nxt():
             nonlocal pt, pg
@@ -28,8 +29,10 @@ def sim(N, K, W, CPG=4, DEPTH=4):
         qa = ('code', u_lo); qb = None
         acc = []
         def unit(q, which, u, half):
-            nonlocal gi, qa, qb
+            nonlocal gi, qa, qb, xr
             assert q == ('code', u), (q, u)
+            assert xr == (u % UPT) * DEPTH, (w, u, xr)  # x at the unit's place in its tile
+            xr += DEPTH
             nq = ('code', u + 1) if u + 1 < u_hi else ('code', u_lo)
             if which == 'a': qb = nq
             else: qa = nq
@@ -55,6 +58,7 @@ def sim(N, K, W, CPG=4, DEPTH=4):
             emitted.setdefault(nb, []).append((w, tuple(acc))); acc = []
             if u >= u_hi: break
             nb += 1
+            xr -= UPT * DEPTH  # (the kernel's xr -= K)
             if odd:
                 qa = qb
                 if GPU_ & 1: sw[0], sw[1] = sw[1], sw[0]
