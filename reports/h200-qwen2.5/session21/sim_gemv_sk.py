@@ -25,11 +25,11 @@ def sim(N, K, W, CPG=4, DEPTH=4):
         sw = [None, None]
         sw[0] = (pt, pg); nxt()
         sw[1] = (pt, pg) if g_end > 1 else None; nxt()
-        gi = 0
+        gleft = g_end - 2  # the kernel's groups not yet loaded into sw
         qa = ('code', u_lo); qb = None
         acc = []
         def unit(q, which, u, half):
-            nonlocal gi, qa, qb, xr
+            nonlocal gleft, qa, qb, xr
             assert q == ('code', u), (q, u)
             assert xr == (u % UPT) * DEPTH, (w, u, xr)  # x at the unit's place in its tile
             xr += DEPTH
@@ -43,8 +43,9 @@ def sim(N, K, W, CPG=4, DEPTH=4):
                     grp = (kb0 * DEPTH + d) // CPG
                     assert sw[b] == (tile, grp), (w, u, d, sw[b], (tile, grp))
                     acc.append((tile, grp))
-                    gi += 1
-                    sw[b] = (pt, pg) if gi + 1 < g_end else None
+                    more = gleft > 0
+                    gleft -= 1
+                    sw[b] = (pt, pg) if more else None
                     nxt()
         u = u_lo
         while True:
