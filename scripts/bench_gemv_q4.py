@@ -141,7 +141,7 @@ def main() -> None:
             if not q4.gemv_streamk_takes(be, T, N, K, 128):
                 continue
             W, maxc = q4.gemv_streamk_plan(be, N, K)
-            us = add(f"gemv_q4 stream-K {wps}/SM", graph_us(
+            us = add(f"gemv_q4 stream-K {wps}/SM min {mu or 2}", graph_us(
                 lambda dw: gemv_q4(be, x, dw.marlin, None, out, streamk=True)), f"W{W}/c{maxc}", -(-W // 4))
             per_shape[f"sk {cfg}"] = us
         q4.GEMV_SK_WARPS_PER_SM, q4.GEMV_SK_MIN_UNITS = sk_default
