@@ -46,14 +46,14 @@ def main() -> None:
     import cupy as cp
     import numpy as np
 
-    from llmrs.engine.backends.cuda import round_bf16
     from llmrs.engine.backends import cuda_q4gemm as q4
+    from llmrs.engine.backends.cuda import round_bf16
     from llmrs.engine.backends.cuda_q4gemm import GEMV_BLOCKS_PER_SM, gemv_q4, gemv_splits, gemv_takes
-
-    sk_default = (q4.GEMV_SK_WARPS_PER_SM, q4.GEMV_SK_MIN_UNITS)
     from tests.cuda_helpers import graph_us as graph_time_us
     from tests.cuda_helpers import tiny_backend
     from tests.test_quant_marlin import make_weight
+
+    sk_default = (q4.GEMV_SK_WARPS_PER_SM, q4.GEMV_SK_MIN_UNITS)
 
     be = tiny_backend()
     from llmrs.engine.backends.cuda_kernels import ENTRY_POINTS, OPTIONS, kernel_source

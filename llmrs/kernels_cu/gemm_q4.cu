@@ -1231,27 +1231,23 @@ __device__ __forceinline__ void gemv_q4_sk_impl(const uint4* __restrict__ Bq, co
     int gleft = g_end - 2;  // the warp's groups not yet loaded into sw
 
     // the tile's sums out: written whole, or as a partial that the tile's last warp adds up
+    auto put = [&](int m, int n, float v) {  // (token m, column n): + bias, = or += (accumulate)
+        const float o = v + (bias ? bias[n] : 0.0f);
+        float* dst = out + (size_t)m * N + n;
+        *dst = accumulate ? *dst + o : o;
+    };
     auto emit = [&]() {
-        // the tile's first and last warps: warp v holds unit f for v = ceil((f + 1) W / U) - 1 (32-bit: U W < 2^32
-        // up to N x K = 2^38 at 2,112 warps)
-        const unsigned f0 = (unsigned)nb * UPT, f1 = f0 + UPT - 1;
-        const int wf = (int)(((f0 + 1) * (unsigned)W - 1) / (unsigned)U),
-                  wl = (int)(((f1 + 1) * (unsigned)W - 1) / (unsigned)U);
+        const unsigned f0 = (unsigned)nb * UPT;  // the tile's first and last warps
+        const int wf = sk_warp_of(f0, W, U), n = sk_warp_of(f0 + UPT - 1, W, U) - wf + 1;
         const int n0 = nb * 32;
-        if (wf == wl) {
+        if (n == 1) {
 #pragma unroll
             for (int j = 0; j < 2; ++j)
 #pragma unroll
                 for (int r = 0; r < 2; ++r)
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int m = 2 * t + h, n = n0 + 16 * j + 8 * r + g;
-                        if (m < T) {
-                            const float o = acc[0][j][2 * r + h] + (bias ? bias[n] : 0.0f);
-                            float* dst = out + (size_t)m * N + n;
-                            *dst = accumulate ? *dst + o : o;
-                        }
-                    }
+                    for (int h = 0; h < 2; ++h)
+                        if (2 * t + h < T) put(2 * t + h, n0 + 16 * j + 8 * r + g, acc[0][j][2 * r + h]);
         } else {
             float* pp = part + ((size_t)nb * maxc + (w - wf)) * T * 32;
 #pragma unroll
@@ -1261,23 +1257,14 @@ __device__ __forceinline__ void gemv_q4_sk_impl(const uint4* __restrict__ Bq, co
 #pragma unroll
                     for (int h = 0; h < 2; ++h)
                         if (2 * t + h < T) pp[(2 * t + h) * 32 + 16 * j + 8 * r + g] = acc[0][j][2 * r + h];
-            __threadfence();  // the partial, visible before the count below says so
-            __syncwarp();
-            int last = 0;
-            if (lane == 0) last = atomicAdd(sem + nb, 1) == wl - wf;
-            if (__shfl_sync(0xffffffffu, last, 0)) {
-                __threadfence();
+            if (sk_last_in(sem + nb, n)) {
                 const float* ps = part + (size_t)nb * maxc * T * 32 + lane;
-                const int n = n0 + lane;
                 for (int m = 0; m < T; ++m) {
                     float v = 0.0f;
-                    #pragma unroll 1  // (cold: once a shared row / tile)
-                    for (int s = 0; s <= wl - wf; ++s) v += __ldcg(ps + ((size_t)s * T + m) * 32);
-                    const float o = v + (bias ? bias[n] : 0.0f);
-                    float* dst = out + (size_t)m * N + n;
-                    *dst = accumulate ? *dst + o : o;
+#pragma unroll 1  // (cold: once a shared tile)
+                    for (int s = 0; s < n; ++s) v += __ldcg(ps + ((size_t)s * T + m) * 32);
+                    put(m, n0 + lane, v);
                 }
-                if (lane == 0) sem[nb] = 0;  // ready for the next launch (stream order)
             }
         }
 #pragma unroll

@@ -589,26 +589,19 @@ __device__ __forceinline__ void pair_sk_impl(
         a = warp_sum(a);
         c = warp_sum(c);
         const unsigned f0 = (unsigned)q * SPR, f1 = f0 + SPR - 1;
-        if (f0 < (unsigned)u_lo || f1 >= (unsigned)u_hi) {
-            const int wf = (int)(((f0 + 1) * (unsigned)Wn - 1) / U), wl = (int)(((f1 + 1) * (unsigned)Wn - 1) / U);
+        if (f0 < (unsigned)u_lo || f1 >= (unsigned)u_hi) {  // shared: the pair's first and last warps
+            const int wf = sk_warp_of(f0, Wn, U), n = sk_warp_of(f1, Wn, U) - wf + 1;
             float2* ps = part + (size_t)q * maxc;
-            int last = 0;
+            if (lane == 0) ps[w - wf] = make_float2(a, c);
+            if (!sk_last_in(sem + q, n)) return;
             if (lane == 0) {
-                ps[w - wf] = make_float2(a, c);
-                __threadfence();  // the partial, visible before the count below says so
-                last = atomicAdd(sem + q, 1) == wl - wf;
-            }
-            if (!__shfl_sync(0xffffffffu, last, 0)) return;
-            if (lane == 0) {
-                __threadfence();
                 a = c = 0.0f;
 #pragma unroll 1  // (cold: once a shared pair)
-                for (int s = 0; s <= wl - wf; ++s) {
+                for (int s = 0; s < n; ++s) {
                     const float2 v = __ldcg(ps + s);
                     a += v.x;
                     c += v.y;
                 }
-                sem[q] = 0;  // ready for the next launch (stream order)
             }
         }
         if (lane == 0) {
@@ -702,21 +695,14 @@ extern "C" __global__ void __launch_bounds__(128, 8)
         v = warp_sum(v);
         const unsigned f0 = (unsigned)r * SPR, f1 = f0 + SPR - 1;
         if (f0 < (unsigned)u_lo || f1 >= (unsigned)u_hi) {  // shared: the row's first and last warps
-            const int wf = (int)(((f0 + 1) * (unsigned)Wn - 1) / U), wl = (int)(((f1 + 1) * (unsigned)Wn - 1) / U);
+            const int wf = sk_warp_of(f0, Wn, U), n = sk_warp_of(f1, Wn, U) - wf + 1;
             float* ps = part + (size_t)r * maxc;
-            int last = 0;
+            if (lane == 0) ps[w - wf] = v;
+            if (!sk_last_in(sem + r, n)) return;
             if (lane == 0) {
-                ps[w - wf] = v;
-                __threadfence();  // the partial, visible before the count below says so
-                last = atomicAdd(sem + r, 1) == wl - wf;
-            }
-            if (!__shfl_sync(0xffffffffu, last, 0)) return;
-            if (lane == 0) {
-                __threadfence();
                 v = 0.0f;
-                #pragma unroll 1  // (cold: once a shared row / tile)
-                for (int s = 0; s <= wl - wf; ++s) v += __ldcg(ps + s);
-                sem[r] = 0;  // ready for the next launch (stream order)
+#pragma unroll 1  // (cold: once a shared row)
+                for (int s = 0; s < n; ++s) v += __ldcg(ps + s);
             }
         }
         if (lane == 0) {

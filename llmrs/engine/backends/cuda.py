@@ -391,7 +391,7 @@ class CUDABackend:
         self._handle = cp.cuda.device.get_cublas_handle()
         self._set_cublas_workspace()
         self._ws: dict[str, Any] = {}
-        self._sk_plans: dict[tuple[int, int], tuple[int, int] | None] = {}  # `_matvec_sk_plan`'s, per shape
+        self._sk_plans: dict[tuple[str, int, int], tuple[int, int] | None] = {}  # `_sk_plan`'s, per kernel, shape
         self._views: dict[tuple, tuple[Any, Any]] = {}  # (name, shape, dtype) -> (buffer, view of it): `_buf`
         self._pin: dict[str, np.ndarray] = {}
         self._staged: dict[str, tuple[int, list[Any]]] = {}  # name -> (last half used, its copies' events)
@@ -621,48 +621,45 @@ class CUDABackend:
         return self.long_k_splits or splits_by_warps(N)
 
     def _matvec_sk_plan(self, N: int, K: int) -> tuple[int, int] | None:
-        """(W, maxc) of matvec_bf16_sk for an N x K weight (cuda_kernels.streamk_split: units of 256 weights, at
-        least MATVEC_SK_MIN_UNITS a warp, the warps resident at once by the kernel's registers), or None where it
+        """(W, maxc) of matvec_bf16_sk for an N x K weight (N rows of K / 256 units; `_sk_plan`), or None where it
         does not apply (K % 256, K < 1024: the kernel finishes at most one row a group of 4 units)."""
         if K % 256 or K < 1024:
             return None
-        key = (N, K)
-        plan = self._sk_plans.get(key, False)
-        if plan is False:
-            resident = resident_blocks(self.k.fns["matvec_bf16_sk"], 32 * MATVEC_ROWS_PER_BLOCK)
-            plan = self._sk_plans[key] = streamk_split(N, K // 256, resident * MATVEC_ROWS_PER_BLOCK * self.num_sms,
-                                                       MATVEC_SK_MIN_UNITS)
-        return plan
+        return self._sk_plan("matvec_bf16_sk", N, K)
 
     def _pair_sk_plan(self, N: int, K: int, norm: bool, epi: str = "rope") -> tuple[int, int] | None:
-        """(W, maxc) of matvec_{rope,silu}{,_norm}_bf16_sk for a qkv / gate_up weight N x K: N / 2 pairs of K / 256
-        units, the warps resident at once by the kernel's registers and (norm) its K * 4 bytes of staged x * g; None
-        where it does not apply (as `_matvec_sk_plan`)."""
+        """(W, maxc) of matvec_{rope,silu}{,_norm}_bf16_sk for a qkv / gate_up weight N x K (N / 2 pairs of K / 256
+        units, and with the norm K * 4 bytes of staged x * g a block; `_sk_plan`), or None where it does not apply
+        (as `_matvec_sk_plan`)."""
         if K % 256 or K < 1024 or N % 2 or (norm and K > NORM_STAGE_MAX_K):
             return None
-        key = (epi, N, K, norm)
-        plan = self._sk_plans.get(key, False)
-        if plan is False:
-            fn = self.k.fns[f"matvec_{epi}_{'norm_' if norm else ''}bf16_sk"]
-            resident = resident_blocks(fn, 32 * MATVEC_ROWS_PER_BLOCK, 4 * K if norm else 0, self.smem_per_sm)
-            plan = self._sk_plans[key] = streamk_split(N // 2, K // 256,
-                                                       resident * MATVEC_ROWS_PER_BLOCK * self.num_sms,
-                                                       MATVEC_SK_MIN_UNITS)
-        return plan
+        return self._sk_plan(f"matvec_{epi}_{'norm_' if norm else ''}bf16_sk", N // 2, K, 4 * K if norm else 0)
 
-    def _sk_sem(self) -> Any:
-        """The stream-K kernels' row counters (zeros once; each launch's last warp of a shared row puts its back)."""
-        sem = self._ws.get("matvec_sk_sem")
-        if sem is None:
-            sem = self._ws["matvec_sk_sem"] = self.cp.zeros(STREAMK_SEM_ROWS, dtype=self.cp.int32)
-        return sem
+    def _sk_plan(self, kernel: str, rows: int, K: int, smem: int = 0) -> tuple[int, int] | None:
+        """cuda_kernels.streamk_split's plan for `kernel` over rows of K / 256 units, at least MATVEC_SK_MIN_UNITS
+        a warp, over the warps resident at once by the kernel's registers and its `smem` bytes a block; once a
+        shape."""
+        key = (kernel, rows, K)
+        if key not in self._sk_plans:
+            resident = resident_blocks(self.k.fns[kernel], 32 * MATVEC_ROWS_PER_BLOCK, smem, self.smem_per_sm)
+            self._sk_plans[key] = streamk_split(rows, K // 256, resident * MATVEC_ROWS_PER_BLOCK * self.num_sms,
+                                                MATVEC_SK_MIN_UNITS)
+        return self._sk_plans[key]
+
+    def _counters(self, name: str, n: int) -> Any:
+        """n int32 counters in the workspace, zeros once: the split hand-offs' (gemv_q4's K slices, the stream-K
+        kernels), each launch's last block or warp of a row or tile putting its counter back to 0."""
+        c = self._ws.get(name)
+        if c is None:
+            c = self._ws[name] = self.cp.zeros(n, dtype=self.cp.int32)
+        return c
 
     def _matvec_sk(self, x: Any, w: Any, bias: Any | None, out: Any, accumulate: bool, name: str,
                    plan: tuple[int, int]) -> None:
         """out (=|+=) x @ w.T (+ bias) for one token through matvec_bf16_sk (`_matvec_sk_plan`'s plan)."""
         N, K = w.shape
         W, maxc = plan
-        sem = self._sk_sem()
+        sem = self._counters("matvec_sk_sem", STREAMK_SEM_ROWS)
         part = self._buf("matvec_sk_part", (N * maxc,), np.float32) if maxc > 1 else NULL
         with self._span("matvec", name, 1, N, K, accumulate, bias is not None):
             self.k.fns["matvec_bf16_sk"](
@@ -803,7 +800,7 @@ class CUDABackend:
         tag = "norm_" if norm is not None else ""
         part = self._buf("pair_sk_part", (N // 2 * maxc * 2,), np.float32) if maxc > 1 else NULL
         grid, block = (-(-W // MATVEC_ROWS_PER_BLOCK),), (32 * MATVEC_ROWS_PER_BLOCK,)
-        tail = (part, self._sk_sem(), np.int32(W), np.int32(maxc))
+        tail = (part, self._counters("matvec_sk_sem", STREAMK_SEM_ROWS), np.int32(W), np.int32(maxc))
         with self._span("matvec", label, 1, N, K, False, bias is not None):
             if epi == "silu":
                 self.k.fns[f"matvec_silu_{tag}bf16_sk"](grid, block, (w, x, g, eps, out, np.int32(N), np.int32(K))

@@ -118,6 +118,7 @@ ATTN_CLUSTER_KERNELS = [f"attn_cluster{cl}_d{d}" for d, sizes in ((4, (4, 8, 16)
 # gemv_q4's forms with the group size fixed at compile time (gemm_q4.cu's CPG: k32 blocks a group; G 32 and 128)
 GEMV_CPG = (1, 4)
 GEMV_SK_CPG = (1, 4)  # and of its stream-K form (gemv_q4{z,m}_sk_c{CPG})
+GEMV_SK_KERNELS = [f"gemv_{k}_sk_c{c}" for k in ("q4z", "q4m") for c in GEMV_SK_CPG]
 
 STREAMK_SEM_ROWS = 1 << 18  # the stream-K kernels' counters (a row / tile each): the plans refuse more rows
 
@@ -151,8 +152,9 @@ def resident_blocks(fn: Any, threads: int, smem: int = 0, smem_per_sm: int = 233
 
 
 MATVEC_ROWS_R = (4, 8, 16)  # matvec.cu's matvec_rows_bf16_r{R}: one token, rows up to 256 R bf16 held in registers
-# matvec.cu's stream-K paired forms (one token): qkv + RoPE and gate_up + SiLU, each with and without the folded norm
-MATVEC_PAIR_SK = [f"matvec_{e}{n}_bf16_sk" for e in ("rope", "silu") for n in ("", "_norm")]
+# matvec.cu's stream-K forms (one token): the plain one, and the paired qkv + RoPE and gate_up + SiLU, each with and
+# without the folded norm
+MATVEC_SK_KERNELS = ["matvec_bf16_sk"] + [f"matvec_{e}{n}_bf16_sk" for e in ("rope", "silu") for n in ("", "_norm")]
 # file -> entry points (extern "C")
 ENTRY_POINTS: dict[str, list[str]] = {
     "embedding.cu": ["embedding_gather", "feed_tokens"],
@@ -161,7 +163,7 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "rope_kv.cu": ["rope_write_kv", "write_kv"],
     "matvec.cu": [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16", "rope_norm_bf16")
                   for nt in (1, 2, 4, 8)] + [f"matvec_rows_bf16_r{r}" for r in MATVEC_ROWS_R]
-                  + ["matvec_bf16_sk"] + MATVEC_PAIR_SK,
+                  + MATVEC_SK_KERNELS,
     "matvec_q4.cu": [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
                     + ["dequant_q4_bf16", "dequant_q8_bf16"],
     "attention.cu": ["attn_partial_d1", "attn_partial_d2", "attn_partial_d4", "attn_partial_d8", "attn_merge",
@@ -174,8 +176,7 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "gemm_q4.cu": [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)]
                   + ["gemm_q4_reduce", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"]
                   + [f"gemv_{k}{t}_c{c}" for k in ("q4z", "q4m") for t in ("", "_t16") for c in GEMV_CPG]
-                  + [f"gemv_{k}_sk_c{c}" for k in ("q4z", "q4m") for c in GEMV_SK_CPG]
-                  + ["dequant_marlin_q4z_bf16", "dequant_marlin_q4m_bf16"],
+                  + GEMV_SK_KERNELS + ["dequant_marlin_q4z_bf16", "dequant_marlin_q4m_bf16"],
 }
 
 # kernels that keep common.cuh's PDL contract (pdl_enter / pdl_trigger + pdl_wait before dependent reads and writes)
@@ -184,11 +185,11 @@ PDL_KERNELS = frozenset(
      "add_inplace", "cast_f32_bf16", "silu_mul_bf16", "silu_mul_bf16_bf16", "rope_write_kv", "attn_merge",
      "attn_merge_bf16", "gemm_q4_reduce", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"]
     + [f"gemv_{k}{t}_c{c}" for k in ("q4z", "q4m") for t in ("", "_t16") for c in GEMV_CPG]
-    + [f"gemv_{k}_sk_c{c}" for k in ("q4z", "q4m") for c in GEMV_SK_CPG]
+    + GEMV_SK_KERNELS
     + [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16", "rope_norm_bf16")
        for nt in (1, 2, 4, 8)]
     + [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
-    + [f"matvec_rows_bf16_r{r}" for r in MATVEC_ROWS_R] + ["matvec_bf16_sk"] + MATVEC_PAIR_SK
+    + [f"matvec_rows_bf16_r{r}" for r in MATVEC_ROWS_R] + MATVEC_SK_KERNELS
     + [f"attn_partial_d{d}" for d in (1, 2, 4, 8)] + [f"attn_partial_gqa_d{d}" for d in (1, 2, 4, 8)]
     + ATTN_CLUSTER_KERNELS
     + [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)] + list(GEMM_Q4WG_KERNELS)

@@ -389,9 +389,7 @@ def gemv_q4(backend: Any, x: Any, mw: MarlinWeight | None, bias: Any | None, out
     if (K != mw.K or not 1 <= T <= GEMV_MAX_TOKENS or out.shape != (T, N) or x.dtype != np.float32
             or out.dtype != np.float32 or not x.flags.c_contiguous or not out.flags.c_contiguous):
         return False
-    sem = backend._ws.get("gemv_q4_sem")
-    if sem is None:  # zeros once; each launch's last block (warp) per tile puts its counter back to 0
-        sem = backend._ws["gemv_q4_sem"] = backend.cp.zeros(GEMV_SEM_TILES, dtype=backend.cp.int32)
+    sem = backend._counters("gemv_q4_sem", GEMV_SEM_TILES)
     if streamk is None:
         streamk = bool(getattr(backend, "q4_streamk", False))
     if streamk and gemv_streamk_takes(backend, T, N, K, mw.group_size):
