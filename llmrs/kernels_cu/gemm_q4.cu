@@ -1238,9 +1238,9 @@ __device__ __forceinline__ void gemv_q4_sk_impl(const uint4* __restrict__ Bq, co
     };
     auto emit = [&]() {
         const unsigned f0 = (unsigned)nb * UPT;  // the tile's first and last warps
-        const int wf = sk_warp_of(f0, W, U), n = sk_warp_of(f0 + UPT - 1, W, U) - wf + 1;
+        const int wf = sk_warp_of(f0, W, U), nw = sk_warp_of(f0 + UPT - 1, W, U) - wf + 1;
         const int n0 = nb * 32;
-        if (n == 1) {
+        if (nw == 1) {
 #pragma unroll
             for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -1257,12 +1257,12 @@ __device__ __forceinline__ void gemv_q4_sk_impl(const uint4* __restrict__ Bq, co
 #pragma unroll
                     for (int h = 0; h < 2; ++h)
                         if (2 * t + h < T) pp[(2 * t + h) * 32 + 16 * j + 8 * r + g] = acc[0][j][2 * r + h];
-            if (sk_last_in(sem + nb, n)) {
+            if (sk_last_in(sem + nb, nw)) {
                 const float* ps = part + (size_t)nb * maxc * T * 32 + lane;
                 for (int m = 0; m < T; ++m) {
                     float v = 0.0f;
 #pragma unroll 1  // (cold: once a shared tile)
-                    for (int s = 0; s < n; ++s) v += __ldcg(ps + ((size_t)s * T + m) * 32);
+                    for (int s = 0; s < nw; ++s) v += __ldcg(ps + ((size_t)s * T + m) * 32);
                     put(m, n0 + lane, v);
                 }
             }

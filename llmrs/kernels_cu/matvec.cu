@@ -590,14 +590,14 @@ __device__ __forceinline__ void pair_sk_impl(
         c = warp_sum(c);
         const unsigned f0 = (unsigned)q * SPR, f1 = f0 + SPR - 1;
         if (f0 < (unsigned)u_lo || f1 >= (unsigned)u_hi) {  // shared: the pair's first and last warps
-            const int wf = sk_warp_of(f0, Wn, U), n = sk_warp_of(f1, Wn, U) - wf + 1;
+            const int wf = sk_warp_of(f0, Wn, U), nw = sk_warp_of(f1, Wn, U) - wf + 1;
             float2* ps = part + (size_t)q * maxc;
             if (lane == 0) ps[w - wf] = make_float2(a, c);
-            if (!sk_last_in(sem + q, n)) return;
+            if (!sk_last_in(sem + q, nw)) return;
             if (lane == 0) {
                 a = c = 0.0f;
 #pragma unroll 1  // (cold: once a shared pair)
-                for (int s = 0; s < n; ++s) {
+                for (int s = 0; s < nw; ++s) {
                     const float2 v = __ldcg(ps + s);
                     a += v.x;
                     c += v.y;
@@ -695,14 +695,14 @@ extern "C" __global__ void __launch_bounds__(128, 8)
         v = warp_sum(v);
         const unsigned f0 = (unsigned)r * SPR, f1 = f0 + SPR - 1;
         if (f0 < (unsigned)u_lo || f1 >= (unsigned)u_hi) {  // shared: the row's first and last warps
-            const int wf = sk_warp_of(f0, Wn, U), n = sk_warp_of(f1, Wn, U) - wf + 1;
+            const int wf = sk_warp_of(f0, Wn, U), nw = sk_warp_of(f1, Wn, U) - wf + 1;
             float* ps = part + (size_t)r * maxc;
             if (lane == 0) ps[w - wf] = v;
-            if (!sk_last_in(sem + r, n)) return;
+            if (!sk_last_in(sem + r, nw)) return;
             if (lane == 0) {
                 v = 0.0f;
 #pragma unroll 1  // (cold: once a shared row)
-                for (int s = 0; s < n; ++s) v += __ldcg(ps + s);
+                for (int s = 0; s < nw; ++s) v += __ldcg(ps + s);
             }
         }
         if (lane == 0) {
