@@ -326,7 +326,7 @@ def test_matvec_streamk_matches_numpy_and_repeats_bit_exactly(rng, monkeypatch, 
 
     monkeypatch.setattr(cuda_backend, "MATVEC_SK_MIN_UNITS", min_units)
     if resident is not None:  # 5 blocks of 4 warps: 20 warps in all
-        monkeypatch.setattr(cuda_backend, "resident_blocks", lambda fn, threads: resident)
+        monkeypatch.setattr(cuda_backend, "resident_blocks", lambda *a, **k: resident)
     be = CUDABackend(cfg(), num_blocks=1)
     be.matvec_streamk = True
     if resident is not None:
