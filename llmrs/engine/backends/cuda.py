@@ -265,10 +265,10 @@ class CUDABackend:
     # gemv_q4's stream-K form where it applies (cuda_q4gemm.gemv_streamk_takes; LLMRS_Q4_GEMV_STREAMK=0: K slices)
     q4_streamk = os.environ.get("LLMRS_Q4_GEMV_STREAMK", "0").strip().lower() not in OFF_VALUES
     # session 21's other switches at their defaults (__init__ reads the environment; stand-ins built without it,
-    # scripts/bench_host_prefill.py's, see these): the one-token stream-K matvecs off, 8 warps an attn_cluster block
-    matvec_streamk = False
+    # scripts/bench_host_prefill.py's, see these): the one-token stream-K matvecs off, 16 warps an attn_cluster block
+    matvec_streamk: bool | str = False
     pair_streamk = False
-    attn_cluster_warps = 8
+    attn_cluster_warps = 16
     # the mma.sync 4-bit GEMM (17-192 tokens) reads its x as bf16 words written by the producers (norms, SiLU x up,
     # attention) instead of a cast kernel before each linear, as dequantize + cuBLAS and the wgmma form do: the same
     # bits (the producers' bf16 forms round as cast_f32_bf16 does), ~4 launches a layer fewer (H200, `llmrs profile
@@ -324,12 +324,13 @@ class CUDABackend:
         self.matvec_rows = os.environ.get("LLMRS_MATVEC_ROWS", "0").strip().lower() not in OFF_VALUES
         # one token's matvecs with their units split evenly over the resident warps (stream-K) instead of one or
         # more warps a row: the plain ones (o, down) as matvec_bf16_sk (`_matvec_sk_plan`) and the qkv pairs as
-        # matvec_rope{,_norm}_bf16_sk (`_pair_sk_plan`). LLMRS_MATVEC_STREAMK=1 (both), plain, pair or 0 (off:
-        # the default until measured on a GPU)
+        # matvec_rope{,_norm}_bf16_sk (`_pair_sk_plan`). LLMRS_MATVEC_STREAMK=1 (both), plain, long (plain where
+        # K > N only: down, not the lm_head), pair or 0 (off, the default: H200 session 22, one stream best of 3,
+        # 7B 3.934 -> 4.037, 3B 2.126 -> 2.292 ms/token with plain on)
         sk = os.environ.get("LLMRS_MATVEC_STREAMK", "0").strip().lower()
-        if sk not in ("1", "plain", "pair", *OFF_VALUES):
-            raise UserError(f"LLMRS_MATVEC_STREAMK={sk!r}: expected 0, 1, plain or pair")
-        self.matvec_streamk = sk in ("1", "plain")
+        if sk not in ("1", "plain", "long", "pair", *OFF_VALUES):
+            raise UserError(f"LLMRS_MATVEC_STREAMK={sk!r}: expected 0, 1, plain, long or pair")
+        self.matvec_streamk: bool | str = "long" if sk == "long" else sk in ("1", "plain")
         self.pair_streamk = sk in ("1", "pair")
         self.attn_splits: int | None = None  # None: chosen per step; tests force values
         # decode attention kernel: "partial" (attention.cu: a warp per key, a shuffle reduction per query head) or
@@ -365,8 +366,9 @@ class CUDABackend:
             raise UserError(f"LLMRS_ATTN_HEADS_PER_BLOCK={hpb!r}: expected auto, 4 or 8")
         self.attn_heads_per_block: int | None = None if hpb == "auto" else int(hpb)
         # warps a block of attn_cluster's 4-head forms: 8 (8 keys a warp at a 64-key split) or 16 (_g4_w16: 4 keys
-        # a warp, half the per-key chain, a block merge over 16 warps; LLMRS_ATTN_CLUSTER_WARPS=16, off until measured)
-        cw = os.environ.get("LLMRS_ATTN_CLUSTER_WARPS", "8").strip()
+        # a warp, half the per-key chain, a block merge over 16 warps; the default: H200 session 22, one stream best
+        # of 3, 7B 3.934 -> 3.908, 3B 2.126 -> 2.077 ms/token); LLMRS_ATTN_CLUSTER_WARPS=8 for A/Bs
+        cw = os.environ.get("LLMRS_ATTN_CLUSTER_WARPS", "16").strip()
         if cw not in ("8", "16"):
             raise UserError(f"LLMRS_ATTN_CLUSTER_WARPS={cw!r}: expected 8 or 16")
         self.attn_cluster_warps = int(cw)
@@ -695,7 +697,8 @@ class CUDABackend:
                         (w, x, NULL if bias is None else bias, out, np.int32(N), np.int32(K),
                          np.int32(1 if accumulate else 0)))
                 return
-            plan = self._matvec_sk_plan(N, K) if self.matvec_streamk and T == 1 else None
+            sk = self.matvec_streamk and T == 1 and (self.matvec_streamk != "long" or K > N)
+            plan = self._matvec_sk_plan(N, K) if sk else None
             if plan is not None:
                 self._matvec_sk(x, w, bias, out, accumulate, name, plan)
                 return
