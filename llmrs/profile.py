@@ -86,10 +86,10 @@ def kernel_cost(kind: str, dims: tuple) -> tuple[float, float]:
         T, N = dims
         return float(8 * T * N + 4 * N), float(T * N)
     if kind == "sample":  # (S, V[, rows that sample]): a greedy row reads its logits once (the argmax); a sampled
-        # row also writes its weights and reads them back (at least: top-k / top-p passes read them more often)
+        # row reads them again at least once for its draw (each top-k / top-p radix pass once more; no weights stored)
         S, V, *rest = dims
         sampled = rest[0] if rest else S
-        return float(4 * S * V + 8 * sampled * V), float(S * V + 4 * sampled * V)
+        return float(4 * S * V + 4 * sampled * V), float(S * V + 4 * sampled * V)
     if kind == "add":
         (n,) = dims
         return float(12 * n), float(n)

@@ -290,6 +290,69 @@ def test_gpu_sampling_follows_the_distribution_and_seeds_reproduce(rng):
     assert other != toks
 
 
+def test_greedy_sampling_over_several_blocks_a_row(rng):
+    """A small batch spreads each row's argmax over several blocks (cuda_kernels.sample_row_blocks): the maximum
+    in any block's slice, ties across slices to the lowest index, every row count up to one block a row, and a
+    mixed batch (greedy rows beside sampled ones) whose greedy rows still get the argmax."""
+    be = CUDABackend(cfg(), num_blocks=1)
+    V = 151936
+    for S in (1, 2, 3, 7, 40, 70):
+        logits = rng.standard_normal((S, V)).astype(np.float32)
+        for r in range(S):  # the maximum in a random slice, a tie with a later index in another
+            a, b = sorted(rng.choice(V, 2, replace=False))
+            logits[r, [a, b]] = 40.0 + r % 3
+        params = [SamplingParams(temperature=0.0) if r % 3 else SamplingParams(temperature=0.8, top_p=0.9)
+                  for r in range(S)]
+        for _ in range(2):  # the hand-off's counters are back at 0 for the next launch
+            toks = [t.token_id for t in be.sample(cp.asarray(logits), states_for(params))]
+            want = np.argmax(logits, axis=-1)
+            assert all(toks[r] == want[r] for r in range(S) if r % 3), S
+            assert all(logits[r, toks[r]] == 40.0 + r % 3 for r in range(S) if not r % 3), S  # the two maxima only
+        assert int(cp.asnumpy(be._counters("sample_sem", be.num_sms)).sum()) == 0
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.8, top_k=50, top_p=0.9), SamplingParams(temperature=0.7, top_p=0.9),
+    SamplingParams(temperature=1.0, top_k=20), SamplingParams(temperature=1.2, min_p=0.1, top_p=0.95),
+    SamplingParams(temperature=0.5),
+])
+def test_gpu_sampling_draws_the_cpu_samplers_tokens(rng, params):
+    """The same seeds give the CPU sampler's tokens (llmrs.engine.sampling.sample: float64 probabilities, the GPU's
+    fixed-point masses) on a real vocabulary's width, and the same tokens again on a second launch."""
+    from llmrs.engine.sampling import sample as cpu_sample
+
+    be = CUDABackend(cfg(), num_blocks=1)
+    S, V = 24, 151936
+    logits = (rng.standard_normal((S, V)) * 2.5).astype(np.float32)
+    want = [r.token_id for r in cpu_sample(logits, states_for([params] * S))]
+    got = [t.token_id for t in be.sample(cp.asarray(logits), states_for([params] * S))]
+    assert got == want
+    assert [t.token_id for t in be.sample(cp.asarray(logits), states_for([params] * S))] == got
+
+
+def test_gpu_sampling_cuts_ties_by_index(rng):
+    """Ties at top_k's k-th value and at top_p's threshold keep the lowest indices (the CPU sampler's stable
+    order): 300 equal maxima with top_k=5 draw only the first 5 of them; a flat row with top_p=0.1 only its
+    first tenth; top_k=40 then top_p=0.5 over 100 equal maxima the first 20."""
+    be = CUDABackend(cfg(), num_blocks=1)
+    S, V = 200, 5000
+    logits = rng.standard_normal((S, V)).astype(np.float32)
+    ties = np.sort(rng.choice(V, 300, replace=False))
+    logits[:, ties] = 30.0
+
+    def draw(x, **kw):
+        return [t.token_id for t in be.sample(cp.asarray(x), states_for([SamplingParams(temperature=1.0, **kw)] * S))]
+
+    toks = draw(logits, top_k=5)
+    assert set(toks) <= set(ties[:5].tolist()) and len(set(toks)) == 5
+    toks = draw(np.zeros((S, V), dtype=np.float32), top_p=0.1)
+    assert max(toks) < V // 10 and len(set(toks)) > 100
+    logits[:, ties] = -30.0
+    logits[:, ties[:100]] = 30.0
+    toks = draw(logits, top_k=40, top_p=0.5)
+    assert set(toks) <= set(ties[:20].tolist()) and len(set(toks)) > 10
+
+
 def test_gpu_sampling_falls_back_to_cpu_for_penalties_and_logprobs(rng):
     be = CUDABackend(cfg(), num_blocks=1)
     logits = rng.standard_normal((2, 50)).astype(np.float32)

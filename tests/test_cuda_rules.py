@@ -309,3 +309,18 @@ def test_resident_blocks_by_registers():
     assert resident_blocks(SimpleNamespace(num_regs=128), 128) == 4  # gemv_q4 (GEMV_BLOCKS_PER_SM)
     assert resident_blocks(SimpleNamespace(num_regs=16), 128) == 16  # 2048 threads an SM
     assert resident_blocks(SimpleNamespace(num_regs=255), 1024) == 1
+
+
+def test_sample_row_blocks_spreads_small_batches_within_the_sms():
+    """cuda_kernels.sample_row_blocks: one stream's row over several blocks, a big batch one block a row, never
+    more blocks than SMs in all (the hand-off buffers hold num_sms partials) nor slices under SAMPLE_MIN_SLICE."""
+    from llmrs.engine.backends.cuda_kernels import SAMPLE_MAX_BLOCKS, SAMPLE_MIN_SLICE, sample_row_blocks
+
+    assert sample_row_blocks(1, 152064, 132) == 152064 // SAMPLE_MIN_SLICE == 18
+    assert sample_row_blocks(1, 10**7, 132) == SAMPLE_MAX_BLOCKS
+    assert sample_row_blocks(256, 152064, 132) == sample_row_blocks(67, 152064, 132) == 1
+    assert sample_row_blocks(4, 1000, 132) == sample_row_blocks(0, 7, 132) == 1
+    for S in range(1, 300):
+        for V in (7, 5000, 32000, 152064, 256000):
+            nb = sample_row_blocks(S, V, 132)
+            assert 1 <= nb <= SAMPLE_MAX_BLOCKS and (nb == 1 or (S * nb <= 132 and V // nb >= SAMPLE_MIN_SLICE))

@@ -1,194 +1,344 @@
-// sampling.cu: one launch samples every row of a step's logits [S, V] (one 1024-thread block per row).
+// sampling.cu: one launch samples every row of a step's logits [S, V]: grid (S, NB), 1024 threads a block.
 //
 // Per row r, with the CPU sampler's semantics (llmrs/engine/sampling.py; vLLM's order):
 //   greedy (temperature < 1e-5): the argmax, ties to the lowest index (np.argmax);
 //   else p_i = exp((x_i - max) / T) (unnormalized, max p = 1), then
 //     min_p: keep p_i >= min_p * max p;
-//     top_k: keep exactly k largest (ties at the k-th value broken by lowest index), 32 radix passes
-//            over the float bits of p (p >= 0, so bit order is value order);
-//     top_p: keep the smallest set of largest p whose mass reaches top_p of the kept mass (ties by
-//            index), found the same way with mass sums instead of counts;
-//     draw:  the first index whose inclusive prefix mass exceeds u * total, u = uniform[r] drawn on the
-//            host from the request's own seeded generator (reproducible, independent of the batch).
-// Thread i owns the contiguous index range [i*per, (i+1)*per): index-ordered scans (ties, the draw) are a
-// per-thread prefix plus a block scan. Every sum is a fixed tree: the same input gives the same token.
-// `work` [S, V] holds the weights being filtered.
+//     top_k: keep exactly k largest (ties at the k-th value broken by lowest index);
+//     top_p: keep the smallest set of largest p whose mass reaches top_p of the kept mass (ties by index);
+//     draw:  the first index whose inclusive prefix mass exceeds u * total, u = uniform[r] drawn on the host from
+//            the request's own seeded generator (reproducible, independent of the batch).
+// 1) The max / argmax: the row's NB blocks each take a slice (threads strided: coalesced), the last of them to finish
+//    (a counter a row, put back to 0 by that block) merges their partials and goes on alone; NB = 1 for big batches
+//    (the host: cuda_kernels.sample_row_blocks). A greedy row is done there.
+// 2) A sampled row, in that one block: no weights are stored; every pass recomputes p_i from the logits (expf).
+//    The k-th largest key (the float bits of p: p >= 0, so bit order is value order) and top_p's threshold key are
+//    found by radix select, 8 bits a pass over bits 30..0 (4 passes), a shared histogram of counts (top_k) or of
+//    masses (top_p) a pass. Masses are fixed point, p * 2^32 truncated, in 64-bit integers: every sum is exact,
+//    so the token does not depend on the order the threads add in (a float total would), and the draw is exact
+//    too. Index order, for the ties and the draw: warp w owns a contiguous range of the row, its lanes taking 32
+//    consecutive indices a load (coalesced), SAMPLE_E loads in flight; a tie's rank is a ballot away, the draw's
+//    prefix a warp scan.
 #include "common.cuh"
 
 #define SAMPLE_THREADS 1024
+#define SAMPLE_WARPS (SAMPLE_THREADS / 32)
+#define SAMPLE_E 8               // loads in flight a lane (32 * SAMPLE_E consecutive indices a warp step)
+#define SAMPLE_MAX_BLOCKS 32     // blocks a row for the max / argmax (cuda_kernels.SAMPLE_MAX_BLOCKS)
+#define FULL_MASK 0xffffffffu
 
-// inclusive scan over the block (blockDim.x == SAMPLE_THREADS); `sh` is __shared__ float[32]
-__device__ __forceinline__ float block_scan_incl(float v, float* sh) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ void arg_better(float& bv, int& bi, float ov, int oi) {
+    if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+}
+
+__device__ __forceinline__ void warp_argmax(float& bv, int& bi) {
 #pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const float n = __shfl_up_sync(0xffffffffu, v, o);
-        if (lane >= o) v += n;
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(FULL_MASK, bv, o);
+        const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
+        arg_better(bv, bi, ov, oi);
     }
+}
+
+// p's key: the float bits of exp((x - mx) / T) where it passes min_p (mp, as max p = 1), else 0 (NaN: 0)
+__device__ __forceinline__ unsigned p_key(float x, float mx, float inv_t, float mp) {
+    const float p = expf((x - mx) * inv_t);
+    return p >= mp ? __float_as_uint(p) : 0u;
+}
+
+// a key's mass in fixed point: p * 2^32 truncated (p <= 1: at most 2^32; a row of V keys sums below 2^32 V)
+__device__ __forceinline__ u64 key_mass(unsigned key) { return __float2ull_rz(__uint_as_float(key) * 4294967296.0f); }
+
+// The warp layout of a sampled row: warp w owns [w * per, (w + 1) * per), per a multiple of 32 * SAMPLE_E; a step
+// loads SAMPLE_E x 32 consecutive indices (lane-minor), then calls f(i, valid, x_i) in index order. Every lane of
+// the warp calls f at every element (f may ballot).
+template <class F>
+__device__ __forceinline__ void walk_row(const float* __restrict__ x, int V, F&& f) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int step = 32 * SAMPLE_E;
+    const int per = ((V + SAMPLE_WARPS - 1) / SAMPLE_WARPS + step - 1) / step * step;
+    const int w0 = min(V, warp * per), w1 = min(V, w0 + per);
+    for (int base = w0; base < w1; base += step) {
+        float v[SAMPLE_E];
+#pragma unroll
+        for (int e = 0; e < SAMPLE_E; ++e) {
+            const int i = base + 32 * e + lane;
+            v[e] = i < w1 ? __ldg(x + i) : NEG_INF;
+        }
+#pragma unroll
+        for (int e = 0; e < SAMPLE_E; ++e) {
+            const int i = base + 32 * e + lane;
+            f(i, i < w1, v[e]);
+        }
+    }
+}
+
+// A threshold filter: keys above tau pass; of the keys equal to tau, all (cut false) or the first `need` in index
+// order (cut: a warp's rank starts at `off`, the ties in the warps before it, and `run` counts on through a walk).
+// on false: every key passes.
+struct TieCut {
+    unsigned tau;
+    int need, off, run;
+    bool on, cut;
+};
+
+__device__ __forceinline__ unsigned tie_cut(TieCut& f, unsigned key) {
+    if (!f.on) return key;
+    const bool tie = key == f.tau && key != 0u;
+    if (f.cut) {  // uniform across the warp
+        const unsigned m = __ballot_sync(FULL_MASK, tie);
+        const int rank = f.run + __popc(m & ((1u << (threadIdx.x & 31)) - 1u));
+        f.run += __popc(m);
+        return key > f.tau || (tie && rank < f.need) ? key : 0u;
+    }
+    return key >= f.tau ? key : 0u;
+}
+
+// shared state of the select passes
+struct SampleShared {
+    u64 hist_m[256];
+    int hist_c[256];
+    u64 w_val[SAMPLE_WARPS];
+    u64 above, total;
+    int sel, ties;
+};
+
+// exclusive scan of the 32 warps' values in s.w_val (in place), the sum in s.total; call from every thread
+__device__ __forceinline__ void warp_offsets(SampleShared& s) {
     __syncthreads();
-    if (lane == 31) sh[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        float w = sh[lane];
+    if (threadIdx.x < 32) {
+        const u64 v = s.w_val[threadIdx.x];
+        u64 incl = v;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
-            const float n = __shfl_up_sync(0xffffffffu, w, o);
-            if (lane >= o) w += n;
+            const u64 n = __shfl_up_sync(FULL_MASK, incl, o);
+            if ((int)threadIdx.x >= o) incl += n;
         }
-        sh[lane] = w;
+        s.w_val[threadIdx.x] = incl - v;
+        if (threadIdx.x == 31) s.total = incl;
     }
     __syncthreads();
-    return warp > 0 ? v + sh[warp - 1] : v;
+}
+
+// The tie offsets of a cut filter: each warp counts the keys equal to f.tau that `keyf` hands it (the filters
+// before this one applied; `reset` rewinds their tie counts before a walk), the warps before it give its `off`.
+template <class K, class Z>
+__device__ __forceinline__ void tie_offsets(const float* __restrict__ x, int V, SampleShared& s, TieCut& f, K&& keyf,
+                                            Z&& reset) {
+    int n = 0;
+    reset();
+    walk_row(x, V, [&](int i, bool valid, float v) {
+        const unsigned key = keyf(v);
+        n += __popc(__ballot_sync(FULL_MASK, valid && key == f.tau));
+    });
+    if ((threadIdx.x & 31) == 0) s.w_val[threadIdx.x >> 5] = (u64)n;
+    warp_offsets(s);
+    f.off = (int)s.w_val[threadIdx.x >> 5];
+    __syncthreads();
+}
+
+// Radix select over the keys `keyf` hands out (0: not a candidate): the key tau with weight(keys > tau) < target <=
+// weight(keys >= tau), weight = count (MASS false) or fixed-point mass. MASS with frac >= 0: target = frac x the
+// total mass (at least 1). Returns a filter keeping exactly that set (its ties cut by index where needed), off where
+// every candidate's weight falls short of the target. `reset` rewinds keyf's tie counts before each walk.
+template <bool MASS, class K, class Z>
+__device__ TieCut radix_select(const float* __restrict__ x, int V, SampleShared& s, u64 target, double frac,
+                               K&& keyf, Z&& reset) {
+    const int tid = threadIdx.x, lane = tid & 31;
+    unsigned prefix = 0u, mask = 0u;
+    u64 above_all = 0;
+    int ties = 0;
+    for (int pass = 0; pass < 4; ++pass) {
+        const int shift = pass < 3 ? 23 - 8 * pass : 0;
+        const unsigned dm = pass < 3 ? 0xffu : 0x7fu;
+        if (tid < 256) { s.hist_m[tid] = 0; s.hist_c[tid] = 0; }
+        if (tid == 0) s.sel = -1;
+        __syncthreads();
+        reset();
+        walk_row(x, V, [&](int i, bool valid, float v) {
+            const unsigned key = keyf(v);
+            if (valid && key != 0u && (key & mask) == prefix) {
+                const unsigned d = (key >> shift) & dm;
+                atomicAdd(&s.hist_c[d], 1);
+                if (MASS) atomicAdd(&s.hist_m[d], key_mass(key));
+            }
+        });
+        __syncthreads();
+        if (tid < 32) {  // the digit where the weight from the top reaches the target; lane l holds bins 8l..8l+7
+            u64 h[8], sum = 0;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                h[e] = MASS ? s.hist_m[8 * lane + e] : (u64)s.hist_c[8 * lane + e];
+                sum += h[e];
+            }
+            u64 incl = sum;  // inclusive suffix sum over the lanes
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const u64 n = __shfl_down_sync(FULL_MASK, incl, o);
+                if (lane + o < 32) incl += n;
+            }
+            if (pass == 0 && MASS && frac >= 0.0) {
+                const u64 total = __shfl_sync(FULL_MASK, incl, 0);
+                target = (u64)(frac * (double)total);
+                target = target < 1 ? 1 : (target > total ? total : target);
+            }
+            u64 acc = incl - sum;
+#pragma unroll
+            for (int e = 7; e >= 0; --e) {
+                if (acc < target && acc + h[e] >= target) {
+                    s.sel = 8 * lane + e;
+                    s.above = acc;
+                    s.ties = s.hist_c[8 * lane + e];
+                }
+                acc += h[e];
+            }
+            if (lane == 0) s.total = target;
+        }
+        __syncthreads();
+        const int sel = s.sel;
+        target = s.total;
+        if (sel < 0) {  // the candidates' weight falls short of the target: all pass
+            __syncthreads();
+            return TieCut{0u, 0, 0, 0, false, false};
+        }
+        prefix |= (unsigned)sel << shift;
+        mask |= dm << shift;
+        above_all += s.above;
+        target -= s.above;
+        ties = s.ties;
+        __syncthreads();
+    }
+    TieCut f{prefix, 0, 0, 0, true, false};
+    if (MASS) {  // the ties needed to reach the rest of the target, each weighing key_mass(tau)
+        const u64 m = key_mass(prefix);
+        f.need = m ? (int)min((u64)ties, (target + m - 1) / m) : ties;
+    } else {
+        f.need = (int)target;
+    }
+    f.cut = ties > f.need;
+    (void)above_all;
+    return f;
 }
 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_tokens(
     const float* __restrict__ logits, int V, const float* __restrict__ temperature, const int* __restrict__ top_k,
     const float* __restrict__ top_p, const float* __restrict__ min_p, const float* __restrict__ uniform,
-    float* __restrict__ work, int* __restrict__ out) {
-    __shared__ float red[32];
+    float* __restrict__ part_v, int* __restrict__ part_i, int* __restrict__ sem, int* __restrict__ out) {
+    __shared__ SampleShared s;
     __shared__ float s_val[32];
     __shared__ int s_idx[32];
-    __shared__ int s_pick;
-    const int r = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    __shared__ int s_last, s_pick;
+    const int r = blockIdx.x, b = blockIdx.y, nb = gridDim.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const float* x = logits + (size_t)r * V;
-    float* w = work + (size_t)r * V;
-    const int per = (V + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
-    const int lo = min(V, tid * per), hi = min(V, lo + per);
 
-    // 1) max and argmax (first index among equal maxima)
+    // 1) max and argmax (first index among equal maxima) of this block's slice, threads strided
+    const int chunk = (V + nb - 1) / nb;
+    const int lo = min(V, b * chunk), hi = min(V, lo + chunk);
     float bv = NEG_INF;
     int bi = V;
-    for (int i = lo; i < hi; ++i)
-        if (x[i] > bv) { bv = x[i]; bi = i; }
+    int i = lo + tid;
+    for (; i + 3 * SAMPLE_THREADS < hi; i += 4 * SAMPLE_THREADS) {
+        float v[4];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        for (int e = 0; e < 4; ++e) v[e] = __ldg(x + i + e * SAMPLE_THREADS);
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (v[e] > bv) { bv = v[e]; bi = i + e * SAMPLE_THREADS; }
     }
+    for (; i < hi; i += SAMPLE_THREADS) {
+        const float v = __ldg(x + i);
+        if (v > bv) { bv = v; bi = i; }
+    }
+    warp_argmax(bv, bi);
     if (lane == 0) { s_val[warp] = bv; s_idx[warp] = bi; }
     __syncthreads();
     if (warp == 0) {
         bv = s_val[lane];
         bi = s_idx[lane];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-        }
+        warp_argmax(bv, bi);
         if (lane == 0) { s_val[0] = bv; s_idx[0] = bi; }
     }
     __syncthreads();
+    if (nb > 1) {  // the row's blocks hand over: the last to count in merges the partials
+        if (tid == 0) {
+            part_v[(size_t)r * nb + b] = s_val[0];
+            part_i[(size_t)r * nb + b] = s_idx[0];
+            __threadfence();
+            const int last = atomicAdd(sem + r, 1) == nb - 1;
+            if (last) { sem[r] = 0; __threadfence(); }
+            s_last = last;
+        }
+        __syncthreads();
+        if (!s_last) return;
+        if (warp == 0) {
+            bv = NEG_INF;
+            bi = V;
+            if (lane < nb) { bv = __ldcg(part_v + (size_t)r * nb + lane); bi = __ldcg(part_i + (size_t)r * nb + lane); }
+            warp_argmax(bv, bi);
+            if (lane == 0) { s_val[0] = bv; s_idx[0] = bi; }
+        }
+        __syncthreads();
+    }
     const float mx = s_val[0];
     const int amax = s_idx[0];
     const float temp = temperature[r];
     if (temp < 1e-5f) {
-        if (tid == 0) out[r] = amax;
+        if (tid == 0) out[r] = amax < V ? amax : 0;
         return;
     }
 
-    // 2) unnormalized probabilities with min_p applied
+    // 2) a sampled row: min_p in the key, then top_k, then top_p over what top_k kept, then the draw
     const float inv_t = 1.0f / temp, mp = min_p[r];
-    for (int i = lo; i < hi; ++i) {
-        const float p = expf((x[i] - mx) * inv_t);
-        w[i] = p >= mp ? p : 0.0f;
-    }
-    __syncthreads();
-
-    // 3) top_k: tau = k-th largest key; keep keys > tau and the first (k - count(> tau)) ties
+    auto key0 = [&](float v) { return p_key(v, mx, inv_t, mp); };
     const int k = top_k[r];
+    TieCut fk{0u, 0, 0, 0, false, false}, fp{0u, 0, 0, 0, false, false};
+    auto reset = [&]() { fk.run = fk.off; fp.run = fp.off; };  // each walk counts the ties from its warp's offset
     if (k > 0 && k < V) {
-        unsigned prefix = 0;
-        for (int bit = 30; bit >= 0; --bit) {
-            const unsigned cand = prefix | (1u << bit);
-            float c = 0.0f;
-            for (int i = lo; i < hi; ++i) c += __float_as_uint(w[i]) >= cand ? 1.0f : 0.0f;
-            if (block_sum(c, red) >= (float)k) prefix = cand;
-        }
-        float gt = 0.0f, ties = 0.0f;
-        for (int i = lo; i < hi; ++i) {
-            const unsigned key = __float_as_uint(w[i]);
-            gt += key > prefix ? 1.0f : 0.0f;
-            ties += key == prefix ? 1.0f : 0.0f;
-        }
-        const float need = (float)k - block_sum(gt, red);
-        float rank = block_scan_incl(ties, red) - ties;  // ties before this thread's range
-        for (int i = lo; i < hi; ++i) {
-            const unsigned key = __float_as_uint(w[i]);
-            if (key < prefix) w[i] = 0.0f;
-            else if (key == prefix) {
-                if (rank >= need) w[i] = 0.0f;
-                rank += 1.0f;
-            }
-        }
-        __syncthreads();
+        fk = radix_select<false>(x, V, s, (u64)k, -1.0, key0, reset);
+        if (fk.cut) tie_offsets(x, V, s, fk, key0, reset);
     }
-
-    // 4) top_p over the kept mass
+    auto key1 = [&](float v) { return tie_cut(fk, key0(v)); };
     const float tp = top_p[r];
     if (tp < 1.0f) {
-        float tot = 0.0f;
-        for (int i = lo; i < hi; ++i) tot += w[i];
-        const float target = tp * block_sum(tot, red);
-        unsigned prefix = 0;
-        for (int bit = 30; bit >= 0; --bit) {
-            const unsigned cand = prefix | (1u << bit);
-            float m = 0.0f;
-            for (int i = lo; i < hi; ++i) m += __float_as_uint(w[i]) >= cand ? w[i] : 0.0f;
-            if (block_sum(m, red) >= target) prefix = cand;
-        }
-        const float ptau = __uint_as_float(prefix);
-        float gt = 0.0f, ties = 0.0f;
-        for (int i = lo; i < hi; ++i) {
-            const unsigned key = __float_as_uint(w[i]);
-            gt += key > prefix ? w[i] : 0.0f;
-            ties += key == prefix ? 1.0f : 0.0f;
-        }
-        const float mass_gt = block_sum(gt, red);
-        const float need = ptau > 0.0f ? fmaxf(1.0f, ceilf((target - mass_gt) / ptau)) : 0.0f;
-        float rank = block_scan_incl(ties, red) - ties;
-        for (int i = lo; i < hi; ++i) {
-            const unsigned key = __float_as_uint(w[i]);
-            if (key < prefix) w[i] = 0.0f;
-            else if (key == prefix) {
-                if (rank >= need) w[i] = 0.0f;
-                rank += 1.0f;
-            }
-        }
-        __syncthreads();
+        fp = radix_select<true>(x, V, s, 0, (double)tp, key1, reset);
+        if (fp.cut) tie_offsets(x, V, s, fp, key1, reset);
     }
+    auto key2 = [&](float v) { return tie_cut(fp, key1(v)); };
 
-    // 5) inverse-CDF draw in index order
-    float c = 0.0f;
-    int last = -1;
-    for (int i = lo; i < hi; ++i) {
-        c += w[i];
-        if (w[i] > 0.0f) last = i;
-    }
-    if (tid == 0) s_pick = V;
-    const float incl = block_scan_incl(c, red);
-    const float total = red[31];  // the scan leaves the block total in the last slot
-    const float before = incl - c;
-    const float u = uniform[r] * total;
-    if (c > 0.0f && before <= u && u < incl) {
-        float run = before;
-        int pick = last;
-        for (int i = lo; i < hi; ++i) {
-            run += w[i];
-            if (w[i] > 0.0f && run > u) { pick = i; break; }
-        }
-        atomicMin(&s_pick, pick);
-    }
-    // rounding left u past every prefix: the last index with mass
-    int lastmax = last;
+    // the draw: each warp's kept mass, the warps' offsets, then the warp holding u * total finds the index
+    u64 m = 0;
+    reset();
+    walk_row(x, V, [&](int, bool valid, float v) {
+        const unsigned key = key2(v);
+        m += valid ? key_mass(key) : 0;
+    });
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) lastmax = max(lastmax, __shfl_xor_sync(0xffffffffu, lastmax, o));
-    if (lane == 0) s_idx[warp] = lastmax;
-    __syncthreads();
-    if (tid == 0) {
-        int lm = -1;
-        for (int i = 0; i < SAMPLE_THREADS / 32; ++i) lm = max(lm, s_idx[i]);
-        out[r] = s_pick < V ? s_pick : (lm >= 0 ? lm : amax);
+    for (int o = 16; o > 0; o >>= 1) m += __shfl_xor_sync(FULL_MASK, m, o);
+    if (lane == 0) s.w_val[warp] = m;
+    if (tid == 0) s_pick = -1;
+    warp_offsets(s);
+    const u64 total = s.total, off = s.w_val[warp];
+    if (total > 0) {
+        u64 u = (u64)((double)uniform[r] * (double)total);
+        u = u < total ? u : total - 1;
+        if (off <= u && u < off + m) {  // this warp's range holds the draw
+            u64 run = off;
+            reset();
+            walk_row(x, V, [&](int i, bool valid, float v) {
+                const u64 w = valid ? key_mass(key2(v)) : 0;
+                u64 incl = w;
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    const u64 n = __shfl_up_sync(FULL_MASK, incl, o);
+                    if (lane >= o) incl += n;
+                }
+                if (w > 0 && run + incl - w <= u && u < run + incl) s_pick = i;
+                run += __shfl_sync(FULL_MASK, incl, 31);
+            });
+        }
     }
+    __syncthreads();
+    if (tid == 0) out[r] = s_pick >= 0 ? s_pick : (amax < V ? amax : 0);
 }

@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from llmrs.engine.backends.cuda_kernels import (MATVEC_ROWS_R, OFF_VALUES, STREAMK_SEM_ROWS, resident_blocks,
-                                                streamk_split)
+                                                sample_row_blocks, streamk_split)
 from llmrs.engine.backends.cuda_q4gemm import (GEMV_MAX_TOKENS, dequant_marlin, gemm_q4, gemm_takes, gemv_q4,
                                                gemv_takes, linear_q4, wgmma_takes)
 from llmrs.engine.backends.cuda_wgmma import bf16_wgmma_takes, gemm_bf16wg
@@ -1267,10 +1267,13 @@ class CUDABackend:
         tr("sample_begin")
         d = self._stage("sample_params", params)
         fd, kd = d[: 4 * S].reshape(4, S), d[4 * S :].view(cp.int32)
-        work = self._buf("sample_work", (S, V))
+        nb = sample_row_blocks(S, V, self.num_sms)  # S x nb <= num_sms: the hand-off's buffers
+        part_v = self._buf("sample_part_v", (self.num_sms,))
+        part_i = self._buf("sample_part_i", (self.num_sms,), np.int32)
+        sem = self._counters("sample_sem", self.num_sms)
         with self._span("sample", "sample_tokens", S, V, sum(not st.params.greedy for st in states)):
-            self.k.sample_tokens((S,), (1024,), (cp.ascontiguousarray(logits), np.int32(V), fd[0], kd, fd[1],
-                                                fd[2], fd[3], work, out))
+            self.k.sample_tokens((S, nb), (1024,), (cp.ascontiguousarray(logits), np.int32(V), fd[0], kd, fd[1],
+                                                    fd[2], fd[3], part_v, part_i, sem, out))
         self._launches += 1
         tokens = self._pinned(f"sample_tokens.{self._launches % 2}", S, np.int32)
         stream = cp.cuda.get_current_stream()

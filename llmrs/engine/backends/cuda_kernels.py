@@ -123,6 +123,18 @@ GEMV_SK_KERNELS = [f"gemv_{k}_sk_c{c}" for k in ("q4z", "q4m") for c in GEMV_SK_
 STREAMK_SEM_ROWS = 1 << 18  # the stream-K kernels' counters (a row / tile each): the plans refuse more rows
 
 
+SAMPLE_MAX_BLOCKS = 32  # sampling.cu: blocks a row for the max / argmax (one warp merges their partials)
+SAMPLE_MIN_SLICE = 8192  # logits a block's slice at least: below that the hand-off costs more than it saves
+
+
+def sample_row_blocks(rows: int, vocab: int, num_sms: int) -> int:
+    """Blocks a row of sample_tokens's grid (S, NB): a small batch (one stream: one row) spreads each row's max /
+    argmax over up to SAMPLE_MAX_BLOCKS blocks, so the GPU's SMs share the read rather than one SM doing it; from
+    half as many rows as SMs on, one block a row (a row's blocks never exceed the SMs: rows x NB <= num_sms, the
+    size of the hand-off's buffers)."""
+    return max(1, min(SAMPLE_MAX_BLOCKS, num_sms // max(1, rows), vocab // SAMPLE_MIN_SLICE))
+
+
 def streamk_split(rows: int, units_per_row: int, resident_warps: int, min_units: int) -> tuple[int, int] | None:
     """The stream-K kernels' plan (matvec.cu matvec_bf16_sk, gemm_q4.cu gemv_q4*_sk): `rows` rows (bf16 rows, 4-bit
     32-column tiles) of `units_per_row` units each, numbered row-major, split over W warps (the resident ones, with
