@@ -314,11 +314,12 @@ def test_greedy_sampling_over_several_blocks_a_row(rng):
 @pytest.mark.parametrize("params", [
     SamplingParams(temperature=0.8, top_k=50, top_p=0.9), SamplingParams(temperature=0.7, top_p=0.9),
     SamplingParams(temperature=1.0, top_k=20), SamplingParams(temperature=1.2, min_p=0.1, top_p=0.95),
-    SamplingParams(temperature=0.5),
+    SamplingParams(temperature=0.5), SamplingParams(temperature=1.0, top_k=3000, top_p=0.95),
 ])
 def test_gpu_sampling_draws_the_cpu_samplers_tokens(rng, params):
     """The same seeds give the CPU sampler's tokens (llmrs.engine.sampling.sample: float64 probabilities, the GPU's
-    fixed-point masses) on a real vocabulary's width, and the same tokens again on a second launch."""
+    fixed-point masses) on a real vocabulary's width, and the same tokens again on a second launch; top_k=50 runs on
+    the kernel's candidate list, top_k=3000 (more than SAMPLE_LIST) and temperature alone over the whole row."""
     from llmrs.engine.sampling import sample as cpu_sample
 
     be = CUDABackend(cfg(), num_blocks=1)

@@ -14,17 +14,27 @@
 // 2) A sampled row, in that one block: no weights are stored; every pass recomputes p_i from the logits (expf).
 //    The k-th largest key (the float bits of p: p >= 0, so bit order is value order) and top_p's threshold key are
 //    found by radix select, 8 bits a pass over bits 30..0 (4 passes), a shared histogram of counts (top_k) or of
-//    masses (top_p) a pass. Masses are fixed point, p * 2^32 truncated, in 64-bit integers: every sum is exact,
-//    so the token does not depend on the order the threads add in (a float total would), and the draw is exact
-//    too. Index order, for the ties and the draw: warp w owns a contiguous range of the row, its lanes taking 32
-//    consecutive indices a load (coalesced), SAMPLE_E loads in flight; a tie's rank is a ballot away, the draw's
-//    prefix a warp scan.
+//    masses (top_p) a pass. Masses are fixed point, p * 2^31 truncated, summed exactly in 64 bits: the token does
+//    not depend on the order the threads add in (a float total would), and the draw is exact too. A bin's mass is
+//    two 32-bit words, the high one counting the low one's carries (a 64-bit shared atomicAdd compiles to a
+//    compare-and-swap loop: 3x the time of the count passes under contention, H200). Index order, for the ties
+//    and the draw: warp w owns a contiguous range of the row, its lanes taking 32 consecutive indices a load
+//    (coalesced), SAMPLE_E loads in flight; a tie's rank is a ballot away, the draw's prefix a warp scan.
+// 3) The candidate list: top_k or top_p keeps only keys in or above the first pass's selected bin (a power of 2 of
+//    p: the exponent). Where those are at most SAMPLE_LIST (top_k = 50: ~100; a peaked top_p nucleus), one more
+//    pass copies them (logit, index) to shared memory, a bitonic sort puts them in index order, and every later
+//    pass, the ties and the draw walk that list instead of the row: 3 reads of the row instead of ~10.
 #include "common.cuh"
 
 #define SAMPLE_THREADS 1024
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
-#define SAMPLE_E 8               // loads in flight a lane (32 * SAMPLE_E consecutive indices a warp step)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define SAMPLE_E 4  // loads in flight a lane (32 * SAMPLE_E consecutive indices a warp step); 8 spills before sm_90
+#else
+#define SAMPLE_E 8
+#endif
 #define SAMPLE_MAX_BLOCKS 32     // blocks a row for the max / argmax (cuda_kernels.SAMPLE_MAX_BLOCKS)
+#define SAMPLE_LIST 2048         // candidates held in shared memory (logit, index)
 #define FULL_MASK 0xffffffffu
 
 typedef unsigned long long u64;
@@ -48,29 +58,53 @@ __device__ __forceinline__ unsigned p_key(float x, float mx, float inv_t, float 
     return p >= mp ? __float_as_uint(p) : 0u;
 }
 
-// a key's mass in fixed point: p * 2^32 truncated (p <= 1: at most 2^32; a row of V keys sums below 2^32 V)
-__device__ __forceinline__ u64 key_mass(unsigned key) { return __float2ull_rz(__uint_as_float(key) * 4294967296.0f); }
+// a key's mass in fixed point: p * 2^31 truncated (p <= 1: at most 2^31; a row of V keys sums below 2^31 V)
+__device__ __forceinline__ unsigned key_mass(unsigned key) {
+    return __float2uint_rz(__uint_as_float(key) * 2147483648.0f);
+}
 
-// The warp layout of a sampled row: warp w owns [w * per, (w + 1) * per), per a multiple of 32 * SAMPLE_E; a step
-// loads SAMPLE_E x 32 consecutive indices (lane-minor), then calls f(i, valid, x_i) in index order. Every lane of
-// the warp calls f at every element (f may ballot).
-template <class F>
-__device__ __forceinline__ void walk_row(const float* __restrict__ x, int V, F&& f) {
+// a histogram bin's 64-bit mass += m, exactly, as two 32-bit words: the low word's carry counted in the high one
+__device__ __forceinline__ void add_mass(unsigned* lo, unsigned* hi, unsigned m) {
+    const unsigned old = atomicAdd(lo, m);
+    if (old + m < old) atomicAdd(hi, 1u);
+}
+
+// What a sampled row's passes walk: the row of logits, or the candidate list (logits and their indices in shared
+// memory, in index order). value(j), index(j): the j-th element's logit and index.
+struct RowSrc {
+    const float* __restrict__ x;
+    int n;
+    __device__ __forceinline__ float value(int j) const { return __ldg(x + j); }
+    __device__ __forceinline__ int index(int j) const { return j; }
+};
+struct ListSrc {
+    const float* x;
+    const int* idx;
+    int n;
+    __device__ __forceinline__ float value(int j) const { return x[j]; }
+    __device__ __forceinline__ int index(int j) const { return idx[j]; }
+};
+
+// The warp layout: warp w owns elements [w * per, (w + 1) * per), per a multiple of 32 * SAMPLE_E; a step loads
+// SAMPLE_E x 32 consecutive elements (lane-minor), then calls f(i, valid, x_i) in index order. Every lane of the
+// warp calls f at every element (f may ballot).
+template <class Src, class F>
+__device__ __forceinline__ void walk(const Src& src, F&& f) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int step = 32 * SAMPLE_E;
-    const int per = ((V + SAMPLE_WARPS - 1) / SAMPLE_WARPS + step - 1) / step * step;
-    const int w0 = min(V, warp * per), w1 = min(V, w0 + per);
+    const int per = ((src.n + SAMPLE_WARPS - 1) / SAMPLE_WARPS + step - 1) / step * step;
+    const int w0 = min(src.n, warp * per), w1 = min(src.n, w0 + per);
     for (int base = w0; base < w1; base += step) {
         float v[SAMPLE_E];
 #pragma unroll
         for (int e = 0; e < SAMPLE_E; ++e) {
-            const int i = base + 32 * e + lane;
-            v[e] = i < w1 ? __ldg(x + i) : NEG_INF;
+            const int j = base + 32 * e + lane;
+            v[e] = j < w1 ? src.value(j) : NEG_INF;
         }
 #pragma unroll
         for (int e = 0; e < SAMPLE_E; ++e) {
-            const int i = base + 32 * e + lane;
-            f(i, i < w1, v[e]);
+            const int j = base + 32 * e + lane;
+            f(j < w1 ? src.index(j) : 0, j < w1, v[e]);
         }
     }
 }
@@ -98,11 +132,13 @@ __device__ __forceinline__ unsigned tie_cut(TieCut& f, unsigned key) {
 
 // shared state of the select passes
 struct SampleShared {
-    u64 hist_m[256];
+    unsigned hist_lo[256], hist_hi[256];
     int hist_c[256];
     u64 w_val[SAMPLE_WARPS];
     u64 above, total;
-    int sel, ties;
+    int sel, ties, count_ge, n_list;
+    float list_x[SAMPLE_LIST];
+    int list_i[SAMPLE_LIST];
 };
 
 // exclusive scan of the 32 warps' values in s.w_val (in place), the sum in s.total; call from every thread
@@ -124,12 +160,11 @@ __device__ __forceinline__ void warp_offsets(SampleShared& s) {
 
 // The tie offsets of a cut filter: each warp counts the keys equal to f.tau that `keyf` hands it (the filters
 // before this one applied; `reset` rewinds their tie counts before a walk), the warps before it give its `off`.
-template <class K, class Z>
-__device__ __forceinline__ void tie_offsets(const float* __restrict__ x, int V, SampleShared& s, TieCut& f, K&& keyf,
-                                            Z&& reset) {
+template <class Src, class K, class Z>
+__device__ __forceinline__ void tie_offsets(const Src& src, SampleShared& s, TieCut& f, K&& keyf, Z&& reset) {
     int n = 0;
     reset();
-    walk_row(x, V, [&](int i, bool valid, float v) {
+    walk(src, [&](int, bool valid, float v) {
         const unsigned key = keyf(v);
         n += __popc(__ballot_sync(FULL_MASK, valid && key == f.tau));
     });
@@ -142,27 +177,28 @@ __device__ __forceinline__ void tie_offsets(const float* __restrict__ x, int V, 
 // Radix select over the keys `keyf` hands out (0: not a candidate): the key tau with weight(keys > tau) < target <=
 // weight(keys >= tau), weight = count (MASS false) or fixed-point mass. MASS with frac >= 0: target = frac x the
 // total mass (at least 1). Returns a filter keeping exactly that set (its ties cut by index where needed), off where
-// every candidate's weight falls short of the target. `reset` rewinds keyf's tie counts before each walk.
-template <bool MASS, class K, class Z>
-__device__ TieCut radix_select(const float* __restrict__ x, int V, SampleShared& s, u64 target, double frac,
-                               K&& keyf, Z&& reset) {
+// every candidate's weight falls short of the target. `reset` rewinds keyf's tie counts before each walk. probe:
+// the first pass only, leaving its bin in s.sel (-1: short of the target), the keys in or above it in s.count_ge
+// and the target in s.total.
+template <bool MASS, class Src, class K, class Z>
+__device__ TieCut radix_select(const Src& src, SampleShared& s, u64 target, double frac, K&& keyf, Z&& reset,
+                               bool probe = false) {
     const int tid = threadIdx.x, lane = tid & 31;
     unsigned prefix = 0u, mask = 0u;
-    u64 above_all = 0;
     int ties = 0;
     for (int pass = 0; pass < 4; ++pass) {
         const int shift = pass < 3 ? 23 - 8 * pass : 0;
         const unsigned dm = pass < 3 ? 0xffu : 0x7fu;
-        if (tid < 256) { s.hist_m[tid] = 0; s.hist_c[tid] = 0; }
+        if (tid < 256) { s.hist_lo[tid] = 0u; s.hist_hi[tid] = 0u; s.hist_c[tid] = 0; }
         if (tid == 0) s.sel = -1;
         __syncthreads();
         reset();
-        walk_row(x, V, [&](int i, bool valid, float v) {
+        walk(src, [&](int, bool valid, float v) {
             const unsigned key = keyf(v);
             if (valid && key != 0u && (key & mask) == prefix) {
                 const unsigned d = (key >> shift) & dm;
                 atomicAdd(&s.hist_c[d], 1);
-                if (MASS) atomicAdd(&s.hist_m[d], key_mass(key));
+                if (MASS) add_mass(s.hist_lo + d, s.hist_hi + d, key_mass(key));
             }
         });
         __syncthreads();
@@ -170,7 +206,8 @@ __device__ TieCut radix_select(const float* __restrict__ x, int V, SampleShared&
             u64 h[8], sum = 0;
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
-                h[e] = MASS ? s.hist_m[8 * lane + e] : (u64)s.hist_c[8 * lane + e];
+                const int d = 8 * lane + e;
+                h[e] = MASS ? ((u64)s.hist_hi[d] << 32) + s.hist_lo[d] : (u64)s.hist_c[d];
                 sum += h[e];
             }
             u64 incl = sum;  // inclusive suffix sum over the lanes
@@ -185,12 +222,23 @@ __device__ TieCut radix_select(const float* __restrict__ x, int V, SampleShared&
                 target = target < 1 ? 1 : (target > total ? total : target);
             }
             u64 acc = incl - sum;
+            int c = 0;  // the counts in the lanes above, for count_ge
+            for (int e = 0; e < 8; ++e) c += s.hist_c[8 * lane + e];
+            int c_incl = c;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int n = __shfl_down_sync(FULL_MASK, c_incl, o);
+                if (lane + o < 32) c_incl += n;
+            }
+            int c_acc = c_incl - c;
 #pragma unroll
             for (int e = 7; e >= 0; --e) {
+                c_acc += s.hist_c[8 * lane + e];
                 if (acc < target && acc + h[e] >= target) {
                     s.sel = 8 * lane + e;
                     s.above = acc;
                     s.ties = s.hist_c[8 * lane + e];
+                    s.count_ge = c_acc;
                 }
                 acc += h[e];
             }
@@ -199,13 +247,12 @@ __device__ TieCut radix_select(const float* __restrict__ x, int V, SampleShared&
         __syncthreads();
         const int sel = s.sel;
         target = s.total;
-        if (sel < 0) {  // the candidates' weight falls short of the target: all pass
+        if (sel < 0 || probe) {  // probe; or the candidates' weight falls short of the target: all pass
             __syncthreads();
             return TieCut{0u, 0, 0, 0, false, false};
         }
         prefix |= (unsigned)sel << shift;
         mask |= dm << shift;
-        above_all += s.above;
         target -= s.above;
         ties = s.ties;
         __syncthreads();
@@ -218,8 +265,104 @@ __device__ TieCut radix_select(const float* __restrict__ x, int V, SampleShared&
         f.need = (int)target;
     }
     f.cut = ties > f.need;
-    (void)above_all;
     return f;
+}
+
+// min_p, top_k, top_p and the draw over `src` (the row, or its candidate list); k_on / p_on: the filters to run,
+// p_target: top_p's target mass where already known (the row's, for a list that top_p cut), else 0 (tp x the
+// total of what top_k kept). Returns the token, or -1 where nothing has mass (the caller takes the argmax).
+template <class Src>
+__device__ int sample_from(const Src& src, SampleShared& s, float mx, float inv_t, float mp, int k, bool k_on,
+                           float tp, bool p_on, u64 p_target, float u01) {
+    __shared__ int s_pick;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    auto key0 = [&](float v) { return p_key(v, mx, inv_t, mp); };
+    TieCut fk{0u, 0, 0, 0, false, false}, fp{0u, 0, 0, 0, false, false};
+    auto reset = [&]() { fk.run = fk.off; fp.run = fp.off; };  // each walk counts the ties from its warp's offset
+    if (k_on) {
+        fk = radix_select<false>(src, s, (u64)k, -1.0, key0, reset);
+        if (fk.cut) tie_offsets(src, s, fk, key0, reset);
+    }
+    auto key1 = [&](float v) { return tie_cut(fk, key0(v)); };
+    if (p_on) {
+        fp = radix_select<true>(src, s, p_target, p_target ? -1.0 : (double)tp, key1, reset);
+        if (fp.cut) tie_offsets(src, s, fp, key1, reset);
+    }
+    auto key2 = [&](float v) { return tie_cut(fp, key1(v)); };
+
+    // the draw: each warp's kept mass, the warps' offsets, then the warp holding u * total finds the index
+    u64 m = 0;
+    reset();
+    walk(src, [&](int, bool valid, float v) {
+        const unsigned key = key2(v);
+        m += valid ? key_mass(key) : 0u;
+    });
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m += __shfl_xor_sync(FULL_MASK, m, o);
+    if (lane == 0) s.w_val[warp] = m;
+    if (tid == 0) s_pick = -1;
+    warp_offsets(s);
+    const u64 total = s.total, off = s.w_val[warp];
+    if (total > 0) {
+        u64 u = (u64)((double)u01 * (double)total);
+        u = u < total ? u : total - 1;
+        if (off <= u && u < off + m) {  // this warp's range holds the draw
+            u64 run = off;
+            reset();
+            walk(src, [&](int i, bool valid, float v) {
+                const u64 w = valid ? key_mass(key2(v)) : 0u;
+                u64 incl = w;
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    const u64 n = __shfl_up_sync(FULL_MASK, incl, o);
+                    if (lane >= o) incl += n;
+                }
+                if (w > 0 && run + incl - w <= u && u < run + incl) s_pick = i;
+                run += __shfl_sync(FULL_MASK, incl, 31);
+            });
+        }
+    }
+    __syncthreads();
+    return s_pick;
+}
+
+// the candidate list: the row's elements whose key (min_p applied) is nonzero and in bin `sel` of the first pass
+// (bits 30..23) or above, copied in any order, then sorted by index (bitonic, padded to a power of 2 with index
+// INT_MAX). Returns their count (the first pass's count_ge: the same keys).
+__device__ int build_list(const RowSrc& row, SampleShared& s, int sel, float mx, float inv_t, float mp) {
+    const int tid = threadIdx.x;
+    if (tid == 0) s.n_list = 0;
+    __syncthreads();
+    walk(row, [&](int i, bool valid, float v) {
+        const unsigned key = p_key(v, mx, inv_t, mp);
+        if (valid && key != 0u && (key >> 23) >= (unsigned)sel) {
+            const int slot = atomicAdd(&s.n_list, 1);
+            if (slot < SAMPLE_LIST) { s.list_x[slot] = v; s.list_i[slot] = i; }
+        }
+    });
+    __syncthreads();
+    const int n = min(s.n_list, SAMPLE_LIST);
+    int np = 2;
+    while (np < n) np <<= 1;
+    for (int j = n + tid; j < np; j += SAMPLE_THREADS) { s.list_x[j] = NEG_INF; s.list_i[j] = 0x7fffffff; }
+    __syncthreads();
+    for (int kk = 2; kk <= np; kk <<= 1) {
+        for (int j = kk >> 1; j > 0; j >>= 1) {
+            for (int t = tid; t < np / 2; t += SAMPLE_THREADS) {
+                const int a = 2 * t - (t & (j - 1)), b = a + j;  // a: bit j clear
+                const int ia = s.list_i[a], ib = s.list_i[b];
+                if ((ia > ib) == ((a & kk) == 0)) {
+                    const float xa = s.list_x[a];
+                    s.list_i[a] = ib;
+                    s.list_i[b] = ia;
+                    s.list_x[a] = s.list_x[b];
+                    s.list_x[b] = xa;
+                }
+            }
+            __syncthreads();
+        }
+    }
+    return n;
 }
 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_tokens(
@@ -229,7 +372,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_tokens(
     __shared__ SampleShared s;
     __shared__ float s_val[32];
     __shared__ int s_idx[32];
-    __shared__ int s_last, s_pick;
+    __shared__ int s_last;
     const int r = blockIdx.x, b = blockIdx.y, nb = gridDim.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const float* x = logits + (size_t)r * V;
 
@@ -290,55 +433,26 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_tokens(
     }
 
     // 2) a sampled row: min_p in the key, then top_k, then top_p over what top_k kept, then the draw
-    const float inv_t = 1.0f / temp, mp = min_p[r];
-    auto key0 = [&](float v) { return p_key(v, mx, inv_t, mp); };
+    const float inv_t = 1.0f / temp, mp = min_p[r], tp = top_p[r];
     const int k = top_k[r];
-    TieCut fk{0u, 0, 0, 0, false, false}, fp{0u, 0, 0, 0, false, false};
-    auto reset = [&]() { fk.run = fk.off; fp.run = fp.off; };  // each walk counts the ties from its warp's offset
-    if (k > 0 && k < V) {
-        fk = radix_select<false>(x, V, s, (u64)k, -1.0, key0, reset);
-        if (fk.cut) tie_offsets(x, V, s, fk, key0, reset);
-    }
-    auto key1 = [&](float v) { return tie_cut(fk, key0(v)); };
-    const float tp = top_p[r];
-    if (tp < 1.0f) {
-        fp = radix_select<true>(x, V, s, 0, (double)tp, key1, reset);
-        if (fp.cut) tie_offsets(x, V, s, fp, key1, reset);
-    }
-    auto key2 = [&](float v) { return tie_cut(fp, key1(v)); };
-
-    // the draw: each warp's kept mass, the warps' offsets, then the warp holding u * total finds the index
-    u64 m = 0;
-    reset();
-    walk_row(x, V, [&](int, bool valid, float v) {
-        const unsigned key = key2(v);
-        m += valid ? key_mass(key) : 0;
-    });
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m += __shfl_xor_sync(FULL_MASK, m, o);
-    if (lane == 0) s.w_val[warp] = m;
-    if (tid == 0) s_pick = -1;
-    warp_offsets(s);
-    const u64 total = s.total, off = s.w_val[warp];
-    if (total > 0) {
-        u64 u = (u64)((double)uniform[r] * (double)total);
-        u = u < total ? u : total - 1;
-        if (off <= u && u < off + m) {  // this warp's range holds the draw
-            u64 run = off;
-            reset();
-            walk_row(x, V, [&](int i, bool valid, float v) {
-                const u64 w = valid ? key_mass(key2(v)) : 0;
-                u64 incl = w;
-#pragma unroll
-                for (int o = 1; o < 32; o <<= 1) {
-                    const u64 n = __shfl_up_sync(FULL_MASK, incl, o);
-                    if (lane >= o) incl += n;
-                }
-                if (w > 0 && run + incl - w <= u && u < run + incl) s_pick = i;
-                run += __shfl_sync(FULL_MASK, incl, 31);
-            });
+    const bool k_on = k > 0 && k < V, p_on = tp < 1.0f;
+    const RowSrc row{x, V};
+    int pick = -1;
+    bool listed = false;
+    if (k_on || p_on) {  // 3) the first filter's first pass over the row: are its candidates few enough to list?
+        auto key0 = [&](float v) { return p_key(v, mx, inv_t, mp); };
+        auto none = [] {};
+        if (k_on) radix_select<false>(row, s, (u64)k, -1.0, key0, none, true);
+        else radix_select<true>(row, s, 0, (double)tp, key0, none, true);
+        const int sel = s.sel, count_ge = s.count_ge;
+        const u64 p_target = k_on ? 0 : s.total;  // top_p alone: the row's target (the list misses lower bins' mass)
+        __syncthreads();
+        if (sel >= 0 && count_ge <= SAMPLE_LIST) {
+            const ListSrc list{s.list_x, s.list_i, build_list(row, s, sel, mx, inv_t, mp)};
+            pick = sample_from(list, s, mx, inv_t, mp, k, k_on, tp, p_on, p_target, uniform[r]);
+            listed = true;
         }
     }
-    __syncthreads();
-    if (tid == 0) out[r] = s_pick >= 0 ? s_pick : (amax < V ? amax : 0);
+    if (!listed) pick = sample_from(row, s, mx, inv_t, mp, k, k_on, tp, p_on, 0, uniform[r]);
+    if (tid == 0) out[r] = pick >= 0 ? pick : (amax < V ? amax : 0);
 }
