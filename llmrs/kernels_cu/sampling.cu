@@ -310,7 +310,8 @@ __device__ int sample_from(const Src& src, SampleShared& s, float mx, float inv_
             u64 run = off;
             reset();
             walk(src, [&](int i, bool valid, float v) {
-                const u64 w = valid ? key_mass(key2(v)) : 0u;
+                const unsigned key = key2(v);  // in every lane: the filters ballot
+                const u64 w = valid ? key_mass(key) : 0u;
                 u64 incl = w;
 #pragma unroll
                 for (int o = 1; o < 32; o <<= 1) {
