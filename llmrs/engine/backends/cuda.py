@@ -262,7 +262,8 @@ class CUDABackend:
     # decode over 4-bit weights: gemv_q4 (tensor cores, the Marlin layout) instead of matvec_q4 (f32 FMA, the row
     # layout); LLMRS_Q4_GEMV=0 for A/B runs, tests that need matvec_q4's f32 activations set it False
     q4_gemv = os.environ.get("LLMRS_Q4_GEMV", "1") not in OFF_VALUES
-    # gemv_q4's stream-K form where it applies (cuda_q4gemm.gemv_streamk_takes; LLMRS_Q4_GEMV_STREAMK=0: K slices)
+    # gemv_q4's stream-K form where it applies (cuda_q4gemm.gemv_streamk_takes), LLMRS_Q4_GEMV_STREAMK=1; off (K
+    # slices): H200 session 22, graphed, 7B AWQ one token o / down 7.17 / 16.53 us against 6.46 / 16.20
     q4_streamk = os.environ.get("LLMRS_Q4_GEMV_STREAMK", "0").strip().lower() not in OFF_VALUES
     # session 21's other switches at their defaults (__init__ reads the environment; stand-ins built without it,
     # scripts/bench_host_prefill.py's, see these): the one-token stream-K matvecs off, 16 warps an attn_cluster block
