@@ -112,6 +112,11 @@ def test_user_mistakes_raise_user_error(app, tmp_path):
         ["bench", "--url", "http://127.0.0.1:1", "--tensor-parallel-size", "2"],  # only for the server bench starts
         ["bench", "--server-cmd", "x --port {port}", "--serve-args", "--max-num-seqs 8"],
         ["bench", "--tensor-parallel-size", "0"],
+        ["bench", "--url", "http://127.0.0.1:1", "--top-p", "1.5"],
+        ["bench", "--url", "http://127.0.0.1:1", "--top-p", "0"],
+        ["bench", "--url", "http://127.0.0.1:1", "--top-k", "-2"],
+        ["bench", "--url", "http://127.0.0.1:1", "--min-p", "2"],
+        ["bench", "--url", "http://127.0.0.1:1", "--temperature", "-1"],
     ):
         res = _invoke(app, args)
         assert isinstance(res.exception, UserError), (args, res.output, res.exception)
@@ -154,6 +159,6 @@ def test_help_lists_every_option_with_defaults(app):
     res = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "200"})
     for opt in ("--url", "--server-cmd", "--concurrency", "--request-rate", "--burstiness", "--range-ratio", "--dataset",
                 "--prefix-len", "--ignore-eos", "--warmup", "--seed", "--timeout", "--api-key", "--label", "--workers",
-                "--sweep", "--slo", "--tokenizer", "--prompt-format"):
+                "--sweep", "--slo", "--tokenizer", "--prompt-format", "--temperature", "--top-p", "--top-k", "--min-p"):
         assert opt in res.output, opt
     assert "default: 16" in res.output.replace("[", "").replace("]", "")

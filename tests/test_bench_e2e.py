@@ -20,12 +20,14 @@ def test_bench_starts_llmrs_serve_and_saves_complete_results(tmp_path):
     res = subprocess.run(
         [sys.executable, "-m", "llmrs", "bench", "-n", "6", "-c", "3", "--input-len", "24", "--output-len", "8",
          "--ignore-eos", "--workers", "1", "--label", "llmrs-cpu", "-o", str(tmp_path / "res"), "--name", "e2e",
-         "--report", str(tmp_path / "rep")],
+         "--report", str(tmp_path / "rep"), "--temperature", "0.8", "--top-p", "0.9", "--top-k", "20"],
         capture_output=True, text=True, env=env, timeout=600,
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     doc = json.loads((tmp_path / "res" / "e2e.json").read_text())
     assert doc["server"]["managed"] and "serve" in doc["server"]["command"]
+    params = doc["params"]
+    assert (params["temperature"], params["top_p"], params["top_k"], params["min_p"]) == (0.8, 0.9, 20, None)
     (run,) = doc["runs"]
     s = run["summary"]
     assert s["completed"] == 6 and s["failed"] == 0

@@ -84,6 +84,22 @@ def test_metrics_equal_known_server_timing(server, backend):
     assert s.goodput == pytest.approx(reqs / s.duration_s)  # every request meets ttft<=150, tpot<=25
 
 
+def test_sampling_options_reach_the_server_only_when_set(server):
+    """--temperature always travels; --top-p / --top-k / --min-p only when given (a server that does not know top_k
+    is not sent one it was not asked for), in both the completions and the chat body."""
+    url, stats = server
+    cases = {"samp plain": ClientConfig(url, "m"),
+             "samp all": ClientConfig(url, "m", temperature=0.7, top_p=0.9, top_k=20, min_p=0.05),
+             "samp chat": ClientConfig(url, "m", backend="chat", temperature=1.0, top_p=0.5)}
+    for prompt, cfg in cases.items():
+        out = run_load([RequestSpec(0, prompt, 3, 2)], [0.0], cfg, cap=1, workers=1)
+        assert out.results[0].success, out.results[0].error
+    seen = stats.get()["sampling"]
+    assert seen["samp plain"] == {"temperature": 0.0}
+    assert seen["samp all"] == {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.05}
+    assert seen["samp chat"] == {"temperature": 1.0, "top_p": 0.5}
+
+
 def test_goodput_counts_only_requests_meeting_every_slo(server):
     url, _ = server
     specs = [RequestSpec(i, f"ttft_ms={50 if i % 2 else 300} gap_ms=10", 3, 5) for i in range(8)]

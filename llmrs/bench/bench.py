@@ -63,6 +63,9 @@ class BenchOptions:
     tokenizer: str | None = None
     ignore_eos: bool = False
     temperature: float = 0.0
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
     endpoint: str = ""
     out_dir: Path = Path("bench-results")
     name: str | None = None
@@ -220,7 +223,8 @@ def run_bench(o: BenchOptions, console: Console | None = None) -> Path:
         if not model:
             raise UserError(f"no --model given and {base_url}/v1/models lists none ({ident.get('models_error', 'empty')})")
         label = o.label or (models[0].get("owned_by") if models else None) or "server"
-        cfg = ClientConfig(base_url, model, o.workload.backend, o.endpoint, o.api_key, o.timeout, o.ignore_eos, o.temperature)
+        cfg = ClientConfig(base_url, model, o.workload.backend, o.endpoint, o.api_key, o.timeout, o.ignore_eos,
+                           o.temperature, o.top_p, o.top_k, o.min_p)
         with console.status("building prompts..."):
             specs, tok, tok_source = asyncio.run(_prepare(o, base_url, model))
         console.print(f"{len(specs)} prompts ({'dataset ' + o.workload.dataset if o.workload.dataset else 'random tokens'}; tokenizer: {tok_source})")
@@ -295,6 +299,9 @@ def _params(o: BenchOptions) -> dict:
         "timeout": o.timeout,
         "ignore_eos": o.ignore_eos,
         "temperature": o.temperature,
+        "top_p": o.top_p,
+        "top_k": o.top_k,
+        "min_p": o.min_p,
         "endpoint": o.endpoint or None,
         "workers": o.workers,
         "slo_ms": o.slo,

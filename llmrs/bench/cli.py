@@ -69,6 +69,9 @@ def bench(
     tokenizer: str = typer.Option(None, help="Local tokenizer.json (or model dir) to use when the server has no /tokenize endpoint."),
     ignore_eos: bool = typer.Option(False, "--ignore-eos/--no-ignore-eos", help="Send ignore_eos (vLLM, llmrs) so every request generates exactly max_tokens."),
     temperature: float = typer.Option(0.0, help="Sampling temperature sent with each request."),
+    top_p: float = typer.Option(None, help="top_p sent with each request (not sent when not given)."),
+    top_k: int = typer.Option(None, help="top_k sent with each request (vLLM, SGLang, llama.cpp, llmrs; -1 or 0: off)."),
+    min_p: float = typer.Option(None, help="min_p sent with each request (vLLM, SGLang, llama.cpp, llmrs)."),
     warmup: int = typer.Option(0, help="Warm-up requests sent (and discarded) before measuring."),
     seed: int = typer.Option(0, help="Seed for prompts and arrival times."),
     timeout: float = typer.Option(600.0, help="Seconds a request may take in all before it counts as failed."),
@@ -115,11 +118,19 @@ def bench(
         concurrency=concurrency or None, request_rate=_rate(request_rate), burstiness=burstiness,
         sweep=parse_sweep(sweep), warmup=warmup, timeout=timeout, api_key=api_key, label=label, workers=workers,
         slo=slo_ms, percentiles=_percentiles(percentiles), tokenizer=tokenizer, ignore_eos=ignore_eos,
-        temperature=temperature, endpoint=endpoint, out_dir=out_dir, name=name,
+        temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, endpoint=endpoint, out_dir=out_dir, name=name,
         command=shlex.join(["llmrs", *sys.argv[1:]]), serve_args=tuple(extra),
     )
     if burstiness <= 0 or not math.isfinite(burstiness):
         raise UserError("--burstiness must be a positive number")
+    if not (temperature >= 0 and math.isfinite(temperature)):
+        raise UserError(f"--temperature {temperature}: must be >= 0")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise UserError(f"--top-p {top_p}: must be in (0, 1]")
+    if top_k is not None and top_k < -1:
+        raise UserError(f"--top-k {top_k}: must be -1, 0 (off) or positive")
+    if min_p is not None and not 0 <= min_p <= 1:
+        raise UserError(f"--min-p {min_p}: must be in [0, 1]")
     _writable_dir(out_dir, "--out-dir")  # before the run, not after it: the results must have somewhere to go
     if report:
         _writable_dir(report, "--report")

@@ -34,6 +34,10 @@ class ClientConfig:
     timeout: float = 600.0  # seconds, whole request
     ignore_eos: bool = False
     temperature: float = 0.0
+    # sent only where set (top_k and min_p are not OpenAI fields: vLLM, SGLang, llama.cpp and llmrs take them)
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
 
     @property
     def url(self) -> str:
@@ -63,6 +67,9 @@ def build_body(cfg: ClientConfig, spec: RequestSpec) -> bytes:
         body["prompt"] = spec.prompt
     if cfg.ignore_eos:
         body["ignore_eos"] = True
+    for key in ("top_p", "top_k", "min_p"):
+        if getattr(cfg, key) is not None:
+            body[key] = getattr(cfg, key)
     return json.dumps(body).encode()
 
 

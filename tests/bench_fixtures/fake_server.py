@@ -11,8 +11,9 @@ directives in its prompt text (`key=value` words), falling back to the server's 
 - `usage_lie=1`  report one completion token more than sent (to test the usage cross-check).
 
 Also: GET /health, GET /v1/models, POST /tokenize and /detokenize with a toy tokenizer (word "t123" <-> id 123,
-BOS id 1 prepended, so prompts fit exactly), GET /stats (peak in-flight, request count, and `timings`: per prompt, the perf_counter of its arrival and of
-each content write: one clock with the client's on Linux), POST /stats/reset.
+BOS id 1 prepended, so prompts fit exactly), GET /stats (peak in-flight, request count, `timings`: per prompt, the
+perf_counter of its arrival and of each content write: one clock with the client's on Linux; `sampling`: per prompt,
+the sampling fields its request carried), POST /stats/reset.
 `--gap-ms 0` streams as fast as it can; `--coalesce K` packs K events into one write.
 Run standalone: `python tests/bench_fixtures/fake_server.py --port 8123`.
 """
@@ -26,6 +27,7 @@ import time
 from dataclasses import dataclass
 
 BOS = 1
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p")
 
 
 @dataclass(slots=True)
@@ -62,6 +64,7 @@ class FakeServer:
         self.max_inflight = 0
         self.requests = 0
         self.timings: dict[str, list[float]] = {}  # prompt -> [arrival, send time of each content chunk]
+        self.sampling: dict[str, dict] = {}  # prompt -> the sampling fields its request carried
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -87,10 +90,12 @@ class FakeServer:
         if path == "/v1/models":
             return await _json(send, 200, {"object": "list", "data": [{"id": self.d.model, "object": "model", "owned_by": "fake", "max_model_len": 4096}]})
         if path == "/stats":
-            return await _json(send, 200, {"max_inflight": self.max_inflight, "requests": self.requests, "timings": self.timings})
+            return await _json(send, 200, {"max_inflight": self.max_inflight, "requests": self.requests,
+                                           "timings": self.timings, "sampling": self.sampling})
         if path == "/stats/reset":
             self.max_inflight = self.requests = 0
             self.timings.clear()
+            self.sampling.clear()
             return await _json(send, 200, {})
         req = json.loads(body or b"{}")
         if path == "/tokenize":
@@ -100,6 +105,8 @@ class FakeServer:
             return await _json(send, 200, {"prompt": toy_detokenize(req.get("tokens", []))})
         if path in ("/v1/completions", "/v1/chat/completions") and method == "POST":
             self.requests += 1
+            prompt = req.get("prompt") if "prompt" in req else (req.get("messages") or [{}])[-1].get("content")
+            self.sampling[str(prompt)] = {k: req[k] for k in SAMPLING_FIELDS if k in req}
             self.inflight += 1
             self.max_inflight = max(self.max_inflight, self.inflight)
             try:
