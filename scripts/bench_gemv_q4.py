@@ -37,23 +37,17 @@ def main() -> None:
                     help="';'-separated NVRTC option sets for gemm_q4.cu's gemv (e.g. '-DGV_DEPTH=8 -DGV_MINB=3;"
                          "-DGV_MINB=5'; `llmrs ptx-check -D` says first whether they spill): each timed beside "
                          "the built-in kernels")
-    ap.add_argument("--sk", default="16:2,16:1,16:4,12:2,8:2",
-                    help="stream-K plans to time beside the K slices: WARPS_PER_SM:MIN_UNITS,... (cuda_q4gemm's "
-                         "GEMV_SK_WARPS_PER_SM / GEMV_SK_MIN_UNITS; '' for none)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
     import cupy as cp
     import numpy as np
 
-    from llmrs.engine.backends import cuda_q4gemm as q4
     from llmrs.engine.backends.cuda import round_bf16
     from llmrs.engine.backends.cuda_q4gemm import GEMV_BLOCKS_PER_SM, gemv_q4, gemv_splits, gemv_takes
     from tests.cuda_helpers import graph_us as graph_time_us
     from tests.cuda_helpers import tiny_backend
     from tests.test_quant_marlin import make_weight
-
-    sk_default = (q4.GEMV_SK_WARPS_PER_SM, q4.GEMV_SK_MIN_UNITS)
 
     be = tiny_backend()
     from llmrs.engine.backends.cuda_kernels import ENTRY_POINTS, OPTIONS, kernel_source
@@ -130,21 +124,10 @@ def main() -> None:
                     continue
                 seen.add(S_eff)
                 us = add(f"gemv_q4 {vname}" if vname != "main" else "gemv_q4",
-                         graph_us(lambda dw: gemv_q4(be, x, dw.marlin, None, out, splits=S, streamk=False)), S_eff,
-                         N // 32 * S_eff)
+                         graph_us(lambda dw: gemv_q4(be, x, dw.marlin, None, out, splits=S)), S_eff, N // 32 * S_eff)
                 if vname == "main":
                     per_shape[S_eff] = us
         be.k.fns.update(variants["main"])
-        for cfg in filter(None, (c.strip() for c in args.sk.split(","))):  # the stream-K form, per plan
-            wps, _, mu = cfg.partition(":")
-            q4.GEMV_SK_WARPS_PER_SM, q4.GEMV_SK_MIN_UNITS = int(wps), int(mu or 2)
-            if not q4.gemv_streamk_takes(be, T, N, K, 128):
-                continue
-            W, maxc = q4.gemv_streamk_plan(be, N, K)
-            us = add(f"gemv_q4 stream-K {wps}/SM min {mu or 2}", graph_us(
-                lambda dw: gemv_q4(be, x, dw.marlin, None, out, streamk=True)), f"W{W}/c{maxc}", -(-W // 4))
-            per_shape[f"sk {cfg}"] = us
-        q4.GEMV_SK_WARPS_PER_SM, q4.GEMV_SK_MIN_UNITS = sk_default
         takes = gemv_takes(be, T, N, K)
         choice = per_shape[auto_S] if takes else us_mv
         fastest = min(min(per_shape.values()), us_mv)

@@ -53,7 +53,6 @@ def main() -> None:
     bs = 16
     nbps = -(-(a.context + 1) // bs)
     be = CUDABackend(dataclasses.replace(c, num_hidden_layers=1), num_blocks=T * nbps + 1, cuda_graphs=False)
-    be.matvec_streamk = be.pair_streamk = False  # the one-warp-a-row forms first; stream-K timed beside them
     gen = cp.random.default_rng(0)
 
     def mat(n, k):
@@ -120,12 +119,6 @@ def main() -> None:
                 us = graph_us(lambda i: be._linear(x[name], pick(name, i), None, y[name], name=name))
                 add(f"matvec {name} splits={splits}", us, 2 * N * K)
             be._matvec_forced_splits = 0
-            if T == 1 and be._matvec_sk_plan(N, K) is not None:  # matvec_bf16_sk (LLMRS_MATVEC_STREAMK)
-                be.matvec_streamk = True
-                us = graph_us(lambda i: be._linear(x[name], pick(name, i), None, y[name], name=name))
-                be.matvec_streamk = False
-                W_, maxc = be._matvec_sk_plan(N, K)
-                add(f"matvec {name} stream-K W={W_} maxc={maxc}", us, 2 * N * K)
             print(f"  (backend's choice for {name}: splits={be._matvec_splits(N, K)})")
         act = cp.zeros((T, I), dtype=cp.float32)
         add("matvec gate_up+silu", graph_us(lambda i: be._matvec_pair("silu", x["gate_up"], pick("gate_up", i), act)),
@@ -137,20 +130,6 @@ def main() -> None:
             "silu", x["gate_up"], pick("gate_up", i), act, norm=(nw, 1e-6))), 2 * 2 * I * H)
         add("matvec norm+qkv+rope", graph_us(lambda i: be._matvec_pair(
             "rope", x["qkv"], pick("qkv", i), qkv, bias=bias, db=db, norm=(nw, 1e-6))), 2 * n_qkv * H)
-        if T == 1:  # matvec_{rope,silu}{,_norm}_bf16_sk (LLMRS_MATVEC_STREAMK=pair)
-            be.pair_streamk = True
-            for nrm in (None, (nw, 1e-6)):
-                plan = be._pair_sk_plan(n_qkv, H, nrm is not None)
-                if plan is not None:
-                    add(f"matvec {'norm+' if nrm else ''}qkv+rope stream-K W={plan[0]} maxc={plan[1]}",
-                        graph_us(lambda i: be._matvec_pair("rope", x["qkv"], pick("qkv", i), qkv, bias=bias, db=db,
-                                                           norm=nrm)), 2 * n_qkv * H)
-                plan = be._pair_sk_plan(2 * I, H, nrm is not None, "silu")
-                if plan is not None:
-                    add(f"matvec {'norm+' if nrm else ''}gate_up+silu stream-K W={plan[0]} maxc={plan[1]}",
-                        graph_us(lambda i: be._matvec_pair("silu", x["gate_up"], pick("gate_up", i), act, norm=nrm)),
-                        2 * 2 * I * H)
-            be.pair_streamk = False
         h = cp.zeros((T, H), dtype=cp.float32)
         add("rms_norm", graph_us(lambda i: be._rms_norm(x["qkv"], nw, 1e-6, h)))
         xx = x["qkv"].copy()

@@ -279,38 +279,6 @@ def test_kernel_ab_switches_become_compile_options():
                                   "-DLLMRS_ATTN_EXACT_EXP", "-DLLMRS_ATTN_CLOCKS", "-DATTN_X=2"]
 
 
-def test_streamk_split_covers_every_unit_once_and_sizes_the_row_slots():
-    """cuda_kernels.streamk_split, the plan of matvec_bf16_sk and gemv_q4*_sk: warp w takes units
-    [w U / W, (w + 1) U / W) and finds a row's first and last warps by ceil((f + 1) W / U) - 1; every unit covered
-    once, no warp idle, at least min_units a warp, maxc the most warps of a row (its partial-sum slots)."""
-    from llmrs.engine.backends.cuda_kernels import STREAMK_SEM_ROWS, streamk_split
-
-    for rows, upr, resident, min_units in [(3584, 14, 4224, 4), (3584, 74, 4224, 4), (2048, 43, 4224, 4),
-                                           (37, 4, 4224, 4), (3, 8, 4224, 1), (3584, 14, 20, 4), (1, 1, 9, 1),
-                                           (1184, 28, 2112, 2), (40, 7, 4224, 1)]:
-        W, maxc = streamk_split(rows, upr, resident, min_units)
-        U = rows * upr
-        assert W == max(1, min(U // min_units, resident)) and U * W < 1 << 32
-        lo = [w * U // W for w in range(W + 1)]
-        assert lo[0] == 0 and lo[-1] == U and all(b - a >= min(min_units, U) for a, b in zip(lo, lo[1:]))
-        owner = np.repeat(np.arange(W), np.diff(lo))
-        assert all(((f + 1) * W - 1) // U == owner[f] for f in range(U))  # the kernels' rule
-        assert maxc == max(owner[(r + 1) * upr - 1] - owner[r * upr] + 1 for r in range(rows))
-    assert streamk_split(STREAMK_SEM_ROWS + 1, 4, 4224, 4) is None  # more rows than counters
-    assert streamk_split(152064, 14, 4224, 4) is None  # an lm_head: U W past 32 bits
-
-
-def test_resident_blocks_by_registers():
-    from llmrs.engine.backends.cuda_kernels import resident_blocks
-
-    assert resident_blocks(SimpleNamespace(num_regs=64), 128) == 8  # matvec_bf16_sk: 4,224 warps on 132 SMs
-    assert resident_blocks(SimpleNamespace(num_regs=62), 128) == 8
-    assert resident_blocks(SimpleNamespace(num_regs=65), 128) == 7
-    assert resident_blocks(SimpleNamespace(num_regs=128), 128) == 4  # gemv_q4 (GEMV_BLOCKS_PER_SM)
-    assert resident_blocks(SimpleNamespace(num_regs=16), 128) == 16  # 2048 threads an SM
-    assert resident_blocks(SimpleNamespace(num_regs=255), 1024) == 1
-
-
 def test_sample_row_blocks_spreads_small_batches_within_the_sms():
     """cuda_kernels.sample_row_blocks: one stream's row over several blocks, a big batch one block a row, never
     more blocks than SMs in all (the hand-off buffers hold num_sms partials) nor slices under SAMPLE_MIN_SLICE."""

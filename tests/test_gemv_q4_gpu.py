@@ -24,9 +24,7 @@ cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
 from llmrs.engine.backends.cuda import NULL, round_bf16  # noqa: E402
-from llmrs.engine.backends import cuda_q4gemm  # noqa: E402
-from llmrs.engine.backends.cuda_q4gemm import (  # noqa: E402
-    gemv_q4, gemv_splits, gemv_streamk_plan, gemv_streamk_takes, gemv_takes, linear_q4, to_marlin)
+from llmrs.engine.backends.cuda_q4gemm import gemv_q4, gemv_splits, gemv_takes, linear_q4, to_marlin  # noqa: E402
 from llmrs.engine.weights import bf16_to_f32  # noqa: E402
 from tests.test_quant_marlin import make_weight  # noqa: E402
 
@@ -54,19 +52,16 @@ def test_gemv_q4_matches_numpy_on_exact_weights(backend, kind, N, K, G):
         y0 = rng.standard_normal((T, N)).astype(np.float32)
         ref = round_bf16(x).astype(np.float64) @ wref.T + (0 if bias is None else bias) + (y0 if accumulate else 0)
         b = None if bias is None else cp.asarray(bias)
-        forms = [(1, False), (3, False), (None, False)]
-        if gemv_streamk_takes(backend, T, N, K, G):
-            forms.append((None, True))
-        for splits, streamk in forms:
+        for splits in (1, 3, None):
             buf = cp.full(T * N + 64, np.nan, dtype=cp.float32)
             out = buf[: T * N].reshape(T, N)
             if accumulate:
                 out[...] = cp.asarray(y0)
-            assert gemv_q4(backend, cp.asarray(x), mw, b, out, accumulate, splits=splits, streamk=streamk)
+            assert gemv_q4(backend, cp.asarray(x), mw, b, out, accumulate, splits=splits)
             got = cp.asnumpy(out)
             err = rel_err(got, ref)
             row = max(rel_err(got[t], ref[t]) for t in range(T))
-            assert err < TOL and row < TOL, (kind, N, K, G, T, splits, streamk, err, row)
+            assert err < TOL and row < TOL, (kind, N, K, G, T, splits, err, row)
             assert bool(cp.isnan(buf[T * N:]).all()), "wrote past the output"
             worst = max(worst, err)
     report(f"gemv_q4 {kind} N{N} K{K} G{G}", {"rel": worst, "splits auto": gemv_splits(backend, N, K)})
@@ -83,57 +78,6 @@ def test_gemv_q4_repeats_bit_exactly_and_resets_its_counters(backend):
     for _ in range(5):
         again = cp.empty((2, N), dtype=cp.float32)
         assert gemv_q4(backend, x, mw, None, again)
-        assert bool((again == first).all())
-    assert int(backend._ws["gemv_q4_sem"].sum()) == 0
-
-
-@pytest.mark.parametrize("warps_per_sm,min_units", [(16, 2), (1, 1), (64, 1)])
-@pytest.mark.parametrize("kind,N,K,G", [("awq", 4608, 3584, 128), ("q4_1", 1216, 1152, 128), ("awq", 128, 18944, 128),
-                                        ("q4_0", 3584, 2048, 32), ("q4_1", 1216, 1152, 32)])
-def test_gemv_q4_streamk_matches_numpy_whatever_the_warps(backend, monkeypatch, kind, N, K, G, warps_per_sm,
-                                                           min_units):
-    """The stream-K form over plans of every kind: tiles shared by up to maxc warps, warps holding several whole
-    tiles (1 warp an SM), one unit a warp (64 an SM, at most one unit each); G 128 and 32 (a tile of K 1152: 9 units,
-    odd segments); T = 1..8, bias and accumulate."""
-    monkeypatch.setattr(cuda_q4gemm, "GEMV_SK_WARPS_PER_SM", warps_per_sm)
-    monkeypatch.setattr(cuda_q4gemm, "GEMV_SK_MIN_UNITS", min_units)
-    rng = np.random.default_rng(N + K + G + warps_per_sm)
-    w = make_weight(kind, N, K, G, rng)
-    mw = to_marlin(backend, backend.upload_quantized(w))
-    wref = w.dequantize().astype(np.float64)
-    plan = gemv_streamk_plan(backend, N, K)
-    assert plan is not None
-    for T in range(1, 9):
-        assert gemv_streamk_takes(backend, T, N, K, G)
-        accumulate, with_bias = T % 2 == 1, T % 3 != 1
-        x = rng.standard_normal((T, K)).astype(np.float32)
-        bias = rng.standard_normal(N).astype(np.float32) if with_bias else None
-        y0 = rng.standard_normal((T, N)).astype(np.float32)
-        ref = round_bf16(x).astype(np.float64) @ wref.T + (0 if bias is None else bias) + (y0 if accumulate else 0)
-        buf = cp.full(T * N + 64, np.nan, dtype=cp.float32)
-        out = buf[: T * N].reshape(T, N)
-        if accumulate:
-            out[...] = cp.asarray(y0)
-        assert gemv_q4(backend, cp.asarray(x), mw, None if bias is None else cp.asarray(bias), out, accumulate,
-                       streamk=True)
-        got = cp.asnumpy(out)
-        assert rel_err(got, ref) < TOL, (kind, N, K, T, plan, rel_err(got, ref))
-        assert bool(cp.isnan(buf[T * N:]).all()), "wrote past the output"
-    assert int(backend._ws["gemv_q4_sem"].sum()) == 0
-    report(f"gemv_q4 stream-K {kind} G{G} N{N} K{K} warps/SM {warps_per_sm}", {"W, maxc": plan})
-
-
-def test_gemv_q4_streamk_repeats_bit_exactly(backend):
-    rng = np.random.default_rng(12)
-    N, K = 3584, 18944  # Qwen2.5-7B down: ~20 warps a tile
-    mw = to_marlin(backend, backend.upload_quantized(make_weight("awq", N, K, 128, rng)))
-    x = cp.asarray(rng.standard_normal((3, K)).astype(np.float32))
-    first = cp.empty((3, N), dtype=cp.float32)
-    assert gemv_q4(backend, x, mw, None, first, streamk=True)
-    assert gemv_streamk_plan(backend, N, K)[1] > 1
-    for _ in range(5):
-        again = cp.empty((3, N), dtype=cp.float32)
-        assert gemv_q4(backend, x, mw, None, again, streamk=True)
         assert bool((again == first).all())
     assert int(backend._ws["gemv_q4_sem"].sum()) == 0
 

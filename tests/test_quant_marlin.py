@@ -216,38 +216,6 @@ def test_gemv_splits_cover_k_exactly_with_no_empty_slice(sms):
                     assert N // 32 * S <= GEMV_BLOCKS_PER_SM * sms, (N, K, S)
 
 
-@pytest.mark.parametrize("sms", [1, 8, 132])
-def test_gemv_streamk_plan_covers_every_unit_once_and_sizes_the_slots(sms):
-    """gemm_q4.cu's gemv_q4 stream-K form trusts its plan: warp w takes units [w U / W, (w + 1) U / W) of the
-    flattened (tile, GEMV_DEPTH k32 blocks) space and finds a tile's first and last warps by
-    ceil((f + 1) W / U) - 1 in 32-bit arithmetic; every unit must be covered once, no warp idle, a tile's slot
-    w - first below maxc (the partial buffer's size), and the last warp's count is (last - first + 1)."""
-    from types import SimpleNamespace
-
-    from llmrs.engine.backends.cuda_q4gemm import GEMV_DEPTH, gemv_streamk_plan, gemv_streamk_takes
-
-    backend = SimpleNamespace(num_sms=sms)
-    for N in (32, 64, 896, 1152, 3584, 4608, 9728, 37888):
-        for K in (64, 128, 896, 1536, 3584, 4864, 18944):
-            plan = gemv_streamk_plan(backend, N, K)
-            if K % (32 * GEMV_DEPTH):
-                assert plan is None and not gemv_streamk_takes(backend, 1, N, K, 128)
-                continue
-            W, maxc = plan
-            upt = K // 32 // GEMV_DEPTH
-            U = N // 32 * upt
-            assert 1 <= W <= U and U * W < 1 << 32
-            lo = [w * U // W for w in range(W + 1)]
-            assert lo[0] == 0 and lo[-1] == U and all(b > a for a, b in zip(lo, lo[1:]))  # each unit once, none idle
-            owner = np.repeat(np.arange(W), np.diff(lo))  # the warp of each unit
-            for f in range(U):  # the kernel's rule for a unit's warp
-                assert ((f + 1) * W - 1) // U == owner[f]
-            shares = [owner[(n + 1) * upt - 1] - owner[n * upt] + 1 for n in range(N // 32)]
-            assert max(shares) == maxc, (N, K, sms)
-            assert gemv_streamk_takes(backend, 8, N, K, 128) and not gemv_streamk_takes(backend, 9, N, K, 128)
-            assert gemv_streamk_takes(backend, 1, N, K, 32) and not gemv_streamk_takes(backend, 1, N, K, 64)
-
-
 @pytest.mark.parametrize("k_per_n", [0.0, 4.0])
 @pytest.mark.parametrize("sms", [1, 8, 132])
 def test_a_weight_without_its_row_form_is_never_sent_to_the_matvec(sms, k_per_n, monkeypatch):
@@ -296,7 +264,7 @@ def test_the_default_one_token_rule_on_qwen2_5_shapes():
 def test_gemv_kernel_picks_the_fixed_group_form_for_g32_and_g128_and_exists():
     """cuda_q4gemm.gemv_kernel: the compile-time-group forms (gemm_q4.cu's CPG) for G 32 / 128, the run-time one
     otherwise, one or two n8 tiles of tokens; every name it returns is a compiled entry point with PDL."""
-    from llmrs.engine.backends.cuda_kernels import ENTRY_POINTS, GEMV_SK_CPG, PDL_KERNELS
+    from llmrs.engine.backends.cuda_kernels import ENTRY_POINTS, PDL_KERNELS
     from llmrs.engine.backends.cuda_q4gemm import GEMV_DEPTH, GEMV_MAX_TOKENS, gemv_kernel
 
     assert gemv_kernel(0, 1, 128) == "gemv_q4z_c4" and gemv_kernel(1, 1, 32) == "gemv_q4m_c1"
@@ -312,11 +280,6 @@ def test_gemv_kernel_picks_the_fixed_group_form_for_g32_and_g128_and_exists():
                 cpg = G // 32
                 if name.endswith(f"_c{cpg}"):
                     assert GEMV_DEPTH % cpg == 0  # every batch of a warp holds whole groups (the kernel's CPG rule)
-    for cpg in GEMV_SK_CPG:  # the stream-K forms
-        for k in ("q4z", "q4m"):
-            name = f"gemv_{k}_sk_c{cpg}"
-            assert name in ENTRY_POINTS["gemm_q4.cu"] and name in PDL_KERNELS and f"GEMV_Q4_SK({name}," in source
-            assert GEMV_DEPTH % cpg == 0
 
 
 @pytest.mark.parametrize("small", [None, 256])

@@ -206,27 +206,6 @@ __device__ __forceinline__ void pdl_enter() {
     pdl_wait();
 }
 
-// Stream-K kernels (matvec.cu *_sk, gemm_q4.cu gemv_q4*_sk; the host's plan: cuda_kernels.streamk_split): Wn warps
-// share U units numbered row-major, warp w taking [w U / Wn, (w + 1) U / Wn). sk_warp_of: the warp of unit f,
-// ceil((f + 1) Wn / U) - 1 (32-bit: the plan keeps U Wn < 2^32). sk_last_in: a warp that has written its partial
-// sums of a shared row counts itself in on the row's counter (n warps share the row); true, in every lane, for the
-// last of them, which then reads the others' partials (visible: each wrote, fenced, then counted) and whose lane 0
-// has put the counter back to 0 for the next launch (stream order).
-__device__ __forceinline__ int sk_warp_of(unsigned f, unsigned Wn, unsigned U) { return (int)(((f + 1) * Wn - 1) / U); }
-
-__device__ __forceinline__ bool sk_last_in(int* counter, int n) {
-    __threadfence();  // this warp's partials, visible before the count says so
-    __syncwarp();
-    int last = 0;
-    if ((threadIdx.x & 31) == 0) {
-        last = atomicAdd(counter, 1) == n - 1;
-        if (last) *counter = 0;
-    }
-    last = __shfl_sync(0xffffffffu, last, 0);
-    if (last) __threadfence();
-    return last;
-}
-
 // Decode attention's prologue before pdl_wait(): pull the K and V rows of keys [start, stop) of kv head g into L2
 // (the block's threads stride over (key, 128-byte line) pairs; block table = the token's, host-written). A
 // prefetch hands nothing to the thread and L2 is the GPU's point of coherence, so this is safe for any row; the

@@ -55,8 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from llmrs.engine.backends.cuda_kernels import (MATVEC_ROWS_R, OFF_VALUES, STREAMK_SEM_ROWS, resident_blocks,
-                                                sample_row_blocks, streamk_split)
+from llmrs.engine.backends.cuda_kernels import MATVEC_ROWS_R, OFF_VALUES, sample_row_blocks
 from llmrs.engine.backends.cuda_q4gemm import (GEMV_MAX_TOKENS, dequant_marlin, gemm_q4, gemm_takes, gemv_q4,
                                                gemv_takes, linear_q4, wgmma_takes)
 from llmrs.engine.backends.cuda_wgmma import bf16_wgmma_takes, gemm_bf16wg
@@ -75,8 +74,6 @@ NULL = np.uint64(0)
 MATVEC_ROWS_PER_BLOCK = 4
 # the long-K matvec's warps per matrix (`_matvec_splits`): splits = the fewest of 1, 2, 4 reaching it
 MATVEC_LONG_K_MIN_WARPS = 3584
-# matvec_bf16_sk's least units (256 weights) a warp: one pipeline batch (4 in flight), fewer warps for small matrices
-MATVEC_SK_MIN_UNITS = 4
 
 
 def splits_by_warps(N: int) -> int:
@@ -262,13 +259,8 @@ class CUDABackend:
     # decode over 4-bit weights: gemv_q4 (tensor cores, the Marlin layout) instead of matvec_q4 (f32 FMA, the row
     # layout); LLMRS_Q4_GEMV=0 for A/B runs, tests that need matvec_q4's f32 activations set it False
     q4_gemv = os.environ.get("LLMRS_Q4_GEMV", "1") not in OFF_VALUES
-    # gemv_q4's stream-K form where it applies (cuda_q4gemm.gemv_streamk_takes), LLMRS_Q4_GEMV_STREAMK=1; off (K
-    # slices): H200 session 22, graphed, 7B AWQ one token o / down 7.17 / 16.53 us against 6.46 / 16.20
-    q4_streamk = os.environ.get("LLMRS_Q4_GEMV_STREAMK", "0").strip().lower() not in OFF_VALUES
-    # session 21's other switches at their defaults (__init__ reads the environment; stand-ins built without it,
-    # scripts/bench_host_prefill.py's, see these): the one-token stream-K matvecs off, 16 warps an attn_cluster block
-    matvec_streamk: bool | str = False
-    pair_streamk = False
+    # warps an attn_cluster 4-head block, at its default (__init__ reads LLMRS_ATTN_CLUSTER_WARPS; stand-ins built
+    # without it, scripts/bench_host_prefill.py's, see this)
     attn_cluster_warps = 16
     # the mma.sync 4-bit GEMM (17-192 tokens) reads its x as bf16 words written by the producers (norms, SiLU x up,
     # attention) instead of a cast kernel before each linear, as dequantize + cuBLAS and the wgmma form do: the same
@@ -323,16 +315,6 @@ class CUDABackend:
         self.gemm_pad_rows = os.environ.get("LLMRS_GEMM_PAD_ROWS", "0").strip().lower() not in OFF_VALUES
         # o at one token as matvec_rows_bf16 (its rows in registers while the attention runs; LLMRS_MATVEC_ROWS=1)
         self.matvec_rows = os.environ.get("LLMRS_MATVEC_ROWS", "0").strip().lower() not in OFF_VALUES
-        # one token's matvecs with their units split evenly over the resident warps (stream-K) instead of one or
-        # more warps a row: the plain ones (o, down) as matvec_bf16_sk (`_matvec_sk_plan`) and the qkv pairs as
-        # matvec_rope{,_norm}_bf16_sk (`_pair_sk_plan`). LLMRS_MATVEC_STREAMK=1 (both), plain, long (plain where
-        # K > N only: down, not the lm_head), pair or 0 (off, the default: H200 session 22, one stream best of 3,
-        # 7B 3.934 -> 4.037, 3B 2.126 -> 2.292 ms/token with plain on)
-        sk = os.environ.get("LLMRS_MATVEC_STREAMK", "0").strip().lower()
-        if sk not in ("1", "plain", "long", "pair", *OFF_VALUES):
-            raise UserError(f"LLMRS_MATVEC_STREAMK={sk!r}: expected 0, 1, plain, long or pair")
-        self.matvec_streamk: bool | str = "long" if sk == "long" else sk in ("1", "plain")
-        self.pair_streamk = sk in ("1", "pair")
         self.attn_splits: int | None = None  # None: chosen per step; tests force values
         # decode attention kernel: "partial" (attention.cu: a warp per key, a shuffle reduction per query head) or
         # "gqa" (attention_gqa.cu: a lane per key, 32 keys a warp, the block's query heads from shared memory);
@@ -388,13 +370,11 @@ class CUDABackend:
         self.inv_freq = cp.asarray(rope_inv_freq(c))
         self.scale = np.float32(1.0 / math.sqrt(D))
         self.num_sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-        self.smem_per_sm = int(cp.cuda.Device().attributes.get("MaxSharedMemoryPerMultiprocessor", 233472))
         self._one, self._zero = np.array(1.0, dtype=np.float32), np.array(0.0, dtype=np.float32)
         self._one_ptr, self._zero_ptr = self._one.ctypes.data, self._zero.ctypes.data  # (cuBLAS alpha / beta)
         self._handle = cp.cuda.device.get_cublas_handle()
         self._set_cublas_workspace()
         self._ws: dict[str, Any] = {}
-        self._sk_plans: dict[tuple[str, int, int], tuple[int, int] | None] = {}  # `_sk_plan`'s, per kernel, shape
         self._views: dict[tuple, tuple[Any, Any]] = {}  # (name, shape, dtype) -> (buffer, view of it): `_buf`
         self._pin: dict[str, np.ndarray] = {}
         self._staged: dict[str, tuple[int, list[Any]]] = {}  # name -> (last half used, its copies' events)
@@ -623,52 +603,13 @@ class CUDABackend:
             return splits_by_warps(N) if self.square_k_splits and N == K else 1
         return self.long_k_splits or splits_by_warps(N)
 
-    def _matvec_sk_plan(self, N: int, K: int) -> tuple[int, int] | None:
-        """(W, maxc) of matvec_bf16_sk for an N x K weight (N rows of K / 256 units; `_sk_plan`), or None where it
-        does not apply (K % 256, K < 1024: the kernel finishes at most one row a group of 4 units)."""
-        if K % 256 or K < 1024:
-            return None
-        return self._sk_plan("matvec_bf16_sk", N, K)
-
-    def _pair_sk_plan(self, N: int, K: int, norm: bool, epi: str = "rope") -> tuple[int, int] | None:
-        """(W, maxc) of matvec_{rope,silu}{,_norm}_bf16_sk for a qkv / gate_up weight N x K (N / 2 pairs of K / 256
-        units, and with the norm K * 4 bytes of staged x * g a block; `_sk_plan`), or None where it does not apply
-        (as `_matvec_sk_plan`)."""
-        if K % 256 or K < 1024 or N % 2 or (norm and K > NORM_STAGE_MAX_K):
-            return None
-        return self._sk_plan(f"matvec_{epi}_{'norm_' if norm else ''}bf16_sk", N // 2, K, 4 * K if norm else 0)
-
-    def _sk_plan(self, kernel: str, rows: int, K: int, smem: int = 0) -> tuple[int, int] | None:
-        """cuda_kernels.streamk_split's plan for `kernel` over rows of K / 256 units, at least MATVEC_SK_MIN_UNITS
-        a warp, over the warps resident at once by the kernel's registers and its `smem` bytes a block; once a
-        shape."""
-        key = (kernel, rows, K)
-        if key not in self._sk_plans:
-            resident = resident_blocks(self.k.fns[kernel], 32 * MATVEC_ROWS_PER_BLOCK, smem, self.smem_per_sm)
-            self._sk_plans[key] = streamk_split(rows, K // 256, resident * MATVEC_ROWS_PER_BLOCK * self.num_sms,
-                                                MATVEC_SK_MIN_UNITS)
-        return self._sk_plans[key]
-
     def _counters(self, name: str, n: int) -> Any:
-        """n int32 counters in the workspace, zeros once: the split hand-offs' (gemv_q4's K slices, the stream-K
-        kernels), each launch's last block or warp of a row or tile putting its counter back to 0."""
+        """n int32 counters in the workspace, zeros once: the split hand-offs' (gemv_q4's K slices, the sampler's
+        blocks of a row), each launch's last block of a tile or row putting its counter back to 0."""
         c = self._ws.get(name)
         if c is None:
             c = self._ws[name] = self.cp.zeros(n, dtype=self.cp.int32)
         return c
-
-    def _matvec_sk(self, x: Any, w: Any, bias: Any | None, out: Any, accumulate: bool, name: str,
-                   plan: tuple[int, int]) -> None:
-        """out (=|+=) x @ w.T (+ bias) for one token through matvec_bf16_sk (`_matvec_sk_plan`'s plan)."""
-        N, K = w.shape
-        W, maxc = plan
-        sem = self._counters("matvec_sk_sem", STREAMK_SEM_ROWS)
-        part = self._buf("matvec_sk_part", (N * maxc,), np.float32) if maxc > 1 else NULL
-        with self._span("matvec", name, 1, N, K, accumulate, bias is not None):
-            self.k.fns["matvec_bf16_sk"](
-                (-(-W // MATVEC_ROWS_PER_BLOCK),), (32 * MATVEC_ROWS_PER_BLOCK,),
-                (w, x, NULL if bias is None else bias, out, part, sem, np.int32(N), np.int32(K),
-                 np.int32(1 if accumulate else 0), np.int32(W), np.int32(maxc)))
 
     def _linear(self, x: Any, w: Any, bias: Any | None, out: Any, accumulate: bool = False,
                 name: str = "linear", out_bf16: bool = False, preload: bool = False) -> None:
@@ -697,11 +638,6 @@ class CUDABackend:
                         (-(-N // MATVEC_ROWS_PER_BLOCK),), (32 * MATVEC_ROWS_PER_BLOCK,),
                         (w, x, NULL if bias is None else bias, out, np.int32(N), np.int32(K),
                          np.int32(1 if accumulate else 0)))
-                return
-            sk = self.matvec_streamk and T == 1 and (self.matvec_streamk != "long" or K > N)
-            plan = self._matvec_sk_plan(N, K) if sk else None
-            if plan is not None:
-                self._matvec_sk(x, w, bias, out, accumulate, name, plan)
                 return
             grid = (-(-N * splits // MATVEC_ROWS_PER_BLOCK), -(-T // nt))
             fn = getattr(self.k, f"matvec_bf16_t{nt}")
@@ -776,10 +712,6 @@ class CUDABackend:
         # pair_norm_staged; the same condition as there)
         smem = 4 * K if norm is not None and nt == 1 and K % 8 == 0 and K <= NORM_STAGE_MAX_K else 0
         label = ("norm+" if norm is not None else "") + ("gate_up+silu" if epi == "silu" else "qkv+rope")
-        plan = self._pair_sk_plan(N, K, norm is not None, epi) if self.pair_streamk and T == 1 else None
-        if plan is not None:  # matvec_{rope,silu}{,_norm}_bf16_sk: the (pair, step) units over the resident warps
-            self._matvec_pair_sk(epi, x, w, out, bias, db, layer, (g, eps) if norm is not None else None, plan, label)
-            return
         if epi == "silu":
             args = (w, x, g, eps, out, np.int32(N), np.int32(K), np.int32(T)) if norm is not None else (
                 w, x, out, np.int32(N), np.int32(K), np.int32(T))
@@ -793,30 +725,6 @@ class CUDABackend:
                               np.int32(T), db.positions, self.inv_freq, db.slots, self.k_cache[layer],
                               self.v_cache[layer], np.int32(c.num_attention_heads), np.int32(c.num_key_value_heads),
                               np.int32(c.head_dim), np.int32(self.block_size)), shared_mem=smem)
-
-    def _matvec_pair_sk(self, epi: str, x: Any, w: Any, out: Any, bias: Any, db: DeviceBatch | None, layer: int,
-                        norm: tuple[Any, Any] | None, plan: tuple[int, int], label: str) -> None:
-        """`_matvec_pair` at one token through matvec_{rope,silu}{,_norm}_bf16_sk (`_pair_sk_plan`'s plan; norm:
-        the folded RMSNorm's (weight, eps as np.float32) or None)."""
-        N, K = w.shape
-        W, maxc = plan
-        g, eps = norm if norm is not None else (NULL, np.float32(0.0))
-        tag = "norm_" if norm is not None else ""
-        part = self._buf("pair_sk_part", (N // 2 * maxc * 2,), np.float32) if maxc > 1 else NULL
-        grid, block = (-(-W // MATVEC_ROWS_PER_BLOCK),), (32 * MATVEC_ROWS_PER_BLOCK,)
-        tail = (part, self._counters("matvec_sk_sem", STREAMK_SEM_ROWS), np.int32(W), np.int32(maxc))
-        with self._span("matvec", label, 1, N, K, False, bias is not None):
-            if epi == "silu":
-                self.k.fns[f"matvec_silu_{tag}bf16_sk"](grid, block, (w, x, g, eps, out, np.int32(N), np.int32(K))
-                                                        + tail, shared_mem=4 * K if norm is not None else 0)
-                return
-            c = self.config
-            self.k.fns[f"matvec_rope_{tag}bf16_sk"](
-                grid, block, (w, x, g, eps, NULL if bias is None else bias, out, np.int32(N), np.int32(K),
-                              db.positions, self.inv_freq, db.slots, self.k_cache[layer], self.v_cache[layer],
-                              np.int32(c.num_attention_heads), np.int32(c.num_key_value_heads),
-                              np.int32(c.head_dim), np.int32(self.block_size)) + tail,
-                shared_mem=4 * K if norm is not None else 0)
 
     def _linear_quant(self, x: Any, w: DeviceQuantWeight, bias: Any | None, out: Any, accumulate: bool,
                       name: str, out_bf16: bool = False) -> None:

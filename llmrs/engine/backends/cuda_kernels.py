@@ -24,8 +24,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from llmrs.engine.config import OFF_VALUES
 
 KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels_cu"
@@ -117,11 +115,6 @@ ATTN_CLUSTER_KERNELS = [f"attn_cluster{cl}_d{d}" for d, sizes in ((4, (4, 8, 16)
 
 # gemv_q4's forms with the group size fixed at compile time (gemm_q4.cu's CPG: k32 blocks a group; G 32 and 128)
 GEMV_CPG = (1, 4)
-GEMV_SK_CPG = (1, 4)  # and of its stream-K form (gemv_q4{z,m}_sk_c{CPG})
-GEMV_SK_KERNELS = [f"gemv_{k}_sk_c{c}" for k in ("q4z", "q4m") for c in GEMV_SK_CPG]
-
-STREAMK_SEM_ROWS = 1 << 18  # the stream-K kernels' counters (a row / tile each): the plans refuse more rows
-
 
 SAMPLE_MAX_BLOCKS = 32  # sampling.cu: blocks a row for the max / argmax (one warp merges their partials)
 SAMPLE_MIN_SLICE = 8192  # logits a block's slice at least: below that the hand-off costs more than it saves
@@ -135,38 +128,7 @@ def sample_row_blocks(rows: int, vocab: int, num_sms: int) -> int:
     return max(1, min(SAMPLE_MAX_BLOCKS, num_sms // max(1, rows), vocab // SAMPLE_MIN_SLICE))
 
 
-def streamk_split(rows: int, units_per_row: int, resident_warps: int, min_units: int) -> tuple[int, int] | None:
-    """The stream-K kernels' plan (matvec.cu matvec_bf16_sk, gemm_q4.cu gemv_q4*_sk): `rows` rows (bf16 rows, 4-bit
-    32-column tiles) of `units_per_row` units each, numbered row-major, split over W warps (the resident ones, with
-    at least `min_units` units a warp), warp w taking units [w U / W, (w + 1) U / W); a unit's warp is then
-    ceil((f + 1) W / U) - 1, which the kernels compute in 32-bit arithmetic (so U W < 2^32). Returns (W, maxc), maxc
-    the most warps a row is shared by (the slots of its partial sums), or None where it does not apply."""
-    U = rows * units_per_row
-    if rows < 1 or units_per_row < 1 or rows > STREAMK_SEM_ROWS:
-        return None
-    W = max(1, min(U // max(1, min_units), resident_warps))
-    if U * W >= 1 << 32:
-        return None
-    first = np.arange(rows, dtype=np.int64) * units_per_row  # each row's first and last warps (the kernels' rule)
-    lo, hi = ((first + 1) * W - 1) // U, ((first + units_per_row) * W - 1) // U
-    return W, int((hi - lo).max()) + 1
-
-
-def resident_blocks(fn: Any, threads: int, smem: int = 0, smem_per_sm: int = 233472) -> int:
-    """Blocks of `threads` threads of kernel `fn` (a RawKernel or PdlKernel) resident at once on an SM, as its
-    registers allow (64K registers an SM, allocated 256 a warp; at most 2048 threads and 32 blocks; compute
-    capability 8.0-9.0) and, with `smem` bytes of dynamic shared memory a block, the SM's shared memory
-    (`smem_per_sm`, the device's MaxSharedMemoryPerMultiprocessor; 1 KB reserved a block)."""
-    regs = -(-max(1, int(fn.num_regs)) * 32 // 256) * 256  # a warp's allocation
-    warps = -(-threads // 32)
-    by_smem = smem_per_sm // (smem + int(getattr(fn, "shared_size_bytes", 0) or 0) + 1024) if smem else 32
-    return max(1, min(32, 2048 // (32 * warps), 65536 // (regs * warps), by_smem))
-
-
 MATVEC_ROWS_R = (4, 8, 16)  # matvec.cu's matvec_rows_bf16_r{R}: one token, rows up to 256 R bf16 held in registers
-# matvec.cu's stream-K forms (one token): the plain one, and the paired qkv + RoPE and gate_up + SiLU, each with and
-# without the folded norm
-MATVEC_SK_KERNELS = ["matvec_bf16_sk"] + [f"matvec_{e}{n}_bf16_sk" for e in ("rope", "silu") for n in ("", "_norm")]
 # file -> entry points (extern "C")
 ENTRY_POINTS: dict[str, list[str]] = {
     "embedding.cu": ["embedding_gather", "feed_tokens"],
@@ -174,8 +136,7 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "elementwise.cu": ["silu_mul", "add_bias", "add_inplace", "cast_f32_bf16", "silu_mul_bf16", "silu_mul_bf16_bf16"],
     "rope_kv.cu": ["rope_write_kv", "write_kv"],
     "matvec.cu": [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16", "rope_norm_bf16")
-                  for nt in (1, 2, 4, 8)] + [f"matvec_rows_bf16_r{r}" for r in MATVEC_ROWS_R]
-                  + MATVEC_SK_KERNELS,
+                  for nt in (1, 2, 4, 8)] + [f"matvec_rows_bf16_r{r}" for r in MATVEC_ROWS_R],
     "matvec_q4.cu": [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
                     + ["dequant_q4_bf16", "dequant_q8_bf16"],
     "attention.cu": ["attn_partial_d1", "attn_partial_d2", "attn_partial_d4", "attn_partial_d8", "attn_merge",
@@ -188,7 +149,7 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "gemm_q4.cu": [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)]
                   + ["gemm_q4_reduce", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"]
                   + [f"gemv_{k}{t}_c{c}" for k in ("q4z", "q4m") for t in ("", "_t16") for c in GEMV_CPG]
-                  + GEMV_SK_KERNELS + ["dequant_marlin_q4z_bf16", "dequant_marlin_q4m_bf16"],
+                  + ["dequant_marlin_q4z_bf16", "dequant_marlin_q4m_bf16"],
 }
 
 # kernels that keep common.cuh's PDL contract (pdl_enter / pdl_trigger + pdl_wait before dependent reads and writes)
@@ -197,11 +158,10 @@ PDL_KERNELS = frozenset(
      "add_inplace", "cast_f32_bf16", "silu_mul_bf16", "silu_mul_bf16_bf16", "rope_write_kv", "attn_merge",
      "attn_merge_bf16", "gemm_q4_reduce", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"]
     + [f"gemv_{k}{t}_c{c}" for k in ("q4z", "q4m") for t in ("", "_t16") for c in GEMV_CPG]
-    + GEMV_SK_KERNELS
     + [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16", "rope_norm_bf16")
        for nt in (1, 2, 4, 8)]
     + [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
-    + [f"matvec_rows_bf16_r{r}" for r in MATVEC_ROWS_R] + MATVEC_SK_KERNELS
+    + [f"matvec_rows_bf16_r{r}" for r in MATVEC_ROWS_R]
     + [f"attn_partial_d{d}" for d in (1, 2, 4, 8)] + [f"attn_partial_gqa_d{d}" for d in (1, 2, 4, 8)]
     + ATTN_CLUSTER_KERNELS
     + [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)] + list(GEMM_Q4WG_KERNELS)

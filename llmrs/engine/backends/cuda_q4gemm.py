@@ -26,16 +26,14 @@ at T 1024 this kernel reaches 220-290 TFLOP/s, dequantize + cuBLAS 320-570). Bef
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from llmrs.engine.backends.cuda_kernels import (GEMM_Q4W2_SMEM_BYTES, GEMM_Q4WG_SMEM_BYTES, GEMV_CPG, GEMV_SK_CPG,
-                                                WG_BLOCKS_PER_SM, WG_SPLITS, gemm_q4_smem_bytes, streamk_split,
-                                                wg_cluster)
+from llmrs.engine.backends.cuda_kernels import (GEMM_Q4W2_SMEM_BYTES, GEMM_Q4WG_SMEM_BYTES, GEMV_CPG, WG_BLOCKS_PER_SM,
+                                                WG_SPLITS, gemm_q4_smem_bytes, wg_cluster)
 from llmrs.engine.quant import DeviceQuantWeight, marlin_reorder, marlin_scales
 
 NULL = np.uint64(0)
@@ -64,13 +62,6 @@ GEMV_WARPS = 4  # GV_WARPS in gemm_q4.cu: warps per block (a block: one 32-colum
 GEMV_DEPTH = 4  # GV_DEPTH: k32 blocks a warp has in flight (its runs are multiples of it)
 GEMV_BLOCKS_PER_SM = 4  # resident at once: 128 registers x 128 threads (ptx-check)
 GEMV_SEM_TILES = 1 << 16  # per-tile counters of the split-K hand-off: N up to 2M columns
-# gemv_q4's stream-K form (gemm_q4.cu gemv_q4{z,m}_sk_c4): the (tile, GEMV_DEPTH k32 blocks) units split evenly over
-# the warps resident at once, GEMV_SK_WARPS_PER_SM an SM (LLMRS_Q4_GEMV_SK_WARPS_PER_SM, read at import, for A/Bs),
-# where the K-sliced form runs whole rounds of blocks or not (backend.q4_streamk, LLMRS_Q4_GEMV_STREAMK)
-GEMV_SK_WARPS_PER_SM = int(os.environ.get("LLMRS_Q4_GEMV_SK_WARPS_PER_SM", str(GEMV_BLOCKS_PER_SM * GEMV_WARPS)))
-# and at least this many units a warp (fewer warps where the matrix is small): a warp's first loads and its sums'
-# hand-off are a fixed cost (the K-sliced form at 8 k32 blocks a warp lost to 28, session 15)
-GEMV_SK_MIN_UNITS = int(os.environ.get("LLMRS_Q4_GEMV_SK_MIN_UNITS", "2"))
 
 
 @dataclass(slots=True)
@@ -321,27 +312,6 @@ def gemv_splits(backend: Any, N: int, K: int, splits: int | None = None) -> tupl
     return -(-KB // (GEMV_WARPS * per)), per  # no empty slice
 
 
-def gemv_streamk_plan(backend: Any, N: int, K: int) -> tuple[int, int] | None:
-    """(W, maxc) of gemv_q4's stream-K form for an N x K weight: W warps (the resident ones, at most one a unit)
-    and the most warps any 32-column tile is shared by (the slots of its partial sums); None where the form does
-    not apply (K % 128, or U W past the kernel's 32-bit arithmetic)."""
-    return _streamk_plan(backend.num_sms, N, K, GEMV_SK_WARPS_PER_SM, GEMV_SK_MIN_UNITS)
-
-
-@functools.lru_cache(maxsize=256)
-def _streamk_plan(num_sms: int, N: int, K: int, warps_per_sm: int, min_units: int) -> tuple[int, int] | None:
-    if K % (32 * GEMV_DEPTH) or N % 32 or N // 32 > GEMV_SEM_TILES:
-        return None
-    return streamk_split(N // 32, K // 32 // GEMV_DEPTH, warps_per_sm * num_sms, min_units)
-
-
-def gemv_streamk_takes(backend: Any, T: int, N: int, K: int, G: int) -> bool:
-    """Whether gemv_q4's stream-K form can run T tokens of an N x K weight of group size G: one n8 tile of tokens,
-    a group size with a compiled form (GEMV_SK_CPG) and a plan."""
-    return (1 <= T <= 8 and G % 32 == 0
-            and G // 32 in GEMV_SK_CPG and gemv_streamk_plan(backend, N, K) is not None)
-
-
 def gemv_kernel(mode: int, T: int, G: int) -> str:
     """gemv_q4's entry point: zero point / min mode, one n8 tile of tokens or two (T > 8), and the form with the
     group size fixed at compile time where there is one (GEMV_CPG: the flush at fixed k32 blocks, each group's
@@ -376,12 +346,10 @@ def row_form_needed(N: int, K: int, num_sms: int, gemv: bool = True) -> bool:
 
 
 def gemv_q4(backend: Any, x: Any, mw: MarlinWeight | None, bias: Any | None, out: Any, accumulate: bool = False,
-            name: str = "linear", nbytes: int = 0, splits: int | None = None,
-            streamk: bool | None = None) -> bool:
+            name: str = "linear", nbytes: int = 0, splits: int | None = None) -> bool:
     """out[T, N] (=|+=) x[T, K] @ W^T (+ bias) for T <= GEMV_MAX_TOKENS from f32 x, over the GEMM's layout
     (gemm_q4.cu's gemv_q4: the decode path; x rounded to bf16, the weights exact). False (nothing launched)
-    where it does not apply: fall back. streamk: the stream-K form where it applies (None: the backend's
-    q4_streamk; `splits` then ignored), or the K-sliced form (False)."""
+    where it does not apply: fall back."""
     if mw is None:
         return False
     T, K = x.shape
@@ -390,17 +358,6 @@ def gemv_q4(backend: Any, x: Any, mw: MarlinWeight | None, bias: Any | None, out
             or out.dtype != np.float32 or not x.flags.c_contiguous or not out.flags.c_contiguous):
         return False
     sem = backend._counters("gemv_q4_sem", GEMV_SEM_TILES)
-    if streamk is None:
-        streamk = bool(getattr(backend, "q4_streamk", False))
-    if streamk and gemv_streamk_takes(backend, T, N, K, mw.group_size):
-        W, maxc = gemv_streamk_plan(backend, N, K)
-        part = backend._buf("gemv_q4_skpart", (N // 32 * maxc * T * 32,), np.float32) if maxc > 1 else NULL
-        fn = backend.k.fns[f"gemv_{'q4m' if mw.mode else 'q4z'}_sk_c{mw.group_size // 32}"]
-        with backend._span("matvec_q", name, T, N, K, accumulate, bias is not None, nbytes or mw.nbytes):
-            fn((-(-W // GEMV_WARPS),), (32 * GEMV_WARPS,),
-               (mw.qweight, mw.sz, x, NULL if bias is None else bias, out, part, sem, np.int32(T), np.int32(N),
-                np.int32(K), np.int32(1 if accumulate else 0), np.int32(W), np.int32(maxc)))
-        return True
     S, per = gemv_splits(backend, N, K, splits)
     part = backend._buf("gemv_q4_part", (S, T, N), np.float32) if S > 1 else NULL
     fn = backend.k.fns[gemv_kernel(mw.mode, T, mw.group_size)]
