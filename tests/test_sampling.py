@@ -167,3 +167,54 @@ def test_host_sampler_rules_agree():
             assert needs_host_sampler(p)
         if not needs_host_sampler(p):
             assert not needs_cpu_sampler(st)
+
+
+def _filter_probs_full_sort(probs: np.ndarray, p: SamplingParams) -> np.ndarray:
+    """filter_probs as it was written first (a full stable sort for top_k and for top_p): the oracle."""
+    keep = np.ones_like(probs, dtype=bool)
+    if p.min_p > 0:
+        keep &= probs >= p.min_p * probs.max()
+    if p.top_k and p.top_k > 0 and p.top_k < probs.size:
+        order = np.argsort(-probs, kind="stable")
+        topk = np.zeros_like(keep)
+        topk[order[: p.top_k]] = True
+        keep &= topk
+    if p.top_p < 1.0:
+        masked = np.where(keep, probs, 0.0)
+        order = np.argsort(-masked, kind="stable")
+        csum = np.cumsum(masked[order]) / masked.sum()
+        n_keep = int(np.searchsorted(csum, p.top_p - 1e-12)) + 1
+        nucleus = np.zeros_like(keep)
+        nucleus[order[:n_keep]] = True
+        keep &= nucleus
+    out = np.where(keep, probs, 0.0)
+    return out / out.sum()
+
+
+def test_filter_probs_equals_the_full_sort_bit_for_bit():
+    """filter_probs sorts only the prefix that decides (desc_order_prefix); its output is the full stable sort's to
+    the bit: peaked and flat rows, ties at the k-th value and at the nucleus edge, zeros from min_p, every filter
+    alone and together, a nucleus that needs the prefix grown several times."""
+    from llmrs.engine.sampling import desc_order_prefix
+
+    rng = np.random.default_rng(7)
+    rows = []
+    for V in (7, 300, 5000, 49152):
+        for scale in (0.3, 2.5, 8.0):
+            rows.append(rng.standard_normal(V) * scale)
+        tied = rng.standard_normal(V)
+        tied[rng.choice(V, V // 3, replace=False)] = 1.5  # a third of the row on one value
+        rows.append(tied)
+        rows.append(np.round(rng.standard_normal(V), 1))  # many small ties everywhere
+        rows.append(np.zeros(V))  # flat
+    params = [SamplingParams(temperature=1.0, top_k=k, top_p=tp, min_p=mp)
+              for k in (0, 1, 5, 50, 1000) for tp in (1.0, 0.95, 0.5, 0.1) for mp in (0.0, 0.05)]
+    for logits in rows:
+        probs = np.exp(logits - logits.max())
+        probs /= probs.sum()
+        for p in params:
+            assert np.array_equal(filter_probs(probs, p), _filter_probs_full_sort(probs, p)), (logits.size, p)
+        for m in (1, 3, 64, logits.size - 1, logits.size + 5):
+            full = np.argsort(-probs, kind="stable")
+            pre = desc_order_prefix(probs, m)
+            assert pre.size >= min(m, probs.size) and np.array_equal(pre, full[: pre.size])

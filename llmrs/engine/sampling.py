@@ -120,21 +120,50 @@ def apply_penalties(logits: np.ndarray, st: SamplingState) -> np.ndarray:
     return logits
 
 
+# top_p's thresholds, fractions of the largest kept probability (2^-4: 2.8 logits below it, ... 2^-40: 27.7), then
+# every positive entry (`filter_probs`)
+TOP_P_PROBES = (2.0**-4, 2.0**-8, 2.0**-12, 2.0**-16, 2.0**-24, 2.0**-40, 0.0)
+
+
+def desc_order_prefix(values: np.ndarray, m: int) -> np.ndarray:
+    """The first m or more entries of `np.argsort(-values, kind="stable")` (value descending, ties by lowest index)
+    without sorting the whole array: every index whose value is at least the m-th largest, in that order. Exactly
+    that prefix of the full order (all values >= the threshold come before any below it), so a cumulative sum or a
+    cut over it is the same as over the full order, at O(V) + a sort of the few instead of a sort of V."""
+    n = values.size
+    if m >= n:
+        return np.argsort(-values, kind="stable")
+    thr = np.partition(values, n - m)[n - m]  # the m-th largest
+    idx = np.flatnonzero(values >= thr)  # ascending: a stable sort keeps ties in index order
+    return idx[np.argsort(-values[idx], kind="stable")]
+
+
 def filter_probs(probs: np.ndarray, p: SamplingParams) -> np.ndarray:
-    """Zero out tokens outside min_p / top_k / top_p, renormalize. `probs` is a 1-D distribution."""
+    """Zero out tokens outside min_p / top_k / top_p, renormalize. `probs` is a 1-D distribution. The semantics of a
+    full stable sort (ties broken by index), computed over the prefixes that decide (top_k: `desc_order_prefix`)."""
     keep = np.ones_like(probs, dtype=bool)
     if p.min_p > 0:
         keep &= probs >= p.min_p * probs.max()
     if p.top_k and p.top_k > 0 and p.top_k < probs.size:
-        order = np.argsort(-probs, kind="stable")
         topk = np.zeros_like(keep)
-        topk[order[: p.top_k]] = True  # exactly k, ties broken by index
+        topk[desc_order_prefix(probs, p.top_k)[: p.top_k]] = True  # exactly k, ties broken by index
         keep &= topk
     if p.top_p < 1.0:
         masked = np.where(keep, probs, 0.0)
-        order = np.argsort(-masked, kind="stable")
-        csum = np.cumsum(masked[order]) / masked.sum()
-        # keep the smallest prefix whose mass reaches top_p (the token that crosses it is kept)
+        total = masked.sum()
+        # keep the smallest prefix whose mass reaches top_p (the token that crosses it is kept). The entries at or
+        # above any threshold are a prefix of the full stable order (zeros, last in it, change nothing): thresholds
+        # from the top down, a sum to skip the ones whose entries cannot reach top_p, then one sort of the first
+        # prefix whose cumulative mass does (a peaked nucleus: a few entries; a broad one: part of the row)
+        target, top = p.top_p - 1e-12, masked.max()
+        for f in TOP_P_PROBES:
+            idx = np.flatnonzero(masked >= top * f) if f else np.flatnonzero(masked > 0)
+            if f and masked[idx].sum() < target * total:
+                continue
+            order = idx[np.argsort(-masked[idx], kind="stable")]
+            csum = np.cumsum(masked[order]) / total
+            if not f or csum[-1] >= target:
+                break
         n_keep = int(np.searchsorted(csum, p.top_p - 1e-12)) + 1
         nucleus = np.zeros_like(keep)
         nucleus[order[:n_keep]] = True
@@ -168,7 +197,7 @@ def sample_row(logits: np.ndarray, st: SamplingState) -> SampleResult:
         lp = log_softmax(raw)
         result.logprob = float(lp[token])
         if p.logprobs > 0:
-            top = np.argsort(-lp, kind="stable")[: p.logprobs]
+            top = desc_order_prefix(lp, p.logprobs)[: p.logprobs]
             result.top_logprobs = [(int(t), float(lp[t])) for t in top]
     return result
 
