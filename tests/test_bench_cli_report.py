@@ -54,7 +54,7 @@ def test_bench_with_server_cmd_saves_results_and_writes_report(app, tmp_path):
         httpx.get(doc["server"]["url"] + "/health", trust_env=False, timeout=2)
 
 
-def _fake_results(path: Path, label: str, scale: float) -> None:
+def _fake_results(path: Path, label: str, scale: float, **params) -> None:
     def dist(v):
         return {"mean": v, "median": v, "std": 0.0, "min": v, "max": v, "percentiles": {"p50": v, "p90": v * 1.1, "p99": v * 1.5}}
 
@@ -68,7 +68,7 @@ def _fake_results(path: Path, label: str, scale: float) -> None:
             "max_output_tokens_per_s": 0.0,
         }
         runs.append({"tag": f"c{c}-rinf", "concurrency": c, "request_rate": "inf", "summary": s, "client_cpu": {"busy_per_worker": [0.2]}, "csv": "x.csv"})
-    doc = {"schema": "llmrs.bench/1", "label": label, "params": {"backend": "completions", "input_len": 256, "output_len": 128}, "runs": runs,
+    doc = {"schema": "llmrs.bench/1", "label": label, "params": {"backend": "completions", "input_len": 256, "output_len": 128, **params}, "runs": runs,
            "command": f"llmrs bench --url http://h:8000 --label {label}", "llmrs_version": "0.1.0",
            "server": {"server_header": "uvicorn", "models": [{"id": f"{label}-model"}]},
            "gpus": [{"name": "NVIDIA H200", "memory_gib": 140.4, "driver": "580"}],
@@ -100,6 +100,32 @@ def test_report_is_side_by_side_with_ratios_and_deterministic(tmp_path):
     (tmp_path / "broken.json").write_text("{")
     write_report([str(tmp_path)], tmp_path / "r4")
     assert (tmp_path / "r4" / REPORT_MD).read_text() == md
+
+
+def test_report_keeps_sampled_runs_apart_from_greedy_ones(tmp_path):
+    """Runs whose requests sampled (--temperature / --top-p / --top-k / --min-p) are another workload: their own
+    rows, lines and side-by-side settings, named by what they asked for; greedy runs (and results saved before these
+    fields existed) keep their settings as they were."""
+    from llmrs.bench.report import load_rows
+
+    _fake_results(tmp_path / "a.json", "llmrs", 1.0, temperature=0.0)
+    _fake_results(tmp_path / "b.json", "llmrs", 0.9, temperature=0.8, top_p=0.9, top_k=50, min_p=None)
+    _fake_results(tmp_path / "c.json", "vLLM", 0.8, temperature=0.8, top_p=0.9, top_k=50)
+    rows = load_rows([str(tmp_path)])
+    assert {r.sampling for r in rows} == {"", "t=0.8 top_p=0.9 top_k=50"}
+    assert {r.setting for r in rows if r.label == "llmrs"} == {
+        "completions 256->128, c=1, rate=inf", "completions 256->128, c=16, rate=inf",
+        "completions 256->128, c=64, rate=inf", "completions 256->128 t=0.8 top_p=0.9 top_k=50, c=1, rate=inf",
+        "completions 256->128 t=0.8 top_p=0.9 top_k=50, c=16, rate=inf",
+        "completions 256->128 t=0.8 top_p=0.9 top_k=50, c=64, rate=inf"}
+    write_report([str(tmp_path)], tmp_path / "r")
+    md = (tmp_path / "r" / REPORT_MD).read_text()
+    side = md[: md.index("## Where each ran")]
+    greedy = next(ln for ln in side.splitlines() if ln.startswith("| completions 256->128, c=16,"))
+    sampled = next(ln for ln in side.splitlines()
+                   if ln.startswith("| completions 256->128 t=0.8 top_p=0.9 top_k=50, c=16,"))
+    assert "275.7 / - tok/s" in greedy  # greedy: llmrs alone (vLLM ran only sampled)
+    assert "248.1 / 220.6 tok/s (0.89x)" in sampled  # sampled: llmrs's scale 0.9 against vLLM's 0.8
 
 
 def test_user_mistakes_raise_user_error(app, tmp_path):

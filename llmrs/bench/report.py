@@ -1,9 +1,9 @@
 """`llmrs report`: saved bench results -> report.md with side-by-side tables and ratios, plus PNG plots.
 
-Each run of each results file is one row, keyed by engine label and setting (backend, input/output length,
-concurrency, request rate). The side-by-side table puts engines next to each other per setting, the way the
-llm-rs posts do ("llm-rs / vLLM 35.5 / 27.0 tok/s"), with each engine's ratio to the baseline (the first label
-or --baseline). File names are fixed (report.md, throughput_vs_concurrency.png, ...) and the text carries no
+Each run of each results file is one row, keyed by engine label and setting (backend, input/output length, the
+sampling asked for where not greedy, concurrency, request rate). The side-by-side table puts engines next to each
+other per setting, the way the llm-rs posts do ("llm-rs / vLLM 35.5 / 27.0 tok/s"), with each engine's ratio to
+the baseline (the first label or --baseline). File names are fixed (report.md, throughput_vs_concurrency.png, ...) and the text carries no
 timestamps of its own, so a regenerated report diffs cleanly in git.
 """
 
@@ -36,11 +36,12 @@ class Row:
     s: dict  # the run's Summary as saved
     client_busy: float
     env: dict  # where its results file says it ran (setup_lines)
+    sampling: str = ""  # what the requests asked of the sampler beyond greedy (`sampling_label`); "" greedy
 
     @property
     def workload(self) -> str:
         src = Path(self.dataset).name if self.dataset else f"{self.input_len}->{self.output_len or 128}"
-        return f"{self.backend} {src}"
+        return f"{self.backend} {src}" + (f" {self.sampling}" if self.sampling else "")
 
     @property
     def setting(self) -> str:
@@ -50,6 +51,14 @@ class Row:
 
     def sort_key(self) -> tuple:
         return (self.workload, self.concurrency or 10**9, self.rate)
+
+
+def sampling_label(params: dict) -> str:
+    """The sampling a results file's requests asked for ("t=0.8 top_p=0.9 top_k=50"), "" for greedy: runs that
+    sample are another workload than greedy ones (the server's sampler works), never compared as the same."""
+    parts = [f"t={params['temperature']:g}"] if params.get("temperature") else []
+    parts += [f"{k}={params[k]:g}" for k in ("top_p", "top_k", "min_p") if params.get(k) is not None]
+    return " ".join(parts)
 
 
 def load_rows(paths: list[str]) -> list[Row]:
@@ -65,6 +74,7 @@ def load_rows(paths: list[str]) -> list[Row]:
                 concurrency=run.get("concurrency"), rate=math.inf if rate == "inf" else float(rate), s=run["summary"],
                 client_busy=max(run.get("client_cpu", {}).get("busy_per_worker") or [0.0]),
                 env={k: doc.get(k) for k in ("command", "server", "gpus", "client", "llmrs_version")},
+                sampling=sampling_label(prm),
             ))
     if not rows:
         raise UserError("the results files hold no finished runs")
