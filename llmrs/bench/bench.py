@@ -25,7 +25,7 @@ from rich.console import Console
 import llmrs
 from llmrs.bench import console as out
 from llmrs.bench.arrivals import arrival_offsets
-from llmrs.bench.client import ClientConfig
+from llmrs.bench.client import OPTIONAL_SAMPLING, ClientConfig
 from llmrs.bench.dataset import WorkloadConfig, build_workload
 from llmrs.bench.metrics import Summary, summarize
 from llmrs.bench.records import RequestResult, RequestSpec
@@ -299,9 +299,7 @@ def _params(o: BenchOptions) -> dict:
         "timeout": o.timeout,
         "ignore_eos": o.ignore_eos,
         "temperature": o.temperature,
-        "top_p": o.top_p,
-        "top_k": o.top_k,
-        "min_p": o.min_p,
+        **{k: getattr(o, k) for k in OPTIONAL_SAMPLING},
         "endpoint": o.endpoint or None,
         "workers": o.workers,
         "slo_ms": o.slo,

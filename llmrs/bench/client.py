@@ -21,6 +21,9 @@ from llmrs.bench.records import RequestResult, RequestSpec
 from llmrs.bench.sse import SSEParser
 from llmrs.trace import tr
 
+# the sampling fields a request carries only when the bench was given them (`build_body`; the results' `params`)
+OPTIONAL_SAMPLING = ("top_p", "top_k", "min_p")
+
 
 @dataclass(slots=True)
 class ClientConfig:
@@ -34,7 +37,8 @@ class ClientConfig:
     timeout: float = 600.0  # seconds, whole request
     ignore_eos: bool = False
     temperature: float = 0.0
-    # sent only where set (top_k and min_p are not OpenAI fields: vLLM, SGLang, llama.cpp and llmrs take them)
+    # sent only where set (OPTIONAL_SAMPLING; top_k and min_p are not OpenAI fields: vLLM, SGLang, llama.cpp and
+    # llmrs take them)
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
@@ -67,7 +71,7 @@ def build_body(cfg: ClientConfig, spec: RequestSpec) -> bytes:
         body["prompt"] = spec.prompt
     if cfg.ignore_eos:
         body["ignore_eos"] = True
-    for key in ("top_p", "top_k", "min_p"):
+    for key in OPTIONAL_SAMPLING:
         if getattr(cfg, key) is not None:
             body[key] = getattr(cfg, key)
     return json.dumps(body).encode()

@@ -3,8 +3,8 @@
 Each run of each results file is one row, keyed by engine label and setting (backend, input/output length, the
 sampling asked for where not greedy, concurrency, request rate). The side-by-side table puts engines next to each
 other per setting, the way the llm-rs posts do ("llm-rs / vLLM 35.5 / 27.0 tok/s"), with each engine's ratio to
-the baseline (the first label or --baseline). File names are fixed (report.md, throughput_vs_concurrency.png, ...) and the text carries no
-timestamps of its own, so a regenerated report diffs cleanly in git.
+the baseline (the first label or --baseline). File names are fixed (report.md, throughput_vs_concurrency.png, ...)
+and the text carries no timestamps of its own, so a regenerated report diffs cleanly in git.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from llmrs.bench.client import OPTIONAL_SAMPLING
 from llmrs.bench.results import find_results, load_document
 from llmrs.errors import UserError
 
@@ -57,7 +58,7 @@ def sampling_label(params: dict) -> str:
     """The sampling a results file's requests asked for ("t=0.8 top_p=0.9 top_k=50"), "" for greedy: runs that
     sample are another workload than greedy ones (the server's sampler works), never compared as the same."""
     parts = [f"t={params['temperature']:g}"] if params.get("temperature") else []
-    parts += [f"{k}={params[k]:g}" for k in ("top_p", "top_k", "min_p") if params.get(k) is not None]
+    parts += [f"{k}={params[k]:g}" for k in OPTIONAL_SAMPLING if params.get(k) is not None]
     return " ".join(parts)
 
 

@@ -164,7 +164,7 @@ def filter_probs(probs: np.ndarray, p: SamplingParams) -> np.ndarray:
             csum = np.cumsum(masked[order]) / total
             if not f or csum[-1] >= target:
                 break
-        n_keep = int(np.searchsorted(csum, p.top_p - 1e-12)) + 1
+        n_keep = int(np.searchsorted(csum, target)) + 1
         nucleus = np.zeros_like(keep)
         nucleus[order[:n_keep]] = True
         keep &= nucleus
