@@ -6,7 +6,9 @@ matvec_q4 (row form) and gemv_q4 (Marlin layout) at every K split S, each launch
 
 Prints per shape and kernel: us a launch, GB/s of the packed bytes (codes + scales + zeros), % of --roof-gbs, the
 grid's blocks and the resident-block rounds it needs (4 blocks an SM), and the 28-layer sums of the backend's
-choice and of the best S. Each kernel's output is checked against x (rounded to bf16) @ the dequantized weights:
+choice and of the best S. On sm_90 each S runs twice: its K slices launched as one cluster (the default) and
+through the L2 hand-off ("gemv_q4 l2", LLMRS_Q4_GEMV_CLUSTER=0's form). Each kernel's output is checked against
+x (rounded to bf16) @ the dequantized weights:
 "WRONG" marks a relative error above 1e-2 or an output left unwritten. --json writes the rows.
 """
 
@@ -44,12 +46,14 @@ def main() -> None:
     import numpy as np
 
     from llmrs.engine.backends.cuda import round_bf16
-    from llmrs.engine.backends.cuda_q4gemm import GEMV_BLOCKS_PER_SM, gemv_q4, gemv_splits, gemv_takes
+    from llmrs.engine.backends.cuda_q4gemm import (GEMV_BLOCKS_PER_SM, gemv_cluster, gemv_q4, gemv_splits,
+                                                   gemv_takes)
     from tests.cuda_helpers import graph_us as graph_time_us
     from tests.cuda_helpers import tiny_backend
     from tests.test_quant_marlin import make_weight
 
     be = tiny_backend()
+    cluster_default = be.q4_gemv_cluster
     from llmrs.engine.backends.cuda_kernels import ENTRY_POINTS, OPTIONS, kernel_source
 
     names = [n for n in ENTRY_POINTS["gemm_q4.cu"] if n.startswith("gemv_")]  # every form a variant replaces
@@ -113,20 +117,26 @@ def main() -> None:
                 be.q4_gemv = True
         else:
             us_mv = float("inf")
-        auto_S, _ = gemv_splits(be, N, K)
+        cl = gemv_cluster(be) and T <= 8  # the default launch: K slices as a cluster (sm_90)
+        auto_S, _ = gemv_splits(be, N, K, cluster=cl)
         per_shape = {}
+        # each S with the slices as one cluster (the default on sm_90) and through the L2 hand-off ("l2")
         for vname, fns in variants.items():
             be.k.fns.update(fns)
-            seen = set()
-            for S in sorted({int(s) for s in args.splits.split(",")} | {auto_S}):
-                S_eff, per = gemv_splits(be, N, K, S)
-                if S_eff in seen:
-                    continue
-                seen.add(S_eff)
-                us = add(f"gemv_q4 {vname}" if vname != "main" else "gemv_q4",
-                         graph_us(lambda dw: gemv_q4(be, x, dw.marlin, None, out, splits=S)), S_eff, N // 32 * S_eff)
-                if vname == "main":
-                    per_shape[S_eff] = us
+            for form in (["", " l2"] if cl else [""]):
+                be.q4_gemv_cluster = cl and form == ""
+                seen = set()
+                for S in sorted({int(s) for s in args.splits.split(",")} | {auto_S}):
+                    S_eff, per = gemv_splits(be, N, K, S, cluster=cl and form == "")
+                    if S_eff in seen:
+                        continue
+                    seen.add(S_eff)
+                    us = add(f"gemv_q4 {vname}{form}" if vname != "main" else f"gemv_q4{form}",
+                             graph_us(lambda dw: gemv_q4(be, x, dw.marlin, None, out, splits=S)), S_eff,
+                             N // 32 * S_eff)
+                    if vname == "main" and form == "":
+                        per_shape[S_eff] = us
+            be.q4_gemv_cluster = cluster_default
         be.k.fns.update(variants["main"])
         takes = gemv_takes(be, T, N, K)
         choice = per_shape[auto_S] if takes else us_mv

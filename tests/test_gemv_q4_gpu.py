@@ -3,8 +3,11 @@ GPU machine with `python3 -m pytest -q -m gpu tests/test_gemv_q4_gpu.py`; skips 
 
 - against numpy: x rounded to bf16 @ the exact dequantized weight (not rounded: the kernel applies scale and zero
   in f32 after the group's mma), float64; fresh random inputs, T = 1..16 (one and two tiles of 8 tokens),
-  G 32 / 64 / 128, zero (AWQ, Q4_0) and min (Q4_1) modes, bias and accumulate, one K slice and several (the split-K hand-off through the last block of
-  each tile), outputs poisoned with NaN and a poisoned tail past N;
+  G 32 / 64 / 128, zero (AWQ, Q4_0) and min (Q4_1) modes, bias and accumulate, one K slice and several (the
+  split-K hand-off through the last block of each tile, or on sm_90 a cluster of the slices), outputs poisoned
+  with NaN and a poisoned tail past N;
+- the cluster launch and the L2 hand-off give the same bits at every cluster size; launches chained in a graph
+  with programmatic launch replay the eager bits;
 - repeated launches give the same bits (fixed reduction order; the per-tile counters go back to 0);
 - the backend's decode dispatch takes it for 4-bit weights in the layout and keeps matvec_q4 otherwise;
 - a weight whose tiles fill the GPU holds only the reordered copy, and every token count still works from it
@@ -79,6 +82,88 @@ def test_gemv_q4_repeats_bit_exactly_and_resets_its_counters(backend):
         again = cp.empty((2, N), dtype=cp.float32)
         assert gemv_q4(backend, x, mw, None, again)
         assert bool((again == first).all())
+    assert int(backend._ws["gemv_q4_sem"].sum()) == 0
+
+
+@pytest.mark.parametrize("kind,N,K,G", [("awq", 4608, 3584, 128), ("awq", 256, 11008, 128), ("q4_1", 1024, 4096, 32),
+                                         ("q4_0", 64, 8192, 32)])
+def test_gemv_q4_cluster_launch_equals_the_l2_hand_off_bit_exactly(backend, kind, N, K, G, monkeypatch):
+    """sm_90+: a split tile's S blocks launched as one cluster (the partials pushed into the first block's shared
+    memory) sum the same partials in the same order as the hand-off through L2: the same bits, every S up to
+    GEMV_CLUSTER_MAX, T 1..8 (the t16 forms keep the hand-off), bias and accumulate, nothing written past N."""
+    import llmrs.engine.backends.cuda_q4gemm as q4gemm
+
+    if backend.k.cc < 90:
+        pytest.skip("thread-block clusters need sm_90")
+    rng = np.random.default_rng(N + K)
+    w = make_weight(kind, N, K, G, rng)
+    mw = to_marlin(backend, backend.upload_quantized(w))
+    wref = w.dequantize().astype(np.float64)
+    sizes = set()
+    for T in range(1, 9):
+        x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
+        y0 = cp.asarray(rng.standard_normal((T, N)).astype(np.float32))
+        bias = cp.asarray(rng.standard_normal(N).astype(np.float32)) if T % 2 else None
+        for splits in range(2, q4gemm.GEMV_CLUSTER_MAX + 1):
+            outs = {}
+            for cluster in (True, False):
+                monkeypatch.setattr(backend, "q4_gemv_cluster", cluster)
+                buf = cp.full(T * N + 64, np.nan, dtype=cp.float32)
+                out = buf[: T * N].reshape(T, N)
+                out[...] = y0
+                assert gemv_q4(backend, x, mw, bias, out, accumulate=T > 4, splits=splits)
+                assert bool(cp.isnan(buf[T * N:]).all()), "wrote past the output"
+                outs[cluster] = cp.asnumpy(out)
+            S = gemv_splits(backend, N, K, splits, cluster=True)[0]
+            sizes.add(S)
+            np.testing.assert_array_equal(outs[True], outs[False], err_msg=f"T {T} S {S}")
+            ref = (round_bf16(cp.asnumpy(x)).astype(np.float64) @ wref.T
+                   + (0 if bias is None else cp.asnumpy(bias)) + (cp.asnumpy(y0) if T > 4 else 0))
+            assert rel_err(outs[True], ref) < TOL, (T, S)
+    assert int(backend._ws["gemv_q4_sem"].sum()) == 0
+    assert max(sizes) > 2, sizes  # the shapes reach clusters of several sizes
+    report(f"gemv_q4 cluster {kind} N{N} K{K}", {"cluster sizes": sorted(sizes)})
+
+
+def test_gemv_q4_cluster_launches_chain_inside_a_programmatic_launch_graph(backend):
+    """The decode graph's form: gemv_q4 launches captured with programmatic stream serialization (and, sm_90+, as
+    clusters), each reading the previous one's output after its pdl_wait: the replay gives the eager chain's
+    bits, twice over."""
+    if not backend.k.pdl_capable:
+        pytest.skip("programmatic dependent launch needs sm_90 and cuLaunchKernelEx")
+    rng = np.random.default_rng(5)
+    dims = [3584, 3584, 18944, 3584, 4608]  # o, gate-up-like, down: K slices of 4 and 1 on an H200
+    ws = [to_marlin(backend, backend.upload_quantized(make_weight("awq", n, k, 128, rng)))
+          for k, n in zip(dims[:-1], dims[1:])]
+    x = cp.asarray(rng.standard_normal((1, dims[0])).astype(np.float32))
+    outs = [cp.empty((1, n), dtype=cp.float32) for n in dims[1:]]
+
+    def chain():
+        src = x
+        for mw, out in zip(ws, outs):
+            assert gemv_q4(backend, src, mw, None, out)
+            src = out
+
+    chain()
+    eager = [cp.asnumpy(o) for o in outs]
+    stream = cp.cuda.Stream(non_blocking=True)
+    launches = backend.k.pdl_launches
+    with stream:
+        stream.begin_capture()
+        backend.k.pdl = True
+        try:
+            chain()
+        finally:
+            backend.k.pdl = False
+        graph = stream.end_capture()
+    assert backend.k.pdl_launches == launches + len(ws)
+    for _ in range(2):
+        for o in outs:
+            o.fill(np.nan)
+        graph.launch(stream)
+        stream.synchronize()
+        for e, o in zip(eager, outs):
+            np.testing.assert_array_equal(cp.asnumpy(o), e)
     assert int(backend._ws["gemv_q4_sem"].sum()) == 0
 
 

@@ -5,7 +5,6 @@ tests/test_cuda_graphs.py.)"""
 
 import ctypes
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -40,6 +39,35 @@ def test_kernel_params_point_at_each_argument_in_its_c_type():
     as_ = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_float, ctypes.c_int64, ctypes.c_uint64]
     got = [ctypes.cast(arr[i], ctypes.POINTER(t)).contents.value for i, t in enumerate(as_)]
     assert got == [0x7F0000001000, -7, 0.5, 1 << 40, 0]
+
+
+def test_launch_ex_passes_the_cluster_and_programmatic_attributes(monkeypatch):
+    """What cuLaunchKernelEx receives: the grid, block and stream, then the attributes asked for in the driver's
+    layout (programmatic stream serialization = 1; the cluster's dim3 in the value union's first three words)."""
+    seen = {}
+
+    class _Driver:
+        def cuLaunchKernelEx(self, cfg_ref, fn, params, extra):
+            cfg = ctypes.cast(cfg_ref, ctypes.POINTER(ck._LaunchConfig)).contents
+            attrs = ctypes.cast(cfg.attrs, ctypes.POINTER(ck._LaunchAttr))
+            seen["grid"] = (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ)
+            seen["block"], seen["stream"] = (cfg.blockDimX, cfg.blockDimY), cfg.hStream
+            seen["attrs"] = [(attrs[i].id, tuple(attrs[i].value[:3])) for i in range(cfg.numAttrs)]
+            seen["fn"] = fn.value
+            return seen.get("status", 0)
+
+    monkeypatch.setattr(ck, "_driver", lambda: _Driver())
+    raw = type("Raw", (), {"kernel": _Ptr(0x1234)})()
+    ck.launch_ex(raw, (112, 4), (128,), (np.int32(1),), pdl=True, cluster=(1, 4, 1), stream=0x77)
+    assert seen["grid"] == (112, 4, 1) and seen["block"] == (128, 1) and seen["stream"] == 0x77
+    assert seen["fn"] == 0x1234
+    assert seen["attrs"] == [(ck.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, (1, 0, 0)),
+                             (ck.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, (1, 4, 1))]
+    ck.launch_ex(raw, 8, 32, (), cluster=(2, 1, 1), stream=0x77)
+    assert seen["attrs"] == [(ck.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, (2, 1, 1))]
+    seen["status"] = 801
+    with pytest.raises(RuntimeError, match="CUresult 801"):
+        ck.launch_ex(raw, 8, 32, (), pdl=True, stream=0x77)
 
 
 def test_kernel_params_refuse_python_numbers():

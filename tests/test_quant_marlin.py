@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -196,24 +197,27 @@ def test_the_reordered_layout_takes_power_of_two_groups_only():
 def test_gemv_splits_cover_k_exactly_with_no_empty_slice(sms):
     """gemm_q4.cu's gemv_q4 trusts its plan: warp w of slice z takes k32 blocks [(z W + w) kpw, + kpw) clipped to
     K / 32; every block must be covered once, no slice empty (its last block would wait on a count never reached:
-    each slice's block adds one), kpw a multiple of GEMV_DEPTH (the kernel's batches)."""
+    each slice's block adds one), kpw a multiple of GEMV_DEPTH (the kernel's batches); S at most a cluster's
+    GEMV_CLUSTER_MAX blocks where the slices are one cluster."""
     from types import SimpleNamespace
 
-    from llmrs.engine.backends.cuda_q4gemm import GEMV_BLOCKS_PER_SM, GEMV_DEPTH, GEMV_WARPS, gemv_splits
+    from llmrs.engine.backends.cuda_q4gemm import (GEMV_BLOCKS_PER_SM, GEMV_CLUSTER_MAX, GEMV_DEPTH, GEMV_WARPS,
+                                                   gemv_splits)
 
     backend = SimpleNamespace(num_sms=sms)
-    for N in (64, 896, 1152, 3584, 4608, 9728, 37888):
-        for K in (64, 896, 1536, 3584, 4864, 8192, 18944):
-            for splits in (None, 1, 3, 64):
-                S, per = gemv_splits(backend, N, K, splits)
-                KB = K // 32
-                assert S >= 1 and per >= 1 and per % GEMV_DEPTH == 0, (N, K, splits, S, per)
-                starts = [min(KB, (z * GEMV_WARPS + w) * per) for z in range(S) for w in range(GEMV_WARPS)]
-                covered = sorted(k for s0 in starts for k in range(s0, min(KB, s0 + per)))
-                assert covered == list(range(KB)), (N, K, splits)
-                assert all(z * GEMV_WARPS * per < KB for z in range(S)), (N, K, splits, S, per)  # none empty
-                if splits is None and S > 1:  # one round of resident blocks: a second for a few costs a whole one
-                    assert N // 32 * S <= GEMV_BLOCKS_PER_SM * sms, (N, K, S)
+    for N, K, splits, cluster in itertools.product((64, 896, 1152, 3584, 4608, 9728, 37888),
+                                                   (64, 896, 1536, 3584, 4864, 8192, 18944), (None, 1, 3, 64),
+                                                   (False, True)):
+        S, per = gemv_splits(backend, N, K, splits, cluster)
+        assert not cluster or S <= GEMV_CLUSTER_MAX, (N, K, splits, S)  # a cluster's blocks: the S slices
+        KB = K // 32
+        assert S >= 1 and per >= 1 and per % GEMV_DEPTH == 0, (N, K, splits, S, per)
+        starts = [min(KB, (z * GEMV_WARPS + w) * per) for z in range(S) for w in range(GEMV_WARPS)]
+        covered = sorted(k for s0 in starts for k in range(s0, min(KB, s0 + per)))
+        assert covered == list(range(KB)), (N, K, splits)
+        assert all(z * GEMV_WARPS * per < KB for z in range(S)), (N, K, splits, S, per)  # none empty
+        if splits is None and S > 1:  # one round of resident blocks: a second for a few costs a whole one
+            assert N // 32 * S <= GEMV_BLOCKS_PER_SM * sms, (N, K, S)
 
 
 @pytest.mark.parametrize("k_per_n", [0.0, 4.0])

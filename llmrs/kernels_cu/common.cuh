@@ -236,6 +236,14 @@ __device__ __forceinline__ unsigned cluster_rank() {
 #endif
     return r;
 }
+// blocks in this block's cluster (1 outside a cluster launch, and before sm_90)
+__device__ __forceinline__ unsigned cluster_blocks() {
+    unsigned r = 1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+#endif
+    return r;
+}
 __device__ __forceinline__ void cluster_sync() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");

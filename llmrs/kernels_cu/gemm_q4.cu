@@ -887,7 +887,9 @@ extern "C" __global__ void dequant_marlin_q4m_bf16(const uint4* __restrict__ Bq,
 //   x's B registers (4 float2 from L1, lanes of tokens < T only).
 // K is split over the block's warps and over gridDim.y (S slices); the warps meet in shared memory in a fixed
 // order; with S > 1 each block writes its f32 partial and the last block of the tile (a counter per tile, reset
-// by that block) sums the S partials in slice order: deterministic, one launch.
+// by that block) sums the S partials in slice order: deterministic, one launch. Launched as a cluster of the S
+// slices (sm_90+, cuda_q4gemm.gemv_q4), the blocks push their partials into the first block's shared memory
+// instead and meet at one cluster barrier: the same sums in the same order, without the round trips through L2.
 // Instruction-bound more than DRAM-bound at one token (ncu on the H200, the 7B's gate_up: 56% of the scheduler
 // slots issued, 33% of DRAM bandwidth, ~130 instructions a warp a k32 block). So a group's scale words are loaded
 // once, a group ahead, and the group is followed by a counter, not a division and a modulo per k32 block (~106
@@ -914,6 +916,7 @@ extern "C" __global__ void dequant_marlin_q4m_bf16(const uint4* __restrict__ Bq,
 // (~73 a block) against 617 for 4 before.
 // GV_DEPTH and GV_MINB can be set with -D for such A/Bs (bench_gemv_q4.py --variants; `llmrs ptx-check -D`).
 #define GV_WARPS 4
+#define GV_CLUSTER_MAX 8  // K slices a cluster launch takes at most (the portable cluster size; cuda_q4gemm's)
 #ifndef GV_DEPTH
 #define GV_DEPTH 4  // k32 blocks in flight a warp while the previous GV_DEPTH are used (registers)
 #endif
@@ -1106,7 +1109,31 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
         for (int w = 0; w < GV_WARPS; ++w) v[p] += red[w][m][lane];
     }
     const int n = nb * 32 + lane;
-    if (gridDim.y > 1) {
+    const unsigned ncl = NU == 1 ? cluster_blocks() : 1;
+    if (ncl > 1) {
+        // a cluster launch (sm_90+, GV_CLUSTER_MAX slices at most, one n8 tile of tokens: the t16 forms stay on the
+        // hand-off below, whose registers the path would cost spills): the cluster is the tile's S slices (rank =
+        // blockIdx.y); each block pushes its sums into block 0's shared memory, one cluster barrier (release /
+        // acquire), and block 0 adds them in slice order from 0, the global hand-off's order below: the same bits,
+        // no round trips through L2 (store, fence, atomic, loads)
+        __shared__ float cpart[GV_CLUSTER_MAX][TOK][32];
+        const unsigned rank = cluster_rank();
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+            const int m = (tid >> 5) + 4 * p;
+            if (m < T) st_cluster(&cpart[rank][m][lane], 0, v[p]);
+        }
+        cluster_sync();
+        if (rank != 0) return;
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+            const int m = (tid >> 5) + 4 * p;
+            if (m < T) {
+                v[p] = 0.0f;
+                for (unsigned z = 0; z < ncl; ++z) v[p] += cpart[z][m][lane];
+            }
+        }
+    } else if (gridDim.y > 1) {
 #pragma unroll
         for (int p = 0; p < P; ++p) {
             const int m = (tid >> 5) + 4 * p;

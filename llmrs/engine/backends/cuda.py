@@ -259,6 +259,9 @@ class CUDABackend:
     # decode over 4-bit weights: gemv_q4 (tensor cores, the Marlin layout) instead of matvec_q4 (f32 FMA, the row
     # layout); LLMRS_Q4_GEMV=0 for A/B runs, tests that need matvec_q4's f32 activations set it False
     q4_gemv = os.environ.get("LLMRS_Q4_GEMV", "1") not in OFF_VALUES
+    # gemv_q4's K slices of a tile launched as one thread-block cluster on sm_90+ (cuda_q4gemm.gemv_cluster);
+    # LLMRS_Q4_GEMV_CLUSTER=0 keeps the hand-off through L2 (A/Bs: "set:q4_gemv_cluster=False")
+    q4_gemv_cluster = os.environ.get("LLMRS_Q4_GEMV_CLUSTER", "1") not in OFF_VALUES
     # warps an attn_cluster 4-head block, at its default (__init__ reads LLMRS_ATTN_CLUSTER_WARPS; stand-ins built
     # without it, scripts/bench_host_prefill.py's, see this)
     attn_cluster_warps = 16

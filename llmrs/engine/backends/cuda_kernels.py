@@ -167,6 +167,7 @@ PDL_KERNELS = frozenset(
     + [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)] + list(GEMM_Q4WG_KERNELS)
     + list(GEMM_Q4W2_KERNELS) + list(GEMM_BF16WG_KERNELS)
     + [f"decode_attn_tc{o}_d{d}" for o in ("", "_bf16") for d in (64, 128)])
+CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
 _lock = threading.Lock()
@@ -181,8 +182,7 @@ def kernel_source(name: str) -> str:
 
 
 class _LaunchAttr(ctypes.Structure):  # CUlaunchAttribute: id, 4 bytes of padding, a 64-byte value union
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int),
-                ("value_rest", ctypes.c_char * 60)]
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint * 16)]
 
 
 class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
@@ -230,20 +230,47 @@ class PdlKernel:
         if not self.owner.pdl:
             self.raw(grid, block, args, shared_mem=shared_mem)
             return
-        import cupy as cp
-
-        g, b = _dim3(grid), _dim3(block)
-        attr = _LaunchAttr(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
-        cfg = _LaunchConfig(g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, cp.cuda.get_current_stream().ptr,
-                            ctypes.addressof(attr), 1)
-        params, _keep = kernel_params(args)
-        status = _driver().cuLaunchKernelEx(ctypes.byref(cfg), ctypes.c_void_p(self.raw.kernel.ptr), params, None)
-        if status:
-            raise RuntimeError(f"cuLaunchKernelEx({self.name}) failed: CUresult {status}")
+        launch_ex(self.raw, grid, block, args, shared_mem, pdl=True, name=self.name)
         self.owner.pdl_launches += 1
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.raw, name)
+
+
+def launch_ex(raw: Any, grid: Any, block: Any, args: tuple, shared_mem: int = 0, pdl: bool = False,
+              cluster: Any = None, name: str = "kernel", stream: int | None = None) -> None:
+    """Launch a cupy RawKernel through cuLaunchKernelEx on `stream` (default: CuPy's current one): with
+    programmatic stream serialization (`pdl`) and / or as thread-block clusters of `cluster` blocks (a dim3;
+    sm_90+; the grid a multiple of it), attributes CuPy's launch cannot give."""
+    if stream is None:
+        import cupy as cp
+
+        stream = cp.cuda.get_current_stream().ptr
+    g, b = _dim3(grid), _dim3(block)
+    attrs = (_LaunchAttr * 2)()
+    n = 0
+    if pdl:
+        attrs[n].id, attrs[n].value[0] = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, 1
+        n += 1
+    if cluster is not None:
+        attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attrs[n].value[0], attrs[n].value[1], attrs[n].value[2] = _dim3(cluster)
+        n += 1
+    cfg = _LaunchConfig(g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, stream, ctypes.addressof(attrs), n)
+    params, _keep = kernel_params(args)
+    status = _driver().cuLaunchKernelEx(ctypes.byref(cfg), ctypes.c_void_p(raw.kernel.ptr), params, None)
+    if status:
+        raise RuntimeError(f"cuLaunchKernelEx({name}) failed: CUresult {status}")
+
+
+def launch_cluster(fn: Any, grid: Any, block: Any, args: tuple, cluster: Any) -> None:
+    """Launch `fn` (a PdlKernel, or a plain RawKernel: bench variants) as clusters of `cluster` blocks, with
+    programmatic stream serialization while its Kernels' `pdl` flag is set (a decode-graph capture)."""
+    owner = getattr(fn, "owner", None)
+    pdl = bool(owner is not None and owner.pdl)
+    launch_ex(getattr(fn, "raw", fn), grid, block, args, pdl=pdl, cluster=cluster, name=getattr(fn, "name", "kernel"))
+    if pdl:
+        owner.pdl_launches += 1
 
 
 _libcuda: Any = None

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from llmrs.engine.backends.cuda_kernels import (GEMM_Q4W2_SMEM_BYTES, GEMM_Q4WG_SMEM_BYTES, GEMV_CPG, WG_BLOCKS_PER_SM,
-                                                WG_SPLITS, gemm_q4_smem_bytes, wg_cluster)
+                                                WG_SPLITS, gemm_q4_smem_bytes, launch_cluster, wg_cluster)
 from llmrs.engine.quant import DeviceQuantWeight, marlin_reorder, marlin_scales
 
 NULL = np.uint64(0)
@@ -62,6 +62,11 @@ GEMV_WARPS = 4  # GV_WARPS in gemm_q4.cu: warps per block (a block: one 32-colum
 GEMV_DEPTH = 4  # GV_DEPTH: k32 blocks a warp has in flight (its runs are multiples of it)
 GEMV_BLOCKS_PER_SM = 4  # resident at once: 128 registers x 128 threads (ptx-check)
 GEMV_SEM_TILES = 1 << 16  # per-tile counters of the split-K hand-off: N up to 2M columns
+# On sm_90+ a split tile's S blocks are launched as one thread-block cluster (gemm_q4.cu: the partials pushed into
+# the first block's shared memory, one cluster barrier; the same sums in the same order as the hand-off through
+# L2), S <= GEMV_CLUSTER_MAX (GV_CLUSTER_MAX: the portable cluster size). The backend's q4_gemv_cluster
+# (LLMRS_Q4_GEMV_CLUSTER=0: False) keeps the L2 hand-off.
+GEMV_CLUSTER_MAX = 8
 
 
 @dataclass(slots=True)
@@ -300,13 +305,22 @@ def gemm_q4(backend: Any, x_bf16: Any, mw: MarlinWeight | None, bias: Any | None
     return True
 
 
-def gemv_splits(backend: Any, N: int, K: int, splits: int | None = None) -> tuple[int, int]:
+def gemv_cluster(backend: Any) -> bool:
+    """Whether gemv_q4 may launch a split tile's blocks as one cluster (sm_90+, the backend's q4_gemv_cluster; at
+    up to 8 tokens)."""
+    return bool(backend.q4_gemv_cluster) and backend.k.cc >= 90
+
+
+def gemv_splits(backend: Any, N: int, K: int, splits: int | None = None, cluster: bool = False) -> tuple[int, int]:
     """(S, kb_per_warp) of gemv_q4: K slices over grid.y, as many as keep the 32-column tiles times S within one
     round of GEMV_BLOCKS_PER_SM resident blocks per SM (or `splits`, for tests), each warp taking a multiple of
-    GEMV_DEPTH consecutive k32 blocks. Rounded down, not up: a second round for a few blocks costs a whole one
-    (H200, the 7B's down at one token: S = 4, 448 blocks, 19.5 us; S = 5, 560 blocks of 528 resident, 23.4 us)."""
+    GEMV_DEPTH consecutive k32 blocks; at most GEMV_CLUSTER_MAX where the slices are a cluster (`cluster`).
+    Rounded down, not up: a second round for a few blocks costs a whole one (H200, the 7B's down at one token:
+    S = 4, 448 blocks, 19.5 us; S = 5, 560 blocks of 528 resident, 23.4 us)."""
     NB, KB = N // 32, K // 32
     want = max(1, GEMV_BLOCKS_PER_SM * backend.num_sms // NB) if splits is None else splits
+    if cluster:
+        want = min(want, GEMV_CLUSTER_MAX)
     S = max(1, min(want, -(-KB // (GEMV_WARPS * GEMV_DEPTH))))
     per = -(-KB // (S * GEMV_WARPS * GEMV_DEPTH)) * GEMV_DEPTH
     return -(-KB // (GEMV_WARPS * per)), per  # no empty slice
@@ -358,13 +372,19 @@ def gemv_q4(backend: Any, x: Any, mw: MarlinWeight | None, bias: Any | None, out
             or out.dtype != np.float32 or not x.flags.c_contiguous or not out.flags.c_contiguous):
         return False
     sem = backend._counters("gemv_q4_sem", GEMV_SEM_TILES)
-    S, per = gemv_splits(backend, N, K, splits)
-    part = backend._buf("gemv_q4_part", (S, T, N), np.float32) if S > 1 else NULL
+    cluster = gemv_cluster(backend) and T <= 8  # (the t16 forms keep the hand-off: gemm_q4.cu)
+    S, per = gemv_splits(backend, N, K, splits, cluster)
+    cluster = cluster and S > 1
+    part = backend._buf("gemv_q4_part", (S, T, N), np.float32) if S > 1 and not cluster else NULL
     fn = backend.k.fns[gemv_kernel(mw.mode, T, mw.group_size)]
+    grid, block = (N // 32, S), (32 * GEMV_WARPS,)
+    args = (mw.qweight, mw.sz, x, NULL if bias is None else bias, out, part, sem, np.int32(T), np.int32(N),
+            np.int32(K), np.int32(mw.group_size), np.int32(1 if accumulate else 0), np.int32(per))
     with backend._span("matvec_q", name, T, N, K, accumulate, bias is not None, nbytes or mw.nbytes):
-        fn((N // 32, S), (32 * GEMV_WARPS,), (mw.qweight, mw.sz, x, NULL if bias is None else bias, out, part, sem,
-                                             np.int32(T), np.int32(N), np.int32(K), np.int32(mw.group_size),
-                                             np.int32(1 if accumulate else 0), np.int32(per)))
+        if cluster:
+            launch_cluster(fn, grid, block, args, (1, S, 1))
+        else:
+            fn(grid, block, args)
     return True
 
 
