@@ -6,7 +6,7 @@ matvec_q4 (row form) and gemv_q4 (Marlin layout) at every K split S, each launch
 
 Prints per shape and kernel: us a launch, GB/s of the packed bytes (codes + scales + zeros), % of --roof-gbs, the
 grid's blocks and the resident-block rounds it needs (4 blocks an SM), and the 28-layer sums of the backend's
-choice and of the best S. On sm_90 each S runs twice: its K slices launched as one cluster (the default) and
+choice and of the best S. On sm_90 each S runs twice: its K slices launched as one cluster (the default up to S = 4) and
 through the L2 hand-off ("gemv_q4 l2", LLMRS_Q4_GEMV_CLUSTER=0's form). Each kernel's output is checked against
 x (rounded to bf16) @ the dequantized weights:
 "WRONG" marks a relative error above 1e-2 or an output left unwritten. --json writes the rows.
@@ -117,8 +117,8 @@ def main() -> None:
                 be.q4_gemv = True
         else:
             us_mv = float("inf")
-        cl = gemv_cluster(be) and T <= 8  # the default launch: K slices as a cluster (sm_90)
-        auto_S, _ = gemv_splits(be, N, K, cluster=cl)
+        cl = gemv_cluster(be) and T <= 8  # the default launch: K slices as a cluster (sm_90, S <= 4)
+        auto_S, _ = gemv_splits(be, N, K)
         per_shape = {}
         # each S with the slices as one cluster (the default on sm_90) and through the L2 hand-off ("l2")
         for vname, fns in variants.items():
@@ -127,7 +127,7 @@ def main() -> None:
                 be.q4_gemv_cluster = cl and form == ""
                 seen = set()
                 for S in sorted({int(s) for s in args.splits.split(",")} | {auto_S}):
-                    S_eff, per = gemv_splits(be, N, K, S, cluster=cl and form == "")
+                    S_eff, per = gemv_splits(be, N, K, S)
                     if S_eff in seen:
                         continue
                     seen.add(S_eff)

@@ -916,7 +916,7 @@ extern "C" __global__ void dequant_marlin_q4m_bf16(const uint4* __restrict__ Bq,
 // (~73 a block) against 617 for 4 before.
 // GV_DEPTH and GV_MINB can be set with -D for such A/Bs (bench_gemv_q4.py --variants; `llmrs ptx-check -D`).
 #define GV_WARPS 4
-#define GV_CLUSTER_MAX 8  // K slices a cluster launch takes at most (the portable cluster size; cuda_q4gemm's)
+#define GV_CLUSTER_MAX 4  // K slices a cluster launch takes at most (cuda_q4gemm.GEMV_CLUSTER_MAX)
 #ifndef GV_DEPTH
 #define GV_DEPTH 4  // k32 blocks in flight a warp while the previous GV_DEPTH are used (registers)
 #endif
@@ -930,6 +930,12 @@ __device__ __forceinline__ unsigned bf16x2_code(unsigned w) {
 // x's B registers of one kb for the lane's token (zeros for a lane whose token is >= T): step 0 b0, b1, step 1 b0, b1
 __device__ __forceinline__ uint4 gemv_xb(const float* __restrict__ xr, bool live) {
     if (!live) return make_uint4(0u, 0u, 0u, 0u);
+#ifdef GV_XFRAG_PROBE
+    // timing probe only (wrong products): x as if a producer had written it bf16 in this fragment order, one
+    // 16-byte load a lane a k32 block (the f32 x's bytes at a 16-byte aligned address) and no conversion
+    const float4 f = ldx4(xr);  // (xr: 4 t floats into the k32 block under the probe, 16-byte aligned)
+    return make_uint4(__float_as_uint(f.x), __float_as_uint(f.y), __float_as_uint(f.z), __float_as_uint(f.w));
+#endif
     // x comes from the previous kernel: ldx2 (common.cuh's early-load rules; __ldg with -DLLMRS_NO_EARLY_LOADS)
     const float2 x0 = ldx2(xr), x1 = ldx2(xr + 8), x2 = ldx2(xr + 16), x3 = ldx2(xr + 24);
     return make_uint4(pack_bf16x2(x0.x, x2.x), pack_bf16x2(x0.y, x2.y), pack_bf16x2(x1.x, x3.x),
@@ -1029,7 +1035,11 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
 #pragma unroll
     for (int u = 0; u < NU; ++u) {
         live[u] = 8 * u + g < T;
+#ifdef GV_XFRAG_PROBE
+        xr[u] = x + (size_t)(live[u] ? 8 * u + g : 0) * K + 4 * t + 32 * kb_lo;
+#else
         xr[u] = x + (size_t)(live[u] ? 8 * u + g : 0) * K + 2 * t + 32 * kb_lo;
+#endif
     }
     const uint4* wn = wp + (size_t)(kb_lo + GV_DEPTH) * 32;  // the next batch's codes
     const unsigned* szc = SZ + nb * 32 + g;  // + group * N + 16 j + 8 r

@@ -54,19 +54,27 @@ GEMV_MAX_TOKENS = 16  # gemv_q4: x's tokens are the columns of one n8 tile (gemv
 # 3584 (16.5M weights) 7.55 (S = 3) / 9.65, o 3584 x 3584 (12.8M) 6.66 (S = 4) / 6.44. Every shape on the GEMV
 # (LLMRS_Q4_GEMV_K_PER_N=0) decodes the 7B AWQ in 2.574 / 2.576 against 2.592 / 2.591 ms/token but the 3B in
 # 1.908 / 1.909 against 1.858 / 1.858 and the 0.5B in 0.819 / 0.818 against 0.811 / 0.812 (session 11): the
-# smaller matrices stay on matvec_q4. Both switches are read at import (for A/Bs).
+# smaller matrices stay on matvec_q4. With the K slices as one cluster (GEMV_CLUSTER_MAX below; session 23 call1)
+# the 7B's o takes 5.33 us on the GEMV (S = 4) against matvec_q4's 6.44, and the 7B AWQ decodes in 1.9641 ms/token
+# with every shape on the GEMV against 2.0298 (only o moves): the threshold went from 14M to 8M weights. The 3B's
+# qkv (5.2M) / o (4.2M) stay on matvec_q4: 3.88 / 3.44 us against the GEMV's 3.80 / 3.59 at S = 4. Both switches
+# are read at import (for A/Bs).
 GEMV_MIN_TOKENS = 2
 GEMV_ONE_TOKEN_K_PER_N = float(os.environ.get("LLMRS_Q4_GEMV_K_PER_N", "4"))
-GEMV_ONE_TOKEN_MIN_WEIGHTS = int(os.environ.get("LLMRS_Q4_GEMV_MIN_WEIGHTS", str(14 << 20)))
+GEMV_ONE_TOKEN_MIN_WEIGHTS = int(os.environ.get("LLMRS_Q4_GEMV_MIN_WEIGHTS", str(8 << 20)))
 GEMV_WARPS = 4  # GV_WARPS in gemm_q4.cu: warps per block (a block: one 32-column tile, K split over its warps)
 GEMV_DEPTH = 4  # GV_DEPTH: k32 blocks a warp has in flight (its runs are multiples of it)
 GEMV_BLOCKS_PER_SM = 4  # resident at once: 128 registers x 128 threads (ptx-check)
 GEMV_SEM_TILES = 1 << 16  # per-tile counters of the split-K hand-off: N up to 2M columns
 # On sm_90+ a split tile's S blocks are launched as one thread-block cluster (gemm_q4.cu: the partials pushed into
 # the first block's shared memory, one cluster barrier; the same sums in the same order as the hand-off through
-# L2), S <= GEMV_CLUSTER_MAX (GV_CLUSTER_MAX: the portable cluster size). The backend's q4_gemv_cluster
-# (LLMRS_Q4_GEMV_CLUSTER=0: False) keeps the L2 hand-off.
-GEMV_CLUSTER_MAX = 8
+# L2) where 2 <= S <= GEMV_CLUSTER_MAX (GV_CLUSTER_MAX); more slices keep the hand-off. The backend's
+# q4_gemv_cluster (LLMRS_Q4_GEMV_CLUSTER=0: False) keeps it everywhere. H200 (scripts/bench_gemv_q4.py, AWQ G128, T
+# = 1, inside a graph, us cluster / L2; reports/h200-qwen2.5/session23 call1): 7B qkv S=3 6.32 / 7.30, o S=4 5.33 /
+# 6.33, down S=4 15.42 / 16.24; 3B down S=4 7.93 / 8.47 but S=8 9.37 / 7.78 (clusters of 8 blocks wait for two
+# SMs' room), and in the 3B's step S=8 clusters lost 2.6 us a layer (1.4993 -> 1.5928 ms/token best of 3) where
+# the 7B's S <= 4 won 2.1 (2.0856 -> 2.0265).
+GEMV_CLUSTER_MAX = 4
 
 
 @dataclass(slots=True)
@@ -311,16 +319,14 @@ def gemv_cluster(backend: Any) -> bool:
     return bool(backend.q4_gemv_cluster) and backend.k.cc >= 90
 
 
-def gemv_splits(backend: Any, N: int, K: int, splits: int | None = None, cluster: bool = False) -> tuple[int, int]:
+def gemv_splits(backend: Any, N: int, K: int, splits: int | None = None) -> tuple[int, int]:
     """(S, kb_per_warp) of gemv_q4: K slices over grid.y, as many as keep the 32-column tiles times S within one
     round of GEMV_BLOCKS_PER_SM resident blocks per SM (or `splits`, for tests), each warp taking a multiple of
-    GEMV_DEPTH consecutive k32 blocks; at most GEMV_CLUSTER_MAX where the slices are a cluster (`cluster`).
+    GEMV_DEPTH consecutive k32 blocks.
     Rounded down, not up: a second round for a few blocks costs a whole one (H200, the 7B's down at one token:
     S = 4, 448 blocks, 19.5 us; S = 5, 560 blocks of 528 resident, 23.4 us)."""
     NB, KB = N // 32, K // 32
     want = max(1, GEMV_BLOCKS_PER_SM * backend.num_sms // NB) if splits is None else splits
-    if cluster:
-        want = min(want, GEMV_CLUSTER_MAX)
     S = max(1, min(want, -(-KB // (GEMV_WARPS * GEMV_DEPTH))))
     per = -(-KB // (S * GEMV_WARPS * GEMV_DEPTH)) * GEMV_DEPTH
     return -(-KB // (GEMV_WARPS * per)), per  # no empty slice
@@ -372,9 +378,9 @@ def gemv_q4(backend: Any, x: Any, mw: MarlinWeight | None, bias: Any | None, out
             or out.dtype != np.float32 or not x.flags.c_contiguous or not out.flags.c_contiguous):
         return False
     sem = backend._counters("gemv_q4_sem", GEMV_SEM_TILES)
-    cluster = gemv_cluster(backend) and T <= 8  # (the t16 forms keep the hand-off: gemm_q4.cu)
-    S, per = gemv_splits(backend, N, K, splits, cluster)
-    cluster = cluster and S > 1
+    S, per = gemv_splits(backend, N, K, splits)
+    # (the t16 forms keep the hand-off: gemm_q4.cu)
+    cluster = 1 < S <= GEMV_CLUSTER_MAX and T <= 8 and gemv_cluster(backend)
     part = backend._buf("gemv_q4_part", (S, T, N), np.float32) if S > 1 and not cluster else NULL
     fn = backend.k.fns[gemv_kernel(mw.mode, T, mw.group_size)]
     grid, block = (N // 32, S), (32 * GEMV_WARPS,)
