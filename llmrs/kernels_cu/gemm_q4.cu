@@ -904,7 +904,10 @@ extern "C" __global__ void dequant_marlin_q4m_bf16(const uint4* __restrict__ Bq,
 // 2 KB filled by one cp.async.bulk each (TMA + mbarrier, no code registers: 96-117 registers; fifteenth session,
 // commit 251c82f, reports/h200-qwen2.5/session15 call3): the 7B's four linears at one token 1.724 -> 1.934 /
 // 1.822 / 2.054 ms for 28 layers (gate_up 29.3 -> 29.1 us at 4 stages, down 18.1 -> 20.6), at 4 tokens 1.774 ->
-// 1.942 (4 stages): more bytes in flight a warp did not stream faster.
+// 1.942 (4 stages): more bytes in flight a warp did not stream faster. A timing probe of x written by its
+// producer as bf16 in this fragment order (one 16-byte load a lane a k32 block, no F2FP: the main loop 564 -> 511
+// instructions, 128 -> 118 registers; session 23 call2) did not run faster either: gate_up 23.74 -> 26.61 us, down
+// (S = 4) 15.30 -> 15.30, o 5.27 -> 5.48; with 5 blocks an SM (96 registers) no better.
 // Then (not yet run on a GPU; SASS read from `cuobjdump -sass` of the ptxas output): the loop's instructions
 // came to ~97 a k32 block at G 128 executed, of which ~8 were moves of codes between registers (q = qn at the
 // top of each batch: the predicated loads made the compiler keep old values), ~3 the flush's zeroing, the rest of
@@ -930,12 +933,6 @@ __device__ __forceinline__ unsigned bf16x2_code(unsigned w) {
 // x's B registers of one kb for the lane's token (zeros for a lane whose token is >= T): step 0 b0, b1, step 1 b0, b1
 __device__ __forceinline__ uint4 gemv_xb(const float* __restrict__ xr, bool live) {
     if (!live) return make_uint4(0u, 0u, 0u, 0u);
-#ifdef GV_XFRAG_PROBE
-    // timing probe only (wrong products): x as if a producer had written it bf16 in this fragment order, one
-    // 16-byte load a lane a k32 block (the f32 x's bytes at a 16-byte aligned address) and no conversion
-    const float4 f = ldx4(xr);  // (xr: 4 t floats into the k32 block under the probe, 16-byte aligned)
-    return make_uint4(__float_as_uint(f.x), __float_as_uint(f.y), __float_as_uint(f.z), __float_as_uint(f.w));
-#endif
     // x comes from the previous kernel: ldx2 (common.cuh's early-load rules; __ldg with -DLLMRS_NO_EARLY_LOADS)
     const float2 x0 = ldx2(xr), x1 = ldx2(xr + 8), x2 = ldx2(xr + 16), x3 = ldx2(xr + 24);
     return make_uint4(pack_bf16x2(x0.x, x2.x), pack_bf16x2(x0.y, x2.y), pack_bf16x2(x1.x, x3.x),
@@ -1035,11 +1032,7 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
 #pragma unroll
     for (int u = 0; u < NU; ++u) {
         live[u] = 8 * u + g < T;
-#ifdef GV_XFRAG_PROBE
-        xr[u] = x + (size_t)(live[u] ? 8 * u + g : 0) * K + 4 * t + 32 * kb_lo;
-#else
         xr[u] = x + (size_t)(live[u] ? 8 * u + g : 0) * K + 2 * t + 32 * kb_lo;
-#endif
     }
     const uint4* wn = wp + (size_t)(kb_lo + GV_DEPTH) * 32;  // the next batch's codes
     const unsigned* szc = SZ + nb * 32 + g;  // + group * N + 16 j + 8 r
