@@ -8,6 +8,8 @@ GPU machine with `python3 -m pytest -q -m gpu tests/test_gemv_q4_gpu.py`; skips 
   with NaN and a poisoned tail past N;
 - the cluster launch and the L2 hand-off give the same bits at every cluster size; launches chained in a graph
   with programmatic launch replay the eager bits;
+- the paired forms (gate_up + SiLU x up, qkv + RoPE + the paged-cache write in the epilogue) give the bits of
+  gemv_q4 + silu_mul / rope_write_kv, kernel by kernel and through a tiny AWQ model's decode graphs;
 - repeated launches give the same bits (fixed reduction order; the per-tile counters go back to 0);
 - the backend's decode dispatch takes it for 4-bit weights in the layout and keeps matvec_q4 otherwise;
 - a weight whose tiles fill the GPU holds only the reordered copy, and every token count still works from it
@@ -27,7 +29,8 @@ cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
 from llmrs.engine.backends.cuda import NULL, round_bf16  # noqa: E402
-from llmrs.engine.backends.cuda_q4gemm import gemv_q4, gemv_splits, gemv_takes, linear_q4, to_marlin  # noqa: E402
+from llmrs.engine.backends.cuda_q4gemm import (gemv_q4, gemv_q4_pair, gemv_splits, gemv_takes, linear_q4,  # noqa: E402
+                                               to_marlin)
 from llmrs.engine.weights import bf16_to_f32  # noqa: E402
 from tests.test_quant_marlin import make_weight  # noqa: E402
 
@@ -166,6 +169,111 @@ def test_gemv_q4_cluster_launches_chain_inside_a_programmatic_launch_graph(backe
         for e, o in zip(eager, outs):
             np.testing.assert_array_equal(cp.asnumpy(o), e)
     assert int(backend._ws["gemv_q4_sem"].sum()) == 0
+
+
+PAIR_CASES = [("awq", 128, 1), ("awq", 128, 3), ("awq", 128, None), ("awq", 128, 7), ("q4_1", 32, None),
+              ("q4_0", 32, 2)]
+
+
+@pytest.mark.parametrize("kind,G,splits", PAIR_CASES)
+def test_gemv_q4_silu_pair_equals_gemv_then_silu_mul_bit_exactly(backend, kind, G, splits):
+    """gate_up through the paired form (SiLU x up in the epilogue) against gemv_q4 into [T, 2I] and silu_mul: the
+    same bits, T 1..8, one K slice, a cluster (S <= 4) and the L2 hand-off (S > 4); nothing past [T, I] written."""
+    rng = np.random.default_rng(G + (splits or 0))
+    I, K = 1024, 4096  # (up to 8 K slices)
+    mw = to_marlin(backend, backend.upload_quantized(make_weight(kind, 2 * I, K, G, rng)))
+    for T in range(1, 9):
+        x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
+        gu = cp.empty((T, 2 * I), dtype=cp.float32)
+        assert gemv_q4(backend, x, mw, None, gu, splits=splits)
+        ref = cp.empty((T, I), dtype=cp.float32)
+        backend.k.silu_mul((-(-T * I // 256),), (256,), (gu, ref, np.int32(T), np.int32(I)))
+        buf = cp.full(T * I + 64, np.nan, dtype=cp.float32)
+        act = buf[: T * I].reshape(T, I)
+        gemv_q4_pair(backend, "silu", x, mw, act, splits=splits)
+        np.testing.assert_array_equal(cp.asnumpy(act), cp.asnumpy(ref), err_msg=f"T {T}")
+        assert bool(cp.isnan(buf[T * I:]).all()), "wrote past the output"
+    assert int(backend._ws["gemv_q4_sem"].sum()) == 0
+
+
+@pytest.mark.parametrize("kind,G,splits", PAIR_CASES)
+@pytest.mark.parametrize("D", [64, 128])
+def test_gemv_q4_rope_pair_equals_gemv_then_rope_write_kv_bit_exactly(backend, kind, G, splits, D):
+    """qkv (+ bias) through the paired form (RoPE and the paged-cache write in the epilogue) against gemv_q4 into
+    qkv and rope_write_kv: the same q bits in qkv and the same K / V cache bits, T 1..8 at scattered positions and
+    slots, 64- and 128-dim heads (pairs of tiles across half a head)."""
+    from llmrs.engine.backends.cuda import rope_threads
+
+    rng = np.random.default_rng(D + G + (splits or 0))
+    Hq, Hkv, K, bs, blocks = 6, 2, 4096, 16, 64
+    N = (Hq + 2 * Hkv) * D
+    mw = to_marlin(backend, backend.upload_quantized(make_weight(kind, N, K, G, rng)))
+    bias = cp.asarray(rng.standard_normal(N).astype(np.float32))
+    inv_freq = cp.asarray((10000.0 ** (-np.arange(0, D, 2) / D)).astype(np.float32))
+    for T in range(1, 9):
+        x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
+        positions = cp.asarray(rng.integers(0, 30000, T).astype(np.int32))
+        slots = cp.asarray(rng.choice(blocks * bs, T, replace=False).astype(np.int32))
+        caches = [cp.zeros((blocks, Hkv, bs, D), dtype=cp.uint16) for _ in range(4)]
+        ref = cp.empty((T, N), dtype=cp.float32)
+        assert gemv_q4(backend, x, mw, bias, ref, splits=splits)
+        backend.k.rope_write_kv((T,), (rope_threads(Hq, Hkv, D),),
+                                (ref, positions, inv_freq, slots, caches[0], caches[1], np.int32(Hq), np.int32(Hkv),
+                                 np.int32(D), np.int32(bs), NULL))
+        got = cp.full((T, N), np.nan, dtype=cp.float32)
+        gemv_q4_pair(backend, "rope", x, mw, got, bias,
+                     (positions, inv_freq, slots, caches[2], caches[3], Hq, Hkv, D, bs), splits=splits)
+        q = slice(0, Hq * D)
+        np.testing.assert_array_equal(cp.asnumpy(got[:, q]), cp.asnumpy(ref[:, q]), err_msg=f"q, T {T}")
+        np.testing.assert_array_equal(cp.asnumpy(caches[2]), cp.asnumpy(caches[0]), err_msg=f"k cache, T {T}")
+        np.testing.assert_array_equal(cp.asnumpy(caches[3]), cp.asnumpy(caches[1]), err_msg=f"v cache, T {T}")
+        assert bool(cp.isnan(got[:, Hq * D:]).all())  # k and v go to the caches only
+        assert int((caches[2] != 0).sum()) > 0 and int((caches[3] != 0).sum()) > 0
+    assert int(backend._ws["gemv_q4_sem"].sum()) == 0
+
+
+@pytest.mark.parametrize("G", [32, 128])
+def test_awq_decode_with_the_fused_epilogues_gives_the_unfused_bits(tmp_path, G, monkeypatch):
+    """A tiny Qwen2 AWQ model (64-dim heads, q/k/v bias) with every linear on the GEMV at one token: decode steps
+    of one and of three sequences through the decode graphs (programmatic launch, clusters), with the paired forms
+    (gate_up + SiLU, qkv + RoPE + KV write) and without (LLMRS_Q4_GEMV_EPILOGUE=0): the same logits, bit for bit,
+    and the same greedy tokens."""
+    import llmrs.engine.backends.cuda_q4gemm as q4gemm
+    from llmrs.engine import quant as Q
+    from llmrs.engine.backends.cuda import CUDABackend
+    from llmrs.engine.batch import build_step_batch
+    from llmrs.engine.loader import load
+    from llmrs.engine.runner import ModelRunner
+    from tests.conftest import write_tiny_model
+    from tests.test_cuda_parity import greedy, prompts_for
+
+    monkeypatch.setattr(q4gemm, "GEMV_ONE_TOKEN_MIN_WEIGHTS", 0)  # every shape on the GEMV at one token
+    src = write_tiny_model(tmp_path / "qwen2", "qwen2", hidden_size=256, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=512)
+    kept = load(str(Q.write_awq_checkpoint(src, tmp_path / "awq", group_size=G)), keep_quantized=True)
+    runners = {}
+    for fused in (True, False):
+        monkeypatch.setattr(CUDABackend, "q4_gemv_epilogue", fused)
+        runners[fused] = ModelRunner(kept, num_blocks=64, device="cuda")
+    r = runners[True]
+    layer = r.model.w.layers[0]
+    assert q4gemm.gemv_pair_takes(r.backend, "rope", layer.qkv, 1, 64)
+    assert q4gemm.gemv_pair_takes(r.backend, "silu", layer.gate_up, 3)
+    assert not q4gemm.gemv_pair_takes(runners[False].backend, "silu", layer.gate_up, 3)
+    prompts = prompts_for(kept.tokenizer)[:3]
+    bs = r.backend.block_size
+    tables = [list(range(8 * i, 8 * i + 8)) for i in range(len(prompts))]
+    logits = {}
+    for fused, run in runners.items():
+        for ids, table in zip(prompts, tables):
+            run.execute(build_step_batch([(ids[:-1], 0, table, False)], bs))
+        one = run.execute(build_step_batch([(prompts[0][-1:], len(prompts[0]) - 1, tables[0], True)], bs))
+        three = run.execute(build_step_batch([(ids[-1:], len(ids) - 1, t, True) for ids, t in zip(prompts, tables)],
+                                             bs))
+        logits[fused] = (np.asarray(one).copy(), np.asarray(three).copy())
+    for a, b in zip(logits[True], logits[False]):
+        np.testing.assert_array_equal(a, b)
+    assert all(greedy(runners[True], ids) == greedy(runners[False], ids) for ids in prompts)
 
 
 def test_decode_dispatch_takes_gemv_for_the_layout_and_matvec_otherwise(backend, monkeypatch):

@@ -68,6 +68,38 @@ __device__ __forceinline__ void rope_sincos(float angle, float* sn, float* cs) {
     __sincosf(r, sn, cs);
 }
 
+// The qkv pair's epilogue of matvec_rope_bf16 (matvec.cu) and gemv_q4's rope form (gemm_q4.cu) (a, c: rows h D + i
+// and h D + i + D / 2 of token t, bias added): a q head rotated in place in y (= qkv), a k head rotated and a v head
+// as it is, written to the paged caches as bf16 (rope_write_kv's math)
+__device__ __forceinline__ void pair_rope_out(float a, float c, int h, int i, int half, int t, float* __restrict__ y,
+                                              int N, const int* __restrict__ positions,
+                                              const float* __restrict__ inv_freq, const int* __restrict__ slots,
+                                              bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache, int Hq,
+                                              int Hkv, int D, int block_size) {
+    float* row = y + (size_t)t * N + h * D;
+    if (h >= Hq + Hkv) {  // a v head: to the cache as it is
+        const int sl = slots[t];
+        const long long r = ((long long)(sl / block_size) * Hkv + (h - Hq - Hkv)) * block_size + sl % block_size;
+        bf16_t* dst = v_cache + r * D;
+        dst[i] = f32_to_bf16(a);
+        dst[i + half] = f32_to_bf16(c);
+        return;
+    }
+    float sn, cs;
+    rope_sincos(__fmul_rn((float)positions[t], inv_freq[i]), &sn, &cs);
+    const float y1 = a * cs - c * sn, y2 = c * cs + a * sn;
+    if (h < Hq) {
+        row[i] = y1;
+        row[i + half] = y2;
+    } else {
+        const int sl = slots[t];
+        const long long r = ((long long)(sl / block_size) * Hkv + (h - Hq)) * block_size + sl % block_size;
+        bf16_t* dst = k_cache + r * D;
+        dst[i] = f32_to_bf16(y1);
+        dst[i + half] = f32_to_bf16(y2);
+    }
+}
+
 // A 16-byte load of streamed data read once (decode weights: matvec.cu, matvec_q4.cu, gemv_q4): through the
 // non-coherent path without allocating in L1, so the weight stream does not evict what the warps re-read from L1
 // (x, the norm weight, scales). Measured on the H200 (bf16 single-stream decode, scripts/gpu_ab.sh): 7B 4.662 ->

@@ -1008,19 +1008,53 @@ __device__ __forceinline__ void gemv_flush(const unsigned (&sw)[4], float (&c)[N
 // NU n8 tiles of tokens: T <= 8 NU. CPG: 0, the group's k32 blocks (G / 32) followed at run time by a counter;
 // else G / 32 at compile time (the host's gemv_cpg: it divides GV_DEPTH, so with kpw a multiple of GV_DEPTH every
 // batch holds whole groups): the flush sits at fixed k32 blocks and each group's first mma starts from 0.
-template <int MODE, int NU, int CPG>
+// The paired forms (EPI): a block of 2 GV_WARPS warps takes two tiles whose columns pair up in an epilogue, each
+// tile's warps exactly the plain form's (the same K runs, the same sums in the same order), so the pair's outputs
+// are the plain kernel's bits and the epilogue is its follower's expression:
+//   GV_EPI_SILU: gate_up [2I, K]; pair b = tiles (b, I / 32 + b); act[t, 32 b + lane] = silu(gate) * up (silu_mul's
+//                silu_mul_f), into out [T, I];
+//   GV_EPI_ROPE: qkv [(Hq + 2 Hkv) D, K] + bias; pair b of head h = b / (D / 64): tiles (h D / 32 + j, that + D /
+//                64), j = b % (D / 64), columns h D + i and h D + i + D / 2 (i = 32 j + lane): q heads rotated in
+//                out (= qkv), k heads rotated and v heads as they are into the paged caches (pair_rope_out, rope_write_kv's
+//                math).
+#define GV_EPI_SILU 1
+#define GV_EPI_ROPE 2
+struct GvRope {  // what the rope epilogue writes with (rope_write_kv's arguments)
+    const int* positions;
+    const float* inv_freq;
+    const int* slots;
+    bf16_t* k_cache;
+    bf16_t* v_cache;
+    int Hq, Hkv, D, block_size;
+};
+
+// the tile of a paired block's half `sel` (0: the pair's first, whose columns index the epilogue)
+template <int EPI>
+__device__ __forceinline__ int gv_pair_tile(int b, int sel, int N, int D) {
+    if (EPI == GV_EPI_SILU) return b + sel * (N >> 6);
+    const int tph = D >> 6;  // a half head's tiles
+    return (b / tph) * 2 * tph + b % tph + sel * tph;
+}
+
+template <int MODE, int NU, int CPG, int EPI = 0>
 __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ,
                                              const float* __restrict__ x, const float* __restrict__ bias,
                                              float* __restrict__ out, float* __restrict__ part, int* __restrict__ sem,
-                                             int T, int N, int K, int G, int accumulate, int kpw) {
+                                             int T, int N, int K, int G, int accumulate, int kpw,
+                                             const GvRope rp = GvRope{}) {
     static_assert(CPG == 0 || GV_DEPTH % CPG == 0, "a fixed group size must divide GV_DEPTH (whole groups a batch)");
+    static_assert(EPI == 0 || NU == 1, "the paired forms take one n8 tile of tokens");
     pdl_trigger();
     constexpr int TOK = 8 * NU;
-    __shared__ float red[GV_WARPS][TOK][36];  // [warp][token][column] (36: conflict-free stores)
+    constexpr int NW = EPI ? 2 * GV_WARPS : GV_WARPS;  // warps a block: one tile's, or a pair's (EPI)
+    __shared__ float red[NW][TOK][36];  // [warp][token][column] (36: conflict-free stores)
     __shared__ int last;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int nb = blockIdx.x, KB = K >> 5, cpg = CPG ? CPG : G >> 5;
-    const int kb_lo = min(KB, (blockIdx.y * GV_WARPS + warp) * kpw), kb_hi = min(KB, kb_lo + kpw);
+    const int wk = EPI ? warp % GV_WARPS : warp;  // the warp's K run among its tile's warps
+    const int nb_a = EPI ? gv_pair_tile<EPI>(blockIdx.x, 0, N, rp.D) : blockIdx.x;
+    const int nb_b = EPI ? gv_pair_tile<EPI>(blockIdx.x, 1, N, rp.D) : 0;
+    const int nb = EPI && warp >= GV_WARPS ? nb_b : nb_a, KB = K >> 5, cpg = CPG ? CPG : G >> 5;
+    const int kb_lo = min(KB, (blockIdx.y * GV_WARPS + wk) * kpw), kb_hi = min(KB, kb_lo + kpw);
     const uint4* wp = Bq + (size_t)nb * KB * 32 + lane;
     uint4 qa[GV_DEPTH], qb[GV_DEPTH];  // two batches' codes: one used while the other is loaded (no copies)
 #pragma unroll
@@ -1102,16 +1136,23 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
 #pragma unroll
                 for (int h = 0; h < 2; ++h) red[warp][8 * u + 2 * t + h][16 * j + 8 * r + g] = acc[u][j][2 * r + h];
     __syncthreads();
-    constexpr int P = TOK / 4;  // (token, column) pairs a thread: tid + 128 p of the TOK x 32
-    float v[P];
+    // (token, column) pairs a thread: tid + 32 NW p of the TOK x 32; with EPI the same pair of both tiles (v, vb)
+    constexpr int P = TOK / NW;
+    static_assert(P * NW == TOK, "whole (token, column) pairs a thread");
+    float v[P], vb[P];
 #pragma unroll
     for (int p = 0; p < P; ++p) {
-        const int m = (tid >> 5) + 4 * p;
+        const int m = (tid >> 5) + NW * p;
         v[p] = 0.0f;
 #pragma unroll
         for (int w = 0; w < GV_WARPS; ++w) v[p] += red[w][m][lane];
+        vb[p] = 0.0f;
+        if (EPI) {
+#pragma unroll
+            for (int w = GV_WARPS; w < NW; ++w) vb[p] += red[w][m][lane];
+        }
     }
-    const int n = nb * 32 + lane;
+    const int n = nb_a * 32 + lane, n_b = nb_b * 32 + lane;
     const unsigned ncl = NU == 1 ? cluster_blocks() : 1;
     if (ncl > 1) {
         // a cluster launch (sm_90+, GV_CLUSTER_MAX slices at most, one n8 tile of tokens: the t16 forms stay on the
@@ -1119,54 +1160,76 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
         // blockIdx.y); each block pushes its sums into block 0's shared memory, one cluster barrier (release /
         // acquire), and block 0 adds them in slice order from 0, the global hand-off's order below: the same bits,
         // no round trips through L2 (store, fence, atomic, loads)
-        __shared__ float cpart[GV_CLUSTER_MAX][TOK][32];
+        __shared__ float cpart[GV_CLUSTER_MAX][EPI ? 2 : 1][TOK][32];
         const unsigned rank = cluster_rank();
 #pragma unroll
         for (int p = 0; p < P; ++p) {
-            const int m = (tid >> 5) + 4 * p;
-            if (m < T) st_cluster(&cpart[rank][m][lane], 0, v[p]);
+            const int m = (tid >> 5) + NW * p;
+            if (m < T) {
+                st_cluster(&cpart[rank][0][m][lane], 0, v[p]);
+                if (EPI) st_cluster(&cpart[rank][EPI ? 1 : 0][m][lane], 0, vb[p]);
+            }
         }
         cluster_sync();
         if (rank != 0) return;
 #pragma unroll
         for (int p = 0; p < P; ++p) {
-            const int m = (tid >> 5) + 4 * p;
+            const int m = (tid >> 5) + NW * p;
             if (m < T) {
                 v[p] = 0.0f;
-                for (unsigned z = 0; z < ncl; ++z) v[p] += cpart[z][m][lane];
+                for (unsigned z = 0; z < ncl; ++z) v[p] += cpart[z][0][m][lane];
+                if (EPI) {
+                    vb[p] = 0.0f;
+                    for (unsigned z = 0; z < ncl; ++z) vb[p] += cpart[z][EPI ? 1 : 0][m][lane];
+                }
             }
         }
     } else if (gridDim.y > 1) {
 #pragma unroll
         for (int p = 0; p < P; ++p) {
-            const int m = (tid >> 5) + 4 * p;
+            const int m = (tid >> 5) + NW * p;
             if (m < T) {
                 part[((size_t)blockIdx.y * T + m) * N + n] = v[p];
+                if (EPI) part[((size_t)blockIdx.y * T + m) * N + n_b] = vb[p];
                 __threadfence();  // the write, visible before the count below says so
             }
         }
         __syncthreads();
-        if (tid == 0) last = atomicAdd(sem + nb, 1) == (int)gridDim.y - 1;
+        if (tid == 0) last = atomicAdd(sem + blockIdx.x, 1) == (int)gridDim.y - 1;
         __syncthreads();
         if (!last) return;
         __threadfence();
 #pragma unroll
         for (int p = 0; p < P; ++p) {
-            const int m = (tid >> 5) + 4 * p;
+            const int m = (tid >> 5) + NW * p;
             if (m < T) {
                 v[p] = 0.0f;
                 for (int z = 0; z < (int)gridDim.y; ++z) v[p] += __ldcg(part + ((size_t)z * T + m) * N + n);
+                if (EPI) {
+                    vb[p] = 0.0f;
+                    for (int z = 0; z < (int)gridDim.y; ++z) vb[p] += __ldcg(part + ((size_t)z * T + m) * N + n_b);
+                }
             }
         }
-        if (tid == 0) sem[nb] = 0;  // ready for the next launch (stream order)
+        if (tid == 0) sem[blockIdx.x] = 0;  // ready for the next launch (stream order)
     }
 #pragma unroll
     for (int p = 0; p < P; ++p) {
-        const int m = (tid >> 5) + 4 * p;
+        const int m = (tid >> 5) + NW * p;
         if (m < T) {
+            // the plain form's output expression (+ 0.0f without a bias: -0 sums become +0 the same way)
             const float o = v[p] + (bias ? bias[n] : 0.0f);
-            float* dst = out + (size_t)m * N + n;
-            *dst = accumulate ? *dst + o : o;
+            if (EPI == GV_EPI_SILU) {
+                out[(size_t)m * (N >> 1) + n] = silu_mul_f(o, vb[p] + (bias ? bias[n_b] : 0.0f));
+            } else if (EPI == GV_EPI_ROPE) {
+                const int half = rp.D >> 1;
+                pair_rope_out(o, vb[p] + (bias ? bias[n_b] : 0.0f), n / rp.D, n % rp.D, half, m, out, N,
+                              rp.positions, rp.inv_freq, rp.slots, rp.k_cache, rp.v_cache, rp.Hq, rp.Hkv, rp.D,
+                              rp.block_size);
+            } else {
+                float* dst = out + (size_t)m * N + n;
+                *dst = accumulate ? *dst + o : o;
+            }
         }
     }
 }
@@ -1193,3 +1256,32 @@ GEMV_Q4(gemv_q4z_c1, 0, 1, GV_MINB, 1)  // group 32 (GGUF Q4_0, Q4_1)
 GEMV_Q4(gemv_q4m_c1, 1, 1, GV_MINB, 1)
 GEMV_Q4(gemv_q4z_t16_c1, 0, 2, 3, 1)
 GEMV_Q4(gemv_q4m_t16_c1, 1, 2, 3, 1)
+
+// the paired forms (up to 8 tokens, G 32 / 128): 2 GV_WARPS warps a block, half as many blocks an SM (the same
+// registers a thread and warps an SM as the plain form)
+#define GEMV_Q4_SILU(NAME, MODE, CPG)                                                                             \
+    extern "C" __global__ void __launch_bounds__(64 * GV_WARPS, GV_MINB / 2)                                      \
+        NAME(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ, const float* __restrict__ x,          \
+             float* __restrict__ out, float* __restrict__ part, int* __restrict__ sem, int T, int N, int K, int G, \
+             int kpw) {                                                                                           \
+        gemv_q4_impl<MODE, 1, CPG, GV_EPI_SILU>(Bq, SZ, x, nullptr, out, part, sem, T, N, K, G, 0, kpw);          \
+    }
+#define GEMV_Q4_ROPE(NAME, MODE, CPG)                                                                             \
+    extern "C" __global__ void __launch_bounds__(64 * GV_WARPS, GV_MINB / 2)                                      \
+        NAME(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ, const float* __restrict__ x,          \
+             const float* __restrict__ bias, float* __restrict__ out, float* __restrict__ part,                   \
+             int* __restrict__ sem, int T, int N, int K, int G, int kpw, const int* __restrict__ positions,       \
+             const float* __restrict__ inv_freq, const int* __restrict__ slots, bf16_t* __restrict__ k_cache,     \
+             bf16_t* __restrict__ v_cache, int Hq, int Hkv, int D, int block_size) {                              \
+        gemv_q4_impl<MODE, 1, CPG, GV_EPI_ROPE>(Bq, SZ, x, bias, out, part, sem, T, N, K, G, 0, kpw,              \
+                                                GvRope{positions, inv_freq, slots, k_cache, v_cache, Hq, Hkv, D,  \
+                                                       block_size});                                              \
+    }
+GEMV_Q4_SILU(gemv_q4z_silu_c4, 0, 4)
+GEMV_Q4_SILU(gemv_q4m_silu_c4, 1, 4)
+GEMV_Q4_SILU(gemv_q4z_silu_c1, 0, 1)
+GEMV_Q4_SILU(gemv_q4m_silu_c1, 1, 1)
+GEMV_Q4_ROPE(gemv_q4z_rope_c4, 0, 4)
+GEMV_Q4_ROPE(gemv_q4m_rope_c4, 1, 4)
+GEMV_Q4_ROPE(gemv_q4z_rope_c1, 0, 1)
+GEMV_Q4_ROPE(gemv_q4m_rope_c1, 1, 1)

@@ -56,8 +56,8 @@ from typing import Any
 import numpy as np
 
 from llmrs.engine.backends.cuda_kernels import MATVEC_ROWS_R, OFF_VALUES, sample_row_blocks
-from llmrs.engine.backends.cuda_q4gemm import (GEMV_MAX_TOKENS, dequant_marlin, gemm_q4, gemm_takes, gemv_q4,
-                                               gemv_takes, linear_q4, wgmma_takes)
+from llmrs.engine.backends.cuda_q4gemm import (GEMV_MAX_TOKENS, dequant_marlin, gemm_q4, gemm_takes, gemv_pair_takes,
+                                               gemv_q4, gemv_q4_pair, gemv_takes, linear_q4, wgmma_takes)
 from llmrs.engine.backends.cuda_wgmma import bf16_wgmma_takes, gemm_bf16wg
 from llmrs.engine.batch import StepBatch
 from llmrs.engine.config import ModelConfig
@@ -262,6 +262,9 @@ class CUDABackend:
     # gemv_q4's K slices of a tile launched as one thread-block cluster on sm_90+ (cuda_q4gemm.gemv_cluster);
     # LLMRS_Q4_GEMV_CLUSTER=0 keeps the hand-off through L2 (A/Bs: "set:q4_gemv_cluster=False")
     q4_gemv_cluster = os.environ.get("LLMRS_Q4_GEMV_CLUSTER", "1") not in OFF_VALUES
+    # a 4-bit gate_up / qkv on the GEMV with SiLU x up / RoPE + the KV write in its epilogue (gemm_q4.cu's paired
+    # forms, cuda_q4gemm.gemv_pair_takes); LLMRS_Q4_GEMV_EPILOGUE=0 keeps silu_mul / rope_write_kv as launches
+    q4_gemv_epilogue = os.environ.get("LLMRS_Q4_GEMV_EPILOGUE", "1") not in OFF_VALUES
     # warps an attn_cluster 4-head block, at its default (__init__ reads LLMRS_ATTN_CLUSTER_WARPS; stand-ins built
     # without it, scripts/bench_host_prefill.py's, see this)
     attn_cluster_warps = 16
@@ -1045,6 +1048,10 @@ class CUDABackend:
             if pair:
                 self._matvec_pair("rope", h, layer.qkv, qkv, bias=layer.qkv_bias, db=db, layer=n,
                                   norm=(layer.input_norm, eps) if norm_in else None)
+            elif gemv_pair_takes(self, "rope", layer.qkv, T, D):  # 4-bit: the GEMV with RoPE + KV write fused
+                gemv_q4_pair(self, "rope", h, layer.qkv.marlin, qkv, layer.qkv_bias,
+                             (db.positions, self.inv_freq, db.slots, self.k_cache[n], self.v_cache[n], Hq, Hkv, D,
+                              self.block_size), "qkv", layer.qkv.nbytes)
             else:
                 # on the bf16 GEMM path the bias rides in rope_write_kv (the same f32 add as add_bias, one launch less)
                 fold = layer.qkv_bias is not None and self._bias_in_rope(layer.qkv, T)
@@ -1072,6 +1079,9 @@ class CUDABackend:
             if pair:
                 act = self._buf("act", (T, I))
                 self._matvec_pair("silu", h, layer.gate_up, act, norm=(layer.post_norm, eps) if norm_in else None)
+            elif gemv_pair_takes(self, "silu", layer.gate_up, T):  # 4-bit: the GEMV with SiLU x up fused
+                act = self._buf("act", (T, I))
+                gemv_q4_pair(self, "silu", h, layer.gate_up.marlin, act, name="gate_up", nbytes=layer.gate_up.nbytes)
             elif self._gate_up_bf16(layer, T):  # bf16 gate / up straight from cuBLAS, SiLU x up bf16 to bf16
                 gu16 = self._buf("gu_bf16", (T, 2 * I), np.uint16)
                 self._linear(h, layer.gate_up, None, gu16, name="gate_up", out_bf16=True)

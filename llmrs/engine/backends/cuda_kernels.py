@@ -115,6 +115,8 @@ ATTN_CLUSTER_KERNELS = [f"attn_cluster{cl}_d{d}" for d, sizes in ((4, (4, 8, 16)
 
 # gemv_q4's forms with the group size fixed at compile time (gemm_q4.cu's CPG: k32 blocks a group; G 32 and 128)
 GEMV_CPG = (1, 4)
+# its paired forms with the follower fused (gemm_q4.cu's GV_EPI_SILU / GV_EPI_ROPE; cuda_q4gemm.gemv_q4_pair)
+GEMV_PAIR_KERNELS = [f"gemv_{k}_{e}_c{c}" for e in ("silu", "rope") for k in ("q4z", "q4m") for c in GEMV_CPG]
 
 SAMPLE_MAX_BLOCKS = 32  # sampling.cu: blocks a row for the max / argmax (one warp merges their partials)
 SAMPLE_MIN_SLICE = 8192  # logits a block's slice at least: below that the hand-off costs more than it saves
@@ -149,7 +151,7 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "gemm_q4.cu": [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)]
                   + ["gemm_q4_reduce", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"]
                   + [f"gemv_{k}{t}_c{c}" for k in ("q4z", "q4m") for t in ("", "_t16") for c in GEMV_CPG]
-                  + ["dequant_marlin_q4z_bf16", "dequant_marlin_q4m_bf16"],
+                  + GEMV_PAIR_KERNELS + ["dequant_marlin_q4z_bf16", "dequant_marlin_q4m_bf16"],
 }
 
 # kernels that keep common.cuh's PDL contract (pdl_enter / pdl_trigger + pdl_wait before dependent reads and writes)
@@ -157,7 +159,7 @@ PDL_KERNELS = frozenset(
     ["embedding_gather", "rms_norm", "add_rms_norm", "rms_norm_bf16", "add_rms_norm_bf16", "silu_mul", "add_bias",
      "add_inplace", "cast_f32_bf16", "silu_mul_bf16", "silu_mul_bf16_bf16", "rope_write_kv", "attn_merge",
      "attn_merge_bf16", "gemm_q4_reduce", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"]
-    + [f"gemv_{k}{t}_c{c}" for k in ("q4z", "q4m") for t in ("", "_t16") for c in GEMV_CPG]
+    + [f"gemv_{k}{t}_c{c}" for k in ("q4z", "q4m") for t in ("", "_t16") for c in GEMV_CPG] + GEMV_PAIR_KERNELS
     + [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16", "rope_norm_bf16")
        for nt in (1, 2, 4, 8)]
     + [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]

@@ -394,6 +394,53 @@ def gemv_q4(backend: Any, x: Any, mw: MarlinWeight | None, bias: Any | None, out
     return True
 
 
+def gemv_pair_takes(backend: Any, epi: str, w: Any, T: int, head_dim: int = 0) -> bool:
+    """Whether the decode path runs a quantized gate_up ("silu") or qkv ("rope") of T tokens through gemv_q4's
+    paired form with its follower fused (gemv_q4_pair): the backend's q4_gemv_epilogue, a 4-bit weight in the
+    layout on the GEMV path at this T (gemv_takes, or only the layout held), up to 8 tokens, G 32 or 128, and a
+    shape whose pairs are whole tiles (silu: I % 32; rope: head_dim % 64)."""
+    mw = getattr(w, "marlin", None)
+    if (mw is None or not backend.q4_gemv_epilogue or w.kind != "q4" or not 1 <= T <= 8
+            or mw.group_size // 32 not in GEMV_CPG or mw.group_size % 32):
+        return False
+    if not (w.qweight is None or backend.q4_gemv and gemv_takes(backend, T, mw.N, mw.K)):
+        return False
+    if epi == "silu":
+        return mw.N % 64 == 0
+    return head_dim > 0 and head_dim % 64 == 0 and mw.N % head_dim == 0
+
+
+def gemv_q4_pair(backend: Any, epi: str, x: Any, mw: MarlinWeight, out: Any, bias: Any | None = None,
+                 rope: tuple | None = None, name: str = "linear", nbytes: int = 0, splits: int | None = None) -> None:
+    """gemv_q4's paired forms (gemm_q4.cu GV_EPI_SILU / GV_EPI_ROPE), where gemv_pair_takes: "silu" writes out [T,
+    N/2] = silu(gate) * up from gate_up [N, K]; "rope" writes q rotated into out [T, N] (qkv; + bias) and k rotated,
+    v as it is into the paged caches, rope = (positions, inv_freq, slots, k_cache, v_cache, Hq, Hkv, D, block_size).
+    The same K slices, cluster and sums as gemv_q4 (the same bits as gemv_q4 + silu_mul / rope_write_kv; `splits`
+    as gemv_q4's, for tests)."""
+    T, K = x.shape
+    N = mw.N
+    sem = backend._counters("gemv_q4_sem", GEMV_SEM_TILES)
+    S, per = gemv_splits(backend, N, K, splits)
+    cluster = 1 < S <= GEMV_CLUSTER_MAX and gemv_cluster(backend)
+    part = backend._buf("gemv_q4_part", (S, T, N), np.float32) if S > 1 and not cluster else NULL
+    fn = backend.k.fns[f"gemv_{'q4m' if mw.mode else 'q4z'}_{epi}_c{mw.group_size // 32}"]
+    grid, block = (N // 64, S), (64 * GEMV_WARPS,)  # a pair of tiles a block, 4 warps each
+    tail = (np.int32(T), np.int32(N), np.int32(K), np.int32(mw.group_size), np.int32(per))
+    if epi == "silu":
+        args = (mw.qweight, mw.sz, x, out, part, sem) + tail
+        label = "gate_up+silu"
+    else:
+        positions, inv_freq, slots, k_cache, v_cache, Hq, Hkv, D, bs = rope
+        args = (mw.qweight, mw.sz, x, NULL if bias is None else bias, out, part, sem) + tail + (
+            positions, inv_freq, slots, k_cache, v_cache, np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(bs))
+        label = "qkv+rope"
+    with backend._span("matvec_q", label, T, N, K, False, bias is not None, nbytes or mw.nbytes):
+        if cluster:
+            launch_cluster(fn, grid, block, args, (1, S, 1))
+        else:
+            fn(grid, block, args)
+
+
 def dequant_marlin(backend: Any, mw: MarlinWeight, out: Any) -> None:
     """out uint16 [N, K] (bf16) = the weight, from the GEMM layout (gemm_q4.cu's dequant_marlin_bf16: the values
     dequant_q4_bf16 gives from the row form)."""
