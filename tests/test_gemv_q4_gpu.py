@@ -238,6 +238,7 @@ def test_awq_decode_with_the_fused_epilogues_gives_the_unfused_bits(tmp_path, G,
     of one and of three sequences through the decode graphs (programmatic launch, clusters), with the paired forms
     (gate_up + SiLU, qkv + RoPE + KV write) and without (LLMRS_Q4_GEMV_EPILOGUE=0): the same logits, bit for bit,
     and the same greedy tokens."""
+    import llmrs.engine.backends.cuda as cuda_backend
     import llmrs.engine.backends.cuda_q4gemm as q4gemm
     from llmrs.engine import quant as Q
     from llmrs.engine.backends.cuda import CUDABackend
@@ -253,13 +254,17 @@ def test_awq_decode_with_the_fused_epilogues_gives_the_unfused_bits(tmp_path, G,
     kept = load(str(Q.write_awq_checkpoint(src, tmp_path / "awq", group_size=G)), keep_quantized=True)
     runners = {}
     for fused in (True, False):
-        monkeypatch.setattr(CUDABackend, "q4_gemv_epilogue", fused)
         runners[fused] = ModelRunner(kept, num_blocks=64, device="cuda")
+        runners[fused].backend.q4_gemv_epilogue = fused  # (before any step: the graphs are captured later)
+    assert CUDABackend.q4_gemv_epilogue  # the default
     r = runners[True]
     layer = r.model.w.layers[0]
     assert q4gemm.gemv_pair_takes(r.backend, "rope", layer.qkv, 1, 64)
     assert q4gemm.gemv_pair_takes(r.backend, "silu", layer.gate_up, 3)
     assert not q4gemm.gemv_pair_takes(runners[False].backend, "silu", layer.gate_up, 3)
+    real, calls = cuda_backend.gemv_q4_pair, []
+    monkeypatch.setattr(cuda_backend, "gemv_q4_pair",
+                        lambda be, epi, *a, **k: calls.append((be, epi)) or real(be, epi, *a, **k))
     prompts = prompts_for(kept.tokenizer)[:3]
     bs = r.backend.block_size
     tables = [list(range(8 * i, 8 * i + 8)) for i in range(len(prompts))]
@@ -273,6 +278,9 @@ def test_awq_decode_with_the_fused_epilogues_gives_the_unfused_bits(tmp_path, G,
         logits[fused] = (np.asarray(one).copy(), np.asarray(three).copy())
     for a, b in zip(logits[True], logits[False]):
         np.testing.assert_array_equal(a, b)
+    n_layers = len(r.model.w.layers)  # each decode step (eager or captured) took both epilogues in every layer
+    assert {epi for be, epi in calls} == {"rope", "silu"} and len(calls) >= 4 * n_layers
+    assert all(be is r.backend for be, _ in calls)
     assert all(greedy(runners[True], ids) == greedy(runners[False], ids) for ids in prompts)
 
 
