@@ -1059,6 +1059,12 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
     uint4 qa[GV_DEPTH], qb[GV_DEPTH];  // two batches' codes: one used while the other is loaded (no copies)
 #pragma unroll
     for (int d = 0; d < GV_DEPTH; ++d) qa[d] = ldg_early(wp + (size_t)min(kb_lo + d, max(kb_hi - 1, 0)) * 32);
+#ifdef GV_PREFETCH
+    // A/B probe (LLMRS_CUDA_DEFINES=GV_PREFETCH=M): in a matrix of at most M x 2^20 weights a warp asks L2 for the
+    // rest of its run now, before the wait (in a decode graph: while the previous kernel runs)
+    if (lane == 0 && kb_hi - kb_lo > GV_DEPTH && (long long)N * K <= ((long long)(GV_PREFETCH) << 20))
+        prefetch_l2_bulk(wp - lane + (size_t)(kb_lo + GV_DEPTH) * 32, (unsigned)(kb_hi - kb_lo - GV_DEPTH) * 512u);
+#endif
     pdl_wait_on(early_words(qa));  // x (and out, part) come from earlier kernels
 
     bool live[NU];
