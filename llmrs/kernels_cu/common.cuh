@@ -260,14 +260,6 @@ __device__ __forceinline__ void prefetch_kv_l2(const bf16_t* k_cache, const bf16
 }
 
 
-// `bytes` (a multiple of 16) of global memory from `p` (16-byte aligned) into L2 by one bulk prefetch (sm_90+: the
-// copy engine fetches the range, no registers, nothing waits on it); nothing before sm_90
-__device__ __forceinline__ void prefetch_l2_bulk(const void* p, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
 // ---------------------------------------------------------------------- thread-block clusters (sm_90+)
 __device__ __forceinline__ unsigned cluster_rank() {
     unsigned r = 0;

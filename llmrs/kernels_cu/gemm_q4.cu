@@ -907,7 +907,10 @@ extern "C" __global__ void dequant_marlin_q4m_bf16(const uint4* __restrict__ Bq,
 // 1.942 (4 stages): more bytes in flight a warp did not stream faster. A timing probe of x written by its
 // producer as bf16 in this fragment order (one 16-byte load a lane a k32 block, no F2FP: the main loop 564 -> 511
 // instructions, 128 -> 118 registers; session 23 call2) did not run faster either: gate_up 23.74 -> 26.61 us, down
-// (S = 4) 15.30 -> 15.30, o 5.27 -> 5.48; with 5 blocks an SM (96 registers) no better.
+// (S = 4) 15.30 -> 15.30, o 5.27 -> 5.48; with 5 blocks an SM (96 registers) no better. Nor did the rest of each
+// warp's run asked of L2 by one cp.async.bulk.prefetch before pdl_wait (in the step: while the previous kernel
+// runs; session 23 call4, decode bench one run a process x 2): 7B AWQ 1.872 / 1.876 -> 1.886 / 1.890 ms/token with
+// it in matrices up to 32M weights (qkv, o), 2.121 / 2.125 in all; the bf16 matvec's rows the same way lost more.
 // Then (not yet run on a GPU; SASS read from `cuobjdump -sass` of the ptxas output): the loop's instructions
 // came to ~97 a k32 block at G 128 executed, of which ~8 were moves of codes between registers (q = qn at the
 // top of each batch: the predicated loads made the compiler keep old values), ~3 the flush's zeroing, the rest of
@@ -1059,12 +1062,6 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
     uint4 qa[GV_DEPTH], qb[GV_DEPTH];  // two batches' codes: one used while the other is loaded (no copies)
 #pragma unroll
     for (int d = 0; d < GV_DEPTH; ++d) qa[d] = ldg_early(wp + (size_t)min(kb_lo + d, max(kb_hi - 1, 0)) * 32);
-#ifdef GV_PREFETCH
-    // A/B probe (LLMRS_CUDA_DEFINES=GV_PREFETCH=M): in a matrix of at most M x 2^20 weights a warp asks L2 for the
-    // rest of its run now, before the wait (in a decode graph: while the previous kernel runs)
-    if (lane == 0 && kb_hi - kb_lo > GV_DEPTH && (long long)N * K <= ((long long)(GV_PREFETCH) << 20))
-        prefetch_l2_bulk(wp - lane + (size_t)(kb_lo + GV_DEPTH) * 32, (unsigned)(kb_hi - kb_lo - GV_DEPTH) * 512u);
-#endif
     pdl_wait_on(early_words(qa));  // x (and out, part) come from earlier kernels
 
     bool live[NU];

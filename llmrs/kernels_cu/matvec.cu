@@ -13,19 +13,6 @@
 // host picks splits by shape (few rows, long K: the `down` and o/qkv projections of a 7B decode step).
 #include "common.cuh"
 
-// MV_PREFETCH (A/B probe, LLMRS_CUDA_DEFINES=MV_PREFETCH=M): in a matrix of at most M x 2^20 weights, each row's
-// bytes past the early chunks are asked of L2 by one bulk prefetch before pdl_wait (in a decode graph: while the
-// previous kernel runs), so the loads after the wait hit L2
-#ifdef MV_PREFETCH
-#define MV_PF(N, K) ((long long)(N) * (K) <= ((long long)(MV_PREFETCH) << 20))
-#else
-#define MV_PF(N, K) false
-#endif
-// the bytes of a row (row4: its 16-byte chunks, K8 of them) from chunk c0 on, into L2 (nothing when none are left)
-__device__ __forceinline__ void mv_prefetch_rest(const uint4* row4, int K8, int c0) {
-    if (c0 < K8) prefetch_l2_bulk(row4 + c0, (unsigned)(K8 - c0) * 16u);
-}
-
 template <int NT>
 __device__ __forceinline__ void fma8(const float* wf, const float* __restrict__ x, int K, int T, int t0, int k0,
                                      float* acc) {
@@ -66,7 +53,6 @@ __device__ __forceinline__ void matvec_row_sums(const bf16_t* __restrict__ W, co
         uint4 p0 = c < K8 ? ldg_early(w4 + c) : z, p1 = c + stride < K8 ? ldg_early(w4 + c + stride) : z,
               p2 = c + 2 * stride < K8 ? ldg_early(w4 + c + 2 * stride) : z,
               p3 = c + 3 * stride < K8 ? ldg_early(w4 + c + 3 * stride) : z;
-        if (MV_PF(N, K) && c == 0) mv_prefetch_rest(w4, K8, 4 * stride);  // (the row's first warp, lane 0)
         pdl_wait_on(early_word(p0) | early_word(p1) | early_word(p2) | early_word(p3));
         while (c < K8) {
             const int cn = c + 4 * stride;
@@ -241,7 +227,7 @@ __device__ __forceinline__ void fma8x2(const float* wa, const float* wb, const f
 // loads each row's first 4 chunks (before pdl_wait: weights), pair_stream then loads the next 4 before the current 4
 // are used and hands each chunk to use(wa, wb, cc): the 8 weights of rows a and b at chunk cc.
 __device__ __forceinline__ void pair_first(const uint4* a4, const uint4* b4, int K8, bool live, uint4 (&pa)[4],
-                                           uint4 (&pb)[4], bool pf = false) {
+                                           uint4 (&pb)[4]) {
     const uint4 z = make_uint4(0u, 0u, 0u, 0u);
     const int c = threadIdx.x & 31;
 #pragma unroll
@@ -249,7 +235,6 @@ __device__ __forceinline__ void pair_first(const uint4* a4, const uint4* b4, int
         pa[i] = live && c + 32 * i < K8 ? ldg_early(a4 + c + 32 * i) : z;
         pb[i] = live && c + 32 * i < K8 ? ldg_early(b4 + c + 32 * i) : z;
     }
-    if (pf && live && c < 2) mv_prefetch_rest(c ? b4 : a4, K8, 128);  // (MV_PF: lanes 0 and 1, a row each)
 }
 
 template <typename Use>
@@ -284,7 +269,7 @@ __device__ __forceinline__ void pair_stream(const uint4* a4, const uint4* b4, in
 template <int NT, bool NORM>
 __device__ __forceinline__ void matvec_pair_sums(const bf16_t* __restrict__ W, const float* __restrict__ x,
                                                  const float* __restrict__ g, int K, int T, int t0, int na, int nb,
-                                                 float* acc_a, float* acc_b, float* ss, bool pf = false) {
+                                                 float* acc_a, float* acc_b, float* ss) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc_a[j] = acc_b[j] = ss[j] = 0.0f;
@@ -293,7 +278,7 @@ __device__ __forceinline__ void matvec_pair_sums(const bf16_t* __restrict__ W, c
         const uint4* b4 = reinterpret_cast<const uint4*>(W + (size_t)nb * K);
         const int K8 = K >> 3;
         uint4 pa[4], pb[4];
-        pair_first(a4, b4, K8, true, pa, pb, pf);
+        pair_first(a4, b4, K8, true, pa, pb);
         pdl_wait_on(early_words(pb, early_words(pa)));
         pair_stream(a4, b4, K8, pa, pb, [&](const float* wa, const float* wb, int cc) {
             fma8x2<NT, NORM>(wa, wb, x, g, K, T, t0, 8 * cc, acc_a, acc_b, ss);
@@ -355,14 +340,14 @@ __device__ __forceinline__ float norm_stage(const float* __restrict__ x, const f
 
 __device__ __forceinline__ void pair_norm_staged(const bf16_t* __restrict__ W, const float* __restrict__ x,
                                                  const float* __restrict__ g, float eps, int K, int na, int nb,
-                                                 bool live, float& ra, float& rb, bool pf = false) {
+                                                 bool live, float& ra, float& rb) {
     extern __shared__ float4 s_xg[];  // K / 4
     __shared__ float s_red[4];
     const uint4* a4 = reinterpret_cast<const uint4*>(W + (size_t)na * K);
     const uint4* b4 = reinterpret_cast<const uint4*>(W + (size_t)nb * K);
     const int K8 = K >> 3;
     uint4 pa[4], pb[4];
-    pair_first(a4, b4, K8, live, pa, pb, pf);
+    pair_first(a4, b4, K8, live, pa, pb);
     pdl_wait_on(early_words(pb, early_words(pa)));
     const float inv = norm_stage(x, g, eps, K, s_xg, s_red);
     float acc_a = 0.0f, acc_b = 0.0f;
@@ -400,12 +385,12 @@ __device__ __forceinline__ void matvec_pair_impl(const bf16_t* __restrict__ W, c
     const int t0 = blockIdx.y * NT;
     float a = 0.0f, c = 0.0f;
     if (NORM && NT == 1 && (K & 7) == 0 && K <= NORM_STAGE_MAX_K) {
-        pair_norm_staged(W, x, g, eps, K, na, nb, live, a, c, MV_PF(N, K));  // (every warp: a block barrier inside)
+        pair_norm_staged(W, x, g, eps, K, na, nb, live, a, c);  // (every warp: a block barrier inside)
         if (!live || lane != 0 || t0 >= T) return;
     } else {
         if (!live) return;  // (no loads, no stores)
         float acc_a[NT], acc_b[NT], ss[NT];
-        matvec_pair_sums<NT, NORM>(W, x, g, K, T, t0, na, nb, acc_a, acc_b, ss, MV_PF(N, K));
+        matvec_pair_sums<NT, NORM>(W, x, g, K, T, t0, na, nb, acc_a, acc_b, ss);
         // lane j takes token t0 + j (register arrays indexed by unrolled constants only)
         float s = 0.0f;
 #pragma unroll
