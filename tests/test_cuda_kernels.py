@@ -12,7 +12,8 @@ cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
 from llmrs.engine.backends.cpu import CPUBackend  # noqa: E402
-from llmrs.engine.backends.cuda import NULL, CUDABackend, bf16_bits, rope_threads, round_bf16  # noqa: E402
+from llmrs.engine.backends.cuda import (NULL, CUDABackend, bf16_bits, needs_cpu_sampler, rope_threads,  # noqa: E402
+                                        round_bf16)
 from llmrs.engine.batch import build_step_batch  # noqa: E402
 from llmrs.engine.config import ModelConfig  # noqa: E402
 from llmrs.engine.sampling import SamplingParams, SamplingState, filter_probs, make_generator  # noqa: E402
@@ -361,6 +362,50 @@ def test_gpu_sampling_falls_back_to_cpu_for_penalties_and_logprobs(rng):
     res = be.sample(cp.asarray(logits), st)
     assert res[0].logprob is not None and len(res[0].top_logprobs) == 2
     assert [r.token_id for r in res] == np.argmax(logits, axis=-1).tolist()
+
+
+def test_a_mixed_batch_samples_only_the_rows_that_need_it_on_the_cpu(rng, monkeypatch):
+    """A step where some requests need the CPU sampler (logprobs, penalties, a pending min_tokens) and the others do
+    not: only those rows' logits go to the host (the CPU sampler sees just them), the rest are sampled on the GPU,
+    and every token (and the logprobs) is what the CPU sampler gives the whole batch with the same seeds; the
+    device copy of the tokens (the next step's feed) holds them all."""
+    import llmrs.engine.sampling as sampling
+
+    be = CUDABackend(cfg(), num_blocks=1)
+    S, V = 12, 151936
+    logits = (rng.standard_normal((S, V)) * 2.5).astype(np.float32)
+    hist = [3, 7, 7, 11]
+    params = [SamplingParams(temperature=0.8, top_k=50, top_p=0.9), SamplingParams(temperature=0.0, logprobs=3),
+              SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, top_p=0.9, repetition_penalty=1.3),
+              SamplingParams(temperature=1.0, top_k=20), SamplingParams(temperature=0.9, presence_penalty=0.5,
+                                                                         logprobs=0),
+              SamplingParams(temperature=0.5, min_tokens=4), SamplingParams(temperature=1.2, min_p=0.1)] + [
+        SamplingParams(temperature=0.0)] * 4
+
+    def states():
+        st = states_for(params, seed0=40)
+        for s_ in st:
+            s_.prompt_ids.extend(hist)
+            s_.output_ids.extend(hist[:2])
+            s_.stop_ids.append(int(np.argmax(logits[6])))  # min_tokens pending: row 6's argmax is masked
+        return st
+
+    want = sampling.sample(logits, states())
+    on_host = [i for i, st in enumerate(states()) if needs_cpu_sampler(st)]
+    assert on_host == [1, 3, 5, 6]
+    seen = []
+    real = sampling.sample
+    monkeypatch.setattr(sampling, "sample", lambda x, st: seen.append(x.shape) or real(x, st))
+    got = be.sample(cp.asarray(logits), states())
+    assert seen == [(len(on_host), V)]  # only those rows reached the host
+    assert [r.token_id for r in got] == [r.token_id for r in want]
+    for i in on_host:
+        assert got[i].logprob == want[i].logprob and got[i].top_logprobs == want[i].top_logprobs
+    assert got[1].logprob is not None and len(got[1].top_logprobs) == 3 and got[5].logprob is not None
+    assert cp.asnumpy(be._samples[:S]).tolist() == [r.token_id for r in want]
+    monkeypatch.setattr(sampling, "sample", real)
+    every = [SamplingParams(temperature=0.0, logprobs=1)] * S  # every row on the host: as before
+    assert [r.token_id for r in be.sample(cp.asarray(logits), states_for(every))] == np.argmax(logits, -1).tolist()
 
 
 @pytest.mark.parametrize("splits", [1, 2, 4])

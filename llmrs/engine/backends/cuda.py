@@ -1154,10 +1154,14 @@ class CUDABackend:
         also stay on the device for the next step's `feed`. At most two launches may be outstanding (their
         read-back buffers take turns).
 
-        Falls back to the CPU sampler (llmrs.engine.sampling.sample, synchronous) when a request needs penalties,
-        logprobs or a min_tokens mask. Draws one uniform per non-greedy request from its own generator.
+        The rows of requests that need penalties, logprobs or a min_tokens mask (`needs_cpu_sampler`) go to the CPU
+        sampler (llmrs.engine.sampling.sample; the step is then synchronous): only those rows' logits are copied to
+        the host, the others are sampled on the GPU as always (the same tokens the CPU sampler gives them: GPU
+        tests), so one such request in a large batch costs a row's copy, not the step's (256 x 152k f32 = 155 MB,
+        and the CPU sampler over every row). Draws one uniform per non-greedy request from its own generator.
         """
         from llmrs.engine.runner import Launched
+        from llmrs.engine.sampling import SampleResult
         from llmrs.engine.sampling import sample as cpu_sample
 
         cp = self.cp
@@ -1170,15 +1174,19 @@ class CUDABackend:
             grown[: self._samples.size] = self._samples
             self._samples = grown
         out = self._samples[:S]
-        if any(needs_cpu_sampler(st) for st in states):
+        on_host = [i for i, st in enumerate(states) if needs_cpu_sampler(st)]
+        if len(on_host) == S:
             results = cpu_sample(cp.asnumpy(logits).astype(np.float32), states)
             out.set(np.fromiter((r.token_id for r in results), dtype=np.int32, count=S))
             return Launched(results)
+        host = set(on_host)
         V = logits.shape[1]
         # one staged copy: [temperature | top_p | min_p | uniform | top_k bits]
         params = np.zeros(5 * S, dtype=np.float32)
         f, top_k = params[: 4 * S].reshape(4, S), params[4 * S :].view(np.int32)
         for i, st in enumerate(states):
+            if i in host:  # greedy on the GPU (no draw from its generator), replaced by the CPU sampler's token
+                continue
             p = st.params
             f[0, i] = p.temperature
             f[1, i] = p.top_p
@@ -1197,6 +1205,14 @@ class CUDABackend:
             self.k.sample_tokens((S, nb), (1024,), (cp.ascontiguousarray(logits), np.int32(V), fd[0], kd, fd[1],
                                                     fd[2], fd[3], part_v, part_i, sem, out))
         self._launches += 1
+        if on_host:  # those rows' logits only, sampled on the CPU; their tokens into `out` for the next step's feed
+            idx = cp.asarray(np.asarray(on_host, dtype=np.int32))
+            cpu_results = cpu_sample(cp.asnumpy(logits[idx]).astype(np.float32), [states[i] for i in on_host])
+            out[idx] = cp.asarray(np.fromiter((r.token_id for r in cpu_results), dtype=np.int32, count=len(on_host)))
+            results = [SampleResult(int(t)) for t in cp.asnumpy(out)]
+            for i, r in zip(on_host, cpu_results):
+                results[i] = r
+            return Launched(results)
         tokens = self._pinned(f"sample_tokens.{self._launches % 2}", S, np.int32)
         stream = cp.cuda.get_current_stream()
         cp.cuda.runtime.memcpyAsync(tokens.ctypes.data, out.data.ptr, 4 * S, cp.cuda.runtime.memcpyDeviceToHost,
