@@ -260,6 +260,24 @@ __device__ __forceinline__ void prefetch_kv_l2(const bf16_t* k_cache, const bf16
 }
 
 
+// The hand-off of a split's partials through L2 (gemv_q4's K slices, sample_tokens's blocks of a row): once the
+// block's threads have stored their share of its partial, every thread calls this; it fences, counts the block in
+// on *count (n blocks share it a launch) and tells every thread whether the block came last. That block may read
+// every block's partial (fenced, through __ldcg), and has put the counter back to 0 for the next launch (stream
+// order: every block of this one has counted in).
+__device__ __forceinline__ bool block_counts_last(int* count, int n) {
+    __shared__ int last;
+    __threadfence();  // this thread's stores, visible before the count says so
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(count, 1) == n - 1;
+        if (last) *count = 0;
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
 // ---------------------------------------------------------------------- thread-block clusters (sm_90+)
 __device__ __forceinline__ unsigned cluster_rank() {
     unsigned r = 0;

@@ -1051,7 +1051,6 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
     constexpr int TOK = 8 * NU;
     constexpr int NW = EPI ? 2 * GV_WARPS : GV_WARPS;  // warps a block: one tile's, or a pair's (EPI)
     __shared__ float red[NW][TOK][36];  // [warp][token][column] (36: conflict-free stores)
-    __shared__ int last;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int wk = EPI ? warp % GV_WARPS : warp;  // the warp's K run among its tile's warps
     const int nb_a = EPI ? gv_pair_tile<EPI>(blockIdx.x, 0, N, rp.D) : blockIdx.x;
@@ -1194,14 +1193,9 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
             if (m < T) {
                 part[((size_t)blockIdx.y * T + m) * N + n] = v[p];
                 if (EPI) part[((size_t)blockIdx.y * T + m) * N + n_b] = vb[p];
-                __threadfence();  // the write, visible before the count below says so
             }
         }
-        __syncthreads();
-        if (tid == 0) last = atomicAdd(sem + blockIdx.x, 1) == (int)gridDim.y - 1;
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
+        if (!block_counts_last(sem + blockIdx.x, (int)gridDim.y)) return;
 #pragma unroll
         for (int p = 0; p < P; ++p) {
             const int m = (tid >> 5) + NW * p;
@@ -1214,7 +1208,6 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
                 }
             }
         }
-        if (tid == 0) sem[blockIdx.x] = 0;  // ready for the next launch (stream order)
     }
 #pragma unroll
     for (int p = 0; p < P; ++p) {

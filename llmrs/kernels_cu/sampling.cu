@@ -373,7 +373,6 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_tokens(
     __shared__ SampleShared s;
     __shared__ float s_val[32];
     __shared__ int s_idx[32];
-    __shared__ int s_last;
     const int r = blockIdx.x, b = blockIdx.y, nb = gridDim.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const float* x = logits + (size_t)r * V;
 
@@ -409,13 +408,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_tokens(
         if (tid == 0) {
             part_v[(size_t)r * nb + b] = s_val[0];
             part_i[(size_t)r * nb + b] = s_idx[0];
-            __threadfence();
-            const int last = atomicAdd(sem + r, 1) == nb - 1;
-            if (last) { sem[r] = 0; __threadfence(); }
-            s_last = last;
         }
-        __syncthreads();
-        if (!s_last) return;
+        if (!block_counts_last(sem + r, nb)) return;
         if (warp == 0) {
             bv = NEG_INF;
             bi = V;
