@@ -279,21 +279,20 @@ __device__ __forceinline__ bool block_counts_last(int* count, int n) {
 }
 
 // ---------------------------------------------------------------------- thread-block clusters (sm_90+)
-__device__ __forceinline__ unsigned cluster_rank() {
-    unsigned r = 0;
+// NAME(): the special register REG (sm_90+), FALLBACK before sm_90
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#define CLUSTER_SREG(NAME, REG, FALLBACK)                        \
+    __device__ __forceinline__ unsigned NAME() {                  \
+        unsigned r;                                               \
+        asm volatile("mov.u32 %0, %%" REG ";" : "=r"(r));        \
+        return r;                                                 \
+    }
+#else
+#define CLUSTER_SREG(NAME, REG, FALLBACK) \
+    __device__ __forceinline__ unsigned NAME() { return FALLBACK; }
 #endif
-    return r;
-}
-// blocks in this block's cluster (1 outside a cluster launch, and before sm_90)
-__device__ __forceinline__ unsigned cluster_blocks() {
-    unsigned r = 1;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
-#endif
-    return r;
-}
+CLUSTER_SREG(cluster_rank, "cluster_ctarank", 0u)     // this block's rank in its cluster
+CLUSTER_SREG(cluster_blocks, "cluster_nctarank", 1u)  // blocks in its cluster (1 outside a cluster launch)
 __device__ __forceinline__ void cluster_sync() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
