@@ -56,12 +56,15 @@ GEMV_MAX_TOKENS = 16  # gemv_q4: x's tokens are the columns of one n8 tile (gemv
 # 1.908 / 1.909 against 1.858 / 1.858 and the 0.5B in 0.819 / 0.818 against 0.811 / 0.812 (session 11): the
 # smaller matrices stay on matvec_q4. With the K slices as one cluster (GEMV_CLUSTER_MAX below; session 23 call1)
 # the 7B's o takes 5.33 us on the GEMV (S = 4) against matvec_q4's 6.44, and the 7B AWQ decodes in 1.9641 ms/token
-# with every shape on the GEMV against 2.0298 (only o moves): the threshold went from 14M to 8M weights. The 3B's
-# qkv (5.2M) / o (4.2M) stay on matvec_q4: 3.88 / 3.44 us against the GEMV's 3.80 / 3.59 at S = 4. Both switches
-# are read at import (for A/Bs).
+# with every shape on the GEMV against 2.0298 (only o moves). With the RoPE + KV write in the GEMV's epilogue too
+# (gemv_q4_pair) every shape won on the GEMV inside the step (session 23 calls 7-8, decode bench one run a
+# process): the 3B AWQ 1.4571 / 1.4584 -> 1.3621 / 1.3623 with its qkv (5.2M) moved, 1.3312 / 1.3295 with its o
+# (4.2M) too, although alone o was 3.44 us on matvec_q4 against 3.59; the 0.5B AWQ 0.6685 / 0.6715 -> 0.6217 /
+# 0.6204 with every shape. So the threshold is 0 (14M before session 23): every 4-bit weight in the GEMM's layout
+# takes the GEMV at one token and holds only that copy. Both switches are read at import (for A/Bs).
 GEMV_MIN_TOKENS = 2
 GEMV_ONE_TOKEN_K_PER_N = float(os.environ.get("LLMRS_Q4_GEMV_K_PER_N", "4"))
-GEMV_ONE_TOKEN_MIN_WEIGHTS = int(os.environ.get("LLMRS_Q4_GEMV_MIN_WEIGHTS", str(8 << 20)))
+GEMV_ONE_TOKEN_MIN_WEIGHTS = int(os.environ.get("LLMRS_Q4_GEMV_MIN_WEIGHTS", "0"))
 GEMV_WARPS = 4  # GV_WARPS in gemm_q4.cu: warps per block (a block: one 32-column tile, K split over its warps)
 GEMV_DEPTH = 4  # GV_DEPTH: k32 blocks a warp has in flight (its runs are multiples of it)
 GEMV_BLOCKS_PER_SM = 4  # resident at once: 128 registers x 128 threads (ptx-check)
