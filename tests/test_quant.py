@@ -251,8 +251,9 @@ def test_gpu_weight_bytes_counts_packed_4bit_weights_not_bf16(tiny_pair, monkeyp
     linear = [t for t in kept.tensors.values() if isinstance(t, Q.QuantWeight)]
     assert linear and gpu_weight_bytes(kept) == gpu_weight_bytes(dense) - sum(  # the GEMM's copy where it applies
         2 * t.N * t.K - (1 + supported(t.N, t.K, t.group_size)) * t.nbytes for t in linear)
-    # where the GEMV takes one token (N / 32 >= 4 x the GPU's SMs, K >= 4 N, or a large matrix; every shape under
-    # LLMRS_Q4_GEMV_K_PER_N=0) the row form is released: one copy
+    # where the GEMV takes one token the row form is released: one copy. By default that is every shape (session
+    # 23); under a size rule (LLMRS_Q4_GEMV_MIN_WEIGHTS) where N / 32 >= 4 x the GPU's SMs, K >= 4 N, or the matrix
+    # is large (every shape under LLMRS_Q4_GEMV_K_PER_N=0)
     from types import SimpleNamespace
 
     import llmrs.engine.backends.cuda_q4gemm as q4gemm
@@ -264,6 +265,8 @@ def test_gpu_weight_bytes_counts_packed_4bit_weights_not_bf16(tiny_pair, monkeyp
     model = SimpleNamespace(tensors={"a": big, "b": small, "c": long_k}, config=None)
     one_copy = big.nbytes + small.nbytes + long_k.nbytes
     assert gpu_weight_bytes(model) == 2 * one_copy  # no GPU figure: both copies
+    assert gpu_weight_bytes(model, num_sms=2) == gpu_weight_bytes(model, num_sms=132) == one_copy  # the default
+    monkeypatch.setattr(q4gemm, "GEMV_ONE_TOKEN_MIN_WEIGHTS", 1 << 62)  # the size rule: no matrix is large
     monkeypatch.setattr(q4gemm, "GEMV_ONE_TOKEN_K_PER_N", 0.0)
     assert gpu_weight_bytes(model, num_sms=2) == gpu_weight_bytes(model, num_sms=3) == one_copy
     monkeypatch.setattr(q4gemm, "GEMV_ONE_TOKEN_K_PER_N", 4.0)
