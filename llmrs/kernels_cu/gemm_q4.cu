@@ -1018,8 +1018,8 @@ __device__ __forceinline__ void gemv_flush(const unsigned (&sw)[4], float (&c)[N
 //                silu_mul_f), into out [T, I];
 //   GV_EPI_ROPE: qkv [(Hq + 2 Hkv) D, K] + bias; pair b of head h = b / (D / 64): tiles (h D / 32 + j, that + D /
 //                64), j = b % (D / 64), columns h D + i and h D + i + D / 2 (i = 32 j + lane): q heads rotated in
-//                out (= qkv), k heads rotated and v heads as they are into the paged caches (pair_rope_out, rope_write_kv's
-//                math).
+//                out (= qkv), k heads rotated and v heads as they are into the paged caches (pair_rope_out,
+//                rope_write_kv's math).
 #define GV_EPI_SILU 1
 #define GV_EPI_ROPE 2
 struct GvRope {  // what the rope epilogue writes with (rope_write_kv's arguments)
