@@ -57,7 +57,7 @@ import numpy as np
 
 from llmrs.engine.backends.cuda_kernels import MATVEC_ROWS_R, OFF_VALUES, sample_row_blocks
 from llmrs.engine.backends.cuda_q4gemm import (GEMV_MAX_TOKENS, dequant_marlin, gemm_q4, gemm_takes, gemv_pair_takes,
-                                               gemv_q4, gemv_q4_pair, gemv_takes, linear_q4, wgmma_takes)
+                                               gemv_q4, gemv_q4_pair, linear_q4, weight_on_gemv, wgmma_takes)
 from llmrs.engine.backends.cuda_wgmma import bf16_wgmma_takes, gemm_bf16wg
 from llmrs.engine.batch import StepBatch
 from llmrs.engine.config import ModelConfig
@@ -743,11 +743,9 @@ class CUDABackend:
         N, G = w.N, w.group_size
         assert w.K == K and out.shape == (T, N)
         # 4-bit up to GEMV_MAX_TOKENS: the tensor-core GEMV over the GEMM's layout (gemm_q4.cu) where it is the
-        # faster one (cuda_q4gemm.gemv_takes), and always for a weight held only in that layout; the row-major
+        # faster one, and always for a weight held only in that layout (cuda_q4gemm.weight_on_gemv); the row-major
         # matvec for 8-bit, for one token of a smaller N, and for shapes the layout lacks (or LLMRS_Q4_GEMV=0)
-        if (T <= GEMV_MAX_TOKENS and w.kind == "q4"
-                and (w.qweight is None or self.q4_gemv and gemv_takes(self, T, N, K))
-                and gemv_q4(self, x, w.marlin, bias, out, accumulate, name, w.nbytes)):
+        if weight_on_gemv(self, w, T) and gemv_q4(self, x, w.marlin, bias, out, accumulate, name, w.nbytes):
             return
         if T <= self.quant_matvec_max_tokens:
             assert w.qweight is not None, f"{name}: only the reordered 4-bit copy is held; gemv_q4 refused {x.shape}"
@@ -1051,7 +1049,7 @@ class CUDABackend:
             elif gemv_pair_takes(self, "rope", layer.qkv, T, D):  # 4-bit: the GEMV with RoPE + KV write fused
                 gemv_q4_pair(self, "rope", h, layer.qkv.marlin, qkv, layer.qkv_bias,
                              (db.positions, self.inv_freq, db.slots, self.k_cache[n], self.v_cache[n], Hq, Hkv, D,
-                              self.block_size), "qkv", layer.qkv.nbytes)
+                              self.block_size), layer.qkv.nbytes)
             else:
                 # on the bf16 GEMM path the bias rides in rope_write_kv (the same f32 add as add_bias, one launch less)
                 fold = layer.qkv_bias is not None and self._bias_in_rope(layer.qkv, T)
@@ -1081,7 +1079,7 @@ class CUDABackend:
                 self._matvec_pair("silu", h, layer.gate_up, act, norm=(layer.post_norm, eps) if norm_in else None)
             elif gemv_pair_takes(self, "silu", layer.gate_up, T):  # 4-bit: the GEMV with SiLU x up fused
                 act = self._buf("act", (T, I))
-                gemv_q4_pair(self, "silu", h, layer.gate_up.marlin, act, name="gate_up", nbytes=layer.gate_up.nbytes)
+                gemv_q4_pair(self, "silu", h, layer.gate_up.marlin, act, nbytes=layer.gate_up.nbytes)
             elif self._gate_up_bf16(layer, T):  # bf16 gate / up straight from cuBLAS, SiLU x up bf16 to bf16
                 gu16 = self._buf("gu_bf16", (T, 2 * I), np.uint16)
                 self._linear(h, layer.gate_up, None, gu16, name="gate_up", out_bf16=True)

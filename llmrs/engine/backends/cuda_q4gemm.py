@@ -317,8 +317,8 @@ def gemm_q4(backend: Any, x_bf16: Any, mw: MarlinWeight | None, bias: Any | None
 
 
 def gemv_cluster(backend: Any) -> bool:
-    """Whether gemv_q4 may launch a split tile's blocks as one cluster (sm_90+, the backend's q4_gemv_cluster; at
-    up to 8 tokens)."""
+    """Whether gemv_q4 may launch a split tile's blocks as one cluster (sm_90+, the backend's q4_gemv_cluster;
+    `_gemv_plan` says where it does)."""
     return bool(backend.q4_gemv_cluster) and backend.k.cc >= 90
 
 
@@ -360,6 +360,14 @@ def gemv_takes(backend: Any, T: int, N: int, K: int) -> bool:
     return T >= GEMV_MIN_TOKENS or gemv_one_token(N, K, backend.num_sms)
 
 
+def weight_on_gemv(backend: Any, w: Any, T: int) -> bool:
+    """Whether the backend's decode path sends T tokens of the quantized weight `w` to gemv_q4: 4-bit, up to
+    GEMV_MAX_TOKENS, and always for a weight held only in the GEMM's layout, else where gemv_takes (and the backend's
+    q4_gemv, LLMRS_Q4_GEMV)."""
+    return (T <= GEMV_MAX_TOKENS and w.kind == "q4"
+            and (w.qweight is None or backend.q4_gemv and gemv_takes(backend, T, w.N, w.K)))
+
+
 def row_form_needed(N: int, K: int, num_sms: int, gemv: bool = True) -> bool:
     """Whether a 4-bit weight of N output columns that has the GEMM layout keeps its row-major copy on the GPU:
     only matvec_q4 reads it (one token of a smaller N, or LLMRS_Q4_GEMV=0); every other path reads the reordered
@@ -380,33 +388,41 @@ def gemv_q4(backend: Any, x: Any, mw: MarlinWeight | None, bias: Any | None, out
     if (K != mw.K or not 1 <= T <= GEMV_MAX_TOKENS or out.shape != (T, N) or x.dtype != np.float32
             or out.dtype != np.float32 or not x.flags.c_contiguous or not out.flags.c_contiguous):
         return False
-    sem = backend._counters("gemv_q4_sem", GEMV_SEM_TILES)
-    S, per = gemv_splits(backend, N, K, splits)
-    # (the t16 forms keep the hand-off: gemm_q4.cu)
-    cluster = 1 < S <= GEMV_CLUSTER_MAX and T <= 8 and gemv_cluster(backend)
-    part = backend._buf("gemv_q4_part", (S, T, N), np.float32) if S > 1 and not cluster else NULL
-    fn = backend.k.fns[gemv_kernel(mw.mode, T, mw.group_size)]
-    grid, block = (N // 32, S), (32 * GEMV_WARPS,)
+    S, per, cluster, part, sem = _gemv_plan(backend, T, N, K, splits)
     args = (mw.qweight, mw.sz, x, NULL if bias is None else bias, out, part, sem, np.int32(T), np.int32(N),
             np.int32(K), np.int32(mw.group_size), np.int32(1 if accumulate else 0), np.int32(per))
     with backend._span("matvec_q", name, T, N, K, accumulate, bias is not None, nbytes or mw.nbytes):
-        if cluster:
-            launch_cluster(fn, grid, block, args, (1, S, 1))
-        else:
-            fn(grid, block, args)
+        _gemv_launch(backend.k.fns[gemv_kernel(mw.mode, T, mw.group_size)], (N // 32, S), (32 * GEMV_WARPS,), args,
+                     S, cluster)
     return True
+
+
+def _gemv_plan(backend: Any, T: int, N: int, K: int, splits: int | None) -> tuple[int, int, bool, Any, Any]:
+    """gemv_q4's launch plan, both forms: (S, kb_per_warp) of gemv_splits, whether the S slices are one cluster (2 to
+    GEMV_CLUSTER_MAX of them at up to 8 tokens on sm_90: the t16 forms keep the hand-off, gemm_q4.cu), the L2
+    hand-off's partials buffer (NULL where there is none) and its per-tile counters."""
+    S, per = gemv_splits(backend, N, K, splits)
+    cluster = 1 < S <= GEMV_CLUSTER_MAX and T <= 8 and gemv_cluster(backend)
+    part = backend._buf("gemv_q4_part", (S, T, N), np.float32) if S > 1 and not cluster else NULL
+    return S, per, cluster, part, backend._counters("gemv_q4_sem", GEMV_SEM_TILES)
+
+
+def _gemv_launch(fn: Any, grid: tuple, block: tuple, args: tuple, S: int, cluster: bool) -> None:
+    """A gemv_q4 launch: grid.y's S slices as clusters of S blocks where the plan says so."""
+    if cluster:
+        launch_cluster(fn, grid, block, args, (1, S, 1))
+    else:
+        fn(grid, block, args)
 
 
 def gemv_pair_takes(backend: Any, epi: str, w: Any, T: int, head_dim: int = 0) -> bool:
     """Whether the decode path runs a quantized gate_up ("silu") or qkv ("rope") of T tokens through gemv_q4's
     paired form with its follower fused (gemv_q4_pair): the backend's q4_gemv_epilogue, a 4-bit weight in the
-    layout on the GEMV path at this T (gemv_takes, or only the layout held), up to 8 tokens, G 32 or 128, and a
+    layout on the GEMV path at this T (weight_on_gemv), up to 8 tokens, G 32 or 128, and a
     shape whose pairs are whole tiles (silu: I % 32; rope: head_dim % 64)."""
     mw = getattr(w, "marlin", None)
-    if (mw is None or not backend.q4_gemv_epilogue or w.kind != "q4" or not 1 <= T <= 8
-            or mw.group_size // 32 not in GEMV_CPG or mw.group_size % 32):
-        return False
-    if not (w.qweight is None or backend.q4_gemv and gemv_takes(backend, T, mw.N, mw.K)):
+    if (mw is None or not backend.q4_gemv_epilogue or not 1 <= T <= 8
+            or mw.group_size not in {32 * c for c in GEMV_CPG} or not weight_on_gemv(backend, w, T)):
         return False
     if epi == "silu":
         return mw.N % 64 == 0
@@ -414,7 +430,7 @@ def gemv_pair_takes(backend: Any, epi: str, w: Any, T: int, head_dim: int = 0) -
 
 
 def gemv_q4_pair(backend: Any, epi: str, x: Any, mw: MarlinWeight, out: Any, bias: Any | None = None,
-                 rope: tuple | None = None, name: str = "linear", nbytes: int = 0, splits: int | None = None) -> None:
+                 rope: tuple | None = None, nbytes: int = 0, splits: int | None = None) -> None:
     """gemv_q4's paired forms (gemm_q4.cu GV_EPI_SILU / GV_EPI_ROPE), where gemv_pair_takes: "silu" writes out [T,
     N/2] = silu(gate) * up from gate_up [N, K]; "rope" writes q rotated into out [T, N] (qkv; + bias) and k rotated,
     v as it is into the paged caches, rope = (positions, inv_freq, slots, k_cache, v_cache, Hq, Hkv, D, block_size).
@@ -422,12 +438,7 @@ def gemv_q4_pair(backend: Any, epi: str, x: Any, mw: MarlinWeight, out: Any, bia
     as gemv_q4's, for tests)."""
     T, K = x.shape
     N = mw.N
-    sem = backend._counters("gemv_q4_sem", GEMV_SEM_TILES)
-    S, per = gemv_splits(backend, N, K, splits)
-    cluster = 1 < S <= GEMV_CLUSTER_MAX and gemv_cluster(backend)
-    part = backend._buf("gemv_q4_part", (S, T, N), np.float32) if S > 1 and not cluster else NULL
-    fn = backend.k.fns[f"gemv_{'q4m' if mw.mode else 'q4z'}_{epi}_c{mw.group_size // 32}"]
-    grid, block = (N // 64, S), (64 * GEMV_WARPS,)  # a pair of tiles a block, 4 warps each
+    S, per, cluster, part, sem = _gemv_plan(backend, T, N, K, splits)
     tail = (np.int32(T), np.int32(N), np.int32(K), np.int32(mw.group_size), np.int32(per))
     if epi == "silu":
         args = (mw.qweight, mw.sz, x, out, part, sem) + tail
@@ -438,10 +449,9 @@ def gemv_q4_pair(backend: Any, epi: str, x: Any, mw: MarlinWeight, out: Any, bia
             positions, inv_freq, slots, k_cache, v_cache, np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(bs))
         label = "qkv+rope"
     with backend._span("matvec_q", label, T, N, K, False, bias is not None, nbytes or mw.nbytes):
-        if cluster:
-            launch_cluster(fn, grid, block, args, (1, S, 1))
-        else:
-            fn(grid, block, args)
+        # a pair of tiles a block, 4 warps each
+        _gemv_launch(backend.k.fns[f"gemv_{'q4m' if mw.mode else 'q4z'}_{epi}_c{mw.group_size // 32}"],
+                     (N // 64, S), (64 * GEMV_WARPS,), args, S, cluster)
 
 
 def dequant_marlin(backend: Any, mw: MarlinWeight, out: Any) -> None:
