@@ -335,6 +335,15 @@ __device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
 #endif
     return v;
 }
+// the float2 at `p` (8-byte aligned) in block `rank`'s shared memory
+__device__ __forceinline__ float2 ld_cluster2(const float* p, unsigned rank) {
+    float2 v = make_float2(0.0f, 0.0f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const unsigned ra = cluster_addr(p, rank);
+    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(ra) : "memory");
+#endif
+    return v;
+}
 // the float4 at `p` (16-byte aligned) in block `rank`'s shared memory
 __device__ __forceinline__ float4 ld_cluster4(const float* p, unsigned rank) {
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);

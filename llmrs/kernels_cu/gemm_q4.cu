@@ -167,7 +167,9 @@ struct GemmQ4Smem {
 // unroll (their trip count hung on the thread): `llmrs ptx-check --sass` on sm_90 counted 871 instructions in the
 // main loop of gemm_q4z_m4 statically (its inner copy loops running MT times each), now 437, fully unrolled
 // (m1: 793 -> 341, m2: 809 -> 371; registers m4 159 -> 167, still 3 blocks an SM).
-// THREADS: the block's threads (gemm_q4w2's 256: one code load a thread, 8 x chunks)
+// THREADS: the block's threads (gemm_q4w2's 256: one code load a thread, 8 x chunks). The block's 128 columns are the
+// 32-column n-blocks nb0 .. nb0 + 3, the last two moved by `hi` n-blocks (the SiLU pairing: gate's 64 columns, then
+// up's 64 at gate_up's N / 2 on; 0 elsewhere).
 template <int MT, int THREADS = GQ_THREADS>
 struct StageLoader {
     static constexpr int NA = 16 * MT * 8 / THREADS;  // x chunks a thread
@@ -184,8 +186,8 @@ struct StageLoader {
 
     template <typename Smem>
     __device__ __forceinline__ void init(const Smem& sm, const uint4* __restrict__ Bq, const uint4* __restrict__ SZ,
-                                         const uint4* __restrict__ X, int T, int N, int K, int G, int m0, int nblk,
-                                         int kt0) {
+                                         const uint4* __restrict__ X, int T, int N, int K, int G, int m0, int nb0,
+                                         int kt0, int hi = 0) {
         const int tid = threadIdx.x, K8 = K >> 3, KB = K >> 5, NB = N >> 5;
         a_sm = smem_u32(sm.a[0]);
         b_sm = smem_u32(&sm.b[0][tid]);
@@ -199,11 +201,11 @@ struct StageLoader {
         }
 #pragma unroll
         for (int i = 0; i < NW; ++i) {
-            const int c = tid + i * THREADS, nb = nblk * 4 + (c >> 6), kb = (c >> 5) & 1;
+            const int c = tid + i * THREADS, l = c >> 6, nb = nb0 + l + (l >= 2 ? hi : 0), kb = (c >> 5) & 1;
             b_live[i] = nb < NB;
             wb[i] = Bq + ((size_t)(b_live[i] ? nb : 0) * KB + 2 * kt0 + kb) * 32 + (c & 31);
         }
-        const int col = nblk * GQ_BN + 4 * (tid & 31);
+        const int lc = 4 * (tid & 31), col = nb0 * 32 + lc + (lc >= 64 ? 32 * hi : 0);
         s_live = tid < 64 && col < N;
         sz = SZ + (s_live ? col / 4 : 0);
         k = 64 * kt0 + 32 * (tid >> 5 & 1);
@@ -289,7 +291,7 @@ __device__ __forceinline__ void gemm_q4_impl(const uint4* __restrict__ Bq, const
             for (int e = 0; e < 4; ++e) acc[mt][i][e] = 0.0f;
 
     StageLoader<MT> ld;
-    ld.init(sm, Bq, SZ, X, T, N, K, G, m0, nblk, kt0);
+    ld.init(sm, Bq, SZ, X, T, N, K, G, m0, 4 * nblk, kt0);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < nk) ld.template load<GemmQ4Smem<MT>>(s);
@@ -369,6 +371,20 @@ extern "C" __global__ void gemm_q4_reduce(const float* __restrict__ part, const 
         out[idx] = accumulate ? out[idx] + v : v;
     }
 }
+
+// The paired forms' followers (the GEMV's up to 8 tokens, the wgmma GEMMs' 65-512): SiLU x up of gate_up, RoPE + the
+// paged-cache write of qkv, in the epilogue of a block whose columns pair up (gate n / up n; a head's dims i /
+// i + D/2)
+#define GV_EPI_SILU 1
+#define GV_EPI_ROPE 2
+struct GvRope {  // what the rope epilogue writes with (rope_write_kv's arguments)
+    const int* positions;
+    const float* inv_freq;
+    const int* slots;
+    bf16_t* k_cache;
+    bf16_t* v_cache;
+    int Hq, Hkv, D, block_size;
+};
 
 // ---------------------------------------------------------------------- the Hopper form: wgmma (sm_90a)
 // gemm_q4wg{z,m}_s{S}: the same product, layout and ring as gemm_q4{z,m}_m8 (128 tokens x 128 columns a block,
@@ -470,6 +486,63 @@ __device__ __forceinline__ void wg_cluster_store(const float* red, const float* 
     }
     cluster_sync();  // no block leaves (its shared memory) while another may still read it
 }
+
+// The paired wgmma forms (EPI GV_EPI_SILU / GV_EPI_ROPE): a block's columns pair up. SiLU: block b holds gate_up's
+// gate columns 64 b .. 64 b + 63 as its columns 0..63 and the matching up columns (N / 2 on) as 64..127 (the loader's
+// n-blocks 2 b, 2 b + 1, then `hi` further); RoPE: a block is 128 / D whole heads of qkv (128 % D == 0), each
+// pairing dims i / i + D / 2. The first n-block and the shift of the last two:
+template <int EPI>
+__device__ __forceinline__ int wg_pair_nb0(int nblk) { return EPI == GV_EPI_SILU ? 2 * nblk : 4 * nblk; }
+template <int EPI>
+__device__ __forceinline__ int wg_pair_hi(int N) { return EPI == GV_EPI_SILU ? (N >> 6) - 2 : 0; }
+
+// wg_cluster_store's sums for a paired form: the same partials in rank order + bias (the same bits as the plain
+// form's output), but a lane takes two adjacent pairs of columns (lo, lo + h), (lo + 1, lo + 1 + h) of its token row
+// and hands them to the follower: SiLU x up as bf16 words to out16 [T, N / 2] (silu_mul_bf16's values), or
+// pair_rope_out (rope_write_kv's: q rotated in out [T, N], k rotated and v into the paged caches)
+template <int S, int ROWS, int WARPS, int EPI>
+__device__ __forceinline__ void wg_cluster_store_pair(const float* red, const float* __restrict__ bias,
+                                                      float* __restrict__ out, bf16_t* __restrict__ out16, int m0,
+                                                      int nblk, int T, int N, const GvRope& rp) {
+    cluster_sync();  // every block's partial is written and visible across the cluster
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, rank = (int)cluster_rank();
+    const int p = 2 * lane, h = EPI == GV_EPI_SILU ? 64 : rp.D >> 1;
+    const int lo = (p / h) * 2 * h + p % h, n = nblk * GQ_BN + lo;  // (rope: n's head and dim, n + 1 the next dim)
+    float2 blo = make_float2(0.0f, 0.0f), bhi = blo;
+    if (bias != nullptr) {
+        blo = *reinterpret_cast<const float2*>(bias + n);
+        bhi = *reinterpret_cast<const float2*>(bias + n + h);
+    }
+    for (int c = rank + S * warp; c < ROWS; c += S * WARPS) {
+        const int m = m0 + c;
+        float2 a = ld_cluster2(red + c * WG_RED_LD + lo, 0), b = ld_cluster2(red + c * WG_RED_LD + lo + h, 0);
+#pragma unroll
+        for (int s = 1; s < S; ++s) {
+            const float2 pa = ld_cluster2(red + c * WG_RED_LD + lo, s);
+            const float2 pb = ld_cluster2(red + c * WG_RED_LD + lo + h, s);
+            a.x += pa.x;
+            a.y += pa.y;
+            b.x += pb.x;
+            b.y += pb.y;
+        }
+        if (m < T) {
+            a.x += blo.x;
+            a.y += blo.y;
+            b.x += bhi.x;
+            b.y += bhi.y;
+            if (EPI == GV_EPI_SILU) {
+                *reinterpret_cast<unsigned*>(out16 + (size_t)m * (N >> 1) + nblk * 64 + p) =
+                    bf16x2(silu_mul_f(a.x, b.x), silu_mul_f(a.y, b.y));
+            } else if (EPI == GV_EPI_ROPE) {
+                pair_rope_out(a.x, b.x, n / rp.D, n % rp.D, h, m, out, N, rp.positions, rp.inv_freq, rp.slots,
+                              rp.k_cache, rp.v_cache, rp.Hq, rp.Hkv, rp.D, rp.block_size);
+                pair_rope_out(a.y, b.y, n / rp.D, n % rp.D + 1, h, m, out, N, rp.positions, rp.inv_freq, rp.slots,
+                              rp.k_cache, rp.v_cache, rp.Hq, rp.Hkv, rp.D, rp.block_size);
+            }
+        }
+    }
+    cluster_sync();  // no block leaves (its shared memory) while another may still read it
+}
 #endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -548,11 +621,12 @@ __device__ __forceinline__ void wg_half(const GemmQ4WgSmem& sm, int st, int kb, 
 }
 #endif
 
-template <int MODE, int S>
+template <int MODE, int S, int EPI = 0>
 __device__ __forceinline__ void gemm_q4wg_impl(const uint4* __restrict__ Bq, const uint4* __restrict__ SZ,
                                                const uint4* __restrict__ X, const float* __restrict__ bias,
                                                float* __restrict__ out, int T, int N, int K, int G, int accumulate,
-                                               int kt_per_split) {
+                                               int kt_per_split, bf16_t* __restrict__ out16 = nullptr,
+                                               GvRope rp = GvRope{}) {
 #ifdef LLMRS_WGMMA
     pdl_enter();
     extern __shared__ uint4 gq_smem[];  // GemmQ4WgSmem + 1 KB
@@ -569,7 +643,7 @@ __device__ __forceinline__ void gemm_q4wg_impl(const uint4* __restrict__ Bq, con
     unsigned A0[4][4], A1[4][4];
 
     StageLoader<8> ld;
-    ld.init(sm, Bq, SZ, X, T, N, K, G, m0, nblk, kt0);
+    ld.init(sm, Bq, SZ, X, T, N, K, G, m0, wg_pair_nb0<EPI>(nblk), kt0, wg_pair_hi<EPI>(N));
     wg_q4_mainloop<GemmQ4WgSmem, GQW_STAGES>(
         ld, nk, [&](int st, int kb) { wg_half<MODE>(sm, st, kb, warp, lane, acc, kb ? A1 : A0); },
         [&] {
@@ -578,7 +652,10 @@ __device__ __forceinline__ void gemm_q4wg_impl(const uint4* __restrict__ Bq, con
         });
     float* red = reinterpret_cast<float*>(&sm);
     wg_partial_to_smem(acc, red, [warp](int j, int h, int g) { return 32 * warp + 16 * j + 8 * h + g; });
-    wg_cluster_store<S>(red, bias, out, m0, nblk * GQ_BN, T, N, accumulate);
+    if (EPI)
+        wg_cluster_store_pair<S, 128, 4, EPI>(red, bias, out, out16, m0, nblk, T, N, rp);
+    else
+        wg_cluster_store<S>(red, bias, out, m0, nblk * GQ_BN, T, N, accumulate);
 #endif
 }
 
@@ -649,11 +726,12 @@ __device__ __forceinline__ void w2_half(const GemmQ4W2Smem& sm, int st, int kb, 
 }
 #endif
 
-template <int MODE, int S>
+template <int MODE, int S, int EPI = 0>
 __device__ __forceinline__ void gemm_q4w2_impl(const uint4* __restrict__ Bq, const uint4* __restrict__ SZ,
                                                const uint4* __restrict__ X, const float* __restrict__ bias,
                                                float* __restrict__ out, int T, int N, int K, int G, int accumulate,
-                                               int kt_per_split) {
+                                               int kt_per_split, bf16_t* __restrict__ out16 = nullptr,
+                                               GvRope rp = GvRope{}) {
 #ifdef LLMRS_WGMMA
     pdl_enter();
     extern __shared__ uint4 gq_smem[];  // GemmQ4W2Smem + 1 KB
@@ -668,13 +746,16 @@ __device__ __forceinline__ void gemm_q4w2_impl(const uint4* __restrict__ Bq, con
     unsigned A0[2][4], A1[2][4];
 
     StageLoader<16, Q2_THREADS> ld;
-    ld.init(sm, Bq, SZ, X, T, N, K, G, m0, nblk, kt0);
+    ld.init(sm, Bq, SZ, X, T, N, K, G, m0, wg_pair_nb0<EPI>(nblk), kt0, wg_pair_hi<EPI>(N));
     wg_q4_mainloop<GemmQ4W2Smem, Q2_STAGES>(
         ld, nk, [&](int st, int kb) { w2_half<MODE>(sm, st, kb, wg, w, lane, acc[0], kb ? A1 : A0); },
         [&] { wg_fence_acc(acc[0]); });
     float* red = reinterpret_cast<float*>(&sm);
     wg_partial_to_smem(acc, red, [wg, w](int, int h, int g) { return 64 * wg + 16 * w + 8 * h + g; });
-    wg_cluster_store<S, 256, Q2_THREADS / 32>(red, bias, out, m0, nblk * GQ_BN, T, N, accumulate);
+    if (EPI)
+        wg_cluster_store_pair<S, 256, Q2_THREADS / 32, EPI>(red, bias, out, out16, m0, nblk, T, N, rp);
+    else
+        wg_cluster_store<S, 256, Q2_THREADS / 32>(red, bias, out, m0, nblk * GQ_BN, T, N, accumulate);
 #endif
 }
 
@@ -687,6 +768,39 @@ GEMM_Q4W2(m, 1, 1)
 GEMM_Q4W2(m, 1, 2)
 GEMM_Q4W2(m, 1, 3)
 GEMM_Q4W2(m, 1, 4)
+
+// the paired wgmma forms gemm_q4<FORM><KIND>_silu_s<S> / _rope_s<S> (wg_cluster_store_pair; where the host takes them:
+// cuda_q4gemm.gemm_pair_takes): gate_up -> SiLU x up as bf16 words [T, N / 2] (down's GEMM input), qkv (+ bias) ->
+// q rotated in out, k rotated and v into the paged caches
+#define GEMM_Q4_WGMMA_SILU(FORM, THREADS, MINB, KIND, MODE, S)                                                    \
+    extern "C" __global__ void __launch_bounds__(THREADS, MINB) WG_CLUSTER(S) gemm_q4##FORM##KIND##_silu_s##S(     \
+        const uint4* __restrict__ Bq, const uint4* __restrict__ SZ, const uint4* __restrict__ X,                  \
+        bf16_t* __restrict__ out, int T, int N, int K, int G, int kt_per_split) {                                 \
+        gemm_q4##FORM##_impl<MODE, S, GV_EPI_SILU>(Bq, SZ, X, nullptr, nullptr, T, N, K, G, 0, kt_per_split, out); \
+    }
+#define GEMM_Q4_WGMMA_ROPE(FORM, THREADS, MINB, KIND, MODE, S)                                                    \
+    extern "C" __global__ void __launch_bounds__(THREADS, MINB) WG_CLUSTER(S) gemm_q4##FORM##KIND##_rope_s##S(     \
+        const uint4* __restrict__ Bq, const uint4* __restrict__ SZ, const uint4* __restrict__ X,                  \
+        const float* __restrict__ bias, float* __restrict__ out, int T, int N, int K, int G, int kt_per_split,    \
+        const int* __restrict__ positions, const float* __restrict__ inv_freq, const int* __restrict__ slots,     \
+        bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache, int Hq, int Hkv, int D, int block_size) {     \
+        gemm_q4##FORM##_impl<MODE, S, GV_EPI_ROPE>(Bq, SZ, X, bias, out, T, N, K, G, 0, kt_per_split, nullptr,    \
+                                                   GvRope{positions, inv_freq, slots, k_cache, v_cache, Hq, Hkv,   \
+                                                          D, block_size});                                        \
+    }
+#define GEMM_Q4_PAIRS(FORM, THREADS, MINB, KIND, MODE)                                                            \
+    GEMM_Q4_WGMMA_SILU(FORM, THREADS, MINB, KIND, MODE, 1)                                                        \
+    GEMM_Q4_WGMMA_SILU(FORM, THREADS, MINB, KIND, MODE, 2)                                                        \
+    GEMM_Q4_WGMMA_SILU(FORM, THREADS, MINB, KIND, MODE, 3)                                                        \
+    GEMM_Q4_WGMMA_SILU(FORM, THREADS, MINB, KIND, MODE, 4)                                                        \
+    GEMM_Q4_WGMMA_ROPE(FORM, THREADS, MINB, KIND, MODE, 1)                                                        \
+    GEMM_Q4_WGMMA_ROPE(FORM, THREADS, MINB, KIND, MODE, 2)                                                        \
+    GEMM_Q4_WGMMA_ROPE(FORM, THREADS, MINB, KIND, MODE, 3)                                                        \
+    GEMM_Q4_WGMMA_ROPE(FORM, THREADS, MINB, KIND, MODE, 4)
+GEMM_Q4_PAIRS(wg, GQ_THREADS, 2, z, 0)
+GEMM_Q4_PAIRS(wg, GQ_THREADS, 2, m, 1)
+GEMM_Q4_PAIRS(w2, Q2_THREADS, 1, z, 0)
+GEMM_Q4_PAIRS(w2, Q2_THREADS, 1, m, 1)
 
 // ---------------------------------------------------------------------- the bf16 wgmma GEMM (sm_90a)
 // gemm_bf16wg_s{S}: out[T, N] (= or +=) x[T, K] @ W[N, K]^T (+ bias[N]), W and x bf16 (uint16 words), out f32: the
@@ -1020,17 +1134,6 @@ __device__ __forceinline__ void gemv_flush(const unsigned (&sw)[4], float (&c)[N
 //                64), j = b % (D / 64), columns h D + i and h D + i + D / 2 (i = 32 j + lane): q heads rotated in
 //                out (= qkv), k heads rotated and v heads as they are into the paged caches (pair_rope_out,
 //                rope_write_kv's math).
-#define GV_EPI_SILU 1
-#define GV_EPI_ROPE 2
-struct GvRope {  // what the rope epilogue writes with (rope_write_kv's arguments)
-    const int* positions;
-    const float* inv_freq;
-    const int* slots;
-    bf16_t* k_cache;
-    bf16_t* v_cache;
-    int Hq, Hkv, D, block_size;
-};
-
 // the tile of a paired block's half `sel` (0: the pair's first, whose columns index the epilogue)
 template <int EPI>
 __device__ __forceinline__ int gv_pair_tile(int b, int sel, int N, int D) {

@@ -83,16 +83,21 @@ WG_BLOCKS_PER_SM = 2
 GEMM_Q4WG_KERNELS = tuple(f"gemm_q4wg{k}_s{s}" for k in ("z", "m") for s in WG_SPLITS)
 GEMM_Q4W2_KERNELS = tuple(f"gemm_q4w2{k}_s{s}" for k in ("z", "m") for s in WG_SPLITS)
 GEMM_BF16WG_KERNELS = tuple(f"gemm_bf16wg_s{s}" for s in WG_SPLITS)
+# their paired forms (SiLU x up / RoPE + the KV write in the epilogue: cuda_q4gemm.gemm_q4_pair)
+GEMM_Q4WG_PAIR_KERNELS, GEMM_Q4W2_PAIR_KERNELS = (
+    tuple(f"gemm_q4{f}{k}_{e}_s{s}" for k in ("z", "m") for e in ("silu", "rope") for s in WG_SPLITS)
+    for f in ("wg", "w2"))
 ARCH_ENTRY_POINTS: dict[str, list[str]] = {  # file -> its arch-specific entry points
-    "gemm_q4.cu": [*GEMM_Q4WG_KERNELS, *GEMM_Q4W2_KERNELS, *GEMM_BF16WG_KERNELS]}
+    "gemm_q4.cu": [*GEMM_Q4WG_KERNELS, *GEMM_Q4W2_KERNELS, *GEMM_Q4WG_PAIR_KERNELS, *GEMM_Q4W2_PAIR_KERNELS,
+                   *GEMM_BF16WG_KERNELS]}
 # dynamic shared memory, with 1 KB to align the stages to 1024 bytes: GemmQ4WgSmem, GQW_STAGES (4) stages of 16 KB x
 # rows + 4 KB codes + 1 KB scale words; GemmBf16WgSmem, GBW_STAGES (3) stages of 16 KB W rows + 16 KB x rows
 GEMM_Q4WG_SMEM_BYTES = 4 * (1024 + 256 + 64) * 16 + 1024
 # GemmQ4W2Smem: Q2_STAGES (5) stages of 32 KB x rows (256 tokens) + 4 KB codes + 1 KB scale words; one block an SM
 GEMM_Q4W2_SMEM_BYTES = 5 * (2048 + 256 + 64) * 16 + 1024
 GEMM_BF16WG_SMEM_BYTES = 3 * 2 * 16384 + 1024
-WGMMA_SMEM_BYTES = {**{n: GEMM_Q4WG_SMEM_BYTES for n in GEMM_Q4WG_KERNELS},
-                    **{n: GEMM_Q4W2_SMEM_BYTES for n in GEMM_Q4W2_KERNELS},
+WGMMA_SMEM_BYTES = {**{n: GEMM_Q4WG_SMEM_BYTES for n in GEMM_Q4WG_KERNELS + GEMM_Q4WG_PAIR_KERNELS},
+                    **{n: GEMM_Q4W2_SMEM_BYTES for n in GEMM_Q4W2_KERNELS + GEMM_Q4W2_PAIR_KERNELS},
                     **{n: GEMM_BF16WG_SMEM_BYTES for n in GEMM_BF16WG_KERNELS}}
 
 
@@ -167,7 +172,7 @@ PDL_KERNELS = frozenset(
     + [f"attn_partial_d{d}" for d in (1, 2, 4, 8)] + [f"attn_partial_gqa_d{d}" for d in (1, 2, 4, 8)]
     + ATTN_CLUSTER_KERNELS
     + [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)] + list(GEMM_Q4WG_KERNELS)
-    + list(GEMM_Q4W2_KERNELS) + list(GEMM_BF16WG_KERNELS)
+    + list(GEMM_Q4W2_KERNELS) + list(GEMM_Q4WG_PAIR_KERNELS) + list(GEMM_Q4W2_PAIR_KERNELS) + list(GEMM_BF16WG_KERNELS)
     + [f"decode_attn_tc{o}_d{d}" for o in ("", "_bf16") for d in (64, 128)])
 CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
