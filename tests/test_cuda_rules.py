@@ -190,6 +190,7 @@ def test_wgmma_paired_forms_kernels_and_where_they_take():
 
     import llmrs.engine.backends.cuda_q4gemm as q4
     from llmrs.engine.backends import cuda_kernels as ck
+    from llmrs.engine.backends.cuda import _epilogues
 
     src = (ck.KERNELS_DIR / "gemm_q4.cu").read_text()
     made = {f"gemm_q4{f}{k}_{e}_s{s}" for f, k in re.findall(r"^GEMM_Q4_PAIRS\((\w+), \w+, \d, (\w), \d\)", src, re.M)
@@ -217,6 +218,10 @@ def test_wgmma_paired_forms_kernels_and_where_they_take():
     assert q4.gemm_pair_takes(be(t256=False), "silu", gate_up, 256)
     assert not q4.gemm_pair_takes(be(wgmma=False), "silu", gate_up, 256)  # no sm_90a
     assert not q4.gemm_pair_takes(be(on=False), "silu", gate_up, 256)  # LLMRS_Q4_GEMM_EPILOGUE=0
+    only_silu = be(on=_epilogues("silu"))  # LLMRS_Q4_GEMM_EPILOGUE=silu
+    assert q4.gemm_pair_takes(only_silu, "silu", gate_up, 256)
+    assert not q4.gemm_pair_takes(only_silu, "rope", qkv, 256, 128)
+    assert _epilogues("1") is True and _epilogues("0") is False and _epilogues("rope,silu") == {"silu", "rope"}
     assert not q4.gemm_pair_takes(be(), "silu", SimpleNamespace(marlin=None), 256)  # no GEMM layout
     assert not q4.gemm_pair_takes(be(), "silu", w(37888 + 64), 256)  # a pair would straddle two blocks
     assert q4.gemm_pair_takes(be(), "rope", w(1152, 896), 256, 64)  # the 0.5B: two 64-dim heads a block

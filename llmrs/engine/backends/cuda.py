@@ -165,6 +165,15 @@ def norm_threads(H: int) -> int:
     return min(1024, max(32, -(-H // 32) * 32))
 
 
+def _epilogues(value: str) -> bool | frozenset:
+    """LLMRS_Q4_GEMM_EPILOGUE: on (1), off (0 and the other OFF_VALUES), or the followers named ("silu,rope")."""
+    v = value.strip().lower()
+    if v in OFF_VALUES:
+        return False
+    names = frozenset(n.strip() for n in v.split(",") if n.strip())
+    return names if names and names <= {"silu", "rope"} else True
+
+
 def rope_threads(Hq: int, Hkv: int, D: int) -> int:
     """Threads of a rope_write_kv block (one token): one per rotated pair of its q and k heads, in whole warps."""
     return min(1024, max(32, -(-(Hq + Hkv) * D // 2 // 32) * 32))
@@ -268,8 +277,9 @@ class CUDABackend:
     q4_gemv_epilogue = os.environ.get("LLMRS_Q4_GEMV_EPILOGUE", "1") not in OFF_VALUES
     # the same for the batched steps on the wgmma forms of the 4-bit GEMM (65-256 and 425-512 tokens: gemm_q4.cu's
     # gemm_q4{wg,w2}{z,m}_{silu,rope}_s{S}, cuda_q4gemm.gemm_pair_takes): no [T, 2I] f32 gate/up written and read
-    # back; LLMRS_Q4_GEMM_EPILOGUE=0 keeps silu_mul_bf16 / rope_write_kv as launches
-    q4_gemm_epilogue = os.environ.get("LLMRS_Q4_GEMM_EPILOGUE", "1") not in OFF_VALUES
+    # back; LLMRS_Q4_GEMM_EPILOGUE=0 keeps silu_mul_bf16 / rope_write_kv as launches, =silu or =rope fuses only that
+    # one (True / False / a set of "silu", "rope")
+    q4_gemm_epilogue = _epilogues(os.environ.get("LLMRS_Q4_GEMM_EPILOGUE", "1"))
     # warps an attn_cluster 4-head block, at its default (__init__ reads LLMRS_ATTN_CLUSTER_WARPS; stand-ins built
     # without it, scripts/bench_host_prefill.py's, see this)
     attn_cluster_warps = 16

@@ -330,7 +330,8 @@ def gemm_pair_takes(backend: Any, epi: str, w: Any, T: int, head_dim: int = 0) -
     128-column block (silu: N % 128, the gate half a whole number of 64-column halves; rope: 128 % head_dim, whole
     heads a block). The caller checks that x is bf16 and, for silu, that down takes bf16."""
     mw = getattr(w, "marlin", None)
-    if (mw is None or not getattr(backend, "q4_gemm_epilogue", False) or T <= GEMV_MAX_TOKENS
+    on = getattr(backend, "q4_gemm_epilogue", False)  # True, False or the followers fused
+    if (mw is None or not (on is True or (on and epi in on)) or T <= GEMV_MAX_TOKENS
             or T <= backend.quant_matvec_max_tokens or not wgmma_takes(backend, T)
             or mw.N % BN):
         return False
