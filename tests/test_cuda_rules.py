@@ -180,27 +180,27 @@ def test_wgmma_gemm_ring_and_dispatch():
     assert q4.choose_splits(be, 200, 3584, 18944, wgmma=True, t256=True) == 4
 
 
-def test_wgmma_paired_forms_kernels_and_where_they_take():
-    """The wgmma forms' paired kernels (gate_up + SiLU x up, qkv + RoPE + the paged-cache write: gemm_q4.cu's
-    gemm_q4{wg,w2}{z,m}_{silu,rope}_s{S}): one per form, mode, follower and compiled cluster size, each made by the
-    source, PDL-launched, sm_90a only, with its form's ring; gemm_pair_takes: the wgmma forms' token range (not the
-    GEMV's or mma.sync's), the switch, a 4-bit weight in the layout, 128-column blocks whose columns pair (silu: N %
-    128; rope: whole heads of at most 128 dims a block)."""
+def test_wgmma_silu_forms_kernels_and_where_they_take():
+    """The wgmma forms' paired kernels (gate_up + SiLU x up in the epilogue: gemm_q4.cu's
+    gemm_q4{wg,w2}{z,m}_silu_s{S}): one per form, mode and compiled cluster size, each made by the source,
+    PDL-launched, sm_90a only, with its form's ring; gemm_silu_takes: the wgmma forms' token range (not the GEMV's or
+    mma.sync's), the switch, a 4-bit weight in the layout, N % 128 (64 gate + 64 up columns a block); the launch
+    plan is gemm_q4's."""
     import re
 
     import llmrs.engine.backends.cuda_q4gemm as q4
     from llmrs.engine.backends import cuda_kernels as ck
-    from llmrs.engine.backends.cuda import _epilogues
 
     src = (ck.KERNELS_DIR / "gemm_q4.cu").read_text()
-    made = {f"gemm_q4{f}{k}_{e}_s{s}" for f, k in re.findall(r"^GEMM_Q4_PAIRS\((\w+), \w+, \d, (\w), \d\)", src, re.M)
-            for e in ("silu", "rope") for s in ck.WG_SPLITS}
-    assert made == set(ck.GEMM_Q4WG_PAIR_KERNELS) | set(ck.GEMM_Q4W2_PAIR_KERNELS) and len(made) == 32
+    made = {f"gemm_q4{f}{k}_silu_s{s}" for f, k in re.findall(r"^GEMM_Q4_PAIRS\((\w+), \w+, \d, (\w), \d\)", src, re.M)
+            for s in ck.WG_SPLITS}
+    assert made == set(ck.GEMM_Q4WG_PAIR_KERNELS) | set(ck.GEMM_Q4W2_PAIR_KERNELS) and len(made) == 16
     for names, smem in ((ck.GEMM_Q4WG_PAIR_KERNELS, ck.GEMM_Q4WG_SMEM_BYTES),
                         (ck.GEMM_Q4W2_PAIR_KERNELS, ck.GEMM_Q4W2_SMEM_BYTES)):
         for n in names:
             assert n in ck.PDL_KERNELS and n in ck.ARCH_ENTRY_POINTS["gemm_q4.cu"] and ck.WGMMA_SMEM_BYTES[n] == smem
             assert all(n not in ns for ns in ck.ENTRY_POINTS.values())
+    assert CUDABackend.q4_gemm_epilogue  # on by default (LLMRS_Q4_GEMM_EPILOGUE=0: off)
 
     def be(wgmma=True, t256=True, on=True):
         return SimpleNamespace(num_sms=132, quant_matvec_max_tokens=8, q4_gemm_epilogue=on,
@@ -209,29 +209,23 @@ def test_wgmma_paired_forms_kernels_and_where_they_take():
     def w(N, K=3584):
         return SimpleNamespace(marlin=q4.MarlinWeight(N, K, 128, 0, None, None))
 
-    gate_up, qkv = w(37888), w(4608)  # the 7B's
+    gate_up = w(37888)  # the 7B's
     for T in (65, 128, 129, 256, 425, 512):
-        assert q4.gemm_pair_takes(be(), "silu", gate_up, T) and q4.gemm_pair_takes(be(), "rope", qkv, T, 128)
+        assert q4.gemm_silu_takes(be(), gate_up, T)
     for T in (1, 8, 16, 64, 257, 424, 513, 1024):  # the GEMV, mma.sync, dequantize + cuBLAS
-        assert not q4.gemm_pair_takes(be(), "silu", gate_up, T) and not q4.gemm_pair_takes(be(), "rope", qkv, T, 128)
-    assert not q4.gemm_pair_takes(be(t256=False), "silu", gate_up, 480)  # 425-512 is the 256-token form's only
-    assert q4.gemm_pair_takes(be(t256=False), "silu", gate_up, 256)
-    assert not q4.gemm_pair_takes(be(wgmma=False), "silu", gate_up, 256)  # no sm_90a
-    assert not q4.gemm_pair_takes(be(on=False), "silu", gate_up, 256)  # LLMRS_Q4_GEMM_EPILOGUE=0
-    only_silu = be(on=_epilogues("silu"))  # LLMRS_Q4_GEMM_EPILOGUE=silu
-    assert q4.gemm_pair_takes(only_silu, "silu", gate_up, 256)
-    assert not q4.gemm_pair_takes(only_silu, "rope", qkv, 256, 128)
-    assert _epilogues("1") is True and _epilogues("0") is False and _epilogues("rope,silu") == {"silu", "rope"}
-    assert not q4.gemm_pair_takes(be(), "silu", SimpleNamespace(marlin=None), 256)  # no GEMM layout
-    assert not q4.gemm_pair_takes(be(), "silu", w(37888 + 64), 256)  # a pair would straddle two blocks
-    assert q4.gemm_pair_takes(be(), "rope", w(1152, 896), 256, 64)  # the 0.5B: two 64-dim heads a block
-    assert not q4.gemm_pair_takes(be(), "rope", w(2560), 256, 256)  # a head wider than a block
-    assert not q4.gemm_pair_takes(be(), "rope", qkv, 256, 0)
+        assert not q4.gemm_silu_takes(be(), gate_up, T)
+    assert not q4.gemm_silu_takes(be(t256=False), gate_up, 480)  # 425-512 is the 256-token form's only
+    assert q4.gemm_silu_takes(be(t256=False), gate_up, 256)
+    assert not q4.gemm_silu_takes(be(wgmma=False), gate_up, 256)  # no sm_90a
+    assert not q4.gemm_silu_takes(be(on=False), gate_up, 256)  # LLMRS_Q4_GEMM_EPILOGUE=0
+    assert not q4.gemm_silu_takes(be(), SimpleNamespace(marlin=None), 256)  # no GEMM layout
+    assert not q4.gemm_silu_takes(be(), w(37888 + 64), 256)  # a pair would straddle two blocks
+    assert q4.gemm_silu_takes(be(), w(9728, 896), 256)  # the 0.5B's gate_up
     # the plan: gemm_q4's (the same form and cluster size as the plain kernel at that T)
     form, S, per = q4._wg_plan(be(), 256, 37888, 3584, None, None)
     assert (form.kernel, S, per) == ("w2", 2, 28)
-    form, S, per = q4._wg_plan(be(), 100, 4608, 3584, None, None)
-    assert (form.kernel, S) == ("wg", q4.choose_splits(be(), 100, 4608, 3584, True, False))
+    form, S, per = q4._wg_plan(be(), 100, 37888, 3584, None, None)
+    assert (form.kernel, S) == ("wg", q4.choose_splits(be(), 100, 37888, 3584, True, False))
 
 
 def test_wave_fill_splits_fill_the_last_round_of_blocks(monkeypatch):

@@ -372,19 +372,11 @@ extern "C" __global__ void gemm_q4_reduce(const float* __restrict__ part, const 
     }
 }
 
-// The paired forms' followers (the GEMV's up to 8 tokens, the wgmma GEMMs' 65-512): SiLU x up of gate_up, RoPE + the
-// paged-cache write of qkv, in the epilogue of a block whose columns pair up (gate n / up n; a head's dims i /
-// i + D/2)
+// The paired forms' followers, in the epilogue of a block whose columns pair up: SiLU x up of gate_up (gate n / up n:
+// the GEMV's up to 8 tokens, the wgmma GEMMs' 65-512), RoPE + the paged-cache write of qkv (a head's dims i / i + D/2:
+// the GEMV's; GvRope below)
 #define GV_EPI_SILU 1
 #define GV_EPI_ROPE 2
-struct GvRope {  // what the rope epilogue writes with (rope_write_kv's arguments)
-    const int* positions;
-    const float* inv_freq;
-    const int* slots;
-    bf16_t* k_cache;
-    bf16_t* v_cache;
-    int Hq, Hkv, D, block_size;
-};
 
 // ---------------------------------------------------------------------- the Hopper form: wgmma (sm_90a)
 // gemm_q4wg{z,m}_s{S}: the same product, layout and ring as gemm_q4{z,m}_m8 (128 tokens x 128 columns a block,
@@ -487,58 +479,36 @@ __device__ __forceinline__ void wg_cluster_store(const float* red, const float* 
     cluster_sync();  // no block leaves (its shared memory) while another may still read it
 }
 
-// The paired wgmma forms (EPI GV_EPI_SILU / GV_EPI_ROPE): a block's columns pair up. SiLU: block b holds gate_up's
-// gate columns 64 b .. 64 b + 63 as its columns 0..63 and the matching up columns (N / 2 on) as 64..127 (the loader's
-// n-blocks 2 b, 2 b + 1, then `hi` further); RoPE: a block is 128 / D whole heads of qkv (128 % D == 0), each
-// pairing dims i / i + D / 2. The first n-block and the shift of the last two:
+// The paired wgmma forms (EPI GV_EPI_SILU): block b holds gate_up's gate columns 64 b .. 64 b + 63 as its columns
+// 0..63 and the matching up columns (N / 2 on) as 64..127: the loader's n-blocks 2 b, 2 b + 1, then `hi` further.
 template <int EPI>
 __device__ __forceinline__ int wg_pair_nb0(int nblk) { return EPI == GV_EPI_SILU ? 2 * nblk : 4 * nblk; }
 template <int EPI>
 __device__ __forceinline__ int wg_pair_hi(int N) { return EPI == GV_EPI_SILU ? (N >> 6) - 2 : 0; }
 
-// wg_cluster_store's sums for a paired form: the same partials in rank order + bias (the same bits as the plain
-// form's output), but a lane takes two adjacent pairs of columns (lo, lo + h), (lo + 1, lo + 1 + h) of its token row
-// and hands them to the follower: SiLU x up as bf16 words to out16 [T, N / 2] (silu_mul_bf16's values), or
-// pair_rope_out (rope_write_kv's: q rotated in out [T, N], k rotated and v into the paged caches)
-template <int S, int ROWS, int WARPS, int EPI>
-__device__ __forceinline__ void wg_cluster_store_pair(const float* red, const float* __restrict__ bias,
-                                                      float* __restrict__ out, bf16_t* __restrict__ out16, int m0,
-                                                      int nblk, int T, int N, const GvRope& rp) {
+// wg_cluster_store's sums for the SiLU form: the same partials in rank order + 0 (no bias: the same bits as the plain
+// form's f32 output), but a lane takes the gate columns 2 lane, 2 lane + 1 of its token row and their up columns
+// (+ 64), and writes SiLU x up as bf16 words to out16 [T, N / 2] (silu_mul_bf16's values)
+template <int S, int ROWS, int WARPS>
+__device__ __forceinline__ void wg_cluster_store_silu(const float* red, bf16_t* __restrict__ out16, int m0, int nblk,
+                                                      int T, int N) {
     cluster_sync();  // every block's partial is written and visible across the cluster
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, rank = (int)cluster_rank();
-    const int p = 2 * lane, h = EPI == GV_EPI_SILU ? 64 : rp.D >> 1;
-    const int lo = (p / h) * 2 * h + p % h, n = nblk * GQ_BN + lo;  // (rope: n's head and dim, n + 1 the next dim)
-    float2 blo = make_float2(0.0f, 0.0f), bhi = blo;
-    if (bias != nullptr) {
-        blo = *reinterpret_cast<const float2*>(bias + n);
-        bhi = *reinterpret_cast<const float2*>(bias + n + h);
-    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, rank = (int)cluster_rank(), p = 2 * lane;
     for (int c = rank + S * warp; c < ROWS; c += S * WARPS) {
         const int m = m0 + c;
-        float2 a = ld_cluster2(red + c * WG_RED_LD + lo, 0), b = ld_cluster2(red + c * WG_RED_LD + lo + h, 0);
+        float2 g = ld_cluster2(red + c * WG_RED_LD + p, 0), u = ld_cluster2(red + c * WG_RED_LD + 64 + p, 0);
 #pragma unroll
         for (int s = 1; s < S; ++s) {
-            const float2 pa = ld_cluster2(red + c * WG_RED_LD + lo, s);
-            const float2 pb = ld_cluster2(red + c * WG_RED_LD + lo + h, s);
-            a.x += pa.x;
-            a.y += pa.y;
-            b.x += pb.x;
-            b.y += pb.y;
+            const float2 pg = ld_cluster2(red + c * WG_RED_LD + p, s);
+            const float2 pu = ld_cluster2(red + c * WG_RED_LD + 64 + p, s);
+            g.x += pg.x;
+            g.y += pg.y;
+            u.x += pu.x;
+            u.y += pu.y;
         }
-        if (m < T) {
-            a.x += blo.x;
-            a.y += blo.y;
-            b.x += bhi.x;
-            b.y += bhi.y;
-            if (EPI == GV_EPI_SILU) {
-                *reinterpret_cast<unsigned*>(out16 + (size_t)m * (N >> 1) + nblk * 64 + p) =
-                    bf16x2(silu_mul_f(a.x, b.x), silu_mul_f(a.y, b.y));
-            } else if (EPI == GV_EPI_ROPE) {
-                pair_rope_out(a.x, b.x, n / rp.D, n % rp.D, h, m, out, N, rp.positions, rp.inv_freq, rp.slots,
-                              rp.k_cache, rp.v_cache, rp.Hq, rp.Hkv, rp.D, rp.block_size);
-                pair_rope_out(a.y, b.y, n / rp.D, n % rp.D + 1, h, m, out, N, rp.positions, rp.inv_freq, rp.slots,
-                              rp.k_cache, rp.v_cache, rp.Hq, rp.Hkv, rp.D, rp.block_size);
-            }
+        if (m < T) {  // + 0.0f: the plain form's bias-less output (-0 sums become +0 the same way)
+            *reinterpret_cast<unsigned*>(out16 + (size_t)m * (N >> 1) + nblk * 64 + p) =
+                bf16x2(silu_mul_f(g.x + 0.0f, u.x + 0.0f), silu_mul_f(g.y + 0.0f, u.y + 0.0f));
         }
     }
     cluster_sync();  // no block leaves (its shared memory) while another may still read it
@@ -625,8 +595,7 @@ template <int MODE, int S, int EPI = 0>
 __device__ __forceinline__ void gemm_q4wg_impl(const uint4* __restrict__ Bq, const uint4* __restrict__ SZ,
                                                const uint4* __restrict__ X, const float* __restrict__ bias,
                                                float* __restrict__ out, int T, int N, int K, int G, int accumulate,
-                                               int kt_per_split, bf16_t* __restrict__ out16 = nullptr,
-                                               GvRope rp = GvRope{}) {
+                                               int kt_per_split, bf16_t* __restrict__ out16 = nullptr) {
 #ifdef LLMRS_WGMMA
     pdl_enter();
     extern __shared__ uint4 gq_smem[];  // GemmQ4WgSmem + 1 KB
@@ -653,7 +622,7 @@ __device__ __forceinline__ void gemm_q4wg_impl(const uint4* __restrict__ Bq, con
     float* red = reinterpret_cast<float*>(&sm);
     wg_partial_to_smem(acc, red, [warp](int j, int h, int g) { return 32 * warp + 16 * j + 8 * h + g; });
     if (EPI)
-        wg_cluster_store_pair<S, 128, 4, EPI>(red, bias, out, out16, m0, nblk, T, N, rp);
+        wg_cluster_store_silu<S, 128, 4>(red, out16, m0, nblk, T, N);
     else
         wg_cluster_store<S>(red, bias, out, m0, nblk * GQ_BN, T, N, accumulate);
 #endif
@@ -730,8 +699,7 @@ template <int MODE, int S, int EPI = 0>
 __device__ __forceinline__ void gemm_q4w2_impl(const uint4* __restrict__ Bq, const uint4* __restrict__ SZ,
                                                const uint4* __restrict__ X, const float* __restrict__ bias,
                                                float* __restrict__ out, int T, int N, int K, int G, int accumulate,
-                                               int kt_per_split, bf16_t* __restrict__ out16 = nullptr,
-                                               GvRope rp = GvRope{}) {
+                                               int kt_per_split, bf16_t* __restrict__ out16 = nullptr) {
 #ifdef LLMRS_WGMMA
     pdl_enter();
     extern __shared__ uint4 gq_smem[];  // GemmQ4W2Smem + 1 KB
@@ -753,7 +721,7 @@ __device__ __forceinline__ void gemm_q4w2_impl(const uint4* __restrict__ Bq, con
     float* red = reinterpret_cast<float*>(&sm);
     wg_partial_to_smem(acc, red, [wg, w](int, int h, int g) { return 64 * wg + 16 * w + 8 * h + g; });
     if (EPI)
-        wg_cluster_store_pair<S, 256, Q2_THREADS / 32, EPI>(red, bias, out, out16, m0, nblk, T, N, rp);
+        wg_cluster_store_silu<S, 256, Q2_THREADS / 32>(red, out16, m0, nblk, T, N);
     else
         wg_cluster_store<S, 256, Q2_THREADS / 32>(red, bias, out, m0, nblk * GQ_BN, T, N, accumulate);
 #endif
@@ -769,34 +737,21 @@ GEMM_Q4W2(m, 1, 2)
 GEMM_Q4W2(m, 1, 3)
 GEMM_Q4W2(m, 1, 4)
 
-// the paired wgmma forms gemm_q4<FORM><KIND>_silu_s<S> / _rope_s<S> (wg_cluster_store_pair; where the host takes them:
-// cuda_q4gemm.gemm_pair_takes): gate_up -> SiLU x up as bf16 words [T, N / 2] (down's GEMM input), qkv (+ bias) ->
-// q rotated in out, k rotated and v into the paged caches
+// the paired wgmma forms gemm_q4<FORM><KIND>_silu_s<S> (wg_cluster_store_silu; where the host takes them:
+// cuda_q4gemm.gemm_pair_takes): gate_up -> SiLU x up as bf16 words [T, N / 2], down's GEMM input. (A RoPE + KV-write
+// form, pair_rope_out in this epilogue, gave rope_write_kv's bits but lost inside the graphed step: its sine and
+// cosine once per head, not once per token; reports/h200-qwen2.5/session24.)
 #define GEMM_Q4_WGMMA_SILU(FORM, THREADS, MINB, KIND, MODE, S)                                                    \
     extern "C" __global__ void __launch_bounds__(THREADS, MINB) WG_CLUSTER(S) gemm_q4##FORM##KIND##_silu_s##S(     \
         const uint4* __restrict__ Bq, const uint4* __restrict__ SZ, const uint4* __restrict__ X,                  \
         bf16_t* __restrict__ out, int T, int N, int K, int G, int kt_per_split) {                                 \
         gemm_q4##FORM##_impl<MODE, S, GV_EPI_SILU>(Bq, SZ, X, nullptr, nullptr, T, N, K, G, 0, kt_per_split, out); \
     }
-#define GEMM_Q4_WGMMA_ROPE(FORM, THREADS, MINB, KIND, MODE, S)                                                    \
-    extern "C" __global__ void __launch_bounds__(THREADS, MINB) WG_CLUSTER(S) gemm_q4##FORM##KIND##_rope_s##S(     \
-        const uint4* __restrict__ Bq, const uint4* __restrict__ SZ, const uint4* __restrict__ X,                  \
-        const float* __restrict__ bias, float* __restrict__ out, int T, int N, int K, int G, int kt_per_split,    \
-        const int* __restrict__ positions, const float* __restrict__ inv_freq, const int* __restrict__ slots,     \
-        bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache, int Hq, int Hkv, int D, int block_size) {     \
-        gemm_q4##FORM##_impl<MODE, S, GV_EPI_ROPE>(Bq, SZ, X, bias, out, T, N, K, G, 0, kt_per_split, nullptr,    \
-                                                   GvRope{positions, inv_freq, slots, k_cache, v_cache, Hq, Hkv,   \
-                                                          D, block_size});                                        \
-    }
 #define GEMM_Q4_PAIRS(FORM, THREADS, MINB, KIND, MODE)                                                            \
     GEMM_Q4_WGMMA_SILU(FORM, THREADS, MINB, KIND, MODE, 1)                                                        \
     GEMM_Q4_WGMMA_SILU(FORM, THREADS, MINB, KIND, MODE, 2)                                                        \
     GEMM_Q4_WGMMA_SILU(FORM, THREADS, MINB, KIND, MODE, 3)                                                        \
-    GEMM_Q4_WGMMA_SILU(FORM, THREADS, MINB, KIND, MODE, 4)                                                        \
-    GEMM_Q4_WGMMA_ROPE(FORM, THREADS, MINB, KIND, MODE, 1)                                                        \
-    GEMM_Q4_WGMMA_ROPE(FORM, THREADS, MINB, KIND, MODE, 2)                                                        \
-    GEMM_Q4_WGMMA_ROPE(FORM, THREADS, MINB, KIND, MODE, 3)                                                        \
-    GEMM_Q4_WGMMA_ROPE(FORM, THREADS, MINB, KIND, MODE, 4)
+    GEMM_Q4_WGMMA_SILU(FORM, THREADS, MINB, KIND, MODE, 4)
 GEMM_Q4_PAIRS(wg, GQ_THREADS, 2, z, 0)
 GEMM_Q4_PAIRS(wg, GQ_THREADS, 2, m, 1)
 GEMM_Q4_PAIRS(w2, Q2_THREADS, 1, z, 0)
@@ -1134,6 +1089,15 @@ __device__ __forceinline__ void gemv_flush(const unsigned (&sw)[4], float (&c)[N
 //                64), j = b % (D / 64), columns h D + i and h D + i + D / 2 (i = 32 j + lane): q heads rotated in
 //                out (= qkv), k heads rotated and v heads as they are into the paged caches (pair_rope_out,
 //                rope_write_kv's math).
+struct GvRope {  // what the rope epilogue writes with (rope_write_kv's arguments)
+    const int* positions;
+    const float* inv_freq;
+    const int* slots;
+    bf16_t* k_cache;
+    bf16_t* v_cache;
+    int Hq, Hkv, D, block_size;
+};
+
 // the tile of a paired block's half `sel` (0: the pair's first, whose columns index the epilogue)
 template <int EPI>
 __device__ __forceinline__ int gv_pair_tile(int b, int sel, int N, int D) {

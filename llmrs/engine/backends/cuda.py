@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from llmrs.engine.backends.cuda_kernels import MATVEC_ROWS_R, OFF_VALUES, sample_row_blocks
-from llmrs.engine.backends.cuda_q4gemm import (GEMV_MAX_TOKENS, dequant_marlin, gemm_pair_takes, gemm_q4, gemm_q4_pair,
+from llmrs.engine.backends.cuda_q4gemm import (GEMV_MAX_TOKENS, dequant_marlin, gemm_q4, gemm_q4_silu, gemm_silu_takes,
                                                gemm_takes, gemv_pair_takes, gemv_q4, gemv_q4_pair, linear_q4,
                                                weight_on_gemv, wgmma_takes)
 from llmrs.engine.backends.cuda_wgmma import bf16_wgmma_takes, gemm_bf16wg
@@ -165,15 +165,6 @@ def norm_threads(H: int) -> int:
     return min(1024, max(32, -(-H // 32) * 32))
 
 
-def _epilogues(value: str) -> bool | frozenset:
-    """LLMRS_Q4_GEMM_EPILOGUE: on (1), off (0 and the other OFF_VALUES), or the followers named ("silu,rope")."""
-    v = value.strip().lower()
-    if v in OFF_VALUES:
-        return False
-    names = frozenset(n.strip() for n in v.split(",") if n.strip())
-    return names if names and names <= {"silu", "rope"} else True
-
-
 def rope_threads(Hq: int, Hkv: int, D: int) -> int:
     """Threads of a rope_write_kv block (one token): one per rotated pair of its q and k heads, in whole warps."""
     return min(1024, max(32, -(-(Hq + Hkv) * D // 2 // 32) * 32))
@@ -275,11 +266,10 @@ class CUDABackend:
     # a 4-bit gate_up / qkv on the GEMV with SiLU x up / RoPE + the KV write in its epilogue (gemm_q4.cu's paired
     # forms, cuda_q4gemm.gemv_pair_takes); LLMRS_Q4_GEMV_EPILOGUE=0 keeps silu_mul / rope_write_kv as launches
     q4_gemv_epilogue = os.environ.get("LLMRS_Q4_GEMV_EPILOGUE", "1") not in OFF_VALUES
-    # the same for the batched steps on the wgmma forms of the 4-bit GEMM (65-256 and 425-512 tokens: gemm_q4.cu's
-    # gemm_q4{wg,w2}{z,m}_{silu,rope}_s{S}, cuda_q4gemm.gemm_pair_takes): no [T, 2I] f32 gate/up written and read
-    # back; LLMRS_Q4_GEMM_EPILOGUE=0 keeps silu_mul_bf16 / rope_write_kv as launches, =silu or =rope fuses only that
-    # one (True / False / a set of "silu", "rope")
-    q4_gemm_epilogue = _epilogues(os.environ.get("LLMRS_Q4_GEMM_EPILOGUE", "1"))
+    # SiLU x up fused into the batched steps' 4-bit gate_up on the wgmma forms (65-256 and 425-512 tokens: gemm_q4.cu's
+    # gemm_q4{wg,w2}{z,m}_silu_s{S}, cuda_q4gemm.gemm_silu_takes): no [T, 2I] f32 gate/up written and read back, one
+    # launch a layer fewer; LLMRS_Q4_GEMM_EPILOGUE=0 keeps silu_mul_bf16 as its own launch (A/Bs)
+    q4_gemm_epilogue = os.environ.get("LLMRS_Q4_GEMM_EPILOGUE", "1") not in OFF_VALUES
     # warps an attn_cluster 4-head block, at its default (__init__ reads LLMRS_ATTN_CLUSTER_WARPS; stand-ins built
     # without it, scripts/bench_host_prefill.py's, see this)
     attn_cluster_warps = 16
@@ -1065,10 +1055,6 @@ class CUDABackend:
                 gemv_q4_pair(self, "rope", h, layer.qkv.marlin, qkv, layer.qkv_bias,
                              (db.positions, self.inv_freq, db.slots, self.k_cache[n], self.v_cache[n], Hq, Hkv, D,
                               self.block_size), layer.qkv.nbytes)
-            elif h.dtype == np.uint16 and gemm_pair_takes(self, "rope", layer.qkv, T, D):  # the 4-bit wgmma GEMM's
-                gemm_q4_pair(self, "rope", h, layer.qkv.marlin, qkv, layer.qkv_bias,
-                             (db.positions, self.inv_freq, db.slots, self.k_cache[n], self.v_cache[n], Hq, Hkv, D,
-                              self.block_size))
             else:
                 # on the bf16 GEMM path the bias rides in rope_write_kv (the same f32 add as add_bias, one launch less)
                 fold = layer.qkv_bias is not None and self._bias_in_rope(layer.qkv, T)
@@ -1099,10 +1085,10 @@ class CUDABackend:
             elif gemv_pair_takes(self, "silu", layer.gate_up, T):  # 4-bit: the GEMV with SiLU x up fused
                 act = self._buf("act", (T, I))
                 gemv_q4_pair(self, "silu", h, layer.gate_up.marlin, act, nbytes=layer.gate_up.nbytes)
-            elif (h.dtype == np.uint16 and gemm_pair_takes(self, "silu", layer.gate_up, T)
+            elif (h.dtype == np.uint16 and gemm_silu_takes(self, layer.gate_up, T)
                   and self._gemm_takes_bf16(layer.down, T)):  # the 4-bit wgmma GEMM's, bf16 out: down's input
                 act = self._buf("act_bf16", (T, I), np.uint16)
-                gemm_q4_pair(self, "silu", h, layer.gate_up.marlin, act)
+                gemm_q4_silu(self, h, layer.gate_up.marlin, act)
             elif self._gate_up_bf16(layer, T):  # bf16 gate / up straight from cuBLAS, SiLU x up bf16 to bf16
                 gu16 = self._buf("gu_bf16", (T, 2 * I), np.uint16)
                 self._linear(h, layer.gate_up, None, gu16, name="gate_up", out_bf16=True)

@@ -83,10 +83,9 @@ WG_BLOCKS_PER_SM = 2
 GEMM_Q4WG_KERNELS = tuple(f"gemm_q4wg{k}_s{s}" for k in ("z", "m") for s in WG_SPLITS)
 GEMM_Q4W2_KERNELS = tuple(f"gemm_q4w2{k}_s{s}" for k in ("z", "m") for s in WG_SPLITS)
 GEMM_BF16WG_KERNELS = tuple(f"gemm_bf16wg_s{s}" for s in WG_SPLITS)
-# their paired forms (SiLU x up / RoPE + the KV write in the epilogue: cuda_q4gemm.gemm_q4_pair)
+# their paired forms (SiLU x up in the epilogue: cuda_q4gemm.gemm_q4_silu)
 GEMM_Q4WG_PAIR_KERNELS, GEMM_Q4W2_PAIR_KERNELS = (
-    tuple(f"gemm_q4{f}{k}_{e}_s{s}" for k in ("z", "m") for e in ("silu", "rope") for s in WG_SPLITS)
-    for f in ("wg", "w2"))
+    tuple(f"gemm_q4{f}{k}_silu_s{s}" for k in ("z", "m") for s in WG_SPLITS) for f in ("wg", "w2"))
 ARCH_ENTRY_POINTS: dict[str, list[str]] = {  # file -> its arch-specific entry points
     "gemm_q4.cu": [*GEMM_Q4WG_KERNELS, *GEMM_Q4W2_KERNELS, *GEMM_Q4WG_PAIR_KERNELS, *GEMM_Q4W2_PAIR_KERNELS,
                    *GEMM_BF16WG_KERNELS]}

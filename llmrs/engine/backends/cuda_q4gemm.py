@@ -314,7 +314,7 @@ def gemm_q4(backend: Any, x_bf16: Any, mw: MarlinWeight | None, bias: Any | None
 
 
 def _wg_plan(backend: Any, T: int, N: int, K: int, splits: int | None, t256: bool | None) -> tuple[WgForm, int, int]:
-    """A wgmma form's launch plan (gemm_q4 and gemm_q4_pair): the form (the 256-token one where w2_takes, or as
+    """A wgmma form's launch plan (gemm_q4 and gemm_q4_silu): the form (the 256-token one where w2_takes, or as
     `t256` forces), its cluster size S (choose_splits, or `splits` for tests, as a compiled size: a slice may end
     empty, a block of zeros, never overlapping another) and k64 stages a slice."""
     w2 = w2_takes(backend, T) if t256 is None else t256
@@ -323,48 +323,34 @@ def _wg_plan(backend: Any, T: int, N: int, K: int, splits: int | None, t256: boo
     return (W2_FORM if w2 else WG_FORM), S, -(-KT // S)
 
 
-def gemm_pair_takes(backend: Any, epi: str, w: Any, T: int, head_dim: int = 0) -> bool:
-    """Whether the batched path runs a quantized gate_up ("silu") or qkv ("rope") of T tokens through a wgmma form's
-    paired kernel with its follower fused (gemm_q4_pair): the backend's q4_gemm_epilogue, a 4-bit weight in the
-    layout, T in the wgmma forms' range (wgmma_takes; above the GEMV's tokens), and a shape whose pairs sit in one
-    128-column block (silu: N % 128, the gate half a whole number of 64-column halves; rope: 128 % head_dim, whole
-    heads a block). The caller checks that x is bf16 and, for silu, that down takes bf16."""
+def gemm_silu_takes(backend: Any, w: Any, T: int) -> bool:
+    """Whether the batched path runs a quantized gate_up of T tokens through a wgmma form's paired kernel with SiLU x
+    up fused (gemm_q4_silu): the backend's q4_gemm_epilogue, a 4-bit weight in the layout, T in the wgmma forms'
+    range (wgmma_takes; above the GEMV's tokens), and N % 128 (a block: 64 gate columns and their 64 up columns).
+    The caller checks that x is bf16 and that down takes bf16. H200 (`llmrs profile --synthetic qwen2.5-7b-awq
+    --batch 128,256 --context 512 --prefill-len 256`, graph walls, 3 rounds interleaved, ms; session24 call2): on /
+    off 8.157-8.249 / 8.359-8.479 at 128 sequences, 9.926-10.035 / 10.010-10.121 at 256, prefill 256 7.973-8.089 /
+    8.109-8.230. (The RoPE + KV-write form of qkv lost: 8.377-8.515, 10.094-10.416, 8.238-8.535; taken out.)"""
     mw = getattr(w, "marlin", None)
-    on = getattr(backend, "q4_gemm_epilogue", False)  # True, False or the followers fused
-    if (mw is None or not (on is True or (on and epi in on)) or T <= GEMV_MAX_TOKENS
-            or T <= backend.quant_matvec_max_tokens or not wgmma_takes(backend, T)
-            or mw.N % BN):
-        return False
-    if epi == "silu":
-        return True
-    return 0 < head_dim <= BN and BN % head_dim == 0 and head_dim % 4 == 0
+    return (mw is not None and bool(getattr(backend, "q4_gemm_epilogue", False)) and T > GEMV_MAX_TOKENS
+            and T > backend.quant_matvec_max_tokens and wgmma_takes(backend, T) and mw.N % BN == 0)
 
 
-def gemm_q4_pair(backend: Any, epi: str, x_bf16: Any, mw: MarlinWeight, out: Any, bias: Any | None = None,
-                 rope: tuple | None = None, splits: int | None = None, t256: bool | None = None) -> None:
-    """The wgmma forms' paired kernels (gemm_q4.cu's gemm_q4{wg,w2}{z,m}_{silu,rope}_s{S}), where gemm_pair_takes:
-    "silu": out bf16 words [T, N/2] = silu(gate) * up of gate_up [N, K] (silu_mul_bf16's values); "rope": q rotated
-    into out f32 [T, N] (qkv + bias), k rotated and v as it is into the paged caches, rope = (positions, inv_freq,
-    slots, k_cache, v_cache, Hq, Hkv, D, block_size). The same form, K slices and sums as gemm_q4 (the same bits as
-    gemm_q4 + silu_mul_bf16 / rope_write_kv); `splits` / `t256` as gemm_q4's, for tests."""
+def gemm_q4_silu(backend: Any, x_bf16: Any, mw: MarlinWeight, out: Any, splits: int | None = None,
+                 t256: bool | None = None) -> None:
+    """The wgmma forms' paired kernels (gemm_q4.cu's gemm_q4{wg,w2}{z,m}_silu_s{S}), where gemm_silu_takes: out bf16
+    words [T, N/2] = silu(gate) * up of gate_up [N, K] (gate the first N/2 rows), the values of gemm_q4 into f32 +
+    silu_mul_bf16, bit for bit. The same form, K slices and sums as gemm_q4; `splits` / `t256` as its, for tests."""
     T, K = x_bf16.shape
     N = mw.N
     assert x_bf16.dtype == np.uint16 and K == mw.K and N % BN == 0, (x_bf16.dtype, K, mw.K, N)
+    assert out.dtype == np.uint16 and out.shape == (T, N // 2) and out.flags.c_contiguous, (out.dtype, out.shape)
     form, S, per = _wg_plan(backend, T, N, K, splits, t256)
-    tail = (np.int32(T), np.int32(N), np.int32(K), np.int32(mw.group_size), np.int32(per))
-    if epi == "silu":
-        assert out.dtype == np.uint16 and out.shape == (T, N // 2), (out.dtype, out.shape)
-        args = (mw.qweight, mw.sz, x_bf16, out) + tail
-        label = "gate_up+silu"
-    else:
-        assert out.dtype == np.float32 and out.shape == (T, N), (out.dtype, out.shape)
-        positions, inv_freq, slots, k_cache, v_cache, Hq, Hkv, D, bs = rope
-        args = (mw.qweight, mw.sz, x_bf16, NULL if bias is None else bias, out) + tail + (
-            positions, inv_freq, slots, k_cache, v_cache, np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(bs))
-        label = "qkv+rope"
-    fn = backend.k.wgmma_fns()[f"gemm_q4{form.kernel}{'m' if mw.mode else 'z'}_{epi}_s{S}"]
-    with backend._span("gemm_q4", label, T, N, K, False, bias is not None):
-        fn((N // BN, -(-T // form.tokens), S), (form.threads,), args, shared_mem=form.smem)
+    fn = backend.k.wgmma_fns()[f"gemm_q4{form.kernel}{'m' if mw.mode else 'z'}_silu_s{S}"]
+    with backend._span("gemm_q4", "gate_up+silu", T, N, K, False, False):
+        fn((N // BN, -(-T // form.tokens), S), (form.threads,),
+           (mw.qweight, mw.sz, x_bf16, out, np.int32(T), np.int32(N), np.int32(K), np.int32(mw.group_size),
+            np.int32(per)), shared_mem=form.smem)
 
 
 def gemv_cluster(backend: Any) -> bool:

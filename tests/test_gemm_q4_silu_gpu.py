@@ -1,15 +1,14 @@
-"""The wgmma forms' paired kernels (llmrs/kernels_cu/gemm_q4.cu's gemm_q4{wg,w2}{z,m}_{silu,rope}_s{S} via
-cuda_q4gemm.gemm_q4_pair) on the GPU: run on the GPU machine with `python3 -m pytest -q -m gpu
-tests/test_gemm_q4_pair_gpu.py`; skips cleanly without CuPy, a GPU, or sm_90a.
+"""The wgmma forms' paired kernels (llmrs/kernels_cu/gemm_q4.cu's gemm_q4{wg,w2}{z,m}_silu_s{S} via
+cuda_q4gemm.gemm_q4_silu) on the GPU: run on the GPU machine with `python3 -m pytest -q -m gpu
+tests/test_gemm_q4_silu_gpu.py`; skips cleanly without CuPy, a GPU, or sm_90a.
 
 - gate_up through the paired form (SiLU x up in the epilogue, bf16 out) gives the bits of gemm_q4 into [T, 2I] f32
   + silu_mul_bf16, for the 128-token form (gemm_q4wg) and the 256-token one (gemm_q4w2), every cluster size,
   partial token tiles, zero and min modes, G 128 and 32; nothing written past [T, I];
-- qkv (+ bias) through the paired form (RoPE + the paged-cache write in the epilogue) gives gemm_q4 + rope_write_kv's
-  q bits in qkv and K / V cache bits, 64- and 128-dim heads (two heads or one a 128-column block), scattered
-  positions and slots; k and v are not written into qkv;
 - a tiny Qwen2 AWQ model's batched steps (100 and 200 tokens: both forms) with the paired forms and without
   (LLMRS_Q4_GEMM_EPILOGUE=0) give the same logits bit for bit.
+(A RoPE + KV-write form of qkv passed the same kind of bit-for-bit test in session 24 and was taken out: it lost
+inside the graphed step.)
 """
 
 from __future__ import annotations
@@ -22,8 +21,7 @@ from tests.cuda_helpers import bf16_words, require_gpu, tiny_backend
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
-from llmrs.engine.backends.cuda import NULL  # noqa: E402
-from llmrs.engine.backends.cuda_q4gemm import gemm_q4, gemm_q4_pair, to_marlin  # noqa: E402
+from llmrs.engine.backends.cuda_q4gemm import gemm_q4, gemm_q4_silu, to_marlin  # noqa: E402
 from tests.test_quant_marlin import make_weight  # noqa: E402
 
 FORMS = {"wg": (False, [9, 65, 100, 128, 200]), "w2": (True, [100, 129, 256, 300, 480])}  # t256, token counts
@@ -61,44 +59,10 @@ def test_gemm_silu_pair_equals_gemm_then_silu_mul_bf16_bit_exactly(backend, form
         ref = silu_mul_bf16(backend, gu)
         buf = cp.full(T * I + 64, 0xFFFF, dtype=cp.uint16)
         act = buf[: T * I].reshape(T, I)
-        gemm_q4_pair(backend, "silu", xb, mw, act, splits=splits, t256=t256)
+        gemm_q4_silu(backend, xb, mw, act, splits=splits, t256=t256)
         np.testing.assert_array_equal(cp.asnumpy(act), cp.asnumpy(ref), err_msg=f"{form} T {T}")
         assert bool((buf[T * I:] == 0xFFFF).all()), "wrote past the output"
         assert int((act == 0xFFFF).sum()) == 0
-
-
-@pytest.mark.parametrize("form", sorted(FORMS))
-@pytest.mark.parametrize("kind,G,splits", [("awq", 128, 1), ("awq", 128, 3), ("awq", 128, None), ("q4_1", 32, 2)])
-@pytest.mark.parametrize("D", [64, 128])
-def test_gemm_rope_pair_equals_gemm_then_rope_write_kv_bit_exactly(backend, form, kind, G, splits, D):
-    from llmrs.engine.backends.cuda import rope_threads
-
-    t256, tokens = FORMS[form]
-    rng = np.random.default_rng(D + G + (splits or 0) + 5 * t256)
-    Hq, Hkv, K, bs, blocks = 6, 2, 2048, 16, 64
-    N = (Hq + 2 * Hkv) * D
-    mw = to_marlin(backend, backend.upload_quantized(make_weight(kind, N, K, G, rng)))
-    bias = cp.asarray(rng.standard_normal(N).astype(np.float32))
-    inv_freq = cp.asarray((10000.0 ** (-np.arange(0, D, 2) / D)).astype(np.float32))
-    for T in tokens:
-        xb = bf16_words(backend, rng.standard_normal((T, K)).astype(np.float32))
-        positions = cp.asarray(rng.integers(0, 30000, T).astype(np.int32))
-        slots = cp.asarray(rng.choice(blocks * bs, T, replace=False).astype(np.int32))
-        caches = [cp.zeros((blocks, Hkv, bs, D), dtype=cp.uint16) for _ in range(4)]
-        ref = cp.full((T, N), np.nan, dtype=cp.float32)
-        assert gemm_q4(backend, xb, mw, bias, ref, splits=splits, wgmma=True, t256=t256)
-        backend.k.rope_write_kv((T,), (rope_threads(Hq, Hkv, D),),
-                                (ref, positions, inv_freq, slots, caches[0], caches[1], np.int32(Hq), np.int32(Hkv),
-                                 np.int32(D), np.int32(bs), NULL))
-        got = cp.full((T, N), np.nan, dtype=cp.float32)
-        gemm_q4_pair(backend, "rope", xb, mw, got, bias, (positions, inv_freq, slots, caches[2], caches[3], Hq, Hkv,
-                                                          D, bs), splits=splits, t256=t256)
-        q = slice(0, Hq * D)
-        np.testing.assert_array_equal(cp.asnumpy(got[:, q]), cp.asnumpy(ref[:, q]), err_msg=f"{form} q, T {T}")
-        np.testing.assert_array_equal(cp.asnumpy(caches[2]), cp.asnumpy(caches[0]), err_msg=f"{form} k, T {T}")
-        np.testing.assert_array_equal(cp.asnumpy(caches[3]), cp.asnumpy(caches[1]), err_msg=f"{form} v, T {T}")
-        assert bool(cp.isnan(got[:, Hq * D:]).all())  # k and v go to the caches only
-        assert int((caches[2] != 0).sum()) > T * Hkv * D // 2 and int((caches[3] != 0).sum()) > T * Hkv * D // 2
 
 
 @pytest.mark.parametrize("G", [32, 128])
@@ -107,7 +71,7 @@ def test_awq_batched_steps_with_the_gemm_epilogues_give_the_unfused_bits(tmp_pat
     its 128-token graph bucket) and a step of
     two 100-token prefills (200 tokens: the 256-token form), with the paired GEMM forms and without
     (q4_gemm_epilogue False, LLMRS_Q4_GEMM_EPILOGUE=0's switch): the same logits, bit for bit, each layer's
-    gate_up and qkv through a paired kernel."""
+    gate_up through a paired kernel."""
     import llmrs.engine.backends.cuda as cuda_backend
     import llmrs.engine.backends.cuda_q4gemm as q4gemm
     from llmrs.engine import quant as Q
@@ -130,12 +94,11 @@ def test_awq_batched_steps_with_the_gemm_epilogues_give_the_unfused_bits(tmp_pat
     r = runners[True]
     layer = r.model.w.layers[0]
     for T in (100, 200):
-        assert q4gemm.gemm_pair_takes(r.backend, "rope", layer.qkv, T, 64)
-        assert q4gemm.gemm_pair_takes(r.backend, "silu", layer.gate_up, T)
-        assert not q4gemm.gemm_pair_takes(runners[False].backend, "silu", layer.gate_up, T)
-    real, calls = cuda_backend.gemm_q4_pair, []
-    monkeypatch.setattr(cuda_backend, "gemm_q4_pair",
-                        lambda be, epi, *a, **k: calls.append((be, epi, a[0].shape[0])) or real(be, epi, *a, **k))
+        assert q4gemm.gemm_silu_takes(r.backend, layer.gate_up, T)
+        assert not q4gemm.gemm_silu_takes(runners[False].backend, layer.gate_up, T)
+    real, calls = cuda_backend.gemm_q4_silu, []
+    monkeypatch.setattr(cuda_backend, "gemm_q4_silu",
+                        lambda be, x, *a, **k: calls.append((be, x.shape[0])) or real(be, x, *a, **k))
     rng = np.random.default_rng(G)
     vocab = kept.config.vocab_size
     prompts = [rng.integers(3, vocab, 100).tolist() for _ in range(3)]
@@ -152,8 +115,7 @@ def test_awq_batched_steps_with_the_gemm_epilogues_give_the_unfused_bits(tmp_pat
     # every layer of each step: the lone prefill eager or padded to its graph bucket (128 tokens; captured, checked
     # against the eager step), the two prefills eager at 200
     n_layers = len(r.model.w.layers)
-    assert all(be is r.backend for be, _, _ in calls)
+    assert all(be is r.backend for be, _ in calls)
     for lo, hi in ((100, 128), (200, 200)):
-        rope = sum(1 for _, epi, t in calls if lo <= t <= hi and epi == "rope")
-        silu = sum(1 for _, epi, t in calls if lo <= t <= hi and epi == "silu")
-        assert rope == silu and rope >= n_layers and rope % n_layers == 0, (lo, hi, rope, silu, calls)
+        n = sum(1 for _, t in calls if lo <= t <= hi)
+        assert n >= n_layers and n % n_layers == 0, (lo, hi, calls)
