@@ -19,8 +19,8 @@ grep -E "step wall|gate_up" $R/profile-7b-awq.txt
 for m in qwen2.5-7b-awq qwen2.5-7b; do
   step "server $m (defaults): 256 concurrent three times, 64 once"
   SERVE_MODEL=$m serve_up $m && {
-    for run in 1 2 3; do load_bench bench-$m-run$run-c256 256 $((2400 + 100 * run)); done
-    load_bench bench-$m-run1-c64 64 2464
+    for run in 1 2 3; do load_bench bench-${m#qwen2.5-}-run$run-c256 256 $((2400 + 100 * run)); done
+    load_bench bench-${m#qwen2.5-}-run1-c64 64 2464
     serve_down
   }
 done
