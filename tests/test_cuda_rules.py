@@ -180,12 +180,12 @@ def test_wgmma_gemm_ring_and_dispatch():
     assert q4.choose_splits(be, 200, 3584, 18944, wgmma=True, t256=True) == 4
 
 
-def test_wgmma_silu_forms_kernels_and_where_they_take():
-    """The wgmma forms' paired kernels (gate_up + SiLU x up in the epilogue: gemm_q4.cu's
-    gemm_q4{wg,w2}{z,m}_silu_s{S}): one per form, mode and compiled cluster size, each made by the source,
-    PDL-launched, sm_90a only, with its form's ring; gemm_silu_takes: the wgmma forms' token range (not the GEMV's or
-    mma.sync's), the switch, a 4-bit weight in the layout, N % 128 (64 gate + 64 up columns a block); the launch
-    plan is gemm_q4's."""
+def test_gemm_silu_forms_kernels_and_where_they_take():
+    """The 4-bit GEMMs' SiLU forms (gate_up + SiLU x up in the epilogue: gemm_q4.cu's gemm_q4{wg,w2}{z,m}_silu_s{S}
+    and gemm_q4{z,m}_silu_m{MT}): one per form, mode and compiled cluster size (the wgmma ones sm_90a only, with
+    their form's ring) or MT, each made by the source, PDL-launched; gemm_silu_takes: the GEMMs' token ranges (not
+    the GEMV's, not dequantize + cuBLAS's), the switch, a 4-bit weight in the layout, N % 128 (64 gate + 64 up
+    columns a block); the wgmma launch plan is gemm_q4's."""
     import re
 
     import llmrs.engine.backends.cuda_q4gemm as q4
@@ -195,6 +195,14 @@ def test_wgmma_silu_forms_kernels_and_where_they_take():
     made = {f"gemm_q4{f}{k}_silu_s{s}" for f, k in re.findall(r"^GEMM_Q4_PAIRS\((\w+), \w+, \d, (\w), \d\)", src, re.M)
             for s in ck.WG_SPLITS}
     assert made == set(ck.GEMM_Q4WG_PAIR_KERNELS) | set(ck.GEMM_Q4W2_PAIR_KERNELS) and len(made) == 16
+    # the mma.sync forms (CuPy's module, every architecture) and their split-K epilogue
+    made = {f"gemm_{k}_silu_m{mt}" for mt in re.findall(r"^GEMM_Q4_SILU\((\d)\)", src, re.M) for k in ("q4z", "q4m")}
+    assert made == set(ck.GEMM_Q4_SILU_KERNELS)
+    for n in (*ck.GEMM_Q4_SILU_KERNELS, "gemm_q4_reduce_silu"):
+        assert n in ck.PDL_KERNELS and n in ck.ENTRY_POINTS["gemm_q4.cu"]
+    for mt in ck.GEMM_Q4_SILU_MT:  # the ring, or the accumulators' 16 MT rows of 132 floats where they are more
+        assert ck.gemm_q4_smem_bytes(mt, silu=True) == max(ck.gemm_q4_smem_bytes(mt), 16 * mt * 132 * 4)
+    assert ck.gemm_q4_smem_bytes(4, {4: 2}, silu=True) == 64 * 132 * 4 > ck.gemm_q4_smem_bytes(4, {4: 2})
     for names, smem in ((ck.GEMM_Q4WG_PAIR_KERNELS, ck.GEMM_Q4WG_SMEM_BYTES),
                         (ck.GEMM_Q4W2_PAIR_KERNELS, ck.GEMM_Q4W2_SMEM_BYTES)):
         for n in names:
@@ -210,13 +218,16 @@ def test_wgmma_silu_forms_kernels_and_where_they_take():
         return SimpleNamespace(marlin=q4.MarlinWeight(N, K, 128, 0, None, None))
 
     gate_up = w(37888)  # the 7B's
-    for T in (65, 128, 129, 256, 425, 512):
+    for T in (17, 32, 33, 64, 65, 128, 129, 256, 425, 512):  # mma.sync (MT 2, 4), then the wgmma forms
         assert q4.gemm_silu_takes(be(), gate_up, T)
-    for T in (1, 8, 16, 64, 257, 424, 513, 1024):  # the GEMV, mma.sync, dequantize + cuBLAS
+    for T in (1, 8, 16, 257, 424, 513, 1024):  # the GEMV; dequantize + cuBLAS
         assert not q4.gemm_silu_takes(be(), gate_up, T)
     assert not q4.gemm_silu_takes(be(t256=False), gate_up, 480)  # 425-512 is the 256-token form's only
     assert q4.gemm_silu_takes(be(t256=False), gate_up, 256)
-    assert not q4.gemm_silu_takes(be(wgmma=False), gate_up, 256)  # no sm_90a
+    # without sm_90a: mma.sync's 17-192 tokens (MT 2 and 4), dequantize + cuBLAS above
+    assert q4.gemm_silu_takes(be(wgmma=False), gate_up, 100) and q4.gemm_silu_takes(be(wgmma=False), gate_up, 192)
+    assert not q4.gemm_silu_takes(be(wgmma=False), gate_up, 256)
+    assert {q4.tile_rows(T) for T in (17, 32, 33, 64, 192)} == set(ck.GEMM_Q4_SILU_MT)
     assert not q4.gemm_silu_takes(be(on=False), gate_up, 256)  # LLMRS_Q4_GEMM_EPILOGUE=0
     assert not q4.gemm_silu_takes(be(), SimpleNamespace(marlin=None), 256)  # no GEMM layout
     assert not q4.gemm_silu_takes(be(), w(37888 + 64), 256)  # a pair would straddle two blocks

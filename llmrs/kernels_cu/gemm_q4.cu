@@ -159,6 +159,22 @@ struct GemmQ4Smem {
     uint4 s[STAGES][64];                            // [kb][128 columns] scale words
 };
 
+// The paired forms' followers, in the epilogue of a block whose columns pair up: SiLU x up of gate_up (gate n / up n:
+// the GEMV's up to 8 tokens, the GEMMs' 17-512), RoPE + the paged-cache write of qkv (a head's dims i / i + D/2: the
+// GEMV's; GvRope below)
+#define GV_EPI_SILU 1
+#define GV_EPI_ROPE 2
+// The GEMMs' SiLU forms: block b holds gate_up's gate columns 64 b .. 64 b + 63 as its columns 0..63 and the matching
+// up columns (N / 2 on) as 64..127: the loader's n-blocks 2 b, 2 b + 1, then `hi` further.
+template <int EPI>
+__device__ __forceinline__ int wg_pair_nb0(int nblk) { return EPI == GV_EPI_SILU ? 2 * nblk : 4 * nblk; }
+template <int EPI>
+__device__ __forceinline__ int wg_pair_hi(int N) { return EPI == GV_EPI_SILU ? (N >> 6) - 2 : 0; }
+// f32 rows of a block's 128 columns in shared memory (the epilogues' partials / accumulators: + 4, so that a warp's
+// stores of one accumulator hit 32 banks; the mma.sync SiLU forms' 16 MT rows: the host sizes their dynamic shared
+// memory to hold them, cuda_kernels.gemm_q4_smem_bytes)
+#define WG_RED_LD 132
+
 // One thread's share of filling a pipeline stage, its addresses computed once: each load() copies k tile kt0,
 // kt0 + 1, ... (in order) into a stage and advances the global pointers by one tile (x: 8 chunks, codes: 2 k32
 // blocks; shared-memory addresses as 32-bit offsets from stage 0); the scale row is k >> log2 G; the stages rotate
@@ -268,11 +284,18 @@ __device__ __forceinline__ void compute_stage(const GemmQ4Smem<MT>& sm, int st, 
     }
 }
 
-template <int MT, int MODE>
+// EPI GV_EPI_SILU (gemm_q4{z,m}_silu_m{MT}): gate_up with SiLU x up fused, the block's 128 columns 64 of gate and
+// the matching 64 of up (the loader's n-blocks 2 b, 2 b + 1, then N / 64 further: warps 0, 1 gate, 2, 3 up). With
+// one K slice the accumulators go through shared memory (the ring's space) and each thread writes silu(gate) x up of
+// its column pairs as bf16 words to out16 [T, N / 2]; with several, each slice's partials go to part in that pair
+// order ([z][T][N], block b's columns 128 b .. 128 b + 127) and gemm_q4_reduce_silu sums and finishes them. Either
+// way the bits of the plain form's f32 output + silu_mul_bf16.
+template <int MT, int MODE, int EPI = 0>
 __device__ __forceinline__ void gemm_q4_impl(const uint4* __restrict__ Bq, const uint4* __restrict__ SZ,
                                              const uint4* __restrict__ X, const float* __restrict__ bias,
                                              float* __restrict__ out, float* __restrict__ part, int T, int N, int K,
-                                             int G, int accumulate, int kt_per_split) {
+                                             int G, int accumulate, int kt_per_split,
+                                             bf16_t* __restrict__ out16 = nullptr) {
     pdl_enter();
     constexpr int STAGES = GemmQ4Smem<MT>::STAGES;
     extern __shared__ uint4 gq_smem[];  // GemmQ4Smem<MT>: its size is the launch's dynamic shared memory
@@ -280,7 +303,8 @@ __device__ __forceinline__ void gemm_q4_impl(const uint4* __restrict__ Bq, const
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int nblk = blockIdx.x, m0 = blockIdx.y * 16 * MT;
     const int kt0 = blockIdx.z * kt_per_split, nk = min((K >> 6) - kt0, kt_per_split);
-    const bool active = (nblk * 4 + warp) * 32 < N;  // warp-uniform: the last block may reach past N
+    // warp-uniform: the last block may reach past N (a SiLU pair's block never does: N % 128, the host's rule)
+    const bool active = EPI || (nblk * 4 + warp) * 32 < N;
 
     float acc[MT][4][4];
 #pragma unroll
@@ -291,7 +315,7 @@ __device__ __forceinline__ void gemm_q4_impl(const uint4* __restrict__ Bq, const
             for (int e = 0; e < 4; ++e) acc[mt][i][e] = 0.0f;
 
     StageLoader<MT> ld;
-    ld.init(sm, Bq, SZ, X, T, N, K, G, m0, 4 * nblk, kt0);
+    ld.init(sm, Bq, SZ, X, T, N, K, G, m0, wg_pair_nb0<EPI>(nblk), kt0, wg_pair_hi<EPI>(N));
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < nk) ld.template load<GemmQ4Smem<MT>>(s);
@@ -311,6 +335,29 @@ __device__ __forceinline__ void gemm_q4_impl(const uint4* __restrict__ Bq, const
     if (!active) return;
 
     const int g = lane >> 2, t = lane & 3;
+    if (EPI == GV_EPI_SILU && part == nullptr) {  // one slice: through shared memory to the pairs' threads
+        __syncthreads();  // every warp is done with the ring: its space takes the accumulators
+        float* red = reinterpret_cast<float*>(gq_smem);  // [16 MT rows][WG_RED_LD]
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    *reinterpret_cast<float2*>(red + (mt * 16 + g + 8 * h) * WG_RED_LD + warp * 32 + 8 * i + 2 * t) =
+                        make_float2(acc[mt][i][2 * h], acc[mt][i][2 * h + 1]);
+        __syncthreads();
+        const int p = 2 * lane;  // a lane: gate columns p, p + 1 of its rows and their up columns p + 64, p + 65
+        for (int r = warp; r < 16 * MT; r += 4) {
+            const int m = m0 + r;
+            if (m >= T) break;
+            const float2 gv = *reinterpret_cast<const float2*>(red + r * WG_RED_LD + p);
+            const float2 uv = *reinterpret_cast<const float2*>(red + r * WG_RED_LD + 64 + p);
+            *reinterpret_cast<unsigned*>(out16 + (size_t)m * (N >> 1) + nblk * 64 + p) =
+                bf16x2(silu_mul_f(gv.x, uv.x), silu_mul_f(gv.y, uv.y));
+        }
+        return;
+    }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -358,6 +405,24 @@ GEMM_Q4(2)
 GEMM_Q4(4)
 GEMM_Q4(8)
 
+// the SiLU forms of the mma.sync GEMM (gemm_q4_impl's EPI): up to 192 tokens (MT 2, 4: 17-192 tokens; on Hopper
+// 17-64, the wgmma forms' silu kernels above), where cuda_q4gemm.gemm_silu_takes
+#define GEMM_Q4_SILU(MT)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(GQ_THREADS)                                                      \
+        gemm_q4z_silu_m##MT(const uint4* __restrict__ Bq, const uint4* __restrict__ SZ,                           \
+                            const uint4* __restrict__ X, bf16_t* __restrict__ out16, float* __restrict__ part,    \
+                            int T, int N, int K, int G, int kt_per_split) {                                       \
+        gemm_q4_impl<MT, 0, GV_EPI_SILU>(Bq, SZ, X, nullptr, nullptr, part, T, N, K, G, 0, kt_per_split, out16);  \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(GQ_THREADS)                                                      \
+        gemm_q4m_silu_m##MT(const uint4* __restrict__ Bq, const uint4* __restrict__ SZ,                           \
+                            const uint4* __restrict__ X, bf16_t* __restrict__ out16, float* __restrict__ part,    \
+                            int T, int N, int K, int G, int kt_per_split) {                                       \
+        gemm_q4_impl<MT, 1, GV_EPI_SILU>(Bq, SZ, X, nullptr, nullptr, part, T, N, K, G, 0, kt_per_split, out16);  \
+    }
+GEMM_Q4_SILU(2)
+GEMM_Q4_SILU(4)
+
 // Split-K epilogue: out[t, n] (= or +=) sum over z of part[z, t, n] (z = 0, 1, ... in order) + bias[n].
 extern "C" __global__ void gemm_q4_reduce(const float* __restrict__ part, const float* __restrict__ bias,
                                           float* __restrict__ out, int T, int N, int S, int accumulate) {
@@ -372,11 +437,27 @@ extern "C" __global__ void gemm_q4_reduce(const float* __restrict__ part, const 
     }
 }
 
-// The paired forms' followers, in the epilogue of a block whose columns pair up: SiLU x up of gate_up (gate n / up n:
-// the GEMV's up to 8 tokens, the wgmma GEMMs' 65-512), RoPE + the paged-cache write of qkv (a head's dims i / i + D/2:
-// the GEMV's; GvRope below)
-#define GV_EPI_SILU 1
-#define GV_EPI_ROPE 2
+// The SiLU forms' split-K epilogue: out16[t, i] = bf16(silu(gate) x up), gate and up each the sum over z of part in
+// order from 0.0f (gemm_q4_reduce's sums without a bias), part in the pair order: output column i = 64 b + j reads
+// part's columns 128 b + j (gate) and 128 b + 64 + j (up).
+extern "C" __global__ void gemm_q4_reduce_silu(const float* __restrict__ part, bf16_t* __restrict__ out16, int T,
+                                               int N, int S) {
+    pdl_enter();
+    const long long total = (long long)T * N, half = total >> 1;
+    const int I = N >> 1;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < half;
+         idx += (long long)gridDim.x * blockDim.x) {
+        const long long t = idx / I;
+        const int i = (int)(idx - t * I);
+        const long long c = t * N + 128 * (i >> 6) + (i & 63);
+        float gv = 0.0f, uv = 0.0f;
+        for (int z = 0; z < S; ++z) {
+            gv += part[z * total + c];
+            uv += part[z * total + c + 64];
+        }
+        out16[idx] = f32_to_bf16(silu_mul_f(gv, uv));
+    }
+}
 
 // ---------------------------------------------------------------------- the Hopper form: wgmma (sm_90a)
 // gemm_q4wg{z,m}_s{S}: the same product, layout and ring as gemm_q4{z,m}_m8 (128 tokens x 128 columns a block,
@@ -404,11 +485,10 @@ struct GemmQ4WgSmem {  // GemmQ4Smem<8>'s stages: x first (16 KB a stage, so 102
 
 // The wgmma GEMMs' split-K epilogue over a thread-block cluster. K is split over the S blocks of a cluster
 // (__cluster_dims__(1, 1, S): the slices of one 128 x 128 output tile); each block leaves its f32 partial in its own
-// shared memory (the ring's space, no longer needed), [token][column] with rows of WG_RED_LD floats (128 + 4: a
-// warp's stores of one accumulator hit 32 banks); after a cluster barrier block `rank` sums the token rows rank,
-// rank + S, ... of all S partials in rank order (distributed shared memory, 16 bytes a load: deterministic) and
-// writes them with bias / accumulate. No partials in global memory, no reduce launch.
-#define WG_RED_LD 132
+// shared memory (the ring's space, no longer needed), [token][column] with rows of WG_RED_LD floats; after a
+// cluster barrier block `rank` sums the token rows rank, rank + S, ... of all S partials in rank order (distributed
+// shared memory, 16 bytes a load: deterministic) and writes them with bias / accumulate. No partials in global
+// memory, no reduce launch.
 static_assert(sizeof(GemmQ4WgSmem) >= 128 * WG_RED_LD * 4, "the partial reuses the ring's space");
 
 #ifdef LLMRS_WGMMA
@@ -478,13 +558,6 @@ __device__ __forceinline__ void wg_cluster_store(const float* red, const float* 
     }
     cluster_sync();  // no block leaves (its shared memory) while another may still read it
 }
-
-// The paired wgmma forms (EPI GV_EPI_SILU): block b holds gate_up's gate columns 64 b .. 64 b + 63 as its columns
-// 0..63 and the matching up columns (N / 2 on) as 64..127: the loader's n-blocks 2 b, 2 b + 1, then `hi` further.
-template <int EPI>
-__device__ __forceinline__ int wg_pair_nb0(int nblk) { return EPI == GV_EPI_SILU ? 2 * nblk : 4 * nblk; }
-template <int EPI>
-__device__ __forceinline__ int wg_pair_hi(int N) { return EPI == GV_EPI_SILU ? (N >> 6) - 2 : 0; }
 
 // wg_cluster_store's sums for the SiLU form: the same partials in rank order + 0 (no bias: the same bits as the plain
 // form's f32 output), but a lane takes the gate columns 2 lane, 2 lane + 1 of its token row and their up columns

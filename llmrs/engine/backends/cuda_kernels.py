@@ -105,16 +105,24 @@ def wg_cluster(S: int) -> int:
     return max(s for s in WG_SPLITS if s <= max(1, S))
 
 
-def gemm_q4_smem_bytes(mt: int, stages: dict[int, int] | None = None) -> int:
+def gemm_q4_smem_bytes(mt: int, stages: dict[int, int] | None = None, silu: bool = False) -> int:
     """Dynamic shared memory of gemm_q4{z,m}_m<MT>: GemmQ4Smem<MT> (x rows 16 MT x 8, weights 256, scale words 64;
-    16-byte entries) per stage, for `stages` (a module compiled with other -DGQ_STAGES_M*; default GEMM_Q4_STAGES)."""
-    return (GEMM_Q4_STAGES if stages is None else stages)[mt] * (16 * mt * 8 + 256 + 64) * 16
+    16-byte entries) per stage, for `stages` (a module compiled with other -DGQ_STAGES_M*; default GEMM_Q4_STAGES);
+    `silu`: gemm_q4{z,m}_silu_m<MT>, whose one-slice epilogue puts the accumulators there too (16 MT rows of
+    WG_RED_LD = 132 floats), the larger of the two."""
+    ring = (GEMM_Q4_STAGES if stages is None else stages)[mt] * (16 * mt * 8 + 256 + 64) * 16
+    return max(ring, 16 * mt * 132 * 4) if silu else ring
 
 
 # attn_cluster{CL}_d{DPL} (attention.cu): the cluster sizes of each head-dim form; _g4: a block per 4 query heads;
 # _g4_w16: that with 16 warps a block (4 keys each where the 8-warp forms take 8)
 ATTN_CLUSTER_KERNELS = [f"attn_cluster{cl}_d{d}" for d, sizes in ((4, (4, 8, 16)), (2, (8, 16))) for cl in sizes] + [
     f"attn_cluster{cl}_d{d}_g4{w}" for d in (4, 2) for cl in (8, 16) for w in ("", "_w16")]
+
+
+# the mma.sync GEMM's SiLU forms (gate_up with SiLU x up fused: cuda_q4gemm.gemm_q4_silu, 17-192 tokens)
+GEMM_Q4_SILU_MT = (2, 4)
+GEMM_Q4_SILU_KERNELS = tuple(f"gemm_{k}_silu_m{mt}" for k in ("q4z", "q4m") for mt in GEMM_Q4_SILU_MT)
 
 
 # gemv_q4's forms with the group size fixed at compile time (gemm_q4.cu's CPG: k32 blocks a group; G 32 and 128)
@@ -152,8 +160,8 @@ ENTRY_POINTS: dict[str, list[str]] = {
                              "prefill_attn_bf16_d128", "decode_attn_tc_d64", "decode_attn_tc_d128",
                              "decode_attn_tc_bf16_d64", "decode_attn_tc_bf16_d128"],
     "sampling.cu": ["sample_tokens"],
-    "gemm_q4.cu": [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)]
-                  + ["gemm_q4_reduce", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"]
+    "gemm_q4.cu": [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)] + list(GEMM_Q4_SILU_KERNELS)
+                  + ["gemm_q4_reduce", "gemm_q4_reduce_silu", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"]
                   + [f"gemv_{k}{t}_c{c}" for k in ("q4z", "q4m") for t in ("", "_t16") for c in GEMV_CPG]
                   + GEMV_PAIR_KERNELS + ["dequant_marlin_q4z_bf16", "dequant_marlin_q4m_bf16"],
 }
@@ -162,7 +170,8 @@ ENTRY_POINTS: dict[str, list[str]] = {
 PDL_KERNELS = frozenset(
     ["embedding_gather", "rms_norm", "add_rms_norm", "rms_norm_bf16", "add_rms_norm_bf16", "silu_mul", "add_bias",
      "add_inplace", "cast_f32_bf16", "silu_mul_bf16", "silu_mul_bf16_bf16", "rope_write_kv", "attn_merge",
-     "attn_merge_bf16", "gemm_q4_reduce", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"]
+     "attn_merge_bf16", "gemm_q4_reduce", "gemm_q4_reduce_silu", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16",
+     "gemv_q4m_t16"] + list(GEMM_Q4_SILU_KERNELS)
     + [f"gemv_{k}{t}_c{c}" for k in ("q4z", "q4m") for t in ("", "_t16") for c in GEMV_CPG] + GEMV_PAIR_KERNELS
     + [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16", "rope_norm_bf16")
        for nt in (1, 2, 4, 8)]
@@ -362,9 +371,9 @@ class Kernels:
             self.modules[fname] = mod
             for n in names:
                 raw = mod.get_function(n)  # compiles (or loads from the disk cache) now
-                m = re.fullmatch(r"gemm_q4[zm]_m(\d+)", n)
-                if m and gemm_q4_smem_bytes(int(m.group(1))) > STATIC_SMEM_LIMIT:
-                    raw.max_dynamic_shared_size_bytes = gemm_q4_smem_bytes(int(m.group(1)))
+                m = re.fullmatch(r"gemm_q4[zm](_silu)?_m(\d+)", n)
+                if m and gemm_q4_smem_bytes(int(m.group(2)), silu=bool(m.group(1))) > STATIC_SMEM_LIMIT:
+                    raw.max_dynamic_shared_size_bytes = gemm_q4_smem_bytes(int(m.group(2)), silu=bool(m.group(1)))
                 if n.startswith("attn_cluster16") and self.cc >= 90:
                     allow_nonportable_cluster(raw)  # 16 blocks a cluster (8 is the portable limit)
                 self.fns[n] = PdlKernel(raw, self, n) if n in PDL_KERNELS else raw

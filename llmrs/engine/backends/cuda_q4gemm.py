@@ -32,8 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from llmrs.engine.backends.cuda_kernels import (GEMM_Q4W2_SMEM_BYTES, GEMM_Q4WG_SMEM_BYTES, GEMV_CPG, WG_BLOCKS_PER_SM,
-                                                WG_SPLITS, gemm_q4_smem_bytes, launch_cluster, wg_cluster)
+from llmrs.engine.backends.cuda_kernels import (GEMM_Q4_SILU_MT, GEMM_Q4W2_SMEM_BYTES, GEMM_Q4WG_SMEM_BYTES, GEMV_CPG,
+                                                WG_BLOCKS_PER_SM, WG_SPLITS, gemm_q4_smem_bytes, launch_cluster,
+                                                wg_cluster)
 from llmrs.engine.quant import DeviceQuantWeight, marlin_reorder, marlin_scales
 
 NULL = np.uint64(0)
@@ -324,33 +325,60 @@ def _wg_plan(backend: Any, T: int, N: int, K: int, splits: int | None, t256: boo
 
 
 def gemm_silu_takes(backend: Any, w: Any, T: int) -> bool:
-    """Whether the batched path runs a quantized gate_up of T tokens through a wgmma form's paired kernel with SiLU x
-    up fused (gemm_q4_silu): the backend's q4_gemm_epilogue, a 4-bit weight in the layout, T in the wgmma forms'
-    range (wgmma_takes; above the GEMV's tokens), and N % 128 (a block: 64 gate columns and their 64 up columns).
-    The caller checks that x is bf16 and that down takes bf16. H200 (`llmrs profile --synthetic qwen2.5-7b-awq
-    --batch 128,256 --context 512 --prefill-len 256`, graph walls, 3 rounds interleaved, ms; session24 call2): on /
-    off 8.157-8.249 / 8.359-8.479 at 128 sequences, 9.926-10.035 / 10.010-10.121 at 256, prefill 256 7.973-8.089 /
+    """Whether the batched path runs a quantized gate_up of T tokens through a 4-bit GEMM's SiLU form (gemm_q4_silu:
+    SiLU x up in the epilogue, bf16 out): the backend's q4_gemm_epilogue, a 4-bit weight in the layout, N % 128 (a
+    block: 64 gate columns and their 64 up columns), and T on a GEMM with such a form: the wgmma forms' range
+    (wgmma_takes), else the mma.sync GEMM's tokens at MT 2 or 4 (17-192; gemm_takes). The caller checks that x is
+    bf16 and that down takes bf16. H200, wgmma forms (`llmrs profile --synthetic qwen2.5-7b-awq --batch 128,256
+    --context 512 --prefill-len 256`, graph walls, 3 rounds interleaved, ms; session24 call2): on / off
+    8.157-8.249 / 8.359-8.479 at 128 sequences, 9.926-10.035 / 10.010-10.121 at 256, prefill 256 7.973-8.089 /
     8.109-8.230. (The RoPE + KV-write form of qkv lost: 8.377-8.515, 10.094-10.416, 8.238-8.535; taken out.)"""
     mw = getattr(w, "marlin", None)
-    return (mw is not None and bool(getattr(backend, "q4_gemm_epilogue", False)) and T > GEMV_MAX_TOKENS
-            and T > backend.quant_matvec_max_tokens and wgmma_takes(backend, T) and mw.N % BN == 0)
+    if (mw is None or not getattr(backend, "q4_gemm_epilogue", False) or T <= GEMV_MAX_TOKENS
+            or T <= backend.quant_matvec_max_tokens or mw.N % BN):
+        return False
+    if wgmma_takes(backend, T):
+        return True
+    k = backend.k
+    return (gemm_takes(T, mw.N, mw.K, bool(getattr(k, "wgmma", False)), bool(getattr(k, "wgmma_t256", False)))
+            and tile_rows(T) in GEMM_Q4_SILU_MT)
 
 
 def gemm_q4_silu(backend: Any, x_bf16: Any, mw: MarlinWeight, out: Any, splits: int | None = None,
-                 t256: bool | None = None) -> None:
-    """The wgmma forms' paired kernels (gemm_q4.cu's gemm_q4{wg,w2}{z,m}_silu_s{S}), where gemm_silu_takes: out bf16
-    words [T, N/2] = silu(gate) * up of gate_up [N, K] (gate the first N/2 rows), the values of gemm_q4 into f32 +
-    silu_mul_bf16, bit for bit. The same form, K slices and sums as gemm_q4; `splits` / `t256` as its, for tests."""
+                 wgmma: bool | None = None, t256: bool | None = None) -> None:
+    """The 4-bit GEMMs' SiLU forms (gemm_q4.cu's gemm_q4{wg,w2}{z,m}_silu_s{S} and gemm_q4{z,m}_silu_m{MT}), where
+    gemm_silu_takes: out bf16 words [T, N/2] = silu(gate) * up of gate_up [N, K] (gate the first N/2 rows), the
+    values of gemm_q4 into f32 + silu_mul_bf16, bit for bit. The same form, K slices and sums as gemm_q4 (the
+    mma.sync form's slices summed by gemm_q4_reduce_silu); `splits` / `wgmma` / `t256` as its, for tests."""
     T, K = x_bf16.shape
     N = mw.N
     assert x_bf16.dtype == np.uint16 and K == mw.K and N % BN == 0, (x_bf16.dtype, K, mw.K, N)
     assert out.dtype == np.uint16 and out.shape == (T, N // 2) and out.flags.c_contiguous, (out.dtype, out.shape)
-    form, S, per = _wg_plan(backend, T, N, K, splits, t256)
-    fn = backend.k.wgmma_fns()[f"gemm_q4{form.kernel}{'m' if mw.mode else 'z'}_silu_s{S}"]
+    kind = "q4m" if mw.mode else "q4z"
+    if wgmma_takes(backend, T) if wgmma is None else wgmma:
+        form, S, per = _wg_plan(backend, T, N, K, splits, t256)
+        fn = backend.k.wgmma_fns()[f"gemm_q4{form.kernel}{'m' if mw.mode else 'z'}_silu_s{S}"]
+        with backend._span("gemm_q4", "gate_up+silu", T, N, K, False, False):
+            fn((N // BN, -(-T // form.tokens), S), (form.threads,),
+               (mw.qweight, mw.sz, x_bf16, out, np.int32(T), np.int32(N), np.int32(K), np.int32(mw.group_size),
+                np.int32(per)), shared_mem=form.smem)
+        return
+    KT = K // BK
+    S = choose_splits(backend, T, N, K) if splits is None else max(1, min(int(splits), KT))
+    per = -(-KT // S)
+    S = -(-KT // per)  # no empty slice
+    mt = tile_rows(T)
+    assert mt in GEMM_Q4_SILU_MT, (T, mt)
+    part = backend._buf("gemm_q4_part", (S, T, N), np.float32) if S > 1 else NULL
     with backend._span("gemm_q4", "gate_up+silu", T, N, K, False, False):
-        fn((N // BN, -(-T // form.tokens), S), (form.threads,),
-           (mw.qweight, mw.sz, x_bf16, out, np.int32(T), np.int32(N), np.int32(K), np.int32(mw.group_size),
-            np.int32(per)), shared_mem=form.smem)
+        backend.k.fns[f"gemm_{kind}_silu_m{mt}"](
+            (N // BN, -(-T // (16 * mt)), S), (THREADS,),
+            (mw.qweight, mw.sz, x_bf16, out, part, np.int32(T), np.int32(N), np.int32(K), np.int32(mw.group_size),
+             np.int32(per)), shared_mem=gemm_q4_smem_bytes(mt, silu=True))
+        if S > 1:
+            n = T * N // 2
+            backend.k.fns["gemm_q4_reduce_silu"]((min(65535, -(-n // 256)),), (256,),
+                                                 (part, out, np.int32(T), np.int32(N), np.int32(S)))
 
 
 def gemv_cluster(backend: Any) -> bool:
