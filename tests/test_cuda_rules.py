@@ -218,16 +218,16 @@ def test_gemm_silu_forms_kernels_and_where_they_take():
         return SimpleNamespace(marlin=q4.MarlinWeight(N, K, 128, 0, None, None))
 
     gate_up = w(37888)  # the 7B's
-    for T in (17, 32, 33, 64, 65, 128, 129, 256, 425, 512):  # mma.sync (MT 2, 4), then the wgmma forms
+    for T in (33, 64, 65, 128, 129, 256, 425, 512):  # mma.sync (MT 4), then the wgmma forms
         assert q4.gemm_silu_takes(be(), gate_up, T)
-    for T in (1, 8, 16, 257, 424, 513, 1024):  # the GEMV; dequantize + cuBLAS
+    for T in (1, 8, 16, 17, 32, 257, 424, 513, 1024):  # the GEMV; mma.sync's MT 2 (lost); dequantize + cuBLAS
         assert not q4.gemm_silu_takes(be(), gate_up, T)
     assert not q4.gemm_silu_takes(be(t256=False), gate_up, 480)  # 425-512 is the 256-token form's only
     assert q4.gemm_silu_takes(be(t256=False), gate_up, 256)
-    # without sm_90a: mma.sync's 17-192 tokens (MT 2 and 4), dequantize + cuBLAS above
+    # without sm_90a: mma.sync's 33-192 tokens (MT 4), dequantize + cuBLAS above
     assert q4.gemm_silu_takes(be(wgmma=False), gate_up, 100) and q4.gemm_silu_takes(be(wgmma=False), gate_up, 192)
     assert not q4.gemm_silu_takes(be(wgmma=False), gate_up, 256)
-    assert {q4.tile_rows(T) for T in (17, 32, 33, 64, 192)} == set(ck.GEMM_Q4_SILU_MT)
+    assert {q4.tile_rows(T) for T in (33, 64, 192)} == set(ck.GEMM_Q4_SILU_MT) and q4.tile_rows(32) == 2
     assert not q4.gemm_silu_takes(be(on=False), gate_up, 256)  # LLMRS_Q4_GEMM_EPILOGUE=0
     assert not q4.gemm_silu_takes(be(), SimpleNamespace(marlin=None), 256)  # no GEMM layout
     assert not q4.gemm_silu_takes(be(), w(37888 + 64), 256)  # a pair would straddle two blocks

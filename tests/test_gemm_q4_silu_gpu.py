@@ -1,11 +1,11 @@
 """The 4-bit GEMMs' SiLU forms (llmrs/kernels_cu/gemm_q4.cu's gemm_q4{wg,w2}{z,m}_silu_s{S} and
-gemm_q4{z,m}_silu_m{MT} + gemm_q4_reduce_silu, via cuda_q4gemm.gemm_q4_silu) on the GPU: run on the GPU machine with
+gemm_q4{z,m}_silu_m4 + gemm_q4_reduce_silu, via cuda_q4gemm.gemm_q4_silu) on the GPU: run on the GPU machine with
 `python3 -m pytest -q -m gpu tests/test_gemm_q4_silu_gpu.py`; skips cleanly without CuPy or a GPU (the wgmma cases
 without sm_90a).
 
 - gate_up through a SiLU form (SiLU x up in the epilogue, bf16 out) gives the bits of gemm_q4 into [T, 2I] f32
   + silu_mul_bf16, for the 128-token wgmma form (gemm_q4wg), the 256-token one (gemm_q4w2) at every cluster size,
-  and mma.sync's MT 2 / 4 with one K slice and several (the split-K epilogue gemm_q4_reduce_silu); partial token
+  and mma.sync's MT 4 with one K slice and several (the split-K epilogue gemm_q4_reduce_silu); partial token
   tiles, zero and min modes, G 128 and 32; nothing written past [T, I];
 - a tiny Qwen2 AWQ model's batched steps (40, 100 and 200 tokens: mma.sync and both wgmma forms) with the SiLU
   forms and without (LLMRS_Q4_GEMM_EPILOGUE=0) give the same logits bit for bit.
@@ -26,9 +26,9 @@ pytestmark = pytest.mark.gpu
 from llmrs.engine.backends.cuda_q4gemm import gemm_q4, gemm_q4_silu, to_marlin  # noqa: E402
 from tests.test_quant_marlin import make_weight  # noqa: E402
 
-# form: (wgmma, t256, token counts); "mma": mma.sync's MT 2 (17-32 tokens) and MT 4 (33-192)
+# form: (wgmma, t256, token counts); "mma": mma.sync's MT 4 (33-192 tokens)
 FORMS = {"wg": (True, False, [9, 65, 100, 128, 200]), "w2": (True, True, [100, 129, 256, 300, 480]),
-         "mma": (False, None, [17, 32, 33, 64, 100, 192])}
+         "mma": (False, None, [33, 40, 64, 100, 192])}
 CASES = [("awq", 128, 1), ("awq", 128, 2), ("awq", 128, 3), ("awq", 128, 4), ("awq", 128, None), ("q4_1", 32, None),
          ("q4_0", 32, 2), ("q4_1", 128, 3)]
 

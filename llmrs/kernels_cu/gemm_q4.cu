@@ -405,8 +405,9 @@ GEMM_Q4(2)
 GEMM_Q4(4)
 GEMM_Q4(8)
 
-// the SiLU forms of the mma.sync GEMM (gemm_q4_impl's EPI): up to 192 tokens (MT 2, 4: 17-192 tokens; on Hopper
-// 17-64, the wgmma forms' silu kernels above), where cuda_q4gemm.gemm_silu_takes
+// the SiLU forms of the mma.sync GEMM (gemm_q4_impl's EPI): MT 4, 33-192 tokens (on Hopper 33-64: the wgmma forms
+// take 65 on), where cuda_q4gemm.gemm_silu_takes. (MT 2, 17-32 tokens, gave the same bits and lost inside the graphed
+// step on the H200: 32 sequences 5.46-5.65 against 5.05-5.13 ms, session24 call5.)
 #define GEMM_Q4_SILU(MT)                                                                                          \
     extern "C" __global__ void __launch_bounds__(GQ_THREADS)                                                      \
         gemm_q4z_silu_m##MT(const uint4* __restrict__ Bq, const uint4* __restrict__ SZ,                           \
@@ -420,7 +421,6 @@ GEMM_Q4(8)
                             int T, int N, int K, int G, int kt_per_split) {                                       \
         gemm_q4_impl<MT, 1, GV_EPI_SILU>(Bq, SZ, X, nullptr, nullptr, part, T, N, K, G, 0, kt_per_split, out16);  \
     }
-GEMM_Q4_SILU(2)
 GEMM_Q4_SILU(4)
 
 // Split-K epilogue: out[t, n] (= or +=) sum over z of part[z, t, n] (z = 0, 1, ... in order) + bias[n].

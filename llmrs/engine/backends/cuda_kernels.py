@@ -120,8 +120,8 @@ ATTN_CLUSTER_KERNELS = [f"attn_cluster{cl}_d{d}" for d, sizes in ((4, (4, 8, 16)
     f"attn_cluster{cl}_d{d}_g4{w}" for d in (4, 2) for cl in (8, 16) for w in ("", "_w16")]
 
 
-# the mma.sync GEMM's SiLU forms (gate_up with SiLU x up fused: cuda_q4gemm.gemm_q4_silu, 17-192 tokens)
-GEMM_Q4_SILU_MT = (2, 4)
+# the mma.sync GEMM's SiLU forms (gate_up with SiLU x up fused: cuda_q4gemm.gemm_q4_silu, 33-192 tokens)
+GEMM_Q4_SILU_MT = (4,)
 GEMM_Q4_SILU_KERNELS = tuple(f"gemm_{k}_silu_m{mt}" for k in ("q4z", "q4m") for mt in GEMM_Q4_SILU_MT)
 
 

@@ -328,11 +328,14 @@ def gemm_silu_takes(backend: Any, w: Any, T: int) -> bool:
     """Whether the batched path runs a quantized gate_up of T tokens through a 4-bit GEMM's SiLU form (gemm_q4_silu:
     SiLU x up in the epilogue, bf16 out): the backend's q4_gemm_epilogue, a 4-bit weight in the layout, N % 128 (a
     block: 64 gate columns and their 64 up columns), and T on a GEMM with such a form: the wgmma forms' range
-    (wgmma_takes), else the mma.sync GEMM's tokens at MT 2 or 4 (17-192; gemm_takes). The caller checks that x is
-    bf16 and that down takes bf16. H200, wgmma forms (`llmrs profile --synthetic qwen2.5-7b-awq --batch 128,256
-    --context 512 --prefill-len 256`, graph walls, 3 rounds interleaved, ms; session24 call2): on / off
-    8.157-8.249 / 8.359-8.479 at 128 sequences, 9.926-10.035 / 10.010-10.121 at 256, prefill 256 7.973-8.089 /
-    8.109-8.230. (The RoPE + KV-write form of qkv lost: 8.377-8.515, 10.094-10.416, 8.238-8.535; taken out.)"""
+    (wgmma_takes), else the mma.sync GEMM's tokens at MT 4 (33-192; gemm_takes). The caller checks that x is bf16
+    and that down takes bf16. H200, 7B AWQ (`llmrs profile --synthetic qwen2.5-7b-awq --context 512`, graph walls,
+    3 rounds interleaved, ms, on / off; session24 calls 2 and 5): wgmma forms, 128 sequences 8.157-8.249 /
+    8.359-8.479, 256 9.926-10.035 / 10.010-10.121, a 256-token prefill 7.973-8.089 / 8.109-8.230; mma.sync MT 4, 64
+    sequences 5.921-6.019 / 6.075-6.107, a 48-token prefill 5.243-5.426 / 5.391-5.467; but MT 2 (32 sequences)
+    5.463-5.646 / 5.048-5.134 (its kernels' eager sum lower, 5.21 against 5.35: not understood), so 17-32 tokens
+    keep silu_mul_bf16. (The RoPE + KV-write form of qkv on the wgmma forms lost: 8.377-8.515,
+    10.094-10.416, 8.238-8.535; taken out.)"""
     mw = getattr(w, "marlin", None)
     if (mw is None or not getattr(backend, "q4_gemm_epilogue", False) or T <= GEMV_MAX_TOKENS
             or T <= backend.quant_matvec_max_tokens or mw.N % BN):
