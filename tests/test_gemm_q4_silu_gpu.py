@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.cuda_helpers import bf16_words, require_gpu, tiny_backend
+from tests.cuda_helpers import bf16_words, require_gpu, tiny_awq_runners, tiny_backend
 
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
@@ -77,20 +77,10 @@ def test_awq_batched_steps_with_the_gemm_epilogues_give_the_unfused_bits(tmp_pat
     gate_up through a paired kernel."""
     import llmrs.engine.backends.cuda as cuda_backend
     import llmrs.engine.backends.cuda_q4gemm as q4gemm
-    from llmrs.engine import quant as Q
     from llmrs.engine.backends.cuda import CUDABackend
     from llmrs.engine.batch import build_step_batch
-    from llmrs.engine.loader import load
-    from llmrs.engine.runner import ModelRunner
-    from tests.conftest import write_tiny_model
 
-    src = write_tiny_model(tmp_path / "qwen2", "qwen2", hidden_size=256, num_attention_heads=4,
-                           num_key_value_heads=2, intermediate_size=512)
-    kept = load(str(Q.write_awq_checkpoint(src, tmp_path / "awq", group_size=G)), keep_quantized=True)
-    runners = {}
-    for fused in (True, False):
-        runners[fused] = ModelRunner(kept, num_blocks=64, device="cuda")
-        runners[fused].backend.q4_gemm_epilogue = fused
+    kept, runners = tiny_awq_runners(tmp_path, G, "q4_gemm_epilogue")
     if not runners[True].backend.k.wgmma:
         pytest.skip("the wgmma forms need compute capability 9.0 (sm_90a) and LLMRS_Q4_WGMMA on")
     assert CUDABackend.q4_gemm_epilogue  # the default

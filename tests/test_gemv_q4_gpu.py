@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.cuda_helpers import graph_us, rel_err, report, require_gpu, tiny_backend
+from tests.cuda_helpers import graph_us, rel_err, report, require_gpu, tiny_awq_runners, tiny_backend
 
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
@@ -240,22 +240,12 @@ def test_awq_decode_with_the_fused_epilogues_gives_the_unfused_bits(tmp_path, G,
     and the same greedy tokens."""
     import llmrs.engine.backends.cuda as cuda_backend
     import llmrs.engine.backends.cuda_q4gemm as q4gemm
-    from llmrs.engine import quant as Q
     from llmrs.engine.backends.cuda import CUDABackend
     from llmrs.engine.batch import build_step_batch
-    from llmrs.engine.loader import load
-    from llmrs.engine.runner import ModelRunner
-    from tests.conftest import write_tiny_model
     from tests.test_cuda_parity import greedy, prompts_for
 
     monkeypatch.setattr(q4gemm, "GEMV_ONE_TOKEN_MIN_WEIGHTS", 0)  # every shape on the GEMV at one token
-    src = write_tiny_model(tmp_path / "qwen2", "qwen2", hidden_size=256, num_attention_heads=4,
-                           num_key_value_heads=2, intermediate_size=512)
-    kept = load(str(Q.write_awq_checkpoint(src, tmp_path / "awq", group_size=G)), keep_quantized=True)
-    runners = {}
-    for fused in (True, False):
-        runners[fused] = ModelRunner(kept, num_blocks=64, device="cuda")
-        runners[fused].backend.q4_gemv_epilogue = fused  # (before any step: the graphs are captured later)
+    kept, runners = tiny_awq_runners(tmp_path, G, "q4_gemv_epilogue")
     assert CUDABackend.q4_gemv_epilogue  # the default
     r = runners[True]
     layer = r.model.w.layers[0]
