@@ -266,9 +266,10 @@ class CUDABackend:
     # a 4-bit gate_up / qkv on the GEMV with SiLU x up / RoPE + the KV write in its epilogue (gemm_q4.cu's paired
     # forms, cuda_q4gemm.gemv_pair_takes); LLMRS_Q4_GEMV_EPILOGUE=0 keeps silu_mul / rope_write_kv as launches
     q4_gemv_epilogue = os.environ.get("LLMRS_Q4_GEMV_EPILOGUE", "1") not in OFF_VALUES
-    # SiLU x up fused into the batched steps' 4-bit gate_up on the wgmma forms (65-256 and 425-512 tokens: gemm_q4.cu's
-    # gemm_q4{wg,w2}{z,m}_silu_s{S}, cuda_q4gemm.gemm_silu_takes): no [T, 2I] f32 gate/up written and read back, one
-    # launch a layer fewer; LLMRS_Q4_GEMM_EPILOGUE=0 keeps silu_mul_bf16 as its own launch (A/Bs)
+    # SiLU x up fused into the batched steps' 4-bit gate_up on the GEMMs (the wgmma forms' 65-256 and 425-512 tokens,
+    # mma.sync's 33-192: gemm_q4.cu's gemm_q4{wg,w2}{z,m}_silu_s{S} and gemm_q4{z,m}_silu_m4, cuda_q4gemm.
+    # gemm_silu_takes): no [T, 2I] f32 gate/up written and read back, one launch a layer fewer;
+    # LLMRS_Q4_GEMM_EPILOGUE=0 keeps silu_mul_bf16 as its own launch (A/Bs)
     q4_gemm_epilogue = os.environ.get("LLMRS_Q4_GEMM_EPILOGUE", "1") not in OFF_VALUES
     # warps an attn_cluster 4-head block, at its default (__init__ reads LLMRS_ATTN_CLUSTER_WARPS; stand-ins built
     # without it, scripts/bench_host_prefill.py's, see this)
@@ -1086,7 +1087,7 @@ class CUDABackend:
                 act = self._buf("act", (T, I))
                 gemv_q4_pair(self, "silu", h, layer.gate_up.marlin, act, nbytes=layer.gate_up.nbytes)
             elif (h.dtype == np.uint16 and gemm_silu_takes(self, layer.gate_up, T)
-                  and self._gemm_takes_bf16(layer.down, T)):  # the 4-bit wgmma GEMM's, bf16 out: down's input
+                  and self._gemm_takes_bf16(layer.down, T)):  # the 4-bit GEMM's SiLU form, bf16 out: down's input
                 act = self._buf("act_bf16", (T, I), np.uint16)
                 gemm_q4_silu(self, h, layer.gate_up.marlin, act)
             elif self._gate_up_bf16(layer, T):  # bf16 gate / up straight from cuBLAS, SiLU x up bf16 to bf16
