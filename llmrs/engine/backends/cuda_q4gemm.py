@@ -290,10 +290,7 @@ def gemm_q4(backend: Any, x_bf16: Any, mw: MarlinWeight | None, bias: Any | None
                (mw.qweight, mw.sz, x_bf16, b, out, np.int32(T), np.int32(N), np.int32(K), np.int32(mw.group_size),
                 np.int32(1 if accumulate else 0), np.int32(per)), shared_mem=form.smem)
         return True
-    KT = K // BK
-    S = choose_splits(backend, T, N, K) if splits is None else max(1, min(int(splits), KT))
-    per = -(-KT // S)
-    S = -(-KT // per)  # no empty slice
+    S, per = _mma_splits(backend, T, N, K, splits)
     mt = tile_rows(T)
     grid = (-(-N // BN), -(-T // (16 * mt)), S)
     fn = backend.k.fns[f"gemm_{'q4m' if mw.mode else 'q4z'}_m{mt}"]
@@ -312,6 +309,15 @@ def gemm_q4(backend: Any, x_bf16: Any, mw: MarlinWeight | None, bias: Any | None
                                             (part, b, out, np.int32(T), np.int32(N), np.int32(S),
                                              np.int32(1 if accumulate else 0)))
     return True
+
+
+def _mma_splits(backend: Any, T: int, N: int, K: int, splits: int | None) -> tuple[int, int]:
+    """The mma.sync GEMM's K slices (gemm_q4 and gemm_q4_silu): (S, k64 stages a slice) from choose_splits (or
+    `splits`, for tests), with no empty slice."""
+    KT = K // BK
+    S = choose_splits(backend, T, N, K) if splits is None else max(1, min(int(splits), KT))
+    per = -(-KT // S)
+    return -(-KT // per), per
 
 
 def _wg_plan(backend: Any, T: int, N: int, K: int, splits: int | None, t256: bool | None) -> tuple[WgForm, int, int]:
@@ -360,16 +366,13 @@ def gemm_q4_silu(backend: Any, x_bf16: Any, mw: MarlinWeight, out: Any, splits: 
     kind = "q4m" if mw.mode else "q4z"
     if wgmma_takes(backend, T) if wgmma is None else wgmma:
         form, S, per = _wg_plan(backend, T, N, K, splits, t256)
-        fn = backend.k.wgmma_fns()[f"gemm_q4{form.kernel}{'m' if mw.mode else 'z'}_silu_s{S}"]
+        fn = backend.k.wgmma_fns()[f"gemm_q4{form.kernel}{kind[-1]}_silu_s{S}"]
         with backend._span("gemm_q4", "gate_up+silu", T, N, K, False, False):
             fn((N // BN, -(-T // form.tokens), S), (form.threads,),
                (mw.qweight, mw.sz, x_bf16, out, np.int32(T), np.int32(N), np.int32(K), np.int32(mw.group_size),
                 np.int32(per)), shared_mem=form.smem)
         return
-    KT = K // BK
-    S = choose_splits(backend, T, N, K) if splits is None else max(1, min(int(splits), KT))
-    per = -(-KT // S)
-    S = -(-KT // per)  # no empty slice
+    S, per = _mma_splits(backend, T, N, K, splits)
     mt = tile_rows(T)
     assert mt in GEMM_Q4_SILU_MT, (T, mt)
     part = backend._buf("gemm_q4_part", (S, T, N), np.float32) if S > 1 else NULL
