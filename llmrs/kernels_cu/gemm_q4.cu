@@ -811,7 +811,7 @@ GEMM_Q4W2(m, 1, 3)
 GEMM_Q4W2(m, 1, 4)
 
 // the paired wgmma forms gemm_q4<FORM><KIND>_silu_s<S> (wg_cluster_store_silu; where the host takes them:
-// cuda_q4gemm.gemm_pair_takes): gate_up -> SiLU x up as bf16 words [T, N / 2], down's GEMM input. (A RoPE + KV-write
+// cuda_q4gemm.gemm_silu_takes): gate_up -> SiLU x up as bf16 words [T, N / 2], down's GEMM input. (A RoPE + KV-write
 // form, pair_rope_out in this epilogue, gave rope_write_kv's bits but lost inside the graphed step: its sine and
 // cosine once per head, not once per token; reports/h200-qwen2.5/session24.)
 #define GEMM_Q4_WGMMA_SILU(FORM, THREADS, MINB, KIND, MODE, S)                                                    \
