@@ -160,7 +160,7 @@ struct GemmQ4Smem {
 };
 
 // The paired forms' followers, in the epilogue of a block whose columns pair up: SiLU x up of gate_up (gate n / up n:
-// the GEMV's up to 8 tokens, the GEMMs' 17-512), RoPE + the paged-cache write of qkv (a head's dims i / i + D/2: the
+// the GEMV's up to 8 tokens, the GEMMs' 33-512), RoPE + the paged-cache write of qkv (a head's dims i / i + D/2: the
 // GEMV's; GvRope below)
 #define GV_EPI_SILU 1
 #define GV_EPI_ROPE 2
