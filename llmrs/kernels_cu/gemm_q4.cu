@@ -1083,6 +1083,20 @@ __device__ __forceinline__ uint4 gemv_xb(const float* __restrict__ xr, bool live
     return make_uint4(pack_bf16x2(x0.x, x2.x), pack_bf16x2(x0.y, x2.y), pack_bf16x2(x1.x, x3.x),
                       pack_bf16x2(x1.y, x3.y));
 }
+// the same with the RMSNorm before the projection folded in (the paired forms' NORM): xr is the residual stream,
+// gr the norm weight at the same k; B takes x * g (before rounding to bf16) and ss sums the lane's x^2 (before g)
+__device__ __forceinline__ uint4 gemv_xb_norm(const float* __restrict__ xr, const float* __restrict__ gr, bool live,
+                                              float& ss) {
+    if (!live) return make_uint4(0u, 0u, 0u, 0u);
+    const float2 x0 = ldx2(xr), x1 = ldx2(xr + 8), x2 = ldx2(xr + 16), x3 = ldx2(xr + 24);
+    const float2 g0 = __ldg(reinterpret_cast<const float2*>(gr)), g1 = __ldg(reinterpret_cast<const float2*>(gr + 8)),
+                 g2 = __ldg(reinterpret_cast<const float2*>(gr + 16)),
+                 g3 = __ldg(reinterpret_cast<const float2*>(gr + 24));
+    ss = fmaf(x0.x, x0.x, fmaf(x0.y, x0.y, fmaf(x1.x, x1.x, fmaf(x1.y, x1.y, ss))));
+    ss = fmaf(x2.x, x2.x, fmaf(x2.y, x2.y, fmaf(x3.x, x3.x, fmaf(x3.y, x3.y, ss))));
+    return make_uint4(pack_bf16x2(x0.x * g0.x, x2.x * g2.x), pack_bf16x2(x0.y * g0.y, x2.y * g2.y),
+                      pack_bf16x2(x1.x * g1.x, x3.x * g3.x), pack_bf16x2(x1.y * g1.y, x3.y * g3.y));
+}
 
 // one k32 block: two m16 tiles of codes (words 0, 1 and 2, 3) x two k16 steps against each n8 tile of tokens
 // (xb[u]: tokens 8 u + g), and the ones mma for X of each
@@ -1162,6 +1176,16 @@ __device__ __forceinline__ void gemv_flush(const unsigned (&sw)[4], float (&c)[N
 //                64), j = b % (D / 64), columns h D + i and h D + i + D / 2 (i = 32 j + lane): q heads rotated in
 //                out (= qkv), k heads rotated and v heads as they are into the paged caches (pair_rope_out,
 //                rope_write_kv's math).
+// NORM (paired forms, one n8 tile of tokens, one K slice or a cluster of them): the RMSNorm before the projection
+// folded in (x is then the residual stream, nm.g the norm's weight), as matvec.cu's *_norm_* kernels do it: B takes
+// x * g and each lane's x^2 is summed on the side (gemv_xb_norm); the sums of squares meet with the partials (the
+// warps' in shared memory, the slices' in the first block's) and the epilogue scales both tiles' sums by
+// 1 / sqrt(mean(x^2) + eps) before the bias and the follower: rms_norm + the plain form by linearity, with x * g
+// rounded to bf16 instead of g * (x / rms) (f32 tolerance, not the same bits), and one launch less per norm.
+struct GvNorm {
+    const float* g;
+    float eps;
+};
 struct GvRope {  // what the rope epilogue writes with (rope_write_kv's arguments)
     const int* positions;
     const float* inv_freq;
@@ -1179,14 +1203,15 @@ __device__ __forceinline__ int gv_pair_tile(int b, int sel, int N, int D) {
     return (b / tph) * 2 * tph + b % tph + sel * tph;
 }
 
-template <int MODE, int NU, int CPG, int EPI = 0>
+template <int MODE, int NU, int CPG, int EPI = 0, bool NORM = false>
 __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ,
                                              const float* __restrict__ x, const float* __restrict__ bias,
                                              float* __restrict__ out, float* __restrict__ part, int* __restrict__ sem,
                                              int T, int N, int K, int G, int accumulate, int kpw,
-                                             const GvRope rp = GvRope{}) {
+                                             const GvRope rp = GvRope{}, const GvNorm nm = GvNorm{}) {
     static_assert(CPG == 0 || GV_DEPTH % CPG == 0, "a fixed group size must divide GV_DEPTH (whole groups a batch)");
     static_assert(EPI == 0 || NU == 1, "the paired forms take one n8 tile of tokens");
+    static_assert(!NORM || EPI, "the norm folds into the paired forms");
     pdl_trigger();
     constexpr int TOK = 8 * NU;
     constexpr int NW = EPI ? 2 * GV_WARPS : GV_WARPS;  // warps a block: one tile's, or a pair's (EPI)
@@ -1211,6 +1236,8 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
         xr[u] = x + (size_t)(live[u] ? 8 * u + g : 0) * K + 2 * t + 32 * kb_lo;
     }
     const uint4* wn = wp + (size_t)(kb_lo + GV_DEPTH) * 32;  // the next batch's codes
+    const float* gr = NORM ? nm.g + 2 * t + 32 * kb_lo : nullptr;  // NORM: the norm weight at xr's k
+    float ss = 0.0f;                                               // NORM: the lane's sum of x^2 (token g)
     const unsigned* szc = SZ + nb * 32 + g;  // + group * N + 16 j + 8 r
     float c[NU][2][4], cx[NU][4], acc[NU][2][4];
 #pragma unroll
@@ -1238,9 +1265,12 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
 #pragma unroll
         for (int d = 0; d < GV_DEPTH; ++d)
 #pragma unroll
-            for (int u = 0; u < NU; ++u) xb[d][u] = gemv_xb(xr[u] + 32 * d, live[u] && base + d < kb_hi);
+            for (int u = 0; u < NU; ++u)
+                xb[d][u] = NORM ? gemv_xb_norm(xr[u] + 32 * d, gr + 32 * d, live[u] && base + d < kb_hi, ss)
+                                : gemv_xb(xr[u] + 32 * d, live[u] && base + d < kb_hi);
 #pragma unroll
         for (int u = 0; u < NU; ++u) xr[u] += 32 * GV_DEPTH;
+        if (NORM) gr += 32 * GV_DEPTH;
 #pragma unroll
         for (int d = 0; d < GV_DEPTH; ++d) qn[d] = ldg_stream(base + GV_DEPTH + d < kb_hi ? wn + 32 * d : wp);
         wn += 32 * GV_DEPTH;
@@ -1277,14 +1307,24 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
             for (int r = 0; r < 2; ++r)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) red[warp][8 * u + 2 * t + h][16 * j + 8 * r + g] = acc[u][j][2 * r + h];
+    if (NORM) {  // the warp's x^2 of token g over its K run (lanes t = 0..3 took 8 of each k32 block's 32) in column 32
+        ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+        ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+        if (t == 0) red[warp][g][32] = ss;
+    }
     __syncthreads();
     // (token, column) pairs a thread: tid + 32 NW p of the TOK x 32; with EPI the same pair of both tiles (v, vb)
     constexpr int P = TOK / NW;
     static_assert(P * NW == TOK, "whole (token, column) pairs a thread");
-    float v[P], vb[P];
+    float v[P], vb[P], sq[P];  // sq: NORM's sum of x^2 of token m (a pair's two tiles took the same K runs)
 #pragma unroll
     for (int p = 0; p < P; ++p) {
         const int m = (tid >> 5) + NW * p;
+        sq[p] = 0.0f;
+        if (NORM) {
+#pragma unroll
+            for (int w = 0; w < GV_WARPS; ++w) sq[p] += red[w][m][32];
+        }
         v[p] = 0.0f;
 #pragma unroll
         for (int w = 0; w < GV_WARPS; ++w) v[p] += red[w][m][lane];
@@ -1303,6 +1343,7 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
         // acquire), and block 0 adds them in slice order from 0, the global hand-off's order below: the same bits,
         // no round trips through L2 (store, fence, atomic, loads)
         __shared__ float cpart[GV_CLUSTER_MAX][EPI ? 2 : 1][TOK][32];
+        __shared__ float csq[NORM ? GV_CLUSTER_MAX : 1][TOK];
         const unsigned rank = cluster_rank();
 #pragma unroll
         for (int p = 0; p < P; ++p) {
@@ -1310,6 +1351,7 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
             if (m < T) {
                 st_cluster(&cpart[rank][0][m][lane], 0, v[p]);
                 if (EPI) st_cluster(&cpart[rank][EPI ? 1 : 0][m][lane], 0, vb[p]);
+                if (NORM && lane == 0) st_cluster(&csq[NORM ? rank : 0][m], 0, sq[p]);
             }
         }
         cluster_sync();
@@ -1324,9 +1366,13 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
                     vb[p] = 0.0f;
                     for (unsigned z = 0; z < ncl; ++z) vb[p] += cpart[z][EPI ? 1 : 0][m][lane];
                 }
+                if (NORM) {
+                    sq[p] = 0.0f;
+                    for (unsigned z = 0; z < ncl; ++z) sq[p] += csq[NORM ? z : 0][m];
+                }
             }
         }
-    } else if (gridDim.y > 1) {
+    } else if (gridDim.y > 1) {  // (not with NORM: cuda_q4gemm.gemv_norm_takes)
 #pragma unroll
         for (int p = 0; p < P; ++p) {
             const int m = (tid >> 5) + NW * p;
@@ -1353,7 +1399,13 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
     for (int p = 0; p < P; ++p) {
         const int m = (tid >> 5) + NW * p;
         if (m < T) {
-            // the plain form's output expression (+ 0.0f without a bias: -0 sums become +0 the same way)
+            // the plain form's output expression (+ 0.0f without a bias: -0 sums become +0 the same way); NORM:
+            // the sums scaled by 1 / rms first (rms_norm's expression, rmsnorm.cu)
+            const float inv = NORM ? 1.0f / sqrtf(sq[p] / (float)K + nm.eps) : 1.0f;
+            if (NORM) {
+                v[p] *= inv;
+                vb[p] *= inv;
+            }
             const float o = v[p] + (bias ? bias[n] : 0.0f);
             if (EPI == GV_EPI_SILU) {
                 out[(size_t)m * (N >> 1) + n] = silu_mul_f(o, vb[p] + (bias ? bias[n_b] : 0.0f));
@@ -1401,6 +1453,13 @@ GEMV_Q4(gemv_q4m_t16_c1, 1, 2, 3, 1)
              float* __restrict__ out, float* __restrict__ part, int* __restrict__ sem, int T, int N, int K, int G, \
              int kpw) {                                                                                           \
         gemv_q4_impl<MODE, 1, CPG, GV_EPI_SILU>(Bq, SZ, x, nullptr, out, part, sem, T, N, K, G, 0, kpw);          \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(64 * GV_WARPS, GV_MINB / 2)                                      \
+        NAME##_norm(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ, const float* __restrict__ x,   \
+                    float* __restrict__ out, float* __restrict__ part, int* __restrict__ sem, int T, int N, int K, \
+                    int G, int kpw, const float* __restrict__ gn, float eps) {                                    \
+        gemv_q4_impl<MODE, 1, CPG, GV_EPI_SILU, true>(Bq, SZ, x, nullptr, out, part, sem, T, N, K, G, 0, kpw,     \
+                                                      GvRope{}, GvNorm{gn, eps});                                 \
     }
 #define GEMV_Q4_ROPE(NAME, MODE, CPG)                                                                             \
     extern "C" __global__ void __launch_bounds__(64 * GV_WARPS, GV_MINB / 2)                                      \
@@ -1412,6 +1471,18 @@ GEMV_Q4(gemv_q4m_t16_c1, 1, 2, 3, 1)
         gemv_q4_impl<MODE, 1, CPG, GV_EPI_ROPE>(Bq, SZ, x, bias, out, part, sem, T, N, K, G, 0, kpw,              \
                                                 GvRope{positions, inv_freq, slots, k_cache, v_cache, Hq, Hkv, D,  \
                                                        block_size});                                              \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(64 * GV_WARPS, GV_MINB / 2)                                      \
+        NAME##_norm(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ, const float* __restrict__ x,   \
+                    const float* __restrict__ bias, float* __restrict__ out, float* __restrict__ part,            \
+                    int* __restrict__ sem, int T, int N, int K, int G, int kpw, const int* __restrict__ positions,\
+                    const float* __restrict__ inv_freq, const int* __restrict__ slots,                            \
+                    bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache, int Hq, int Hkv, int D,           \
+                    int block_size, const float* __restrict__ gn, float eps) {                                    \
+        gemv_q4_impl<MODE, 1, CPG, GV_EPI_ROPE, true>(Bq, SZ, x, bias, out, part, sem, T, N, K, G, 0, kpw,        \
+                                                      GvRope{positions, inv_freq, slots, k_cache, v_cache, Hq,    \
+                                                             Hkv, D, block_size},                                 \
+                                                      GvNorm{gn, eps});                                           \
     }
 GEMV_Q4_SILU(gemv_q4z_silu_c4, 0, 4)
 GEMV_Q4_SILU(gemv_q4m_silu_c4, 1, 4)
