@@ -294,15 +294,19 @@ def test_gemv_q4_pairs_fold_the_rms_norm_before_them(backend, kind, G, splits, e
 @pytest.mark.parametrize("G", [32, 128])
 def test_awq_decode_with_the_norm_folded_matches_the_unfolded_step(tmp_path, G, monkeypatch):
     """The tiny Qwen2 AWQ model with every linear on the GEMV at one token, its decode steps of one and three
-    sequences through the decode graphs with the RMSNorms folded into qkv and gate_up (q4_gemv_norm) and without:
-    logits within f32 / bf16 rounding, the same argmax, the same greedy tokens (a divergence accepted only at a
-    near tie: test_cuda_parity.compare), and every layer's two paired launches taking the norm (none of the
-    unfolded runner's)."""
+    sequences through the decode graphs with the RMSNorms folded into qkv and gate_up (q4_gemv_norm) and without,
+    against the CPU reference on the exact dequantized weights: the folded step's logits as close to it as the
+    unfolded step's (both round x to bf16, at different points; this random model amplifies a 2^-9 change of x
+    into a few % of its logits), the same greedy tokens folded and not (a divergence accepted only at a near tie:
+    test_cuda_parity.compare), and every layer's two paired launches taking the norm (none of the unfolded
+    runner's)."""
     import llmrs.engine.backends.cuda as cuda_backend
     import llmrs.engine.backends.cuda_q4gemm as q4gemm
     from llmrs.engine.backends.cuda import CUDABackend
     from llmrs.engine.batch import build_step_batch
+    from llmrs.engine.loader import load
     from tests.test_cuda_parity import compare, prompts_for
+    from tests.test_quant_gpu import exact_reference
 
     monkeypatch.setattr(q4gemm, "GEMV_ONE_TOKEN_MIN_WEIGHTS", 0)
     kept, runners = tiny_awq_runners(tmp_path, G, "q4_gemv_norm")
@@ -319,16 +323,17 @@ def test_awq_decode_with_the_norm_folded_matches_the_unfolded_step(tmp_path, G, 
     bs = runners[True].backend.block_size
     tables = [list(range(8 * i, 8 * i + 8)) for i in range(len(prompts))]
     logits = {}
-    for fold, run in runners.items():
+    for fold, run in (*runners.items(), ("cpu", exact_reference(load(str(tmp_path / "awq")), 64))):
         for ids, table in zip(prompts, tables):
             run.execute(build_step_batch([(ids[:-1], 0, table, False)], bs))
         one = run.execute(build_step_batch([(prompts[0][-1:], len(prompts[0]) - 1, tables[0], True)], bs))
         three = run.execute(build_step_batch([(ids[-1:], len(ids) - 1, t, True) for ids, t in zip(prompts, tables)],
                                              bs))
         logits[fold] = (np.asarray(one).copy(), np.asarray(three).copy())
-    for a, b in zip(logits[True], logits[False]):
-        assert rel_err(a, b) < 1e-2
-        assert (a.argmax(-1) == b.argmax(-1)).all()
+    for step, ref in enumerate(logits["cpu"]):
+        e_fold, e_plain = rel_err(logits[True][step], ref), rel_err(logits[False][step], ref)
+        report(f"awq norm fold G{G} step {step} logits vs exact cpu", {"folded": e_fold, "unfolded": e_plain})
+        assert e_fold < 2 * e_plain + 1e-3, (step, e_fold, e_plain)
     n_layers = len(runners[True].model.w.layers)
     folded = [(epi, n) for be, epi, n in calls if be is runners[True].backend]
     assert len(folded) >= 4 * n_layers and all(n for _, n in folded)
