@@ -239,47 +239,6 @@ def test_gemm_silu_forms_kernels_and_where_they_take():
     assert (form.kernel, S) == ("wg", q4.choose_splits(be(), 100, 37888, 3584, True, False))
 
 
-def test_gemv_pairs_norm_forms_kernels_and_where_the_norm_folds():
-    """gemv_q4's paired forms with the RMSNorm folded in (gemm_q4.cu's NORM, `_norm` entry points): one beside each
-    paired form, made by the source, PDL-launched; gemv_norm_takes: the switch (LLMRS_Q4_GEMV_NORM, on by default),
-    a weight in the layout, and a launch plan of one K slice or one cluster of 2-4 (sm_90+; the L2 hand-off of more
-    slices, and clusters below sm_90, keep rms_norm): the 7B / 3B shapes at one token all fold on an H200."""
-    import re
-
-    import llmrs.engine.backends.cuda_q4gemm as q4
-    from llmrs.engine.backends import cuda_kernels as ck
-
-    src = (ck.KERNELS_DIR / "gemm_q4.cu").read_text()
-    made = {f"{n}{tail}" for e in ("SILU", "ROPE") for n in re.findall(rf"^GEMV_Q4_{e}\((\w+), \d, \d\)", src, re.M)
-            for tail in ("", "_norm")}
-    assert made == set(ck.GEMV_PAIR_KERNELS) and len(made) == 16
-    assert "NAME##_norm(" in src
-    for n in ck.GEMV_PAIR_KERNELS:
-        assert n in ck.PDL_KERNELS and n in ck.ENTRY_POINTS["gemm_q4.cu"]
-    assert CUDABackend.q4_gemv_norm
-
-    def be(on=True, cc=90, cluster=True):
-        return SimpleNamespace(num_sms=132, q4_gemv_norm=on, q4_gemv_cluster=cluster, k=SimpleNamespace(cc=cc))
-
-    def w(N, K):
-        return SimpleNamespace(marlin=q4.MarlinWeight(N, K, 128, 0, None, None))
-
-    shapes = {"7B qkv": (4608, 3584), "7B gate_up": (37888, 3584), "3B qkv": (2560, 2048), "3B gate_up": (22016, 2048),
-              "0.5B qkv": (1152, 896), "0.5B gate_up": (9728, 896)}
-    for name, (N, K) in shapes.items():
-        S, _ = q4.gemv_splits(be(), N, K)
-        assert S <= q4.GEMV_CLUSTER_MAX, name
-        for T in (1, 4, 8):
-            assert q4.gemv_norm_takes(be(), w(N, K), T), (name, T)
-        assert not q4.gemv_norm_takes(be(on=False), w(N, K), 1)
-        # without clusters (sm_80, or LLMRS_Q4_GEMV_CLUSTER=0) only a one-slice plan folds
-        assert q4.gemv_norm_takes(be(cc=80), w(N, K), 1) == (S == 1)
-        assert q4.gemv_norm_takes(be(cluster=False), w(N, K), 1) == (S == 1)
-    assert q4.gemv_splits(be(), 2048, 4096)[0] > q4.GEMV_CLUSTER_MAX  # the L2 hand-off's shape: no fold
-    assert not q4.gemv_norm_takes(be(), w(2048, 4096), 1)
-    assert not q4.gemv_norm_takes(be(), SimpleNamespace(marlin=None), 1)
-
-
 def test_wave_fill_splits_fill_the_last_round_of_blocks(monkeypatch):
     """Where a wgmma form's tiles pass half its resident blocks, K slices chosen so that the tiles finish in the
     fewest rounds of blocks over S (each block 1/S of a tile), the smaller S on a tie; at most 2 for the 256-token

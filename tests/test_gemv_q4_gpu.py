@@ -9,8 +9,7 @@ GPU machine with `python3 -m pytest -q -m gpu tests/test_gemv_q4_gpu.py`; skips 
 - the cluster launch and the L2 hand-off give the same bits at every cluster size; launches chained in a graph
   with programmatic launch replay the eager bits;
 - the paired forms (gate_up + SiLU x up, qkv + RoPE + the paged-cache write in the epilogue) give the bits of
-  gemv_q4 + silu_mul / rope_write_kv, kernel by kernel and through a tiny AWQ model's decode graphs; with the
-  RMSNorm before them folded in, rms_norm + those forms within bf16 rounding of x (kernels and decode steps);
+  gemv_q4 + silu_mul / rope_write_kv, kernel by kernel and through a tiny AWQ model's decode graphs;
 - repeated launches give the same bits (fixed reduction order; the per-tile counters go back to 0);
 - the backend's decode dispatch takes it for 4-bit weights in the layout and keeps matvec_q4 otherwise;
 - a weight whose tiles fill the GPU holds only the reordered copy, and every token count still works from it
@@ -233,114 +232,6 @@ def test_gemv_q4_rope_pair_equals_gemv_then_rope_write_kv_bit_exactly(backend, k
     assert int(backend._ws["gemv_q4_sem"].sum()) == 0
 
 
-NORM_CASES = [("awq", 128, 1), ("awq", 128, 3), ("awq", 128, 4), ("q4_1", 32, 2), ("q4_0", 32, 1)]
-
-
-@pytest.mark.parametrize("kind,G,splits", NORM_CASES)
-@pytest.mark.parametrize("epi", ["silu", "rope"])
-def test_gemv_q4_pairs_fold_the_rms_norm_before_them(backend, kind, G, splits, epi):
-    """The paired forms with the RMSNorm before them folded in (norm=(weight, eps), x the residual stream) against
-    rms_norm + the plain paired form, T 1..8, one K slice and clusters of 2-4, tokens whose rows differ in scale by
-    10^7 (each token's own sum of squares scales it): gate_up's SiLU x up as close to a float64 reference as the
-    unfolded path is (x * g rounded to bf16 instead of g * x / rms: the same size of error, not the same bits); q
-    and the K / V caches of qkv within that rounding of the unfolded path's. The L2 hand-off (5+ slices) refuses
-    the fold."""
-    rng = np.random.default_rng(G + splits + (7 if epi == "rope" else 0))
-    K, eps = 4096, 1e-6
-    D, Hq, Hkv, bs, blocks = 128, 4, 2, 16, 64
-    N = 2048 if epi == "silu" else (Hq + 2 * Hkv) * D
-    w = make_weight(kind, N, K, G, rng)
-    mw = to_marlin(backend, backend.upload_quantized(w))
-    wref = w.dequantize().astype(np.float64)
-    g = round_bf16(1.0 + 0.3 * rng.standard_normal(K).astype(np.float32))
-    gd = cp.asarray(g)
-    bias = cp.asarray(rng.standard_normal(N).astype(np.float32)) if epi == "rope" else None
-    inv_freq = cp.asarray((10000.0 ** (-np.arange(0, D, 2) / D)).astype(np.float32))
-    for T in range(1, 9):
-        x = (rng.standard_normal((T, K)) * 10.0 ** rng.uniform(-3, 4, (T, 1))).astype(np.float32)
-        xd = cp.asarray(x)
-        normed = cp.empty((T, K), dtype=cp.float32)
-        backend._rms_norm(xd, gd, eps, normed)
-        if epi == "silu":
-            ref = cp.full((T, N // 2), np.nan, dtype=cp.float32)
-            got = cp.full((T, N // 2), np.nan, dtype=cp.float32)
-            gemv_q4_pair(backend, "silu", normed, mw, ref, splits=splits)
-            gemv_q4_pair(backend, "silu", xd, mw, got, splits=splits, norm=(gd, eps))
-            xn = x.astype(np.float64) / np.sqrt((x.astype(np.float64) ** 2).mean(1, keepdims=True) + eps) * g
-            gu = xn @ wref.T
-            exact = gu[:, : N // 2] / (1.0 + np.exp(-gu[:, : N // 2])) * gu[:, N // 2:]
-            e_got, e_ref = rel_err(cp.asnumpy(got), exact), rel_err(cp.asnumpy(ref), exact)
-            assert e_got < 1.5 * e_ref + 1e-6 and e_got < 5e-3, (T, e_got, e_ref)
-            continue
-        positions = cp.asarray(rng.integers(0, 30000, T).astype(np.int32))
-        slots = cp.asarray(rng.choice(blocks * bs, T, replace=False).astype(np.int32))
-        caches = [cp.zeros((blocks, Hkv, bs, D), dtype=cp.uint16) for _ in range(4)]
-        outs = [cp.full((T, N), np.nan, dtype=cp.float32) for _ in range(2)]
-        for i, (xi, nm) in enumerate(((normed, None), (xd, (gd, eps)))):
-            gemv_q4_pair(backend, "rope", xi, mw, outs[i], bias,
-                         (positions, inv_freq, slots, caches[2 * i], caches[2 * i + 1], Hq, Hkv, D, bs),
-                         splits=splits, norm=nm)
-        q = slice(0, Hq * D)
-        assert rel_err(cp.asnumpy(outs[1][:, q]), cp.asnumpy(outs[0][:, q])) < 5e-3, T
-        for c in (0, 1):  # K, V: the token's slots, as f32
-            a, b = (bf16_to_f32(cp.asnumpy(caches[c + 2 * i])) for i in (1, 0))
-            assert np.count_nonzero(b) >= T * Hkv * D // 2 and rel_err(a, b) < 5e-3, (T, c)
-    x = cp.asarray(rng.standard_normal((1, K)).astype(np.float32))
-    with pytest.raises(ValueError, match="cluster"):
-        gemv_q4_pair(backend, "silu", x, mw, cp.empty((1, N // 2), dtype=cp.float32), splits=8, norm=(gd, eps))
-    assert int(backend._ws["gemv_q4_sem"].sum()) == 0
-
-
-@pytest.mark.parametrize("G", [32, 128])
-def test_awq_decode_with_the_norm_folded_matches_the_unfolded_step(tmp_path, G, monkeypatch):
-    """The tiny Qwen2 AWQ model with every linear on the GEMV at one token, its decode steps of one and three
-    sequences through the decode graphs with the RMSNorms folded into qkv and gate_up (q4_gemv_norm) and without,
-    against the CPU reference on the exact dequantized weights: the folded step's logits as close to it as the
-    unfolded step's (both round x to bf16, at different points; this random model amplifies a 2^-9 change of x
-    into a few % of its logits), the same greedy tokens folded and not (a divergence accepted only at a near tie:
-    test_cuda_parity.compare), and every layer's two paired launches taking the norm (none of the unfolded
-    runner's)."""
-    import llmrs.engine.backends.cuda as cuda_backend
-    import llmrs.engine.backends.cuda_q4gemm as q4gemm
-    from llmrs.engine.backends.cuda import CUDABackend
-    from llmrs.engine.batch import build_step_batch
-    from llmrs.engine.loader import load
-    from tests.test_cuda_parity import compare, prompts_for
-    from tests.test_quant_gpu import exact_reference
-
-    monkeypatch.setattr(q4gemm, "GEMV_ONE_TOKEN_MIN_WEIGHTS", 0)
-    kept, runners = tiny_awq_runners(tmp_path, G, "q4_gemv_norm")
-    assert CUDABackend.q4_gemv_norm  # the default
-    layer = runners[True].model.w.layers[0]
-    for T in (1, 3):
-        assert q4gemm.gemv_norm_takes(runners[True].backend, layer.qkv, T)
-        assert not q4gemm.gemv_norm_takes(runners[False].backend, layer.gate_up, T)
-    real, calls = cuda_backend.gemv_q4_pair, []
-    monkeypatch.setattr(cuda_backend, "gemv_q4_pair",
-                        lambda be, epi, *a, **k: calls.append((be, epi, k.get("norm") is not None))
-                        or real(be, epi, *a, **k))
-    prompts = prompts_for(kept.tokenizer)[:3]
-    bs = runners[True].backend.block_size
-    tables = [list(range(8 * i, 8 * i + 8)) for i in range(len(prompts))]
-    logits = {}
-    for fold, run in (*runners.items(), ("cpu", exact_reference(load(str(tmp_path / "awq")), 64))):
-        for ids, table in zip(prompts, tables):
-            run.execute(build_step_batch([(ids[:-1], 0, table, False)], bs))
-        one = run.execute(build_step_batch([(prompts[0][-1:], len(prompts[0]) - 1, tables[0], True)], bs))
-        three = run.execute(build_step_batch([(ids[-1:], len(ids) - 1, t, True) for ids, t in zip(prompts, tables)],
-                                             bs))
-        logits[fold] = (np.asarray(one).copy(), np.asarray(three).copy())
-    for step, ref in enumerate(logits["cpu"]):
-        e_fold, e_plain = rel_err(logits[True][step], ref), rel_err(logits[False][step], ref)
-        report(f"awq norm fold G{G} step {step} logits vs exact cpu", {"folded": e_fold, "unfolded": e_plain})
-        assert e_fold < 2 * e_plain + 1e-3, (step, e_fold, e_plain)
-    n_layers = len(runners[True].model.w.layers)
-    folded = [(epi, n) for be, epi, n in calls if be is runners[True].backend]
-    assert len(folded) >= 4 * n_layers and all(n for _, n in folded)
-    assert not any(n for be, _, n in calls if be is runners[False].backend)
-    compare("awq norm fold", runners[True], runners[False], prompts)
-
-
 @pytest.mark.parametrize("G", [32, 128])
 def test_awq_decode_with_the_fused_epilogues_gives_the_unfused_bits(tmp_path, G, monkeypatch):
     """A tiny Qwen2 AWQ model (64-dim heads, q/k/v bias) with every linear on the GEMV at one token: decode steps
@@ -354,7 +245,6 @@ def test_awq_decode_with_the_fused_epilogues_gives_the_unfused_bits(tmp_path, G,
     from tests.test_cuda_parity import greedy, prompts_for
 
     monkeypatch.setattr(q4gemm, "GEMV_ONE_TOKEN_MIN_WEIGHTS", 0)  # every shape on the GEMV at one token
-    monkeypatch.setattr(cuda_backend.CUDABackend, "q4_gemv_norm", False)  # the fold changes the rounding
     kept, runners = tiny_awq_runners(tmp_path, G, "q4_gemv_epilogue")
     assert CUDABackend.q4_gemv_epilogue  # the default
     r = runners[True]

@@ -1053,6 +1053,14 @@ extern "C" __global__ void dequant_marlin_q4m_bf16(const uint4* __restrict__ Bq,
 // warp's run asked of L2 by one cp.async.bulk.prefetch before pdl_wait (in the step: while the previous kernel
 // runs; session 23 call4, decode bench one run a process x 2): 7B AWQ 1.872 / 1.876 -> 1.886 / 1.890 ms/token with
 // it in matrices up to 32M weights (qkv, o), 2.121 / 2.125 in all; the bf16 matvec's rows the same way lost more.
+// Nor did the RMSNorm before qkv / gate_up folded into the paired forms (x * g into B, each lane's x^2 summed beside
+// its loads and met with the partials, 1 / rms in the epilogue; session 25, commit 6bea411): its 8 more f32 values
+// a k32 block a lane broke the batches' load pipelining under the 128-register bound (a branch per k32 block
+// first, then the code loads spread between the mma): best of 3 a process 7B AWQ 1.872 -> 2.267 ms/token, 3B AWQ
+// 1.337 -> 1.526. The norms cost nothing to take out either way: leaving them out of the step (wrong outputs,
+// timing only) made it slower, 1.873 -> 2.004 (7B), 1.315 -> 1.532 (3B): the one-block norm kernel is the window
+// in which the next GEMV's blocks become resident and issue their early loads (a GEMV's blocks fill the register
+// file, so the next GEMV's cannot start until they leave).
 // Then (not yet run on a GPU; SASS read from `cuobjdump -sass` of the ptxas output): the loop's instructions
 // came to ~97 a k32 block at G 128 executed, of which ~8 were moves of codes between registers (q = qn at the
 // top of each batch: the predicated loads made the compiler keep old values), ~3 the flush's zeroing, the rest of
@@ -1082,31 +1090,6 @@ __device__ __forceinline__ uint4 gemv_xb(const float* __restrict__ xr, bool live
     const float2 x0 = ldx2(xr), x1 = ldx2(xr + 8), x2 = ldx2(xr + 16), x3 = ldx2(xr + 24);
     return make_uint4(pack_bf16x2(x0.x, x2.x), pack_bf16x2(x0.y, x2.y), pack_bf16x2(x1.x, x3.x),
                       pack_bf16x2(x1.y, x3.y));
-}
-// the same with the RMSNorm before the projection folded in (the paired forms' NORM): xr is the residual stream,
-// gr the norm weight at the same k; B takes x * g (before rounding to bf16) and ss sums the lane's x^2 (before g).
-// Branch-free: gemv_xb's early return is predicated by ptxas, but around this longer body it became a branch per
-// k32 block, each block's loads waiting for the one before (four L2 round trips a batch instead of one: the 7B
-// AWQ step 1.87 -> 2.43 ms/token, session 25 call1). So every lane loads, from addresses the caller keeps valid
-// (x's and g's first elements where the lane has no k32 block), and a lane that is not live selects zeros.
-__device__ __forceinline__ uint4 gemv_xb_norm(const float* __restrict__ xr, const float* __restrict__ gr, bool live,
-                                              float& ss) {
-    const float2 x0 = ldx2(xr), x1 = ldx2(xr + 8), x2 = ldx2(xr + 16), x3 = ldx2(xr + 24);
-    const float2 g0 = __ldg(reinterpret_cast<const float2*>(gr)), g1 = __ldg(reinterpret_cast<const float2*>(gr + 8)),
-                 g2 = __ldg(reinterpret_cast<const float2*>(gr + 16)),
-                 g3 = __ldg(reinterpret_cast<const float2*>(gr + 24));
-    float s = x0.x * x0.x;
-    s = fmaf(x0.y, x0.y, s);
-    s = fmaf(x1.x, x1.x, s);
-    s = fmaf(x1.y, x1.y, s);
-    s = fmaf(x2.x, x2.x, s);
-    s = fmaf(x2.y, x2.y, s);
-    s = fmaf(x3.x, x3.x, s);
-    s = fmaf(x3.y, x3.y, s);
-    ss += live ? s : 0.0f;
-    const unsigned b0 = pack_bf16x2(x0.x * g0.x, x2.x * g2.x), b1 = pack_bf16x2(x0.y * g0.y, x2.y * g2.y),
-                   b2 = pack_bf16x2(x1.x * g1.x, x3.x * g3.x), b3 = pack_bf16x2(x1.y * g1.y, x3.y * g3.y);
-    return make_uint4(live ? b0 : 0u, live ? b1 : 0u, live ? b2 : 0u, live ? b3 : 0u);
 }
 
 // one k32 block: two m16 tiles of codes (words 0, 1 and 2, 3) x two k16 steps against each n8 tile of tokens
@@ -1187,16 +1170,6 @@ __device__ __forceinline__ void gemv_flush(const unsigned (&sw)[4], float (&c)[N
 //                64), j = b % (D / 64), columns h D + i and h D + i + D / 2 (i = 32 j + lane): q heads rotated in
 //                out (= qkv), k heads rotated and v heads as they are into the paged caches (pair_rope_out,
 //                rope_write_kv's math).
-// NORM (paired forms, one n8 tile of tokens, one K slice or a cluster of them): the RMSNorm before the projection
-// folded in (x is then the residual stream, nm.g the norm's weight), as matvec.cu's *_norm_* kernels do it: B takes
-// x * g and each lane's x^2 is summed on the side (gemv_xb_norm); the sums of squares meet with the partials (the
-// warps' in shared memory, the slices' in the first block's) and the epilogue scales both tiles' sums by
-// 1 / sqrt(mean(x^2) + eps) before the bias and the follower: rms_norm + the plain form by linearity, with x * g
-// rounded to bf16 instead of g * (x / rms) (f32 tolerance, not the same bits), and one launch less per norm.
-struct GvNorm {
-    const float* g;
-    float eps;
-};
 struct GvRope {  // what the rope epilogue writes with (rope_write_kv's arguments)
     const int* positions;
     const float* inv_freq;
@@ -1214,15 +1187,14 @@ __device__ __forceinline__ int gv_pair_tile(int b, int sel, int N, int D) {
     return (b / tph) * 2 * tph + b % tph + sel * tph;
 }
 
-template <int MODE, int NU, int CPG, int EPI = 0, bool NORM = false>
+template <int MODE, int NU, int CPG, int EPI = 0>
 __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ,
                                              const float* __restrict__ x, const float* __restrict__ bias,
                                              float* __restrict__ out, float* __restrict__ part, int* __restrict__ sem,
                                              int T, int N, int K, int G, int accumulate, int kpw,
-                                             const GvRope rp = GvRope{}, const GvNorm nm = GvNorm{}) {
+                                             const GvRope rp = GvRope{}) {
     static_assert(CPG == 0 || GV_DEPTH % CPG == 0, "a fixed group size must divide GV_DEPTH (whole groups a batch)");
     static_assert(EPI == 0 || NU == 1, "the paired forms take one n8 tile of tokens");
-    static_assert(!NORM || EPI, "the norm folds into the paired forms");
     pdl_trigger();
     constexpr int TOK = 8 * NU;
     constexpr int NW = EPI ? 2 * GV_WARPS : GV_WARPS;  // warps a block: one tile's, or a pair's (EPI)
@@ -1247,8 +1219,6 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
         xr[u] = x + (size_t)(live[u] ? 8 * u + g : 0) * K + 2 * t + 32 * kb_lo;
     }
     const uint4* wn = wp + (size_t)(kb_lo + GV_DEPTH) * 32;  // the next batch's codes
-    const float* gr = NORM ? nm.g + 2 * t + 32 * kb_lo : nullptr;  // NORM: the norm weight at xr's k
-    float ss = 0.0f;                                               // NORM: the lane's sum of x^2 (token g)
     const unsigned* szc = SZ + nb * 32 + g;  // + group * N + 16 j + 8 r
     float c[NU][2][4], cx[NU][4], acc[NU][2][4];
 #pragma unroll
@@ -1276,14 +1246,9 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
 #pragma unroll
         for (int d = 0; d < GV_DEPTH; ++d)
 #pragma unroll
-            for (int u = 0; u < NU; ++u) {
-                const bool on = live[u] && base + d < kb_hi;
-                xb[d][u] = NORM ? gemv_xb_norm(on ? xr[u] + 32 * d : x + 2 * t, on ? gr + 32 * d : nm.g + 2 * t, on, ss)
-                                : gemv_xb(xr[u] + 32 * d, on);
-            }
+            for (int u = 0; u < NU; ++u) xb[d][u] = gemv_xb(xr[u] + 32 * d, live[u] && base + d < kb_hi);
 #pragma unroll
         for (int u = 0; u < NU; ++u) xr[u] += 32 * GV_DEPTH;
-        if (NORM) gr += 32 * GV_DEPTH;
 #pragma unroll
         for (int d = 0; d < GV_DEPTH; ++d) qn[d] = ldg_stream(base + GV_DEPTH + d < kb_hi ? wn + 32 * d : wp);
         wn += 32 * GV_DEPTH;
@@ -1320,24 +1285,14 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
             for (int r = 0; r < 2; ++r)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) red[warp][8 * u + 2 * t + h][16 * j + 8 * r + g] = acc[u][j][2 * r + h];
-    if (NORM) {  // the warp's x^2 of token g over its K run (lanes t = 0..3 took 8 of each k32 block's 32) in column 32
-        ss += __shfl_xor_sync(0xffffffffu, ss, 1);
-        ss += __shfl_xor_sync(0xffffffffu, ss, 2);
-        if (t == 0) red[warp][g][32] = ss;
-    }
     __syncthreads();
     // (token, column) pairs a thread: tid + 32 NW p of the TOK x 32; with EPI the same pair of both tiles (v, vb)
     constexpr int P = TOK / NW;
     static_assert(P * NW == TOK, "whole (token, column) pairs a thread");
-    float v[P], vb[P], sq[P];  // sq: NORM's sum of x^2 of token m (a pair's two tiles took the same K runs)
+    float v[P], vb[P];
 #pragma unroll
     for (int p = 0; p < P; ++p) {
         const int m = (tid >> 5) + NW * p;
-        sq[p] = 0.0f;
-        if (NORM) {
-#pragma unroll
-            for (int w = 0; w < GV_WARPS; ++w) sq[p] += red[w][m][32];
-        }
         v[p] = 0.0f;
 #pragma unroll
         for (int w = 0; w < GV_WARPS; ++w) v[p] += red[w][m][lane];
@@ -1356,7 +1311,6 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
         // acquire), and block 0 adds them in slice order from 0, the global hand-off's order below: the same bits,
         // no round trips through L2 (store, fence, atomic, loads)
         __shared__ float cpart[GV_CLUSTER_MAX][EPI ? 2 : 1][TOK][32];
-        __shared__ float csq[NORM ? GV_CLUSTER_MAX : 1][TOK];
         const unsigned rank = cluster_rank();
 #pragma unroll
         for (int p = 0; p < P; ++p) {
@@ -1364,7 +1318,6 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
             if (m < T) {
                 st_cluster(&cpart[rank][0][m][lane], 0, v[p]);
                 if (EPI) st_cluster(&cpart[rank][EPI ? 1 : 0][m][lane], 0, vb[p]);
-                if (NORM && lane == 0) st_cluster(&csq[NORM ? rank : 0][m], 0, sq[p]);
             }
         }
         cluster_sync();
@@ -1379,13 +1332,9 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
                     vb[p] = 0.0f;
                     for (unsigned z = 0; z < ncl; ++z) vb[p] += cpart[z][EPI ? 1 : 0][m][lane];
                 }
-                if (NORM) {
-                    sq[p] = 0.0f;
-                    for (unsigned z = 0; z < ncl; ++z) sq[p] += csq[NORM ? z : 0][m];
-                }
             }
         }
-    } else if (gridDim.y > 1) {  // (not with NORM: cuda_q4gemm.gemv_norm_takes)
+    } else if (gridDim.y > 1) {
 #pragma unroll
         for (int p = 0; p < P; ++p) {
             const int m = (tid >> 5) + NW * p;
@@ -1412,13 +1361,7 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
     for (int p = 0; p < P; ++p) {
         const int m = (tid >> 5) + NW * p;
         if (m < T) {
-            // the plain form's output expression (+ 0.0f without a bias: -0 sums become +0 the same way); NORM:
-            // the sums scaled by 1 / rms first (rms_norm's expression, rmsnorm.cu)
-            const float inv = NORM ? 1.0f / sqrtf(sq[p] / (float)K + nm.eps) : 1.0f;
-            if (NORM) {
-                v[p] *= inv;
-                vb[p] *= inv;
-            }
+            // the plain form's output expression (+ 0.0f without a bias: -0 sums become +0 the same way)
             const float o = v[p] + (bias ? bias[n] : 0.0f);
             if (EPI == GV_EPI_SILU) {
                 out[(size_t)m * (N >> 1) + n] = silu_mul_f(o, vb[p] + (bias ? bias[n_b] : 0.0f));
@@ -1466,13 +1409,6 @@ GEMV_Q4(gemv_q4m_t16_c1, 1, 2, 3, 1)
              float* __restrict__ out, float* __restrict__ part, int* __restrict__ sem, int T, int N, int K, int G, \
              int kpw) {                                                                                           \
         gemv_q4_impl<MODE, 1, CPG, GV_EPI_SILU>(Bq, SZ, x, nullptr, out, part, sem, T, N, K, G, 0, kpw);          \
-    }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(64 * GV_WARPS, GV_MINB / 2)                                      \
-        NAME##_norm(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ, const float* __restrict__ x,   \
-                    float* __restrict__ out, float* __restrict__ part, int* __restrict__ sem, int T, int N, int K, \
-                    int G, int kpw, const float* __restrict__ gn, float eps) {                                    \
-        gemv_q4_impl<MODE, 1, CPG, GV_EPI_SILU, true>(Bq, SZ, x, nullptr, out, part, sem, T, N, K, G, 0, kpw,     \
-                                                      GvRope{}, GvNorm{gn, eps});                                 \
     }
 #define GEMV_Q4_ROPE(NAME, MODE, CPG)                                                                             \
     extern "C" __global__ void __launch_bounds__(64 * GV_WARPS, GV_MINB / 2)                                      \
@@ -1484,18 +1420,6 @@ GEMV_Q4(gemv_q4m_t16_c1, 1, 2, 3, 1)
         gemv_q4_impl<MODE, 1, CPG, GV_EPI_ROPE>(Bq, SZ, x, bias, out, part, sem, T, N, K, G, 0, kpw,              \
                                                 GvRope{positions, inv_freq, slots, k_cache, v_cache, Hq, Hkv, D,  \
                                                        block_size});                                              \
-    }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(64 * GV_WARPS, GV_MINB / 2)                                      \
-        NAME##_norm(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ, const float* __restrict__ x,   \
-                    const float* __restrict__ bias, float* __restrict__ out, float* __restrict__ part,            \
-                    int* __restrict__ sem, int T, int N, int K, int G, int kpw, const int* __restrict__ positions,\
-                    const float* __restrict__ inv_freq, const int* __restrict__ slots,                            \
-                    bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache, int Hq, int Hkv, int D,           \
-                    int block_size, const float* __restrict__ gn, float eps) {                                    \
-        gemv_q4_impl<MODE, 1, CPG, GV_EPI_ROPE, true>(Bq, SZ, x, bias, out, part, sem, T, N, K, G, 0, kpw,        \
-                                                      GvRope{positions, inv_freq, slots, k_cache, v_cache, Hq,    \
-                                                             Hkv, D, block_size},                                 \
-                                                      GvNorm{gn, eps});                                           \
     }
 GEMV_Q4_SILU(gemv_q4z_silu_c4, 0, 4)
 GEMV_Q4_SILU(gemv_q4m_silu_c4, 1, 4)

@@ -57,7 +57,7 @@ import numpy as np
 
 from llmrs.engine.backends.cuda_kernels import MATVEC_ROWS_R, OFF_VALUES, sample_row_blocks
 from llmrs.engine.backends.cuda_q4gemm import (GEMV_MAX_TOKENS, dequant_marlin, gemm_q4, gemm_q4_silu, gemm_silu_takes,
-                                               gemm_takes, gemv_norm_takes, gemv_pair_takes, gemv_q4, gemv_q4_pair, linear_q4,
+                                               gemm_takes, gemv_pair_takes, gemv_q4, gemv_q4_pair, linear_q4,
                                                weight_on_gemv, wgmma_takes)
 from llmrs.engine.backends.cuda_wgmma import bf16_wgmma_takes, gemm_bf16wg
 from llmrs.engine.batch import StepBatch
@@ -266,10 +266,6 @@ class CUDABackend:
     # a 4-bit gate_up / qkv on the GEMV with SiLU x up / RoPE + the KV write in its epilogue (gemm_q4.cu's paired
     # forms, cuda_q4gemm.gemv_pair_takes); LLMRS_Q4_GEMV_EPILOGUE=0 keeps silu_mul / rope_write_kv as launches
     q4_gemv_epilogue = os.environ.get("LLMRS_Q4_GEMV_EPILOGUE", "1") not in OFF_VALUES
-    # ... and with those paired forms, the RMSNorm before qkv and before gate_up folded in (gemm_q4.cu's NORM: the
-    # residual stream and the norm weight in, the sums of squares beside the partials, cuda_q4gemm.gemv_norm_takes):
-    # one launch less per norm, f32 rounding apart from rms_norm + the GEMV; LLMRS_Q4_GEMV_NORM=0 keeps rms_norm
-    q4_gemv_norm = os.environ.get("LLMRS_Q4_GEMV_NORM", "1") not in OFF_VALUES
     # SiLU x up fused into the batched steps' 4-bit gate_up on the GEMMs (the wgmma forms' 65-256 and 425-512 tokens,
     # mma.sync's 33-192: gemm_q4.cu's gemm_q4{wg,w2}{z,m}_silu_s{S} and gemm_q4{z,m}_silu_m4, cuda_q4gemm.
     # gemm_silu_takes): no [T, 2I] f32 gate/up written and read back, one launch a layer fewer;
@@ -1051,18 +1047,15 @@ class CUDABackend:
         # attention kernels' f32 output is cast before o
         for n, layer in enumerate(w.layers):
             pair = self._pair_epilogue(layer.qkv, T)
-            q4_pair = not pair and gemv_pair_takes(self, "rope", layer.qkv, T, D)  # 4-bit, RoPE + KV write fused
-            # input_norm folded into the matvec / the 4-bit GEMV
-            norm_in = not pending and (self._norm_folds(layer.qkv) if pair
-                                       else q4_pair and gemv_norm_takes(self, layer.qkv, T))
+            norm_in = pair and not pending and self._norm_folds(layer.qkv)  # input_norm folded into the matvec
             h = x if norm_in else self._norm_for(layer.qkv, x, layer.input_norm, eps, y=part if pending else None)
             if pair:
                 self._matvec_pair("rope", h, layer.qkv, qkv, bias=layer.qkv_bias, db=db, layer=n,
                                   norm=(layer.input_norm, eps) if norm_in else None)
-            elif q4_pair:
+            elif gemv_pair_takes(self, "rope", layer.qkv, T, D):  # 4-bit: the GEMV with RoPE + KV write fused
                 gemv_q4_pair(self, "rope", h, layer.qkv.marlin, qkv, layer.qkv_bias,
                              (db.positions, self.inv_freq, db.slots, self.k_cache[n], self.v_cache[n], Hq, Hkv, D,
-                              self.block_size), layer.qkv.nbytes, norm=(layer.input_norm, eps) if norm_in else None)
+                              self.block_size), layer.qkv.nbytes)
             else:
                 # on the bf16 GEMM path the bias rides in rope_write_kv (the same f32 add as add_bias, one launch less)
                 fold = layer.qkv_bias is not None and self._bias_in_rope(layer.qkv, T)
@@ -1079,10 +1072,7 @@ class CUDABackend:
                         else None)
             o_in = self._attention(n, qkv, n_qkv, db, att, out_bf16=att_bf16)
             pair = self._pair_epilogue(layer.gate_up, T)
-            q4_pair = not pair and gemv_pair_takes(self, "silu", layer.gate_up, T)  # 4-bit, SiLU x up fused
-            # post_norm folded into gate_up (the matvec / the 4-bit GEMV)
-            norm_in = tp is None and (self._norm_folds(layer.gate_up) if pair
-                                      else q4_pair and gemv_norm_takes(self, layer.gate_up, T))
+            norm_in = pair and tp is None and self._norm_folds(layer.gate_up)  # post_norm folded into gate_up
             if tp is None:
                 self._linear(o_in, layer.o, None, x, accumulate=True, name="o", preload=True)
                 h = x if norm_in else self._norm_for(layer.gate_up, x, layer.post_norm, eps)
@@ -1093,10 +1083,9 @@ class CUDABackend:
             if pair:
                 act = self._buf("act", (T, I))
                 self._matvec_pair("silu", h, layer.gate_up, act, norm=(layer.post_norm, eps) if norm_in else None)
-            elif q4_pair:
+            elif gemv_pair_takes(self, "silu", layer.gate_up, T):  # 4-bit: the GEMV with SiLU x up fused
                 act = self._buf("act", (T, I))
-                gemv_q4_pair(self, "silu", h, layer.gate_up.marlin, act, nbytes=layer.gate_up.nbytes,
-                             norm=(layer.post_norm, eps) if norm_in else None)
+                gemv_q4_pair(self, "silu", h, layer.gate_up.marlin, act, nbytes=layer.gate_up.nbytes)
             elif (h.dtype == np.uint16 and gemm_silu_takes(self, layer.gate_up, T)
                   and self._gemm_takes_bf16(layer.down, T)):  # the 4-bit GEMM's SiLU form, bf16 out: down's input
                 act = self._buf("act_bf16", (T, I), np.uint16)

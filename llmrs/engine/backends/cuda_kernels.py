@@ -127,10 +127,8 @@ GEMM_Q4_SILU_KERNELS = tuple(f"gemm_{k}_silu_m{mt}" for k in ("q4z", "q4m") for 
 
 # gemv_q4's forms with the group size fixed at compile time (gemm_q4.cu's CPG: k32 blocks a group; G 32 and 128)
 GEMV_CPG = (1, 4)
-# its paired forms with the follower fused (gemm_q4.cu's GV_EPI_SILU / GV_EPI_ROPE; cuda_q4gemm.gemv_q4_pair), and
-# those with the RMSNorm before them folded in (_norm: gemm_q4.cu's NORM)
-GEMV_PAIR_KERNELS = [f"gemv_{k}_{e}_c{c}{n}" for e in ("silu", "rope") for k in ("q4z", "q4m") for c in GEMV_CPG
-                     for n in ("", "_norm")]
+# its paired forms with the follower fused (gemm_q4.cu's GV_EPI_SILU / GV_EPI_ROPE; cuda_q4gemm.gemv_q4_pair)
+GEMV_PAIR_KERNELS = [f"gemv_{k}_{e}_c{c}" for e in ("silu", "rope") for k in ("q4z", "q4m") for c in GEMV_CPG]
 
 SAMPLE_MAX_BLOCKS = 32  # sampling.cu: blocks a row for the max / argmax (one warp merges their partials)
 SAMPLE_MIN_SLICE = 8192  # logits a block's slice at least: below that the hand-off costs more than it saves

@@ -500,32 +500,16 @@ def gemv_pair_takes(backend: Any, epi: str, w: Any, T: int, head_dim: int = 0) -
     return head_dim > 0 and head_dim % 64 == 0 and mw.N % head_dim == 0
 
 
-def gemv_norm_takes(backend: Any, w: Any, T: int) -> bool:
-    """Whether the paired form that takes this weight at T tokens (gemv_pair_takes) may also fold the RMSNorm before
-    it (gemv_q4_pair's `norm`): the backend's q4_gemv_norm (LLMRS_Q4_GEMV_NORM), and a launch plan of one K slice or
-    one cluster of them (the sums of squares meet with the partials in shared memory; the L2 hand-off has no room
-    for them)."""
-    mw = getattr(w, "marlin", None)
-    if mw is None or not backend.q4_gemv_norm:
-        return False
-    S, _ = gemv_splits(backend, mw.N, mw.K)
-    return S == 1 or (S <= GEMV_CLUSTER_MAX and T <= 8 and gemv_cluster(backend))
-
-
 def gemv_q4_pair(backend: Any, epi: str, x: Any, mw: MarlinWeight, out: Any, bias: Any | None = None,
-                 rope: tuple | None = None, nbytes: int = 0, splits: int | None = None,
-                 norm: tuple | None = None) -> None:
+                 rope: tuple | None = None, nbytes: int = 0, splits: int | None = None) -> None:
     """gemv_q4's paired forms (gemm_q4.cu GV_EPI_SILU / GV_EPI_ROPE), where gemv_pair_takes: "silu" writes out [T,
     N/2] = silu(gate) * up from gate_up [N, K]; "rope" writes q rotated into out [T, N] (qkv; + bias) and k rotated,
     v as it is into the paged caches, rope = (positions, inv_freq, slots, k_cache, v_cache, Hq, Hkv, D, block_size).
     The same K slices, cluster and sums as gemv_q4 (the same bits as gemv_q4 + silu_mul / rope_write_kv; `splits`
-    as gemv_q4's, for tests). norm = (weight, eps), where gemv_norm_takes: x is the residual stream and the RMSNorm
-    before the projection rides in the kernel (gemm_q4.cu's NORM: rms_norm + this form within f32 rounding)."""
+    as gemv_q4's, for tests)."""
     T, K = x.shape
     N = mw.N
     S, per, cluster, part, sem = _gemv_plan(backend, T, N, K, splits)
-    if norm is not None and S > 1 and not cluster:
-        raise ValueError(f"gemv_q4_pair: the norm folds into one K slice or a cluster of them, not {S} slices")
     tail = (np.int32(T), np.int32(N), np.int32(K), np.int32(mw.group_size), np.int32(per))
     if epi == "silu":
         args = (mw.qweight, mw.sz, x, out, part, sem) + tail
@@ -535,13 +519,9 @@ def gemv_q4_pair(backend: Any, epi: str, x: Any, mw: MarlinWeight, out: Any, bia
         args = (mw.qweight, mw.sz, x, NULL if bias is None else bias, out, part, sem) + tail + (
             positions, inv_freq, slots, k_cache, v_cache, np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(bs))
         label = "qkv+rope"
-    if norm is not None:
-        args += (norm[0], np.float32(norm[1]))
-        label = "norm+" + label
     with backend._span("matvec_q", label, T, N, K, False, bias is not None, nbytes or mw.nbytes):
         # a pair of tiles a block, 4 warps each
-        _gemv_launch(backend.k.fns[f"gemv_{'q4m' if mw.mode else 'q4z'}_{epi}_c{mw.group_size // 32}"
-                                   f"{'_norm' if norm is not None else ''}"],
+        _gemv_launch(backend.k.fns[f"gemv_{'q4m' if mw.mode else 'q4z'}_{epi}_c{mw.group_size // 32}"],
                      (N // 64, S), (64 * GEMV_WARPS,), args, S, cluster)
 
 
