@@ -1058,9 +1058,9 @@ extern "C" __global__ void dequant_marlin_q4m_bf16(const uint4* __restrict__ Bq,
 // a k32 block a lane broke the batches' load pipelining under the 128-register bound (a branch per k32 block
 // first, then the code loads spread between the mma): best of 3 a process 7B AWQ 1.872 -> 2.267 ms/token, 3B AWQ
 // 1.337 -> 1.526. The norms cost nothing to take out either way: leaving them out of the step (wrong outputs,
-// timing only) made it slower, 1.873 -> 2.004 (7B), 1.315 -> 1.532 (3B): the one-block norm kernel is the window
-// in which the next GEMV's blocks become resident and issue their early loads (a GEMV's blocks fill the register
-// file, so the next GEMV's cannot start until they leave).
+// timing only) made it slower, 1.873 -> 2.004 (7B), 1.315 -> 1.532 (3B), as in session 17; not understood (a guess,
+// unchecked: how the next GEMV's blocks become resident and issue their early loads behind a one-block kernel
+// rather than behind another GEMV's, whose blocks fill the register file).
 // Then (not yet run on a GPU; SASS read from `cuobjdump -sass` of the ptxas output): the loop's instructions
 // came to ~97 a k32 block at G 128 executed, of which ~8 were moves of codes between registers (q = qn at the
 // top of each batch: the predicated loads made the compiler keep old values), ~3 the flush's zeroing, the rest of
