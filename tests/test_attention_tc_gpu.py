@@ -1,10 +1,9 @@
 """decode_attn_tc (prefill_attention.cu: decode attention on tensor cores, the G query heads of a KV head as the
 MMA's rows; LLMRS_ATTN_KERNEL=tc) against the float64 reference and attn_partial on test_attention_gqa_gpu's
 cases (decodes at contexts 1-512, a fresh prefill and a chunk over a cached prefix, shuffled tables, NaN in every
-slot no token may read), head dims 64 and 128, 1 to 16 query heads a KV head, 1 / 3 / 8 splits, and the 3-stage
-forms (decode_attn_tc3_*: two K / V tiles in flight a warp) giving the 2-stage forms' bits; then inside CUDA
+slot no token may read), head dims 64 and 128, 1 to 16 query heads a KV head, 1 / 3 / 8 splits; then inside CUDA
 graphs with programmatic launches (a tiny model with 64-dim heads: graph replay == eager step); then a timing
-figure at the 7B shape, 64 and 256 decodes at context 512, 2 and 3 stages (printed and reported, never asserted). Q and P go
+figure at the 7B shape, 64 and 256 decodes at context 512 (printed and reported, never asserted). Q and P go
 through bf16 for the MMAs (as the prefill kernel): bounds as the prefill tests'."""
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
 from llmrs.engine.backends.cuda import CUDABackend, bf16_bits  # noqa: E402
-from llmrs.engine.backends.cuda_prefill import decode_attention_tc, decode_tc_stages  # noqa: E402
+from llmrs.engine.backends.cuda_prefill import decode_attention_tc  # noqa: E402
 from llmrs.engine.batch import build_step_batch  # noqa: E402
 from tests.test_attention_gqa_gpu import BS, cfg, launch, make_case, reference  # noqa: E402
 
@@ -51,16 +50,6 @@ def test_tc_decode_attention_matches_float64_and_attn_partial(rng, head_dim, rat
     words = cp.full((db.T, heads * D), 0xFFFF, dtype=cp.uint16)
     assert decode_attention_tc(be, 0, q_dev, q_stride, db, out, out_bf16=words) is words
     assert np.array_equal(cp.asnumpy(words), bf16_bits(got))
-    # 3 stages a warp (two tiles in flight): the same tiles in the same order, the same bits, f32 and bf16 out
-    for st in (3, 2):
-        be.attn_tc_stages = st
-        assert decode_tc_stages(be, D) == st
-        out3 = cp.full((db.T, heads * D), np.nan, dtype=cp.float32)
-        assert decode_attention_tc(be, 0, q_dev, q_stride, db, out3) is out3
-        np.testing.assert_array_equal(cp.asnumpy(out3), got, err_msg=f"{st} stages")
-        words3 = cp.full((db.T, heads * D), 0xFFFF, dtype=cp.uint16)
-        assert decode_attention_tc(be, 0, q_dev, q_stride, db, out3, out_bf16=words3) is words3
-        np.testing.assert_array_equal(cp.asnumpy(words3), cp.asnumpy(words))
 
 
 def test_tc_attention_in_decode_graphs_equals_the_eager_step(tmp_path, monkeypatch):
@@ -108,13 +97,10 @@ def test_tc_attention_timing_7b_decode():
         be.attn_kernel = "gqa"
         us_g = event_us(lambda: be._attention(0, qkv, q_stride, db, out_g))
         be.attn_kernel = "tc"
-        us_t = {}
-        for st in (2, 3):
-            be.attn_tc_stages = st
-            us_t[st] = event_us(lambda: be._attention(0, qkv, q_stride, db, out_t))
+        us_t = event_us(lambda: be._attention(0, qkv, q_stride, db, out_t))
         kv_bytes = 2 * 2 * B * ctx * kv * D
         line = (f"7B attention B={B} ctx={ctx}: gqa {us_g:.1f} us ({kv_bytes / us_g / 1e3:.0f} GB/s), "
-                + ", ".join(f"tc {st} stages {us:.1f} us ({kv_bytes / us / 1e3:.0f} GB/s)" for st, us in us_t.items()))
+                f"tc {us_t:.1f} us ({kv_bytes / us_t / 1e3:.0f} GB/s)")
         print(line)
-        report(f"attn_tc timing B={B}", {"gqa_us": us_g, "tc_us": us_t[2], "tc3_us": us_t[3]})
+        report(f"attn_tc timing B={B}", {"gqa_us": us_g, "tc_us": us_t})
         assert rel_err(cp.asnumpy(out_t), cp.asnumpy(out_g)) < 5e-3

@@ -239,34 +239,6 @@ def test_gemm_silu_forms_kernels_and_where_they_take():
     assert (form.kernel, S) == ("wg", q4.choose_splits(be(), 100, 37888, 3584, True, False))
 
 
-def test_decode_attn_tc_takes_three_stages_where_two_blocks_fit_an_sm():
-    """decode_attn_tc's K / V stages a warp: 3 (decode_attn_tc3_*, 100 KB a block at D 128) where two blocks fit the
-    SM's shared memory (H100 / H200: 228 KB), else 2 (A100's 164 KB at D 128, sm_86 / sm_89's 100 KB); the switch
-    forces either; each form has its entry points (f32 and bf16 out, D 64 / 128), PDL-launched."""
-    from llmrs.engine.backends import cuda_kernels as ck
-    from llmrs.engine.backends.cuda_prefill import decode_tc_smem, decode_tc_stages
-
-    assert decode_tc_smem(128, 2) == 68 * 1024 and decode_tc_smem(128, 3) == 100 * 1024
-    assert decode_tc_smem(64, 3) == 50 * 1024
-
-    def be(per_sm, forced="auto"):
-        return SimpleNamespace(smem_per_sm=per_sm, attn_tc_stages=forced)
-
-    h200, a100, sm86 = 233472, 167936, 102400
-    assert decode_tc_stages(be(h200), 128) == 3 and decode_tc_stages(be(h200), 64) == 3
-    assert decode_tc_stages(be(a100), 128) == 2 and decode_tc_stages(be(a100), 64) == 3
-    assert decode_tc_stages(be(sm86), 128) == 2 and decode_tc_stages(be(sm86), 64) == 2
-    assert decode_tc_stages(be(h200, 2), 128) == 2 and decode_tc_stages(be(sm86, 3), 64) == 3
-    assert decode_tc_stages(SimpleNamespace(), 128) == 2  # a stand-in without the attributes
-    for st in ("", "3"):
-        for o in ("", "_bf16"):
-            for d in (64, 128):
-                n = f"decode_attn_tc{st}{o}_d{d}"
-                assert n in ck.ENTRY_POINTS["prefill_attention.cu"] and n in ck.PDL_KERNELS
-    src = (ck.KERNELS_DIR / "prefill_attention.cu").read_text()
-    assert src.count("DECODE_ATTN_TC(") == 9  # the macro and its 8 entry points
-
-
 def test_wave_fill_splits_fill_the_last_round_of_blocks(monkeypatch):
     """Where a wgmma form's tiles pass half its resident blocks, K slices chosen so that the tiles finish in the
     fewest rounds of blocks over S (each block 1/S of a tile), the smaller S on a tie; at most 2 for the 256-token

@@ -1057,10 +1057,10 @@ extern "C" __global__ void dequant_marlin_q4m_bf16(const uint4* __restrict__ Bq,
 // its loads and met with the partials, 1 / rms in the epilogue; session 25, commit 6bea411): its 8 more f32 values
 // a k32 block a lane broke the batches' load pipelining under the 128-register bound (a branch per k32 block
 // first, then the code loads spread between the mma): best of 3 a process 7B AWQ 1.872 -> 2.267 ms/token, 3B AWQ
-// 1.337 -> 1.526. The norms cost nothing to take out either way: leaving them out of the step (wrong outputs,
-// timing only) made it slower, 1.873 -> 2.004 (7B), 1.315 -> 1.532 (3B), as in session 17; not understood (a guess,
-// unchecked: how the next GEMV's blocks become resident and issue their early loads behind a one-block kernel
-// rather than behind another GEMV's, whose blocks fill the register file).
+// 1.337 -> 1.526. The norms themselves cost ~5 us a layer of the step: leaving them out (scripts/ablate_decode.py,
+// wrong outputs, timing only) with the head left out too, 7B AWQ 1.921 -> 1.765 ms/token, 7B bf16 3.854 -> 3.717
+// (session 25). Left out alone they seemed to make the step slower (1.873 -> 2.004, as in session 17): the head and
+// the sampler slow down on the degenerate logits of un-normalized states, so that row measured the sampler.
 // Then (not yet run on a GPU; SASS read from `cuobjdump -sass` of the ptxas output): the loop's instructions
 // came to ~97 a k32 block at G 128 executed, of which ~8 were moves of codes between registers (q = qn at the
 // top of each batch: the predicated loads made the compiler keep old values), ~3 the flush's zeroing, the rest of

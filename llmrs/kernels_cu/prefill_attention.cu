@@ -72,12 +72,6 @@ __device__ __forceinline__ void cp_async_wait_one() {  // all but the newest gro
     asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 #endif
 }
-template <int N>
-__device__ __forceinline__ void cp_async_wait_group() {  // all but the newest N groups
-#if PF_HAVE_MMA
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned* r, unsigned addr) {
 #if PF_HAVE_MMA
@@ -380,16 +374,16 @@ PREFILL_ATTN(128, prefill_attn_bf16_d128, true, bf16_t)
 // through shared memory (overlaying their stages) as attn_partial's warps do; partials carry m in natural-log units
 // (m_log2 * ln 2), as attn_merge expects. Dynamic shared memory: 4 warps x 2 stages x (K + V) x 16 x D bf16 + Q
 // 16 x D bf16 = 68 KB (D 128) / 34 KB (D 64). Numerics as prefill_attn: Q and P in bf16, f32 accumulation.
-// ST (the decode_attn_tc3_* entry points): 3 stages a warp instead of 2, two tiles in flight while one is computed
-// (100 KB at D 128; the host takes them where two such blocks fit an SM's shared memory, cuda_prefill.
-// decode_tc_stages): at 256 decodes the kernel streams K / V at ~3.3 TB/s with one 8 KB tile in flight a warp (64
-// KB an SM), short of the DRAM's 4.3. The same tiles in the same order a warp: the same bits as 2 stages.
+// Measured and not kept (session 25 call5, commit d880b4f: "decode_attn_tc with 3 K / V
+// stages"): 3 stages a warp (two tiles in flight, 100 KB a block, still two blocks an SM on the H200; the same
+// bits): 7B at context 512, 256 decodes 79.1 -> 82.9 us a layer (eager; the step's 28 calls 2.316 -> 2.450 ms), 64
+// decodes 35.6 -> 33.2 us but no step-wall gain in the graphs (5.52-5.55 vs 5.54-5.61 ms).
 #define DT_WARPS 4
 #define DT_BK 16  // keys per warp tile
 #define DT_LN2 0.6931471805599453f
 
 // OUT_BF16 (one split only): out holds bf16 words, as prefill_attn_impl's
-template <int D, bool OUT_BF16, int ST = 2>
+template <int D, bool OUT_BF16>
 __device__ __forceinline__ void decode_attn_tc_impl(
     const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,
     const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,
@@ -402,13 +396,13 @@ __device__ __forceinline__ void decode_attn_tc_impl(
     constexpr int KS = D / 16;                  // k16 steps over D (S = Q K^T)
     constexpr int DT = D / 8;                   // n8 tiles over D (O)
     constexpr int TB = DT_BK * D * 2;           // bytes of one K (or V) tile
-    constexpr int WARP_BYTES = ST * 2 * TB;     // a warp's ST stages of K and V
+    constexpr int WARP_BYTES = 2 * 2 * TB;      // a warp's two stages of K and V
     extern __shared__ __align__(128) unsigned char smem[];
     const unsigned s_base = smem_u32(smem);
     const int t = blockIdx.x, g = blockIdx.y, S = gridDim.z, s = blockIdx.z;
     const int G = Hq / Hkv;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const unsigned sW = s_base + warp * WARP_BYTES;  // this warp's [K0][V0][K1][V1]...
+    const unsigned sW = s_base + warp * WARP_BYTES;  // this warp's [K0][V0][K1][V1]
     const int qoff = DT_WARPS * WARP_BYTES;          // Q staging: [16 rows, D] bf16, swizzled
     const int L = positions[t] + 1;
     const int start = s * chunk, end = min(L, start + chunk);
@@ -434,15 +428,7 @@ __device__ __forceinline__ void decode_attn_tc_impl(
         }
         cp_async_commit();
     };
-    if (ST == 2) {
-        if (my_tiles > 0) load_tile(0, 0);
-    } else {  // tiles 0 .. ST - 2 in flight (an empty group for each one the warp lacks: the counts stay aligned)
-#pragma unroll
-        for (int p = 0; p < ST - 1; ++p) {
-            if (p < my_tiles) load_tile(p, p);
-            else cp_async_commit();
-        }
-    }
+    if (my_tiles > 0) load_tile(0, 0);
 
     // Q: rows r < G are heads g * G + r of token t (f32 -> bf16); rows G..15 zeros
     for (int idx = tid; idx < 16 * D / 4; idx += blockDim.x) {
@@ -468,20 +454,14 @@ __device__ __forceinline__ void decode_attn_tc_impl(
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
 
     for (int i = 0; i < my_tiles; ++i) {
-        if (ST == 2) {
-            if (i + 1 < my_tiles) {
-                load_tile(i + 1, (i + 1) & 1);
-                cp_async_wait_one();
-            } else {
-                cp_async_wait_all();
-            }
-        } else {  // tile i + ST - 1 into the stage tile i - 1 left (the warp synced after it), then tile i landed
-            if (i + ST - 1 < my_tiles) load_tile(i + ST - 1, (i + ST - 1) % ST);
-            else cp_async_commit();
-            cp_async_wait_group<ST - 1>();
+        if (i + 1 < my_tiles) {
+            load_tile(i + 1, (i + 1) & 1);
+            cp_async_wait_one();
+        } else {
+            cp_async_wait_all();
         }
         __syncwarp();  // tile i's copies (every lane's) are visible to the warp
-        const unsigned sK = sW + (unsigned)((ST == 2 ? i & 1 : i % ST) * 2 * TB), sV = sK + TB;
+        const unsigned sK = sW + (unsigned)((i & 1) * 2 * TB), sV = sK + TB;
         const int kv0 = start + (warp + i * DT_WARPS) * DT_BK;
         float sc[2][4];
 #pragma unroll
@@ -574,22 +554,18 @@ __device__ __forceinline__ void decode_attn_tc_impl(
 #endif
 }
 
-#define DECODE_ATTN_TC(D, NAME, OUT_BF16, OUT_T, ST)                                                           \
+#define DECODE_ATTN_TC(D, NAME, OUT_BF16, OUT_T)                                                               \
     extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, 2) NAME(                                        \
         const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,                         \
         const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,              \
         const int* __restrict__ token_seq, const int* __restrict__ positions, OUT_T* __restrict__ out,         \
         float* __restrict__ part_acc, float* __restrict__ part_ml, int Hq, int Hkv, int bs_shift, int chunk,   \
         float scale_log2) {                                                                                    \
-        decode_attn_tc_impl<D, OUT_BF16, ST>(q, q_stride, k_cache, v_cache, block_tables, max_blocks,          \
-                                             token_seq, positions, out, part_acc, part_ml, Hq, Hkv, bs_shift,  \
-                                             chunk, scale_log2);                                               \
+        decode_attn_tc_impl<D, OUT_BF16>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, token_seq,   \
+                                         positions, out, part_acc, part_ml, Hq, Hkv, bs_shift, chunk,          \
+                                         scale_log2);                                                          \
     }
-DECODE_ATTN_TC(64, decode_attn_tc_d64, false, float, 2)
-DECODE_ATTN_TC(128, decode_attn_tc_d128, false, float, 2)
-DECODE_ATTN_TC(64, decode_attn_tc_bf16_d64, true, bf16_t, 2)
-DECODE_ATTN_TC(128, decode_attn_tc_bf16_d128, true, bf16_t, 2)
-DECODE_ATTN_TC(64, decode_attn_tc3_d64, false, float, 3)
-DECODE_ATTN_TC(128, decode_attn_tc3_d128, false, float, 3)
-DECODE_ATTN_TC(64, decode_attn_tc3_bf16_d64, true, bf16_t, 3)
-DECODE_ATTN_TC(128, decode_attn_tc3_bf16_d128, true, bf16_t, 3)
+DECODE_ATTN_TC(64, decode_attn_tc_d64, false, float)
+DECODE_ATTN_TC(128, decode_attn_tc_d128, false, float)
+DECODE_ATTN_TC(64, decode_attn_tc_bf16_d64, true, bf16_t)
+DECODE_ATTN_TC(128, decode_attn_tc_bf16_d128, true, bf16_t)

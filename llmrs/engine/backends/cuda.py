@@ -340,12 +340,6 @@ class CUDABackend:
         self.attn_kernel = os.environ.get("LLMRS_ATTN_KERNEL", "auto")
         if self.attn_kernel not in ("partial", "gqa", "auto", "tc"):
             raise UserError(f"LLMRS_ATTN_KERNEL={self.attn_kernel!r}: expected partial, gqa, tc or auto")
-        # decode_attn_tc's K / V stages a warp (cuda_prefill.decode_tc_stages): "auto" (3 where two such blocks fit
-        # an SM's shared memory, else 2) or LLMRS_ATTN_TC_STAGES=2|3 (A/Bs)
-        st = os.environ.get("LLMRS_ATTN_TC_STAGES", "auto").strip().lower()
-        if st not in ("auto", "2", "3"):
-            raise UserError(f"LLMRS_ATTN_TC_STAGES={st!r}: expected auto, 2 or 3")
-        self.attn_tc_stages: int | str = st if st == "auto" else int(st)
         # prefill attention on tensor cores (cuda_prefill.py) for steps where a sequence brings at least this many
         # new tokens (LLMRS_PREFILL_MIN_TOKENS, for experiments); None: never (LLMRS_PREFILL_ATTN=0). Measured on
         # the H200 (7B shape): a tie with attn_partial at 1 x 64 and 16 x 8 tokens, ahead from 16 x 16 and 1 x 128
@@ -388,7 +382,6 @@ class CUDABackend:
         self.inv_freq = cp.asarray(rope_inv_freq(c))
         self.scale = np.float32(1.0 / math.sqrt(D))
         self.num_sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-        self.smem_per_sm = cp.cuda.Device().attributes["MaxSharedMemoryPerMultiprocessor"]
         self._one, self._zero = np.array(1.0, dtype=np.float32), np.array(0.0, dtype=np.float32)
         self._one_ptr, self._zero_ptr = self._one.ctypes.data, self._zero.ctypes.data  # (cuBLAS alpha / beta)
         self._handle = cp.cuda.device.get_cublas_handle()

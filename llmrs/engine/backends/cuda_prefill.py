@@ -108,24 +108,6 @@ TC_WARPS = 4  # DT_WARPS in prefill_attention.cu
 TC_BLOCK_K = 16  # DT_BK: keys of a warp's tile
 TC_MAX_GROUP = 16  # query heads per KV head: the 16 rows of the MMA
 TC_MIN_SPLIT_KEYS = 32  # keys a split at least (decode_tc_splits)
-TC_BLOCKS_PER_SM = 2  # its __launch_bounds__ minimum
-
-
-def decode_tc_smem(D: int, stages: int) -> int:
-    """Dynamic shared memory of a decode_attn_tc block: each warp's stages of a K and a V tile, and Q's 16 rows."""
-    return TC_WARPS * stages * 2 * TC_BLOCK_K * D * 2 + 16 * D * 2
-
-
-def decode_tc_stages(backend: Any, D: int) -> int:
-    """K / V stages a warp of decode_attn_tc: the backend's attn_tc_stages (LLMRS_ATTN_TC_STAGES=2|3), or "auto":
-    3 (the decode_attn_tc3_* forms, two tiles in flight a warp) where TC_BLOCKS_PER_SM such blocks fit the SM's
-    shared memory (1 KB a block reserved: an H100 / H200's 228 KB, not an A100's 164 or an sm_86 / sm_89's 100), else
-    2."""
-    forced = getattr(backend, "attn_tc_stages", "auto")
-    if forced in (2, 3):
-        return forced
-    per_sm = getattr(backend, "smem_per_sm", 0)
-    return 3 if TC_BLOCKS_PER_SM * (decode_tc_smem(D, 3) + 1024) <= per_sm else 2
 
 
 def decode_tc_supported(backend: Any) -> bool:
@@ -164,9 +146,8 @@ def decode_attention_tc(backend: Any, layer: int, q: Any, q_stride: int, db: Any
     chunk = -(-db.max_len // S)
     dst = out if out_bf16 is None else out_bf16
     bf16 = "_bf16" if out_bf16 is not None else ""
-    stages = decode_tc_stages(backend, D)
-    fn = backend.k.fns[f"decode_attn_tc{'3' if stages == 3 else ''}{bf16 if S == 1 else ''}_d{D}"]
-    smem = decode_tc_smem(D, stages)
+    fn = backend.k.fns[f"decode_attn_tc{bf16 if S == 1 else ''}_d{D}"]
+    smem = TC_WARPS * 2 * 2 * TC_BLOCK_K * D * 2 + 16 * D * 2  # stages (K + V, two a warp) + Q
     if id(fn) not in _smem_set:
         if smem > 48 * 1024:  # (a PDL kernel: the attribute goes on its RawKernel, the function both launch)
             getattr(fn, "raw", fn).max_dynamic_shared_size_bytes = smem
