@@ -239,6 +239,58 @@ def test_gemm_silu_forms_kernels_and_where_they_take():
     assert (form.kernel, S) == ("wg", q4.choose_splits(be(), 100, 37888, 3584, True, False))
 
 
+def test_the_norm_chain_forms_and_where_a_step_takes_them():
+    """The RMSNorms between the 4-bit GEMVs carried by them (gemm_q4.cu GV_NORM_OUT / GV_NORM_IN): a _nout form of
+    each one-tile plain GEMV with G fixed, a _nin form beside each paired form, all made by the source and
+    PDL-launched; q4_norm_chain takes a step of 1-8 tokens where every layer's qkv and gate_up take the paired forms
+    with a plan of one K slice or one cluster (gemv_norm_takes) and o and down are on the GEMV at G 32 / 128, under
+    the switch (LLMRS_Q4_GEMV_NORM, on by default). The 7B / 3B / 0.5B shapes all qualify on an H200."""
+    import re
+
+    import llmrs.engine.backends.cuda_q4gemm as q4
+    from llmrs.engine.backends import cuda_kernels as ck
+
+    src = (ck.KERNELS_DIR / "gemm_q4.cu").read_text()
+    made = {f"{n}{tail}" for e in ("SILU", "ROPE") for n in re.findall(rf"^GEMV_Q4_{e}\((\w+), \d, \d\)", src, re.M)
+            for tail in ("", "_nin")}
+    assert made == set(ck.GEMV_PAIR_KERNELS) and len(made) == 16 and "NAME##_nin(" in src
+    assert set(re.findall(r"^GEMV_Q4_NOUT\((\w+), \d, \d\)", src, re.M)) == set(ck.GEMV_NOUT_KERNELS)
+    for n in ck.GEMV_PAIR_KERNELS + ck.GEMV_NOUT_KERNELS:
+        assert n in ck.PDL_KERNELS and n in ck.ENTRY_POINTS["gemm_q4.cu"]
+    assert CUDABackend.q4_gemv_norm
+
+    def be(on=True, cc=90, cluster=True):
+        return SimpleNamespace(num_sms=132, q4_gemv_norm=on, q4_gemv_cluster=cluster, q4_gemv_epilogue=True,
+                               q4_gemv=True, k=SimpleNamespace(cc=cc))
+
+    def w(N, K, G=128):
+        return SimpleNamespace(kind="q4", N=N, K=K, qweight=None, marlin=q4.MarlinWeight(N, K, G, 0, None, None))
+
+    def layers(H, I, D, Hq, Hkv, n=2, G=128):
+        return [SimpleNamespace(qkv=w((Hq + 2 * Hkv) * D, H, G), o=w(H, Hq * D, G), gate_up=w(2 * I, H, G),
+                                down=w(H, I, G)) for _ in range(n)]
+
+    for name, (H, I, D, Hq, Hkv) in {"7B": (3584, 18944, 128, 28, 4), "3B": (2048, 11008, 128, 16, 2),
+                                     "0.5B": (896, 4864, 64, 14, 2)}.items():
+        ls = layers(H, I, D, Hq, Hkv)
+        for T in (1, 4, 8):
+            assert q4.q4_norm_chain(be(), ls, T, D), (name, T)
+        assert not q4.q4_norm_chain(be(), ls, 9, D) and not q4.q4_norm_chain(be(on=False), ls, 1, D)
+        for T in (1, 8):
+            assert q4.gemv_norm_takes(be(), ls[0].qkv, T) and q4.gemv_norm_takes(be(), ls[0].gate_up, T)
+    ls = layers(3584, 18944, 128, 28, 4)
+    # without clusters only one-slice plans take it: the 7B's qkv splits K in 3
+    assert q4.gemv_splits(be(), 4608, 3584)[0] == 3
+    assert not q4.q4_norm_chain(be(cc=80), ls, 1, 128) and not q4.q4_norm_chain(be(cluster=False), ls, 1, 128)
+    assert q4.gemv_norm_takes(be(cc=80), ls[0].gate_up, 1)  # gate_up: one slice
+    assert not q4.q4_norm_chain(be(), layers(3584, 18944, 128, 28, 4, G=64), 1, 128)  # no fixed-G form
+    bad = layers(3584, 18944, 128, 28, 4)
+    bad[1].o = SimpleNamespace(kind="q8", N=3584, K=3584, qweight=object(), marlin=None)
+    assert not q4.q4_norm_chain(be(), bad, 1, 128)  # every layer's o / down on the 4-bit GEMV
+    assert not q4.gemv_norm_takes(be(), w(2048, 4096), 1)  # 8 slices: the L2 hand-off
+    assert not q4.q4_norm_chain(be(), [], 1, 128)
+
+
 def test_wave_fill_splits_fill_the_last_round_of_blocks(monkeypatch):
     """Where a wgmma form's tiles pass half its resident blocks, K slices chosen so that the tiles finish in the
     fewest rounds of blocks over S (each block 1/S of a tile), the smaller S on a tie; at most 2 for the 256-token

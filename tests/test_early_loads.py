@@ -110,7 +110,8 @@ def expected_pre_wait_loads(name: str) -> int:
     rules = [(r"attn_cluster\d+_d\d_g4_w16", 12), (r"attn_cluster\d+_d\d", 20), (r"attn_partial_d\d", 6),
              (r"attn_partial_gqa_d\d", 3), (r"decode_attn_tc", 2), (r"rms_norm(_bf16)?$", 3),
              (r"add_rms_norm(_bf16)?$", 2),
-             (r"gemv_q4[zm](_t16|_silu|_rope)?_c1$|gemv_q4[zm](_t16|_silu)_c4$", 12), (r"gemv_q4", 4),
+             (r"gemv_q4[zm](_t16|_silu|_rope)?_c1(_nout|_nin)?$|gemv_q4[zm](_t16|_silu)_c4(_nin)?$", 12),
+             (r"gemv_q4", 4),
              (r"matvec_bf16_t\d", 4),
              (r"matvec_(rope|silu)(_norm)?_bf16_t\d", 8)]
     m = re.fullmatch(r"matvec_rows_bf16_r(\d+)", name)

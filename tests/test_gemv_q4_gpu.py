@@ -10,6 +10,9 @@ GPU machine with `python3 -m pytest -q -m gpu tests/test_gemv_q4_gpu.py`; skips 
   with programmatic launch replay the eager bits;
 - the paired forms (gate_up + SiLU x up, qkv + RoPE + the paged-cache write in the epilogue) give the bits of
   gemv_q4 + silu_mul / rope_write_kv, kernel by kernel and through a tiny AWQ model's decode graphs;
+- the RMSNorm between two GEMVs carried by them (norm_out: o / down also write x * g and the tiles' sums of x^2;
+  norm_in: gate_up / qkv scale by 1 / rms): the producer's outputs exactly, the consumer within bf16 rounding of
+  rms_norm + the plain form, a tiny AWQ model's decode steps as close to the CPU reference as without it;
 - repeated launches give the same bits (fixed reduction order; the per-tile counters go back to 0);
 - the backend's decode dispatch takes it for 4-bit weights in the layout and keeps matvec_q4 otherwise;
 - a weight whose tiles fill the GPU holds only the reordered copy, and every token count still works from it
@@ -232,6 +235,141 @@ def test_gemv_q4_rope_pair_equals_gemv_then_rope_write_kv_bit_exactly(backend, k
     assert int(backend._ws["gemv_q4_sem"].sum()) == 0
 
 
+@pytest.mark.parametrize("kind,G,splits", [("awq", 128, 1), ("awq", 128, 3), ("q4_1", 32, 7), ("q4_0", 32, None)])
+def test_gemv_q4_norm_out_writes_the_next_norms_inputs(backend, kind, G, splits):
+    """gemv_q4 with norm_out (o / down carrying the next RMSNorm): `out` the plain launch's bits (accumulating into
+    the residual), xg = out * g exactly, ssp [T, N / 32] each 32-column tile's sum of out^2; one K slice, a
+    cluster, the L2 hand-off, T 1..8."""
+    rng = np.random.default_rng(G + (splits or 0))
+    N, K = 1024, 2048
+    mw = to_marlin(backend, backend.upload_quantized(make_weight(kind, N, K, G, rng)))
+    g = round_bf16(1.0 + 0.3 * rng.standard_normal(N).astype(np.float32))
+    for T in range(1, 9):
+        x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
+        y0 = rng.standard_normal((T, N)).astype(np.float32)
+        ref, got = cp.asarray(y0), cp.asarray(y0)
+        assert gemv_q4(backend, x, mw, None, ref, accumulate=True, splits=splits)
+        xg = cp.full((T, N), np.nan, dtype=cp.float32)
+        ssp = cp.full((T, N // 32), np.nan, dtype=cp.float32)
+        assert gemv_q4(backend, x, mw, None, got, accumulate=True, splits=splits, norm_out=(cp.asarray(g), xg, ssp))
+        out = cp.asnumpy(got)
+        np.testing.assert_array_equal(out, cp.asnumpy(ref), err_msg=f"T {T}")
+        np.testing.assert_array_equal(cp.asnumpy(xg), out * g)
+        want = (out.astype(np.float64) ** 2).reshape(T, N // 32, 32).sum(-1)
+        np.testing.assert_allclose(cp.asnumpy(ssp), want, rtol=1e-5)
+    with pytest.raises(ValueError, match="no bias"):
+        gemv_q4(backend, x, mw, cp.zeros(N, dtype=cp.float32), got, norm_out=(cp.asarray(g), xg, ssp))
+    assert int(backend._ws["gemv_q4_sem"].sum()) == 0
+
+
+@pytest.mark.parametrize("kind,G,splits", [("awq", 128, 1), ("awq", 128, 3), ("awq", 128, 4), ("q4_1", 32, 2)])
+@pytest.mark.parametrize("epi", ["silu", "rope"])
+def test_gemv_q4_pairs_take_the_norm_from_the_producer(backend, kind, G, splits, epi):
+    """The paired forms with norm_in (x = the residual times the norm weight, ssp its 32-column tiles' sums of x^2,
+    as o / down write them) against rms_norm + the plain paired form, T 1..8, one K slice and clusters of 2-4,
+    tokens whose rows differ in scale by 10^7: gate_up's SiLU x up as close to a float64 reference as the unfolded
+    path is (x * g rounded to bf16 instead of g * x / rms: the same size of error, not the same bits), q and the K /
+    V caches of qkv within that rounding of the unfolded path's; the L2 hand-off (5+ slices) refuses it."""
+    rng = np.random.default_rng(G + splits + (7 if epi == "rope" else 0))
+    K, eps = 4096, 1e-6
+    D, Hq, Hkv, bs, blocks = 128, 4, 2, 16, 64
+    N = 2048 if epi == "silu" else (Hq + 2 * Hkv) * D
+    w = make_weight(kind, N, K, G, rng)
+    mw = to_marlin(backend, backend.upload_quantized(w))
+    wref = w.dequantize().astype(np.float64)
+    g = round_bf16(1.0 + 0.3 * rng.standard_normal(K).astype(np.float32))
+    bias = cp.asarray(rng.standard_normal(N).astype(np.float32)) if epi == "rope" else None
+    inv_freq = cp.asarray((10000.0 ** (-np.arange(0, D, 2) / D)).astype(np.float32))
+    for T in range(1, 9):
+        x = (rng.standard_normal((T, K)) * 10.0 ** rng.uniform(-3, 4, (T, 1))).astype(np.float32)
+        normed = cp.empty((T, K), dtype=cp.float32)
+        backend._rms_norm(cp.asarray(x), cp.asarray(g), eps, normed)
+        xg = cp.asarray(x * g)
+        ssp = cp.asarray((x.astype(np.float64) ** 2).reshape(T, K // 32, 32).sum(-1).astype(np.float32))
+        if epi == "silu":
+            ref = cp.full((T, N // 2), np.nan, dtype=cp.float32)
+            got = cp.full((T, N // 2), np.nan, dtype=cp.float32)
+            gemv_q4_pair(backend, "silu", normed, mw, ref, splits=splits)
+            gemv_q4_pair(backend, "silu", xg, mw, got, splits=splits, norm_in=(ssp, eps))
+            xn = x.astype(np.float64) / np.sqrt((x.astype(np.float64) ** 2).mean(1, keepdims=True) + eps) * g
+            gu = xn @ wref.T
+            exact = gu[:, : N // 2] / (1.0 + np.exp(-gu[:, : N // 2])) * gu[:, N // 2:]
+            e_got, e_ref = rel_err(cp.asnumpy(got), exact), rel_err(cp.asnumpy(ref), exact)
+            assert e_got < 1.5 * e_ref + 1e-6 and e_got < 5e-3, (T, e_got, e_ref)
+            continue
+        positions = cp.asarray(rng.integers(0, 30000, T).astype(np.int32))
+        slots = cp.asarray(rng.choice(blocks * bs, T, replace=False).astype(np.int32))
+        caches = [cp.zeros((blocks, Hkv, bs, D), dtype=cp.uint16) for _ in range(4)]
+        outs = [cp.full((T, N), np.nan, dtype=cp.float32) for _ in range(2)]
+        for i, (xi, nin) in enumerate(((normed, None), (xg, (ssp, eps)))):
+            gemv_q4_pair(backend, "rope", xi, mw, outs[i], bias,
+                         (positions, inv_freq, slots, caches[2 * i], caches[2 * i + 1], Hq, Hkv, D, bs),
+                         splits=splits, norm_in=nin)
+        q = slice(0, Hq * D)
+        assert rel_err(cp.asnumpy(outs[1][:, q]), cp.asnumpy(outs[0][:, q])) < 5e-3, T
+        for c in (0, 1):  # K, V: the token's slots, as f32
+            a, b = (bf16_to_f32(cp.asnumpy(caches[c + 2 * i])) for i in (1, 0))
+            assert np.count_nonzero(b) >= T * Hkv * D // 2 and rel_err(a, b) < 5e-3, (T, c)
+    with pytest.raises(ValueError, match="cluster"):
+        gemv_q4_pair(backend, "silu", xg[:1], mw, cp.empty((1, N // 2), dtype=cp.float32), splits=8,
+                     norm_in=(ssp, eps))
+    assert int(backend._ws["gemv_q4_sem"].sum()) == 0
+
+
+@pytest.mark.parametrize("G", [32, 128])
+def test_awq_decode_with_the_norms_in_the_gemvs_matches_the_cpu_reference(tmp_path, G, monkeypatch):
+    """The tiny Qwen2 AWQ model with every linear on the GEMV at one token, decode steps of one and three sequences
+    through the decode graphs with the RMSNorms carried by the GEMVs (q4_gemv_norm: o / down write x * g and the sums
+    of squares, gate_up / qkv scale) and without: against the CPU reference on the exact dequantized weights, the
+    carried step's logits as close to it as the plain step's (both round x to bf16, at different points; this random
+    model turns a 2^-9 change of x into a few % of its logits), and the launches: every o and down but the last
+    down writing the norm's inputs, every gate_up and qkv but the first taking them, one rms_norm a step (the first
+    layer's; the final norm is the sampled rows')."""
+    import llmrs.engine.backends.cuda as cuda_backend
+    import llmrs.engine.backends.cuda_q4gemm as q4gemm
+    from llmrs.engine.backends.cuda import CUDABackend
+    from llmrs.engine.batch import build_step_batch
+    from llmrs.engine.loader import load
+    from tests.test_cuda_parity import prompts_for
+    from tests.test_quant_gpu import exact_reference
+
+    monkeypatch.setattr(q4gemm, "GEMV_ONE_TOKEN_MIN_WEIGHTS", 0)
+    kept, runners = tiny_awq_runners(tmp_path, G, "q4_gemv_norm")
+    assert CUDABackend.q4_gemv_norm  # the default
+    layers = runners[True].model.w.layers
+    for T in (1, 3, 8):
+        assert q4gemm.q4_norm_chain(runners[True].backend, layers, T, 64)
+        assert not q4gemm.q4_norm_chain(runners[False].backend, layers, T, 64)
+    assert not q4gemm.q4_norm_chain(runners[True].backend, layers, 9, 64)
+    calls = []
+    for name in ("gemv_q4", "gemv_q4_pair"):
+        real = getattr(cuda_backend, name)
+        monkeypatch.setattr(cuda_backend, name, lambda be, *a, _r=real, _n=name, **k: calls.append(
+            (be, _n, a[0] if _n == "gemv_q4_pair" else None, k.get("norm_out") is not None
+             or k.get("norm_in") is not None)) or _r(be, *a, **k))
+    prompts = prompts_for(kept.tokenizer)[:3]
+    bs = runners[True].backend.block_size
+    tables = [list(range(8 * i, 8 * i + 8)) for i in range(len(prompts))]
+    logits = {}
+    for fold, run in (*runners.items(), ("cpu", exact_reference(load(str(tmp_path / "awq")), 64))):
+        for ids, table in zip(prompts, tables):
+            run.execute(build_step_batch([(ids[:-1], 0, table, False)], bs))
+        calls.clear()
+        one = run.execute(build_step_batch([(prompts[0][-1:], len(prompts[0]) - 1, tables[0], True)], bs))
+        three = run.execute(build_step_batch([(ids[-1:], len(ids) - 1, t, True) for ids, t in zip(prompts, tables)],
+                                             bs))
+        logits[fold] = (np.asarray(one).copy(), np.asarray(three).copy())
+        if fold is True:
+            carried = [c for c in calls if c[0] is run.backend]
+            L = len(layers)
+            assert sum(n for _, f, _, n in carried if f == "gemv_q4") >= 2 * (2 * L - 1)
+            assert sum(n for _, f, _, n in carried if f == "gemv_q4_pair") >= 2 * (2 * L - 1)
+    for step, ref in enumerate(logits["cpu"]):
+        e_fold, e_plain = rel_err(logits[True][step], ref), rel_err(logits[False][step], ref)
+        report(f"awq norm chain G{G} step {step} logits vs exact cpu", {"carried": e_fold, "plain": e_plain})
+        assert e_fold < 2 * e_plain + 1e-3, (step, e_fold, e_plain)
+
+
 @pytest.mark.parametrize("G", [32, 128])
 def test_awq_decode_with_the_fused_epilogues_gives_the_unfused_bits(tmp_path, G, monkeypatch):
     """A tiny Qwen2 AWQ model (64-dim heads, q/k/v bias) with every linear on the GEMV at one token: decode steps
@@ -245,6 +383,7 @@ def test_awq_decode_with_the_fused_epilogues_gives_the_unfused_bits(tmp_path, G,
     from tests.test_cuda_parity import greedy, prompts_for
 
     monkeypatch.setattr(q4gemm, "GEMV_ONE_TOKEN_MIN_WEIGHTS", 0)  # every shape on the GEMV at one token
+    monkeypatch.setattr(cuda_backend.CUDABackend, "q4_gemv_norm", False)  # the norm chain changes the rounding
     kept, runners = tiny_awq_runners(tmp_path, G, "q4_gemv_epilogue")
     assert CUDABackend.q4_gemv_epilogue  # the default
     r = runners[True]

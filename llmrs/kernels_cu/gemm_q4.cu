@@ -1170,6 +1170,24 @@ __device__ __forceinline__ void gemv_flush(const unsigned (&sw)[4], float (&c)[N
 //                64), j = b % (D / 64), columns h D + i and h D + i + D / 2 (i = 32 j + lane): q heads rotated in
 //                out (= qkv), k heads rotated and v heads as they are into the paged caches (pair_rope_out,
 //                rope_write_kv's math).
+// NRM, the RMSNorm between two GEMVs carried by them (one n8 tile of tokens; cuda_q4gemm.q4_norm_chain says where):
+//   GV_NORM_OUT (the plain forms of o and down, accumulating into the residual stream x): the epilogue also writes
+//     xg = x * g (g: the next norm's weight) and each (token, 32-column tile)'s sum of x^2 (a warp's shuffle tree)
+//     into ssp [T, N / 32];
+//   GV_NORM_IN (the paired forms of gate_up and qkv, over x = xg): the block that finishes a tile sums the token's
+//     K / 32 partials (lane-strided, then the shuffle tree: a fixed order) and scales both tiles' sums by 1 /
+//     sqrt(mean(x^2) + eps) before the bias and the follower. rms_norm + the GEMV by linearity, with x * g rounded
+//     to bf16 instead of g * (x / rms) (within bf16 rounding, not the same bits), and no norm kernel: the main loop
+//     is the plain form's (an in-loop fold, x * g and the squares in the GEMV's loop, broke its load pipelining
+//     under the 128-register bound and lost, session 25).
+#define GV_NORM_OUT 1
+#define GV_NORM_IN 2
+struct GvNorm {
+    const float* g;  // OUT: the next norm's weight
+    float* xg;       // OUT: x * g [T, N]
+    float* ssp;      // OUT: written [T, N / 32]; IN: read [T, K / 32]
+    float eps;       // IN
+};
 struct GvRope {  // what the rope epilogue writes with (rope_write_kv's arguments)
     const int* positions;
     const float* inv_freq;
@@ -1187,14 +1205,15 @@ __device__ __forceinline__ int gv_pair_tile(int b, int sel, int N, int D) {
     return (b / tph) * 2 * tph + b % tph + sel * tph;
 }
 
-template <int MODE, int NU, int CPG, int EPI = 0>
+template <int MODE, int NU, int CPG, int EPI = 0, int NRM = 0>
 __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ,
                                              const float* __restrict__ x, const float* __restrict__ bias,
                                              float* __restrict__ out, float* __restrict__ part, int* __restrict__ sem,
                                              int T, int N, int K, int G, int accumulate, int kpw,
-                                             const GvRope rp = GvRope{}) {
+                                             const GvRope rp = GvRope{}, const GvNorm nm = GvNorm{}) {
     static_assert(CPG == 0 || GV_DEPTH % CPG == 0, "a fixed group size must divide GV_DEPTH (whole groups a batch)");
     static_assert(EPI == 0 || NU == 1, "the paired forms take one n8 tile of tokens");
+    static_assert(NRM == 0 || (NU == 1 && (NRM == GV_NORM_IN) == (EPI != 0)), "norm out: plain forms; in: paired");
     pdl_trigger();
     constexpr int TOK = 8 * NU;
     constexpr int NW = EPI ? 2 * GV_WARPS : GV_WARPS;  // warps a block: one tile's, or a pair's (EPI)
@@ -1275,6 +1294,13 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
         batch(qa, qb, base, 0);
         if (base + GV_DEPTH >= kb_hi) break;
         batch(qb, qa, base + GV_DEPTH, 1);
+    }
+    // GV_NORM_IN: warp m's lanes ask for token m's sums of squares now, so their round trip overlaps the reduction
+    // below (the epilogue's threads of token m are warp m's: P == 1 in the paired forms)
+    float ssl = 0.0f;
+    if (NRM == GV_NORM_IN && warp < T) {
+        const int nbk = K >> 5;
+        for (int j = lane; j < nbk; j += 32) ssl += __ldcg(nm.ssp + (size_t)warp * nbk + j);
     }
     // lane (g, t): column 16 j + 8 r + g, token 8 u + 2 t + h in acc[u][j][2 r + h]
 #pragma unroll
@@ -1361,6 +1387,11 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
     for (int p = 0; p < P; ++p) {
         const int m = (tid >> 5) + NW * p;
         if (m < T) {
+            if (NRM == GV_NORM_IN) {  // rms_norm's expression (rmsnorm.cu) from the token's partial sums
+                const float inv = 1.0f / sqrtf(warp_sum(ssl) / (float)K + nm.eps);
+                v[p] *= inv;
+                vb[p] *= inv;
+            }
             // the plain form's output expression (+ 0.0f without a bias: -0 sums become +0 the same way)
             const float o = v[p] + (bias ? bias[n] : 0.0f);
             if (EPI == GV_EPI_SILU) {
@@ -1372,7 +1403,13 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
                               rp.block_size);
             } else {
                 float* dst = out + (size_t)m * N + n;
-                *dst = accumulate ? *dst + o : o;
+                const float xn = accumulate ? *dst + o : o;
+                *dst = xn;
+                if (NRM == GV_NORM_OUT) {  // the warp's 32 columns of token m (m is the warp's)
+                    nm.xg[(size_t)m * N + n] = xn * __ldg(nm.g + n);
+                    const float q = warp_sum(xn * xn);
+                    if (lane == 0) nm.ssp[(size_t)m * (N >> 5) + nb_a] = q;
+                }
             }
         }
     }
@@ -1400,6 +1437,20 @@ GEMV_Q4(gemv_q4z_c1, 0, 1, GV_MINB, 1)  // group 32 (GGUF Q4_0, Q4_1)
 GEMV_Q4(gemv_q4m_c1, 1, 1, GV_MINB, 1)
 GEMV_Q4(gemv_q4z_t16_c1, 0, 2, 3, 1)
 GEMV_Q4(gemv_q4m_t16_c1, 1, 2, 3, 1)
+// GV_NORM_OUT: o / down writing the next norm's x * g and sums of squares too (up to 8 tokens, G 32 / 128)
+#define GEMV_Q4_NOUT(NAME, MODE, CPG)                                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * GV_WARPS, GV_MINB)                                          \
+        NAME(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ, const float* __restrict__ x,          \
+             float* __restrict__ out, float* __restrict__ part, int* __restrict__ sem, int T, int N, int K, int G, \
+             int accumulate, int kpw, const float* __restrict__ gn, float* __restrict__ xg,                      \
+             float* __restrict__ ssp) {                                                                           \
+        gemv_q4_impl<MODE, 1, CPG, 0, GV_NORM_OUT>(Bq, SZ, x, nullptr, out, part, sem, T, N, K, G, accumulate,    \
+                                                   kpw, GvRope{}, GvNorm{gn, xg, ssp, 0.0f});                     \
+    }
+GEMV_Q4_NOUT(gemv_q4z_c4_nout, 0, 4)
+GEMV_Q4_NOUT(gemv_q4m_c4_nout, 1, 4)
+GEMV_Q4_NOUT(gemv_q4z_c1_nout, 0, 1)
+GEMV_Q4_NOUT(gemv_q4m_c1_nout, 1, 1)
 
 // the paired forms (up to 8 tokens, G 32 / 128): 2 GV_WARPS warps a block, half as many blocks an SM (the same
 // registers a thread and warps an SM as the plain form)
@@ -1409,6 +1460,13 @@ GEMV_Q4(gemv_q4m_t16_c1, 1, 2, 3, 1)
              float* __restrict__ out, float* __restrict__ part, int* __restrict__ sem, int T, int N, int K, int G, \
              int kpw) {                                                                                           \
         gemv_q4_impl<MODE, 1, CPG, GV_EPI_SILU>(Bq, SZ, x, nullptr, out, part, sem, T, N, K, G, 0, kpw);          \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(64 * GV_WARPS, GV_MINB / 2)                                      \
+        NAME##_nin(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ, const float* __restrict__ x,    \
+                   float* __restrict__ out, float* __restrict__ part, int* __restrict__ sem, int T, int N, int K,  \
+                   int G, int kpw, float* __restrict__ ssp, float eps) {                                          \
+        gemv_q4_impl<MODE, 1, CPG, GV_EPI_SILU, GV_NORM_IN>(Bq, SZ, x, nullptr, out, part, sem, T, N, K, G, 0,    \
+                                                            kpw, GvRope{}, GvNorm{nullptr, nullptr, ssp, eps});   \
     }
 #define GEMV_Q4_ROPE(NAME, MODE, CPG)                                                                             \
     extern "C" __global__ void __launch_bounds__(64 * GV_WARPS, GV_MINB / 2)                                      \
@@ -1420,6 +1478,18 @@ GEMV_Q4(gemv_q4m_t16_c1, 1, 2, 3, 1)
         gemv_q4_impl<MODE, 1, CPG, GV_EPI_ROPE>(Bq, SZ, x, bias, out, part, sem, T, N, K, G, 0, kpw,              \
                                                 GvRope{positions, inv_freq, slots, k_cache, v_cache, Hq, Hkv, D,  \
                                                        block_size});                                              \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(64 * GV_WARPS, GV_MINB / 2)                                      \
+        NAME##_nin(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ, const float* __restrict__ x,    \
+                   const float* __restrict__ bias, float* __restrict__ out, float* __restrict__ part,             \
+                   int* __restrict__ sem, int T, int N, int K, int G, int kpw, const int* __restrict__ positions, \
+                   const float* __restrict__ inv_freq, const int* __restrict__ slots,                             \
+                   bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache, int Hq, int Hkv, int D,            \
+                   int block_size, float* __restrict__ ssp, float eps) {                                          \
+        gemv_q4_impl<MODE, 1, CPG, GV_EPI_ROPE, GV_NORM_IN>(                                                      \
+            Bq, SZ, x, bias, out, part, sem, T, N, K, G, 0, kpw,                                                  \
+            GvRope{positions, inv_freq, slots, k_cache, v_cache, Hq, Hkv, D, block_size},                         \
+            GvNorm{nullptr, nullptr, ssp, eps});                                                                  \
     }
 GEMV_Q4_SILU(gemv_q4z_silu_c4, 0, 4)
 GEMV_Q4_SILU(gemv_q4m_silu_c4, 1, 4)

@@ -57,7 +57,7 @@ import numpy as np
 
 from llmrs.engine.backends.cuda_kernels import MATVEC_ROWS_R, OFF_VALUES, sample_row_blocks
 from llmrs.engine.backends.cuda_q4gemm import (GEMV_MAX_TOKENS, dequant_marlin, gemm_q4, gemm_q4_silu, gemm_silu_takes,
-                                               gemm_takes, gemv_pair_takes, gemv_q4, gemv_q4_pair, linear_q4,
+                                               gemm_takes, gemv_pair_takes, gemv_q4, gemv_q4_pair, linear_q4, q4_norm_chain,
                                                weight_on_gemv, wgmma_takes)
 from llmrs.engine.backends.cuda_wgmma import bf16_wgmma_takes, gemm_bf16wg
 from llmrs.engine.batch import StepBatch
@@ -266,6 +266,10 @@ class CUDABackend:
     # a 4-bit gate_up / qkv on the GEMV with SiLU x up / RoPE + the KV write in its epilogue (gemm_q4.cu's paired
     # forms, cuda_q4gemm.gemv_pair_takes); LLMRS_Q4_GEMV_EPILOGUE=0 keeps silu_mul / rope_write_kv as launches
     q4_gemv_epilogue = os.environ.get("LLMRS_Q4_GEMV_EPILOGUE", "1") not in OFF_VALUES
+    # ... and the RMSNorms between those GEMVs carried by them (cuda_q4gemm.q4_norm_chain: o and down write the next
+    # norm's x * g and sums of squares, gate_up and qkv scale by 1 / rms; no rms_norm launch but the first layer's
+    # and the final one), f32 / bf16 rounding apart from rms_norm + the GEMVs; LLMRS_Q4_GEMV_NORM=0 keeps rms_norm
+    q4_gemv_norm = os.environ.get("LLMRS_Q4_GEMV_NORM", "1") not in OFF_VALUES
     # SiLU x up fused into the batched steps' 4-bit gate_up on the GEMMs (the wgmma forms' 65-256 and 425-512 tokens,
     # mma.sync's 33-192: gemm_q4.cu's gemm_q4{wg,w2}{z,m}_silu_s{S} and gemm_q4{z,m}_silu_m4, cuda_q4gemm.
     # gemm_silu_takes): no [T, 2I] f32 gate/up written and read back, one launch a layer fewer;
@@ -1045,17 +1049,24 @@ class CUDABackend:
         # NOTE: the norms and silu_mul feeding qkv, gate_up and down write bf16 words when that GEMM runs on a bf16
         # matrix (`_norm_for`, `_silu_mul_for`), and so does the tensor-core prefill attention for o; the other
         # attention kernels' f32 output is cast before o
+        # 4-bit decode: the norms between the GEMVs carried by them (q4_norm_chain): xg = x * g, ssp the 32-column
+        # tiles' sums of x^2, written by o / down, read by gate_up / the next qkv
+        chain = tp is None and q4_norm_chain(self, w.layers, T, D)
+        xg = self._buf("norm_xg", (T, H)) if chain else None
+        ssp = self._buf("norm_ssp", (T, H // 32)) if chain else None
         for n, layer in enumerate(w.layers):
             pair = self._pair_epilogue(layer.qkv, T)
             norm_in = pair and not pending and self._norm_folds(layer.qkv)  # input_norm folded into the matvec
-            h = x if norm_in else self._norm_for(layer.qkv, x, layer.input_norm, eps, y=part if pending else None)
+            carried = chain and n > 0  # the previous down wrote this layer's xg / ssp
+            h = (xg if carried else x if norm_in
+                 else self._norm_for(layer.qkv, x, layer.input_norm, eps, y=part if pending else None))
             if pair:
                 self._matvec_pair("rope", h, layer.qkv, qkv, bias=layer.qkv_bias, db=db, layer=n,
                                   norm=(layer.input_norm, eps) if norm_in else None)
             elif gemv_pair_takes(self, "rope", layer.qkv, T, D):  # 4-bit: the GEMV with RoPE + KV write fused
                 gemv_q4_pair(self, "rope", h, layer.qkv.marlin, qkv, layer.qkv_bias,
                              (db.positions, self.inv_freq, db.slots, self.k_cache[n], self.v_cache[n], Hq, Hkv, D,
-                              self.block_size), layer.qkv.nbytes)
+                              self.block_size), layer.qkv.nbytes, norm_in=(ssp, eps) if carried else None)
             else:
                 # on the bf16 GEMM path the bias rides in rope_write_kv (the same f32 add as add_bias, one launch less)
                 fold = layer.qkv_bias is not None and self._bias_in_rope(layer.qkv, T)
@@ -1073,7 +1084,12 @@ class CUDABackend:
             o_in = self._attention(n, qkv, n_qkv, db, att, out_bf16=att_bf16)
             pair = self._pair_epilogue(layer.gate_up, T)
             norm_in = pair and tp is None and self._norm_folds(layer.gate_up)  # post_norm folded into gate_up
-            if tp is None:
+            if chain:  # o writes gate_up's xg / ssp too
+                if not gemv_q4(self, o_in, layer.o.marlin, None, x, True, "o", layer.o.nbytes,
+                               norm_out=(layer.post_norm, xg, ssp)):
+                    raise RuntimeError(f"o: the norm chain's GEMV refused its input {o_in.shape} {o_in.dtype}")
+                h = xg
+            elif tp is None:
                 self._linear(o_in, layer.o, None, x, accumulate=True, name="o", preload=True)
                 h = x if norm_in else self._norm_for(layer.gate_up, x, layer.post_norm, eps)
             else:
@@ -1085,7 +1101,8 @@ class CUDABackend:
                 self._matvec_pair("silu", h, layer.gate_up, act, norm=(layer.post_norm, eps) if norm_in else None)
             elif gemv_pair_takes(self, "silu", layer.gate_up, T):  # 4-bit: the GEMV with SiLU x up fused
                 act = self._buf("act", (T, I))
-                gemv_q4_pair(self, "silu", h, layer.gate_up.marlin, act, nbytes=layer.gate_up.nbytes)
+                gemv_q4_pair(self, "silu", h, layer.gate_up.marlin, act, nbytes=layer.gate_up.nbytes,
+                             norm_in=(ssp, eps) if chain else None)
             elif (h.dtype == np.uint16 and gemm_silu_takes(self, layer.gate_up, T)
                   and self._gemm_takes_bf16(layer.down, T)):  # the 4-bit GEMM's SiLU form, bf16 out: down's input
                 act = self._buf("act_bf16", (T, I), np.uint16)
@@ -1097,7 +1114,11 @@ class CUDABackend:
             else:
                 self._linear(h, layer.gate_up, None, gu, name="gate_up")
                 act = self._silu_mul_for(layer.down, gu)
-            if tp is None:
+            if chain and n + 1 < len(w.layers):  # down writes the next qkv's xg / ssp too
+                if not gemv_q4(self, act, layer.down.marlin, None, x, True, "down", layer.down.nbytes,
+                               norm_out=(w.layers[n + 1].input_norm, xg, ssp)):
+                    raise RuntimeError(f"down: the norm chain's GEMV refused its input {act.shape} {act.dtype}")
+            elif tp is None:
                 self._linear(act, layer.down, None, x, accumulate=True, name="down")
             else:
                 self._linear(act, layer.down, None, part, name="down")

@@ -127,8 +127,12 @@ GEMM_Q4_SILU_KERNELS = tuple(f"gemm_{k}_silu_m{mt}" for k in ("q4z", "q4m") for 
 
 # gemv_q4's forms with the group size fixed at compile time (gemm_q4.cu's CPG: k32 blocks a group; G 32 and 128)
 GEMV_CPG = (1, 4)
-# its paired forms with the follower fused (gemm_q4.cu's GV_EPI_SILU / GV_EPI_ROPE; cuda_q4gemm.gemv_q4_pair)
-GEMV_PAIR_KERNELS = [f"gemv_{k}_{e}_c{c}" for e in ("silu", "rope") for k in ("q4z", "q4m") for c in GEMV_CPG]
+# its paired forms with the follower fused (gemm_q4.cu's GV_EPI_SILU / GV_EPI_ROPE; cuda_q4gemm.gemv_q4_pair), each
+# also as _nin (GV_NORM_IN: the RMSNorm before it from the producer's x * g and sums of squares)
+GEMV_PAIR_KERNELS = [f"gemv_{k}_{e}_c{c}{n}" for e in ("silu", "rope") for k in ("q4z", "q4m") for c in GEMV_CPG
+                     for n in ("", "_nin")]
+# the plain form writing the next norm's x * g and sums of squares too (GV_NORM_OUT: o and down)
+GEMV_NOUT_KERNELS = [f"gemv_{k}_c{c}_nout" for k in ("q4z", "q4m") for c in GEMV_CPG]
 
 SAMPLE_MAX_BLOCKS = 32  # sampling.cu: blocks a row for the max / argmax (one warp merges their partials)
 SAMPLE_MIN_SLICE = 8192  # logits a block's slice at least: below that the hand-off costs more than it saves
@@ -163,7 +167,7 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "gemm_q4.cu": [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)] + list(GEMM_Q4_SILU_KERNELS)
                   + ["gemm_q4_reduce", "gemm_q4_reduce_silu", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"]
                   + [f"gemv_{k}{t}_c{c}" for k in ("q4z", "q4m") for t in ("", "_t16") for c in GEMV_CPG]
-                  + GEMV_PAIR_KERNELS + ["dequant_marlin_q4z_bf16", "dequant_marlin_q4m_bf16"],
+                  + GEMV_PAIR_KERNELS + GEMV_NOUT_KERNELS + ["dequant_marlin_q4z_bf16", "dequant_marlin_q4m_bf16"],
 }
 
 # kernels that keep common.cuh's PDL contract (pdl_enter / pdl_trigger + pdl_wait before dependent reads and writes)
@@ -173,6 +177,7 @@ PDL_KERNELS = frozenset(
      "attn_merge_bf16", "gemm_q4_reduce", "gemm_q4_reduce_silu", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16",
      "gemv_q4m_t16"] + list(GEMM_Q4_SILU_KERNELS)
     + [f"gemv_{k}{t}_c{c}" for k in ("q4z", "q4m") for t in ("", "_t16") for c in GEMV_CPG] + GEMV_PAIR_KERNELS
+    + GEMV_NOUT_KERNELS
     + [f"matvec_{k}_t{nt}" for k in ("bf16", "silu_bf16", "rope_bf16", "silu_norm_bf16", "rope_norm_bf16")
        for nt in (1, 2, 4, 8)]
     + [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]

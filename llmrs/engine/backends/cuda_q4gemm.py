@@ -448,10 +448,12 @@ def row_form_needed(N: int, K: int, num_sms: int, gemv: bool = True) -> bool:
 
 
 def gemv_q4(backend: Any, x: Any, mw: MarlinWeight | None, bias: Any | None, out: Any, accumulate: bool = False,
-            name: str = "linear", nbytes: int = 0, splits: int | None = None) -> bool:
+            name: str = "linear", nbytes: int = 0, splits: int | None = None, norm_out: tuple | None = None) -> bool:
     """out[T, N] (=|+=) x[T, K] @ W^T (+ bias) for T <= GEMV_MAX_TOKENS from f32 x, over the GEMM's layout
     (gemm_q4.cu's gemv_q4: the decode path; x rounded to bf16, the weights exact). False (nothing launched)
-    where it does not apply: fall back."""
+    where it does not apply: fall back. norm_out = (g, xg, ssp) (gemm_q4.cu's GV_NORM_OUT, up to 8 tokens, G 32 /
+    128, no bias; q4_norm_chain): also xg [T, N] = out * g and ssp [T, N / 32] = each 32-column tile's sum of out^2,
+    the next RMSNorm's inputs for gemv_q4_pair's norm_in."""
     if mw is None:
         return False
     T, K = x.shape
@@ -460,11 +462,20 @@ def gemv_q4(backend: Any, x: Any, mw: MarlinWeight | None, bias: Any | None, out
             or out.dtype != np.float32 or not x.flags.c_contiguous or not out.flags.c_contiguous):
         return False
     S, per, cluster, part, sem = _gemv_plan(backend, T, N, K, splits)
-    args = (mw.qweight, mw.sz, x, NULL if bias is None else bias, out, part, sem, np.int32(T), np.int32(N),
-            np.int32(K), np.int32(mw.group_size), np.int32(1 if accumulate else 0), np.int32(per))
+    if norm_out is not None:
+        g, xg, ssp = norm_out
+        if T > 8 or bias is not None or mw.group_size // 32 not in GEMV_CPG:
+            raise ValueError(f"gemv_q4: norm_out needs up to 8 tokens, no bias, G 32 or 128 (T {T}, G {mw.group_size})")
+        args = (mw.qweight, mw.sz, x, out, part, sem, np.int32(T), np.int32(N), np.int32(K), np.int32(mw.group_size),
+                np.int32(1 if accumulate else 0), np.int32(per), g, xg, ssp)
+        fn = backend.k.fns[f"gemv_{'q4m' if mw.mode else 'q4z'}_c{mw.group_size // 32}_nout"]
+        name += "+norm"
+    else:
+        args = (mw.qweight, mw.sz, x, NULL if bias is None else bias, out, part, sem, np.int32(T), np.int32(N),
+                np.int32(K), np.int32(mw.group_size), np.int32(1 if accumulate else 0), np.int32(per))
+        fn = backend.k.fns[gemv_kernel(mw.mode, T, mw.group_size)]
     with backend._span("matvec_q", name, T, N, K, accumulate, bias is not None, nbytes or mw.nbytes):
-        _gemv_launch(backend.k.fns[gemv_kernel(mw.mode, T, mw.group_size)], (N // 32, S), (32 * GEMV_WARPS,), args,
-                     S, cluster)
+        _gemv_launch(fn, (N // 32, S), (32 * GEMV_WARPS,), args, S, cluster)
     return True
 
 
@@ -500,16 +511,54 @@ def gemv_pair_takes(backend: Any, epi: str, w: Any, T: int, head_dim: int = 0) -
     return head_dim > 0 and head_dim % 64 == 0 and mw.N % head_dim == 0
 
 
+def gemv_norm_takes(backend: Any, w: Any, T: int) -> bool:
+    """Whether the paired form over `w` at T tokens may take its RMSNorm from the producer (gemv_q4_pair's norm_in):
+    the backend's q4_gemv_norm (LLMRS_Q4_GEMV_NORM), up to 8 tokens, and a launch plan of one K slice or one
+    cluster of them (the block that finishes a tile holds the token's sum; the L2 hand-off's is not set up for it)."""
+    mw = getattr(w, "marlin", None)
+    if mw is None or not backend.q4_gemv_norm or not 1 <= T <= 8:
+        return False
+    S, _ = gemv_splits(backend, mw.N, mw.K)
+    return S == 1 or (S <= GEMV_CLUSTER_MAX and gemv_cluster(backend))
+
+
+def q4_norm_chain(backend: Any, layers: list, T: int, head_dim: int) -> bool:
+    """Whether a T-token decode step carries every RMSNorm between two 4-bit GEMVs in them (gemm_q4.cu's GV_NORM_OUT
+    / GV_NORM_IN): o writes x * post_norm and the sums of squares for gate_up, down those of the next layer's
+    input_norm for its qkv (the first layer's input norm and the final one stay rms_norm). Every layer: qkv and
+    gate_up on the GEMV's paired forms with a plan that takes the norm (gemv_norm_takes), o and down on the GEMV
+    (weight_on_gemv) at G 32 / 128 without a bias."""
+    if not layers or not backend.q4_gemv_norm or not 1 <= T <= 8:
+        return False
+    for layer in layers:
+        if not (gemv_pair_takes(backend, "rope", layer.qkv, T, head_dim) and gemv_pair_takes(backend, "silu",
+                                                                                              layer.gate_up, T)):
+            return False
+        if not (gemv_norm_takes(backend, layer.qkv, T) and gemv_norm_takes(backend, layer.gate_up, T)):
+            return False
+        for w in (layer.o, layer.down):
+            mw = getattr(w, "marlin", None)
+            if (mw is None or getattr(w, "kind", None) != "q4" or not weight_on_gemv(backend, w, T)
+                    or mw.group_size // 32 not in GEMV_CPG):
+                return False
+    return True
+
+
 def gemv_q4_pair(backend: Any, epi: str, x: Any, mw: MarlinWeight, out: Any, bias: Any | None = None,
-                 rope: tuple | None = None, nbytes: int = 0, splits: int | None = None) -> None:
+                 rope: tuple | None = None, nbytes: int = 0, splits: int | None = None,
+                 norm_in: tuple | None = None) -> None:
     """gemv_q4's paired forms (gemm_q4.cu GV_EPI_SILU / GV_EPI_ROPE), where gemv_pair_takes: "silu" writes out [T,
     N/2] = silu(gate) * up from gate_up [N, K]; "rope" writes q rotated into out [T, N] (qkv; + bias) and k rotated,
     v as it is into the paged caches, rope = (positions, inv_freq, slots, k_cache, v_cache, Hq, Hkv, D, block_size).
     The same K slices, cluster and sums as gemv_q4 (the same bits as gemv_q4 + silu_mul / rope_write_kv; `splits`
-    as gemv_q4's, for tests)."""
+    as gemv_q4's, for tests). norm_in = (ssp, eps) (gemm_q4.cu's GV_NORM_IN, where gemv_norm_takes): x is the x * g
+    a gemv_q4 norm_out wrote and ssp its sums of squares; the sums are scaled by 1 / rms (rms_norm + this form
+    within bf16 rounding of x)."""
     T, K = x.shape
     N = mw.N
     S, per, cluster, part, sem = _gemv_plan(backend, T, N, K, splits)
+    if norm_in is not None and (T > 8 or (S > 1 and not cluster)):
+        raise ValueError(f"gemv_q4_pair: norm_in needs up to 8 tokens and one K slice or a cluster ({S} slices)")
     tail = (np.int32(T), np.int32(N), np.int32(K), np.int32(mw.group_size), np.int32(per))
     if epi == "silu":
         args = (mw.qweight, mw.sz, x, out, part, sem) + tail
@@ -519,9 +568,13 @@ def gemv_q4_pair(backend: Any, epi: str, x: Any, mw: MarlinWeight, out: Any, bia
         args = (mw.qweight, mw.sz, x, NULL if bias is None else bias, out, part, sem) + tail + (
             positions, inv_freq, slots, k_cache, v_cache, np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(bs))
         label = "qkv+rope"
+    if norm_in is not None:
+        args += (norm_in[0], np.float32(norm_in[1]))
+        label = "norm+" + label
     with backend._span("matvec_q", label, T, N, K, False, bias is not None, nbytes or mw.nbytes):
         # a pair of tiles a block, 4 warps each
-        _gemv_launch(backend.k.fns[f"gemv_{'q4m' if mw.mode else 'q4z'}_{epi}_c{mw.group_size // 32}"],
+        _gemv_launch(backend.k.fns[f"gemv_{'q4m' if mw.mode else 'q4z'}_{epi}_c{mw.group_size // 32}"
+                                   f"{'_nin' if norm_in is not None else ''}"],
                      (N // 64, S), (64 * GEMV_WARPS,), args, S, cluster)
 
 
