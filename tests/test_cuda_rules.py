@@ -244,7 +244,8 @@ def test_the_norm_chain_forms_and_where_a_step_takes_them():
     each one-tile plain GEMV with G fixed, a _nin form beside each paired form, all made by the source and
     PDL-launched; q4_norm_chain takes a step of 1-8 tokens where every layer's qkv and gate_up take the paired forms
     with a plan of one K slice or one cluster (gemv_norm_takes) and o and down are on the GEMV at G 32 / 128, under
-    the switch (LLMRS_Q4_GEMV_NORM, on by default). The 7B / 3B / 0.5B shapes all qualify on an H200."""
+    the switch (LLMRS_Q4_GEMV_NORM: "auto" by default, up to a hidden size of 2048 where it measured faster; 1 at
+    every size, 0 never). The 7B / 3B / 0.5B shapes all qualify on an H200 when forced; auto takes the 3B and 0.5B."""
     import re
 
     import llmrs.engine.backends.cuda_q4gemm as q4
@@ -257,7 +258,10 @@ def test_the_norm_chain_forms_and_where_a_step_takes_them():
     assert set(re.findall(r"^GEMV_Q4_NOUT\((\w+), \d, \d\)", src, re.M)) == set(ck.GEMV_NOUT_KERNELS)
     for n in ck.GEMV_PAIR_KERNELS + ck.GEMV_NOUT_KERNELS:
         assert n in ck.PDL_KERNELS and n in ck.ENTRY_POINTS["gemm_q4.cu"]
-    assert CUDABackend.q4_gemv_norm
+    assert CUDABackend.q4_gemv_norm == "auto" and q4.Q4_NORM_CHAIN_MAX_K == 2048
+    modes = {True: "on", False: "off", "auto": "auto", "1": "on", "0": "off", "off": "off", " Auto": "auto"}
+    for v, m in modes.items():
+        assert q4.norm_chain_mode(SimpleNamespace(q4_gemv_norm=v)) == m
 
     def be(on=True, cc=90, cluster=True):
         return SimpleNamespace(num_sms=132, q4_gemv_norm=on, q4_gemv_cluster=cluster, q4_gemv_epilogue=True,
@@ -276,6 +280,8 @@ def test_the_norm_chain_forms_and_where_a_step_takes_them():
         for T in (1, 4, 8):
             assert q4.q4_norm_chain(be(), ls, T, D), (name, T)
         assert not q4.q4_norm_chain(be(), ls, 9, D) and not q4.q4_norm_chain(be(on=False), ls, 1, D)
+        assert not q4.q4_norm_chain(be(on="0"), ls, 1, D)
+        assert q4.q4_norm_chain(be(on="auto"), ls, 1, D) == (H <= 2048), name
         for T in (1, 8):
             assert q4.gemv_norm_takes(be(), ls[0].qkv, T) and q4.gemv_norm_takes(be(), ls[0].gate_up, T)
     ls = layers(3584, 18944, 128, 28, 4)

@@ -268,8 +268,9 @@ class CUDABackend:
     q4_gemv_epilogue = os.environ.get("LLMRS_Q4_GEMV_EPILOGUE", "1") not in OFF_VALUES
     # ... and the RMSNorms between those GEMVs carried by them (cuda_q4gemm.q4_norm_chain: o and down write the next
     # norm's x * g and sums of squares, gate_up and qkv scale by 1 / rms; no rms_norm launch but the first layer's
-    # and the final one), f32 / bf16 rounding apart from rms_norm + the GEMVs; LLMRS_Q4_GEMV_NORM=0 keeps rms_norm
-    q4_gemv_norm = os.environ.get("LLMRS_Q4_GEMV_NORM", "1") not in OFF_VALUES
+    # and the final one), f32 / bf16 rounding apart from rms_norm + the GEMVs: "auto" up to a hidden size of
+    # cuda_q4gemm.Q4_NORM_CHAIN_MAX_K (where it measured faster), LLMRS_Q4_GEMV_NORM=1 at every size, 0 never
+    q4_gemv_norm: bool | str = os.environ.get("LLMRS_Q4_GEMV_NORM", "auto")
     # SiLU x up fused into the batched steps' 4-bit gate_up on the GEMMs (the wgmma forms' 65-256 and 425-512 tokens,
     # mma.sync's 33-192: gemm_q4.cu's gemm_q4{wg,w2}{z,m}_silu_s{S} and gemm_q4{z,m}_silu_m4, cuda_q4gemm.
     # gemm_silu_takes): no [T, 2I] f32 gate/up written and read back, one launch a layer fewer;

@@ -511,12 +511,30 @@ def gemv_pair_takes(backend: Any, epi: str, w: Any, T: int, head_dim: int = 0) -
     return head_dim > 0 and head_dim % 64 == 0 and mw.N % head_dim == 0
 
 
+# The norm chain (q4_norm_chain) in "auto" up to this hidden size. H200, best of 3 a process (scripts/ablate_decode.py
+# --quant awq "full/set:q4_gemv_norm=False", session 25 call6-7), chain / rms_norm kernels, ms/token: Qwen2.5-0.5B
+# (896) 0.6020 / 0.6233, 3B (2048) 1.2983 / 1.3343 and 1.2986 / 1.3341, 7B (3584) 1.8840 / 1.8793 (decode bench, one
+# run a process x 2: 1.8837 / 1.8845 against 1.8800 / 1.8804). The bf16 matvec's in-loop fold stops at the same size
+# (cuda.NORM_FOLD_MAX_K); why the 7B gains nothing is not known.
+Q4_NORM_CHAIN_MAX_K = 2048
+
+
+def norm_chain_mode(backend: Any) -> str:
+    """The backend's q4_gemv_norm as "on" (True, or LLMRS_Q4_GEMV_NORM=1: every size), "off" (False, 0) or "auto"
+    (up to Q4_NORM_CHAIN_MAX_K)."""
+    v = backend.q4_gemv_norm
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    v = str(v).strip().lower()
+    return "off" if v in ("0", "false", "off", "no") else "on" if v in ("1", "true", "on", "yes") else "auto"
+
+
 def gemv_norm_takes(backend: Any, w: Any, T: int) -> bool:
     """Whether the paired form over `w` at T tokens may take its RMSNorm from the producer (gemv_q4_pair's norm_in):
     the backend's q4_gemv_norm (LLMRS_Q4_GEMV_NORM), up to 8 tokens, and a launch plan of one K slice or one
     cluster of them (the block that finishes a tile holds the token's sum; the L2 hand-off's is not set up for it)."""
     mw = getattr(w, "marlin", None)
-    if mw is None or not backend.q4_gemv_norm or not 1 <= T <= 8:
+    if mw is None or norm_chain_mode(backend) == "off" or not 1 <= T <= 8:
         return False
     S, _ = gemv_splits(backend, mw.N, mw.K)
     return S == 1 or (S <= GEMV_CLUSTER_MAX and gemv_cluster(backend))
@@ -527,8 +545,12 @@ def q4_norm_chain(backend: Any, layers: list, T: int, head_dim: int) -> bool:
     / GV_NORM_IN): o writes x * post_norm and the sums of squares for gate_up, down those of the next layer's
     input_norm for its qkv (the first layer's input norm and the final one stay rms_norm). Every layer: qkv and
     gate_up on the GEMV's paired forms with a plan that takes the norm (gemv_norm_takes), o and down on the GEMV
-    (weight_on_gemv) at G 32 / 128 without a bias."""
-    if not layers or not backend.q4_gemv_norm or not 1 <= T <= 8:
+    (weight_on_gemv) at G 32 / 128 without a bias; in "auto" (norm_chain_mode) a hidden size up to
+    Q4_NORM_CHAIN_MAX_K."""
+    mode = norm_chain_mode(backend)
+    if not layers or mode == "off" or not 1 <= T <= 8:
+        return False
+    if mode == "auto" and getattr(getattr(layers[0].o, "marlin", None), "N", 1 << 30) > Q4_NORM_CHAIN_MAX_K:
         return False
     for layer in layers:
         if not (gemv_pair_takes(backend, "rope", layer.qkv, T, head_dim) and gemv_pair_takes(backend, "silu",
