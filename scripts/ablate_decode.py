@@ -11,6 +11,11 @@ graphs recaptured each time); the outputs are then wrong, the times are the poin
   o      the o projection                  qkv   the qkv projection (+ RoPE / KV write)
   mlp    gate_up (+ SiLU) and down         head  the final norm and lm_head (the sampler reads stale logits)
 
+Leaving out a part that keeps the states normalized changes what the head and the sampler see, and the sampler's
+time depends on the logits (ties, non-finite values): "-norm" alone made the 7B AWQ step 0.13 ms *slower*, while
+"-norm-head" against "-head" (the same stale logits sampled in both) showed the norms' real ~5 us a layer
+(session 25). Compare such parts with the head left out on both sides: "-head/-norm-head".
+
 A variant "set:NAME=VALUE[,NAME=VALUE]" instead runs the whole step with backend attributes set (a Python literal
 or a string; restored afterwards): an A/B of a backend switch in one process, e.g. "full/set:matvec_smem=False".
 
