@@ -57,8 +57,8 @@ import numpy as np
 
 from llmrs.engine.backends.cuda_kernels import MATVEC_ROWS_R, OFF_VALUES, sample_row_blocks
 from llmrs.engine.backends.cuda_q4gemm import (GEMV_MAX_TOKENS, dequant_marlin, gemm_q4, gemm_q4_silu, gemm_silu_takes,
-                                               gemm_takes, gemv_pair_takes, gemv_q4, gemv_q4_pair, linear_q4, q4_norm_chain,
-                                               weight_on_gemv, wgmma_takes)
+                                               gemm_takes, gemv_pair_takes, gemv_q4, gemv_q4_pair, linear_q4,
+                                               q4_norm_chain, weight_on_gemv, wgmma_takes)
 from llmrs.engine.backends.cuda_wgmma import bf16_wgmma_takes, gemm_bf16wg
 from llmrs.engine.batch import StepBatch
 from llmrs.engine.config import ModelConfig
