@@ -406,6 +406,12 @@ def gemv_splits(backend: Any, N: int, K: int, splits: int | None = None) -> tupl
     return -(-KB // (GEMV_WARPS * per)), per  # no empty slice
 
 
+def gemv_fixed_group(G: int) -> bool:
+    """Whether gemv_q4 has forms with the group size G fixed at compile time (GEMV_CPG: G 32 and 128), which the paired
+    and norm-carrying forms need."""
+    return G in {32 * c for c in GEMV_CPG}
+
+
 def gemv_kernel(mode: int, T: int, G: int) -> str:
     """gemv_q4's entry point: zero point / min mode, one n8 tile of tokens or two (T > 8), and the form with the
     group size fixed at compile time where there is one (GEMV_CPG: the flush at fixed k32 blocks, each group's
@@ -464,7 +470,7 @@ def gemv_q4(backend: Any, x: Any, mw: MarlinWeight | None, bias: Any | None, out
     S, per, cluster, part, sem = _gemv_plan(backend, T, N, K, splits)
     if norm_out is not None:
         g, xg, ssp = norm_out
-        if T > 8 or bias is not None or mw.group_size // 32 not in GEMV_CPG:
+        if T > 8 or bias is not None or not gemv_fixed_group(mw.group_size):
             raise ValueError(f"gemv_q4: norm_out needs up to 8 tokens, no bias, G 32 or 128 (T {T}, G {mw.group_size})")
         args = (mw.qweight, mw.sz, x, out, part, sem, np.int32(T), np.int32(N), np.int32(K), np.int32(mw.group_size),
                 np.int32(1 if accumulate else 0), np.int32(per), g, xg, ssp)
@@ -504,7 +510,7 @@ def gemv_pair_takes(backend: Any, epi: str, w: Any, T: int, head_dim: int = 0) -
     shape whose pairs are whole tiles (silu: I % 32; rope: head_dim % 64)."""
     mw = getattr(w, "marlin", None)
     if (mw is None or not backend.q4_gemv_epilogue or not 1 <= T <= 8
-            or mw.group_size not in {32 * c for c in GEMV_CPG} or not weight_on_gemv(backend, w, T)):
+            or not gemv_fixed_group(mw.group_size) or not weight_on_gemv(backend, w, T)):
         return False
     if epi == "silu":
         return mw.N % 64 == 0
@@ -550,7 +556,7 @@ def q4_norm_chain(backend: Any, layers: list, T: int, head_dim: int) -> bool:
     mode = norm_chain_mode(backend)
     if not layers or mode == "off" or not 1 <= T <= 8:
         return False
-    if mode == "auto" and getattr(getattr(layers[0].o, "marlin", None), "N", 1 << 30) > Q4_NORM_CHAIN_MAX_K:
+    if mode == "auto" and getattr(layers[0].o, "N", 0) > Q4_NORM_CHAIN_MAX_K:  # (o's N: the hidden size)
         return False
     for layer in layers:
         if not (gemv_pair_takes(backend, "rope", layer.qkv, T, head_dim) and gemv_pair_takes(backend, "silu",
@@ -560,8 +566,7 @@ def q4_norm_chain(backend: Any, layers: list, T: int, head_dim: int) -> bool:
             return False
         for w in (layer.o, layer.down):
             mw = getattr(w, "marlin", None)
-            if (mw is None or getattr(w, "kind", None) != "q4" or not weight_on_gemv(backend, w, T)
-                    or mw.group_size // 32 not in GEMV_CPG):
+            if mw is None or not weight_on_gemv(backend, w, T) or not gemv_fixed_group(mw.group_size):
                 return False
     return True
 
