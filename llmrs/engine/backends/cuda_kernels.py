@@ -105,13 +105,16 @@ def wg_cluster(S: int) -> int:
     return max(s for s in WG_SPLITS if s <= max(1, S))
 
 
+GEMM_Q4_RED_LD = 132  # gemm_q4.cu's WG_RED_LD: floats a row of the accumulators staged in shared memory
+
+
 def gemm_q4_smem_bytes(mt: int, stages: dict[int, int] | None = None, silu: bool = False) -> int:
     """Dynamic shared memory of gemm_q4{z,m}_m<MT>: GemmQ4Smem<MT> (x rows 16 MT x 8, weights 256, scale words 64;
     16-byte entries) per stage, for `stages` (a module compiled with other -DGQ_STAGES_M*; default GEMM_Q4_STAGES);
     `silu`: gemm_q4{z,m}_silu_m<MT>, whose one-slice epilogue puts the accumulators there too (16 MT rows of
-    WG_RED_LD = 132 floats), the larger of the two."""
+    GEMM_Q4_RED_LD floats), the larger of the two."""
     ring = (GEMM_Q4_STAGES if stages is None else stages)[mt] * (16 * mt * 8 + 256 + 64) * 16
-    return max(ring, 16 * mt * 132 * 4) if silu else ring
+    return max(ring, 16 * mt * GEMM_Q4_RED_LD * 4) if silu else ring
 
 
 # attn_cluster{CL}_d{DPL} (attention.cu): the cluster sizes of each head-dim form; _g4: a block per 4 query heads;
