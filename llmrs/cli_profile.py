@@ -29,6 +29,9 @@ def profile(
     context: int = typer.Option(512, "--context", help="Tokens already cached per sequence in the decode steps."),
     prefill_len: Optional[int] = typer.Option(None, "--prefill-len",
                                               help="Prompt tokens of the profiled prefill step (default: --context)."),
+    prefill_seqs: int = typer.Option(1, "--prefill-seqs",
+                                     help="Prompts in the profiled prefill step, each --prefill-len tokens (32 x 256 "
+                                          "= a loaded server's 8192-token step)."),
     steps: int = typer.Option(10, "--steps", help="Timed steps per case (and as many profiled ones)."),
     gpu: str = typer.Option("auto", "--gpu", help="GPU key or name for the ceilings (`llmrs gpus`); 'auto' asks NVML."),
     measure: bool = typer.Option(False, "--measure",
@@ -70,6 +73,7 @@ def profile(
             check_tp_size(tensor_parallel_size, "cuda")
         with err.status("profiling ...") as status:
             profiles, meta = prof.run_profile(spec, batches, context, prefill_len=prefill_len, steps=steps, gpu=gpu,
+                                              prefill_seqs=prefill_seqs,
                                               measure=measure, graphs=graphs, progress=lambda m: status.update(m),
                                               tp=tensor_parallel_size, link_gbs=tp_link_gbs)
     if out:

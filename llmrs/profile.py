@@ -401,9 +401,11 @@ def _fill_kv(backend: Any, seed: int = 0) -> None:
 
 def run_profile(model: str, batches: list[int], context: int, prefill_len: int | None = None, steps: int = 10,
                 warmup: int = 3, gpu: str = "auto", measure: bool = False, graphs: bool = True,
-                progress: Any = None, tp: int = 1, link_gbs: float | None = None,
+                progress: Any = None, tp: int = 1, link_gbs: float | None = None, prefill_seqs: int = 1,
                 ) -> tuple[list[StepProfile], dict[str, Any]]:
-    """Profile decode at each batch size (every sequence at `context` cached tokens) and one prefill.
+    """Profile decode at each batch size (every sequence at `context` cached tokens) and one prefill step of
+    `prefill_seqs` prompts of `prefill_len` tokens each (several: a loaded server's chunked step, e.g. 32 x 256 =
+    the default 8192-token budget; the label then reads "prefill 32x256").
 
     With `tp` > 1 the model runs tensor-parallel (llmrs.engine.tp_nccl: rank 0 here, one worker process per
     other GPU, every step broadcast as the engine does); rank 0's launches and NCCL calls are timed, its
@@ -411,16 +413,16 @@ def run_profile(model: str, batches: list[int], context: int, prefill_len: int |
     figure in the database, one direction)."""
     from llmrs.engine.backends.cuda import cuda_available
 
+    if context < 1 or steps < 1 or prefill_seqs < 1 or (prefill_len is not None and prefill_len < 1):
+        raise UserError("--context, --steps, --prefill-len and --prefill-seqs must be at least 1")
     ok, why = cuda_available()
     if not ok:
         raise UserError(f"llmrs profile times kernels on a GPU and needs CuPy and an NVIDIA GPU: {why}")
-    if context < 1 or steps < 1:
-        raise UserError("--context and --steps must be at least 1")
     prefill_len = prefill_len or context
     ceil = ceilings(gpu, measure)
     bs = 16
     per_seq = -(-(context + 1) // bs)
-    num_blocks = max(max(batches) * per_seq, -(-prefill_len // bs))
+    num_blocks = max(max(batches) * per_seq, prefill_seqs * -(-prefill_len // bs))
     say = progress or (lambda msg: None)
     say(f"loading {model} ({num_blocks} KV blocks{f', tensor parallel x{tp}' if tp > 1 else ''})")
     runner = None
@@ -444,7 +446,7 @@ def run_profile(model: str, batches: list[int], context: int, prefill_len: int |
         forward_device = m.forward_device
     try:
         return _profile_steps(model, backend, config, forward_device, batches, context, prefill_len, steps, warmup,
-                              ceil, per_seq, bs, say, tp, link_gbs)
+                              ceil, per_seq, bs, say, tp, link_gbs, prefill_seqs)
     finally:
         if runner is not None:
             runner.shutdown()
@@ -452,7 +454,7 @@ def run_profile(model: str, batches: list[int], context: int, prefill_len: int |
 
 def _profile_steps(model: str, backend: Any, config: Any, forward_device: Any, batches: list[int], context: int,
                    prefill_len: int, steps: int, warmup: int, ceil: Ceilings, per_seq: int, bs: int, say: Any,
-                   tp: int, link_gbs: float | None) -> tuple[list[StepProfile], dict[str, Any]]:
+                   tp: int, link_gbs: float | None, prefill_seqs: int = 1) -> tuple[list[StepProfile], dict[str, Any]]:
     from llmrs.engine.batch import build_step_batch
     from llmrs.engine.sampling import SamplingParams, SamplingState, make_generator
 
@@ -483,9 +485,11 @@ def _profile_steps(model: str, backend: Any, config: Any, forward_device: Any, b
         seqs = [(rng.integers(0, V, 1).tolist(), context, list(range(b * per_seq, (b + 1) * per_seq)), True)
                 for b in range(B)]
         plans.append((f"decode B={B}", "decode", B, B, build_step_batch(seqs, bs)))
-    table = list(range(-(-prefill_len // bs)))
-    plans.append((f"prefill {prefill_len}", "prefill", 1, prefill_len,
-                  build_step_batch([(rng.integers(0, V, prefill_len).tolist(), 0, table, True)], bs)))
+    nb = -(-prefill_len // bs)  # each prompt its own blocks
+    prompts = [(rng.integers(0, V, prefill_len).tolist(), 0, list(range(i * nb, (i + 1) * nb)), True)
+               for i in range(prefill_seqs)]
+    label = f"prefill {prefill_len}" if prefill_seqs == 1 else f"prefill {prefill_seqs}x{prefill_len}"
+    plans.append((label, "prefill", prefill_seqs, prefill_seqs * prefill_len, build_step_batch(prompts, bs)))
     profiles = []
     for label, phase, B, tokens, batch in plans:
         say(f"{label}: {warmup} warm-up + {steps} timed + {steps} profiled steps")
@@ -503,7 +507,8 @@ def _profile_steps(model: str, backend: Any, config: Any, forward_device: Any, b
                                   label, B, tokens, wall, link_bandwidth=link_gbs * 1e9 if link_gbs else None))
     meta = {"model": model, "gpu_name": ceil.gpu_name, "bandwidth_gbs": round(ceil.bandwidth_gbs, 1),
             "peak_tflops": round(ceil.peak_tflops, 1), "ceilings": ceil.source, "context": context,
-            "prefill_len": prefill_len, "steps": steps, "cuda_graphs": backend.graphs is not None,
+            "prefill_len": prefill_len, "prefill_seqs": prefill_seqs, "steps": steps,
+            "cuda_graphs": backend.graphs is not None,
             "tensor_parallel": tp, "link_gbs": link_gbs,
             "note": "wall = median step with the engine's path (graphs when on); kernel times from eager "
                     "steps with CUDA events around every launch"}

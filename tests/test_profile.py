@@ -195,6 +195,15 @@ def test_profile_without_a_gpu_is_one_clear_error(capsys):
     assert err.startswith("error: llmrs profile") and "GPU" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("flag", ["--prefill-seqs", "--prefill-len", "--steps"])
+def test_profile_refuses_a_count_below_one_before_looking_for_a_gpu(capsys, flag):
+    with pytest.raises(SystemExit) as e:
+        main(["profile", "--synthetic", "qwen2.5-0.5b", "--batch", "1", flag, "0"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--prefill-seqs must be at least 1" in err and "Traceback" not in err
+
+
 def test_profile_needs_exactly_one_model(capsys):
     with pytest.raises(SystemExit) as e:
         main(["profile", "--synthetic", "qwen2.5-0.5b", "--model", "x"])
@@ -226,6 +235,26 @@ def test_profile_of_real_steps_on_the_gpu(tmp_path):
     assert profiles[-1].categories["prefill attention"] > 0 and profiles[0].categories["decode attention"] > 0
     prof.save_json(tmp_path / "p.json", profiles, meta)
     assert json.loads((tmp_path / "p.json").read_text())["steps"][2]["batch"] == 12
+
+
+@pytest.mark.gpu
+def test_profile_of_a_prefill_step_of_several_prompts(tmp_path):
+    """--prefill-seqs: one prefill step of several prompts (a loaded server's chunked step), each its own blocks
+    and its own sampled row; the step's tokens are all the prompts' and its attention is prefill attention."""
+    from tests.cuda_helpers import require_gpu
+    from tests.conftest import write_tiny_model
+
+    require_gpu()
+    path = write_tiny_model(tmp_path / "qwen2", "qwen2")
+    profiles, meta = prof.run_profile(str(path), [2], context=20, prefill_len=24, steps=2, gpu="auto",
+                                      prefill_seqs=5)
+    assert [p.label for p in profiles] == ["decode B=2", "prefill 5x24"]
+    p = profiles[-1]
+    assert (p.batch, p.tokens) == (5, 120) and meta["prefill_seqs"] == 5
+    assert p.categories["prefill attention"] > 0 and p.categories["decode attention"] == 0
+    assert sum(p.categories.values()) == pytest.approx(p.kernel_ms)
+    gemm = [k for k in p.kernels if k.kernel.startswith(("gemm ", "matvec "))]
+    assert gemm and all(k.calls >= 1 for k in gemm)
 
 
 @pytest.mark.gpu

@@ -13,6 +13,7 @@ sorted by key count, longest first: the long causal tiles start first and the sh
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -108,6 +109,10 @@ TC_WARPS = 4  # DT_WARPS in prefill_attention.cu
 TC_BLOCK_K = 16  # DT_BK: keys of a warp's tile
 TC_MAX_GROUP = 16  # query heads per KV head: the 16 rows of the MMA
 TC_MIN_SPLIT_KEYS = 32  # keys a split at least (decode_tc_splits)
+# EXPERIMENT (A/B only): decode_attn_tc's preferred shared-memory carveout in percent (CU_FUNC_ATTRIBUTE_PREFERRED_
+# SHARED_MEMORY_CARVEOUT); unset leaves the driver's choice. Its 160 registers x 128 threads and 68 KB a block allow
+# three blocks an SM where the carveout gives them 207 KB.
+TC_CARVEOUT = os.environ.get("LLMRS_ATTN_TC_CARVEOUT")
 
 
 def decode_tc_supported(backend: Any) -> bool:
@@ -151,6 +156,8 @@ def decode_attention_tc(backend: Any, layer: int, q: Any, q_stride: int, db: Any
     if id(fn) not in _smem_set:
         if smem > 48 * 1024:  # (a PDL kernel: the attribute goes on its RawKernel, the function both launch)
             getattr(fn, "raw", fn).max_dynamic_shared_size_bytes = smem
+        if TC_CARVEOUT:
+            getattr(fn, "raw", fn).preferred_shared_memory_carveout = int(TC_CARVEOUT)
         _smem_set.add(id(fn))
     part_acc, part_ml = backend._attn_partials(T, Hq, D, S)
     scale_log2 = np.float32(float(backend.scale) * math.log2(math.e))
