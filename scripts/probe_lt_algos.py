@@ -46,7 +46,6 @@ def main() -> None:
     handle = cp.cuda.device.get_cublas_handle()
     ws_bytes = a.workspace_mib << 20
     ws = cp.empty(ws_bytes, dtype=cp.uint8)
-    cublas.setWorkspace(handle, ws.data.ptr, ws_bytes)
     lt = ctypes.c_void_p()
     _check(lib.cublasLtCreate(ctypes.byref(lt)), "create")
     desc = ctypes.c_void_p()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from llmrs.engine.backends.cuda import ATTN_TC_MIN_TOKENS, MATVEC_LONG_K_MIN_WARPS, CUDABackend
-from llmrs.engine.backends.cuda_prefill import TC_MIN_SPLIT_KEYS, decode_tc_splits
+from llmrs.engine.backends.cuda_prefill import TC_MIN_SPLIT_KEYS, decode_tc_splits, decode_tc_supported
 from llmrs.roofline.presets import preset_config
 
 
@@ -37,6 +37,16 @@ def test_without_tensor_cores_auto_keeps_the_cuda_core_kernels():
     assert CUDABackend._attn_choice(be, 256) == "gqa"  # 1024 (token, kv head) blocks >= ATTN_GQA_MIN_BLOCKS
     for forced in ("partial", "gqa", "tc"):
         assert CUDABackend._attn_choice(fake_backend("qwen2.5-7b", kernel=forced), 64) == forced
+
+
+@pytest.mark.parametrize("block_size,tc", [(8, False), (16, True), (32, True)])
+def test_decode_attn_tc_wants_cache_blocks_of_whole_16_key_tiles(block_size, tc):
+    """Each 16-key tile of decode_attn_tc reads one cache block (one block-table read a tile): blocks of 8 tokens
+    keep the CUDA-core kernels."""
+    be = fake_backend("qwen2.5-7b")
+    be.block_size = block_size
+    assert decode_tc_supported(be) is tc
+    assert CUDABackend._attn_choice(be, 256) == ("tc" if tc else "gqa")
 
 
 def test_tc_splits_fill_the_gpu_with_splits_of_at_least_32_keys():

@@ -120,7 +120,9 @@ __device__ __forceinline__ int swz(int row, int chunk) {
 // key tiles of raw scores, scaled by scale_log2 here): the row maxima over the quad's 4 lanes, the running maxima
 // m0 / m1 (log2 units) and the lane's partial sums l0 / l1 rescaled, s turned into p = exp2(s * scale - m), and
 // the O accumulator's DT n8 tiles rescaled. The caller makes sure each row's maximum is finite (a key in range).
-template <int NT, int DT>
+// LAZY (decode_attn_tc): the O rescale is skipped when no row of the warp's 16 changed its maximum (every factor
+// exp2(0) = 1 exactly: the same bits), which after the first tiles is most of them.
+template <int NT, int DT, bool LAZY = false>
 __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&o)[DT][4], float& m0, float& m1,
                                                float& l0, float& l1, float scale_log2) {
     float mx0 = fmaxf(s[0][0], s[0][1]), mx1 = fmaxf(s[0][2], s[0][3]);
@@ -149,6 +151,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&o)[DT]
     }
     l0 = l0 * corr0 + sum0;  // per-lane partial sums; the quad adds them up at the end
     l1 = l1 * corr1 + sum1;
+    if (LAZY && !__any_sync(0xffffffffu, corr0 != 1.0f || corr1 != 1.0f)) return;
 #pragma unroll
     for (int d = 0; d < DT; ++d) {
         o[d][0] *= corr0; o[d][1] *= corr0;
@@ -412,19 +415,29 @@ __device__ __forceinline__ void decode_attn_tc_impl(
     const int my_tiles = n_tiles > warp ? (n_tiles - warp + DT_WARPS - 1) / DT_WARPS : 0;
     pdl_wait();  // q and this token's K/V row are the previous kernels'
 
-    // this warp's tile i -> stage st: a lane copies (DT_BK * CH / 32) 16-byte chunks of K and of V
+    // this warp's tile i -> stage st: a lane copies (DT_BK * CH / 32) 16-byte chunks of K and of V, rows
+    // r_lane + u * RPU, chunk c_lane. Every tile lies in one cache block (the host's rule, decode_tc_supported /
+    // decode_attention_tc: blocks of a multiple of DT_BK tokens, each split's range starting on a multiple of
+    // DT_BK), so a tile reads the block table once, and each chunk's source and swizzled destination are constant
+    // offsets from the lane's ((r_lane + u RPU) & 7 is r_lane ^ (u RPU & 7), as r_lane < RPU).
+    constexpr int RPU = 32 / CH;
+    const int r_lane = lane / CH, c_lane = lane % CH;
+    const unsigned s_lane = sW + (unsigned)(r_lane * (D * 2)), x_lane = (unsigned)(c_lane ^ r_lane);
+    const int g_lane = r_lane * D + c_lane * 8;
     auto load_tile = [&](int i, int st) {
         const int kv0 = start + (warp + i * DT_WARPS) * DT_BK;
+        const size_t base = ((((size_t)__ldg(table + (kv0 >> bs_shift)) * Hkv + g) << bs_shift)
+                             + (kv0 & bs_mask)) * D + g_lane;
+        const bf16_t* kp = k_cache + base;
+        const bf16_t* vp = v_cache + base;
+        const int rows = end - kv0;
+        const unsigned sb = s_lane + (unsigned)(st * 2 * TB);
 #pragma unroll
         for (int u = 0; u < DT_BK * CH / 32; ++u) {
-            const int idx = lane + u * 32;
-            const int r = idx / CH, c = idx % CH, j = kv0 + r;
-            const bool ok = j < end;
-            size_t off = 0;
-            if (ok) off = ((((size_t)table[j >> bs_shift] * Hkv + g) << bs_shift) + (j & bs_mask)) * D + c * 8;
-            const unsigned so = sW + (unsigned)(st * 2 * TB + swz<D>(r, c));
-            cp_async16(so, k_cache + off, ok ? 16 : 0);
-            cp_async16(so + TB, v_cache + off, ok ? 16 : 0);
+            const unsigned so = sb + (unsigned)(u * RPU * (D * 2)) + ((x_lane ^ (unsigned)((u * RPU) & 7)) << 4);
+            const int bytes = r_lane + u * RPU < rows ? 16 : 0;  // keys past the range: zero-filled, masked below
+            cp_async16(so, kp + u * RPU * D, bytes);
+            cp_async16(so + TB, vp + u * RPU * D, bytes);
         }
         cp_async_commit();
     };
@@ -482,7 +495,7 @@ __device__ __forceinline__ void decode_attn_tc_impl(
             }
         }
         // online softmax; the tile's first key is in range, so the row maxima are finite
-        online_softmax<2, DT>(sc, o, m0, m1, l0, l1, scale_log2);
+        online_softmax<2, DT, true>(sc, o, m0, m1, l0, l1, scale_log2);
         // O += P V: the C fragments of the two n8 key tiles are the A fragment of the tile's k16 step
         unsigned a[4];
         a[0] = pack_bf16x2(sc[0][0], sc[0][1]);
@@ -555,7 +568,7 @@ __device__ __forceinline__ void decode_attn_tc_impl(
 }
 
 #define DECODE_ATTN_TC(D, NAME, OUT_BF16, OUT_T)                                                               \
-    extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, 2) NAME(                                        \
+    extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, 3) NAME(                                        \
         const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,                         \
         const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,              \
         const int* __restrict__ token_seq, const int* __restrict__ positions, OUT_T* __restrict__ out,         \

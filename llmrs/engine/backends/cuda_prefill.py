@@ -13,7 +13,6 @@ sorted by key count, longest first: the long causal tiles start first and the sh
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import numpy as np
@@ -109,17 +108,15 @@ TC_WARPS = 4  # DT_WARPS in prefill_attention.cu
 TC_BLOCK_K = 16  # DT_BK: keys of a warp's tile
 TC_MAX_GROUP = 16  # query heads per KV head: the 16 rows of the MMA
 TC_MIN_SPLIT_KEYS = 32  # keys a split at least (decode_tc_splits)
-# EXPERIMENT (A/B only): decode_attn_tc's preferred shared-memory carveout in percent (CU_FUNC_ATTRIBUTE_PREFERRED_
-# SHARED_MEMORY_CARVEOUT); unset leaves the driver's choice. Its 160 registers x 128 threads and 68 KB a block allow
-# three blocks an SM where the carveout gives them 207 KB.
-TC_CARVEOUT = os.environ.get("LLMRS_ATTN_TC_CARVEOUT")
 
 
 def decode_tc_supported(backend: Any) -> bool:
     """Whether decode_attn_tc (prefill_attention.cu) can run this backend's shapes: prefill_attention's head dims
-    and GPUs, at most 16 query heads per KV head."""
+    and GPUs, at most 16 query heads per KV head, cache blocks of a multiple of its 16-key tiles (a tile reads one
+    block: one block-table read a tile)."""
     c = backend.config
-    return prefill_supported(backend) and c.num_queries_per_kv <= TC_MAX_GROUP
+    return (prefill_supported(backend) and c.num_queries_per_kv <= TC_MAX_GROUP
+            and backend.block_size % TC_BLOCK_K == 0)
 
 
 def decode_tc_splits(backend: Any, T: int, max_len: int) -> int:
@@ -149,6 +146,7 @@ def decode_attention_tc(backend: Any, layer: int, q: Any, q_stride: int, db: Any
         return None
     S = decode_tc_splits(backend, T, db.max_len)
     chunk = -(-db.max_len // S)
+    chunk = -(-chunk // TC_BLOCK_K) * TC_BLOCK_K  # each split starts on a tile of one cache block
     dst = out if out_bf16 is None else out_bf16
     bf16 = "_bf16" if out_bf16 is not None else ""
     fn = backend.k.fns[f"decode_attn_tc{bf16 if S == 1 else ''}_d{D}"]
@@ -156,8 +154,6 @@ def decode_attention_tc(backend: Any, layer: int, q: Any, q_stride: int, db: Any
     if id(fn) not in _smem_set:
         if smem > 48 * 1024:  # (a PDL kernel: the attribute goes on its RawKernel, the function both launch)
             getattr(fn, "raw", fn).max_dynamic_shared_size_bytes = smem
-        if TC_CARVEOUT:
-            getattr(fn, "raw", fn).preferred_shared_memory_carveout = int(TC_CARVEOUT)
         _smem_set.add(id(fn))
     part_acc, part_ml = backend._attn_partials(T, Hq, D, S)
     scale_log2 = np.float32(float(backend.scale) * math.log2(math.e))
