@@ -385,14 +385,22 @@ PREFILL_ATTN(128, prefill_attn_bf16_d128, true, bf16_t)
 #define DT_BK 16  // keys per warp tile
 #define DT_LN2 0.6931471805599453f
 
-// OUT_BF16 (one split only): out holds bf16 words, as prefill_attn_impl's
-template <int D, bool OUT_BF16>
+// OUT_BF16 (one split only): out holds bf16 words, as prefill_attn_impl's.
+// ROPE (decode_attn_tc_rope*: a step whose every sequence has one new token): q is the qkv projection's raw row
+// ([Hq + 2 Hkv] heads, the q / k / v bias not yet added: `bias` or nullptr), and this kernel does rope_write_kv's
+// work for its KV head: Q rotated on its way to shared memory (as rope_write_kv rotates it in place, then this
+// kernel's bf16 pack: the same bits), and the split whose range holds the new key (position L - 1) writes K rotated
+// and V of head g to the token's cache slot first (k_new / v_new: the caches, written before its tiles are loaded;
+// no other block reads that key). The angle's sine and cosine: rope_sincos, once a block; the expressions
+// pair_rope_out's (common.cuh). One launch a layer fewer than rope_write_kv + decode_attn_tc.
+template <int D, bool OUT_BF16, bool ROPE = false>
 __device__ __forceinline__ void decode_attn_tc_impl(
     const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,
     const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,
     const int* __restrict__ token_seq, const int* __restrict__ positions, void* __restrict__ out,
     float* __restrict__ part_acc, float* __restrict__ part_ml, int Hq, int Hkv, int bs_shift, int chunk,
-    float scale_log2) {
+    float scale_log2, const float* __restrict__ inv_freq = nullptr, const int* __restrict__ slots = nullptr,
+    const float* __restrict__ bias = nullptr, bf16_t* k_new = nullptr, bf16_t* v_new = nullptr) {
     pdl_trigger();
 #if PF_HAVE_MMA
     constexpr int CH = D / 8;                   // 16-byte chunks per row
@@ -414,6 +422,36 @@ __device__ __forceinline__ void decode_attn_tc_impl(
     const int n_tiles = end > start ? (end - start + DT_BK - 1) / DT_BK : 0;
     const int my_tiles = n_tiles > warp ? (n_tiles - warp + DT_WARPS - 1) / DT_WARPS : 0;
     pdl_wait();  // q and this token's K/V row are the previous kernels'
+    constexpr int HALF = D / 2;
+    __shared__ float s_sn[ROPE ? HALF : 1], s_cs[ROPE ? HALF : 1];
+    if (ROPE) {
+        const float pos = (float)positions[t];
+        for (int i = tid; i < HALF; i += blockDim.x) rope_sincos(__fmul_rn(pos, inv_freq[i]), &s_sn[i], &s_cs[i]);
+        __syncthreads();
+        if (start < L && end == L) {  // this split holds the new key: K (rotated) and V of head g to its slot
+            const int sl = slots[t];
+            const size_t dst = ((((size_t)(sl >> bs_shift) * Hkv + g) << bs_shift) + (sl & bs_mask)) * D;
+            const float* row = q + (size_t)t * q_stride;
+            const int hk = (Hq + g) * D, hv = (Hq + Hkv + g) * D;
+            for (int i = tid; i < HALF; i += blockDim.x) {
+                float a = row[hk + i], c = row[hk + i + HALF];
+                if (bias != nullptr) {
+                    a += bias[hk + i];
+                    c += bias[hk + i + HALF];
+                }
+                const float sn = s_sn[i], cs = s_cs[i];
+                const float y1 = a * cs - c * sn, y2 = c * cs + a * sn;
+                k_new[dst + i] = f32_to_bf16(y1);
+                k_new[dst + i + HALF] = f32_to_bf16(y2);
+            }
+            for (int d = tid; d < D; d += blockDim.x) {
+                float x = row[hv + d];
+                if (bias != nullptr) x += bias[hv + d];
+                v_new[dst + d] = f32_to_bf16(x);
+            }
+            __syncthreads();  // the block's cache writes before its copies of the last tile read them
+        }
+    }
 
     // this warp's tile i -> stage st: a lane copies (DT_BK * CH / 32) 16-byte chunks of K and of V, rows
     // r_lane + u * RPU, chunk c_lane. Every tile lies in one cache block (the host's rule, decode_tc_supported /
@@ -443,8 +481,27 @@ __device__ __forceinline__ void decode_attn_tc_impl(
     };
     if (my_tiles > 0) load_tile(0, 0);
 
-    // Q: rows r < G are heads g * G + r of token t (f32 -> bf16); rows G..15 zeros
-    for (int idx = tid; idx < 16 * D / 4; idx += blockDim.x) {
+    // Q: rows r < G are heads g * G + r of token t (f32 -> bf16); rows G..15 zeros. ROPE: row r's pairs (i, i +
+    // D/2) with the bias added and rotated, then packed as the f32 path packs rope_write_kv's output
+    if (ROPE) {
+        for (int idx = tid; idx < G * HALF; idx += blockDim.x) {
+            const int r = idx / HALF, i = idx % HALF, h = (g * G + r) * D;
+            const float* row = q + (size_t)t * q_stride + h;
+            float a = row[i], c = row[i + HALF];
+            if (bias != nullptr) {
+                a += bias[h + i];
+                c += bias[h + i + HALF];
+            }
+            const float sn = s_sn[i], cs = s_cs[i];
+            const float y1 = a * cs - c * sn, y2 = c * cs + a * sn;
+            unsigned char* base = smem + qoff;
+            *reinterpret_cast<unsigned short*>(base + swz<D>(r, i >> 3) + (i & 7) * 2) =
+                (unsigned short)(pack_bf16x2(y1, 0.0f) & 0xFFFFu);
+            *reinterpret_cast<unsigned short*>(base + swz<D>(r, (i + HALF) >> 3) + ((i + HALF) & 7) * 2) =
+                (unsigned short)(pack_bf16x2(y2, 0.0f) & 0xFFFFu);
+        }
+    }
+    for (int idx = ROPE ? G * D / 4 + tid : tid; idx < 16 * D / 4; idx += blockDim.x) {
         const int r = idx / (D / 4), c4 = idx % (D / 4);
         float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (r < G) v = *reinterpret_cast<const float4*>(q + (size_t)t * q_stride + (size_t)(g * G + r) * D + c4 * 4);
@@ -582,3 +639,20 @@ DECODE_ATTN_TC(64, decode_attn_tc_d64, false, float)
 DECODE_ATTN_TC(128, decode_attn_tc_d128, false, float)
 DECODE_ATTN_TC(64, decode_attn_tc_bf16_d64, true, bf16_t)
 DECODE_ATTN_TC(128, decode_attn_tc_bf16_d128, true, bf16_t)
+
+// RoPE + the K / V cache write in the attention's prologue (ROPE above)
+#define DECODE_ATTN_TC_ROPE(D, NAME, OUT_BF16, OUT_T)                                                          \
+    extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, 3) NAME(                                        \
+        const float* __restrict__ qkv, int q_stride, bf16_t* k_cache, bf16_t* v_cache,                         \
+        const int* __restrict__ block_tables, int max_blocks, const int* __restrict__ token_seq,               \
+        const int* __restrict__ positions, OUT_T* __restrict__ out, float* __restrict__ part_acc,              \
+        float* __restrict__ part_ml, int Hq, int Hkv, int bs_shift, int chunk, float scale_log2,               \
+        const float* __restrict__ inv_freq, const int* __restrict__ slots, const float* __restrict__ bias) {   \
+        decode_attn_tc_impl<D, OUT_BF16, true>(qkv, q_stride, k_cache, v_cache, block_tables, max_blocks,      \
+                                               token_seq, positions, out, part_acc, part_ml, Hq, Hkv, bs_shift, \
+                                               chunk, scale_log2, inv_freq, slots, bias, k_cache, v_cache);    \
+    }
+DECODE_ATTN_TC_ROPE(64, decode_attn_tc_rope_d64, false, float)
+DECODE_ATTN_TC_ROPE(128, decode_attn_tc_rope_d128, false, float)
+DECODE_ATTN_TC_ROPE(64, decode_attn_tc_rope_bf16_d64, true, bf16_t)
+DECODE_ATTN_TC_ROPE(128, decode_attn_tc_rope_bf16_d128, true, bf16_t)
