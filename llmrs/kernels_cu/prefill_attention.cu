@@ -422,6 +422,37 @@ __device__ __forceinline__ void decode_attn_tc_impl(
     const int n_tiles = end > start ? (end - start + DT_BK - 1) / DT_BK : 0;
     const int my_tiles = n_tiles > warp ? (n_tiles - warp + DT_WARPS - 1) / DT_WARPS : 0;
     pdl_wait();  // q and this token's K/V row are the previous kernels'
+
+    // this warp's tile i -> stage st: a lane copies (DT_BK * CH / 32) 16-byte chunks of K and of V, rows
+    // r_lane + u * RPU, chunk c_lane. Every tile lies in one cache block (the host's rule, decode_tc_supported /
+    // decode_attention_tc: blocks of a multiple of DT_BK tokens, each split's range starting on a multiple of
+    // DT_BK), so a tile reads the block table once, and each chunk's source and swizzled destination are constant
+    // offsets from the lane's ((r_lane + u RPU) & 7 is r_lane ^ (u RPU & 7), as r_lane < RPU).
+    constexpr int RPU = 32 / CH;
+    const int r_lane = lane / CH, c_lane = lane % CH;
+    const unsigned s_lane = sW + (unsigned)(r_lane * (D * 2)), x_lane = (unsigned)(c_lane ^ r_lane);
+    const int g_lane = r_lane * D + c_lane * 8;
+    auto load_tile = [&](int i, int st) {
+        const int kv0 = start + (warp + i * DT_WARPS) * DT_BK;
+        const size_t base = ((((size_t)__ldg(table + (kv0 >> bs_shift)) * Hkv + g) << bs_shift)
+                             + (kv0 & bs_mask)) * D + g_lane;
+        const bf16_t* kp = k_cache + base;
+        const bf16_t* vp = v_cache + base;
+        const int rows = end - kv0;
+        const unsigned sb = s_lane + (unsigned)(st * 2 * TB);
+#pragma unroll
+        for (int u = 0; u < DT_BK * CH / 32; ++u) {
+            const unsigned so = sb + (unsigned)(u * RPU * (D * 2)) + ((x_lane ^ (unsigned)((u * RPU) & 7)) << 4);
+            const int bytes = r_lane + u * RPU < rows ? 16 : 0;  // keys past the range: zero-filled, masked below
+            cp_async16(so, kp + u * RPU * D, bytes);
+            cp_async16(so + TB, vp + u * RPU * D, bytes);
+        }
+        cp_async_commit();
+    };
+    // ROPE: the first tiles' copies go out before the RoPE work where none of them holds the new key (the range
+    // has more tiles than warps: the key's tile is loaded in the loop, after the write and its barrier)
+    const bool early = !ROPE || n_tiles > DT_WARPS;
+    if (early && my_tiles > 0) load_tile(0, 0);
     constexpr int HALF = D / 2;
     __shared__ float s_sn[ROPE ? HALF : 1], s_cs[ROPE ? HALF : 1];
     if (ROPE) {
@@ -452,34 +483,7 @@ __device__ __forceinline__ void decode_attn_tc_impl(
             __syncthreads();  // the block's cache writes before its copies of the last tile read them
         }
     }
-
-    // this warp's tile i -> stage st: a lane copies (DT_BK * CH / 32) 16-byte chunks of K and of V, rows
-    // r_lane + u * RPU, chunk c_lane. Every tile lies in one cache block (the host's rule, decode_tc_supported /
-    // decode_attention_tc: blocks of a multiple of DT_BK tokens, each split's range starting on a multiple of
-    // DT_BK), so a tile reads the block table once, and each chunk's source and swizzled destination are constant
-    // offsets from the lane's ((r_lane + u RPU) & 7 is r_lane ^ (u RPU & 7), as r_lane < RPU).
-    constexpr int RPU = 32 / CH;
-    const int r_lane = lane / CH, c_lane = lane % CH;
-    const unsigned s_lane = sW + (unsigned)(r_lane * (D * 2)), x_lane = (unsigned)(c_lane ^ r_lane);
-    const int g_lane = r_lane * D + c_lane * 8;
-    auto load_tile = [&](int i, int st) {
-        const int kv0 = start + (warp + i * DT_WARPS) * DT_BK;
-        const size_t base = ((((size_t)__ldg(table + (kv0 >> bs_shift)) * Hkv + g) << bs_shift)
-                             + (kv0 & bs_mask)) * D + g_lane;
-        const bf16_t* kp = k_cache + base;
-        const bf16_t* vp = v_cache + base;
-        const int rows = end - kv0;
-        const unsigned sb = s_lane + (unsigned)(st * 2 * TB);
-#pragma unroll
-        for (int u = 0; u < DT_BK * CH / 32; ++u) {
-            const unsigned so = sb + (unsigned)(u * RPU * (D * 2)) + ((x_lane ^ (unsigned)((u * RPU) & 7)) << 4);
-            const int bytes = r_lane + u * RPU < rows ? 16 : 0;  // keys past the range: zero-filled, masked below
-            cp_async16(so, kp + u * RPU * D, bytes);
-            cp_async16(so + TB, vp + u * RPU * D, bytes);
-        }
-        cp_async_commit();
-    };
-    if (my_tiles > 0) load_tile(0, 0);
+    if (!early && my_tiles > 0) load_tile(0, 0);
 
     // Q: rows r < G are heads g * G + r of token t (f32 -> bf16); rows G..15 zeros. ROPE: row r's pairs (i, i +
     // D/2) with the bias added and rotated, then packed as the f32 path packs rope_write_kv's output
