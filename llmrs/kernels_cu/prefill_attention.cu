@@ -381,26 +381,27 @@ PREFILL_ATTN(128, prefill_attn_bf16_d128, true, bf16_t)
 // stages"): 3 stages a warp (two tiles in flight, 100 KB a block, still two blocks an SM on the H200; the same
 // bits): 7B at context 512, 256 decodes 79.1 -> 82.9 us a layer (eager; the step's 28 calls 2.316 -> 2.450 ms), 64
 // decodes 35.6 -> 33.2 us but no step-wall gain in the graphs (5.52-5.55 vs 5.54-5.61 ms).
+// Measured and not kept (session 26 calls 5-6, commits 6f98f6d + a0f52d4: "decode_attn_tc_rope*"): RoPE, the q / k /
+// v bias and the K / V cache write in this kernel's prologue instead of rope_write_kv (bit for bit the same outputs
+// and caches, 67 GPU tests passed with it): 7B at context 384, the attention's 28 calls 1.78 -> 1.99 ms at 256
+// decodes against rope_write_kv's 0.23 it replaced (each block's sines, cosines and rotated Q delay its loads, once a
+// wave of blocks), graph walls 8.45-8.73 vs 8.43-8.82 ms at 256, 5.39-5.53 vs 5.34-5.49 at 64: no gain.
+// The tile loads (session 26 call 3-4): the per-chunk block-table reads (8 a lane a tile, each behind a branch)
+// made ~250 of the tile loop's 619 SASS instructions; one read a tile and constant offsets bring it to 363, the O
+// rescale skipped when no maximum moved to ~300 executed; 7B at context 384, 256 decodes 1.89 -> 1.78 ms a step
+// (eager), graph walls 9.11-9.24 -> 8.74-9.05 ms (three alternating runs each), 64 decodes 0.81 -> 0.73 ms.
 #define DT_WARPS 4
 #define DT_BK 16  // keys per warp tile
 #define DT_LN2 0.6931471805599453f
 
-// OUT_BF16 (one split only): out holds bf16 words, as prefill_attn_impl's.
-// ROPE (decode_attn_tc_rope*: a step whose every sequence has one new token): q is the qkv projection's raw row
-// ([Hq + 2 Hkv] heads, the q / k / v bias not yet added: `bias` or nullptr), and this kernel does rope_write_kv's
-// work for its KV head: Q rotated on its way to shared memory (as rope_write_kv rotates it in place, then this
-// kernel's bf16 pack: the same bits), and the split whose range holds the new key (position L - 1) writes K rotated
-// and V of head g to the token's cache slot first (k_new / v_new: the caches, written before its tiles are loaded;
-// no other block reads that key). The angle's sine and cosine: rope_sincos, once a block; the expressions
-// pair_rope_out's (common.cuh). One launch a layer fewer than rope_write_kv + decode_attn_tc.
-template <int D, bool OUT_BF16, bool ROPE = false>
+// OUT_BF16 (one split only): out holds bf16 words, as prefill_attn_impl's
+template <int D, bool OUT_BF16>
 __device__ __forceinline__ void decode_attn_tc_impl(
     const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,
     const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,
     const int* __restrict__ token_seq, const int* __restrict__ positions, void* __restrict__ out,
     float* __restrict__ part_acc, float* __restrict__ part_ml, int Hq, int Hkv, int bs_shift, int chunk,
-    float scale_log2, const float* __restrict__ inv_freq = nullptr, const int* __restrict__ slots = nullptr,
-    const float* __restrict__ bias = nullptr, bf16_t* k_new = nullptr, bf16_t* v_new = nullptr) {
+    float scale_log2) {
     pdl_trigger();
 #if PF_HAVE_MMA
     constexpr int CH = D / 8;                   // 16-byte chunks per row
@@ -449,63 +450,10 @@ __device__ __forceinline__ void decode_attn_tc_impl(
         }
         cp_async_commit();
     };
-    // ROPE: the first tiles' copies go out before the RoPE work where none of them holds the new key (the range
-    // has more tiles than warps: the key's tile is loaded in the loop, after the write and its barrier)
-    const bool early = !ROPE || n_tiles > DT_WARPS;
-    if (early && my_tiles > 0) load_tile(0, 0);
-    constexpr int HALF = D / 2;
-    __shared__ float s_sn[ROPE ? HALF : 1], s_cs[ROPE ? HALF : 1];
-    if (ROPE) {
-        const float pos = (float)positions[t];
-        for (int i = tid; i < HALF; i += blockDim.x) rope_sincos(__fmul_rn(pos, inv_freq[i]), &s_sn[i], &s_cs[i]);
-        __syncthreads();
-        if (start < L && end == L) {  // this split holds the new key: K (rotated) and V of head g to its slot
-            const int sl = slots[t];
-            const size_t dst = ((((size_t)(sl >> bs_shift) * Hkv + g) << bs_shift) + (sl & bs_mask)) * D;
-            const float* row = q + (size_t)t * q_stride;
-            const int hk = (Hq + g) * D, hv = (Hq + Hkv + g) * D;
-            for (int i = tid; i < HALF; i += blockDim.x) {
-                float a = row[hk + i], c = row[hk + i + HALF];
-                if (bias != nullptr) {
-                    a += bias[hk + i];
-                    c += bias[hk + i + HALF];
-                }
-                const float sn = s_sn[i], cs = s_cs[i];
-                const float y1 = a * cs - c * sn, y2 = c * cs + a * sn;
-                k_new[dst + i] = f32_to_bf16(y1);
-                k_new[dst + i + HALF] = f32_to_bf16(y2);
-            }
-            for (int d = tid; d < D; d += blockDim.x) {
-                float x = row[hv + d];
-                if (bias != nullptr) x += bias[hv + d];
-                v_new[dst + d] = f32_to_bf16(x);
-            }
-            __syncthreads();  // the block's cache writes before its copies of the last tile read them
-        }
-    }
-    if (!early && my_tiles > 0) load_tile(0, 0);
+    if (my_tiles > 0) load_tile(0, 0);
 
-    // Q: rows r < G are heads g * G + r of token t (f32 -> bf16); rows G..15 zeros. ROPE: row r's pairs (i, i +
-    // D/2) with the bias added and rotated, then packed as the f32 path packs rope_write_kv's output
-    if (ROPE) {
-        for (int idx = tid; idx < G * HALF; idx += blockDim.x) {
-            const int r = idx / HALF, i = idx % HALF, h = (g * G + r) * D;
-            const float* row = q + (size_t)t * q_stride + h;
-            float a = row[i], c = row[i + HALF];
-            if (bias != nullptr) {
-                a += bias[h + i];
-                c += bias[h + i + HALF];
-            }
-            const float sn = s_sn[i], cs = s_cs[i];
-            const float y1 = a * cs - c * sn, y2 = c * cs + a * sn;
-            unsigned char* base = smem + qoff;
-            *reinterpret_cast<unsigned short*>(base + swz<D>(r, i >> 3) + (i & 7) * 2) =
-                (unsigned short)(pack_bf16x2(y1, 0.0f) & 0xFFFFu);
-            *reinterpret_cast<unsigned short*>(base + swz<D>(r, (i + HALF) >> 3) + ((i + HALF) & 7) * 2) =
-                (unsigned short)(pack_bf16x2(y2, 0.0f) & 0xFFFFu);
-        }
-    }
-    for (int idx = ROPE ? G * D / 4 + tid : tid; idx < 16 * D / 4; idx += blockDim.x) {
+    // Q: rows r < G are heads g * G + r of token t (f32 -> bf16); rows G..15 zeros
+    for (int idx = tid; idx < 16 * D / 4; idx += blockDim.x) {
         const int r = idx / (D / 4), c4 = idx % (D / 4);
         float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (r < G) v = *reinterpret_cast<const float4*>(q + (size_t)t * q_stride + (size_t)(g * G + r) * D + c4 * 4);
@@ -643,20 +591,3 @@ DECODE_ATTN_TC(64, decode_attn_tc_d64, false, float)
 DECODE_ATTN_TC(128, decode_attn_tc_d128, false, float)
 DECODE_ATTN_TC(64, decode_attn_tc_bf16_d64, true, bf16_t)
 DECODE_ATTN_TC(128, decode_attn_tc_bf16_d128, true, bf16_t)
-
-// RoPE + the K / V cache write in the attention's prologue (ROPE above)
-#define DECODE_ATTN_TC_ROPE(D, NAME, OUT_BF16, OUT_T)                                                          \
-    extern "C" __global__ void __launch_bounds__(DT_WARPS * 32, 3) NAME(                                        \
-        const float* __restrict__ qkv, int q_stride, bf16_t* k_cache, bf16_t* v_cache,                         \
-        const int* __restrict__ block_tables, int max_blocks, const int* __restrict__ token_seq,               \
-        const int* __restrict__ positions, OUT_T* __restrict__ out, float* __restrict__ part_acc,              \
-        float* __restrict__ part_ml, int Hq, int Hkv, int bs_shift, int chunk, float scale_log2,               \
-        const float* __restrict__ inv_freq, const int* __restrict__ slots, const float* __restrict__ bias) {   \
-        decode_attn_tc_impl<D, OUT_BF16, true>(qkv, q_stride, k_cache, v_cache, block_tables, max_blocks,      \
-                                               token_seq, positions, out, part_acc, part_ml, Hq, Hkv, bs_shift, \
-                                               chunk, scale_log2, inv_freq, slots, bias, k_cache, v_cache);    \
-    }
-DECODE_ATTN_TC_ROPE(64, decode_attn_tc_rope_d64, false, float)
-DECODE_ATTN_TC_ROPE(128, decode_attn_tc_rope_d128, false, float)
-DECODE_ATTN_TC_ROPE(64, decode_attn_tc_rope_bf16_d64, true, bf16_t)
-DECODE_ATTN_TC_ROPE(128, decode_attn_tc_rope_bf16_d128, true, bf16_t)

@@ -56,7 +56,6 @@ from typing import Any
 import numpy as np
 
 from llmrs.engine.backends.cuda_kernels import MATVEC_ROWS_R, OFF_VALUES, sample_row_blocks
-from llmrs.engine.backends.cuda_prefill import decode_tc_rope_takes
 from llmrs.engine.backends.cuda_q4gemm import (GEMV_MAX_TOKENS, dequant_marlin, gemm_q4, gemm_q4_silu, gemm_silu_takes,
                                                gemm_takes, gemv_pair_takes, gemv_q4, gemv_q4_pair, linear_q4,
                                                q4_norm_chain, weight_on_gemv, wgmma_takes)
@@ -240,7 +239,6 @@ class DeviceBatch:
     qk_pairs: int = 0  # profiling only: (query, key) pairs attended (sum of position + 1)
     prefill_tiles: Any = None  # the tensor-core prefill kernel's work tiles (cuda_prefill.plan_prefill_tiles)
     n_prefill_tiles: int = 0  # 0: attention runs attn_partial
-    one_token_each: bool = False  # every sequence of the step has one new token (a decode step)
 
 
 class CUDABackend:
@@ -254,10 +252,6 @@ class CUDABackend:
     # SiLU x up in gate_up's (matvec_rope_bf16 / matvec_silu_bf16: bit-identical, two launches fewer per layer);
     # LLMRS_FUSE_EPILOGUES=0 (and tests) keep the separate kernels
     fuse_epilogues = os.environ.get("LLMRS_FUSE_EPILOGUES", "1") not in OFF_VALUES
-    # GEMM-sized decode steps whose attention is decode_attn_tc: RoPE + the K/V cache write in the attention's
-    # prologue (decode_attn_tc_rope*, cuda_prefill.decode_tc_rope_takes: the same bits, rope_write_kv's launch a
-    # layer gone); LLMRS_ROPE_IN_ATTENTION=0 keeps rope_write_kv (A/Bs)
-    rope_in_attention = os.environ.get("LLMRS_ROPE_IN_ATTENTION", "1") not in OFF_VALUES
     # ... and, with those paired kernels, the RMSNorm before qkv and before gate_up folded into the projection
     # (x and the norm weight in, the sum of squares in the same pass: one launch less per norm, f32 rounding apart
     # from rms_norm + matvec) for hidden sizes up to NORM_FOLD_MAX_K ("auto"); LLMRS_FUSE_NORM=1 folds at every
@@ -591,7 +585,7 @@ class CUDABackend:
         return DeviceBatch(T=T, S=S, token_ids=d[o[0]:o[1]], positions=d[o[1]:o[2]], slots=d[o[2]:o[3]],
                            token_seq=d[o[3]:o[4]], sample_rows=d[o[4]:o[5]], block_tables=d[o[5]:o[6]],
                            max_blocks=int(bt.shape[1]), max_len=int(batch.positions.max()) + 1 if T else 0,
-                           prefill_tiles=d[o[6]:], n_prefill_tiles=n_tiles, one_token_each=T == batch.num_seqs)
+                           prefill_tiles=d[o[6]:], n_prefill_tiles=n_tiles)
 
     def device_batch(self, batch: StepBatch) -> DeviceBatch:
         packed, n_tiles = self.pack_batch(batch)
@@ -950,17 +944,10 @@ class CUDABackend:
                     return cl, hg
         return 0, ATTN_MAXG
 
-    def _attention(self, layer: int, q: Any, q_stride: int, db: DeviceBatch, out: Any, out_bf16: Any = None,
-                   rope: tuple | None = None) -> Any:
+    def _attention(self, layer: int, q: Any, q_stride: int, db: DeviceBatch, out: Any, out_bf16: Any = None) -> Any:
         """out [T, Hq*D] = paged causal attention of q (row stride q_stride) over layer's cache; returns the buffer
         written: `out_bf16` (bf16 words, the o projection's GEMM input) where a tensor-core kernel (prefill,
-        decode_attn_tc) runs the step and one is given, else `out` (f32). rope = (qkv bias or None,): q is the raw
-        qkv projection and decode_attn_tc_rope* applies RoPE and writes the cache (cuda_prefill.decode_tc_rope_takes
-        said yes)."""
-        if rope is not None:
-            from llmrs.engine.backends.cuda_prefill import decode_attention_tc
-
-            return decode_attention_tc(self, layer, q, q_stride, db, out, out_bf16, rope=rope)
+        decode_attn_tc) runs the step and one is given, else `out` (f32)."""
         if db.n_prefill_tiles:
             from llmrs.engine.backends.cuda_prefill import prefill_attention
 
@@ -1068,9 +1055,7 @@ class CUDABackend:
         chain = tp is None and q4_norm_chain(self, w.layers, T, D)
         xg = self._buf("norm_xg", (T, H)) if chain else None
         ssp = self._buf("norm_ssp", (T, H // 32)) if chain else None
-        rope_attn = decode_tc_rope_takes(self, db, qkv, n_qkv)  # where the bf16 GEMM path runs qkv below
         for n, layer in enumerate(w.layers):
-            rope = None  # (bias or None,) where decode_attn_tc applies RoPE and writes the cache
             pair = self._pair_epilogue(layer.qkv, T)
             norm_in = pair and not pending and self._norm_folds(layer.qkv)  # input_norm folded into the matvec
             carried = chain and n > 0  # the previous down wrote this layer's xg / ssp
@@ -1087,20 +1072,17 @@ class CUDABackend:
                 # on the bf16 GEMM path the bias rides in rope_write_kv (the same f32 add as add_bias, one launch less)
                 fold = layer.qkv_bias is not None and self._bias_in_rope(layer.qkv, T)
                 self._linear(h, layer.qkv, None if fold else layer.qkv_bias, qkv, name="qkv")
-                if rope_attn:  # the attention below rotates q and k and writes the cache (decode_attn_tc_rope*)
-                    rope = (layer.qkv_bias if fold else None,)
-                else:
-                    with self._span("rope_kv", "rope_write_kv", T, Hq, Hkv, D):
-                        k.rope_write_kv((T,), (threads_rope,),
-                                        (qkv, db.positions, self.inv_freq, db.slots, self.k_cache[n],
-                                         self.v_cache[n], np.int32(Hq), np.int32(Hkv), np.int32(D),
-                                         np.int32(self.block_size), layer.qkv_bias if fold else NULL))
+                with self._span("rope_kv", "rope_write_kv", T, Hq, Hkv, D):
+                    k.rope_write_kv((T,), (threads_rope,),
+                                    (qkv, db.positions, self.inv_freq, db.slots, self.k_cache[n], self.v_cache[n],
+                                     np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(self.block_size),
+                                     layer.qkv_bias if fold else NULL))
             # the tensor-core kernels (a prefill step, decode_attn_tc) write the attention output as o's bf16 GEMM
             # input: no cast
             att_bf16 = (self._buf("att_bf16", (T, Hq * D), np.uint16)
                         if (db.n_prefill_tiles or self._attn_choice(T) == "tc") and self._gemm_takes_bf16(layer.o, T)
                         else None)
-            o_in = self._attention(n, qkv, n_qkv, db, att, out_bf16=att_bf16, rope=rope)
+            o_in = self._attention(n, qkv, n_qkv, db, att, out_bf16=att_bf16)
             pair = self._pair_epilogue(layer.gate_up, T)
             norm_in = pair and tp is None and self._norm_folds(layer.gate_up)  # post_norm folded into gate_up
             if chain:  # o writes gate_up's xg / ssp too

@@ -249,7 +249,7 @@ class DecodeGraphs:
         o = np.cumsum([0, B, B, B, B, B])
         db = DeviceBatch(T=B, S=B, token_ids=dev[o[0]:o[1]], positions=dev[o[1]:o[2]], slots=dev[o[2]:o[3]],
                          token_seq=dev[o[3]:o[4]], sample_rows=dev[o[4]:o[5]], block_tables=dev[o[5]:],
-                         max_blocks=nb, max_len=cap, one_token_each=True)
+                         max_blocks=nb, max_len=cap)
         return self._capture_db(w, (B, cap), host, dev, db, nb, f"batch {B}, context {cap}")
 
     def _capture_db(self, w: Any, key: tuple[int, int], host: np.ndarray, dev: Any, db: Any, nb: int,

@@ -165,8 +165,7 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "attention_gqa.cu": ["attn_partial_gqa_d1", "attn_partial_gqa_d2", "attn_partial_gqa_d4", "attn_partial_gqa_d8"],
     "prefill_attention.cu": ["prefill_attn_d64", "prefill_attn_d128", "prefill_attn_bf16_d64",
                              "prefill_attn_bf16_d128", "decode_attn_tc_d64", "decode_attn_tc_d128",
-                             "decode_attn_tc_bf16_d64", "decode_attn_tc_bf16_d128"]
-                            + [f"decode_attn_tc_rope{o}_d{d}" for o in ("", "_bf16") for d in (64, 128)],
+                             "decode_attn_tc_bf16_d64", "decode_attn_tc_bf16_d128"],
     "sampling.cu": ["sample_tokens"],
     "gemm_q4.cu": [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)] + list(GEMM_Q4_SILU_KERNELS)
                   + ["gemm_q4_reduce", "gemm_q4_reduce_silu", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"]
@@ -190,7 +189,7 @@ PDL_KERNELS = frozenset(
     + ATTN_CLUSTER_KERNELS
     + [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)] + list(GEMM_Q4WG_KERNELS)
     + list(GEMM_Q4W2_KERNELS) + list(GEMM_Q4WG_PAIR_KERNELS) + list(GEMM_Q4W2_PAIR_KERNELS) + list(GEMM_BF16WG_KERNELS)
-    + [f"decode_attn_tc{r}{o}_d{d}" for r in ("", "_rope") for o in ("", "_bf16") for d in (64, 128)])
+    + [f"decode_attn_tc{o}_d{d}" for o in ("", "_bf16") for d in (64, 128)])
 CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 

@@ -23,7 +23,6 @@ PREFILL_THREADS = 128
 PREFILL_HEAD_DIMS = (64, 128)
 MAX_GRID_Y = 65535
 TILE_FIELDS = 4
-NULL = np.uint64(0)
 _smem_set: set[int] = set()  # ids of kernels whose dynamic shared memory limit was raised
 
 
@@ -134,39 +133,23 @@ def decode_tc_splits(backend: Any, T: int, max_len: int) -> int:
     return max(1, min(-(-max_len // per_split), -(-2 * backend.num_sms // blocks), 64))
 
 
-def decode_tc_rope_takes(backend: Any, db: Any, q: Any, q_stride: int) -> bool:
-    """Whether a step's RoPE + K / V cache write ride in decode_attn_tc's prologue (decode_attn_tc_rope*) instead of
-    rope_write_kv: a decode step (every sequence one new token, no prefill tiles) whose attention is decode_attn_tc,
-    with LLMRS_ROPE_IN_ATTENTION not 0 (`backend.rope_in_attention`)."""
-    return (bool(getattr(backend, "rope_in_attention", False)) and db.one_token_each and not db.n_prefill_tiles
-            and backend._attn_choice(db.T) == "tc" and decode_tc_supported(backend) and q_stride % 4 == 0
-            and q.data.ptr % 16 == 0)
-
-
 def decode_attention_tc(backend: Any, layer: int, q: Any, q_stride: int, db: Any, out: Any,
-                        out_bf16: Any = None, rope: tuple | None = None) -> Any:
+                        out_bf16: Any = None) -> Any:
     """out [T, Hq*D] (f32) = paged causal attention of q (f32, row stride q_stride) over layer's cache for every
     token of the step (its own causal limit), on tensor cores; attn_merge combines the splits. With `out_bf16`
     (uint16 [T, Hq*D], o's bf16 GEMM input) the result goes there as bf16 words instead (the bits a cast of the
     f32 value makes). Returns the buffer written, or None (launching nothing) where the shapes or alignments are
-    not supported: the caller keeps attn_partial.
-
-    rope = (bias or None,): q is the qkv projection's raw output and the kernel does rope_write_kv's work first
-    (decode_attn_tc_rope*: the same bits; only where `decode_tc_rope_takes`, which the caller asked before leaving
-    rope_write_kv out: a refusal here is an error)."""
+    not supported: the caller keeps attn_partial."""
     c = backend.config
     T, Hq, Hkv, D = db.T, c.num_attention_heads, c.num_key_value_heads, c.head_dim
     if not decode_tc_supported(backend) or q_stride % 4 or q.data.ptr % 16:
-        if rope is not None:
-            raise RuntimeError("decode_attn_tc_rope: shapes decode_tc_rope_takes refused")
         return None
     S = decode_tc_splits(backend, T, db.max_len)
     chunk = -(-db.max_len // S)
     chunk = -(-chunk // TC_BLOCK_K) * TC_BLOCK_K  # each split starts on a tile of one cache block
     dst = out if out_bf16 is None else out_bf16
     bf16 = "_bf16" if out_bf16 is not None else ""
-    form = "_rope" if rope is not None else ""
-    fn = backend.k.fns[f"decode_attn_tc{form}{bf16 if S == 1 else ''}_d{D}"]
+    fn = backend.k.fns[f"decode_attn_tc{bf16 if S == 1 else ''}_d{D}"]
     smem = TC_WARPS * 2 * 2 * TC_BLOCK_K * D * 2 + 16 * D * 2  # stages (K + V, two a warp) + Q
     if id(fn) not in _smem_set:
         if smem > 48 * 1024:  # (a PDL kernel: the attribute goes on its RawKernel, the function both launch)
@@ -174,12 +157,11 @@ def decode_attention_tc(backend: Any, layer: int, q: Any, q_stride: int, db: Any
         _smem_set.add(id(fn))
     part_acc, part_ml = backend._attn_partials(T, Hq, D, S)
     scale_log2 = np.float32(float(backend.scale) * math.log2(math.e))
-    args = (q, np.int32(q_stride), backend.k_cache[layer], backend.v_cache[layer], db.block_tables,
-            np.int32(db.max_blocks), db.token_seq, db.positions, dst if S == 1 else out, part_acc, part_ml,
-            np.int32(Hq), np.int32(Hkv), np.int32(backend.block_size.bit_length() - 1), np.int32(chunk), scale_log2)
-    if rope is not None:
-        args += (backend.inv_freq, db.slots, NULL if rope[0] is None else rope[0])
-    with backend._span("attention", f"decode_attn_tc{form}_d{D}", T, Hq, Hkv, D, db.kv_tokens, db.qk_pairs, S):
-        fn((T, Hkv, S), (TC_WARPS * 32,), args, shared_mem=smem)
+    with backend._span("attention", f"decode_attn_tc_d{D}", T, Hq, Hkv, D, db.kv_tokens, db.qk_pairs, S):
+        fn((T, Hkv, S), (TC_WARPS * 32,),
+           (q, np.int32(q_stride), backend.k_cache[layer], backend.v_cache[layer], db.block_tables,
+            np.int32(db.max_blocks), db.token_seq, db.positions, dst if S == 1 else out, part_acc, part_ml, np.int32(Hq),
+            np.int32(Hkv), np.int32(backend.block_size.bit_length() - 1), np.int32(chunk), scale_log2),
+           shared_mem=smem)
     backend._attn_merge(part_acc, part_ml, dst, T, Hq, D, S)
     return dst
