@@ -299,6 +299,7 @@ def test_commands_reach_the_core_in_order_through_a_full_pipe_without_blocking_t
     eng._commands, eng._loop = send_end, None
     eng._pending, eng._flush_scheduled, eng._wbuf, eng._writing = [], False, bytearray(), False
     eng._early_flush, eng._wrote_this_pass, eng._woff = True, False, 0
+    eng._flush_every, eng._last_write = 3600.0, 0.0  # one write at a pass's start, one at its end (below: timed)
     got: list = []
     reader_go = threading.Event()
 
@@ -352,3 +353,46 @@ def test_commands_reach_the_core_in_order_through_a_full_pipe_without_blocking_t
     # at most two messages a loop pass (its first command at once, the rest together at its end), not one an add:
     # 6 passes of 50 adds, then the abort's
     assert cmds[-1][0] == "abort" and 7 <= len(got) <= 14 and [len(m) for m in got[:2]] == [1, 49]
+
+
+@pytest.mark.parametrize("every_ms,readable", [(1.0, 6), (3.6e6, 1)])
+def test_a_long_loop_pass_writes_its_commands_as_they_come_not_at_its_end(every_ms, readable):
+    """A burst of requests is one long pass of the server's loop (each handler ~1 ms): the first command goes out at
+    once and each later one with the next command `_flush_every` after the last write, so the core sees the adds
+    while the pass still runs (with the old rule only the first, the rest at the pass's end)."""
+    import asyncio
+    import multiprocessing
+    import time
+
+    from llmrs.engine.core_process import ProcessEngine
+    from llmrs.engine.sampling import SamplingParams
+
+    recv_end, send_end = multiprocessing.Pipe(duplex=False)
+    eng = ProcessEngine.__new__(ProcessEngine)
+    eng._commands, eng._loop = send_end, None
+    eng._pending, eng._flush_scheduled, eng._wbuf, eng._writing = [], False, bytearray(), False
+    eng._early_flush, eng._wrote_this_pass, eng._woff = True, False, 0
+    eng._flush_every, eng._last_write = every_ms / 1e3, 0.0
+    seen: list = []
+    early: list = []
+
+    async def main():
+        eng._loop = asyncio.get_running_loop()
+        os.set_blocking(send_end.fileno(), False)
+        params = SamplingParams(max_tokens=4)
+        for i in range(6):  # one pass: no await between the adds, 3 ms of "request handling" each
+            eng._send(("add", f"r{i}", [1, 2, 3], params))
+            time.sleep(0.003)
+        while recv_end.poll(0):  # what the core could read before the pass ends
+            seen.append(recv_end.recv())
+        early.append(sum(len(m) for m in seen))
+        await asyncio.sleep(0.01)  # the pass ends: the rest goes out
+        while recv_end.poll(0.1):
+            seen.append(recv_end.recv())
+        eng._close_writer()
+
+    asyncio.run(main())
+    cmds = [c[1] for msg in seen for c in msg]
+    assert cmds == [f"r{i}" for i in range(6)]
+    assert early == [readable]  # adds the core could read while the pass still ran
+    assert len(seen) == (6 if readable == 6 else 2)  # one message an add, or the first and the rest together

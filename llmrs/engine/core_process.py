@@ -37,6 +37,7 @@ import multiprocessing.connection
 import os
 import signal
 import struct
+import time
 import traceback
 from collections.abc import AsyncIterator, Callable
 from multiprocessing.reduction import ForkingPickler
@@ -55,6 +56,11 @@ from llmrs.trace import tr, tr_tokens
 # LLMRS_EARLY_FLUSH=0: every command of an event-loop pass waits for the pass's end and goes out in one write
 # (the A/B switch of the early write: `_send`)
 EARLY_FLUSH = os.environ.get("LLMRS_EARLY_FLUSH", "1").strip().lower() not in OFF_VALUES
+# ... and within one long pass, the commands queued since the last write go out once this long has passed
+# (LLMRS_FLUSH_EVERY_MS, default 1): a burst of requests is one pass of the server's loop (256 handlers at ~1.1 ms
+# each on the H200's host), whose adds otherwise all reached the core at its end, 300-400 ms after the first, with
+# the GPU decoding one sequence meanwhile (session 26 call 8, scripts/burst_trace.py)
+FLUSH_EVERY_S = max(0.0, float(os.environ.get("LLMRS_FLUSH_EVERY_MS", "1"))) / 1e3
 
 
 def freeze_heap() -> bool:
@@ -195,6 +201,8 @@ class ProcessEngine:
         self._flush_scheduled = False
         self._early_flush = EARLY_FLUSH
         self._wrote_this_pass = False  # a command went out at once in this loop pass (`_send`, EARLY_FLUSH)
+        self._flush_every = FLUSH_EVERY_S  # within a pass, a write at most this often (`_send`)
+        self._last_write = 0.0  # time.monotonic() of the last write from `_send`
         self._wbuf = bytearray()  # framed bytes the pipe did not take yet, from offset _woff on
         self._woff = 0
         self._writing = False  # a loop writer is registered for the rest of _wbuf
@@ -331,17 +339,23 @@ class ProcessEngine:
         if self._loop.is_closed():  # a stream finalized after the loop ended: nothing reads the core any more
             return
         self._pending.append(cmd)
+        if self._early_flush:
+            # the first command of a loop pass goes out now (a request reaches the core without waiting for the
+            # rest of the pass: the response's start, other callbacks); the later ones of the same pass together
+            # at its end (`_flush_commands`), or with the next command `_flush_every` after the last write (a
+            # long pass: a burst of requests handled back to back)
+            now = time.monotonic()
+            first = not self._wrote_this_pass
+            if first:
+                self._wrote_this_pass = True
+                self._loop.call_soon(self._end_pass)
+            if first or now - self._last_write >= self._flush_every:
+                self._last_write = now
+                self._flush_commands()
+                return
         if self._flush_scheduled:
             return
         self._flush_scheduled = True
-        if self._early_flush and not self._wrote_this_pass:
-            # the first command of a loop pass goes out now (a request reaches the core without waiting for the
-            # rest of the pass: the response's start, other callbacks); the later ones of the same pass together
-            # at its end (`_flush_commands`): at most two writes a pass
-            self._wrote_this_pass = True
-            self._loop.call_soon(self._end_pass)
-            self._flush_commands()
-            return
         self._loop.call_soon(self._flush_commands)
 
     def _end_pass(self) -> None:
