@@ -108,7 +108,7 @@ def expected_pre_wait_loads(name: str) -> int:
     their weight (2 float4s a thread) and rms_norm's row index; every other kernel: none."""
     # (attn_cluster: 4 index loads + a K and a V row of each of its CK first keys: 8, or 4 in the 16-warp forms)
     rules = [(r"attn_cluster\d+_d\d_g4_w16", 12), (r"attn_cluster\d+_d\d", 20), (r"attn_partial_d\d", 6),
-             (r"attn_partial_gqa_d\d", 3), (r"decode_attn_tc", 2), (r"rms_norm(_bf16)?$", 3),
+             (r"attn_partial_gqa_d\d", 3), (r"decode_attn_tc", 3), (r"rms_norm(_bf16)?$", 3),
              (r"add_rms_norm(_bf16)?$", 2),
              (r"gemv_q4[zm](_t16|_silu|_rope)?_c1(_nout|_nin)?$|gemv_q4[zm](_t16|_silu)_c4(_nin)?$", 12),
              (r"gemv_q4", 4),
