@@ -106,10 +106,13 @@ def expected_pre_wait_loads(name: str) -> int:
     its first keys' K / V rows (earlier steps'); the 4-bit GEMV: its first code batch (+ the first groups' scale
     words where ptxas hoists them); the matvecs: their early weight chunks (common.cuh ldg_early); the RMSNorms:
     their weight (2 float4s a thread) and rms_norm's row index; every other kernel: none."""
+    # (decode_attn_tc: positions, and at head dim 64 token_seq; ptxas sinks the rest of the positions -> token_seq ->
+    # block table chain past the wait. Pinning the first tile's table read with pdl_wait_on gives 3 at both head
+    # dims: not yet run on the GPU, session 27's note)
     # (attn_cluster: 4 index loads + a K and a V row of each of its CK first keys: 8, or 4 in the 16-warp forms)
     rules = [(r"attn_cluster\d+_d\d_g4_w16", 12), (r"attn_cluster\d+_d\d", 20), (r"attn_partial_d\d", 6),
-             (r"attn_partial_gqa_d\d", 3), (r"decode_attn_tc", 3), (r"rms_norm(_bf16)?$", 3),
-             (r"add_rms_norm(_bf16)?$", 2),
+             (r"attn_partial_gqa_d\d", 3), (r"decode_attn_tc(_bf16)?_d64", 2), (r"decode_attn_tc", 1),
+             (r"rms_norm(_bf16)?$", 3), (r"add_rms_norm(_bf16)?$", 2),
              (r"gemv_q4[zm](_t16|_silu|_rope)?_c1(_nout|_nin)?$|gemv_q4[zm](_t16|_silu)_c4(_nin)?$", 12),
              (r"gemv_q4", 4),
              (r"matvec_bf16_t\d", 4),

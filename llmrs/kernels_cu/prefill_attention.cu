@@ -422,10 +422,7 @@ __device__ __forceinline__ void decode_attn_tc_impl(
     const int bs_mask = (1 << bs_shift) - 1;
     const int n_tiles = end > start ? (end - start + DT_BK - 1) / DT_BK : 0;
     const int my_tiles = n_tiles > warp ? (n_tiles - warp + DT_WARPS - 1) / DT_WARPS : 0;
-    // the first tile's cache block: the block table is the host's (written before the step), so its read (and the
-    // positions -> token_seq -> table chain before it) overlaps the previous kernel's tail
-    const int blk_first = my_tiles > 0 ? __ldg(table + ((start + warp * DT_BK) >> bs_shift)) : 0;
-    pdl_wait_on((unsigned)blk_first);  // q and this token's K/V row are the previous kernels'
+    pdl_wait();  // q and this token's K/V row are the previous kernels'
 
     // this warp's tile i -> stage st: a lane copies (DT_BK * CH / 32) 16-byte chunks of K and of V, rows
     // r_lane + u * RPU, chunk c_lane. Every tile lies in one cache block (the host's rule, decode_tc_supported /
@@ -436,9 +433,9 @@ __device__ __forceinline__ void decode_attn_tc_impl(
     const int r_lane = lane / CH, c_lane = lane % CH;
     const unsigned s_lane = sW + (unsigned)(r_lane * (D * 2)), x_lane = (unsigned)(c_lane ^ r_lane);
     const int g_lane = r_lane * D + c_lane * 8;
-    auto load_tile = [&](int i, int st, int blk) {
+    auto load_tile = [&](int i, int st) {
         const int kv0 = start + (warp + i * DT_WARPS) * DT_BK;
-        const size_t base = ((((size_t)blk * Hkv + g) << bs_shift)
+        const size_t base = ((((size_t)__ldg(table + (kv0 >> bs_shift)) * Hkv + g) << bs_shift)
                              + (kv0 & bs_mask)) * D + g_lane;
         const bf16_t* kp = k_cache + base;
         const bf16_t* vp = v_cache + base;
@@ -453,7 +450,7 @@ __device__ __forceinline__ void decode_attn_tc_impl(
         }
         cp_async_commit();
     };
-    if (my_tiles > 0) load_tile(0, 0, blk_first);
+    if (my_tiles > 0) load_tile(0, 0);
 
     // Q: rows r < G are heads g * G + r of token t (f32 -> bf16); rows G..15 zeros
     for (int idx = tid; idx < 16 * D / 4; idx += blockDim.x) {
@@ -480,7 +477,7 @@ __device__ __forceinline__ void decode_attn_tc_impl(
 
     for (int i = 0; i < my_tiles; ++i) {
         if (i + 1 < my_tiles) {
-            load_tile(i + 1, (i + 1) & 1, __ldg(table + ((start + (warp + (i + 1) * DT_WARPS) * DT_BK) >> bs_shift)));
+            load_tile(i + 1, (i + 1) & 1);
             cp_async_wait_one();
         } else {
             cp_async_wait_all();
