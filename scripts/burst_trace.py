@@ -3,7 +3,10 @@
 clients (llmrs/trace.py): per run (core steps split at gaps of more than --gap seconds), the requests' arrival at
 the engine core (core_recv, relative to the run's first client_send), and each of the first --steps steps: its
 start, its length, the tokens it returned (core_tokens) and, for eager steps, the host's enqueue time (fwd_begin ->
-fwd_queued). Made for session 26's question: the 8 burst steps are ~1.45 s of GPU work, the last TTFT 1.7-2.0 s.
+fwd_queued); and the server's intake (its `route` tags: the span from the first request's to the last's, the
+median interval, the largest gap and after which request: session 27 found a fresh server's first burst stalled
+~100 ms after its first request, anyio's backend imported there). Made for session 26's question: the 8 burst steps
+are ~1.45 s of GPU work, the last TTFT 1.7-2.0 s.
 
     python3 scripts/burst_trace.py TRACE [--gap 0.5] [--steps 14]
 """
@@ -55,8 +58,16 @@ def main() -> int:
         begins = [t for t, n, _ in ev if n == "fwd_begin" and lo <= t <= hi]
         queued = [t for t, n, _ in ev if n == "fwd_queued" and lo <= t <= hi]
         spread = 1e3 * (sends[-1] - sends[0]) if sends else 0.0
-        print(f"run {i}: {len(r)} steps, {len(sends)} client sends over {spread:.1f} ms; core_recv first / median / last {1e3 * recv.min():.1f} / {1e3 * np.median(recv):.1f} / "
-              f"{1e3 * recv.max():.1f} ms after the first send; first step at {1e3 * (r[0] - t0):.1f} ms")
+        print(f"run {i}: {len(r)} steps, {len(sends)} client sends over {spread:.1f} ms; core_recv first / median / "
+              f"last {1e3 * recv.min():.1f} / {1e3 * np.median(recv):.1f} / {1e3 * recv.max():.1f} ms after the first "
+              f"send; first step at {1e3 * (r[0] - t0):.1f} ms")
+        routes = np.array([t for t, n, _ in ev if n == "route" and lo <= t <= hi])
+        if routes.size > 1:
+            d = np.diff(routes)
+            k = int(d.argmax())
+            print(f"  server intake: {routes.size} requests routed from {1e3 * (routes[0] - t0):.1f} to "
+                  f"{1e3 * (routes[-1] - t0):.1f} ms, median interval {1e3 * float(np.median(d)):.2f} ms, largest gap "
+                  f"{1e3 * float(d[k]):.1f} ms after request {k + 1}")
         for k in range(min(a.steps, len(r))):
             end = r[k + 1] if k + 1 < len(r) else r[k]
             got = sum(n for t, n in toks if r[k] <= t < end)

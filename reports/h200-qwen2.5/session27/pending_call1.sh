@@ -4,6 +4,7 @@
 # servers. (1) GPU tests of the attention, graphs, parity, the engine process and the profile; (2) three fresh
 # synthetic Qwen2.5-7B bf16 servers: each a 256-token-prompt TTFT line (24 requests one at a time), 256 concurrent
 # three times, 64 concurrent once (prompt 256, 256 new tokens, every run its own prompts); the table last.
+# Then a fourth, traced server's first burst (scripts/burst_trace.py: the server intake's largest gap).
 # Apply decode_attn_tc_pin_first_table_read.patch first (and test_early_loads' decode_attn_tc rule -> 3) to A/B it.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -24,6 +25,11 @@ for s in 1 2 3; do
     serve_down
   }
 done
+step "traced server: the first burst of a fresh server (the lifespan's anyio warm-up: no stall after request 1)"
+export LLMRS_TRACE_FILE=$R/trace.txt
+serve_up traced && { load_bench bench-7b-traced-run1-c256 256 2791; serve_down; }
+unset LLMRS_TRACE_FILE
+python3 scripts/burst_trace.py $R/trace.txt --steps 12; xz -T4 -c $R/trace.txt > $OUT/trace.txt.xz
 step "table"
 python3 - $R <<'PY'
 import glob, json, sys
