@@ -23,5 +23,6 @@ import sys
 rows = sorted((float(t), tag.split()[0]) for t, _, tag in (line.split(None, 2) for line in open(sys.argv[1])))
 t0 = next(t for t, tag in rows if tag == "client_send")
 enter = [t for t, tag in rows if tag == "asgi_enter" and t >= t0]
-print(f"first request in the app at {1e3 * (enter[0] - t0):.1f} ms, the second {1e3 * (enter[1] - enter[0]):.1f} ms later")
+print(f"first request in the app at {1e3 * (enter[0] - t0):.1f} ms, "
+      f"the second {1e3 * (enter[1] - enter[0]):.1f} ms later")
 PY
