@@ -145,7 +145,7 @@ def test_synth_into_a_place_it_cannot_write_is_a_user_error(tmp_path):
 def test_backend_integer_settings_from_the_environment_are_checked(monkeypatch):
     """LLMRS_MATVEC_MAX_TOKENS / LLMRS_PREFILL_MIN_TOKENS (measuring knobs): a typo is one clear error, not a
     ValueError traceback at the backend's start; unset or empty keeps the default."""
-    from llmrs.engine.backends.cuda import env_int
+    from llmrs.engine.config import env_int
     from llmrs.errors import UserError
 
     monkeypatch.delenv("LLMRS_MATVEC_MAX_TOKENS", raising=False)
@@ -208,3 +208,40 @@ def test_serve_socket_turns_nagle_off_for_asyncio_connections():
             await server.wait_closed()
 
     assert asyncio.run(main()) != 0, "accepted connections keep Nagle's algorithm on"
+
+
+def test_serve_refuses_a_bad_flush_interval_before_its_core_starts(monkeypatch):
+    """LLMRS_FLUSH_EVERY_MS (the engine process's write interval within a long loop pass): a typo or a negative
+    number is one clear error, before any engine core process is started."""
+    from llmrs.engine.core_process import flush_every_s
+    from llmrs.errors import UserError
+
+    monkeypatch.delenv("LLMRS_FLUSH_EVERY_MS", raising=False)
+    assert flush_every_s() == 1e-3
+    monkeypatch.setenv("LLMRS_FLUSH_EVERY_MS", "0")
+    assert flush_every_s() == 0.0
+    for bad in ("-1", "nan", "1ms"):
+        monkeypatch.setenv("LLMRS_FLUSH_EVERY_MS", bad)
+        with pytest.raises(UserError, match=f"LLMRS_FLUSH_EVERY_MS='{bad}': expected a number of milliseconds"):
+            flush_every_s()
+    monkeypatch.setenv("LLMRS_FLUSH_EVERY_MS", "1ms")
+    assert_user_error(llmrs("serve", "--port", "0"), "LLMRS_FLUSH_EVERY_MS='1ms'")
+
+
+def test_the_4bit_and_wgmma_knobs_are_checked_at_import(monkeypatch):
+    """The GEMM dispatch knobs read at the backends' import (LLMRS_Q4_GEMM_MAX_TOKENS, LLMRS_Q4_GEMV_K_PER_N,
+    LLMRS_BF16_WGMMA_FROM, ...): a typo is one UserError naming it, not a ValueError traceback."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for name, module, words in [("LLMRS_Q4_GEMM_MAX_TOKENS", "llmrs.engine.backends.cuda_q4gemm", "an integer"),
+                                ("LLMRS_Q4_GEMV_K_PER_N", "llmrs.engine.backends.cuda_q4gemm", "a number"),
+                                ("LLMRS_BF16_WGMMA_FROM", "llmrs.engine.backends.cuda_wgmma", "an integer")]:
+        code = (f"from llmrs.errors import UserError\ntry:\n    import {module}\nexcept UserError as e:\n"
+                f"    print('UserError:', e)\n")
+        r = subprocess.run([sys.executable, "-c", code], env={**env, name: "x"}, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == f"UserError: {name}='x': expected {words}", (r.stdout, r.stderr)
+    from llmrs.engine.config import env_float
+
+    monkeypatch.setenv("LLMRS_Q4_GEMV_K_PER_N", " 2.5")
+    assert env_float("LLMRS_Q4_GEMV_K_PER_N", 4.0) == 2.5

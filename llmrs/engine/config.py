@@ -200,6 +200,28 @@ class EngineConfig:
 OFF_VALUES = ("0", "false", "no", "off")  # an on/off environment switch read as off
 
 
+def env_int(name: str, default: int) -> int:
+    """An integer setting from the environment (the backends' measuring knobs): one clear error for a typo."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise UserError(f"{name}={raw!r}: expected an integer") from None
+
+
+def env_float(name: str, default: float) -> float:
+    """A number setting from the environment: one clear error for a typo."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise UserError(f"{name}={raw!r}: expected a number") from None
+
+
 def async_scheduling_default(device: str) -> bool:
     """Whether a runner on `device` that can launch runs ahead when nothing says otherwise, from
     LLMRS_ASYNC_SCHEDULING: on a GPU unless it is 0 / false / no / off (`llmrs serve --no-async-scheduling`), on any

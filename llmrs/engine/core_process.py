@@ -60,7 +60,16 @@ EARLY_FLUSH = os.environ.get("LLMRS_EARLY_FLUSH", "1").strip().lower() not in OF
 # (LLMRS_FLUSH_EVERY_MS, default 1): a burst of requests is one pass of the server's loop (256 handlers at ~1.1 ms
 # each on the H200's host), whose adds otherwise all reached the core at its end, 300-400 ms after the first, with
 # the GPU decoding one sequence meanwhile (session 26 call 8, scripts/burst_trace.py)
-FLUSH_EVERY_S = max(0.0, float(os.environ.get("LLMRS_FLUSH_EVERY_MS", "1"))) / 1e3
+def flush_every_s() -> float:
+    """LLMRS_FLUSH_EVERY_MS (default 1) in seconds: a clear error for anything but a number of milliseconds >= 0."""
+    raw = os.environ.get("LLMRS_FLUSH_EVERY_MS", "1").strip()
+    try:
+        ms = float(raw)
+    except ValueError:
+        ms = float("nan")
+    if not ms >= 0.0:  # (nan too)
+        raise UserError(f"LLMRS_FLUSH_EVERY_MS={raw!r}: expected a number of milliseconds >= 0 (default 1)")
+    return ms / 1e3
 
 
 def freeze_heap() -> bool:
@@ -180,7 +189,7 @@ class ProcessEngine:
     an engine core in a child process."""
 
     def __init__(self, loaded: LoadedModel, proc, commands, outputs, info: dict, max_waiting: int | None = None,
-                 model_name: str | None = None):
+                 model_name: str | None = None, flush_every: float | None = None):
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.config = loaded.config
@@ -201,7 +210,8 @@ class ProcessEngine:
         self._flush_scheduled = False
         self._early_flush = EARLY_FLUSH
         self._wrote_this_pass = False  # a command went out at once in this loop pass (`_send`, EARLY_FLUSH)
-        self._flush_every = FLUSH_EVERY_S  # within a pass, a write at most this often (`_send`)
+        # within a pass, a write at most this often (`_send`; None: LLMRS_FLUSH_EVERY_MS)
+        self._flush_every = flush_every_s() if flush_every is None else flush_every
         self._last_write = 0.0  # time.monotonic() of the last write from `_send`
         self._wbuf = bytearray()  # framed bytes the pipe did not take yet, from offset _woff on
         self._woff = 0
@@ -217,6 +227,7 @@ class ProcessEngine:
               model_name: str | None = None) -> "ProcessEngine":
         """Start the core process (`factory` builds its LLMEngine there; it must pickle) and wait until it is
         ready. A core that fails to start raises here: UserError for a user's mistake, RuntimeError for a bug."""
+        flush_every = flush_every_s()  # (a bad value: refused before a core starts)
         ctx = multiprocessing.get_context("spawn")
         cmd_recv, cmd_send = ctx.Pipe(duplex=False)
         out_recv, out_send = ctx.Pipe(duplex=False)
@@ -231,7 +242,7 @@ class ProcessEngine:
             proc.kill()
             proc.join(5)
             raise
-        return cls(loaded, proc, cmd_send, out_recv, msg, max_waiting, model_name)
+        return cls(loaded, proc, cmd_send, out_recv, msg, max_waiting, model_name, flush_every)
 
     @classmethod
     def from_args(cls, model: str | None, max_waiting: int | None = None, served_model_name: str | None = None,

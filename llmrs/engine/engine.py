@@ -313,7 +313,7 @@ class LLMEngine:
         model = getattr(self.runner, "model", None)
         if graphs is None or model is None:
             return 0
-        from llmrs.engine.backends.cuda import env_int
+        from llmrs.engine.config import env_int
         from llmrs.engine.backends.cuda_graphs import len_cap_for
 
         cap = min(env_int("LLMRS_WARMUP_GRAPH_CAP", 512), len_cap_for(self.max_model_len))

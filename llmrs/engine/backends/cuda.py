@@ -61,7 +61,7 @@ from llmrs.engine.backends.cuda_q4gemm import (GEMV_MAX_TOKENS, dequant_marlin, 
                                                q4_norm_chain, weight_on_gemv, wgmma_takes)
 from llmrs.engine.backends.cuda_wgmma import bf16_wgmma_takes, gemm_bf16wg
 from llmrs.engine.batch import StepBatch
-from llmrs.engine.config import ModelConfig
+from llmrs.engine.config import ModelConfig, env_int
 from llmrs.engine.model import Model, ModelWeights, rope_inv_freq
 from llmrs.engine.quant import DeviceQuantWeight
 from llmrs.engine.sampling import SampleResult, min_tokens_pending, penalized_or_logprobs
@@ -144,17 +144,6 @@ ATTN_CLUSTER_SIZES = (8, 16)
 CUBLAS_WORKSPACE_BYTES = 32 << 20
 _NO_SPAN = contextlib.nullcontext()
 _cublas_workspaces: dict[int, Any] = {}  # device id -> buffer: kept alive as long as the process (handles are shared)
-
-
-def env_int(name: str, default: int) -> int:
-    """An integer setting from the environment (the backend's measuring knobs): one clear error for a typo."""
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise UserError(f"{name}={raw!r}: expected an integer") from None
 
 
 def norm_threads(H: int) -> int:

@@ -26,7 +26,6 @@ at T 1024 this kernel reaches 220-290 TFLOP/s, dequantize + cuBLAS 320-570). Bef
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +34,7 @@ import numpy as np
 from llmrs.engine.backends.cuda_kernels import (GEMM_Q4_SILU_MT, GEMM_Q4W2_SMEM_BYTES, GEMM_Q4WG_SMEM_BYTES, GEMV_CPG,
                                                 WG_BLOCKS_PER_SM, WG_SPLITS, gemm_q4_smem_bytes, launch_cluster,
                                                 wg_cluster)
+from llmrs.engine.config import env_float, env_int
 from llmrs.engine.quant import DeviceQuantWeight, marlin_reorder, marlin_scales
 
 NULL = np.uint64(0)
@@ -44,7 +44,7 @@ BK = 64  # k per pipeline stage
 MIN_KT_PER_SPLIT = 8  # a K slice of at least 512 keeps the 3-4 stage pipeline worth filling
 MAX_SPLITS = 16
 # above, dequantize + cuBLAS is faster (module docstring); LLMRS_Q4_GEMM_MAX_TOKENS (read at import) for A/Bs
-MAX_TOKENS = int(os.environ.get("LLMRS_Q4_GEMM_MAX_TOKENS", "192"))
+MAX_TOKENS = env_int("LLMRS_Q4_GEMM_MAX_TOKENS", 192)
 GEMV_MAX_TOKENS = 16  # gemv_q4: x's tokens are the columns of one n8 tile (gemv_q4z / q4m) or two (.._t16)
 # The backend's decode path takes gemv_q4 (tensor cores, the Marlin layout) from 2 tokens, and for one token where
 # it beats matvec_q4 (row layout, f32 FMA): where the 32-column tiles alone fill the GPU (gate_up), where K is long
@@ -64,8 +64,8 @@ GEMV_MAX_TOKENS = 16  # gemv_q4: x's tokens are the columns of one n8 tile (gemv
 # 0.6204 with every shape. So the threshold is 0 (14M before session 23): every 4-bit weight in the GEMM's layout
 # takes the GEMV at one token and holds only that copy. Both switches are read at import (for A/Bs).
 GEMV_MIN_TOKENS = 2
-GEMV_ONE_TOKEN_K_PER_N = float(os.environ.get("LLMRS_Q4_GEMV_K_PER_N", "4"))
-GEMV_ONE_TOKEN_MIN_WEIGHTS = int(os.environ.get("LLMRS_Q4_GEMV_MIN_WEIGHTS", "0"))
+GEMV_ONE_TOKEN_K_PER_N = env_float("LLMRS_Q4_GEMV_K_PER_N", 4.0)
+GEMV_ONE_TOKEN_MIN_WEIGHTS = env_int("LLMRS_Q4_GEMV_MIN_WEIGHTS", 0)
 GEMV_WARPS = 4  # GV_WARPS in gemm_q4.cu: warps per block (a block: one 32-column tile, K split over its warps)
 GEMV_DEPTH = 4  # GV_DEPTH: k32 blocks a warp has in flight (its runs are multiples of it)
 GEMV_BLOCKS_PER_SM = 4  # resident at once: 128 registers x 128 threads (ptx-check)
@@ -129,13 +129,13 @@ def to_marlin(backend: Any, w: DeviceQuantWeight) -> MarlinWeight | None:
 # T 128 89.1 / 85.7 / 119.5, T 192 129.4 / 120.5 / 132.1, T 256 132.7 / 167.1 / 133.4; gate_up 37888x3584 T 128
 # 142.2 / 136.6 / 186.9, T 192 225.9 / 188.4 / 208.6, T 256 226.3 / 239.9 / 202.8, T 512 396.2 / 467.9 / 283.7:
 # MT 8 only from 256 tokens. LLMRS_Q4_GEMM_MT8_FROM (read at import; 0: never) for A/Bs.
-MT8_FROM = int(os.environ.get("LLMRS_Q4_GEMM_MT8_FROM", "256"))
+MT8_FROM = env_int("LLMRS_Q4_GEMM_MT8_FROM", 256)
 # Up to MAX_TOKENS every 4-bit weight with the layout takes the GEMM; above, up to LLMRS_Q4_GEMM_MAX_TOKENS_SMALL
 # (default MAX_TOKENS: off), those of at most SMALL_MAX_WEIGHTS weights too. The measurements above at T 256 (qkv
 # 61.0 against 76.5 for dequantize + cuBLAS, down a tie, gate_up 226.3 against 202.8) suggest 256: a 256-sequence
 # AWQ step would stop dequantizing its qkv and o (~15 us a layer each). Off until a step and the server measure it
 # (`LLMRS_Q4_GEMM_MAX_TOKENS_SMALL=256`; session 11 ran out of device time).
-MAX_TOKENS_SMALL = int(os.environ.get("LLMRS_Q4_GEMM_MAX_TOKENS_SMALL", str(MAX_TOKENS)))
+MAX_TOKENS_SMALL = env_int("LLMRS_Q4_GEMM_MAX_TOKENS_SMALL", MAX_TOKENS)
 SMALL_MAX_WEIGHTS = 64 << 20
 
 
@@ -156,8 +156,8 @@ SMALL_MAX_WEIGHTS = 64 << 20
 # LLMRS_Q4_WGMMA_FROM=33 against 128, `llmrs profile ... --batch 32,64,96`): 64 tokens 6.156 -> 7.225 ms a step (the
 # 7B AWQ server at 64 concurrent 8,395 / 8,669 -> 7,321 / 7,532 tok/s), 96 tokens 8.796 -> 7.617: mma.sync's tiles
 # are 64 tokens (tile_rows), so above 64 it decodes each weight twice, the wgmma form once. From 65 tokens, then.
-WG_FROM = int(os.environ.get("LLMRS_Q4_WGMMA_FROM", "65"))
-WG_MAX_TOKENS = int(os.environ.get("LLMRS_Q4_WGMMA_MAX_TOKENS", "256"))
+WG_FROM = env_int("LLMRS_Q4_WGMMA_FROM", 65)
+WG_MAX_TOKENS = env_int("LLMRS_Q4_WGMMA_MAX_TOKENS", 256)
 WG_TOKENS = 128  # tokens a block
 
 
@@ -173,7 +173,7 @@ WG_TOKENS = 128  # tokens a block
 # 128,256 --context 512`: the 256-sequence step 12.14 -> 10.30 ms (the 512-token prefill 16.46 -> 15.40 with 425-512).
 W2_TOKENS = 256
 W2_BLOCKS_PER_SM = 1  # 190 KB of ring a block (cuda_kernels.GEMM_Q4W2_SMEM_BYTES)
-W2_UPPER_FROM = int(os.environ.get("LLMRS_Q4_W2_UPPER_FROM", "424"))  # exclusive
+W2_UPPER_FROM = env_int("LLMRS_Q4_W2_UPPER_FROM", 424)  # exclusive
 W2_MAX_TOKENS = 2 * W2_TOKENS
 # The 256-token form's K slices where its tiles fill the GPU: at most 2 (H200, session16 call1, the 7B's gate_up at
 # 256 tokens, 296 tiles on 132 SMs, us: S 1 149.4, 2 140.5, 3 166.0, 4 179.0; at 512: 247.8 / 249.8 / 328.0 / 351.6)
@@ -240,7 +240,6 @@ def choose_splits(backend: Any, T: int, N: int, K: int, wgmma: bool = False, t25
     """Slices of K so that the grid reaches about LLMRS_Q4_GEMM_BLOCKS_PER_SM blocks per SM (1 when the tiles
     already do); the wgmma form: WG_BLOCKS_PER_SM (what fits), its 128-token tiles; `t256`: its 256-token form,
     W2_BLOCKS_PER_SM. Where the wgmma form's tiles alone pass half its resident blocks, wave_fill_splits."""
-    from llmrs.engine.backends.cuda import env_int  # (cuda.py imports this module)
 
     if wgmma:  # the K slices are a cluster's blocks: one of the compiled sizes (cuda_kernels.wg_cluster)
         form = W2_FORM if t256 else WG_FORM

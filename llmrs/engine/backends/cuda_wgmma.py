@@ -19,18 +19,18 @@ block (cuBLAS's kernels keep two consumer warpgroups and a producer), TMA loads 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 
 from llmrs.engine.backends.cuda_kernels import GEMM_BF16WG_SMEM_BYTES, WG_BLOCKS_PER_SM, WG_SPLITS, wg_cluster
+from llmrs.engine.config import env_int
 
 NULL = np.uint64(0)
 TILE = 128  # columns and tokens a block
 BK = 64  # k a stage
-WGB_FROM = int(os.environ.get("LLMRS_BF16_WGMMA_FROM", "64"))
-WGB_MAX_TOKENS = int(os.environ.get("LLMRS_BF16_WGMMA_MAX_TOKENS", "512"))
+WGB_FROM = env_int("LLMRS_BF16_WGMMA_FROM", 64)
+WGB_MAX_TOKENS = env_int("LLMRS_BF16_WGMMA_MAX_TOKENS", 512)
 
 
 def tiles(T: int, N: int) -> int:
