@@ -20,9 +20,11 @@ kill -INT $srv 2>/dev/null; wait $srv 2>/dev/null
 python3 scripts/burst_trace.py "$tf" --steps 0
 python3 - "$tf" <<'PY'
 import sys
-rows = sorted((float(t), tag.split()[0]) for t, _, tag in (line.split(None, 2) for line in open(sys.argv[1])))
-t0 = next(t for t, tag in rows if tag == "client_send")
-enter = [t for t, tag in rows if tag == "asgi_enter" and t >= t0]
+sys.path.insert(0, "scripts")
+from burst_trace import read
+ev = read(sys.argv[1])
+t0 = next(t for t, name, _ in ev if name == "client_send")
+enter = [t for t, name, _ in ev if name == "asgi_enter" and t >= t0]
 print(f"first request in the app at {1e3 * (enter[0] - t0):.1f} ms, "
       f"the second {1e3 * (enter[1] - enter[0]):.1f} ms later")
 PY

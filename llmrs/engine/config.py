@@ -200,26 +200,25 @@ class EngineConfig:
 OFF_VALUES = ("0", "false", "no", "off")  # an on/off environment switch read as off
 
 
-def env_int(name: str, default: int) -> int:
-    """An integer setting from the environment (the backends' measuring knobs): one clear error for a typo."""
+def _env_setting(name: str, default: Any, parse: Any, expected: str) -> Any:
+    """parse(the variable) where it is set and not empty, else default: one clear error for a typo."""
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
     try:
-        return int(raw)
+        return parse(raw)
     except ValueError:
-        raise UserError(f"{name}={raw!r}: expected an integer") from None
+        raise UserError(f"{name}={raw!r}: expected {expected}") from None
+
+
+def env_int(name: str, default: int) -> int:
+    """An integer setting from the environment (the backends' measuring knobs)."""
+    return _env_setting(name, default, int, "an integer")
 
 
 def env_float(name: str, default: float) -> float:
-    """A number setting from the environment: one clear error for a typo."""
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise UserError(f"{name}={raw!r}: expected a number") from None
+    """A number setting from the environment."""
+    return _env_setting(name, default, float, "a number")
 
 
 def async_scheduling_default(device: str) -> bool:

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmrs.engine.config import EngineConfig, ModelConfig, async_scheduling_default
+from llmrs.engine.config import EngineConfig, ModelConfig, async_scheduling_default, env_int
 from llmrs.engine.kv_cache import KVCacheManager
 from llmrs.engine.loader import LoadedModel, load
 from llmrs.engine.runner import ModelRunner, resolve_device
@@ -313,7 +313,6 @@ class LLMEngine:
         model = getattr(self.runner, "model", None)
         if graphs is None or model is None:
             return 0
-        from llmrs.engine.config import env_int
         from llmrs.engine.backends.cuda_graphs import len_cap_for
 
         cap = min(env_int("LLMRS_WARMUP_GRAPH_CAP", 512), len_cap_for(self.max_model_len))
