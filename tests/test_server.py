@@ -538,3 +538,96 @@ def test_requests_over_max_waiting_get_429(guarded):
     waiting.join(60)
     assert running.events[-1] != "[DONE]" and waiting.events[-1] == "[DONE]"
     assert wait_for(lambda: guarded.metrics()["llmrs:kv_cache_usage_perc"] == 0.0)
+
+
+# ---------------------------------------------------------------------- what vLLM clients send
+def test_lone_surrogate_is_a_400_and_the_connection_stays_usable(server):
+    """A lone UTF-16 surrogate ("\\ud800" in the JSON) reached the tokenizer as a str it cannot encode: a 500 with
+    two tracebacks and the keep-alive connection dropped. Now a 400 naming it, on every route that tokenizes, and
+    the same connection serves the next request."""
+    bodies = [("/v1/completions", b'{"prompt": "a\\ud800b", "max_tokens": 2}'),
+              ("/v1/completions", b'{"prompt": ["ok", "\\udfff"], "max_tokens": 2, "stream": true}'),
+              ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 2}'),
+              ("/tokenize", b'{"prompt": "x\\ud83d"}')]
+    with httpx.Client(base_url=server.url, timeout=120, trust_env=False) as c:
+        for path, body in bodies:
+            r = c.post(path, content=body, headers={"Content-Type": "application/json"})
+            assert "surrogate" in _error(r, 400), (path, r.text)
+            assert c.post("/tokenize", json={"prompt": "fine"}).status_code == 200
+    assert "Traceback" not in server.log.read_text()
+
+
+def test_text_parts_are_joined_by_newlines_as_vllm_does(server):
+    parts = {"role": "user", "content": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]}
+    joined = {"role": "user", "content": "A\nB"}
+    assert (post(server, "/tokenize", {"messages": [parts]}).json()["tokens"]
+            == post(server, "/tokenize", {"messages": [joined]}).json()["tokens"])
+
+
+def test_a_prompt_over_the_context_says_so_without_inventing_max_tokens(server):
+    """Chat without max_tokens defaults to the room left; a prompt with no room said "1 in max_tokens"."""
+    r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hello " * (MAX_LEN + 10)}]})
+    message = _error(r, 400)
+    assert "the prompt has" in message and str(MAX_LEN) in message and "max_tokens" not in message, message
+
+
+def test_no_op_fields_common_clients_send_are_accepted(server):
+    """response_format {"type": "text"} and tool_choice "none" (tools then not shown to the model) are what the
+    OpenAI default means: accepted. Anything that needs guided decoding or tool calls is a 400 naming it."""
+    msgs = [{"role": "user", "content": "Hi"}]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    base = server.client().chat.completions.create(model=MODEL, messages=msgs, max_tokens=4, temperature=0)
+    for extra in ({"response_format": {"type": "text"}}, {"tool_choice": "none", "tools": tools},
+                  {"tool_choice": "auto"}, {"stream_options": None}):
+        r = server.client().chat.completions.create(model=MODEL, messages=msgs, max_tokens=4, temperature=0, **extra)
+        assert r.choices[0].message.content == base.choices[0].message.content, extra
+    r = server.client().completions.create(model=MODEL, prompt="Hi", max_tokens=2,
+                                           extra_body={"response_format": {"type": "text"}})
+    assert r.choices[0].finish_reason == "length"
+    for extra, param in (({"tools": tools}, "tools"), ({"tools": tools, "tool_choice": "auto"}, "tool_choice"),
+                         ({"tool_choice": "required"}, "tool_choice"),
+                         ({"response_format": {"type": "json_object"}}, "response_format.type")):
+        r = post(server, "/v1/chat/completions", {"messages": msgs, "max_tokens": 2, **extra})
+        assert "not supported" in _error(r, 400) and r.json()["error"]["param"] == param, (extra, r.text)
+    r = post(server, "/v1/chat/completions", {"messages": msgs, "max_tokens": 2, "stream": True,
+                                              "stream_options": {"continuous_usage_stats": True}})
+    assert "continuous" in _error(r, 400)
+
+
+@pytest.mark.parametrize("raw, name", [
+    (b'"seed": 1180591620717411303424', "seed"),
+    (b'"stop_token_ids": [-5]', "stop_token_ids"),
+    (b'"stop_token_ids": [1000000000]', "stop_token_ids"),
+    (b'"temperature": Infinity', "temperature"),
+    (b'"repetition_penalty": Infinity', "repetition_penalty"),
+    (b'"top_p": -Infinity', "top_p"),
+])
+def test_out_of_range_values_are_400s(server, raw, name):
+    body = b'{"prompt": "x", "max_tokens": 2, ' + raw + b"}"
+    r = post(server, "/v1/completions", content=body, headers={"Content-Type": "application/json"})
+    assert name in _error(r, 400)
+
+
+def test_model_retrieve_and_version(server):
+    m = server.client().models.retrieve(MODEL)
+    assert m.id == MODEL and m.model_extra["max_model_len"] == MAX_LEN
+    with pytest.raises(openai.NotFoundError) as e:
+        server.client().models.retrieve("gpt-17")
+    assert "gpt-17" in e.value.message
+    import llmrs
+
+    assert httpx.get(server.url + "/version", timeout=10, trust_env=False).json() == {"version": llmrs.__version__}
+
+
+def test_long_text_is_tokenized_off_the_event_loop_with_the_same_ids(server, tok):
+    """Text over OFF_LOOP_CHARS goes through a worker thread (the loop keeps serving other streams meanwhile):
+    the ids are the tokenizer's own, for /tokenize, a list of completion prompts, and chat."""
+    from llmrs.server.routes import OFF_LOOP_CHARS
+
+    text = "The quick brown fox jumps over the lazy dog. " * (OFF_LOOP_CHARS // 40)
+    assert len(text) > OFF_LOOP_CHARS
+    assert post(server, "/tokenize", {"prompt": text}).json()["tokens"] == tok.encode(text)
+    msgs = [{"role": "user", "content": text}]
+    assert post(server, "/tokenize", {"messages": msgs}).json()["tokens"] == tok.encode_chat(msgs)
+    message = _error(post(server, "/v1/completions", {"prompt": ["hi", text], "max_tokens": 2}), 400)
+    assert f"the prompt has {len(tok.encode(text))}" in message  # counted from the thread's ids

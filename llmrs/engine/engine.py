@@ -45,10 +45,17 @@ def check_request(prompt_ids: list[int], params: SamplingParams, vocab_size: int
         raise UserError("the prompt is empty")
     if min(prompt_ids) < 0 or max(prompt_ids) >= vocab_size:
         raise UserError(f"prompt token ids must be in [0, {vocab_size})")
+    if any(t >= vocab_size for t in params.stop_token_ids):
+        raise UserError(f"stop_token_ids must be in [0, {vocab_size})")
     if params.max_tokens is None:
         params.max_tokens = max_model_len - len(prompt_ids)
     total = len(prompt_ids) + params.max_tokens
-    if len(prompt_ids) >= max_model_len or total > max_model_len:
+    if len(prompt_ids) >= max_model_len:
+        raise UserError(
+            f"this model's maximum context length is {max_model_len} tokens; the prompt has {len(prompt_ids)} "
+            f"(it must leave room for at least one generated token)"
+        )
+    if total > max_model_len:
         raise UserError(
             f"this model's maximum context length is {max_model_len} tokens; the request needs {total} "
             f"({len(prompt_ids)} in the prompt, {params.max_tokens} in max_tokens)"

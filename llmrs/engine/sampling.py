@@ -8,6 +8,7 @@ in the batch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,6 +37,9 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Raise UserError naming the first bad field (the server turns it into a 400)."""
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+            if not math.isfinite(getattr(self, name)):  # JSON's Infinity / NaN (Python's json reads both)
+                raise UserError(f"{name} must be a finite number")
         checks = [
             (self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be at least 1"),
             (self.temperature >= 0, "temperature must be >= 0"),
@@ -50,6 +54,7 @@ class SamplingParams:
             (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs must be in [0, 20]"),
             (self.n >= 1, "n must be >= 1"),
             (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings"),
+            (all(t >= 0 for t in self.stop_token_ids), "stop_token_ids must be token ids (>= 0)"),
         ]
         for ok, message in checks:
             if not ok:

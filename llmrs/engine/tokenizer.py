@@ -53,7 +53,17 @@ class Tokenizer:
         # encode_batch_fast (tokenizers >= 0.20; pyproject asks >= 0.21) skips the character offsets `encode` tracks
         # and nobody here reads: the same ids in about half the time (a 256-token prompt: 0.19 vs 0.38 ms on a
         # 2-core VM), on the server's event loop for every request (tests/test_tokenizer.py checks the two agree)
-        return self.tk.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
+        try:
+            return self.tk.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
+        except TypeError:
+            # tokenizers refuses a str it cannot convert to UTF-8: a lone UTF-16 surrogate ("\ud800" in JSON, or
+            # invalid UTF-8 bytes that Python decoded with surrogateescape). A client's mistake, not a bug.
+            bad = next((i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff"), None) if isinstance(text, str) \
+                else None
+            if bad is None:
+                raise
+            raise UserError(f"the text is not valid Unicode: a lone surrogate U+{ord(text[bad]):04X} at character "
+                            f"{bad}") from None
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tk.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -21,8 +21,31 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+INT64 = (-(2**63), 2**63 - 1)  # vLLM's range for seed
+
+
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage in every chunk (not implemented: only false is accepted)
+
+    @field_validator("continuous_usage_stats")
+    @classmethod
+    def _continuous(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("continuous usage stats are not supported; use include_usage for a final usage chunk")
+        return v
+
+
+class ResponseFormat(_Strict):
+    type: str
+    json_schema: Any = None
+
+    @field_validator("type")
+    @classmethod
+    def _type(cls, v: str) -> str:
+        if v != "text":
+            raise ValueError(f"'{v}' is not supported (no guided decoding); only 'text'")
+        return v
 
 
 class _SamplingRequest(_Strict):
@@ -47,6 +70,14 @@ class _SamplingRequest(_Strict):
     user: str | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None  # {"type": "text"}: the default, accepted as a no-op
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, v: int | None) -> int | None:
+        if v is not None and not INT64[0] <= v <= INT64[1]:
+            raise ValueError("seed must fit in a signed 64-bit integer")
+        return v
 
     @field_validator("n")
     @classmethod
@@ -126,7 +157,7 @@ class ChatMessage(_Strict):
     def as_template_dict(self) -> dict[str, Any]:
         content = self.content
         if isinstance(content, list):
-            content = "".join(p.text for p in content)
+            content = "\n".join(p.text for p in content)  # vLLM's join of a message's text parts
         d: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
         if self.name is not None:
             d["name"] = self.name
@@ -139,6 +170,18 @@ class ChatCompletionRequest(_SamplingRequest):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     add_generation_prompt: bool | None = None
+    # tool calling is not implemented: no tools, or tool_choice "none" (the tools are then not shown to the model,
+    # as vLLM does by default), is accepted; anything that could call a tool is a 400
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+
+    def tool_calling(self) -> bool:
+        """Whether the request lets the model call a tool (tools given, tool_choice not "none"; "auto" or none
+        without tools is nothing to call)."""
+        if self.tool_choice == "none":
+            return False
+        return bool(self.tools) or self.tool_choice not in (None, "auto")
 
     @field_validator("top_logprobs")
     @classmethod

@@ -1,7 +1,9 @@
-"""The routes: /v1/completions, /v1/chat/completions, /v1/models, /health, /tokenize, /detokenize, /metrics."""
+"""The routes: /v1/completions, /v1/chat/completions, /v1/models(/ID), /health, /version, /tokenize, /detokenize,
+/metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -9,6 +11,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+import llmrs
 from llmrs.errors import UserError
 from llmrs.server import sse
 from llmrs.server.errors import APIError, error_body, error_response, user_error
@@ -22,6 +25,7 @@ from llmrs.trace import tr
 
 router = APIRouter()
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy default
+OFF_LOOP_CHARS = 64 * 1024  # text longer than this is tokenized in a worker thread (`_off_loop`)
 
 
 def _state(request: Request) -> ServerState:
@@ -55,6 +59,19 @@ async def models(request: Request) -> dict:
         for name in st.served_names]}
 
 
+@router.get("/v1/models/{model:path}")
+async def model_info(model: str, request: Request) -> dict:
+    for m in (await models(request))["data"]:
+        if m["id"] == model:
+            return m
+    raise APIError(404, f"the model '{model}' does not exist", param="model", code="model_not_found")
+
+
+@router.get("/version")
+async def version() -> dict:
+    return {"version": llmrs.__version__}
+
+
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE)
@@ -68,9 +85,11 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
         raise APIError(400, "give exactly one of 'prompt' or 'messages'", param="prompt")
     try:
         if body.prompt is not None:
-            ids = st.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+            ids = await _off_loop(st.tokenizer.encode, body.prompt, body.add_special_tokens, size=len(body.prompt))
         else:
-            ids = st.tokenizer.encode_chat([m.as_template_dict() for m in body.messages], body.add_generation_prompt)
+            msgs = [m.as_template_dict() for m in body.messages]
+            ids = await _off_loop(st.tokenizer.encode_chat, msgs, body.add_generation_prompt,
+                                  size=sum(len(m["content"]) for m in msgs))
     except UserError as e:
         raise user_error(e) from None
     return {"count": len(ids), "max_model_len": st.engine.max_model_len, "tokens": ids}
@@ -88,12 +107,22 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
 
 
 # ---------------------------------------------------------------------- /v1/completions
-def _completion_prompts(st: ServerState, prompt) -> tuple[list[list[int]], list[str | None]]:
+async def _off_loop(fn, *args, size: int):
+    """fn(*args) in a worker thread when `size` characters of text make it long (tokenizing ~1 MB takes ~0.4 s, and
+    on the event loop every open stream would wait it out), inline otherwise (a thread hop costs ~50-100 us)."""
+    if size > OFF_LOOP_CHARS:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)
+
+
+async def _completion_prompts(st: ServerState, prompt) -> tuple[list[list[int]], list[str | None]]:
     """Token ids (and the original text, for echo) of each prompt in str | list[str] | list[int] | list[list[int]]."""
     if isinstance(prompt, str):
-        return [st.tokenizer.encode(prompt)], [prompt]
+        return [await _off_loop(st.tokenizer.encode, prompt, size=len(prompt))], [prompt]
     if all(isinstance(p, str) for p in prompt):
-        return [st.tokenizer.encode(p) for p in prompt], list(prompt)
+        def encode_all() -> list[list[int]]:
+            return [st.tokenizer.encode(p) for p in prompt]
+        return await _off_loop(encode_all, size=sum(map(len, prompt))), list(prompt)
     if all(isinstance(t, int) for t in prompt):
         return [list(prompt)], [None]
     return [list(p) for p in prompt], [None] * len(prompt)
@@ -108,7 +137,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     _check_stream_options(body)
     if body.echo and body.logprobs is not None:
         raise APIError(400, "echo together with logprobs is not supported (no prompt logprobs)", param="echo")
-    prompts, texts = _completion_prompts(st, body.prompt)
+    prompts, texts = await _completion_prompts(st, body.prompt)
     max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
     params = [validate(body.sampling_params(max_tokens, body.logprobs)) for _ in prompts]
     n = params[0].n
@@ -187,11 +216,15 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     st = _state(request)
     model = st.check_model(body.model)
     _check_stream_options(body)
+    if body.tool_calling():
+        raise APIError(400, "tool calling is not supported by this server: send no tools, or tool_choice 'none'",
+                       param="tool_choice" if body.tool_choice is not None else "tools")
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     add_gen = body.add_generation_prompt if body.add_generation_prompt is not None else True
     try:
-        ids = st.tokenizer.encode_chat(body.template_messages(), add_gen)
+        msgs = body.template_messages()
+        ids = await _off_loop(st.tokenizer.encode_chat, msgs, add_gen, size=sum(len(m["content"]) for m in msgs))
     except UserError as e:
         raise user_error(e) from None
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
