@@ -4,6 +4,8 @@
     prompts = built once (dataset.py, with the server's tokenizer when it has one)
     for each sweep point: arrivals -> run_load over worker processes -> summarize -> save JSON + CSV -> table
 Ctrl-C during a run saves what finished and ends the sweep; the started server is always stopped.
+A server that cannot be reached, or a --model its /v1/models does not list, stops the bench before any request;
+a run in which every request failed ends the sweep, keeps its results, and is a UserError naming the failures.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def parse_sweep(text: str | None) -> tuple[str, list[float]] | None:
         values = [float(v) for v in vals.split(",") if v.strip()]
     except ValueError as e:
         raise UserError(f"--sweep {text!r}: values must be numbers (or inf for request_rate)") from e
-    if not values or any(v <= 0 for v in values):
+    if not values or any(not v > 0 for v in values):  # NaN too
         raise UserError(f"--sweep {text!r}: values must be > 0")
     if key == "concurrency" and any(math.isinf(v) or v != int(v) for v in values):
         raise UserError(f"--sweep {text!r}: concurrency values must be whole numbers")
@@ -214,14 +216,22 @@ def run_bench(o: BenchOptions, console: Console | None = None) -> Path:
         raise UserError("--workers must be >= 1")
     if o.concurrency is not None and o.concurrency < 1:
         raise UserError("--concurrency must be >= 1")
+    if o.warmup < 0:
+        raise UserError(f"--warmup must be >= 0 (got {o.warmup})")
+    if not (o.timeout > 0 and math.isfinite(o.timeout)):
+        raise UserError(f"--timeout must be a positive number of seconds (got {o.timeout:g})")
     started = _now()
     o = replace(o, name=o.name or f"{_slug(o.label or 'bench')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    empty: list[tuple[str, Summary]] = []  # runs in which every request failed
     with server_context(o, console) as (base_url, meta):
         ident = server_identity(base_url, o.api_key)
+        if "unreachable" in ident:
+            raise UserError(f"cannot reach {base_url}: {ident['unreachable']}")
         models = ident.get("models") or []
         model = o.model if (o.model and (o.url or o.server_cmd)) else (models[0]["id"] if models else o.model)
         if not model:
             raise UserError(f"no --model given and {base_url}/v1/models lists none ({ident.get('models_error', 'empty')})")
+        _check_served(model, models, base_url)
         label = o.label or (models[0].get("owned_by") if models else None) or "server"
         cfg = ClientConfig(base_url, model, o.workload.backend, o.endpoint, o.api_key, o.timeout, o.ignore_eos,
                            o.temperature, o.top_p, o.top_k, o.min_p)
@@ -261,7 +271,10 @@ def run_bench(o: BenchOptions, console: Console | None = None) -> Path:
             text_tokens = asyncio.run(_text_tokens(tok, base_url, model, outcome.results)) if tok else {}
             s = summarize(outcome.results, outcome.t0, percentiles=o.percentiles, slo=o.slo, text_tokens=text_tokens)
             csv = f"{o.name}-{tag}.csv"
-            requests_frame(outcome.results, outcome.t0, text_tokens).to_csv(o.out_dir / csv, index=False)
+            try:
+                requests_frame(outcome.results, outcome.t0, text_tokens).to_csv(o.out_dir / csv, index=False)
+            except OSError as e:
+                raise UserError(f"cannot write {o.out_dir / csv}: {e.strerror or e}") from None
             doc["runs"].append({
                 "tag": tag, "concurrency": cap, "request_rate": rate if math.isfinite(rate) else "inf",
                 "burstiness": o.burstiness, "seed": point_seed(o, point),
@@ -281,10 +294,27 @@ def run_bench(o: BenchOptions, console: Console | None = None) -> Path:
             if outcome.interrupted:
                 console.print("[yellow]interrupted: saved the requests that finished")
                 break
+            if s.completed == 0:
+                empty.append((csv, s))
+                console.print(f"[yellow]warning: every request of {tag} failed: no latency was measured "
+                              f"(the failed requests are in {o.out_dir / csv})")
+                break  # the next point would fail the same way
         if len(rows) > 1:
             console.print(out.sweep_table(rows))
     console.print(f"results: {path}")
+    if empty:
+        csv, s = empty[0]
+        reasons = ", ".join(f"{k}: {v}" for k, v in s.failures.items()) or "no reason recorded"
+        raise UserError(f"all {s.failed} requests failed ({reasons}); each failure is in {o.out_dir / csv}")
     return path
+
+
+def _check_served(model: str, models: list[dict], base_url: str) -> None:
+    """A model name the server's /v1/models list does not hold is a UserError (servers without the list: no check).
+    A name matches a model's id or its root (vLLM lists the checkpoint path there)."""
+    if models and not any(model in (m.get("id"), m.get("root")) for m in models):
+        served = ", ".join(str(m.get("id")) for m in models)
+        raise UserError(f"model {model!r} is not served at {base_url} (it serves: {served})")
 
 
 def _params(o: BenchOptions) -> dict:

@@ -61,7 +61,7 @@ def bench(
     request_rate: str = typer.Option("inf", help="Mean arrivals per second (gamma process); inf sends all at once."),
     burstiness: float = typer.Option(1.0, help="Gamma shape of inter-arrival times: 1 = Poisson, <1 burstier, >1 more regular."),
     input_len: int = typer.Option(256, help="Prompt tokens of random prompts (exact, as the server tokenizes them)."),
-    output_len: int = typer.Option(None, help="max_tokens per request [default: 128, or the dataset's reply length]."),
+    output_len: int = typer.Option(None, help="max_tokens per request (default: 128, or the dataset's reply length)."),
     range_ratio: float = typer.Option(0.0, help="Random lengths uniform in [L*(1-r), L*(1+r)] for input and output."),
     dataset: Path = typer.Option(None, help="Prompts file: ShareGPT .json, or .jsonl of {\"prompt\": text or [ids], \"output_len\": N}. Default: random tokens."),
     prefix_len: int = typer.Option(0, help="Shared random prefix of this many tokens in front of every prompt (prefix caching)."),
@@ -76,13 +76,14 @@ def bench(
     seed: int = typer.Option(0, help="Seed for prompts and arrival times."),
     timeout: float = typer.Option(600.0, help="Seconds a request may take in all before it counts as failed."),
     api_key: str = typer.Option(None, envvar="OPENAI_API_KEY", help="Bearer token sent to the server [env: OPENAI_API_KEY]."),
-    label: str = typer.Option(None, help="Engine name in results and reports [default: owned_by from /v1/models]."),
+    label: str = typer.Option(None, help="Engine name in results and reports (default: owned_by from /v1/models)."),
     workers: int = typer.Option(default_workers(), help="Client processes the load is spread over (each parses its share of the streams)."),
     sweep: str = typer.Option(None, help="Run once per value: concurrency=1,16,64,256 or request_rate=1,4,inf."),
     slo: str = typer.Option(None, help="Goodput SLOs in ms, e.g. ttft=200,tpot=50 (keys: ttft, tpot, e2el)."),
     percentiles: str = typer.Option("50,90,99", help="Latency percentiles to report."),
     out_dir: Path = typer.Option(Path("bench-results"), "--out-dir", "-o", help="Where results JSON and CSVs go."),
-    name: str = typer.Option(None, help="Results file stem [default: LABEL-YYYYmmdd-HHMMSS]."),
+    name: str = typer.Option(None, help="Results file stem (default: LABEL-YYYYmmdd-HHMMSS with --label, "
+                                        "else bench-YYYYmmdd-HHMMSS)."),
     report: Path = typer.Option(None, "--report", help="Also write a report (markdown + PNGs) of this run into this directory."),
     tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="Without --url/--server-cmd: start `llmrs serve` on this many GPUs (tensor parallelism over NCCL)."),
     serve_args: str = typer.Option(None, "--serve-args", help="Without --url/--server-cmd: more options for the `llmrs serve` this bench starts, e.g. \"--max-num-seqs 256 --gpu-memory-utilization 0.85\"."),
@@ -121,6 +122,8 @@ def bench(
         temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, endpoint=endpoint, out_dir=out_dir, name=name,
         command=shlex.join(["llmrs", *sys.argv[1:]]), serve_args=tuple(extra),
     )
+    if not (server_timeout > 0 and math.isfinite(server_timeout)):
+        raise UserError(f"--server-timeout must be a positive number of seconds (got {server_timeout:g})")
     if burstiness <= 0 or not math.isfinite(burstiness):
         raise UserError("--burstiness must be a positive number")
     if not (temperature >= 0 and math.isfinite(temperature)):
@@ -144,7 +147,8 @@ def bench(
 def report(
     results: list[Path] = typer.Argument(..., help="Results JSON files from `llmrs bench` (or directories of them)."),
     out: Path = typer.Option(Path("reports/latest"), "--out", "-o", help="Directory for report.md and the PNGs."),
-    baseline: str = typer.Option(None, help="Label the ratios are relative to [default: the first results file's label]."),
+    baseline: str = typer.Option(None, help="Label the ratios are relative to "
+                                            "(default: the first results file's label)."),
     title: str = typer.Option("llmrs benchmark report", help="Report title."),
 ) -> None:
     """Side-by-side comparison of saved bench results: report.md + throughput / latency PNGs, deterministic names."""

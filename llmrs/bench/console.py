@@ -23,9 +23,22 @@ def make_progress(console: Console) -> Progress:
     )
 
 
-def _dist_rows(t: Table, name: str, d: Dist) -> None:
+def _dist_rows(t: Table, name: str, d: Dist | None, percentiles: list[str]) -> None:
+    """Mean / median and the percentiles of `d`; "-" where nothing was measured (d None)."""
+    if d is None:
+        t.add_row(f"{name} mean / median", "- / -")
+        t.add_row(f"{name} " + " / ".join(percentiles), " / ".join("-" for _ in percentiles))
+        return
     t.add_row(f"{name} mean / median", f"{d.mean:,.2f} / {d.median:,.2f}")
     t.add_row(f"{name} " + " / ".join(d.percentiles), " / ".join(f"{v:,.2f}" for v in d.percentiles.values()))
+
+
+def _stat(d: Dist | None, which: str, nd: int) -> str:
+    """One figure of `d` ("median", or a percentile name falling back to the max), "-" for no measurement."""
+    if d is None:
+        return "-"
+    v = d.median if which == "median" else d.percentiles.get(which, d.max)
+    return f"{v:.{nd}f}"
 
 
 def summary_table(title: str, s: Summary, client: dict) -> Table:
@@ -44,8 +57,10 @@ def summary_table(title: str, s: Summary, client: dict) -> Table:
     t.add_row("Peak concurrent requests", f"{s.peak_concurrency}")
     if s.goodput is not None:
         t.add_row(f"Goodput (req/s) [{', '.join(f'{k}<={v:g}ms' for k, v in s.slo.items())}]", f"{s.goodput:,.2f}")
-    for name, d in (("TTFT (ms)", s.ttft_ms), ("TPOT (ms)", s.tpot_ms), ("ITL (ms)", s.itl_ms), ("E2E latency (ms)", s.e2el_ms)):
-        _dist_rows(t, name, d)
+    dists = (s.ttft_ms, s.tpot_ms, s.itl_ms, s.e2el_ms)
+    pnames = next((list(d.percentiles) for d in dists if d is not None), ["p50", "p90", "p99"])
+    for name, d in zip(("TTFT (ms)", "TPOT (ms)", "ITL (ms)", "E2E latency (ms)"), dists, strict=True):
+        _dist_rows(t, name, d, pnames)
     if s.usage_missing:
         t.add_row("[yellow]No usage chunk (tokens = chunks)", f"{s.usage_missing}")
     if s.usage_mismatch:
@@ -63,7 +78,7 @@ def sweep_table(rows: list[tuple[str, Summary]]) -> Table:
     for tag, s in rows:
         t.add_row(
             tag, str(s.completed), str(s.failed), f"{s.request_throughput:.2f}", f"{s.output_throughput:,.1f}",
-            f"{s.ttft_ms.median:.1f}", f"{s.ttft_ms.percentiles.get('p99', s.ttft_ms.max):.1f}",
-            f"{s.tpot_ms.median:.2f}", f"{s.tpot_ms.percentiles.get('p99', s.tpot_ms.max):.2f}", f"{s.e2el_ms.median:.1f}",
+            _stat(s.ttft_ms, "median", 1), _stat(s.ttft_ms, "p99", 1), _stat(s.tpot_ms, "median", 2),
+            _stat(s.tpot_ms, "p99", 2), _stat(s.e2el_ms, "median", 1),
         )
     return t

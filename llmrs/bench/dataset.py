@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,37 +119,70 @@ async def _random_specs(cfg: WorkloadConfig, tok: Tokenizer | None, out_len: int
 def read_prompts(path: str) -> list[tuple[str | list[int], int | str | None]]:
     """(prompt, output) pairs from ShareGPT JSON (output: the reply text) or JSONL (output: its "output_len").
 
-    JSONL rows: a string, or {"prompt": text or [token ids], "output_len": N (optional)}.
+    JSONL rows: a string, or {"prompt": text or [token ids], "output_len": N >= 1 (optional)}. A malformed row or
+    item is a UserError naming its line (JSONL) or index (ShareGPT), never skipped in silence.
     """
     p = Path(path)
+    if p.is_dir():
+        raise UserError(f"--dataset: {path} is a directory; give a .json or .jsonl file")
     if not p.is_file():
         raise UserError(f"--dataset: no such file: {path}")
     try:
-        if p.suffix == ".jsonl":
-            rows = [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
-            return [_jsonl_row(r) for r in rows]
-        data = json.loads(p.read_text())
-    except ValueError as e:
-        raise UserError(f"--dataset: {path} is not valid JSON/JSONL: {e}") from e
-    out: list[tuple[str | list[int], int | str | None]] = []
-    for item in data if isinstance(data, list) else []:
-        turns = (item.get("conversations") or item.get("conversation") or []) if isinstance(item, dict) else []
-        if turns and turns[0].get("value"):
-            out.append((turns[0]["value"], turns[1].get("value") if len(turns) > 1 else None))
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"--dataset: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    if p.suffix == ".jsonl":
+        out = [_jsonl_row(path, i, ln) for i, ln in enumerate(text.split("\n"), 1) if ln.strip()]
+    else:
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise UserError(f"--dataset: {path} is not valid JSON: {e}") from None
+        items = data if isinstance(data, list) else []
+        out = [row for i, item in enumerate(items) if (row := _sharegpt_item(path, i, item))]
     if not out:
         raise UserError(f"--dataset: {path} has no prompts (expected ShareGPT JSON or .jsonl with 'prompt' fields)")
     return out
 
 
-def _jsonl_row(r) -> tuple[str | list[int], int | None]:
+def _sharegpt_item(path: str, i: int, item: object) -> tuple[str, str | None] | None:
+    """(first turn, reply) of ShareGPT item `i`; None for an item without conversation (skipped, as vLLM does)."""
+    turns = (item.get("conversations") or item.get("conversation") or []) if isinstance(item, dict) else []
+    if not turns:
+        return None
+    where = f"--dataset: {path} item {i}"
+    if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns[:2]):
+        raise UserError(f"{where}: 'conversations' must be a list of {{\"from\": ..., \"value\": text}} objects")
+    first, reply = turns[0].get("value"), turns[1].get("value") if len(turns) > 1 else None
+    if first is not None and not isinstance(first, str) or reply is not None and not isinstance(reply, str):
+        raise UserError(f"{where}: a turn's 'value' must be text")
+    return (first, reply) if first else None
+
+
+def _jsonl_row(path: str, line: int, text: str) -> tuple[str | list[int], int | None]:
+    """One JSONL line (numbered from 1): a string, or {"prompt": text or [ids], "output_len": N}."""
+    where = f"--dataset: {path} line {line}"
+    try:
+        r = json.loads(text)
+    except ValueError as e:
+        raise UserError(f"{where} is not valid JSON: {getattr(e, 'msg', e)}") from None
     if isinstance(r, str):
-        return r, None
-    if not isinstance(r, dict):
-        raise UserError(f"--dataset: a JSONL row must be a string or an object, got {type(r).__name__}")
-    prompt = r.get("prompt", r.get("text"))
-    if prompt is None:
-        raise UserError("--dataset: a JSONL row lacks 'prompt'")
-    n = r.get("output_len", r.get("max_tokens"))
+        prompt, n = r, None
+    elif isinstance(r, dict):
+        prompt = r.get("prompt", r.get("text"))
+        if prompt is None:
+            raise UserError(f"{where}: the row lacks 'prompt'")
+        n = r.get("output_len", r.get("max_tokens"))
+    else:
+        raise UserError(f"{where}: a row must be a string or an object, got {type(r).__name__}")
+    ids = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
+    if not (isinstance(prompt, str) or ids):
+        raise UserError(f"{where}: 'prompt' must be text or a list of token ids (integers >= 0)")
+    if not prompt:
+        raise UserError(f"{where}: 'prompt' is empty")
+    whole = isinstance(n, int | float) and not isinstance(n, bool) and math.isfinite(n) and n == int(n)
+    if n is not None and not (whole and n >= 1):
+        raise UserError(f"{where}: 'output_len' must be a whole number >= 1 (got {json.dumps(n)})")
     return prompt, int(n) if n is not None else None
 
 

@@ -6,11 +6,14 @@
   duration runs from the common start t0 to the last request's end;
 - goodput: completed requests per second that met every SLO given (ttft, tpot, itl-free e2el), in ms;
 - peak concurrency: the most requests in flight at once, from their [start, end] intervals.
-Failed requests count in `failures` with their reasons and are excluded from every latency statistic.
+Failed requests count in `failures` with their reasons and are excluded from every latency statistic; a
+statistic of no requests at all (every request failed; TPOT when every reply was one token) is None (null in the
+results JSON, "-" in tables): never a 0 that reads as measured.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
@@ -33,10 +36,11 @@ class Dist:
     percentiles: dict[str, float] = field(default_factory=dict)  # "p90" -> ms
 
     @classmethod
-    def of(cls, seconds: list[float] | np.ndarray, percentiles: tuple[float, ...]) -> Dist:
+    def of(cls, seconds: list[float] | np.ndarray, percentiles: tuple[float, ...]) -> Dist | None:
+        """The distribution of `seconds`, or None for no values (nothing was measured)."""
         a = np.asarray(seconds, dtype=np.float64) * 1e3
         if a.size == 0:
-            return cls(percentiles={_pname(p): 0.0 for p in percentiles})
+            return None
         return cls(
             float(a.mean()), float(np.median(a)), float(a.std()), float(a.min()), float(a.max()),
             {_pname(p): float(np.percentile(a, p)) for p in percentiles},
@@ -60,10 +64,10 @@ class Summary:
     output_throughput: float
     total_token_throughput: float
     peak_concurrency: int
-    ttft_ms: Dist
-    tpot_ms: Dist
-    itl_ms: Dist
-    e2el_ms: Dist
+    ttft_ms: Dist | None  # None: no request completed (or, for TPOT/ITL, none streamed two tokens)
+    tpot_ms: Dist | None
+    itl_ms: Dist | None
+    e2el_ms: Dist | None
     failures: dict[str, int] = field(default_factory=dict)
     goodput: float | None = None  # requests/s meeting every SLO; None without --slo
     slo: dict[str, float] = field(default_factory=dict)
@@ -109,7 +113,13 @@ def parse_slo(text: str | None) -> dict[str, float]:
         k = k.strip().lower()
         if not sep or k not in SLO_KEYS:
             raise ValueError(f"bad SLO {part!r}: expected KEY=MS with KEY in {', '.join(SLO_KEYS)}")
-        out[k] = float(v)
+        try:
+            ms = float(v)
+        except ValueError:
+            raise ValueError(f"bad SLO {part!r}: {v.strip()!r} is not a number of milliseconds") from None
+        if not (ms > 0 and math.isfinite(ms)):
+            raise ValueError(f"bad SLO {part!r}: milliseconds must be a positive number")
+        out[k] = ms
     return out
 
 

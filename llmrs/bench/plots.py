@@ -3,18 +3,32 @@
 - throughput_vs_concurrency.png  output tok/s against concurrency, one line per engine and workload;
 - ttft_percentiles.png / tpot_percentiles.png  p50 (solid) and p99 (dashed) against concurrency;
 - latency_vs_throughput.png  median E2E latency against output tok/s: the serving trade-off curve.
-Runs without a concurrency cap are plotted at x = their peak concurrency.
+Runs without a concurrency cap are plotted at x = their peak concurrency; a statistic nothing measured (every
+request of the run failed) is left out of its line, not drawn as 0.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+
+from llmrs.bench.report import pct, stat
+from llmrs.errors import UserError
 
 PLOTS = ("throughput_vs_concurrency.png", "ttft_percentiles.png", "tpot_percentiles.png", "latency_vs_throughput.png")
 
 
 def _x(r) -> float:
-    return float(r.concurrency or r.s.get("peak_concurrency") or 1)
+    return float(r.concurrency or stat(r.s, "peak_concurrency") or 1)
+
+
+def _nan(v: float | None) -> float:
+    return math.nan if v is None else v
+
+
+def _v(r, *path: str) -> float:
+    """A run's statistic for a plot; NaN (no point) where nothing was measured."""
+    return _nan(stat(r.s, *path))
 
 
 def _series(rows, labels):
@@ -43,14 +57,19 @@ def write_plots(rows, labels: list[str], out: Path) -> list[str]:
 
     def save(fig, fname: str) -> str:
         fig.tight_layout()
-        fig.savefig(out / fname, dpi=110, metadata={"Software": None})
-        plt.close(fig)
+        try:
+            fig.savefig(out / fname, dpi=110, metadata={"Software": None})
+        except OSError as e:  # a full disk, no permission, a directory in the way
+            raise UserError(f"cannot write {out / fname}: {e.strerror or e}") from None
+        finally:
+            plt.close(fig)
         return fname
 
     written = []
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, (lb, wl, rs) in enumerate(series):
-        ax.plot([_x(r) for r in rs], [r.s["output_throughput"] for r in rs], "o-", color=colors[i % len(colors)], label=name(lb, wl))
+        ax.plot([_x(r) for r in rs], [_v(r, "output_throughput") for r in rs], "o-", color=colors[i % len(colors)],
+                label=name(lb, wl))
     _conc_axis(ax, rows)
     ax.set_ylabel("output tokens/s")
     ax.set_title("Output throughput vs concurrency")
@@ -62,8 +81,8 @@ def write_plots(rows, labels: list[str], out: Path) -> list[str]:
         for i, (lb, wl, rs) in enumerate(series):
             c = colors[i % len(colors)]
             xs = [_x(r) for r in rs]
-            ax.plot(xs, [r.s[key]["median"] for r in rs], "o-", color=c, label=f"{name(lb, wl)} p50")
-            ax.plot(xs, [r.s[key].get("percentiles", {}).get("p99", r.s[key]["max"]) for r in rs], "s--", color=c, label=f"{name(lb, wl)} p99")
+            ax.plot(xs, [_v(r, key, "median") for r in rs], "o-", color=c, label=f"{name(lb, wl)} p50")
+            ax.plot(xs, [_nan(pct(r.s, key, "p99")) for r in rs], "s--", color=c, label=f"{name(lb, wl)} p99")
         _conc_axis(ax, rows)
         ax.set_ylabel(f"{title} (ms)")
         ax.set_title(f"{title} percentiles vs concurrency")
@@ -72,8 +91,9 @@ def write_plots(rows, labels: list[str], out: Path) -> list[str]:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, (lb, wl, rs) in enumerate(series):
-        rs = sorted(rs, key=lambda r: r.s["output_throughput"])
-        ax.plot([r.s["output_throughput"] for r in rs], [r.s["e2el_ms"]["median"] for r in rs], "o-", color=colors[i % len(colors)], label=name(lb, wl))
+        rs = sorted(rs, key=lambda r: stat(r.s, "output_throughput") or 0.0)
+        ax.plot([_v(r, "output_throughput") for r in rs], [_v(r, "e2el_ms", "median") for r in rs], "o-",
+                color=colors[i % len(colors)], label=name(lb, wl))
     ax.set_xlabel("output tokens/s")
     ax.set_ylabel("median E2E latency (ms)")
     ax.set_title("Latency vs throughput")

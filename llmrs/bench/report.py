@@ -63,17 +63,33 @@ def sampling_label(params: dict) -> str:
 
 
 def load_rows(paths: list[str]) -> list[Row]:
+    """One Row per run of each results file. A run without a summary, or with a setting that is not one, is a
+    UserError naming the file and the field; a statistic missing from a summary renders as "-"."""
     rows: list[Row] = []
     for p in find_results(paths):
         doc = load_document(p)
-        prm = doc.get("params", {})
-        for run in doc.get("runs", []):
+        prm = doc.get("params") if isinstance(doc.get("params"), dict) else {}
+        runs = doc.get("runs") or []
+        if not isinstance(runs, list):
+            raise UserError(f"{p}: 'runs' is not a list")
+        for i, run in enumerate(runs):
+            where = f"{p}: runs[{i}]"
+            if not isinstance(run, dict) or not isinstance(run.get("summary"), dict):
+                raise UserError(f"{where} has no 'summary' (an object of the run's statistics)")
             rate = run.get("request_rate", "inf")
+            try:
+                rate = math.inf if rate == "inf" else float(rate)
+            except (TypeError, ValueError):
+                raise UserError(f"{where}: 'request_rate' {rate!r} is not a number or \"inf\"") from None
+            conc = run.get("concurrency")
+            if conc is not None and (isinstance(conc, bool) or not isinstance(conc, int)):
+                raise UserError(f"{where}: 'concurrency' {conc!r} is not a whole number or null")
+            cpu = run.get("client_cpu") if isinstance(run.get("client_cpu"), dict) else {}
+            busy = [b for b in cpu.get("busy_per_worker") or [] if isinstance(b, int | float)]
             rows.append(Row(
-                label=doc.get("label") or "server", source=p.name, backend=prm.get("backend", "completions"),
+                label=str(doc.get("label") or "server"), source=p.name, backend=prm.get("backend", "completions"),
                 input_len=prm.get("input_len", 0), output_len=prm.get("output_len"), dataset=prm.get("dataset"),
-                concurrency=run.get("concurrency"), rate=math.inf if rate == "inf" else float(rate), s=run["summary"],
-                client_busy=max(run.get("client_cpu", {}).get("busy_per_worker") or [0.0]),
+                concurrency=conc, rate=rate, s=run["summary"], client_busy=max(busy or [0.0]),
                 env={k: doc.get(k) for k in ("command", "server", "gpus", "client", "llmrs_version")},
                 sampling=sampling_label(prm),
             ))
@@ -82,12 +98,27 @@ def load_rows(paths: list[str]) -> list[Row]:
     return rows
 
 
-def _p(d: dict, name: str) -> float:
-    return d.get("percentiles", {}).get(name, d.get("max", 0.0))
+def stat(s: dict, *path: str) -> float | None:
+    """The number at `path` in a saved summary (`stat(s, "ttft_ms", "median")`), None where it is missing or null
+    (nothing measured: every request failed; or a results file without it)."""
+    v: object = s
+    for k in path:
+        v = v.get(k) if isinstance(v, dict) else None
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
-def _f(v: float, nd: int = 1) -> str:
-    return f"{v:,.{nd}f}"
+def pct(s: dict, key: str, name: str) -> float | None:
+    """Percentile `name` ("p99") of the distribution `key`, else its max (a run that asked for other percentiles)."""
+    v = stat(s, key, "percentiles", name)
+    return v if v is not None else stat(s, key, "max")
+
+
+def _f(v: float | None, nd: int = 1) -> str:
+    return "-" if v is None else f"{v:,.{nd}f}"
+
+
+def _n(v: float | None) -> str:
+    return "-" if v is None else f"{v:g}"
 
 
 def runs_table(rows: list[Row]) -> list[str]:
@@ -95,13 +126,16 @@ def runs_table(rows: list[Row]) -> list[str]:
     lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
     for r in rows:
         s = r.s
-        fails = ", ".join(f"{k}: {v}" for k, v in s.get("failures", {}).items())
+        failures = s.get("failures") if isinstance(s.get("failures"), dict) else {}
+        fails = ", ".join(f"{k}: {v}" for k, v in failures.items())
         lines.append(
-            f"| {r.label} | {r.setting} | {s['completed']} | {s['failed']}{f' ({fails})' if fails else ''} | "
-            f"{_f(s['request_throughput'], 2)} | {_f(s['output_throughput'])} | {_f(s['total_token_throughput'])} | "
-            f"{_f(s['ttft_ms']['median'])} | {_f(_p(s['ttft_ms'], 'p99'))} | {_f(s['tpot_ms']['median'], 2)} | "
-            f"{_f(_p(s['tpot_ms'], 'p99'), 2)} | {_f(s['itl_ms']['median'], 2)} | {_f(s['e2el_ms']['median'])} | "
-            f"{'-' if s.get('goodput') is None else _f(s['goodput'], 2)} | {r.client_busy:.0%} |"
+            f"| {r.label} | {r.setting} | {_n(stat(s, 'completed'))} | {_n(stat(s, 'failed'))}"
+            f"{f' ({fails})' if fails else ''} | {_f(stat(s, 'request_throughput'), 2)} | "
+            f"{_f(stat(s, 'output_throughput'))} | {_f(stat(s, 'total_token_throughput'))} | "
+            f"{_f(stat(s, 'ttft_ms', 'median'))} | {_f(pct(s, 'ttft_ms', 'p99'))} | "
+            f"{_f(stat(s, 'tpot_ms', 'median'), 2)} | {_f(pct(s, 'tpot_ms', 'p99'), 2)} | "
+            f"{_f(stat(s, 'itl_ms', 'median'), 2)} | {_f(stat(s, 'e2el_ms', 'median'))} | "
+            f"{_f(stat(s, 'goodput'), 2)} | {r.client_busy:.0%} |"
         )
     return lines
 
@@ -112,13 +146,6 @@ METRICS = (  # (title, key path, unit, higher is better)
     ("TPOT p50", ("tpot_ms", "median"), "ms", False),
     ("E2E p50", ("e2el_ms", "median"), "ms", False),
 )
-
-
-def _get(s: dict, path: tuple[str, ...]) -> float:
-    v = s
-    for k in path:
-        v = v[k]
-    return float(v)
 
 
 def side_by_side(rows: list[Row], labels: list[str], baseline: str) -> list[str]:
@@ -137,15 +164,14 @@ def side_by_side(rows: list[Row], labels: list[str], baseline: str) -> list[str]
         cells = [first.setting]
         runs = by[first.setting]
         for _, path, unit, higher in METRICS:
-            vals = [runs[lb].s if lb in runs else None for lb in [baseline, *others]]
-            txt = " / ".join("-" if v is None else _f(_get(v, path), 2 if unit == "ms" and _get(v, path) < 100 else 1) for v in vals)
+            vals = [stat(runs[lb].s, *path) if lb in runs else None for lb in [baseline, *others]]
+            txt = " / ".join(_f(v, 2 if unit == "ms" and v is not None and v < 100 else 1) for v in vals)
             base = vals[0]
             ratios = []
             for v in vals[1:]:
-                if base is None or v is None or _get(v, path) == 0 or _get(base, path) == 0:
+                if not base or not v:  # missing, or 0: no ratio
                     continue
-                x = _get(v, path) / _get(base, path) if higher else _get(base, path) / _get(v, path)
-                ratios.append(f"{x:.2f}x")
+                ratios.append(f"{v / base if higher else base / v:.2f}x")
             cells.append(f"{txt} {unit}" + (f" ({', '.join(ratios)})" if ratios else ""))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -197,10 +223,16 @@ def write_report(paths: list[str], out: Path, *, baseline: str | None = None, ti
         raise UserError(f"--baseline {baseline!r} is not among the labels: {', '.join(labels)}")
     baseline = baseline or labels[0]
     labels = [baseline] + [lb for lb in labels if lb != baseline]
-    out.mkdir(parents=True, exist_ok=True)
+    md = out / REPORT_MD
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot write the report into {out}: {e.strerror or e}") from None
     pngs = write_plots(rows, labels, out)
     sources = sorted(dict.fromkeys(r.source for r in rows))
-    md = out / REPORT_MD
-    md.write_text(render_markdown(rows, labels, baseline, title, pngs, sources))
+    try:
+        md.write_text(render_markdown(rows, labels, baseline, title, pngs, sources))
+    except OSError as e:
+        raise UserError(f"cannot write {md}: {e.strerror or e}") from None
     console.print(f"report: {md} ({len(rows)} runs, {len(labels)} engines, {len(pngs)} plots)")
     return md

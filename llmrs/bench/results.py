@@ -9,6 +9,7 @@ The JSON is rewritten after every run, so an interrupted sweep keeps the runs th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -56,11 +57,18 @@ def requests_frame(results: list[RequestResult], t0: float, text_tokens: dict[in
 
 
 def write_json(path: Path, doc: dict) -> None:
-    """Atomic write (temp file + rename): a crash never leaves half a results file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Atomic write (temp file + rename): a crash never leaves half a results file. A place that cannot be written
+    (a full disk, no permission, a directory in the way) is a UserError; the half-written temp file is removed."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=False, default=_jsonable) + "\n")
-    os.replace(tmp, path)
+    text = json.dumps(doc, indent=2, sort_keys=False, default=_jsonable) + "\n"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise UserError(f"cannot write results {path}: {e.strerror or e}") from None
 
 
 def _jsonable(o):
@@ -98,16 +106,18 @@ def _is_results(path: Path) -> bool:
 
 def find_results(paths: list[str]) -> list[Path]:
     """Results JSON files from files and directories (a directory: its *.json that are bench results, sorted;
-    a file named explicitly must be one: load_document says why not)."""
-    out: list[Path] = []
+    a file named explicitly must be one: load_document says why not), each once however often it was named."""
+    out: dict[Path, Path] = {}  # resolved -> as given: a file named twice (or in a directory also given) counts once
     for s in paths:
         p = Path(s)
         if p.is_dir():
-            out += sorted(q for q in p.glob("*.json") if not q.name.endswith(".tmp") and _is_results(q))
+            found = sorted(q for q in p.glob("*.json") if not q.name.endswith(".tmp") and _is_results(q))
         elif p.is_file():
-            out.append(p)
+            found = [p]
         else:
             raise UserError(f"no such results file or directory: {s}")
+        for q in found:
+            out.setdefault(q.resolve(), q)
     if not out:
         raise UserError("no results files found")
-    return out
+    return list(out.values())

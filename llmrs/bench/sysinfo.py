@@ -11,7 +11,10 @@ import llmrs
 
 
 def server_identity(base_url: str, api_key: str | None = None) -> dict:
-    """The server's /v1/models (ids, owners, max_model_len) and HTTP `server` header; {} fields when absent."""
+    """The server's /v1/models (ids, owners, max_model_len) and HTTP `server` header; {} fields when absent.
+
+    `models_error` says why there is no model list (an HTTP error, a reply not shaped like OpenAI's); `unreachable`
+    says why no connection could be made at all (nothing listens there, the host does not resolve)."""
     info: dict = {"url": base_url, "models": [], "server_header": None}
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
@@ -19,15 +22,31 @@ def server_identity(base_url: str, api_key: str | None = None) -> dict:
             r = c.get(f"{base_url.rstrip('/')}/v1/models", headers=headers)
             info["server_header"] = r.headers.get("server")
             if r.status_code == 200:
-                info["models"] = [
-                    {k: m.get(k) for k in ("id", "owned_by", "max_model_len", "root") if m.get(k) is not None}
-                    for m in r.json().get("data", [])
-                ]
+                info["models"] = parse_models(r.json())
+                if info["models"] is None:
+                    info["models"] = []
+                    info["models_error"] = "malformed reply: expected {\"data\": [{\"id\": ...}, ...]}"
             else:
                 info["models_error"] = f"HTTP {r.status_code}"
+    except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+        info["models_error"] = f"{type(e).__name__}: {e}"
+        info["unreachable"] = str(e) or type(e).__name__
     except (httpx.HTTPError, ValueError) as e:
         info["models_error"] = f"{type(e).__name__}: {e}"
     return info
+
+
+def parse_models(doc: object) -> list[dict] | None:
+    """The models of an OpenAI /v1/models reply ({"data": [{"id": ...}, ...]}), or None for another shape.
+    Entries without a string id are left out, fields of another type than OpenAI's too."""
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, list):
+        return None
+    kinds = {"id": str, "owned_by": str, "max_model_len": int, "root": str}
+    return [
+        {k: m[k] for k, kind in kinds.items() if isinstance(m.get(k), kind)}
+        for m in data if isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"]
+    ]
 
 
 # Prefix-cache counters (prompt tokens looked up / found) in a server's Prometheus /metrics, by exporter prefix:
