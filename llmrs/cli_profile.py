@@ -46,7 +46,8 @@ def profile(
     top: int = typer.Option(12, "--top", help="Kernels shown per step."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Also save the JSON here."),
-    plot_path: Optional[Path] = typer.Option(None, "--plot", help="Kernels as points on the roofline (.png/.svg)."),
+    plot_path: Optional[Path] = typer.Option(None, "--plot",
+                                             help="Kernels as points on the roofline (.png/.svg/.pdf)."),
     from_path: Optional[Path] = typer.Option(None, "--from",
                                              help="Show a saved profile (from --out or --json) again: its tables, "
                                                   "--json or --plot, without a GPU or a model."),
@@ -54,10 +55,21 @@ def profile(
     """Where a decode step (at each --batch) and a prefill spend their GPU time: matrix multiply, decode and
     prefill attention, everything else; GPU busy; each kernel's GB/s or TFLOP/s as a % of its roof."""
     from llmrs import profile as prof
-    from llmrs.engine.loader import SYNTHETIC_PREFIX
+    from llmrs.engine.loader import SYNTHETIC_PREFIX, resolve
 
     given = [x for x in (model_arg, model, synthetic) if x]
     err = Console(stderr=True)
+    if top < 1:
+        raise UserError(f"--top {top}: expected at least 1 kernel per step")
+    if tp_link_gbs is not None and not tp_link_gbs > 0:
+        raise UserError(f"--tp-link-gbs {tp_link_gbs:g}: expected a positive GB/s")
+    if plot_path is not None:
+        from llmrs.roofline.plot import plot_path as chart_path
+
+        plot_path = chart_path(plot_path)
+    for path, flag in ((out, "--out"), (plot_path, "--plot")):
+        if path is not None:
+            prof.writable_file(path, flag)  # before the profile: a long run never ends unable to save
     if from_path is not None:
         if given:
             raise UserError("--from shows a saved profile: give no MODEL, --model or --synthetic with it")
@@ -66,6 +78,7 @@ def profile(
         if len(given) != 1:
             raise UserError("give exactly one of MODEL, --model M or --synthetic PRESET (or --from a saved profile)")
         spec = SYNTHETIC_PREFIX + synthetic if synthetic else given[0]
+        resolve(spec)  # a mistyped model or preset is named before a missing GPU
         batches = parse_batches(batch)
         if tensor_parallel_size != 1:
             from llmrs.engine.tp_nccl import check_tp_size

@@ -17,11 +17,14 @@ console = Console(stderr=True)
 
 def synth(
     like: str = typer.Option(..., "--like", help="Preset whose exact shapes to copy (see `llmrs roofline --help`)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write a Hugging Face-style checkpoint directory here."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write a Hugging Face-style checkpoint directory here "
+                                                             "(an earlier `llmrs synth` checkpoint there is replaced; "
+                                                             "another model's is refused)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random weights."),
     quant: Optional[str] = typer.Option(None, "--quant", show_default="bf16",
                                         help="Write a quantized checkpoint instead: 'awq' (AutoAWQ 4-bit GEMM packing); with --decode-bench: time 4-bit weights packed on the GPU (the linear layers; embeddings and lm_head bf16)."),
-    group_size: int = typer.Option(128, "--group-size", help="--quant awq: weights per scale/zero group."),
+    group_size: int = typer.Option(128, "--group-size",
+                                   help="--quant awq: weights per scale/zero group (a multiple of 32)."),
     decode_bench: bool = typer.Option(False, "--decode-bench",
                                       help="Build the weights on the GPU (no files) and time single-stream decode."),
     prompt_len: int = typer.Option(128, "--prompt-len", help="Decode bench: prompt tokens before decoding."),
@@ -38,6 +41,16 @@ def synth(
     preset_config(like)  # UserError for an unknown preset
     if out is None and not decode_bench:
         raise UserError("give --out DIR (write a checkpoint) or --decode-bench (time decode on the GPU)")
+    if group_size < 32 or group_size % 32:
+        raise UserError(f"--group-size {group_size}: expected a positive multiple of 32 (128, 64 or 32)")
+    if decode_bench:  # before any checkpoint is written
+        from llmrs.engine.backends.cuda import cuda_available
+
+        ok, why = cuda_available()
+        if not ok:
+            raise UserError(f"--decode-bench times decode on a GPU and needs CuPy and an NVIDIA GPU: {why}")
+        if bandwidth is not None and not bandwidth > 0:
+            raise UserError(f"--bandwidth-gbs {bandwidth}: expected a positive GB/s")
     if out is not None:
         with console.status(f"writing {like} to {out} ..."):
             try:
@@ -46,6 +59,8 @@ def synth(
                                           quant=quant, group_size=group_size)
             except OSError as e:  # an unwritable or full destination: the user's to fix
                 raise UserError(f"--out {out}: cannot write there ({e.strerror or e})") from None
+        if info["removed"]:
+            console.print(f"[dim]replaced the earlier checkpoint there: removed {', '.join(info['removed'])}[/dim]")
         console.print(f"[bold]{info['parameters']:,}[/bold] parameters ({info['quant']}), {info['bytes'] / 1e9:.2f} GB in "
                       f"{len(info['files'])} file(s) -> {out}")
     if decode_bench:

@@ -515,5 +515,23 @@ def _profile_steps(model: str, backend: Any, config: Any, forward_device: Any, b
     return profiles, meta
 
 
+def writable_file(path: Path, flag: str) -> None:
+    """Make `path`'s folder if needed; a place that cannot be written (a file in the way, no such place, no
+    permission) is a UserError naming `flag`. Checked before a profile runs, so a long run never ends unable to save."""
+    d = Path(path).parent
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{flag} {path}: cannot write there ({e.strerror or e})") from None
+    if Path(path).is_dir():
+        raise UserError(f"{flag} {path}: cannot write there (a directory)")
+    if not os.access(d, os.W_OK):
+        raise UserError(f"{flag} {path}: cannot write there (no permission)")
+
+
 def save_json(path: Path, profiles: list[StepProfile], meta: dict[str, Any]) -> None:
-    Path(path).write_text(json.dumps(to_json(profiles, meta), indent=1))
+    writable_file(path, "--out")
+    try:
+        Path(path).write_text(json.dumps(to_json(profiles, meta), indent=1))
+    except OSError as e:
+        raise UserError(f"--out {path}: cannot write there ({e.strerror or e})") from None

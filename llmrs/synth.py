@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import struct
 import time
 from pathlib import Path
@@ -101,7 +102,7 @@ def awq_tensor_entries(c: ModelConfig, group_size: int) -> list[tuple[str, tuple
         p = name[: -len(".weight")]
         if name.endswith(".weight") and p.endswith(LINEAR_SUFFIXES):
             o, i = shape
-            if i % group_size or o % 8 or group_size % 32:
+            if group_size < 32 or group_size % 32 or i % group_size or o % 8:
                 raise UserError(f"{name} [{o}, {i}]: AWQ needs in-features divisible by the group size "
                                 f"{group_size} (a multiple of 32) and out-features by 8; try --group-size 64 or 32")
             out += [(p + ".qweight", (i, o // 8), "I32"), (p + ".qzeros", (i // group_size, o // 8), "I32"),
@@ -122,11 +123,42 @@ def _write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...], str
     # NOTE: ljust, not `+= b" " * n`: an in-process `ptx-check` (roofline/ptx/compile.py `_log`) lets NVRTC write
     # into the interpreter's shared one-byte b" " object, after which b" " * n is NULs (an invalid header)
     raw = raw.ljust(len(raw) + (-len(raw) % 8))
-    with path.open("wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
-        for name, shape, dtype in tensors:
-            f.write(_bf16_random(name, shape, rng) if dtype == "BF16" else _awq_random(name, shape, rng))
+    tmp = path.with_name(path.name + ".partial")  # renamed when complete: a failed write leaves no truncated file
+    try:
+        with tmp.open("wb") as f:
+            f.write(struct.pack("<Q", len(raw)))
+            f.write(raw)
+            for name, shape, dtype in tensors:
+                f.write(_bf16_random(name, shape, rng) if dtype == "BF16" else _awq_random(name, shape, rng))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def clear_checkpoint(out: Path) -> list[str]:
+    """Remove an earlier checkpoint's weights from `out` before a new one is written there: every *.safetensors,
+    model.safetensors.index.json (the loader prefers an index, so a stale one would serve the old shards) and the
+    config.json, rewritten last (a write that fails leaves no loadable half-checkpoint). Only a folder that
+    `llmrs synth` wrote (config.json with "synthetic_like") or one with no config.json is cleared; another model's
+    checkpoint is a UserError, never deleted. Returns the names removed."""
+    from llmrs.errors import UserError
+
+    cfg = out / "config.json"
+    if cfg.exists():
+        try:
+            doc = json.loads(cfg.read_text())
+            ours = isinstance(doc, dict) and "synthetic_like" in doc
+        except (OSError, ValueError):
+            ours = False
+        if not ours:
+            raise UserError(f"--out {out}: holds a model checkpoint that llmrs synth did not write (its config.json); "
+                            "give a new or empty folder")
+    stale = sorted({*out.glob("*.safetensors"), *out.glob("*.safetensors.partial"),
+                    *[p for p in (out / "model.safetensors.index.json", cfg) if p.exists()]})
+    for f in stale:
+        f.unlink()
+    return [f.name for f in stale]
 
 
 def synthetic_vocab(size: int, special_ids: dict[int, str]) -> tuple[dict[str, int], list[tuple[str, str]]]:
@@ -210,8 +242,9 @@ def hf_config(c: ModelConfig, repo: str) -> dict[str, Any]:
 
 def write_checkpoint(preset: str, out: Path, seed: int = 0, progress: Any = None, quant: str | None = None,
                      group_size: int = 128, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Write the synthetic checkpoint (bf16, or quant="awq"); returns a summary (files, bytes, parameters).
-    `overrides` replaces config fields (tests shrink a preset with it)."""
+    """Write the synthetic checkpoint (bf16, or quant="awq"); returns a summary (files, bytes, parameters, and the
+    earlier checkpoint's files `removed`: see clear_checkpoint). `overrides` replaces config fields (tests shrink a
+    preset with it)."""
     import dataclasses
 
     from llmrs.errors import UserError
@@ -226,6 +259,7 @@ def write_checkpoint(preset: str, out: Path, seed: int = 0, progress: Any = None
     else:
         entries = [(name, shape, "BF16") for name, shape in tensor_shapes(c).items()]
     out.mkdir(parents=True, exist_ok=True)
+    removed = clear_checkpoint(out)
     rng = np.random.default_rng(seed)
     shards: list[list[tuple[str, tuple[int, ...], str]]] = [[]]
     size = 0
@@ -261,7 +295,7 @@ def write_checkpoint(preset: str, out: Path, seed: int = 0, progress: Any = None
                                                             "bos_token_id": c.bos_token_id}))
     write_tokenizer(c, out)
     return {"preset": preset, "out": str(out), "files": files, "bytes": total, "parameters": c.num_parameters(),
-            "quant": quant or "bf16"}
+            "quant": quant or "bf16", "removed": removed}
 
 
 # ---------------------------------------------------------------------- weights on the GPU

@@ -88,7 +88,7 @@ def test_truncated_gguf(smollm2_path, tmp_path):
     bad = tmp_path / "bad.gguf"
     with open(smollm2_path, "rb") as src:
         bad.write_bytes(src.read(5_000_000))
-    assert_user_error(llmrs("generate", "--model", str(bad), "-p", "x"), "bad.gguf")
+    assert_user_error(llmrs("generate", "--model", str(bad), "-p", "x"), "bad.gguf", "truncated GGUF file")
 
 
 def test_prompt_longer_than_context(tiny_llama):

@@ -132,6 +132,8 @@ class ModelConfig:
             cfg = json.loads(Path(path).read_text())
         except json.JSONDecodeError as e:
             raise UserError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(cfg, dict):
+            raise UserError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
         return cls.from_hf_dict(cfg)
 
     @classmethod

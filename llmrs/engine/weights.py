@@ -218,17 +218,43 @@ def gguf_to_hf_name(name: str) -> str | None:
     return None
 
 
+class _GGUFTruncated(Exception):
+    """A read past the end of a GGUF file (args: the byte it needed)."""
+
+
+def open_gguf(path: Path) -> Any:
+    """gguf.GGUFReader over `path`; a truncated, empty or otherwise unreadable file is a UserError."""
+    from gguf import GGUFReader
+
+    class Reader(GGUFReader):
+        # NOTE: GGUFReader slices its memmap unchecked, so a file cut short fails later with a reshape error
+        # ("cannot reshape array of size ..."); every read goes through _get, and here one past the end says so
+        def _get(self, offset: int, dtype: Any, count: int = 1, *args: Any, **kwargs: Any) -> Any:
+            end = int(offset) + np.dtype(dtype).itemsize * int(count)
+            if end > len(self.data):
+                raise _GGUFTruncated(end)
+            return super()._get(offset, dtype, count, *args, **kwargs)
+
+    path = Path(path)
+    try:
+        if path.stat().st_size == 0:
+            raise UserError(f"{path}: empty file, not a GGUF model")
+        return Reader(str(path))
+    except _GGUFTruncated as e:
+        raise UserError(f"{path}: truncated GGUF file ({path.stat().st_size:,} bytes; its contents run to at least "
+                        f"byte {e.args[0]:,})") from None
+    except UserError:
+        raise
+    except Exception as e:  # the reader raises assorted errors on corrupt files
+        raise UserError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+
+
 class GGUFFile:
     """A parsed GGUF file: metadata as plain Python values, tensors dequantized on request."""
 
     def __init__(self, path: Path):
-        from gguf import GGUFReader
-
         self.path = Path(path)
-        try:
-            self.reader = GGUFReader(str(path))
-        except Exception as e:  # the reader raises assorted errors on truncated / corrupt files
-            raise UserError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+        self.reader = open_gguf(self.path)
         self.metadata: dict = {}
         for key, field in self.reader.fields.items():
             if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",

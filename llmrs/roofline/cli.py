@@ -115,6 +115,12 @@ def roofline(
     if compute_dtype is not None and compute_dtype not in PEAK_FIELDS:
         raise UserError(f"--compute-dtype: expected one of {', '.join(PEAK_FIELDS)}, got {compute_dtype!r}")
     batches = parse_ints(batch, "--batch")
+    if tp_link_gbs is not None and not tp_link_gbs > 0:
+        raise UserError(f"--tp-link-gbs {tp_link_gbs:g}: expected a positive GB/s")
+    if plot is not None:
+        from llmrs.roofline.plot import plot_path
+
+        plot = plot_path(plot)  # a bad format is named before the work; no suffix: .png, the file really written
     out: dict[str, Any] = {}
     console = _console()
     if measure:
@@ -150,7 +156,7 @@ def roofline(
     if plot is not None:
         from llmrs.roofline.plot import plot_roofline
 
-        plot_roofline(r, spec, plot, points)
+        plot = plot_roofline(r, spec, plot, points)
     if as_json:
         out.update(r.to_dict())
         out["measured_points"] = [asdict(p) for p in points]

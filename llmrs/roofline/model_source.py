@@ -107,13 +107,12 @@ def _field_value(field: Any) -> Any:
 
 def _from_gguf(path: Path) -> ModelSource:
     try:
-        from gguf import GGUFReader
+        import gguf  # noqa: F401
     except ImportError:
         raise UserError("reading .gguf needs the `gguf` package") from None
-    try:
-        reader = GGUFReader(str(path))
-    except Exception as e:
-        raise UserError(f"{path}: not a readable GGUF file ({e})") from None
+    from llmrs.engine.weights import open_gguf
+
+    reader = open_gguf(path)  # UserError for a truncated or corrupt file
     md: dict[str, Any] = {}
     for key, f in reader.fields.items():
         if key.startswith("tokenizer.ggml.") and key not in ("tokenizer.ggml.bos_token_id",

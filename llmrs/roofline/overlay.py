@@ -39,6 +39,12 @@ def load_points(path: Path) -> list[dict[str, Any]]:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: a directory; expected a JSON file of measured points") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a JSON text file") from None
     except json.JSONDecodeError as e:
         raise UserError(f"{path}: not valid JSON ({e})") from None
     points = data.get("points") if isinstance(data, dict) else data
@@ -64,8 +70,12 @@ def place_points(points: list[dict[str, Any]], cost: ModelCost, roofs: Roofs, co
                 intensity, achieved, tps = flops / nbytes, flops / secs, None
             else:
                 batch, tps = int(p["batch"]), float(p["tokens_per_s"])
+                if batch < 1 or not tps > 0:
+                    raise ValueError(f"batch {batch} and tokens_per_s {tps:g} must be positive")
                 step = cost.decode_step(batch, int(p.get("context", context)))
                 intensity, achieved = step.intensity, tps * step.flops / batch
+            if not (intensity > 0 and achieved > 0):
+                raise ValueError("flops, bytes and seconds must be positive")
         except (TypeError, ValueError, ZeroDivisionError) as e:
             raise UserError(f"measured point {p.get('label')!r}: bad number ({e})") from None
         ceiling = min(roofs.peak_flops, roofs.bandwidth * intensity)

@@ -14,8 +14,22 @@ from llmrs.roofline.gpus import GpuSpec
 from llmrs.roofline.overlay import MeasuredPoint
 
 
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def plot_path(path: Path, flag: str = "--plot") -> Path:
+    """The file a chart asked for as `path` goes to: its suffix picks the format (.png, .svg, .pdf); a path without
+    one gets .png (as matplotlib's savefig would add it); another suffix is a UserError naming the formats."""
+    path = Path(path)
+    if not path.suffix:
+        return path.with_name(path.name + ".png")
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        raise UserError(f"{flag} {path}: unsupported chart format {path.suffix!r}; use {', '.join(PLOT_SUFFIXES)}")
+    return path
+
+
 def plot_roofline(r: Roofline, gpu: GpuSpec, path: Path, measured: list[MeasuredPoint] | None = None) -> Path:
-    """Write the roofline chart to `path` (format from its suffix: .png, .svg, .pdf)."""
+    """Write the roofline chart to plot_path(path) (format from its suffix: .png, .svg, .pdf); returns that path."""
     try:
         import matplotlib
 
@@ -55,7 +69,8 @@ def plot_roofline(r: Roofline, gpu: GpuSpec, path: Path, measured: list[Measured
 
 
 def save_roofline_axes(fig, ax, path: Path, title: str, ylabel: str) -> Path:  # type: ignore[no-untyped-def]
-    """The classic roofline chart's log-log axes, labels and legend, then the PNG (shared with `llmrs profile`)."""
+    """The classic roofline chart's log-log axes, labels and legend, then the file at plot_path(path) (shared with
+    `llmrs profile`); returns that path."""
     import matplotlib.pyplot as plt
 
     ax.set_xscale("log")
@@ -65,7 +80,11 @@ def save_roofline_axes(fig, ax, path: Path, title: str, ylabel: str) -> Path:  #
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8, loc="lower right")
-    path = Path(path)
+    try:
+        path = plot_path(path)
+    except UserError:
+        plt.close(fig)
+        raise
     fig.tight_layout()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
