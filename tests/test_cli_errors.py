@@ -106,6 +106,18 @@ def test_a_config_json_that_is_not_an_object_is_named(tmp_path, cmd):
     assert_user_error(res, str(tmp_path / "config.json"), "expected a JSON object")
 
 
+@pytest.mark.parametrize("text, says", [("[1, 2]", "expected a JSON object"), ('{"eos_token_id": "x"}', "eos_token_id"),
+                                         ('{"eos_token_id": [1, null]}', "eos_token_id"), ("{bad", "not valid JSON")])
+def test_a_bad_generation_config_is_named(tmp_path, text, says):
+    out = tmp_path / "m"
+    synth.write_checkpoint("smollm2-135m", out, overrides={"num_hidden_layers": 1})
+    assert llmrs("info", str(out)).returncode == 0
+    (out / "generation_config.json").write_text(text)
+    assert_user_error(llmrs("info", str(out)), str(out / "generation_config.json"), says)
+    (out / "generation_config.json").write_text('{"eos_token_id": [7, 9]}')
+    assert llmrs("info", str(out)).returncode == 0
+
+
 @pytest.mark.parametrize("cmd", [["info", "{f}"], ["roofline", "--gpu", "h200", "--model", "{f}"]])
 @pytest.mark.parametrize("size", [100, 5_000_000])  # cut in the metadata, and in the tensors
 def test_a_truncated_gguf_says_truncated(smollm2_path, tmp_path, cmd, size):

@@ -107,7 +107,15 @@ def resolve(spec: str | None) -> ModelSource:
             quant = None  # from_json_file has already judged the file
         gen = path / "generation_config.json"
         if gen.exists():
-            eos = json.loads(gen.read_text()).get("eos_token_id")
+            try:
+                doc = json.loads(gen.read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise UserError(f"{gen}: not valid JSON ({e})") from None
+            eos = doc.get("eos_token_id") if isinstance(doc, dict) else None
+            if not isinstance(doc, dict) or not (
+                    eos is None or isinstance(eos, int) and not isinstance(eos, bool)
+                    or isinstance(eos, list) and all(isinstance(e, int) and not isinstance(e, bool) for e in eos)):
+                raise UserError(f"{gen}: expected a JSON object whose eos_token_id is a token id or a list of them")
             extra = [eos] if isinstance(eos, int) else list(eos or [])
             config.eos_token_ids = list(dict.fromkeys(config.eos_token_ids + [int(e) for e in extra]))
         return ModelSource(name=name, path=path, kind="hf", config=config, quantization=quant)
