@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import itertools
 import sys
+import time
 
 import pytest
 
 from llmrs.engine.config import EngineConfig
-from llmrs.engine.engine import AsyncEngine, EngineOverloaded, LLMEngine
+from llmrs.engine.engine import AsyncEngine, EngineOverloaded, LLMEngine, RequestOutput, take_merged
 from llmrs.engine.loader import load
-from llmrs.engine.sampling import SamplingParams
+from llmrs.engine.sampling import SampleResult, SamplingParams
 from llmrs.errors import UserError
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -254,3 +257,74 @@ def test_serving_step_budget_reads_the_runners_gpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy(b"NVIDIA A100-SXM4-80GB", 85_000_000_000))
     assert _runner_batched_tokens(gpu) == 2048
     assert _runner_batched_tokens(SimpleNamespace(device="cpu")) == 2048
+
+
+def _out(index: int, text: str, finish: str | None = None, n_out: int = 0) -> RequestOutput:
+    return RequestOutput("r", index, text, [ord(c) for c in text], [SampleResult(ord(c), -0.5) for c in text],
+                         finish, 3, n_out)
+
+
+def test_take_merged_joins_a_choices_queued_deltas_in_order():
+    """A stream's consumer that fell behind finds several deltas queued: each choice's go out as one (text, ids and
+    logprobs joined; the latest's finish and counts), up to that choice's last, other choices' in their order; an
+    exception stays where it was; LLMRS_MERGE_DELTAS=0 takes them one by one."""
+    q = collections.deque([_out(0, "a", n_out=1), _out(1, "x", n_out=1), _out(0, "b", n_out=2),
+                           _out(1, "y", "length", 2), _out(0, "c", "stop", 3)])
+    first = take_merged(q)
+    assert (first.index, first.text, first.token_ids, first.finish_reason, first.num_output_tokens) == \
+        (0, "abc", [97, 98, 99], "stop", 3)
+    assert [lp.token_id for lp in first.logprobs] == [97, 98, 99]
+    second = take_merged(q)
+    assert (second.index, second.text, second.finish_reason, second.num_output_tokens) == (1, "xy", "length", 2)
+    assert not q
+    boom = RuntimeError("core gone")
+    q = collections.deque([_out(0, "a"), _out(0, "b"), boom, _out(0, "c")])
+    assert take_merged(q).text == "ab" and take_merged(q) is boom and take_merged(q).text == "c"
+    lone = _out(0, "z", "stop")
+    q = collections.deque([lone, _out(0, "never")])
+    assert take_merged(q) is lone and len(q) == 1  # a finished choice takes nothing after it
+    q = collections.deque([_out(0, "a"), _out(0, "b")])
+    import llmrs.engine.engine as engine_module
+
+    engine_module.MERGE_DELTAS = False
+    try:
+        assert take_merged(q).text == "a" and take_merged(q).text == "b"
+    finally:
+        engine_module.MERGE_DELTAS = True
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_a_consumer_behind_the_engine_gets_merged_deltas(smol, kind):
+    """The event loop blocked for a while (a host-bound server's long pass) while the engine (its thread, or the
+    core process) runs on: the stream hands over what piled up as merged deltas, their text the whole greedy
+    text and their token counts right."""
+    from llmrs.engine.core_process import ProcessEngine
+
+    ids = smol.tokenizer.encode("The capital of France is")
+    want = LLMEngine(smol, EngineConfig(kv_cache_tokens=1024)).generate([ids], SamplingParams(max_tokens=24, **GREEDY))
+
+    async def main():
+        if kind == "thread":
+            eng = AsyncEngine(LLMEngine(smol, EngineConfig(kv_cache_tokens=1024)))
+        else:
+            eng = ProcessEngine.from_args("smollm2-135m", device="cpu", kv_cache_tokens=1024)
+        eng.start()
+        try:
+            stream = eng.add_request(None, ids, SamplingParams(max_tokens=24, **GREEDY))
+            deltas = [await anext(stream)]
+            deadline = time.monotonic() + 60
+            while eng.stats().num_running and time.monotonic() < deadline:
+                time.sleep(0.05)  # the loop blocked: nothing reads the stream while the steps go on
+                if kind == "process":
+                    await asyncio.sleep(0)  # (the core's stats arrive through the loop's reader)
+            deltas += [d async for d in stream]
+        finally:
+            await eng.shutdown()
+        return deltas
+
+    deltas = asyncio.run(main())
+    assert "".join(d.text for d in deltas) == want[0].texts[0]
+    assert sum(len(d.token_ids) for d in deltas) == 24 == deltas[-1].num_output_tokens
+    assert deltas[-1].finish_reason == "length" and max(len(d.token_ids) for d in deltas) > 1, \
+        [len(d.token_ids) for d in deltas]
+    assert [d.num_output_tokens for d in deltas] == list(itertools.accumulate(len(d.token_ids) for d in deltas))

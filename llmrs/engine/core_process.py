@@ -29,6 +29,7 @@ its own shutdown, and it exits on its own when the server's end of the pipe clos
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import gc
 import itertools
@@ -46,7 +47,7 @@ from typing import Any
 from llmrs.engine.config import OFF_VALUES
 from llmrs.engine.engine import (
     EngineDeadError, EngineOverloaded, EngineStats, LLMEngine, RequestOutput, check_request, serving_config,
-    serving_engine,
+    serving_engine, take_merged,
 )
 from llmrs.engine.loader import LoadedModel, load
 from llmrs.engine.sampling import SamplingParams
@@ -320,9 +321,14 @@ class ProcessEngine:
 
     async def _stream(self, request_id: str, q: asyncio.Queue, n: int) -> AsyncIterator[RequestOutput]:
         finished = 0
+        pending: collections.deque = collections.deque()
         try:
             while finished < n:
-                item = await q.get()
+                if not pending:
+                    pending.append(await q.get())
+                while not q.empty():  # everything queued meanwhile: merged per choice (engine.take_merged)
+                    pending.append(q.get_nowait())
+                item = take_merged(pending)
                 if isinstance(item, BaseException):
                     raise item
                 if item.finish_reason is not None:

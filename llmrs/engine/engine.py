@@ -5,6 +5,7 @@ handing each request's deltas to its own asyncio stream)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import itertools
 import os
@@ -15,7 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmrs.engine.config import EngineConfig, ModelConfig, async_scheduling_default, env_int
+from llmrs.engine.config import OFF_VALUES, EngineConfig, ModelConfig, async_scheduling_default, env_int
 from llmrs.engine.kv_cache import KVCacheManager
 from llmrs.engine.loader import LoadedModel, load
 from llmrs.engine.runner import ModelRunner, resolve_device
@@ -80,6 +81,45 @@ class RequestOutput:
     finish_reason: str | None
     num_prompt_tokens: int
     num_output_tokens: int
+
+
+MERGE_DELTAS = os.environ.get("LLMRS_MERGE_DELTAS", "1").strip().lower() not in OFF_VALUES
+
+
+def take_merged(pending: Any) -> Any:
+    """Pop the oldest of a stream's queued deltas (a deque of RequestOutput or StepOutput, oldest first; an
+    exception ends it) with every later delta of the same choice merged into it, up to and including that choice's
+    last one (text, token ids and logprobs joined; the rest, finish_reason and counts, the latest delta's). Other
+    choices' deltas keep their order.
+
+    NOTE: a consumer that finds several deltas queued is behind the engine (a host-bound server: an event-loop pass
+    over 256 streams takes longer than a small model's step). Sent one by one they cost an SSE event and a socket
+    send each, so it falls further behind; merged, each stream costs one a pass. vLLM's RequestOutputCollector
+    merges the same way. A consumer that keeps up finds one delta at a time: nothing changes. LLMRS_MERGE_DELTAS=0
+    sends every delta as it came (A/B)."""
+    item = pending.popleft()
+    if isinstance(item, BaseException) or item.finish_reason is not None or not pending or not MERGE_DELTAS:
+        return item
+    texts, ids, lps = [item.text], list(item.token_ids), list(item.logprobs)
+    last, keep = item, []
+    while pending:
+        other = pending.popleft()
+        if isinstance(other, BaseException):
+            keep.append(other)
+            keep.extend(pending)
+            pending.clear()
+            break
+        if other.index != item.index or last.finish_reason is not None:
+            keep.append(other)
+            continue
+        texts.append(other.text)
+        ids += other.token_ids
+        lps += other.logprobs
+        last = other
+    pending.extend(keep)
+    if last is item:
+        return item
+    return dataclasses.replace(last, text="".join(texts), token_ids=ids, logprobs=lps)
 
 
 @dataclass(slots=True)
@@ -497,9 +537,14 @@ class AsyncEngine:
                       ) -> AsyncIterator[RequestOutput]:
         finished = 0
         counts = [0] * n
+        pending: collections.deque = collections.deque()
         try:
             while finished < n:
-                item = await q.get()
+                if not pending:
+                    pending.append(await q.get())
+                while not q.empty():  # everything queued meanwhile: merged per choice (take_merged)
+                    pending.append(q.get_nowait())
+                item = take_merged(pending)
                 if isinstance(item, BaseException):
                     raise item
                 counts[item.index] += len(item.token_ids)
