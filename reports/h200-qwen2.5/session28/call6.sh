@@ -2,31 +2,30 @@
 # Session 28, call 6 (carry .whl, ~2.5 min): merged deltas for a consumer behind the engine (engine.take_merged),
 # A/B with LLMRS_MERGE_DELTAS=0 / 1 on fresh synthetic Qwen2.5-0.5B servers (the host-bound regime of call 4: GPU
 # step 1.9 ms at 256 decodes, server TPOT 3.7-5.6 ms), 256 concurrent twice a server (prompt 256, 256 new tokens,
-# own prompts each run), off / on / off / on; then one 3B server with merging on, twice.
+# own prompts each run), off / on / off / on; each run's line printed as it ends.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/llmrs-s28}; mkdir -p "$OUT"; R=/tmp/res-s28c6; rm -rf $R; mkdir -p $R
 . scripts/gpu_lib.sh
 use_wheels || exit 1
+line() {
+  python3 -c "
+import json, sys
+s = json.load(open(sys.argv[1]))['runs'][0]['summary']
+print(f\"{sys.argv[1].split('/')[-1]:36s} {s['output_throughput']:8.0f} tok/s  TPOT mean {s['tpot_ms']['mean']:.3f} ms  \"
+      f\"TTFT median {s['ttft_ms']['median']:.1f} ms  ITL p50 {s['itl_ms']['median']:.3f} ms\")" "$1"
+}
 {
 i=0
 for v in 0 1 0 1; do
   i=$((i + 1))
   SERVE_MODEL=qwen2.5-0.5b serve_up m$v-$i LLMRS_MERGE_DELTAS=$v && {
-    for run in 1 2; do load_bench bench-0.5b-merge$v-s$i-run$run-c256 256 $((3000 + 10 * i + run)); done
+    for run in 1 2; do
+      load_bench bench-0.5b-merge$v-s$i-run$run-c256 256 $((3000 + 10 * i + run))
+      line $R/bench-0.5b-merge$v-s$i-run$run-c256.json
+    done
     serve_down
   }
 done
-SERVE_MODEL=qwen2.5-3b serve_up m1-3b LLMRS_MERGE_DELTAS=1 && {
-  for run in 1 2; do load_bench bench-3b-merge1-run$run-c256 256 $((3100 + run)); done
-  serve_down
-}
-python3 - $R <<'PY'
-import glob, json, sys
-for f in sorted(glob.glob(sys.argv[1] + "/bench-*.json")):
-    s = json.load(open(f))["runs"][0]["summary"]
-    print(f"{f.split('/')[-1]:34s} {s['output_throughput']:8.0f} tok/s  TPOT mean {s['tpot_ms']['mean']:.3f} ms  "
-          f"TTFT median {s['ttft_ms']['median']:.1f} ms  ITL p50 {s['itl_ms']['median']:.3f} ms")
-PY
 } 2>&1 | tee $OUT/call6.log
 tar -C $R -cJf $OUT/bench.tar.xz $(cd $R && ls bench-*.json serve-*.log 2>/dev/null)
