@@ -108,9 +108,32 @@ def test_min_tokens_masks_stop_ids(logits):
     assert sample(logits[None], [st])[0].token_id != eos
 
 
+def test_logit_bias_adds_to_the_logits_before_sampling(logits):
+    """OpenAI's logit_bias: +100 forces a token, -100 bans the argmax, a small bias shifts the distribution by
+    exactly exp(bias); logprobs stay those of the raw logits (vLLM's default); the GPU sampler hands such rows to
+    the host (needs_cpu_sampler)."""
+    from llmrs.engine.backends.cuda import needs_cpu_sampler
+
+    top = int(np.argmax(logits))
+    forced = int(np.argmin(logits))
+    assert set(draw(logits, SamplingParams(temperature=1.0, logit_bias={forced: 100.0}), n=50)) == {forced}
+    st = state(SamplingParams(temperature=0.0, logit_bias={top: -100.0}, logprobs=0))
+    r = sample(logits[None], [st])[0]
+    assert r.token_id == int(np.argsort(-logits)[1])
+    assert abs(r.logprob - np.log(probs_of(logits.astype(np.float64)))[r.token_id]) < 1e-6
+    biased = apply_penalties(logits.astype(np.float64), state(SamplingParams(logit_bias={3: 1.5, 7: -0.25})))
+    want = logits.astype(np.float64).copy()
+    want[3] += 1.5
+    want[7] -= 0.25
+    assert np.array_equal(biased, want)
+    assert needs_cpu_sampler(state(SamplingParams(temperature=0.0, logit_bias={3: 1.0})))
+
+
 def test_bad_values_name_the_field():
     for kwargs, word in [({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"max_tokens": 0}, "max_tokens"),
-                         ({"logprobs": 50}, "logprobs"), ({"min_p": 2}, "min_p")]:
+                         ({"logprobs": 50}, "logprobs"), ({"min_p": 2}, "min_p"), ({"logit_bias": {1: 101.0}}, "logit_bias"),
+                         ({"logit_bias": {-1: 1.0}}, "logit_bias"), ({"logit_bias": {1: float("nan")}}, "logit_bias"),
+                         ({"temperature": float("inf")}, "temperature")]:
         with pytest.raises(UserError, match=word):
             SamplingParams(**kwargs).validate()
 

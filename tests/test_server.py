@@ -631,3 +631,24 @@ def test_long_text_is_tokenized_off_the_event_loop_with_the_same_ids(server, tok
     assert post(server, "/tokenize", {"messages": msgs}).json()["tokens"] == tok.encode_chat(msgs)
     message = _error(post(server, "/v1/completions", {"prompt": ["hi", text], "max_tokens": 2}), 400)
     assert f"the prompt has {len(tok.encode(text))}" in message  # counted from the thread's ids
+
+
+def test_logit_bias_forces_or_bans_tokens(server, tok):
+    """OpenAI's logit_bias ({"token id": bias}): +100 on one token makes greedy decoding repeat it, -100 on the
+    unbiased greedy's first token moves it; bad keys, values and ids are 400s naming logit_bias."""
+    c = server.client()
+    forced = tok.encode(" banana")[0]
+    r = c.completions.create(model=MODEL, prompt="Hello", max_tokens=4, temperature=0, logprobs=0,
+                             logit_bias={str(forced): 100})
+    assert r.choices[0].logprobs.tokens == [tok.decode([forced], skip_special_tokens=False)] * 4
+    plain = c.completions.create(model=MODEL, prompt="Hello", max_tokens=1, temperature=0, logprobs=0)
+    first = tok.encode(plain.choices[0].logprobs.tokens[0], add_special_tokens=False)[0]
+    banned = c.completions.create(model=MODEL, prompt="Hello", max_tokens=1, temperature=0, logprobs=0,
+                                  logit_bias={str(first): -100})
+    assert banned.choices[0].logprobs.tokens != plain.choices[0].logprobs.tokens
+    chat = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+                                     temperature=0, logit_bias={str(forced): 100})
+    assert chat.choices[0].message.content == tok.decode([forced] * 3)
+    for bias in ({"x": 1}, {str(forced): 101}, {str(10**8): 1}, {"-3": 1}):
+        message = _error(post(server, "/v1/completions", {"prompt": "x", "max_tokens": 2, "logit_bias": bias}), 400)
+        assert "logit_bias" in message, (bias, message)

@@ -48,6 +48,8 @@ def check_request(prompt_ids: list[int], params: SamplingParams, vocab_size: int
         raise UserError(f"prompt token ids must be in [0, {vocab_size})")
     if any(t >= vocab_size for t in params.stop_token_ids):
         raise UserError(f"stop_token_ids must be in [0, {vocab_size})")
+    if any(t >= vocab_size for t in params.logit_bias):
+        raise UserError(f"logit_bias keys must be token ids in [0, {vocab_size})")
     if params.max_tokens is None:
         params.max_tokens = max_model_len - len(prompt_ids)
     total = len(prompt_ids) + params.max_tokens

@@ -1,6 +1,7 @@
 """SamplingParams and the batched sampler.
 
-Order of operations (vLLM's): penalties -> min_tokens mask -> temperature -> min_p, top_k, top_p -> draw.
+Order of operations (vLLM's): penalties, logit_bias -> min_tokens mask -> temperature -> min_p, top_k, top_p ->
+draw.
 Logprobs are those of the model's raw distribution (log_softmax of the unprocessed logits), as vLLM V1
 returns by default. A request's seed makes its own generator, so its tokens do not depend on what else is
 in the batch.
@@ -34,6 +35,7 @@ class SamplingParams:
     logprobs: int | None = None  # None: no logprobs; 0: the chosen token's; N: also the top N
     skip_special_tokens: bool = True
     n: int = 1
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit (OpenAI's)
 
     def validate(self) -> None:
         """Raise UserError naming the first bad field (the server turns it into a 400)."""
@@ -55,6 +57,9 @@ class SamplingParams:
             (self.n >= 1, "n must be >= 1"),
             (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings"),
             (all(t >= 0 for t in self.stop_token_ids), "stop_token_ids must be token ids (>= 0)"),
+            (all(isinstance(t, int) and t >= 0 for t in self.logit_bias), "logit_bias keys must be token ids (>= 0)"),
+            (all(math.isfinite(b) and -100 <= b <= 100 for b in self.logit_bias.values()),
+             "logit_bias values must be in [-100, 100]"),
         ]
         for ok, message in checks:
             if not ok:
@@ -84,9 +89,10 @@ class SamplingState:
 
 
 def penalized_or_logprobs(p: SamplingParams) -> bool:
-    """Penalties (they read the request's earlier tokens) or logprobs (only the host sampler computes them)."""
+    """Penalties (they read the request's earlier tokens), a logit_bias, or logprobs: what only the host sampler
+    does."""
     return (p.logprobs is not None or p.repetition_penalty != 1.0 or bool(p.presence_penalty)
-            or bool(p.frequency_penalty))
+            or bool(p.frequency_penalty) or bool(p.logit_bias))
 
 
 def min_tokens_pending(st: SamplingState) -> bool:
@@ -122,6 +128,9 @@ def apply_penalties(logits: np.ndarray, st: SamplingState) -> np.ndarray:
     if (p.presence_penalty or p.frequency_penalty) and st.output_ids:
         ids, counts = np.unique(np.asarray(st.output_ids, dtype=np.int64), return_counts=True)
         logits[ids] -= p.frequency_penalty * counts + p.presence_penalty
+    if p.logit_bias:
+        ids = np.fromiter(p.logit_bias.keys(), dtype=np.int64, count=len(p.logit_bias))
+        logits[ids] += np.fromiter(p.logit_bias.values(), dtype=np.float64, count=len(p.logit_bias))
     return logits
 
 

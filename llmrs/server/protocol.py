@@ -71,6 +71,17 @@ class _SamplingRequest(_Strict):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None  # {"type": "text"}: the default, accepted as a no-op
+    logit_bias: dict[str, float] | None = None  # {"token id": bias in [-100, 100]}, JSON's string keys
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v: dict[str, float] | None) -> dict[int, float] | None:
+        if v is None:
+            return None
+        try:
+            return {int(k): b for k, b in v.items()}
+        except ValueError:
+            raise ValueError("keys must be token ids (integers as strings, e.g. {\"50256\": -100})") from None
 
     @field_validator("seed")
     @classmethod
@@ -109,6 +120,7 @@ class _SamplingRequest(_Strict):
             logprobs=logprobs,
             skip_special_tokens=get(self.skip_special_tokens, True),
             n=get(self.n, 1),
+            logit_bias=dict(self.logit_bias or {}),
         )
 
     @property
