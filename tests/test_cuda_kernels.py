@@ -364,6 +364,17 @@ def test_gpu_sampling_falls_back_to_cpu_for_penalties_and_logprobs(rng):
     assert [r.token_id for r in res] == np.argmax(logits, axis=-1).tolist()
 
 
+def test_gpu_sampling_hands_logit_bias_rows_to_the_host(rng):
+    """A row with a logit_bias is sampled by the host sampler (which adds the bias); its neighbours stay on the GPU."""
+    be = CUDABackend(cfg(), num_blocks=1)
+    logits = rng.standard_normal((3, 5000)).astype(np.float32)
+    forced, banned = int(np.argmin(logits[0])), int(np.argmax(logits[1]))
+    params = [SamplingParams(temperature=0.0, logit_bias={forced: 100.0}),
+              SamplingParams(temperature=0.0, logit_bias={banned: -100.0}), SamplingParams(temperature=0.0)]
+    got = [r.token_id for r in be.sample(cp.asarray(logits), states_for(params))]
+    assert got == [forced, int(np.argsort(-logits[1])[1]), int(np.argmax(logits[2]))]
+
+
 def test_a_mixed_batch_samples_only_the_rows_that_need_it_on_the_cpu(rng, monkeypatch):
     """A step where some requests need the CPU sampler (logprobs, penalties, a pending min_tokens) and the others do
     not: only those rows' logits go to the host (the CPU sampler sees just them), the rest are sampled on the GPU,
