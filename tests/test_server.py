@@ -589,9 +589,6 @@ def test_no_op_fields_common_clients_send_are_accepted(server):
                          ({"response_format": {"type": "json_object"}}, "response_format.type")):
         r = post(server, "/v1/chat/completions", {"messages": msgs, "max_tokens": 2, **extra})
         assert "not supported" in _error(r, 400) and r.json()["error"]["param"] == param, (extra, r.text)
-    r = post(server, "/v1/chat/completions", {"messages": msgs, "max_tokens": 2, "stream": True,
-                                              "stream_options": {"continuous_usage_stats": True}})
-    assert "continuous" in _error(r, 400)
 
 
 @pytest.mark.parametrize("raw, name", [
@@ -652,3 +649,31 @@ def test_logit_bias_forces_or_bans_tokens(server, tok):
     for bias in ({"x": 1}, {str(forced): 101}, {str(10**8): 1}, {"-3": 1}):
         message = _error(post(server, "/v1/completions", {"prompt": "x", "max_tokens": 2, "logit_bias": bias}), 400)
         assert "logit_bias" in message, (bias, message)
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_continuous_usage_stats_put_usage_in_every_chunk(server, path):
+    """vLLM's stream_options.continuous_usage_stats (with include_usage): every chunk carries usage, its choice's
+    completion tokens so far, rising to the final usage chunk's count; the text is the same as without it."""
+    first = {"messages": [{"role": "user", "content": "Count to ten."}]} if path.endswith("chat/completions") \
+        else {"prompt": "One, two, three,"}
+    body = {**first, "max_tokens": 12, "temperature": 0, "ignore_eos": True, "stream": True}
+
+    def chunks(options: dict) -> list[dict]:
+        with httpx.stream("POST", server.url + path, json={**body, "stream_options": options}, timeout=120,
+                          trust_env=False) as r:
+            assert r.status_code == 200, r.read()
+            return [json.loads(line[6:]) for line in r.iter_lines()
+                    if line.startswith("data: ") and line != "data: [DONE]"]
+
+    def text(events: list[dict]) -> str:
+        return "".join(c.get("text") or (c.get("delta") or {}).get("content") or "" for e in events
+                       for c in e["choices"])
+
+    got, plain = chunks({"include_usage": True, "continuous_usage_stats": True}), chunks({"include_usage": True})
+    assert text(got) == text(plain)
+    assert all(e.get("usage") for e in got), got
+    counts = [e["usage"]["completion_tokens"] for e in got if e["choices"]]
+    assert counts == sorted(counts) and counts[-1] == 12 == got[-1]["usage"]["completion_tokens"]
+    assert all(e["usage"]["prompt_tokens"] == got[-1]["usage"]["prompt_tokens"] for e in got)
+    assert all(e.get("usage") is None for e in plain[:-1]) and plain[-1]["usage"]["completion_tokens"] == 12

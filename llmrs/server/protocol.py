@@ -26,14 +26,7 @@ INT64 = (-(2**63), 2**63 - 1)  # vLLM's range for seed
 
 class StreamOptions(_Strict):
     include_usage: bool = False
-    continuous_usage_stats: bool = False  # vLLM's: usage in every chunk (not implemented: only false is accepted)
-
-    @field_validator("continuous_usage_stats")
-    @classmethod
-    def _continuous(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("continuous usage stats are not supported; use include_usage for a final usage chunk")
-        return v
+    continuous_usage_stats: bool = False  # vLLM's: every chunk carries usage (its choice's tokens so far)
 
 
 class ResponseFormat(_Strict):
@@ -126,6 +119,11 @@ class _SamplingRequest(_Strict):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """vLLM's continuous_usage_stats: usage in every chunk (with include_usage, as vLLM asks)."""
+        return self.include_usage and bool(self.stream_options.continuous_usage_stats)
 
 
 class CompletionRequest(_SamplingRequest):

@@ -158,6 +158,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                                                             "logprobs": None, "finish_reason": None}], **tail})
             offsets: dict[int, int] = {}
             out_tokens: dict[int, int] = {}
+            continuous = body.continuous_usage
             try:
                 async for p, out in gen.events():
                     tr("sse_event")
@@ -170,11 +171,15 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                     lp = None
                     if body.logprobs is not None and out.logprobs:
                         lp, offsets[idx] = completion_logprobs(st, out.logprobs, offsets[idx])
-                    if lp is None and out.finish_reason is None:
+                    if lp is None and out.finish_reason is None and not continuous:
                         if text:
                             yield plain.render(idx, text)
                         continue
+                    if continuous and not text and lp is None and out.finish_reason is None:
+                        continue
                     choice = {"index": idx, "text": text, "logprobs": lp, "finish_reason": out.finish_reason}
+                    if continuous:  # this choice's tokens so far, as vLLM counts them
+                        tail = {"usage": usage(len(prompts[p]), out.num_output_tokens)}
                     yield sse.event({**head, "choices": [choice], **tail})
                 if body.include_usage:
                     yield sse.event({**head, "choices": [], "usage": usage(n_prompt, sum(out_tokens.values()))})
@@ -243,21 +248,25 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             plain = sse.DeltaTemplate({**head, "choices": [{"index": sse.INDEX_MARK, "delta": {"content": sse.TEXT_MARK},
                                                             "logprobs": None, "finish_reason": None}], **tail})
             out_tokens = [0] * params.n
+            continuous = body.continuous_usage
             try:
                 for i in range(params.n):
                     role = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                             "finish_reason": None}
-                    yield sse.event({**head, "choices": [role], **tail})
+                    yield sse.event({**head, "choices": [role], **({"usage": usage(len(ids), 0)} if continuous
+                                                                   else tail)})
                 async for _, out in gen.events():
                     tr("sse_event")
                     out_tokens[out.index] = out.num_output_tokens
                     lp = {"content": chat_logprobs(st, out.logprobs)} if logprobs is not None and out.logprobs else None
-                    if lp is None and out.finish_reason is None:
+                    if lp is None and out.finish_reason is None and (not out.text or not continuous):
                         if out.text:
                             yield plain.render(out.index, out.text)
                         continue
                     delta = {"content": out.text} if out.text else {}
                     choice = {"index": out.index, "delta": delta, "logprobs": lp, "finish_reason": out.finish_reason}
+                    if continuous:  # this choice's tokens so far, as vLLM counts them
+                        tail = {"usage": usage(len(ids), out.num_output_tokens)}
                     yield sse.event({**head, "choices": [choice], **tail})
                 if body.include_usage:
                     yield sse.event({**head, "choices": [], "usage": usage(len(ids), sum(out_tokens))})
