@@ -326,9 +326,7 @@ class ProcessEngine:
             while finished < n:
                 if not pending:
                     pending.append(await q.get())
-                while not q.empty():  # everything queued meanwhile: merged per choice (engine.take_merged)
-                    pending.append(q.get_nowait())
-                item = take_merged(pending)
+                item = take_merged(pending, q)  # with everything queued meanwhile, merged per choice
                 if isinstance(item, BaseException):
                     raise item
                 if item.finish_reason is not None:

@@ -88,17 +88,19 @@ class RequestOutput:
 MERGE_DELTAS = os.environ.get("LLMRS_MERGE_DELTAS", "1").strip().lower() not in OFF_VALUES
 
 
-def take_merged(pending: Any) -> Any:
-    """Pop the oldest of a stream's queued deltas (a deque of RequestOutput or StepOutput, oldest first; an
-    exception ends it) with every later delta of the same choice merged into it, up to and including that choice's
-    last one (text, token ids and logprobs joined; the rest, finish_reason and counts, the latest delta's). Other
-    choices' deltas keep their order.
+def take_merged(pending: Any, q: asyncio.Queue | None = None) -> Any:
+    """Pop the oldest of a stream's queued deltas (a deque of RequestOutput or StepOutput, oldest first, after
+    everything waiting in its queue `q`; an exception ends it) with every later delta of the same choice merged into
+    it, up to and including that choice's last one (text, token ids and logprobs joined; the rest, finish_reason and
+    counts, the latest delta's). Other choices' deltas keep their order.
 
     NOTE: a consumer that finds several deltas queued is behind the engine (a host-bound server: an event-loop pass
     over 256 streams takes longer than a small model's step). Sent one by one they cost an SSE event and a socket
     send each, so it falls further behind; merged, each stream costs one a pass. vLLM's RequestOutputCollector
     merges the same way. A consumer that keeps up finds one delta at a time: nothing changes. LLMRS_MERGE_DELTAS=0
     sends every delta as it came (A/B)."""
+    while q is not None and not q.empty():
+        pending.append(q.get_nowait())
     item = pending.popleft()
     if isinstance(item, BaseException) or item.finish_reason is not None or not pending or not MERGE_DELTAS:
         return item
@@ -544,9 +546,7 @@ class AsyncEngine:
             while finished < n:
                 if not pending:
                     pending.append(await q.get())
-                while not q.empty():  # everything queued meanwhile: merged per choice (take_merged)
-                    pending.append(q.get_nowait())
-                item = take_merged(pending)
+                item = take_merged(pending, q)  # with everything queued meanwhile, merged per choice
                 if isinstance(item, BaseException):
                     raise item
                 counts[item.index] += len(item.token_ids)

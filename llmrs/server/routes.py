@@ -87,9 +87,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
         if body.prompt is not None:
             ids = await _off_loop(st.tokenizer.encode, body.prompt, body.add_special_tokens, size=len(body.prompt))
         else:
-            msgs = [m.as_template_dict() for m in body.messages]
-            ids = await _off_loop(st.tokenizer.encode_chat, msgs, body.add_generation_prompt,
-                                  size=sum(len(m["content"]) for m in msgs))
+            ids = await _encode_chat(st, [m.as_template_dict() for m in body.messages], body.add_generation_prompt)
     except UserError as e:
         raise user_error(e) from None
     return {"count": len(ids), "max_model_len": st.engine.max_model_len, "tokens": ids}
@@ -113,6 +111,11 @@ async def _off_loop(fn, *args, size: int):
     if size > OFF_LOOP_CHARS:
         return await asyncio.to_thread(fn, *args)
     return fn(*args)
+
+
+async def _encode_chat(st: ServerState, msgs: list[dict], add_generation_prompt: bool) -> list[int]:
+    return await _off_loop(st.tokenizer.encode_chat, msgs, add_generation_prompt,
+                           size=sum(len(m["content"]) for m in msgs))
 
 
 async def _completion_prompts(st: ServerState, prompt) -> tuple[list[list[int]], list[str | None]]:
@@ -171,11 +174,9 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                     lp = None
                     if body.logprobs is not None and out.logprobs:
                         lp, offsets[idx] = completion_logprobs(st, out.logprobs, offsets[idx])
-                    if lp is None and out.finish_reason is None and not continuous:
+                    if lp is None and out.finish_reason is None and (not text or not continuous):
                         if text:
                             yield plain.render(idx, text)
-                        continue
-                    if continuous and not text and lp is None and out.finish_reason is None:
                         continue
                     choice = {"index": idx, "text": text, "logprobs": lp, "finish_reason": out.finish_reason}
                     if continuous:  # this choice's tokens so far, as vLLM counts them
@@ -228,8 +229,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     add_gen = body.add_generation_prompt if body.add_generation_prompt is not None else True
     try:
-        msgs = body.template_messages()
-        ids = await _off_loop(st.tokenizer.encode_chat, msgs, add_gen, size=sum(len(m["content"]) for m in msgs))
+        ids = await _encode_chat(st, body.template_messages(), add_gen)
     except UserError as e:
         raise user_error(e) from None
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
