@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 28, call 2 (no carry, ~7 min): A/B of session 27's pinned first block-table read in decode_attn_tc
-# (prefill_attention_pinned.cu = session27/decode_attn_tc_pin_first_table_read.patch applied). (1) the attention GPU
+# (prefill_attention_pinned.cu = session27/decode_attn_tc_pin_first_table_read.patch applied to f7f00c9's file; not
+# kept in git: COMMANDS.md says how to recreate it). (1) the attention GPU
 # tests and test_early_loads (rule 3) on the pinned tree; (2) `llmrs profile` 7B bf16 at 64 / 256 decodes, context
 # 384 (step walls: the overlap shows in the graphs, not in the eager per-kernel times), pinned / before alternated
 # x3; (3) one-stream decode benches, one run a process, alternated: 7B AWQ x2 each, 7B bf16 x1, 3B bf16 x1.
