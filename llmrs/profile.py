@@ -530,7 +530,7 @@ def writable_file(path: Path, flag: str) -> None:
 
 
 def save_json(path: Path, profiles: list[StepProfile], meta: dict[str, Any]) -> None:
-    writable_file(path, "--out")
+    """(`llmrs profile` checks the place with writable_file before it runs; a write that fails anyway says so.)"""
     try:
         Path(path).write_text(json.dumps(to_json(profiles, meta), indent=1))
     except OSError as e:
