@@ -228,6 +228,30 @@ def test_serve_refuses_a_bad_flush_interval_before_its_core_starts(monkeypatch):
     assert_user_error(llmrs("serve", "--port", "0"), "LLMRS_FLUSH_EVERY_MS='1ms'")
 
 
+def test_serve_refuses_a_bad_idle_spin_before_its_core_starts(monkeypatch):
+    """LLMRS_IDLE_SPIN_MS (how long the idle engine core and the server's loop poll before they sleep): "auto" is
+    20 ms on 4+ CPUs and 0 below; a typo or a negative number is one clear error before any core starts."""
+    from llmrs.engine import core_process
+    from llmrs.errors import UserError
+
+    monkeypatch.delenv("LLMRS_IDLE_SPIN_MS", raising=False)
+    monkeypatch.setattr(core_process.os, "cpu_count", lambda: 16)
+    assert core_process.idle_spin_s() == 0.02
+    monkeypatch.setattr(core_process.os, "cpu_count", lambda: 2)
+    assert core_process.idle_spin_s() == 0.0
+    monkeypatch.setattr(core_process.os, "cpu_count", lambda: None)
+    assert core_process.idle_spin_s() == 0.0
+    for raw, want in (("0", 0.0), ("5", 0.005), (" AUTO ", 0.0), ("2.5", 0.0025)):
+        monkeypatch.setenv("LLMRS_IDLE_SPIN_MS", raw)
+        assert core_process.idle_spin_s() == want
+    for bad in ("-1", "nan", "20ms", "on"):
+        monkeypatch.setenv("LLMRS_IDLE_SPIN_MS", bad)
+        with pytest.raises(UserError, match=f"LLMRS_IDLE_SPIN_MS='{bad}': expected \"auto\" or a number"):
+            core_process.idle_spin_s()
+    monkeypatch.setenv("LLMRS_IDLE_SPIN_MS", "20ms")
+    assert_user_error(llmrs("serve", "--port", "0"), "LLMRS_IDLE_SPIN_MS='20ms'")
+
+
 def test_the_4bit_and_wgmma_knobs_are_checked_at_import(monkeypatch):
     """The GEMM dispatch knobs read at the backends' import (LLMRS_Q4_GEMM_MAX_TOKENS, LLMRS_Q4_GEMV_K_PER_N,
     LLMRS_BF16_WGMMA_FROM, ...): a typo is one UserError naming it, not a ValueError traceback."""

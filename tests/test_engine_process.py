@@ -52,6 +52,13 @@ class Server(BaseServer):
         return int(m.group(1))
 
 
+class SpinningServer(Server):
+    """The default mode with the idle spin on whatever the CPU count (LLMRS_IDLE_SPIN_MS "auto" is 0 on a small CI
+    machine): the core and the server's loop poll 5 ms before they sleep, so these tests run that path too."""
+
+    extra_env = {"LLMRS_IDLE_SPIN_MS": "5"}
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -130,7 +137,7 @@ def per_choice(events: list[dict | str]) -> tuple[dict, dict]:
 def pair(tmp_path_factory):
     logs = tmp_path_factory.mktemp("engine-process")
     plain = Server(["--no-engine-process"], logs / "plain.log")
-    proc = Server([], logs / "proc.log")  # the default (checked by core_pid: the log names the core process)
+    proc = SpinningServer([], logs / "proc.log")  # the default (checked by core_pid: the log names the core process)
     try:
         plain.wait_ready()
         proc.wait_ready()
@@ -414,3 +421,64 @@ def test_a_long_loop_pass_writes_its_commands_as_they_come_not_at_its_end(every_
     assert cmds == [f"r{i}" for i in range(6)]
     assert early == [readable]  # adds the core could read while the pass still ran
     assert len(seen) == (6 if readable == 6 else 2)  # one message an add, or the first and the rest together
+
+
+class _Conn:
+    """A command pipe's poll() as wait_command sees it: readable after `ready_after` polls; the timeouts asked."""
+
+    def __init__(self, ready_after: int):
+        self.ready_after, self.timeouts = ready_after, []
+
+    def poll(self, timeout=0.0):
+        self.timeouts.append(timeout)
+        return len(self.timeouts) > self.ready_after
+
+
+def test_the_idle_core_polls_without_sleeping_then_blocks():
+    """wait_command: with a spin it polls with no timeout until a command comes (no blocking poll at all), or until
+    the spin is over and then blocks; without one it blocks at once."""
+    import time
+
+    from llmrs.engine.core_process import wait_command
+
+    conn = _Conn(ready_after=50)
+    assert wait_command(conn, 10.0) is True
+    assert conn.timeouts == [0] * 51
+    conn = _Conn(ready_after=10**9)
+    t0 = time.monotonic()
+    conn.poll = lambda timeout=0.0, c=conn: c.timeouts.append(timeout) or timeout is None
+    assert wait_command(conn, 0.02) is True
+    assert time.monotonic() - t0 >= 0.02
+    assert conn.timeouts[-1] is None and set(conn.timeouts[:-1]) == {0} and len(conn.timeouts) > 2
+    conn = _Conn(ready_after=0)
+    assert wait_command(conn, 0.0) is True and conn.timeouts == [None]
+
+
+def test_the_server_loop_stays_awake_for_the_spin_and_then_sleeps():
+    """ProcessEngine._stay_hot: one self-requeuing callback (never two) keeps the loop polling without a timeout
+    until `_spin_s` after the last call (a request in, a step message from the core), then stops; with no spin it
+    never starts."""
+    import asyncio
+
+    from llmrs.engine.core_process import ProcessEngine
+
+    eng = ProcessEngine.__new__(ProcessEngine)
+    eng._hot_until, eng._spinning, eng._stopping = 0.0, False, False
+    seen: list = []
+
+    async def main():
+        eng._loop = asyncio.get_running_loop()
+        eng._spin_s = 0.0
+        eng._stay_hot()
+        seen.append(eng._spinning)
+        eng._spin_s = 0.05
+        eng._stay_hot()
+        eng._stay_hot()  # a second call moves the deadline, it does not queue a second callback
+        seen.append(sum(1 for h in eng._loop._ready if getattr(h, "_callback", None) == eng._spin))
+        await asyncio.sleep(0.02)
+        seen.append(eng._spinning)
+        await asyncio.sleep(0.1)
+        seen.append(eng._spinning)
+
+    asyncio.run(main())
+    assert seen == [False, 1, True, False]

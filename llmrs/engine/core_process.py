@@ -73,6 +73,36 @@ def flush_every_s() -> float:
     return ms / 1e3
 
 
+def idle_spin_s() -> float:
+    """LLMRS_IDLE_SPIN_MS: how long the core, once idle, keeps polling its command pipe before it blocks on it (in
+    seconds). A process that sleeps in poll() comes back slowly: its CPU has dropped to a low clock or a deep idle
+    state and its caches are cold, and the first request after the sleep pays it before its prefill starts. "auto"
+    (the default): 20 ms on a machine of 4 or more CPUs, 0 below (there the spinning core would take the CPU the
+    API server and the clients need). A clear error for anything but "auto" or a number of milliseconds >= 0."""
+    raw = os.environ.get("LLMRS_IDLE_SPIN_MS", "auto").strip().lower()
+    if raw == "auto":
+        return 0.02 if (os.cpu_count() or 1) >= 4 else 0.0
+    try:
+        ms = float(raw)
+    except ValueError:
+        ms = float("nan")
+    if not ms >= 0.0:  # (nan too)
+        raise UserError(f"LLMRS_IDLE_SPIN_MS={raw!r}: expected \"auto\" or a number of milliseconds >= 0")
+    return ms / 1e3
+
+
+def wait_command(commands, spin_s: float) -> bool:
+    """Block until `commands` has something to read (or EOF): polled without sleeping for up to `spin_s` first, then
+    a blocking poll. True, as `Connection.poll(None)` returns."""
+    if spin_s > 0.0:
+        deadline = time.monotonic() + spin_s
+        poll = commands.poll
+        while time.monotonic() < deadline:
+            if poll(0):
+                return True
+    return commands.poll(None)
+
+
 def freeze_heap() -> bool:
     """Move every object alive now (modules, the tokenizer, the model's host objects, the app) into the garbage
     collector's permanent generation, as vLLM does after start-up: a full collection then walks only what the
@@ -153,12 +183,14 @@ def core_main(factory: Callable[[], LLMEngine], commands, outputs) -> None:
 def run_core(engine: LLMEngine, commands, outputs) -> None:
     """The step loop: take every queued command, step if anything runs, send one message for the step."""
     adds_seen = 0
+    spin_s = idle_spin_s()
     while True:
         pending: list = []
         rejected: list[tuple[str, str]] = []
         stop = changed = False
-        # block only when idle; EOF (the server is gone) raises EOFError here and ends the process
-        while commands.poll(None if not (engine.has_unfinished() or changed) else 0):
+        # block only when idle (after spinning for spin_s); EOF (the server is gone) raises EOFError here and ends
+        # the process
+        while (commands.poll(0) if engine.has_unfinished() or changed else wait_command(commands, spin_s)):
             changed = True
             tr("core_recv")
             for cmd in commands.recv():
@@ -222,6 +254,10 @@ class ProcessEngine:
         self._stopping = False
         self._adds_sent = self._adds_seen = 0
         self._ids = itertools.count()
+        # the event loop kept from sleeping in its poll while requests run and LLMRS_IDLE_SPIN_MS after (`_stay_hot`)
+        self._spin_s = idle_spin_s()
+        self._hot_until = 0.0
+        self._spinning = False
 
     @classmethod
     def spawn(cls, loaded: LoadedModel, factory: Callable[[], LLMEngine], max_waiting: int | None = None,
@@ -229,6 +265,7 @@ class ProcessEngine:
         """Start the core process (`factory` builds its LLMEngine there; it must pickle) and wait until it is
         ready. A core that fails to start raises here: UserError for a user's mistake, RuntimeError for a bug."""
         flush_every = flush_every_s()  # (a bad value: refused before a core starts)
+        idle_spin_s()  # (the same)
         ctx = multiprocessing.get_context("spawn")
         cmd_recv, cmd_send = ctx.Pipe(duplex=False)
         out_recv, out_send = ctx.Pipe(duplex=False)
@@ -317,6 +354,7 @@ class ProcessEngine:
         self._adds_sent += 1
         tr("add_request")
         self._send(("add", request_id, prompt_ids, params))
+        self._stay_hot()
         return self._stream(request_id, q, params.n)
 
     async def _stream(self, request_id: str, q: asyncio.Queue, n: int) -> AsyncIterator[RequestOutput]:
@@ -420,8 +458,28 @@ class ProcessEngine:
             self._writing = False
         self._commands.close()
 
+    def _stay_hot(self) -> None:
+        """Keep the event loop from sleeping in its poll for the next `_spin_s` (LLMRS_IDLE_SPIN_MS): a callback
+        that queues itself again makes every loop pass poll without a timeout. Called when a request comes in
+        and when the core's step message arrives, so the loop is awake for the next message and for the next
+        request after the last one ends, as the core is (`wait_command`): a process woken from a sleep in poll()
+        takes a while to get going (session 29)."""
+        if self._spin_s <= 0.0 or self._loop is None:
+            return
+        self._hot_until = time.monotonic() + self._spin_s
+        if not self._spinning:
+            self._spinning = True
+            self._loop.call_soon(self._spin)
+
+    def _spin(self) -> None:
+        if time.monotonic() < self._hot_until and not self._stopping and not self._loop.is_closed():
+            self._loop.call_soon(self._spin)
+        else:
+            self._spinning = False
+
     def _on_readable(self) -> None:
         tr("server_out")
+        self._stay_hot()
         try:
             while self._outputs.poll():
                 self._handle(self._outputs.recv())
