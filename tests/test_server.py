@@ -523,7 +523,8 @@ def test_api_key_is_required_on_v1_routes(guarded):
 
 def test_requests_over_max_waiting_get_429(guarded):
     headers = {"Authorization": f"Bearer {API_KEY}"}
-    running = _StreamInThread(guarded.url, {"model": ALIAS, "prompt": "Once upon a time", "max_tokens": 200,
+    # 1000 tokens: on a GPU the 135M model makes 200 in ~0.2 s, which a waiting request's metric could miss
+    running = _StreamInThread(guarded.url, {"model": ALIAS, "prompt": "Once upon a time", "max_tokens": 1000,
                                             "ignore_eos": True, "stream": True}, headers)
     assert running.first.wait(60) and running.events
     waiting = _StreamInThread(guarded.url, {"model": ALIAS, "prompt": "Hello", "max_tokens": 2, "stream": True},
