@@ -55,6 +55,8 @@ def main() -> None:
                 ts.append(time.perf_counter() - t0)
             out["us"][f"{name} {label}"] = round(statistics.median(ts[10:]) * 1e6, 1)
     out["tokens"] = {"random": len(tk.encode(random_texts[0]).ids), "english": len(tk.encode(english).ids)}
+    # the forms must give the same ids, or the timing compares different work
+    out["same_ids"] = all(len({tuple(f(t)) for f in forms.values()}) == 1 for t in random_texts + [english])
     print(json.dumps(out))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
