@@ -188,8 +188,10 @@ class KVCacheManager:
 
         `computed` are prefix-cache hits for a sequence being admitted: they are referenced, not allocated.
         """
-        blocks = self.req_blocks.get(key, [])
-        if not computed and -(-total_tokens // self.block_size) <= len(blocks) and key in self.req_blocks:
+        blocks = self.req_blocks.get(key)
+        if blocks is None:
+            blocks = []
+        elif not computed and total_tokens <= len(blocks) * self.block_size:
             return True  # already covered (every decode step but one in block_size)
         computed = computed or []
         start = len(blocks)

@@ -27,7 +27,7 @@ import numpy as np
 from llmrs.engine.batch import StepBatch, build_step_batch_arrays
 from llmrs.engine.kv_cache import KVCacheManager
 from llmrs.engine.sampling import SampleResult
-from llmrs.engine.sequence import Sequence, SequenceStatus, StepOutput
+from llmrs.engine.sequence import FINISHED, RUNNING, WAITING, Sequence, StepOutput
 
 
 @dataclass(slots=True)
@@ -51,7 +51,7 @@ class Scheduler:
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
-        seq.status = SequenceStatus.WAITING
+        seq.status = WAITING
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
@@ -66,7 +66,7 @@ class Scheduler:
         for seq in list(self.running):
             if budget == 0:
                 break
-            if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this loop
+            if seq.status is not RUNNING:  # preempted earlier in this loop
                 continue
             if seq.num_pending and seq.at_length_limit:  # ends with the tokens in flight
                 continue
@@ -92,7 +92,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             seq.num_computed_tokens = computed
-            seq.status = SequenceStatus.RUNNING
+            seq.status = RUNNING
             self.running.append(seq)
             planned.append((seq, n))
             budget -= n
@@ -104,7 +104,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.kv.free(seq)
         seq.num_computed_tokens = 0
-        seq.status = SequenceStatus.WAITING
+        seq.status = WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
@@ -152,19 +152,19 @@ class Scheduler:
         assert len(results) == len(out.sample_seqs)
         kv = self.kv
         if kv.pool.enable_prefix_caching:
-            bs, running = kv.block_size, SequenceStatus.RUNNING
+            bs = kv.block_size
             for seq, computed in zip(out.seqs, out.computed_after):
                 # a sequence preempted or finished since the step was planned has no blocks to register
-                if seq.status is running and computed // bs > kv.num_hashed_blocks(seq):  # a block just filled
+                if seq.status is RUNNING and computed // bs > kv.num_hashed_blocks(seq):  # a block just filled
                     kv.cache_full_blocks(seq, seq.all_ids, computed)
         outputs = []
         finished = []
         for seq, res in zip(out.sample_seqs, results):
             seq.num_pending -= 1
-            if seq.is_finished:  # ended (stop token, abort) while this step ran ahead: its token is dropped
+            if seq.status is FINISHED:  # ended (stop token, abort) while this step ran ahead: its token is dropped
                 continue
             outputs.append(seq.append(res))
-            if seq.is_finished:
+            if seq.status is FINISHED:
                 finished.append(seq)
         if finished:
             gone = set(finished)

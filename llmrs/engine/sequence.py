@@ -21,6 +21,11 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
+# the members as module constants: `SequenceStatus.FINISHED` is an attribute lookup on the enum class (~65 ns on a
+# 2-core VM), paid per sequence a step in the scheduler's loops
+WAITING, RUNNING, FINISHED = SequenceStatus.WAITING, SequenceStatus.RUNNING, SequenceStatus.FINISHED
+
+
 @dataclass(slots=True)
 class StepOutput:
     """What one step produced for one sequence (a streaming delta)."""
@@ -98,7 +103,7 @@ class Sequence:
 
     @property
     def is_finished(self) -> bool:
-        return self.status == SequenceStatus.FINISHED
+        return self.status is FINISHED
 
     # ------------------------------------------------------------------ output
     def append(self, result: SampleResult) -> StepOutput:
@@ -168,6 +173,6 @@ class Sequence:
         return StepOutput(self.request_id, self.index, text, token_ids, lps, self.finish_reason)
 
     def finish(self, reason: str, stop_reason: str | int | None = None) -> None:
-        self.status = SequenceStatus.FINISHED
+        self.status = FINISHED
         self.finish_reason = reason
         self.stop_reason = stop_reason
