@@ -471,13 +471,13 @@ def test_the_server_loop_stays_awake_for_the_spin_and_then_sleeps():
         eng._spin_s = 0.0
         eng._stay_hot()
         seen.append(eng._spinning)
-        eng._spin_s = 0.05
+        eng._spin_s = 0.3  # (long enough for a loaded machine to come back within it)
         eng._stay_hot()
         eng._stay_hot()  # a second call moves the deadline, it does not queue a second callback
         seen.append(sum(1 for h in eng._loop._ready if getattr(h, "_callback", None) == eng._spin))
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.01)
         seen.append(eng._spinning)
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.6)
         seen.append(eng._spinning)
 
     asyncio.run(main())
