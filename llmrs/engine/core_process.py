@@ -61,16 +61,21 @@ EARLY_FLUSH = os.environ.get("LLMRS_EARLY_FLUSH", "1").strip().lower() not in OF
 # (LLMRS_FLUSH_EVERY_MS, default 1): a burst of requests is one pass of the server's loop (256 handlers at ~1.1 ms
 # each on the H200's host), whose adds otherwise all reached the core at its end, 300-400 ms after the first, with
 # the GPU decoding one sequence meanwhile (session 26 call 8, scripts/burst_trace.py)
-def flush_every_s() -> float:
-    """LLMRS_FLUSH_EVERY_MS (default 1) in seconds: a clear error for anything but a number of milliseconds >= 0."""
-    raw = os.environ.get("LLMRS_FLUSH_EVERY_MS", "1").strip()
+def _ms_to_s(name: str, raw: str, expected: str) -> float:
+    """`raw` (the value of variable `name`) as milliseconds >= 0, in seconds; else a UserError saying `expected`."""
     try:
         ms = float(raw)
     except ValueError:
         ms = float("nan")
     if not ms >= 0.0:  # (nan too)
-        raise UserError(f"LLMRS_FLUSH_EVERY_MS={raw!r}: expected a number of milliseconds >= 0 (default 1)")
+        raise UserError(f"{name}={raw!r}: expected {expected}")
     return ms / 1e3
+
+
+def flush_every_s() -> float:
+    """LLMRS_FLUSH_EVERY_MS (default 1) in seconds: a clear error for anything but a number of milliseconds >= 0."""
+    raw = os.environ.get("LLMRS_FLUSH_EVERY_MS", "1").strip()
+    return _ms_to_s("LLMRS_FLUSH_EVERY_MS", raw, "a number of milliseconds >= 0 (default 1)")
 
 
 def idle_spin_s() -> float:
@@ -82,13 +87,7 @@ def idle_spin_s() -> float:
     raw = os.environ.get("LLMRS_IDLE_SPIN_MS", "auto").strip().lower()
     if raw == "auto":
         return 0.02 if (os.cpu_count() or 1) >= 4 else 0.0
-    try:
-        ms = float(raw)
-    except ValueError:
-        ms = float("nan")
-    if not ms >= 0.0:  # (nan too)
-        raise UserError(f"LLMRS_IDLE_SPIN_MS={raw!r}: expected \"auto\" or a number of milliseconds >= 0")
-    return ms / 1e3
+    return _ms_to_s("LLMRS_IDLE_SPIN_MS", raw, "\"auto\" or a number of milliseconds >= 0")
 
 
 def wait_command(commands, spin_s: float) -> bool:
@@ -222,7 +221,7 @@ class ProcessEngine:
     an engine core in a child process."""
 
     def __init__(self, loaded: LoadedModel, proc, commands, outputs, info: dict, max_waiting: int | None = None,
-                 model_name: str | None = None, flush_every: float | None = None):
+                 model_name: str | None = None, flush_every: float | None = None, idle_spin: float | None = None):
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.config = loaded.config
@@ -255,7 +254,7 @@ class ProcessEngine:
         self._adds_sent = self._adds_seen = 0
         self._ids = itertools.count()
         # the event loop kept from sleeping in its poll while requests run and LLMRS_IDLE_SPIN_MS after (`_stay_hot`)
-        self._spin_s = idle_spin_s()
+        self._spin_s = idle_spin_s() if idle_spin is None else idle_spin
         self._hot_until = 0.0
         self._spinning = False
 
@@ -265,7 +264,7 @@ class ProcessEngine:
         """Start the core process (`factory` builds its LLMEngine there; it must pickle) and wait until it is
         ready. A core that fails to start raises here: UserError for a user's mistake, RuntimeError for a bug."""
         flush_every = flush_every_s()  # (a bad value: refused before a core starts)
-        idle_spin_s()  # (the same)
+        idle_spin = idle_spin_s()  # (the same)
         ctx = multiprocessing.get_context("spawn")
         cmd_recv, cmd_send = ctx.Pipe(duplex=False)
         out_recv, out_send = ctx.Pipe(duplex=False)
@@ -280,7 +279,7 @@ class ProcessEngine:
             proc.kill()
             proc.join(5)
             raise
-        return cls(loaded, proc, cmd_send, out_recv, msg, max_waiting, model_name, flush_every)
+        return cls(loaded, proc, cmd_send, out_recv, msg, max_waiting, model_name, flush_every, idle_spin)
 
     @classmethod
     def from_args(cls, model: str | None, max_waiting: int | None = None, served_model_name: str | None = None,
