@@ -11,6 +11,7 @@
 #   results bench-7b-LABEL-*.json in $R.
 # bench_table DIR: one line per bench-7b-*.json run in DIR (output tok/s, TPOT mean).
 # ttft_line JSON PROMPT_LEN [LABEL]: TTFT min / median / mean of one `llmrs bench` results file.
+# run_line JSON: one line for a load run's results file (output tok/s, TPOT mean, TTFT median, ITL median).
 # serve_up NAME [VAR=VALUE ...]: `llmrs serve --synthetic ${SERVE_MODEL:-qwen2.5-7b}` ($SERVE_SOURCE: other model
 #   arguments) on port 8123 with those variables set ($SERVE_DEVICE, default cuda), log $R/serve-NAME.log, pid in
 #   $SRV; fails without /health.
@@ -104,6 +105,14 @@ s = json.load(open(sys.argv[1]))["runs"][0]["summary"]
 t = s["ttft_ms"]
 print(f"{sys.argv[3] + ' ' if sys.argv[3] else ''}prompt {int(sys.argv[2]):4d}: TTFT min {t['min']:.2f}  median "
       f"{t.get('median', t.get('p50', float('nan'))):.2f}  mean {t['mean']:.2f} ms ({s['completed']} requests)")
+PY
+}
+run_line() {
+  python3 - "$1" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))["runs"][0]["summary"]
+print(f"{sys.argv[1].split('/')[-1]:36s} {s['output_throughput']:8.0f} tok/s  TPOT mean {s['tpot_ms']['mean']:.3f} ms  "
+      f"TTFT median {s['ttft_ms']['median']:.1f} ms  ITL p50 {s['itl_ms']['median']:.3f} ms")
 PY
 }
 serve_up() {

@@ -8,13 +8,6 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/llmrs-s28}; mkdir -p "$OUT"; R=/tmp/res-s28c6; rm -rf $R; mkdir -p $R
 . scripts/gpu_lib.sh
 use_wheels || exit 1
-line() {
-  python3 -c "
-import json, sys
-s = json.load(open(sys.argv[1]))['runs'][0]['summary']
-print(f\"{sys.argv[1].split('/')[-1]:36s} {s['output_throughput']:8.0f} tok/s  TPOT mean {s['tpot_ms']['mean']:.3f} ms  \"
-      f\"TTFT median {s['ttft_ms']['median']:.1f} ms  ITL p50 {s['itl_ms']['median']:.3f} ms\")" "$1"
-}
 {
 i=0
 for v in 0 1 0 1; do
@@ -22,7 +15,7 @@ for v in 0 1 0 1; do
   SERVE_MODEL=qwen2.5-0.5b serve_up m$v-$i LLMRS_MERGE_DELTAS=$v && {
     for run in 1 2; do
       load_bench bench-0.5b-merge$v-s$i-run$run-c256 256 $((3000 + 10 * i + run))
-      line $R/bench-0.5b-merge$v-s$i-run$run-c256.json
+      run_line $R/bench-0.5b-merge$v-s$i-run$run-c256.json
     done
     serve_down
   }

@@ -9,13 +9,6 @@ OUT=${OUT:-/tmp/llmrs-s29}; mkdir -p "$OUT"; R=/tmp/res-s29c1; rm -rf $R; mkdir 
 mkdir -p /tmp/models && mv .gguf/p00 /tmp/models/p00
 . scripts/gpu_lib.sh
 use_wheels || exit 1
-line() {
-  python3 -c "
-import json, sys
-s = json.load(open(sys.argv[1]))['runs'][0]['summary']
-print(f\"{sys.argv[1].split('/')[-1]:36s} {s['output_throughput']:8.0f} tok/s  TPOT mean {s['tpot_ms']['mean']:.3f} ms  \"
-      f\"TTFT median {s['ttft_ms']['median']:.1f} ms  ITL p50 {s['itl_ms']['median']:.3f} ms\")" "$1"
-}
 {
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; nproc
 i=0
@@ -25,7 +18,7 @@ for m in qwen2.5-0.5b qwen2.5-3b; do
     SERVE_MODEL=$m serve_up $m-m$v-$i LLMRS_MERGE_DELTAS=$v && {
       for run in 1 2; do
         load_bench bench-$m-merge$v-s$i-run$run-c256 256 $((4000 + 10 * i + run))
-        line $R/bench-$m-merge$v-s$i-run$run-c256.json
+        run_line $R/bench-$m-merge$v-s$i-run$run-c256.json
       done
       serve_down
     }
