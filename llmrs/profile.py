@@ -35,7 +35,7 @@ from llmrs.errors import UserError
 
 CATEGORIES = ("matrix multiply", "decode attention", "prefill attention", "communication", "everything else")
 MATMUL_KINDS = ("matvec", "gemm", "gemm_q4", "matvec_q")
-ATTENTION_KINDS = ("attention", "attn_merge")
+ATTENTION_KINDS = ("attention", "attn_merge", "attn_o")
 COMM_KINDS = ("allreduce", "allgather")  # tensor parallel: NCCL on the step's stream (ceiling: the GPU link)
 
 
@@ -61,6 +61,11 @@ def kernel_cost(kind: str, dims: tuple) -> tuple[float, float]:
         out_bytes = 4 * T * Hq * S * (D + 2) if S > 1 else 4 * T * Hq * D  # partials, or the output
         nbytes = 2 * 2 * kv_tokens * Hkv * D + 4 * T * Hq * D + out_bytes
         return float(nbytes), 4.0 * qk_pairs * Hq * D
+    if kind == "attn_o":  # one token's attention + the o projection (attn_o_cluster): K / V, q, o's bf16 weights,
+        # the heads' partial sums written and read, x read and written
+        T, Hq, Hkv, D, kv_tokens, qk_pairs, S, N = dims
+        nbytes = 2 * 2 * kv_tokens * Hkv * D + 4 * T * Hq * D + 2 * N * Hq * D + 2 * 4 * T * Hq * N + 2 * 4 * T * N
+        return float(nbytes), 4.0 * qk_pairs * Hq * D + 2.0 * T * N * Hq * D
     if kind == "attn_merge":
         T, Hq, D, S = dims
         return float(4 * T * Hq * S * (D + 2) + 4 * T * Hq * D), 3.0 * T * Hq * S * D

@@ -88,6 +88,9 @@ class _FakeCp:
     def empty(n, dtype=np.float32) -> FakeArray:
         return FakeArray((n,) if isinstance(n, int) else n, dtype)
 
+    zeros = empty  # (the backend's split counters: `_counters`)
+    int32 = np.int32
+
 
 class _Launch:
     def __init__(self) -> None:

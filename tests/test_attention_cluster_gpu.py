@@ -205,6 +205,7 @@ def test_backend_takes_the_cluster_where_attn_partial_ran_and_tokens_agree(tmp_p
         r = ModelRunner(loaded, num_blocks=32, device="cuda")
         be = r.backend
         be.attn_kernel = kernel
+        be.attn_o_fused = False  # (one token's attention + o as one kernel: tests/test_attention_o_gpu.py)
         assert be.attn_cluster is None and be._cluster_size(1, 100) == 8  # auto (LLMRS_ATTN_CLUSTER unset)
         be.attn_cluster = cl
         assert be._cluster_size(1, 100) == cl

@@ -34,6 +34,15 @@ def test_one_token_runs_the_matvecs_and_the_cluster_attention():
     assert calls["embedding_gather"] == 1
 
 
+def test_one_token_on_the_1_5b_runs_attention_and_o_as_one_kernel():
+    L, calls, gemms = step("qwen2.5-1.5b", 1)
+    assert gemms == 0
+    assert calls["attn_o_cluster8"] == L  # 12 heads x 8 splits, 192 of o's 1536 rows a split
+    assert not any(n.startswith("attn_cluster") for n in calls)
+    assert calls["matvec_bf16_t1"] == L + 1  # down, lm_head: no o matvec
+    assert calls["matvec_rope_norm_bf16_t1"] == L and calls["matvec_silu_norm_bf16_t1"] == L
+
+
 def test_a_256_token_prefill_runs_cublas_and_the_tensor_core_attention():
     L, calls, gemms = step("qwen2.5-7b", 256)
     assert gemms == 4 * L  # qkv, o, gate_up, down (the lm_head of the one sampled row: the matvec)

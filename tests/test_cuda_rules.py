@@ -419,3 +419,59 @@ def test_sample_row_blocks_spreads_small_batches_within_the_sms():
         for V in (7, 5000, 32000, 152064, 256000):
             nb = sample_row_blocks(S, V, 132)
             assert 1 <= nb <= SAMPLE_MAX_BLOCKS and (nb == 1 or (S * nb <= 132 and V // nb >= SAMPLE_MIN_SLICE))
+
+
+def test_attention_and_o_fuse_at_one_token_where_the_head_splits_fit():
+    """attn_o_cluster (one token's attention + o in one kernel) where attn_cluster would run at one token with a bf16
+    o on the matvec path: Hq clusters of CL running at once (the driver's count), o's rows / CL within a block's 256
+    (CL 8) or 512 (CL 4); auto takes CL 8 only, LLMRS_ATTN_O_FUSED=4 / 8 forces a size."""
+    from llmrs.engine.backends.cuda import ATTN_O_MAX_ROWS
+    from llmrs.engine.quant import DeviceQuantWeight
+
+    def case(preset: str, **kw):
+        be = fake_backend(preset)
+        be.attn_cluster, be.k, be.tp, be.attn_o_fused, be.matvec_max_tokens = None, SimpleNamespace(cc=90), None, True, 1
+        c = be.config
+        be.dpl = c.head_dim // 32
+        be._attn_choice = lambda T: CUDABackend._attn_choice(be, T)
+        be._attn_o_max_clusters = lambda cl: be.num_sms // cl  # (the driver's answer on the GPU)
+        for k, v in kw.items():
+            setattr(be, k, v)
+        return be, np.empty((c.hidden_size, c.num_attention_heads * c.head_dim), dtype=np.uint16)
+
+    db = SimpleNamespace(T=1, n_prefill_tiles=0, max_len=512)
+    be, o = case("qwen2.5-3b")  # 16 heads x 8 splits = 128 blocks; 2048 / 8 = 256 rows a split
+    assert CUDABackend._attn_o_cluster(be, o, db) == 8
+    assert ATTN_O_MAX_ROWS == {8: 256, 4: 512}
+    be._attn_o_max_clusters = lambda cl: {8: 15, 4: 30}[cl]  # the H200's: 16 clusters of 8 would run in two waves
+    assert CUDABackend._attn_o_cluster(be, o, db) == 0  # auto takes 8 only (4 measured no faster on the 3B)
+    be.attn_o_fused = 4  # LLMRS_ATTN_O_FUSED=4: that size (512 rows a split) where it fits
+    assert CUDABackend._attn_o_cluster(be, o, db) == 4
+    be.attn_o_fused = 8  # =8: that size or none
+    assert CUDABackend._attn_o_cluster(be, o, db) == 0
+    be._attn_o_max_clusters = lambda cl: be.num_sms // cl
+    assert CUDABackend._attn_o_cluster(be, o, db) == 8
+    be, o = case("qwen2.5-1.5b")  # 12 x 8 = 96 blocks, 1536 / 8 = 192 rows
+    assert CUDABackend._attn_o_cluster(be, o, db) == 8
+    be, o = case("qwen2.5-7b")  # 28 x 8 = 224 blocks > 132; 28 x 4 fit but 3584 / 4 = 896 rows > 512
+    assert CUDABackend._attn_o_cluster(be, o, db) == 0
+    be, o = case("qwen2.5-0.5b")  # 64-dim heads (decode_attn_tc's at one token)
+    assert CUDABackend._attn_o_cluster(be, o, db) == 0
+    be, o = case("qwen2.5-3b")
+    for other in (SimpleNamespace(T=2, n_prefill_tiles=0, max_len=512),  # two tokens: attn_cluster + the matvec
+                  SimpleNamespace(T=1, n_prefill_tiles=1, max_len=512),  # a prefill chunk of one token
+                  SimpleNamespace(T=1, n_prefill_tiles=0, max_len=1025)):  # past attn_cluster's contexts
+        assert CUDABackend._attn_o_cluster(be, o, other) == 0
+    assert CUDABackend._attn_o_cluster(be, o, SimpleNamespace(T=1, n_prefill_tiles=0, max_len=1024)) == 8
+    q4 = DeviceQuantWeight.__new__(DeviceQuantWeight)  # a 4-bit o (the GEMV's norm chain, not this kernel)
+    assert CUDABackend._attn_o_cluster(be, q4, db) == 0
+    for off in ({"attn_o_fused": False}, {"k": SimpleNamespace(cc=89)}, {"tp": object()}, {"attn_cluster": 0},
+                {"attn_splits": 8}, {"attn_kernel": "tc"}, {"attn_kernel": "gqa"}, {"matvec_max_tokens": 0}):
+        be, o = case("qwen2.5-3b", **off)
+        assert CUDABackend._attn_o_cluster(be, o, db) == 0, off
+    be, o = case("qwen2.5-3b", num_sms=100)  # 16 x 8 > 100: auto none, forced 4 splits of 512 rows
+    assert CUDABackend._attn_o_cluster(be, o, db) == 0
+    be.attn_o_fused = 4
+    assert CUDABackend._attn_o_cluster(be, o, db) == 4
+    be, o = case("qwen2.5-3b", num_sms=60, attn_o_fused=4)  # 16 x 4 > 60
+    assert CUDABackend._attn_o_cluster(be, o, db) == 0

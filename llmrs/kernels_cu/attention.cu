@@ -154,16 +154,16 @@ __device__ __forceinline__ void attn_stage_table(const int* table, int* s_tbl, i
 // a word of each (common.cuh pdl_wait_on), so ptxas keeps them there. Keys from `old` on may be this step's own
 // (written by the kernel before: token t's, and in a prefill chunk its sequence's tokens before it, at most t of
 // them, at consecutive positions): those are read after the wait, through the coherent path. Without ATTN_EARLY_KV:
-// every key after the wait (the code before).
+// every key after the wait (the code before). `word`: a word of the caller's own early loads (attn_o_cluster's o
+// weights), or'ed into the wait's dependency.
 template <int DPL, int N, int STRIDE>
 __device__ __forceinline__ void attn_first_keys(const bf16_t* __restrict__ k_cache,
                                                 const bf16_t* __restrict__ v_cache, const int* tb, int tb0, int j0,
                                                 int end, int old, bool active, int Hkv, int g, int block_size,
                                                 int D, int lane, typename Raw<DPL>::T* kr,
-                                                typename Raw<DPL>::T* vr) {
+                                                typename Raw<DPL>::T* vr, unsigned word = 0u) {
 #ifdef ATTN_EARLY_KV
     const int early_end = min(end, old);
-    unsigned word = 0u;
 #pragma unroll
     for (int c = 0; c < N; ++c) {
         load_kv<DPL>(k_cache, v_cache, tb, tb0, j0 + c * STRIDE, early_end, active, Hkv, g, block_size, D, lane,
@@ -177,7 +177,7 @@ __device__ __forceinline__ void attn_first_keys(const bf16_t* __restrict__ k_cac
             load_kv<DPL, true>(k_cache, v_cache, tb, tb0, j0 + c * STRIDE, end, active, Hkv, g, block_size, D,
                                lane, kr[c], vr[c]);
 #else
-    pdl_wait();  // q and this token's K/V row are the previous kernels'
+    pdl_wait_on(word);  // q and this token's K/V row are the previous kernels' (word: the caller's early loads)
 #pragma unroll
     for (int c = 0; c < N; ++c)
         load_kv<DPL>(k_cache, v_cache, tb, tb0, j0 + c * STRIDE, end, active, Hkv, g, block_size, D, lane, kr[c],
@@ -693,3 +693,205 @@ ATTN_CLUSTER_G4_W16(8, 4)
 ATTN_CLUSTER_G4_W16(16, 4)
 ATTN_CLUSTER_G4_W16(8, 2)
 ATTN_CLUSTER_G4_W16(16, 2)
+
+// ---------------------------------------------------------------------------------------------------------------
+// attn_o_cluster{CL}: one token's decode attention fused with the o projection that follows it (x += W_o att), for
+// 128-dim heads on sm_90+. The o projection's input is the whole attention output, so after attn_cluster the o
+// kernel waited on a grid boundary (~1 us of release latency plus an L2 round trip for its input: session 30's
+// scripts/grid_barrier_bench.py measured 4.2 us for a dependent one-token 2048 x 2048 matvec whose rows were all
+// loaded before its wait, against 1.95 us of bytes) on top of the attention's own. Here the o product is split
+// along its input by head instead: o(att) = sum_h W_o[:, h D:(h+1) D] att_h, and the block of (head h, split s)
+// multiplies its head's output into rows [s N / CL, (s+1) N / CL), so it needs only what its own cluster computed.
+//   grid (T, Hq, CL), clusters of CL blocks along z (the key splits of one head), AO_WARPS warps a block.
+//   Before the PDL wait: the block's o weights (rows of its split x its head's 128 columns: a lane's 16-byte chunks
+//   in registers, RP of them), the split's block-table entries, the first keys' K / V rows (attn_first_keys).
+//   Keys: warp w takes keys start + w, + AO_WARPS, ... (AO_CK at once: their dot products reduced together, then
+//   the online softmax over them in key order), one head a warp (warp_sum: every lane has the dot product).
+//   Merges: the block's warps through shared memory; the cluster's splits pushed into every block's shared memory
+//   (st.shared::cluster), one cluster barrier, each block merging all D dims (so each has its head's whole output).
+//   o: a half-warp a row (16 lanes x 8 columns), reduced by 4 shuffles; the block writes its rows' partial sums to
+//   part[t][h][row], counts itself in for (t, s) (block_counts_last), and the last of the Hq heads' blocks of that
+//   split adds sum_h part[t][h][row] (heads in order: deterministic) to x.
+// The sums differ from attn_cluster + the o matvec's by float rounding (another association), not in kind; the host
+// takes it only at one token (cuda.py `_attn_o_fused`), LLMRS_ATTN_O_FUSED=0 keeps the two kernels.
+#define AO_WARPS 16
+#define AO_CK 4   // keys a warp takes at once (a batch of AO_WARPS * AO_CK = 64 keys a block)
+// RP: the 16-byte o weight chunks a lane holds (2 * RP rows a warp, at most 2 * RP * AO_WARPS a block): 8 with 8
+// splits (256 rows), 16 with 4 (512 rows: the 3B's 2048 in clusters of 4, where 16 clusters of 8 did not fit at once)
+template <int CL, int RP>
+__device__ __forceinline__ void attn_o_impl(
+    const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,
+    const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,
+    const int* __restrict__ token_seq, const int* __restrict__ positions, const bf16_t* __restrict__ wo,
+    float* __restrict__ part, int* __restrict__ counts, float* __restrict__ x, int Hq, int Hkv, int N,
+    int block_size, float scale) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int DPL = 4, D = 128;
+    pdl_trigger();
+    __shared__ float s_m[AO_WARPS], s_l[AO_WARPS], s_e[AO_WARPS], s_M;
+    __shared__ __align__(16) float s_acc[AO_WARPS][D];
+    __shared__ float p_a[CL][D], p_m[CL], p_l[CL];  // every split's (A, M, L), pushed by the cluster's blocks
+    __shared__ __align__(16) float s_att[D];
+    __shared__ int s_tbl[ATTN_TABLE_STAGE];
+    cluster_arrive_relaxed();  // this block runs (its shared memory there to push into): waited on before the pushes
+    const int t = blockIdx.x, h = blockIdx.y, s = (int)cluster_rank();
+    const int g = h / (Hq / Hkv);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int L = positions[t] + 1, chunk = (L + CL - 1) / CL;
+    const int start = min(L, s * chunk), end = min(L, start + chunk);
+    const int* table = block_tables + (size_t)token_seq[t] * max_blocks;
+    // the o weights: row r0 + warp * 2 * RP + 2 i + (lane >> 4) of the block's rows, columns h D + 8 (lane & 15)
+    const int rpb = N / CL, r0 = s * rpb, K = Hq * D;
+    uint4 wr[RP];
+    unsigned word = 0u;
+#pragma unroll
+    for (int i = 0; i < RP; ++i) {
+        const int row = warp * 2 * RP + 2 * i + (lane >> 4);
+        wr[i] = row < rpb ? ldg_early(reinterpret_cast<const uint4*>(wo + (size_t)(r0 + row) * K + h * D) + (lane & 15))
+                          : make_uint4(0u, 0u, 0u, 0u);
+        word |= early_word(wr[i]);
+    }
+#ifdef ATTN_EARLY_KV
+    const int pf0 = start + AO_WARPS * AO_CK;
+#else
+    const int pf0 = start;
+#endif
+    prefetch_kv_l2(k_cache, v_cache, table, pf0, min(end, L - 1), Hkv, g, block_size, D);
+    const int* tb;
+    int tb0;
+    attn_stage_table(table, s_tbl, start, end, block_size, tb, tb0);
+    typename Raw<DPL>::T kr[AO_CK], vr[AO_CK];
+    attn_first_keys<DPL, AO_CK, AO_WARPS>(k_cache, v_cache, tb, tb0, start + warp, end, L - 1 - t, true, Hkv, g,
+                                          block_size, D, lane, kr, vr, word);
+    float qr[1][DPL], acc[1][DPL], m, l;
+    attn_init<DPL, 1>(q, q_stride, t, h, 1, true, lane, D, scale, qr, acc, m, l);
+#pragma unroll 1
+    for (int j0 = start + warp; j0 < end; j0 += AO_WARPS * AO_CK) {
+        if (j0 != start + warp) {
+#pragma unroll
+            for (int c = 0; c < AO_CK; ++c)
+                load_kv<DPL>(k_cache, v_cache, tb, tb0, j0 + c * AO_WARPS, end, true, Hkv, g, block_size, D, lane,
+                             kr[c], vr[c]);
+        }
+        float dk[AO_CK];
+#pragma unroll
+        for (int c = 0; c < AO_CK; ++c) {
+            float kf[DPL];
+            unpack_raw(kr[c], kf);
+            float d = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DPL; ++i) d += qr[0][i] * kf[i];
+            dk[c] = d;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {  // the AO_CK butterflies side by side (warp_sum's order for each)
+#pragma unroll
+            for (int c = 0; c < AO_CK; ++c) dk[c] += __shfl_xor_sync(0xffffffffu, dk[c], o);
+        }
+#pragma unroll
+        for (int c = 0; c < AO_CK; ++c) {
+            if (j0 + c * AO_WARPS >= end) break;  // warp-uniform
+            float vf[DPL];
+            unpack_raw(vr[c], vf);
+            const float mn = fmaxf(m, dk[c]);
+            const float corr = ATTN_EXP(m - mn), p = ATTN_EXP(dk[c] - mn);
+            l = l * corr + p;
+            m = mn;
+#pragma unroll
+            for (int i = 0; i < DPL; ++i) acc[0][i] = acc[0][i] * corr + p * vf[i];
+        }
+    }
+    // the block's warps: (m, l, acc) into shared memory, the factors once, then (M, L, A) of dim d by thread d
+    if (lane == 0) { s_m[warp] = m; s_l[warp] = l; }
+    *reinterpret_cast<float4*>(&s_acc[warp][lane * DPL]) = make_float4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
+    __syncthreads();
+    if ((int)threadIdx.x < AO_WARPS) {
+        float M = NEG_INF;
+        for (int u = 0; u < AO_WARPS; ++u) M = fmaxf(M, s_m[u]);
+        s_e[threadIdx.x] = M != NEG_INF ? expf(s_m[threadIdx.x] - M) : 0.0f;
+        if (threadIdx.x == 0) s_M = M;
+    }
+    __syncthreads();
+    cluster_wait();  // every block of the cluster runs (arrived at its start)
+    if ((int)threadIdx.x < D) {
+        const int d = threadIdx.x;
+        const float M = s_M;
+        float Ls = 0.0f, A = 0.0f;
+        if (M != NEG_INF) {
+            for (int u = 0; u < AO_WARPS; ++u) {
+                Ls += s_l[u] * s_e[u];
+                A += s_acc[u][d] * s_e[u];
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < CL; ++r) {
+            st_cluster(&p_a[s][d], r, A);
+            if (d == 0) { st_cluster(&p_m[s], r, M); st_cluster(&p_l[s], r, Ls); }
+        }
+    }
+    cluster_sync();  // every push written and visible
+    if ((int)threadIdx.x < D) {  // the splits, attn_merge's way, in split order: the head's output, dim d
+        const int d = threadIdx.x;
+        float M = NEG_INF;
+#pragma unroll
+        for (int r = 0; r < CL; ++r) M = fmaxf(M, p_m[r]);
+        float Ls = 0.0f, A = 0.0f;
+#pragma unroll
+        for (int r = 0; r < CL; ++r) {
+            if (p_m[r] == NEG_INF) continue;  // a split with no keys
+            const float e = expf(p_m[r] - M);
+            Ls += p_l[r] * e;
+            A += p_a[r][d] * e;
+        }
+        s_att[d] = A / Ls;
+    }
+    __syncthreads();
+    // o: the lane's rows times its 8 columns of the head's output, summed over the half-warp
+    const float4 a0 = *reinterpret_cast<const float4*>(&s_att[8 * (lane & 15)]),
+                 a1 = *reinterpret_cast<const float4*>(&s_att[8 * (lane & 15) + 4]);
+    float y[RP];
+#pragma unroll
+    for (int i = 0; i < RP; ++i) {
+        float wf[8];
+        unpack8(wr[i], wf);
+        y[i] = wf[0] * a0.x + wf[1] * a0.y + wf[2] * a0.z + wf[3] * a0.w + wf[4] * a1.x + wf[5] * a1.y
+               + wf[6] * a1.z + wf[7] * a1.w;
+    }
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) {
+#pragma unroll
+        for (int i = 0; i < RP; ++i) y[i] += __shfl_xor_sync(0xffffffffu, y[i], o);
+    }
+    float* pt = part + ((size_t)t * Hq + h) * N + r0;
+    if ((lane & 15) == 0) {
+#pragma unroll
+        for (int i = 0; i < RP; ++i) {
+            const int row = warp * 2 * RP + 2 * i + (lane >> 4);
+            if (row < rpb) pt[row] = y[i];
+        }
+    }
+    if (block_counts_last(&counts[t * CL + s], Hq)) {  // the split's rows: every head's partial in, head order
+        const float* pr = part + (size_t)t * Hq * N + r0;
+        for (int row = threadIdx.x; row < rpb; row += blockDim.x) {
+            float v = 0.0f;
+            for (int u = 0; u < Hq; ++u) v += __ldcg(pr + (size_t)u * N + row);
+            x[(size_t)t * N + r0 + row] += v;
+        }
+    }
+#else
+    __trap();
+#endif
+}
+
+#define ATTN_O_CLUSTER(CL, RP)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(AO_WARPS * 32, 1) CLUSTER_DIMS(CL) attn_o_cluster##CL(        \
+        const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,                          \
+        const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,               \
+        const int* __restrict__ token_seq, const int* __restrict__ positions, const bf16_t* __restrict__ wo,    \
+        float* __restrict__ part, int* __restrict__ counts, float* __restrict__ x, int Hq, int Hkv, int N,       \
+        int block_size, float scale) {                                                                          \
+        attn_o_impl<CL, RP>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, token_seq, positions, wo,     \
+                            part, counts, x, Hq, Hkv, N, block_size, scale);                                    \
+    }
+ATTN_O_CLUSTER(4, 16)
+ATTN_O_CLUSTER(8, 8)

@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from llmrs.engine.backends.cuda_kernels import MATVEC_ROWS_R, OFF_VALUES, sample_row_blocks
+from llmrs.engine.backends.cuda_kernels import ATTN_O_CLUSTER_SIZES, MATVEC_ROWS_R, OFF_VALUES, sample_row_blocks
 from llmrs.engine.backends.cuda_q4gemm import (GEMV_MAX_TOKENS, dequant_marlin, gemm_q4, gemm_q4_silu, gemm_silu_takes,
                                                gemm_takes, gemv_pair_takes, gemv_q4, gemv_q4_pair, linear_q4,
                                                q4_norm_chain, weight_on_gemv, wgmma_takes)
@@ -141,6 +141,15 @@ ATTN_TC_MIN_TOKENS = 2
 ATTN_CLUSTER_THREADS = 256
 ATTN_CLUSTER_KEYS_PER_SPLIT = 64
 ATTN_CLUSTER_SIZES = (8, 16)
+# attn_o_cluster{CL} (attention.cu): a block a (query head, split) with 16 warps, each lane holding 8 (CL 8) or 16
+# (CL 4) 16-byte chunks of the o weights (2 rows a chunk index), so a split of o's rows is at most 256 / 512 rows
+ATTN_O_THREADS = 512
+ATTN_O_MAX_ROWS = {8: 256, 4: 512}
+# the sizes auto takes: 8 only. H200, one stream (session 30 call3, `llmrs synth --decode-bench`, one run a process):
+# 1.5B (12 heads, clusters of 8) 1.317 -> 1.294 ms/token; the 3B's 16 clusters of 8 exceed the 15 that run at once
+# (2.044 -> 2.12: two waves), and in clusters of 4 (64 SMs holding o) it ties to loses (2.0487 -> 2.0566);
+# LLMRS_ATTN_O_FUSED=4 forces that form (A/Bs)
+ATTN_O_AUTO_SIZES = (8,)
 CUBLAS_WORKSPACE_BYTES = 32 << 20
 _NO_SPAN = contextlib.nullcontext()
 _cublas_workspaces: dict[int, Any] = {}  # device id -> buffer: kept alive as long as the process (handles are shared)
@@ -268,6 +277,12 @@ class CUDABackend:
     # warps an attn_cluster 4-head block, at its default (__init__ reads LLMRS_ATTN_CLUSTER_WARPS; stand-ins built
     # without it, scripts/bench_host_prefill.py's, see this)
     attn_cluster_warps = 16
+    # one token's attention and the o projection as one kernel (attention.cu attn_o_cluster: each (head, split)
+    # block multiplies its head's output into its split of o's rows, the heads' partials summed by the split's last
+    # block; `_attn_o_cluster` says where); LLMRS_ATTN_O_FUSED=0 keeps attn_cluster + the o matvec (A/Bs)
+    # (4 or 8: that cluster size only, where it takes the shape)
+    attn_o_fused: bool | int = (lambda v: int(v) if v in ("4", "8") else v not in OFF_VALUES)(
+        os.environ.get("LLMRS_ATTN_O_FUSED", "1").strip())
     # the mma.sync 4-bit GEMM (17-192 tokens) reads its x as bf16 words written by the producers (norms, SiLU x up,
     # attention) instead of a cast kernel before each linear, as dequantize + cuBLAS and the wgmma form do: the same
     # bits (the producers' bf16 forms round as cast_f32_bf16 does), ~4 launches a layer fewer (H200, `llmrs profile
@@ -933,6 +948,54 @@ class CUDABackend:
                     return cl, hg
         return 0, ATTN_MAXG
 
+    def _attn_o_cluster(self, o: Any, db: DeviceBatch) -> int:
+        """The cluster size of attn_o_cluster for this step's attention + o projection, 0 where attn_cluster and the
+        o matvec run instead: one token (no prefill tile), a bf16 o on the one-token matvec path, 128-dim heads where
+        the attention would be attn_cluster's (sm_90+, no forced split count or attention kernel, contexts up to
+        1024), no tensor parallel; the largest of ATTN_O_CLUSTER_SIZES whose Hq x CL blocks fit the SMs (one a SM) and whose splits
+        of o's rows fit a block (ATTN_O_MAX_ROWS)."""
+        c = self.config
+        if (not self.attn_o_fused or db.T != 1 or db.n_prefill_tiles or self.tp is not None or self.dpl != 4
+                or db.max_len > ATTN_CLUSTER_SIZES[-1] * ATTN_CLUSTER_KEYS_PER_SPLIT  # (attn_partial's beyond)
+                or c.head_dim != 128 or isinstance(o, DeviceQuantWeight) or self.matvec_max_tokens < 1
+                or self.k.cc < 90 or self.attn_splits is not None or self.attn_cluster == 0
+                or self.attn_kernel not in ("auto", "partial") or self._attn_choice(1) == "tc" or self._use_gqa(1)):
+            return 0
+        N, Hq = o.shape[0], c.num_attention_heads
+        for cl in sorted(ATTN_O_CLUSTER_SIZES, reverse=True):
+            if self.attn_o_fused not in (True, cl) or (self.attn_o_fused is True and cl not in ATTN_O_AUTO_SIZES):
+                continue
+            if (Hq * cl <= self.num_sms and N % cl == 0 and N // cl <= ATTN_O_MAX_ROWS[cl]
+                    and Hq <= self._attn_o_max_clusters(cl)):
+                return cl
+        return 0
+
+    def _attn_o_max_clusters(self, cl: int) -> int:
+        """The clusters of attn_o_cluster{cl} the GPU runs at once (one block an SM, cl SMs of a GPC each): the
+        3B's 16 heads in clusters of 8 ran in two waves (H200, session 30: 2.12 against 2.04 ms/token)."""
+        got = self._ws.get(f"attn_o_max_clusters{cl}")
+        if got is None:
+            from llmrs.engine.backends.cuda_kernels import max_active_clusters
+
+            raw = getattr(getattr(self.k, f"attn_o_cluster{cl}"), "raw", None)
+            got = self._ws[f"attn_o_max_clusters{cl}"] = (  # (stand-in kernels without a function: one a SM)
+                max_active_clusters(raw, (1, self.num_sms // cl, cl), (ATTN_O_THREADS,)) if raw is not None
+                else self.num_sms // cl)
+        return got
+
+    def _attention_o(self, layer: int, q: Any, q_stride: int, db: DeviceBatch, o: Any, x: Any, cl: int) -> None:
+        """x += o(attention of q over layer's cache): attn_o_cluster{cl}, one token (`_attn_o_cluster`)."""
+        c = self.config
+        T, Hq, Hkv, D, N = db.T, c.num_attention_heads, c.num_key_value_heads, c.head_dim, o.shape[0]
+        part = self._buf("attn_o_part", (T, Hq, N))
+        counts = self._counters("attn_o_counts", T * cl)
+        name = f"attn_o_cluster{cl}"
+        with self._span("attn_o", name, T, Hq, Hkv, D, db.kv_tokens, db.qk_pairs, cl, N):
+            getattr(self.k, name)((T, Hq, cl), (ATTN_O_THREADS,),
+                                  (q, np.int32(q_stride), self.k_cache[layer], self.v_cache[layer], db.block_tables,
+                                   np.int32(db.max_blocks), db.token_seq, db.positions, o, part, counts, x,
+                                   np.int32(Hq), np.int32(Hkv), np.int32(N), np.int32(self.block_size), self.scale))
+
     def _attention(self, layer: int, q: Any, q_stride: int, db: DeviceBatch, out: Any, out_bf16: Any = None) -> Any:
         """out [T, Hq*D] = paged causal attention of q (row stride q_stride) over layer's cache; returns the buffer
         written: `out_bf16` (bf16 words, the o projection's GEMM input) where a tensor-core kernel (prefill,
@@ -1066,12 +1129,18 @@ class CUDABackend:
                                     (qkv, db.positions, self.inv_freq, db.slots, self.k_cache[n], self.v_cache[n],
                                      np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(self.block_size),
                                      layer.qkv_bias if fold else NULL))
-            # the tensor-core kernels (a prefill step, decode_attn_tc) write the attention output as o's bf16 GEMM
-            # input: no cast
-            att_bf16 = (self._buf("att_bf16", (T, Hq * D), np.uint16)
-                        if (db.n_prefill_tiles or self._attn_choice(T) == "tc") and self._gemm_takes_bf16(layer.o, T)
-                        else None)
-            o_in = self._attention(n, qkv, n_qkv, db, att, out_bf16=att_bf16)
+            # one token: the attention and o as one kernel where it takes the shapes (x += o(att), `_attn_o_cluster`)
+            ao = 0 if chain else self._attn_o_cluster(layer.o, db)
+            if ao:
+                self._attention_o(n, qkv, n_qkv, db, layer.o, x, ao)
+                o_in = None
+            else:
+                # the tensor-core kernels (a prefill step, decode_attn_tc) write the attention output as o's bf16
+                # GEMM input: no cast
+                att_bf16 = (self._buf("att_bf16", (T, Hq * D), np.uint16)
+                            if ((db.n_prefill_tiles or self._attn_choice(T) == "tc")
+                                and self._gemm_takes_bf16(layer.o, T)) else None)
+                o_in = self._attention(n, qkv, n_qkv, db, att, out_bf16=att_bf16)
             pair = self._pair_epilogue(layer.gate_up, T)
             norm_in = pair and tp is None and self._norm_folds(layer.gate_up)  # post_norm folded into gate_up
             if chain:  # o writes gate_up's xg / ssp too
@@ -1080,7 +1149,8 @@ class CUDABackend:
                     raise RuntimeError(f"o: the norm chain's GEMV refused its input {o_in.shape} {o_in.dtype}")
                 h = xg
             elif tp is None:
-                self._linear(o_in, layer.o, None, x, accumulate=True, name="o", preload=True)
+                if not ao:
+                    self._linear(o_in, layer.o, None, x, accumulate=True, name="o", preload=True)
                 h = x if norm_in else self._norm_for(layer.gate_up, x, layer.post_norm, eps)
             else:
                 self._linear(o_in, layer.o, None, part, name="o", preload=True)

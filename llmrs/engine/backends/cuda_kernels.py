@@ -121,6 +121,9 @@ def gemm_q4_smem_bytes(mt: int, stages: dict[int, int] | None = None, silu: bool
 # _g4_w16: that with 16 warps a block (4 keys each where the 8-warp forms take 8)
 ATTN_CLUSTER_KERNELS = [f"attn_cluster{cl}_d{d}" for d, sizes in ((4, (4, 8, 16)), (2, (8, 16))) for cl in sizes] + [
     f"attn_cluster{cl}_d{d}_g4{w}" for d in (4, 2) for cl in (8, 16) for w in ("", "_w16")]
+# attn_o_cluster{CL} (attention.cu): one token's attention fused with the o projection (128-dim heads, sm_90+)
+ATTN_O_CLUSTER_SIZES = (4, 8)
+ATTN_O_KERNELS = [f"attn_o_cluster{cl}" for cl in ATTN_O_CLUSTER_SIZES]
 
 
 # the mma.sync GEMM's SiLU forms (gate_up with SiLU x up fused: cuda_q4gemm.gemm_q4_silu, 33-192 tokens)
@@ -161,7 +164,7 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "matvec_q4.cu": [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
                     + ["dequant_q4_bf16", "dequant_q8_bf16"],
     "attention.cu": ["attn_partial_d1", "attn_partial_d2", "attn_partial_d4", "attn_partial_d8", "attn_merge",
-                    "attn_merge_bf16", *ATTN_CLUSTER_KERNELS],
+                    "attn_merge_bf16", *ATTN_CLUSTER_KERNELS, *ATTN_O_KERNELS],
     "attention_gqa.cu": ["attn_partial_gqa_d1", "attn_partial_gqa_d2", "attn_partial_gqa_d4", "attn_partial_gqa_d8"],
     "prefill_attention.cu": ["prefill_attn_d64", "prefill_attn_d128", "prefill_attn_bf16_d64",
                              "prefill_attn_bf16_d128", "decode_attn_tc_d64", "decode_attn_tc_d128",
@@ -186,7 +189,7 @@ PDL_KERNELS = frozenset(
     + [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
     + [f"matvec_rows_bf16_r{r}" for r in MATVEC_ROWS_R]
     + [f"attn_partial_d{d}" for d in (1, 2, 4, 8)] + [f"attn_partial_gqa_d{d}" for d in (1, 2, 4, 8)]
-    + ATTN_CLUSTER_KERNELS
+    + ATTN_CLUSTER_KERNELS + ATTN_O_KERNELS
     + [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)] + list(GEMM_Q4WG_KERNELS)
     + list(GEMM_Q4W2_KERNELS) + list(GEMM_Q4WG_PAIR_KERNELS) + list(GEMM_Q4W2_PAIR_KERNELS) + list(GEMM_BF16WG_KERNELS)
     + [f"decode_attn_tc{o}_d{d}" for o in ("", "_bf16") for d in (64, 128)])
@@ -284,6 +287,21 @@ def launch_ex(raw: Any, grid: Any, block: Any, args: tuple, shared_mem: int = 0,
     status = _driver().cuLaunchKernelEx(ctypes.byref(cfg), ctypes.c_void_p(raw.kernel.ptr), params, None)
     if status:
         raise RuntimeError(f"cuLaunchKernelEx({name}) failed: CUresult {status}")
+
+
+def max_active_clusters(raw: Any, grid: Any, block: Any, shared_mem: int = 0) -> int:
+    """How many clusters of a kernel with compiled-in cluster dimensions (a cupy RawKernel) the GPU runs at once
+    (cuOccupancyMaxActiveClusters): a launch of more runs in waves."""
+    g, b = _dim3(grid), _dim3(block)
+    cfg = _LaunchConfig(g[0], g[1], g[2], b[0], b[1], b[2], shared_mem, None, None, 0)
+    n = ctypes.c_int(0)
+    lib = _driver()
+    fn = lib.cuOccupancyMaxActiveClusters
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
+    status = fn(ctypes.byref(n), ctypes.c_void_p(raw.kernel.ptr), ctypes.byref(cfg))
+    if status:
+        raise RuntimeError(f"cuOccupancyMaxActiveClusters failed: CUresult {status}")
+    return n.value
 
 
 def launch_cluster(fn: Any, grid: Any, block: Any, args: tuple, cluster: Any) -> None:
