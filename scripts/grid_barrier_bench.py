@@ -249,8 +249,9 @@ def main() -> int:
         flags.fill(0)
         for l in range(L):
             cin = flags[l] if l else np.uint64(0)
-            launch_ex(flags_fns[kind], (nblk,), (512,), (W[l], xs[l % 2], xs[(l + 1) % 2], np.int32(N), np.int32(K8), cin,
-                                              flags[l + 1], np.uint32(nblk)), pdl=True, stream=stream.ptr)
+            launch_ex(flags_fns[kind], (nblk,), (512,),
+                      (W[l], xs[l % 2], xs[(l + 1) % 2], np.int32(N), np.int32(K8), cin, flags[l + 1],
+                       np.uint32(nblk)), pdl=True, stream=stream.ptr)
 
     def run_named(name: str, wpb: int) -> None:
         xs[0][...] = x_init
@@ -270,7 +271,8 @@ def main() -> int:
     for name, fn in (("chain", lambda: run_chain(True)), ("chain-nopdl", lambda: run_chain(False)),
                      ("chain-flag", lambda: run_flag("flag")), ("chain-flag2", lambda: run_flag("flag2")),
                      ("chain-flag3", lambda: run_flag("flag3")), ("persistent", run_pers),
-                     ("chain4", lambda: run_named("chain4_mv", 4)), ("chain-empty", lambda: run_named("chain_empty", 16)),
+                     ("chain4", lambda: run_named("chain4_mv", 4)),
+                     ("chain-empty", lambda: run_named("chain_empty", 16)),
                      ("chain4-empty", lambda: run_named("chain4_empty", 4))):
         with stream:
             fn()
@@ -293,7 +295,8 @@ def main() -> int:
         us = min(times) / L
         gbs = N * K * 2 / (us * 1e-6) / 1e9
         results[name] = {"us_per_phase": round(us, 3), "gbs": round(gbs, 1),
-                         "fraction_of_ceiling": round(gbs / a.bandwidth_gbs, 4), "graph_us": [round(t, 1) for t in times]}
+                         "fraction_of_ceiling": round(gbs / a.bandwidth_gbs, 4),
+                         "graph_us": [round(t, 1) for t in times]}
     outs.pop("chain-empty"), outs.pop("chain4-empty")  # (their own sums)
     same = all(np.array_equal(outs["chain-nopdl"], o) for o in outs.values())
     if not same:

@@ -39,10 +39,11 @@ def run_fused(k, args, wo, x0, Hq, Hkv, N, CL, T):
                                               (12, 2, 1536, 8, [77]), (8, 2, 1024, 4, [5, 130]),
                                               (28, 4, 896, 4, [512, 64, 3])])
 def test_attn_o_cluster_matches_float64_and_the_two_kernels(Hq, Hkv, N, CL, lens):
-    """The 3B's shape (16 / 2 heads, 2048 rows, 8 splits of 256 or 4 of 512) from 1 key (splits with none) to 1023 (a warp loops
-    over batches of keys), the 1.5B's, several tokens in one launch, o splits of fewer rows than a block holds (224);
-    against attention + x += W_o att in float64 and against attn_cluster8_d4_g4_w16 + matvec_bf16_t1 (f32, other
-    summation orders); the split counters are back to 0 after the launch, and a second launch gives the same bits."""
+    """The 3B's shape (16 / 2 heads, 2048 rows, 8 splits of 256 or 4 of 512) from 1 key (splits with none) to 1023
+    (a warp loops over batches of keys), the 1.5B's, several tokens in one launch, o splits of fewer rows than a
+    block holds (224); against attention + x += W_o att in float64 and against attn_cluster8_d4_g4_w16 +
+    matvec_bf16_t1 (f32, other summation orders); the split counters are back to 0 after the launch, and a second
+    launch gives the same bits."""
     T = len(lens)
     rng = np.random.default_rng(Hq + N + CL + T)
     args = cluster_inputs(rng, lens, Hq, Hkv, D)

@@ -430,7 +430,8 @@ def test_attention_and_o_fuse_at_one_token_where_the_head_splits_fit():
 
     def case(preset: str, **kw):
         be = fake_backend(preset)
-        be.attn_cluster, be.k, be.tp, be.attn_o_fused, be.matvec_max_tokens = None, SimpleNamespace(cc=90), None, True, 1
+        be.attn_cluster, be.k, be.tp, be.attn_o_fused = None, SimpleNamespace(cc=90), None, True
+        be.matvec_max_tokens = 1
         c = be.config
         be.dpl = c.head_dim // 32
         be._attn_choice = lambda T: CUDABackend._attn_choice(be, T)

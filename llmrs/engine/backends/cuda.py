@@ -952,8 +952,9 @@ class CUDABackend:
         """The cluster size of attn_o_cluster for this step's attention + o projection, 0 where attn_cluster and the
         o matvec run instead: one token (no prefill tile), a bf16 o on the one-token matvec path, 128-dim heads where
         the attention would be attn_cluster's (sm_90+, no forced split count or attention kernel, contexts up to
-        1024), no tensor parallel; the largest of ATTN_O_CLUSTER_SIZES whose Hq x CL blocks fit the SMs (one a SM) and whose splits
-        of o's rows fit a block (ATTN_O_MAX_ROWS)."""
+        1024), no tensor parallel; the largest size (of ATTN_O_AUTO_SIZES, or the one LLMRS_ATTN_O_FUSED forces)
+        whose Hq clusters run at once (`_attn_o_max_clusters`, one block an SM) and whose splits of o's rows fit a
+        block (ATTN_O_MAX_ROWS)."""
         c = self.config
         if (not self.attn_o_fused or db.T != 1 or db.n_prefill_tiles or self.tp is not None or self.dpl != 4
                 or db.max_len > ATTN_CLUSTER_SIZES[-1] * ATTN_CLUSTER_KEYS_PER_SPLIT  # (attn_partial's beyond)
