@@ -20,6 +20,8 @@ cores) from ATTN_TC_MIN_TOKENS tokens (from one for heads of <= 64 dims); else a
 ATTN_GQA_MIN_BLOCKS blocks a step, attn_partial_gqa (attention_gqa.cu); all split along the keys and share
 attn_merge, except where attn_partial's step fits attn_cluster (`_cluster_form`: sm_90+, its splits one thread-block
 cluster merged in distributed shared memory, one launch; 4 query heads a block where those blocks fit, else 8).
+At one token, where a (query head, split) block each fits (`_attn_o_cluster`), the attention and the o projection
+after it are one kernel instead (attn_o_cluster: each block multiplies its head's output into its split of o's rows).
 
 Tensor parallelism: with `tp=TPRank` (tp_nccl.py) the same fused step embeds the rank's vocabulary slice, sums
 the embeddings and every o/down partial over the ranks with NCCL on the step's stream, and gathers the logits.
