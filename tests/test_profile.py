@@ -75,6 +75,15 @@ def test_attention_cost_reads_each_sequence_kv_once():
     assert flops == 4 * (4 * 512) * 28 * 128
 
 
+def test_attention_and_o_cost_adds_the_o_weights_and_the_heads_partials():
+    # one 3B token at 384 keys (16 query heads, 2 KV heads of 128 dims), o 2048 x 2048 bf16, 8 splits
+    nbytes, flops = prof.kernel_cost("attn_o", (1, 16, 2, 128, 384, 384, 8, 2048))
+    kv, w = 2 * 2 * 384 * 2 * 128, 2 * 2048 * 2048
+    assert nbytes == kv + 4 * 16 * 128 + w + 2 * 4 * 16 * 2048 + 2 * 4 * 2048  # q, partials out + in, x in + out
+    assert flops == 4 * 384 * 16 * 128 + 2 * 2048 * 2048
+    assert prof.category("attn_o", "decode") == "decode attention"
+
+
 def test_aggregate_gives_per_step_times_categories_busy_and_roof_fractions():
     p = prof.aggregate(records_of_one_decode_step(), steps=2, phase="decode", bandwidth=4e12, peak_flops=8e14,
                        label="decode B=1", batch=1, tokens=1, wall_ms=0.040)

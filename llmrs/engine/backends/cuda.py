@@ -991,7 +991,7 @@ class CUDABackend:
         c = self.config
         T, Hq, Hkv, D, N = db.T, c.num_attention_heads, c.num_key_value_heads, c.head_dim, o.shape[0]
         part = self._buf("attn_o_part", (T, Hq, N))
-        counts = self._counters("attn_o_counts", T * cl)
+        counts = self._counters(f"attn_o_counts{cl}", T * cl)
         name = f"attn_o_cluster{cl}"
         with self._span("attn_o", name, T, Hq, Hkv, D, db.kv_tokens, db.qk_pairs, cl, N):
             getattr(self.k, name)((T, Hq, cl), (ATTN_O_THREADS,),
