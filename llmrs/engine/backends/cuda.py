@@ -147,10 +147,10 @@ ATTN_CLUSTER_SIZES = (8, 16)
 # (CL 4) 16-byte chunks of the o weights (2 rows a chunk index), so a split of o's rows is at most 256 / 512 rows
 ATTN_O_THREADS = 512
 ATTN_O_MAX_ROWS = {8: 256, 4: 512}
-# the sizes auto takes: 8 only. H200, one stream (session 30 call3, `llmrs synth --decode-bench`, one run a process):
-# 1.5B (12 heads, clusters of 8) 1.316-1.319 -> 1.294-1.295 ms/token (calls 2-4); the 3B's 16 clusters of 8 exceed the 15 that run at once
-# (2.044 -> 2.12: two waves), and in clusters of 4 (64 SMs holding o) it ties to loses (2.0487 -> 2.0566);
-# LLMRS_ATTN_O_FUSED=4 forces that form (A/Bs)
+# the sizes auto takes: 8 only. H200, one stream (session 30 calls 2-4, `llmrs synth --decode-bench`, one run a
+# process): 1.5B (12 heads, clusters of 8) 1.316-1.319 -> 1.294-1.295 ms/token; the 3B's 16 clusters of 8 exceed the
+# 15 that run at once (2.044 -> 2.12: two waves), and in clusters of 4 (64 SMs holding o) it ties to loses
+# (2.0487 -> 2.0566); LLMRS_ATTN_O_FUSED=4 forces that form (A/Bs)
 ATTN_O_AUTO_SIZES = (8,)
 CUBLAS_WORKSPACE_BYTES = 32 << 20
 _NO_SPAN = contextlib.nullcontext()
