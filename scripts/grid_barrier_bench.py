@@ -31,36 +31,24 @@ import argparse
 import json
 import sys
 
-SRC = r"""
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-    return r;
-}
+from llmrs.engine.backends.cuda_kernels import with_common
+
+# common.cuh's ldg_stream (weights), unpack8 and warp_sum; x through ld_x4, not common.cuh's ldx4: its "memory"
+# clobber keeps the load below the persistent form's grid barrier (ldx4 relies on pdl_wait's asm order alone)
+SRC = with_common(r"""
+#include "common.cuh"
 __device__ __forceinline__ float4 ld_x4(const float* p) {  // coherent: written by the previous phase
     float4 r;
     asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w) : "l"(p)
                  : "memory");
     return r;
 }
-__device__ __forceinline__ void unpack8(uint4 r, float* f) {
-    f[0] = __uint_as_float(r.x << 16); f[1] = __uint_as_float(r.x & 0xffff0000u);
-    f[2] = __uint_as_float(r.y << 16); f[3] = __uint_as_float(r.y & 0xffff0000u);
-    f[4] = __uint_as_float(r.z << 16); f[5] = __uint_as_float(r.z & 0xffff0000u);
-    f[6] = __uint_as_float(r.w << 16); f[7] = __uint_as_float(r.w & 0xffff0000u);
-}
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 #define R 8  // 16-byte chunks a lane: K = 256 * R = 2048
 __device__ __forceinline__ void load_row(const uint4* W, int n, int N, int K8, int lane, uint4 (&p)[R]) {
 #pragma unroll
     for (int i = 0; i < R; ++i) {
         const int c = lane + 32 * i;
-        p[i] = (n < N && c < K8) ? ld_stream(W + (size_t)n * K8 + c) : make_uint4(0u, 0u, 0u, 0u);
+        p[i] = (n < N && c < K8) ? ldg_stream(W + (size_t)n * K8 + c) : make_uint4(0u, 0u, 0u, 0u);
     }
 }
 __device__ __forceinline__ float row_dot(const uint4 (&p)[R], const float* x, int K8, int lane) {
@@ -176,7 +164,7 @@ __device__ __forceinline__ void grid_barrier(unsigned* ctr, unsigned target) {
 // L phases; phase l reads xs[l % 2], writes xs[(l + 1) % 2]; W_l at W + l * N * K8
 extern "C" __global__ void __launch_bounds__(512, 1) persistent_mv(const uint4* __restrict__ W, float* x0, float* x1,
                                                                    int N, int K8, int L, unsigned* ctr) {
-    const int lane = threadIdx.x & 31, warps = gridDim.x * 16;
+    const int lane = threadIdx.x & 31;
     const int w = blockIdx.x * 16 + (threadIdx.x >> 5);
     uint4 p[R];
     load_row(W, w, N, K8, lane, p);
@@ -187,11 +175,10 @@ extern "C" __global__ void __launch_bounds__(512, 1) persistent_mv(const uint4* 
         if (w < N) s = row_dot(p, x, K8, lane);
         if (l + 1 < L) load_row(W + (size_t)(l + 1) * N * K8, w, N, K8, lane, p);  // the next phase's row, early
         if (w < N && lane == 0) y[w] = x[w] + s;
-        (void)warps;
         if (l + 1 < L) grid_barrier(ctr, (unsigned)(gridDim.x * (l + 1)));
     }
 }
-"""
+""")
 
 
 def main() -> int:

@@ -202,8 +202,13 @@ _cache: dict[int, "Kernels"] = {}
 
 def kernel_source(name: str) -> str:
     """The file's source with `#include "common.cuh"` replaced by the header's text."""
+    return with_common((KERNELS_DIR / name).read_text())
+
+
+def with_common(src: str) -> str:
+    """CUDA source text with `#include "common.cuh"` replaced by the header's text (kernel_source's, and probes'
+    own kernels: scripts/grid_barrier_bench.py)."""
     common = (KERNELS_DIR / "common.cuh").read_text().replace("#pragma once", "")
-    src = (KERNELS_DIR / name).read_text()
     return re.sub(r'#include\s+"common\.cuh"', lambda _: common, src)
 
 
