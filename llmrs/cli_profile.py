@@ -48,6 +48,9 @@ def profile(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Also save the JSON here."),
     plot_path: Optional[Path] = typer.Option(None, "--plot",
                                              help="Kernels as points on the roofline (.png/.svg/.pdf)."),
+    timeline: bool = typer.Option(False, "--timeline",
+                                  help="The graphed decode step as the GPU runs it (CUPTI through PyTorch's profiler): "
+                                       "the time each kernel adds to the step against its bytes' floor."),
     from_path: Optional[Path] = typer.Option(None, "--from",
                                              help="Show a saved profile (from --out or --json) again: its tables, "
                                                   "--json or --plot, without a GPU or a model."),
@@ -55,6 +58,7 @@ def profile(
     """Where a decode step (at each --batch) and a prefill spend their GPU time: matrix multiply, decode and
     prefill attention, everything else; GPU busy; each kernel's GB/s or TFLOP/s as a % of its roof."""
     from llmrs import profile as prof
+    from llmrs import timeline as tl
     from llmrs.engine.loader import SYNTHETIC_PREFIX, resolve
 
     given = [x for x in (model_arg, model, synthetic) if x]
@@ -73,7 +77,24 @@ def profile(
     if from_path is not None:
         if given:
             raise UserError("--from shows a saved profile: give no MODEL, --model or --synthetic with it")
-        profiles, meta = prof.load_json(from_path)
+        doc = prof.read_json(from_path)
+        if doc.get("kind") == "timeline":
+            return _show_timeline(*tl.from_json(doc), as_json, out, plot_path, top)
+        profiles, meta = prof.from_json(doc)
+    elif timeline:
+        if len(given) != 1:
+            raise UserError("give exactly one of MODEL, --model M or --synthetic PRESET (or --from a saved profile)")
+        if tensor_parallel_size != 1:
+            raise UserError("--timeline looks at one GPU's graphed step: leave --tensor-parallel-size at 1")
+        if plot_path is not None:
+            raise UserError("--plot places eager kernels on the roofline: not with --timeline")
+        spec = SYNTHETIC_PREFIX + synthetic if synthetic else given[0]
+        resolve(spec)
+        batches = parse_batches(batch)
+        with err.status("profiling ...") as status:
+            timelines, meta = tl.run_timeline(spec, batches, context, steps=steps, gpu=gpu, measure=measure,
+                                              progress=lambda m: status.update(m))
+        return _show_timeline(timelines, meta, as_json, out, None, top)
     else:
         if len(given) != 1:
             raise UserError("give exactly one of MODEL, --model M or --synthetic PRESET (or --from a saved profile)")
@@ -98,6 +119,21 @@ def profile(
     else:
         prof.render(Console(width=max(Console().width, 140)), profiles, meta, top=top)
         err.print(f"[dim]ceilings: {meta.get('ceilings')}; {meta.get('note')}[/dim]")
+
+
+def _show_timeline(timelines: list, meta: dict, as_json: bool, out: Optional[Path], plot_path: Optional[Path],
+                   top: int) -> None:
+    from llmrs import timeline as tl
+
+    if plot_path is not None:
+        raise UserError("--plot places eager kernels on the roofline: a timeline has none to place")
+    if out:
+        tl.save_json(out, timelines, meta)
+    if as_json:
+        typer.echo(json.dumps(tl.to_json(timelines, meta), indent=1))
+    else:
+        tl.render(Console(width=max(Console().width, 140)), timelines, meta, top=top)
+        Console(stderr=True).print(f"[dim]ceilings: {meta.get('ceilings')}; {meta.get('note')}[/dim]")
 
 
 def register(app: typer.Typer) -> None:

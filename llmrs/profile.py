@@ -211,14 +211,19 @@ def from_json(doc: dict[str, Any]) -> tuple[list[StepProfile], dict[str, Any]]:
     return steps, {k: v for k, v in doc.items() if k != "steps"}
 
 
-def load_json(path: Path) -> tuple[list[StepProfile], dict[str, Any]]:
+def read_json(path: Path) -> dict[str, Any]:
+    """A saved profile's JSON (`--out`, `--json`; a --timeline's too) as a dict, or a UserError."""
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         raise UserError(f"cannot read profile {path}: {e}") from None
     if not isinstance(doc, dict):
         raise UserError(f"{path}: not an llmrs profile (its JSON from --out or --json)")
-    return from_json(doc)
+    return doc
+
+
+def load_json(path: Path) -> tuple[list[StepProfile], dict[str, Any]]:
+    return from_json(read_json(path))
 
 
 def render(console: Any, profiles: list[StepProfile], meta: dict[str, Any], top: int = 12) -> None:
