@@ -127,3 +127,30 @@ def test_timeline_refusals_are_one_line(tmp_path, capsys, monkeypatch, extra, wo
     monkeypatch.chdir(tmp_path)
     rc, _, err = run_cli(capsys, ["profile", "--synthetic", "qwen2.5-0.5b", "--timeline", *extra])
     assert rc == 2 and err.startswith("error:") and word in err and "Traceback" not in err
+
+
+@pytest.mark.gpu
+def test_timeline_of_a_tiny_models_graphed_steps(tmp_path):
+    """The real thing on a tiny model: every graphed kernel matched to an eager span (none unmatched), the exposed
+    times and gaps adding up to the step's span, one qkv / attention / down per layer, and the CLI's JSON."""
+    from tests.conftest import write_tiny_model
+    from tests.cuda_helpers import require_gpu
+
+    require_gpu()
+    pytest.importorskip("torch")
+    path = write_tiny_model(tmp_path / "qwen2", "qwen2")
+    timelines, meta = tl.run_timeline(str(path), [1, 3], context=40, steps=4, warmup=2)
+    assert [t.label for t in timelines] == ["decode B=1", "decode B=3"]
+    layers = 3
+    for t in timelines:
+        assert t.steps >= 3 and t.unmatched == 0, [r.name for r in t.rows if r.span is None]
+        assert sum(r.exposed_us for r in t.roles) + t.gap_us == pytest.approx(t.span_us, rel=1e-6)
+        assert 0 < t.floor_us < t.span_us <= 1e3 * t.wall_ms
+        roles = {r.role: r for r in t.roles}
+        assert roles["matvec down"].calls == layers and roles["matvec down"].floor_us > 0
+        assert sum(r.calls for r in t.roles if r.role.startswith(("attention", "attn_o"))) >= layers
+        assert any(r.role.startswith("matvec") and "qkv" in r.role and r.calls == layers for r in t.roles)
+        assert all(r.duration_us > 0 for r in t.rows)
+    tl.save_json(tmp_path / "t.json", timelines, meta)
+    back, _ = tl.from_json(json.loads((tmp_path / "t.json").read_text()))
+    assert back == timelines
