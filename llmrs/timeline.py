@@ -186,9 +186,11 @@ class Timeline:
     unmatched: int = 0  # graphed kernels with no eager twin (no span: no floor)
 
 
-def role_of(span: tuple | None) -> str:
+def role_of(span: tuple | None, kernel: str = "") -> str:
+    """A span's operation as `llmrs profile` names it; a graphed kernel with no eager twin by its own name (a graph
+    captured for a longer context than the eager step's may split its attention differently: attn_merge)."""
     if span is None:
-        return "(no span)"
+        return f"(graph only) {kernel}"
     kind, name = span[0], span[1]
     return kind if kind == name else f"{kind} {name}"
 
@@ -209,7 +211,7 @@ def analyze(eager: list[tuple[Kernel, int | None]], steps: list[list[Kernel]], s
     rows = []
     for j in range(n):
         span = spans[idx[j]] if idx[j] is not None and 0 <= idx[j] < len(spans) else None
-        rows.append(Row(j, use[0][j].name, idx[j], role_of(span), sum(p[j][0] for p in per) / len(per),
+        rows.append(Row(j, use[0][j].name, idx[j], role_of(span, use[0][j].name), sum(p[j][0] for p in per) / len(per),
                         sum(p[j][1] for p in per) / len(per), sum(p[j][2] for p in per) / len(per)))
     # each span's floor once (a span of several kernels: under its first kernel's role)
     by_span: dict[int, list[Row]] = {}
@@ -272,7 +274,8 @@ def render(console: Any, timelines: list[Timeline], meta: dict[str, Any], top: i
         t.add_row("idle (gaps)", "", f"{tl.gap_us:,.1f}", f"{100 * tl.gap_us / tl.span_us:.1f}%", "", "", "", "")
         console.print(t)
         if tl.unmatched:
-            console.print(f"[yellow]{tl.unmatched} graphed kernels had no eager twin (no span, no floor)[/yellow]")
+            console.print(f"[yellow]{tl.unmatched} graphed kernels had no eager twin (no span, no floor): "
+                          f"'(graph only)' rows[/yellow]")
 
 
 def save_json(path: Path, timelines: list[Timeline], meta: dict[str, Any]) -> None:

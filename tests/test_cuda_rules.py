@@ -19,6 +19,7 @@ def fake_backend(preset: str, cc: int = 90, kernel: str = "auto") -> SimpleNames
                          attn_splits=None, num_sms=132, fuse_norm="auto", attn_heads_per_block=None)
     be._use_gqa = lambda T: CUDABackend._use_gqa(be, T)
     be._cluster_form = lambda T, n: CUDABackend._cluster_form(be, T, n)
+    be._attn_cluster_max = lambda cl, hg: be.num_sms // cl  # (the driver's answer on the GPU)
     return be
 
 
@@ -125,6 +126,23 @@ def test_attn_cluster_takes_the_smallest_cluster_that_holds_the_context():
     assert size(1, 100) == 0
     be.attn_cluster, be.dpl = None, 1  # 32-dim heads: none
     assert size(1, 100) == 0
+
+
+@pytest.mark.parametrize("preset,clusters", [("qwen2.5-7b", 8), ("qwen2.5-3b", 4)])
+def test_attn_cluster_gives_way_to_a_size_that_runs_at_once(preset, clusters):
+    """The H200 runs 7 clusters of 16 of the 16-warp 4-head form (and 15 of 8): the 7B's 8 clusters of 16 would run
+    in two waves, so contexts of 513-1024 take clusters of 8 whose warps loop over two batches of keys; the 3B's 4
+    clusters of 16 fit and keep that size."""
+    be = fake_backend(preset)
+    be.dpl, be.attn_cluster, be.k = 4, None, SimpleNamespace(cc=90)
+    be._attn_cluster_max = lambda cl, hg: {8: 15, 16: 7}[cl]
+    form = lambda T, n: CUDABackend._cluster_form(be, T, n)  # noqa: E731
+    assert form(1, 512) == (8, 4)
+    want16 = (16, 4) if clusters <= 7 else (8, 4)
+    assert form(1, 513) == want16 and form(1, 1024) == want16
+    assert form(1, 1025)[0] == 0  # attn_partial + attn_merge beyond, as before
+    be._attn_cluster_max = lambda cl, hg: 3  # nothing fits at once: the size that covers the context, as before
+    assert form(1, 768) == (16, 4)
 
 
 def test_wgmma_gemm_ring_and_dispatch():

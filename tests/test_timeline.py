@@ -71,7 +71,7 @@ def test_analyze_roles_and_floors():
 
     assert roles["matvec qkv"].floor_us == pytest.approx(kernel_cost(*SPANS[0][::2])[0] / 1e12 * 1e6)
     assert roles["matvec o"].floor_us == pytest.approx(kernel_cost(*SPANS[2][::2])[0] / 1e12 * 1e6)
-    assert roles["(no span)"].calls == 1 and t.unmatched == 1
+    assert roles["(graph only) graph_only"].calls == 1 and t.unmatched == 1
     assert sum(r.exposed_us for r in t.roles) + t.gap_us == pytest.approx(t.span_us)
     assert t.floor_us == pytest.approx(sum(r.floor_us for r in t.roles))
 
@@ -131,8 +131,9 @@ def test_timeline_refusals_are_one_line(tmp_path, capsys, monkeypatch, extra, wo
 
 @pytest.mark.gpu
 def test_timeline_of_a_tiny_models_graphed_steps(tmp_path):
-    """The real thing on a tiny model: every graphed kernel matched to an eager span (none unmatched), the exposed
-    times and gaps adding up to the step's span, one qkv / attention / down per layer, and the CLI's JSON."""
+    """The real thing on a tiny model: every graphed projection matched to an eager span (a graph captured for a
+    longer context may split its attention where the eager step does not: attn_merge may be graph-only), the exposed
+    times and gaps adding up to the step's span, one qkv / attention / down per layer, and the JSON."""
     from tests.conftest import write_tiny_model
     from tests.cuda_helpers import require_gpu
 
@@ -143,9 +144,10 @@ def test_timeline_of_a_tiny_models_graphed_steps(tmp_path):
     assert [t.label for t in timelines] == ["decode B=1", "decode B=3"]
     layers = 3
     for t in timelines:
-        assert t.steps >= 3 and t.unmatched == 0, [r.name for r in t.rows if r.span is None]
+        graph_only = [r.name for r in t.rows if r.span is None]
+        assert t.steps >= 3 and t.unmatched == len(graph_only) and set(graph_only) <= {"attn_merge"}, graph_only
         assert sum(r.exposed_us for r in t.roles) + t.gap_us == pytest.approx(t.span_us, rel=1e-6)
-        assert 0 < t.floor_us < t.span_us <= 1e3 * t.wall_ms
+        assert 0 < t.floor_us < t.span_us and t.wall_ms > 0
         roles = {r.role: r for r in t.roles}
         assert roles["matvec down"].calls == layers and roles["matvec down"].floor_us > 0
         assert sum(r.calls for r in t.roles if r.role.startswith(("attention", "attn_o"))) >= layers

@@ -930,7 +930,8 @@ class CUDABackend:
         (clusters), for 64- and 128-dim heads (the kernel's d2, d4), while the step's blocks fit one an SM and every
         warp loads its keys in one batch (max_len <= CL x ATTN_CLUSTER_KEYS_PER_SPLIT). "auto" takes 4 heads a block
         (the _g4 forms) before 8, and for each the first of ATTN_CLUSTER_SIZES that fits; the 4-block cluster (an
-        A/B form) has 8 heads a block only."""
+        A/B form) has 8 heads a block only. A size whose clusters the GPU cannot run all at once (`_attn_cluster_max`)
+        gives way to a smaller one that it can, whose warps then loop over their keys."""
         if self.attn_cluster == 0 or self.dpl not in (2, 4) or self.attn_splits is not None or self.k.cc < 90:
             return 0, ATTN_MAXG
         if self.attn_cluster == 4 and self.dpl != 4:  # attn_cluster4 exists for 128-dim heads only (an A/B form)
@@ -947,8 +948,32 @@ class CUDABackend:
                 continue
             for cl in ATTN_CLUSTER_SIZES:
                 if heads * cl <= self.num_sms and max_len <= cl * ATTN_CLUSTER_KEYS_PER_SPLIT:
+                    if heads > self._attn_cluster_max(cl, hg):  # two waves: a smaller size that runs at once,
+                        for c in sorted(ATTN_CLUSTER_SIZES, reverse=True):  # its warps looping over key batches
+                            if c < cl and heads <= self._attn_cluster_max(c, hg):
+                                return c, hg
                     return cl, hg
         return 0, ATTN_MAXG
+
+    def _attn_cluster_max(self, cl: int, hg: int) -> int:
+        """The clusters of the attn_cluster{cl} form with hg heads a block that the GPU runs at once (the driver's
+        cuOccupancyMaxActiveClusters). H200 (session 31 call2): 15 of 8 and 7 of 16 in the 16-warp _g4 forms, so
+        the 7B's 8 clusters of 16 (contexts 513-1024) ran in two waves: `llmrs profile --synthetic qwen2.5-7b
+        --batch 1 --context 768 --timeline`, the attention 356.0 us a step in clusters of 16 against 229.4 in
+        clusters of 8 (LLMRS_ATTN_CLUSTER=8), the step 4.257 -> 4.075 ms."""
+        key = f"attn_cluster_max{cl}_{hg}"
+        got = self._ws.get(key)
+        if got is None:
+            from llmrs.engine.backends.cuda_kernels import max_active_clusters
+
+            w16 = hg == 4 and self.attn_cluster_warps == 16
+            name = f"attn_cluster{cl}_d{self.dpl}" + ("_g4" if hg == 4 else "") + ("_w16" if w16 else "")
+            raw = getattr(getattr(self.k, name, None), "raw", None)
+            got = self._ws[key] = (  # (stand-in kernels without a function: one a SM)
+                max_active_clusters(raw, (1, self.num_sms // cl, cl),
+                                    (2 * ATTN_CLUSTER_THREADS if w16 else ATTN_CLUSTER_THREADS,))
+                if raw is not None else self.num_sms // cl)
+        return got
 
     def _attn_o_cluster(self, o: Any, db: DeviceBatch) -> int:
         """The cluster size of attn_o_cluster for this step's attention + o projection, 0 where attn_cluster and the
