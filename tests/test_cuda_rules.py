@@ -494,27 +494,3 @@ def test_attention_and_o_fuse_at_one_token_where_the_head_splits_fit():
     assert CUDABackend._attn_o_cluster(be, o, db) == 4
     be, o = case("qwen2.5-3b", num_sms=60, attn_o_fused=4)  # 16 x 4 > 60
     assert CUDABackend._attn_o_cluster(be, o, db) == 0
-
-
-def test_gemv_balanced_splits_fill_whole_rounds_of_resident_blocks():
-    """A 4-bit matrix of more 32-column tiles than one round of resident gemv_q4 blocks (GEMV_BLOCKS_PER_SM x SMs =
-    528 on the H200) splits K into the cluster's slices that waste the least of a partial last round: the 7B's
-    gate_up (1,184 tiles) 4 slices, the 3B's (688) and 0.5B's (608) 2; one round or less keeps the old rule; off,
-    past 8 tokens (no cluster) or without clusters, one slice."""
-    from llmrs.engine.backends import cuda_q4gemm as q4
-
-    def be(balance=True, cc=90, cluster=True):
-        return SimpleNamespace(num_sms=132, q4_gemv_cluster=cluster, q4_gemv_balance=balance, k=SimpleNamespace(cc=cc))
-
-    assert q4.gemv_splits(be(), 37888, 3584) == (4, 8)  # 9 rounds x 8 k32 blocks a warp, against 3 x 28
-    assert q4.gemv_splits(be(), 22016, 2048) == (2, 8)  # 3 x 8 against 2 x 16
-    assert q4.gemv_splits(be(), 19456, 896)[0] == 2
-    for N, K, S in ((3584, 18944, 4), (4608, 3584, 3), (3584, 3584, 4)):  # one round or less: as before
-        assert q4.gemv_splits(be(), N, K)[0] == q4.gemv_splits(be(balance=False), N, K)[0] == S
-    for off in (be(balance=False), be(cc=80), be(cluster=False)):
-        assert q4.gemv_splits(off, 37888, 3584) == (1, 28)
-    assert q4.gemv_splits(be(), 37888, 3584, T=9) == (1, 28)  # the t16 forms: the L2 hand-off, not a cluster
-    assert q4.gemv_splits(be(), 37888, 3584, splits=2)[0] == 2  # a given count (tests, benches) wins
-    for N, K in ((37888, 3584), (22016, 2048), (19456, 896)):
-        S, per = q4.gemv_splits(be(), N, K)
-        assert (S - 1) * q4.GEMV_WARPS * per < K // 32 <= S * q4.GEMV_WARPS * per  # every slice has work

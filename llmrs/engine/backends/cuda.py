@@ -263,10 +263,6 @@ class CUDABackend:
     # gemv_q4's K slices of a tile launched as one thread-block cluster on sm_90+ (cuda_q4gemm.gemv_cluster);
     # LLMRS_Q4_GEMV_CLUSTER=0 keeps the hand-off through L2 (A/Bs: "set:q4_gemv_cluster=False")
     q4_gemv_cluster = os.environ.get("LLMRS_Q4_GEMV_CLUSTER", "1") not in OFF_VALUES
-    # ... and a matrix of more 32-column tiles than one round of resident blocks (the 7B's 4-bit gate_up: 2.24
-    # rounds) split along K into the cluster's slices that fill whole rounds best (cuda_q4gemm.gemv_balanced_splits);
-    # LLMRS_Q4_GEMV_BALANCE=0 keeps one slice there
-    q4_gemv_balance = os.environ.get("LLMRS_Q4_GEMV_BALANCE", "1") not in OFF_VALUES
     # a 4-bit gate_up / qkv on the GEMV with SiLU x up / RoPE + the KV write in its epilogue (gemm_q4.cu's paired
     # forms, cuda_q4gemm.gemv_pair_takes); LLMRS_Q4_GEMV_EPILOGUE=0 keeps silu_mul / rope_write_kv as launches
     q4_gemv_epilogue = os.environ.get("LLMRS_Q4_GEMV_EPILOGUE", "1") not in OFF_VALUES

@@ -392,37 +392,22 @@ def gemv_cluster(backend: Any) -> bool:
     return bool(backend.q4_gemv_cluster) and backend.k.cc >= 90
 
 
-def gemv_splits(backend: Any, N: int, K: int, splits: int | None = None, T: int = 1) -> tuple[int, int]:
+def gemv_splits(backend: Any, N: int, K: int, splits: int | None = None) -> tuple[int, int]:
     """(S, kb_per_warp) of gemv_q4: K slices over grid.y, as many as keep the 32-column tiles times S within one
     round of GEMV_BLOCKS_PER_SM resident blocks per SM (or `splits`, for tests), each warp taking a multiple of
     GEMV_DEPTH consecutive k32 blocks.
     Rounded down, not up: a second round for a few blocks costs a whole one (H200, the 7B's down at one token:
     S = 4, 448 blocks, 19.5 us; S = 5, 560 blocks of 528 resident, 23.4 us).
-    Tiles past one round (the 7B's gate_up: 1,184 tiles, 2.24 rounds) under the backend's q4_gemv_balance, up to 8
-    tokens with the slices as one cluster: the S of gemv_balanced_splits."""
+    Past one round it stays one slice: the 7B's gate_up is 1,184 tiles (2.24 rounds of 528), and K split into the
+    cluster's slices that fill whole rounds best (4: 9 rounds x 8 k32 blocks a warp, against 3 x 28) lost in the step,
+    each block's fixed cost (prologue, reduction, cluster merge, epilogue) outweighing the partial round: 7B AWQ
+    1.8735 / 1.8719 -> 2.2977 / 2.2923 ms/token, 3B AWQ (2 slices) 1.2989 -> 1.3916, 0.5B 0.5982 -> 0.5986 (session 31
+    call4, decode bench, one run a process; its GPU tests passed; as session 10 found with the L2 hand-off)."""
     NB, KB = N // 32, K // 32
-    if (splits is None and getattr(backend, "q4_gemv_balance", False) and NB > GEMV_BLOCKS_PER_SM * backend.num_sms
-            and T <= 8 and gemv_cluster(backend)):
-        splits = gemv_balanced_splits(backend, N, K)
     want = max(1, GEMV_BLOCKS_PER_SM * backend.num_sms // NB) if splits is None else splits
     S = max(1, min(want, -(-KB // (GEMV_WARPS * GEMV_DEPTH))))
     per = -(-KB // (S * GEMV_WARPS * GEMV_DEPTH)) * GEMV_DEPTH
     return -(-KB // (GEMV_WARPS * per)), per  # no empty slice
-
-
-def gemv_balanced_splits(backend: Any, N: int, K: int) -> int:
-    """The S (1 to GEMV_CLUSTER_MAX) whose blocks fill their rounds of resident ones best: the fewest k32 blocks a
-    warp over the launch, rounds x kb_per_warp (a partial last round costs a whole one, gemv_splits), the smaller S
-    on a tie. The 7B's gate_up (K 3,584): S 1 3 rounds x 28, S 2 5 x 16, S 4 9 x 8 = 72 against 84; the 3B's
-    (K 2,048): S 1 2 x 16, S 2 3 x 8 = 24 against 32."""
-    NB, slots = N // 32, GEMV_BLOCKS_PER_SM * backend.num_sms
-    best = None
-    for S in range(1, GEMV_CLUSTER_MAX + 1):
-        S_eff, per = gemv_splits(backend, N, K, S)
-        cost = -(-NB * S_eff // slots) * per
-        if best is None or cost < best[0]:
-            best = (cost, S_eff)
-    return best[1]
 
 
 def gemv_fixed_group(G: int) -> bool:
@@ -508,7 +493,7 @@ def _gemv_plan(backend: Any, T: int, N: int, K: int, splits: int | None) -> tupl
     """gemv_q4's launch plan, both forms: (S, kb_per_warp) of gemv_splits, whether the S slices are one cluster (2 to
     GEMV_CLUSTER_MAX of them at up to 8 tokens on sm_90: the t16 forms keep the hand-off, gemm_q4.cu), the L2
     hand-off's partials buffer (NULL where there is none) and its per-tile counters."""
-    S, per = gemv_splits(backend, N, K, splits, T)
+    S, per = gemv_splits(backend, N, K, splits)
     cluster = 1 < S <= GEMV_CLUSTER_MAX and T <= 8 and gemv_cluster(backend)
     part = backend._buf("gemv_q4_part", (S, T, N), np.float32) if S > 1 and not cluster else NULL
     return S, per, cluster, part, backend._counters("gemv_q4_sem", GEMV_SEM_TILES)
@@ -561,7 +546,7 @@ def gemv_norm_takes(backend: Any, w: Any, T: int) -> bool:
     mw = getattr(w, "marlin", None)
     if mw is None or norm_chain_mode(backend) == "off" or not 1 <= T <= 8:
         return False
-    S, _ = gemv_splits(backend, mw.N, mw.K, T=T)
+    S, _ = gemv_splits(backend, mw.N, mw.K)
     return S == 1 or (S <= GEMV_CLUSTER_MAX and gemv_cluster(backend))
 
 
