@@ -182,10 +182,11 @@ def test_attn_cluster_push_gives_the_bits_of_the_pull_merge(name, Hq, Hkv):
     assert np.array_equal(outs[0], outs[1])
 
 
-@pytest.mark.parametrize("hidden,kernel", [(1024, "auto"), (512, "partial")])
+@pytest.mark.parametrize("hidden,kernel", [(1024, "auto"), (512, "partial"), (512, "auto")])
 def test_backend_takes_the_cluster_where_attn_partial_ran_and_tokens_agree(tmp_path, hidden, kernel):
     """A tiny Qwen2 with 8 query heads and 2 kv heads of 128 dims (auto: attn_partial's place at one token) or 64
-    dims (LLMRS_ATTN_KERNEL=partial: auto takes decode_attn_tc there): one-token decode steps take attn_cluster
+    dims (auto: decode_attn_tc's place, which gives way to the cluster where it covers the context since session 31;
+    LLMRS_ATTN_KERNEL=partial): one-token decode steps take attn_cluster
     (8 by default at these lengths, 16 when forced), and its greedy tokens equal those of attn_partial +
     attn_merge (LLMRS_ATTN_CLUSTER=0's path)."""
     from llmrs.engine.loader import load

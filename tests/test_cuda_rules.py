@@ -32,6 +32,32 @@ def test_auto_takes_decode_attn_tc_from_two_tokens_and_for_small_heads_from_one(
     assert [CUDABackend._attn_choice(be, T) for T in (2, 64, 256)] == [two] * 3
 
 
+def test_one_token_of_small_heads_takes_the_cluster_where_it_covers_the_context():
+    """64-dim heads (the 0.5B, SmolLM2): one token takes attn_cluster's d2 form (one launch, no attn_merge) up to the
+    1,024 keys its clusters of 16 cover, decode_attn_tc + attn_merge beyond, and without a context (callers that
+    only ask about tensor cores) or under LLMRS_ATTN_TC_SMALL_HEADS=1 decode_attn_tc as before."""
+    import llmrs.engine.backends.cuda as cuda
+
+    be = fake_backend("qwen2.5-0.5b")
+    be.dpl, be.attn_cluster, be.k = 2, None, SimpleNamespace(cc=90)
+    assert CUDABackend._attn_choice(be, 1, 100) == "partial" and CUDABackend._attn_choice(be, 1, 1024) == "partial"
+    assert CUDABackend._cluster_form(be, 1, 1024) == (16, 4)
+    assert CUDABackend._attn_choice(be, 1, 1025) == "tc" and CUDABackend._attn_choice(be, 1) == "tc"
+    assert CUDABackend._attn_choice(be, 2, 100) == "tc"  # two tokens and more: decode_attn_tc
+    be.attn_cluster = 0  # LLMRS_ATTN_CLUSTER=0: no cluster, decode_attn_tc
+    assert CUDABackend._attn_choice(be, 1, 100) == "tc"
+    be.attn_cluster = None
+    saved = cuda.ATTN_TC_SMALL_HEADS_CLUSTER
+    try:
+        cuda.ATTN_TC_SMALL_HEADS_CLUSTER = False
+        assert CUDABackend._attn_choice(be, 1, 100) == "tc"
+    finally:
+        cuda.ATTN_TC_SMALL_HEADS_CLUSTER = saved
+    be7 = fake_backend("qwen2.5-7b")  # 128-dim heads: attn_partial's place at one token, as before
+    be7.dpl, be7.attn_cluster, be7.k = 4, None, SimpleNamespace(cc=90)
+    assert CUDABackend._attn_choice(be7, 1, 100) == "partial"
+
+
 def test_without_tensor_cores_auto_keeps_the_cuda_core_kernels():
     be = fake_backend("qwen2.5-7b", cc=75)
     assert CUDABackend._attn_choice(be, 1) == "partial"

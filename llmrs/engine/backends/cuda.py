@@ -126,6 +126,12 @@ ATTN_GQA_MIN_BLOCKS = 128  # "auto": attn_partial_gqa from this many blocks a st
 # (reports/h200-qwen2.5/session8): one token takes attn_partial. head_dim 128 (3B, 7B) keeps attn_partial below
 # 128 blocks (4% faster)
 ATTN_GQA_MAX_HEAD_DIM = 64
+# ... except where attn_cluster's d2 form covers the context (one launch, no attn_merge: `_cluster_form`): H200,
+# Qwen2.5-0.5B one stream, prompt 256 + 256 steps, decode_attn_tc + attn_merge 0.6282 / 0.6287 against attn_cluster
+# 0.6118 / 0.6112 ms/token (session 31 call5, alternated; `llmrs profile --timeline` had the pair at 136 us of the
+# step's 628); in session 13, before the cluster's 16 warps and 4 heads a block, it had lost (0.728 against 0.695).
+# LLMRS_ATTN_TC_SMALL_HEADS=1 keeps decode_attn_tc there (A/Bs)
+ATTN_TC_SMALL_HEADS_CLUSTER = os.environ.get("LLMRS_ATTN_TC_SMALL_HEADS", "0") in OFF_VALUES
 # "auto": decode_attn_tc (tensor cores, cuda_prefill.decode_attention_tc) from this many tokens a step, and for
 # heads of at most ATTN_GQA_MAX_HEAD_DIM dims from one token; where it cannot run (GPUs before sm_80, head dims
 # other than 64 / 128, more than 16 query heads a KV head) the rules above. H200, `llmrs profile --synthetic
@@ -882,9 +888,10 @@ class CUDABackend:
         return (self.gate_up_bf16 and self._gemm_out_bf16(layer.gate_up, T)
                 and self._gemm_takes_bf16(layer.down, T))
 
-    def _attn_choice(self, T: int) -> str:
-        """The decode attention kernel of a T-token step: "tc", "gqa" or "partial" (LLMRS_ATTN_KERNEL, or the
-        auto rule: ATTN_TC_MIN_TOKENS)."""
+    def _attn_choice(self, T: int, max_len: int | None = None) -> str:
+        """The decode attention kernel of a T-token step over contexts up to max_len: "tc", "gqa" or "partial"
+        (LLMRS_ATTN_KERNEL, or the auto rule: ATTN_TC_MIN_TOKENS; one token of small heads takes decode_attn_tc
+        only where attn_cluster does not cover max_len, ATTN_TC_SMALL_HEADS_CLUSTER)."""
         if self.attn_kernel != "auto":
             return self.attn_kernel
         tc = getattr(self, "_tc_ok", None)  # (asked twice a layer of every eager step: the answer is kept)
@@ -892,8 +899,11 @@ class CUDABackend:
             from llmrs.engine.backends.cuda_prefill import decode_tc_supported
 
             tc = self._tc_ok = decode_tc_supported(self)
-        if tc and (T >= ATTN_TC_MIN_TOKENS or self.config.head_dim <= ATTN_GQA_MAX_HEAD_DIM):
+        if tc and T >= ATTN_TC_MIN_TOKENS:
             return "tc"
+        if tc and self.config.head_dim <= ATTN_GQA_MAX_HEAD_DIM:
+            if not (ATTN_TC_SMALL_HEADS_CLUSTER and max_len is not None and self._cluster_form(T, max_len)[0]):
+                return "tc"
         return "gqa" if self._use_gqa(T) else "partial"
 
     def _use_gqa(self, T: int) -> bool:
@@ -1034,7 +1044,7 @@ class CUDABackend:
             dst = out if out_bf16 is None else out_bf16
             if prefill_attention(self, layer, q, q_stride, db, db.prefill_tiles, db.n_prefill_tiles, dst):
                 return dst
-        if self._attn_choice(db.T) == "tc":
+        if self._attn_choice(db.T, db.max_len) == "tc":
             from llmrs.engine.backends.cuda_prefill import decode_attention_tc
 
             dst = decode_attention_tc(self, layer, q, q_stride, db, out, out_bf16)
@@ -1166,7 +1176,7 @@ class CUDABackend:
                 # the tensor-core kernels (a prefill step, decode_attn_tc) write the attention output as o's bf16
                 # GEMM input: no cast
                 att_bf16 = (self._buf("att_bf16", (T, Hq * D), np.uint16)
-                            if ((db.n_prefill_tiles or self._attn_choice(T) == "tc")
+                            if ((db.n_prefill_tiles or self._attn_choice(T, db.max_len) == "tc")
                                 and self._gemm_takes_bf16(layer.o, T)) else None)
                 o_in = self._attention(n, qkv, n_qkv, db, att, out_bf16=att_bf16)
             pair = self._pair_epilogue(layer.gate_up, T)
