@@ -157,3 +157,19 @@ def test_timeline_of_a_tiny_models_graphed_steps(tmp_path):
     tl.save_json(tmp_path / "t.json", timelines, meta)
     back, _ = tl.from_json(json.loads((tmp_path / "t.json").read_text()))
     assert back == timelines
+
+
+def test_timeline_without_torch_is_one_clear_error(monkeypatch):
+    """--timeline reads CUPTI through PyTorch's profiler: without torch, one UserError naming what to install."""
+    import builtins
+
+    real = builtins.__import__
+
+    def no_torch(name, *a, **kw):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError(f"No module named {name!r}")
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    with pytest.raises(UserError, match="pip install torch"):
+        tl._torch_profiler()
