@@ -288,7 +288,6 @@ def save_json(path: Path, timelines: list[Timeline], meta: dict[str, Any]) -> No
 # ---------------------------------------------------------------------- capture (GPU)
 def _torch_profiler() -> Any:
     try:
-        import torch  # noqa: F401
         from torch.profiler import ProfilerActivity, profile
     except ImportError:
         raise UserError("--timeline reads CUPTI's kernel records through PyTorch's profiler: pip install torch "

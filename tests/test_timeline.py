@@ -148,7 +148,6 @@ def test_timeline_of_a_tiny_models_graphed_steps(tmp_path):
         assert t.steps >= 3 and t.unmatched == len(graph_only) and set(graph_only) <= {"attn_merge"}, graph_only
         assert sum(r.exposed_us for r in t.roles) + t.gap_us == pytest.approx(t.span_us, rel=1e-6)
         assert 0 < t.floor_us < t.span_us and t.wall_ms > 0
-        roles = {r.role: r for r in t.roles}
         down = [r for r in t.roles if r.role.endswith(" down")]  # matvec at one token, the GEMM at three here
         assert len(down) == 1 and down[0].calls == layers and down[0].floor_us > 0
         assert sum(r.calls for r in t.roles if r.role.startswith(("attention", "attn_o"))) >= layers
