@@ -88,6 +88,11 @@ def profile(
             raise UserError("--timeline looks at one GPU's graphed step: leave --tensor-parallel-size at 1")
         if plot_path is not None:
             raise UserError("--plot places eager kernels on the roofline: not with --timeline")
+        if not graphs:
+            raise UserError("--timeline looks at the graphed decode step: leave out --no-graphs")
+        if prefill_len is not None or prefill_seqs != 1:
+            raise UserError("--timeline covers decode steps (--batch, --context): leave out --prefill-len and "
+                            "--prefill-seqs")
         spec = SYNTHETIC_PREFIX + synthetic if synthetic else given[0]
         resolve(spec)
         batches = parse_batches(batch)

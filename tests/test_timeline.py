@@ -122,7 +122,9 @@ def test_json_round_trip_and_from(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("extra,word", [(["--tensor-parallel-size", "2"], "--tensor-parallel-size"),
-                                        (["--plot", "p.png"], "--plot"), (["--steps", "0"], "--steps")])
+                                        (["--plot", "p.png"], "--plot"), (["--steps", "0"], "--steps"),
+                                        (["--no-graphs"], "--no-graphs"), (["--prefill-len", "64"], "--prefill-len"),
+                                        (["--prefill-seqs", "4"], "--prefill-seqs")])
 def test_timeline_refusals_are_one_line(tmp_path, capsys, monkeypatch, extra, word):
     monkeypatch.chdir(tmp_path)
     rc, _, err = run_cli(capsys, ["profile", "--synthetic", "qwen2.5-0.5b", "--timeline", *extra])
