@@ -273,9 +273,29 @@ def render(console: Any, timelines: list[Timeline], meta: dict[str, Any], top: i
                       "", f"{sum(s.floor_us for s in rest):,.1f}", "", "", "")
         t.add_row("idle (gaps)", "", f"{tl.gap_us:,.1f}", f"{100 * tl.gap_us / tl.span_us:.1f}%", "", "", "", "")
         console.print(t)
+        layer = one_layer(tl)
+        if layer:
+            k = Table(title=f"{tl.label}: one layer (the middle one), kernel by kernel: exposed + overlap = duration "
+                            f"(with PDL a kernel starts during the one before it)")
+            for col in ("kernel", "operation", "exposed us", "overlap us", "duration us", "idle before us"):
+                k.add_column(col, justify="left" if col in ("kernel", "operation") else "right")
+            for r in layer:
+                k.add_row(r.name, r.role, f"{r.exposed_us:.2f}", f"{r.duration_us - r.exposed_us:.2f}",
+                          f"{r.duration_us:.2f}", f"{r.gap_us:.2f}")
+            console.print(k)
         if tl.unmatched:
             console.print(f"[yellow]{tl.unmatched} graphed kernels had no eager twin (no span, no floor): "
                           f"'(graph only)' rows[/yellow]")
+
+
+def one_layer(tl: Timeline) -> list[Row]:
+    """The rows of one decoder layer, the middle one: after a down projection up to the next (every model has one a
+    layer); [] when the step has fewer than two."""
+    downs = [i for i, r in enumerate(tl.rows) if r.role.endswith(" down") or r.role.endswith(" down+norm")]
+    if len(downs) < 2:
+        return []
+    k = (len(downs) - 1) // 2
+    return tl.rows[downs[k] + 1:downs[k + 1] + 1]
 
 
 def save_json(path: Path, timelines: list[Timeline], meta: dict[str, Any]) -> None:

@@ -76,6 +76,16 @@ def test_analyze_roles_and_floors():
     assert t.floor_us == pytest.approx(sum(r.floor_us for r in t.roles))
 
 
+def test_one_layer_is_the_middle_one():
+    rows = [tl.Row(i, f"k{i}", i, role, 1.0, 0.0, 2.0) for i, role in enumerate(
+        ["embedding", "matvec qkv", "attention", "matvec down", "matvec qkv", "attention", "matvec down",
+         "matvec qkv", "attention", "matvec_q down+norm", "matvec lm_head"])]
+    t = tl.Timeline("decode B=1", 1, 1, 0.0, 11.0, 0.0, 1.0, rows=rows)
+    assert [r.index for r in tl.one_layer(t)] == [7, 8, 9]  # the second of the two whole layers
+    t.rows = rows[:4]
+    assert tl.one_layer(t) == []
+
+
 def test_odd_step_left_out():
     doc = trace([100, 200, 300])
     doc["traceEvents"].append(ev("late_extra", 327, 1))  # the last step launched one more: not the usual count
@@ -110,6 +120,7 @@ def test_json_round_trip_and_from(tmp_path, capsys):
     assert back == [t] and meta2["model"] == "synthetic:test" and meta2["kind"] == "timeline"
     rc, out, _ = run_cli(capsys, ["profile", "--from", str(path), "--out", str(tmp_path / "again.json")])
     assert rc == 0 and "matvec qkv" in out and "idle (gaps)" in out and "above floor" in out
+    assert "one layer" not in out  # one layer only: no middle one between two downs
     assert json.loads((tmp_path / "again.json").read_text()) == json.loads(path.read_text())
     rc, out, _ = run_cli(capsys, ["profile", "--from", str(path), "--json"])
     assert rc == 0 and json.loads(out)["timelines"][0]["steps"] == 2
