@@ -22,23 +22,26 @@ from llmrs.engine.backends import cuda_kernels as ck  # noqa: E402
 D = 128
 
 
-def run_fused(k, args, wo, x0, Hq, Hkv, N, CL, T):
-    """x after attn_o_cluster{CL} on a copy of x0, and whether its split counters are back to 0."""
+def run_fused(k, args, wo, x0, Hq, Hkv, N, CL, T, W=16):
+    """x after attn_o_cluster{CL} (W warps a block: 16, or the 8-warp form _w8) on a copy of x0, and whether its
+    split counters are back to 0."""
     x = cp.asarray(x0.copy())
     part = cp.full((T, Hq, N), np.nan, dtype=cp.float32)
     counts = cp.zeros(T * CL, dtype=cp.int32)
-    k.fns[f"attn_o_cluster{CL}"]((T, Hq, CL), (512,),
+    k.fns[f"attn_o_cluster{CL}{'_w8' if W == 8 else ''}"]((T, Hq, CL), (32 * W,),
                                  args + (cp.asarray(wo), part, counts, x, np.int32(Hq), np.int32(Hkv), np.int32(N),
                                          np.int32(BS), np.float32(1 / np.sqrt(D))))
     cp.cuda.Device().synchronize()
     return cp.asnumpy(x), int(cp.asnumpy(counts).any())
 
 
-@pytest.mark.parametrize("Hq,Hkv,N,CL,lens", [(16, 2, 2048, 8, [300]), (16, 2, 2048, 8, [1]), (16, 2, 2048, 8, [1023]),
-                                              (16, 2, 2048, 4, [300]), (16, 2, 2048, 4, [1023, 2]),
-                                              (12, 2, 1536, 8, [77]), (8, 2, 1024, 4, [5, 130]),
-                                              (28, 4, 896, 4, [512, 64, 3])])
-def test_attn_o_cluster_matches_float64_and_the_two_kernels(Hq, Hkv, N, CL, lens):
+@pytest.mark.parametrize("Hq,Hkv,N,CL,lens,W", [(16, 2, 2048, 8, [300], 16), (16, 2, 2048, 8, [1], 16),
+                                                (16, 2, 2048, 8, [1023], 16), (16, 2, 2048, 4, [300], 16),
+                                                (16, 2, 2048, 4, [1023, 2], 16), (12, 2, 1536, 8, [77], 16),
+                                                (8, 2, 1024, 4, [5, 130], 16), (28, 4, 896, 4, [512, 64, 3], 16),
+                                                (16, 2, 2048, 8, [300], 8), (16, 2, 2048, 8, [1, 1023], 8),
+                                                (12, 2, 1536, 8, [77, 33], 8)])
+def test_attn_o_cluster_matches_float64_and_the_two_kernels(Hq, Hkv, N, CL, lens, W):
     """The 3B's shape (16 / 2 heads, 2048 rows, 8 splits of 256 or 4 of 512) from 1 key (splits with none) to 1023
     (a warp loops over batches of keys), the 1.5B's, several tokens in one launch, o splits of fewer rows than a
     block holds (224); against attention + x += W_o att in float64 and against attn_cluster8_d4_g4_w16 +
@@ -50,9 +53,9 @@ def test_attn_o_cluster_matches_float64_and_the_two_kernels(Hq, Hkv, N, CL, lens
     wo = bf16_words(rng.standard_normal((N, Hq * D)) / np.sqrt(Hq * D))
     x0 = rng.standard_normal((T, N)).astype(np.float32)
     k = ck.get_kernels()
-    got, dirty = run_fused(k, args, wo, x0, Hq, Hkv, N, CL, T)
+    got, dirty = run_fused(k, args, wo, x0, Hq, Hkv, N, CL, T, W)
     assert np.isfinite(got).all() and not dirty
-    again, _ = run_fused(k, args, wo, x0, Hq, Hkv, N, CL, T)
+    again, _ = run_fused(k, args, wo, x0, Hq, Hkv, N, CL, T, W)
     assert np.array_equal(got, again), "deterministic: the heads summed in order by whichever block comes last"
     q, _, kc, vc, tables, _, _, positions = args
     att = reference(cp.asnumpy(q), cp.asnumpy(kc), cp.asnumpy(vc), cp.asnumpy(tables), cp.asnumpy(positions), Hq,
@@ -70,7 +73,7 @@ def test_attn_o_cluster_matches_float64_and_the_two_kernels(Hq, Hkv, N, CL, lens
                                                           np.int32(Hq * D), np.int32(1), np.int32(1), np.int32(1)))
     two = cp.asnumpy(x2)
     err, err2 = rel_err(got, ref), rel_err(got, two)
-    report(f"attn_o_cluster{CL} Hq{Hq} Hkv{Hkv} N{N} lens{lens}",
+    report(f"attn_o_cluster{CL} W{W} Hq{Hq} Hkv{Hkv} N{N} lens{lens}",
            {"rel_err_f64": err, "rel_err_two_kernels": err2, "two_kernels_rel_err_f64": rel_err(two, ref)})
     assert err < 1e-5, err
     assert err2 < 1e-5, err2

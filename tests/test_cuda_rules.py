@@ -520,3 +520,19 @@ def test_attention_and_o_fuse_at_one_token_where_the_head_splits_fit():
     assert CUDABackend._attn_o_cluster(be, o, db) == 4
     be, o = case("qwen2.5-3b", num_sms=60, attn_o_fused=4)  # 16 x 4 > 60
     assert CUDABackend._attn_o_cluster(be, o, db) == 0
+
+
+def test_attn_o_eight_warp_form_under_its_switch():
+    """LLMRS_ATTN_O_WARPS=8: clusters of 8 take attn_o_cluster8_w8 (256 threads, two blocks an SM), and the count
+    of clusters that run at once is asked of that kernel; clusters of 4 and the default keep the 16-warp forms."""
+    stand_in = SimpleNamespace(raw=None)  # (no compiled function: the rule's one-block-an-SM stand-in)
+    be = SimpleNamespace(attn_o_warps=8, num_sms=132, _ws={},
+                         k=SimpleNamespace(attn_o_cluster8_w8=stand_in, attn_o_cluster8=stand_in,
+                                           attn_o_cluster4=stand_in))
+    be._attn_o_form = lambda cl: CUDABackend._attn_o_form(be, cl)
+    assert CUDABackend._attn_o_form(be, 8) == ("attn_o_cluster8_w8", 256)
+    assert CUDABackend._attn_o_form(be, 4) == ("attn_o_cluster4", 512)
+    assert CUDABackend._attn_o_max_clusters(be, 8) == 16 and "max_clusters_attn_o_cluster8_w8" in be._ws
+    be.attn_o_warps = 16
+    assert CUDABackend._attn_o_form(be, 8) == ("attn_o_cluster8", 512)
+    assert CUDABackend.attn_o_warps == 16  # the default (LLMRS_ATTN_O_WARPS unset)

@@ -110,8 +110,9 @@ def expected_pre_wait_loads(name: str) -> int:
     # block table chain past the wait. Pinning the first tile's table read with pdl_wait_on gives 3 at both head
     # dims: not yet run on the GPU, session 27's note)
     # (attn_cluster: 4 index loads + a K and a V row of each of its CK first keys: 8, or 4 in the 16-warp forms;
-    # attn_o_cluster: those of the 16-warp forms + its 8 (CL 8) or 16 (CL 4) chunks of o weights a lane)
-    rules = [(r"attn_o_cluster8", 20), (r"attn_o_cluster4", 28),
+    # attn_o_cluster: those of the 16-warp forms + its 8 (CL 8) or 16 (CL 4, and the 8-warp CL 8) chunks of o
+    # weights a lane)
+    rules = [(r"attn_o_cluster8_w8", 28), (r"attn_o_cluster8", 20), (r"attn_o_cluster4", 28),
              (r"attn_cluster\d+_d\d_g4_w16", 12), (r"attn_cluster\d+_d\d", 20), (r"attn_partial_d\d", 6),
              (r"attn_partial_gqa_d\d", 3), (r"decode_attn_tc(_bf16)?_d64", 2), (r"decode_attn_tc", 1),
              (r"rms_norm(_bf16)?$", 3), (r"add_rms_norm(_bf16)?$", 2),

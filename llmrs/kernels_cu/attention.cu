@@ -702,10 +702,10 @@ ATTN_CLUSTER_G4_W16(16, 2)
 // loaded before its wait, against 1.95 us of bytes) on top of the attention's own. Here the o product is split
 // along its input by head instead: o(att) = sum_h W_o[:, h D:(h+1) D] att_h, and the block of (head h, split s)
 // multiplies its head's output into rows [s N / CL, (s+1) N / CL), so it needs only what its own cluster computed.
-//   grid (T, Hq, CL), clusters of CL blocks along z (the key splits of one head), AO_WARPS warps a block.
+//   grid (T, Hq, CL), clusters of CL blocks along z (the key splits of one head), W warps a block (AO_WARPS, or 8).
 //   Before the PDL wait: the block's o weights (rows of its split x its head's 128 columns: a lane's 16-byte chunks
 //   in registers, RP of them), the split's block-table entries, the first keys' K / V rows (attn_first_keys).
-//   Keys: warp w takes keys start + w, + AO_WARPS, ... (AO_CK at once: their dot products reduced together, then
+//   Keys: warp w takes keys start + w, + W, ... (AO_CK at once: their dot products reduced together, then
 //   the online softmax over them in key order), one head a warp (warp_sum: every lane has the dot product).
 //   Merges: the block's warps through shared memory; the cluster's splits pushed into every block's shared memory
 //   (st.shared::cluster), one cluster barrier, each block merging all D dims (so each has its head's whole output).
@@ -718,7 +718,7 @@ ATTN_CLUSTER_G4_W16(16, 2)
 #define AO_CK 4   // keys a warp takes at once (a batch of AO_WARPS * AO_CK = 64 keys a block)
 // RP: the 16-byte o weight chunks a lane holds (2 * RP rows a warp, at most 2 * RP * AO_WARPS a block): 8 with 8
 // splits (256 rows), 16 with 4 (512 rows: the 3B's 2048 in clusters of 4, where 16 clusters of 8 did not fit at once)
-template <int CL, int RP>
+template <int CL, int RP, int W>
 __device__ __forceinline__ void attn_o_impl(
     const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,
     const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,
@@ -728,8 +728,8 @@ __device__ __forceinline__ void attn_o_impl(
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int DPL = 4, D = 128;
     pdl_trigger();
-    __shared__ float s_m[AO_WARPS], s_l[AO_WARPS], s_e[AO_WARPS], s_M;
-    __shared__ __align__(16) float s_acc[AO_WARPS][D];
+    __shared__ float s_m[W], s_l[W], s_e[W], s_M;
+    __shared__ __align__(16) float s_acc[W][D];
     __shared__ float p_a[CL][D], p_m[CL], p_l[CL];  // every split's (A, M, L), pushed by the cluster's blocks
     __shared__ __align__(16) float s_att[D];
     __shared__ int s_tbl[ATTN_TABLE_STAGE];
@@ -752,7 +752,7 @@ __device__ __forceinline__ void attn_o_impl(
         word |= early_word(wr[i]);
     }
 #ifdef ATTN_EARLY_KV
-    const int pf0 = start + AO_WARPS * AO_CK;
+    const int pf0 = start + W * AO_CK;
 #else
     const int pf0 = start;
 #endif
@@ -761,16 +761,16 @@ __device__ __forceinline__ void attn_o_impl(
     int tb0;
     attn_stage_table(table, s_tbl, start, end, block_size, tb, tb0);
     typename Raw<DPL>::T kr[AO_CK], vr[AO_CK];
-    attn_first_keys<DPL, AO_CK, AO_WARPS>(k_cache, v_cache, tb, tb0, start + warp, end, L - 1 - t, true, Hkv, g,
+    attn_first_keys<DPL, AO_CK, W>(k_cache, v_cache, tb, tb0, start + warp, end, L - 1 - t, true, Hkv, g,
                                           block_size, D, lane, kr, vr, word);
     float qr[1][DPL], acc[1][DPL], m, l;
     attn_init<DPL, 1>(q, q_stride, t, h, 1, true, lane, D, scale, qr, acc, m, l);
 #pragma unroll 1
-    for (int j0 = start + warp; j0 < end; j0 += AO_WARPS * AO_CK) {
+    for (int j0 = start + warp; j0 < end; j0 += W * AO_CK) {
         if (j0 != start + warp) {
 #pragma unroll
             for (int c = 0; c < AO_CK; ++c)
-                load_kv<DPL>(k_cache, v_cache, tb, tb0, j0 + c * AO_WARPS, end, true, Hkv, g, block_size, D, lane,
+                load_kv<DPL>(k_cache, v_cache, tb, tb0, j0 + c * W, end, true, Hkv, g, block_size, D, lane,
                              kr[c], vr[c]);
         }
         float dk[AO_CK];
@@ -790,7 +790,7 @@ __device__ __forceinline__ void attn_o_impl(
         }
 #pragma unroll
         for (int c = 0; c < AO_CK; ++c) {
-            if (j0 + c * AO_WARPS >= end) break;  // warp-uniform
+            if (j0 + c * W >= end) break;  // warp-uniform
             float vf[DPL];
             unpack_raw(vr[c], vf);
             const float mn = fmaxf(m, dk[c]);
@@ -805,9 +805,9 @@ __device__ __forceinline__ void attn_o_impl(
     if (lane == 0) { s_m[warp] = m; s_l[warp] = l; }
     *reinterpret_cast<float4*>(&s_acc[warp][lane * DPL]) = make_float4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
     __syncthreads();
-    if ((int)threadIdx.x < AO_WARPS) {
+    if ((int)threadIdx.x < W) {
         float M = NEG_INF;
-        for (int u = 0; u < AO_WARPS; ++u) M = fmaxf(M, s_m[u]);
+        for (int u = 0; u < W; ++u) M = fmaxf(M, s_m[u]);
         s_e[threadIdx.x] = M != NEG_INF ? expf(s_m[threadIdx.x] - M) : 0.0f;
         if (threadIdx.x == 0) s_M = M;
     }
@@ -818,7 +818,7 @@ __device__ __forceinline__ void attn_o_impl(
         const float M = s_M;
         float Ls = 0.0f, A = 0.0f;
         if (M != NEG_INF) {
-            for (int u = 0; u < AO_WARPS; ++u) {
+            for (int u = 0; u < W; ++u) {
                 Ls += s_l[u] * s_e[u];
                 A += s_acc[u][d] * s_e[u];
             }
@@ -883,15 +883,30 @@ __device__ __forceinline__ void attn_o_impl(
 #endif
 }
 
-#define ATTN_O_CLUSTER(CL, RP)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(AO_WARPS * 32, 1) CLUSTER_DIMS(CL) attn_o_cluster##CL(        \
-        const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,                          \
-        const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,               \
-        const int* __restrict__ token_seq, const int* __restrict__ positions, const bf16_t* __restrict__ wo,    \
-        float* __restrict__ part, int* __restrict__ counts, float* __restrict__ x, int Hq, int Hkv, int N,       \
-        int block_size, float scale) {                                                                          \
-        attn_o_impl<CL, RP>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, token_seq, positions, wo,     \
-                            part, counts, x, Hq, Hkv, N, block_size, scale);                                    \
+#define ATTN_O_CLUSTER(CL, RP)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(AO_WARPS * 32, 1) CLUSTER_DIMS(CL) attn_o_cluster##CL(              \
+        const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,                               \
+        const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,                    \
+        const int* __restrict__ token_seq, const int* __restrict__ positions, const bf16_t* __restrict__ wo,         \
+        float* __restrict__ part, int* __restrict__ counts, float* __restrict__ x, int Hq, int Hkv, int N,           \
+        int block_size, float scale) {                                                                               \
+        attn_o_impl<CL, RP, AO_WARPS>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, token_seq, positions, \
+                                wo, part, counts, x, Hq, Hkv, N, block_size, scale);                                 \
     }
 ATTN_O_CLUSTER(4, 16)
 ATTN_O_CLUSTER(8, 8)
+// attn_o_cluster8_w8: 8 warps a block, each lane holding 16 chunks of o (256 rows a block, as the 16-warp form's),
+// two blocks an SM (__launch_bounds__(256, 2): 128 registers): the 3B's 16 heads in clusters of 8, which the 16-warp
+// form runs in two waves (the driver's 15 at once, session 30), might all run at once. Its warps walk 32 keys a batch
+// (the 16-warp form 64). LLMRS_ATTN_O_WARPS=8 (an A/B, not measured yet: session31/next/call-attn-o-w8.sh)
+#define ATTN_O_CLUSTER_W8(CL, RP)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(8 * 32, 2) CLUSTER_DIMS(CL) attn_o_cluster##CL##_w8(                \
+        const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,                               \
+        const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,                    \
+        const int* __restrict__ token_seq, const int* __restrict__ positions, const bf16_t* __restrict__ wo,         \
+        float* __restrict__ part, int* __restrict__ counts, float* __restrict__ x, int Hq, int Hkv, int N,           \
+        int block_size, float scale) {                                                                               \
+        attn_o_impl<CL, RP, 8>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, token_seq, positions,        \
+                                wo, part, counts, x, Hq, Hkv, N, block_size, scale);                                 \
+    }
+ATTN_O_CLUSTER_W8(8, 16)

@@ -291,6 +291,9 @@ class CUDABackend:
     # (4 or 8: that cluster size only, where it takes the shape)
     attn_o_fused: bool | int = (lambda v: int(v) if v in ("4", "8") else v not in OFF_VALUES)(
         os.environ.get("LLMRS_ATTN_O_FUSED", "1").strip())
+    # warps an attn_o_cluster8 block: 16, or 8 (attn_o_cluster8_w8: two blocks an SM, so that more clusters run at
+    # once: an A/B form, LLMRS_ATTN_O_WARPS=8, not measured yet)
+    attn_o_warps = 8 if os.environ.get("LLMRS_ATTN_O_WARPS", "16").strip() == "8" else 16
     # the mma.sync 4-bit GEMM (17-192 tokens) reads its x as bf16 words written by the producers (norms, SiLU x up,
     # attention) instead of a cast kernel before each linear, as dequantize + cuBLAS and the wgmma form do: the same
     # bits (the producers' bf16 forms round as cast_f32_bf16 does), ~4 launches a layer fewer (H200, `llmrs profile
@@ -1008,16 +1011,24 @@ class CUDABackend:
                 return cl
         return 0
 
+    def _attn_o_form(self, cl: int) -> tuple[str, int]:
+        """(kernel, threads) of attn_o_cluster{cl}: the 8-warp form of clusters of 8 under LLMRS_ATTN_O_WARPS=8."""
+        if cl == 8 and self.attn_o_warps == 8:
+            return "attn_o_cluster8_w8", ATTN_O_THREADS // 2
+        return f"attn_o_cluster{cl}", ATTN_O_THREADS
+
     def _attn_o_max_clusters(self, cl: int) -> int:
-        """The clusters of attn_o_cluster{cl} the GPU runs at once (one block an SM, cl SMs of a GPC each): the
-        3B's 16 heads in clusters of 8 ran in two waves (H200, session 30: 2.12 against 2.04 ms/token)."""
-        got = self._ws.get(f"attn_o_max_clusters{cl}")
+        """The clusters of attn_o_cluster{cl} (the form `_attn_o_form` takes) the GPU runs at once (cl SMs of a GPC
+        each, one block an SM, two in the 8-warp form): the 3B's 16 heads in clusters of 8 ran in two waves (H200,
+        session 30: 2.12 against 2.04 ms/token)."""
+        name, threads = self._attn_o_form(cl)
+        got = self._ws.get(f"max_clusters_{name}")
         if got is None:
             from llmrs.engine.backends.cuda_kernels import max_active_clusters
 
-            raw = getattr(getattr(self.k, f"attn_o_cluster{cl}"), "raw", None)
-            got = self._ws[f"attn_o_max_clusters{cl}"] = (  # (stand-in kernels without a function: one a SM)
-                max_active_clusters(raw, (1, self.num_sms // cl, cl), (ATTN_O_THREADS,)) if raw is not None
+            raw = getattr(getattr(self.k, name), "raw", None)
+            got = self._ws[f"max_clusters_{name}"] = (  # (stand-in kernels without a function: one a SM)
+                max_active_clusters(raw, (1, self.num_sms // cl, cl), (threads,)) if raw is not None
                 else self.num_sms // cl)
         return got
 
@@ -1027,9 +1038,9 @@ class CUDABackend:
         T, Hq, Hkv, D, N = db.T, c.num_attention_heads, c.num_key_value_heads, c.head_dim, o.shape[0]
         part = self._buf("attn_o_part", (T, Hq, N))
         counts = self._counters(f"attn_o_counts{cl}", T * cl)
-        name = f"attn_o_cluster{cl}"
+        name, threads = self._attn_o_form(cl)
         with self._span("attn_o", name, T, Hq, Hkv, D, db.kv_tokens, db.qk_pairs, cl, N):
-            getattr(self.k, name)((T, Hq, cl), (ATTN_O_THREADS,),
+            getattr(self.k, name)((T, Hq, cl), (threads,),
                                   (q, np.int32(q_stride), self.k_cache[layer], self.v_cache[layer], db.block_tables,
                                    np.int32(db.max_blocks), db.token_seq, db.positions, o, part, counts, x,
                                    np.int32(Hq), np.int32(Hkv), np.int32(N), np.int32(self.block_size), self.scale))

@@ -123,7 +123,7 @@ ATTN_CLUSTER_KERNELS = [f"attn_cluster{cl}_d{d}" for d, sizes in ((4, (4, 8, 16)
     f"attn_cluster{cl}_d{d}_g4{w}" for d in (4, 2) for cl in (8, 16) for w in ("", "_w16")]
 # attn_o_cluster{CL} (attention.cu): one token's attention fused with the o projection (128-dim heads, sm_90+)
 ATTN_O_CLUSTER_SIZES = (4, 8)
-ATTN_O_KERNELS = [f"attn_o_cluster{cl}" for cl in ATTN_O_CLUSTER_SIZES]
+ATTN_O_KERNELS = [f"attn_o_cluster{cl}" for cl in ATTN_O_CLUSTER_SIZES] + ["attn_o_cluster8_w8"]  # (8 warps)
 
 
 # the mma.sync GEMM's SiLU forms (gate_up with SiLU x up fused: cuda_q4gemm.gemm_q4_silu, 33-192 tokens)
