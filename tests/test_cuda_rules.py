@@ -530,6 +530,7 @@ def test_attn_o_eight_warp_form_under_its_switch():
                          k=SimpleNamespace(attn_o_cluster8_w8=stand_in, attn_o_cluster8=stand_in,
                                            attn_o_cluster4=stand_in))
     be._attn_o_form = lambda cl: CUDABackend._attn_o_form(be, cl)
+    be._max_clusters = lambda name, threads, cl: CUDABackend._max_clusters(be, name, threads, cl)
     assert CUDABackend._attn_o_form(be, 8) == ("attn_o_cluster8_w8", 256)
     assert CUDABackend._attn_o_form(be, 4) == ("attn_o_cluster4", 512)
     assert CUDABackend._attn_o_max_clusters(be, 8) == 16 and "max_clusters_attn_o_cluster8_w8" in be._ws

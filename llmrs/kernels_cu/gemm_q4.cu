@@ -46,6 +46,11 @@ __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int by
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 
+// 4 bytes global -> shared, asynchronously (through L1)
+__device__ __forceinline__ void cp_async4(unsigned dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 template <int PENDING>
@@ -1240,8 +1245,7 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
     if (NRM == GV_NORM_IN && warp < T && (K >> 5) <= GV_SSP_MAX) {
         const int nbk = K >> 5;
         for (int j = lane; j < nbk; j += 32)
-            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(&s_ssp[warp * GV_SSP_MAX + j])),
-                         "l"(nm.ssp + (size_t)warp * nbk + j) : "memory");
+            cp_async4(smem_u32(&s_ssp[warp * GV_SSP_MAX + j]), nm.ssp + (size_t)warp * nbk + j);
         cp_async_commit();
     }
 #endif

@@ -968,24 +968,33 @@ class CUDABackend:
                     return cl, hg
         return 0, ATTN_MAXG
 
+    def _attn_cluster_kernel(self, cl: int, hg: int) -> tuple[str, int]:
+        """(kernel, threads) of attn_cluster{cl} with hg query heads a block: the _g4 forms for 4 heads, with 16 warps
+        under attn_cluster_warps (LLMRS_ATTN_CLUSTER_WARPS)."""
+        w16 = hg == 4 and self.attn_cluster_warps == 16
+        name = f"attn_cluster{cl}_d{self.dpl}" + ("_g4" if hg == 4 else "") + ("_w16" if w16 else "")
+        return name, 2 * ATTN_CLUSTER_THREADS if w16 else ATTN_CLUSTER_THREADS
+
     def _attn_cluster_max(self, cl: int, hg: int) -> int:
-        """The clusters of the attn_cluster{cl} form with hg heads a block that the GPU runs at once (the driver's
-        cuOccupancyMaxActiveClusters). H200 (session 31 call2): 15 of 8 and 7 of 16 in the 16-warp _g4 forms, so
-        the 7B's 8 clusters of 16 (contexts 513-1024) ran in two waves: `llmrs profile --synthetic qwen2.5-7b
-        --batch 1 --context 768 --timeline`, the attention 356.0 us a step in clusters of 16 against 229.4 in
-        clusters of 8 (LLMRS_ATTN_CLUSTER=8), the step 4.257 -> 4.075 ms."""
-        key = f"attn_cluster_max{cl}_{hg}"
+        """The clusters of the attn_cluster{cl} form with hg heads a block that the GPU runs at once. H200 (session 31
+        call2): 15 of 8 and 7 of 16 in the 16-warp _g4 forms, so the 7B's 8 clusters of 16 (contexts 513-1024) ran
+        in two waves: `llmrs profile --synthetic qwen2.5-7b --batch 1 --context 768 --timeline`, the attention 356.0
+        us a step in clusters of 16 against 229.4 in clusters of 8 (LLMRS_ATTN_CLUSTER=8), the step 4.257 -> 4.075
+        ms."""
+        return self._max_clusters(*self._attn_cluster_kernel(cl, hg), cl)
+
+    def _max_clusters(self, name: str, threads: int, cl: int) -> int:
+        """How many clusters of cl blocks of `threads` threads of kernel `name` the GPU runs at once (the driver's
+        cuOccupancyMaxActiveClusters; a launch of more runs in waves), asked once a kernel; stand-in kernels without
+        a compiled function (CPU tests) count one block an SM."""
+        key = f"max_clusters_{name}"
         got = self._ws.get(key)
         if got is None:
             from llmrs.engine.backends.cuda_kernels import max_active_clusters
 
-            w16 = hg == 4 and self.attn_cluster_warps == 16
-            name = f"attn_cluster{cl}_d{self.dpl}" + ("_g4" if hg == 4 else "") + ("_w16" if w16 else "")
             raw = getattr(getattr(self.k, name, None), "raw", None)
-            got = self._ws[key] = (  # (stand-in kernels without a function: one a SM)
-                max_active_clusters(raw, (1, self.num_sms // cl, cl),
-                                    (2 * ATTN_CLUSTER_THREADS if w16 else ATTN_CLUSTER_THREADS,))
-                if raw is not None else self.num_sms // cl)
+            got = self._ws[key] = (max_active_clusters(raw, (1, self.num_sms // cl, cl), (threads,))
+                                   if raw is not None else self.num_sms // cl)
         return got
 
     def _attn_o_cluster(self, o: Any, db: DeviceBatch) -> int:
@@ -1021,16 +1030,7 @@ class CUDABackend:
         """The clusters of attn_o_cluster{cl} (the form `_attn_o_form` takes) the GPU runs at once (cl SMs of a GPC
         each, one block an SM, two in the 8-warp form): the 3B's 16 heads in clusters of 8 ran in two waves (H200,
         session 30: 2.12 against 2.04 ms/token)."""
-        name, threads = self._attn_o_form(cl)
-        got = self._ws.get(f"max_clusters_{name}")
-        if got is None:
-            from llmrs.engine.backends.cuda_kernels import max_active_clusters
-
-            raw = getattr(getattr(self.k, name), "raw", None)
-            got = self._ws[f"max_clusters_{name}"] = (  # (stand-in kernels without a function: one a SM)
-                max_active_clusters(raw, (1, self.num_sms // cl, cl), (threads,)) if raw is not None
-                else self.num_sms // cl)
-        return got
+        return self._max_clusters(*self._attn_o_form(cl), cl)
 
     def _attention_o(self, layer: int, q: Any, q_stride: int, db: DeviceBatch, o: Any, x: Any, cl: int) -> None:
         """x += o(attention of q over layer's cache): attn_o_cluster{cl}, one token (`_attn_o_cluster`)."""
@@ -1067,11 +1067,9 @@ class CUDABackend:
         groups = -(-c.num_queries_per_kv // ATTN_MAXG)
         cl, hg = (0, ATTN_MAXG) if gqa else self._cluster_form(T, db.max_len)
         if cl:
-            w16 = hg == 4 and self.attn_cluster_warps == 16
-            name = f"attn_cluster{cl}_d{self.dpl}" + ("_g4" if hg == 4 else "") + ("_w16" if w16 else "")
+            name, threads = self._attn_cluster_kernel(cl, hg)
             with self._span("attention", name, T, Hq, Hkv, D, db.kv_tokens, db.qk_pairs, cl):
-                getattr(self.k, name)((T, Hkv * -(-c.num_queries_per_kv // hg), cl),
-                                      (2 * ATTN_CLUSTER_THREADS if w16 else ATTN_CLUSTER_THREADS,),
+                getattr(self.k, name)((T, Hkv * -(-c.num_queries_per_kv // hg), cl), (threads,),
                                       (q, np.int32(q_stride), self.k_cache[layer], self.v_cache[layer],
                                        db.block_tables, np.int32(db.max_blocks), db.token_seq, db.positions, out,
                                        np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(self.block_size),
