@@ -74,35 +74,28 @@ def profile(
     for path, flag in ((out, "--out"), (plot_path, "--plot")):
         if path is not None:
             prof.writable_file(path, flag)  # before the profile: a long run never ends unable to save
+    doc = None
     if from_path is not None:
         if given:
             raise UserError("--from shows a saved profile: give no MODEL, --model or --synthetic with it")
         doc = prof.read_json(from_path)
-        if doc.get("kind") == "timeline":
-            return _show_timeline(*tl.from_json(doc), as_json, out, plot_path, top)
-        profiles, meta = prof.from_json(doc)
-    elif timeline:
-        if len(given) != 1:
-            raise UserError("give exactly one of MODEL, --model M or --synthetic PRESET (or --from a saved profile)")
-        if tensor_parallel_size != 1:
-            raise UserError("--timeline looks at one GPU's graphed step: leave --tensor-parallel-size at 1")
-        if plot_path is not None:
-            raise UserError("--plot places eager kernels on the roofline: not with --timeline")
-        if not graphs:
-            raise UserError("--timeline looks at the graphed decode step: leave out --no-graphs")
-        if prefill_len is not None or prefill_seqs != 1:
-            raise UserError("--timeline covers decode steps (--batch, --context): leave out --prefill-len and "
-                            "--prefill-seqs")
-        spec = SYNTHETIC_PREFIX + synthetic if synthetic else given[0]
-        resolve(spec)
-        batches = parse_batches(batch)
-        with err.status("profiling ...") as status:
-            timelines, meta = tl.run_timeline(spec, batches, context, steps=steps, gpu=gpu, measure=measure,
-                                              progress=lambda m: status.update(m))
-        return _show_timeline(timelines, meta, as_json, out, None, top)
+        timeline = doc.get("kind") == "timeline"
+    mod = tl if timeline else prof  # the same save_json / to_json / from_json / render in both
+    if timeline and plot_path is not None:
+        raise UserError("--plot places eager kernels on the roofline: a timeline (--timeline) has none to place")
+    if doc is not None:
+        results, meta = mod.from_json(doc)
     else:
         if len(given) != 1:
             raise UserError("give exactly one of MODEL, --model M or --synthetic PRESET (or --from a saved profile)")
+        if timeline:
+            if tensor_parallel_size != 1:
+                raise UserError("--timeline looks at one GPU's graphed step: leave --tensor-parallel-size at 1")
+            if not graphs:
+                raise UserError("--timeline looks at the graphed decode step: leave out --no-graphs")
+            if prefill_len is not None or prefill_seqs != 1:
+                raise UserError("--timeline covers decode steps (--batch, --context): leave out --prefill-len and "
+                                "--prefill-seqs")
         spec = SYNTHETIC_PREFIX + synthetic if synthetic else given[0]
         resolve(spec)  # a mistyped model or preset is named before a missing GPU
         batches = parse_batches(batch)
@@ -111,34 +104,23 @@ def profile(
 
             check_tp_size(tensor_parallel_size, "cuda")
         with err.status("profiling ...") as status:
-            profiles, meta = prof.run_profile(spec, batches, context, prefill_len=prefill_len, steps=steps, gpu=gpu,
-                                              prefill_seqs=prefill_seqs,
-                                              measure=measure, graphs=graphs, progress=lambda m: status.update(m),
-                                              tp=tensor_parallel_size, link_gbs=tp_link_gbs)
+            if timeline:
+                results, meta = tl.run_timeline(spec, batches, context, steps=steps, gpu=gpu, measure=measure,
+                                                progress=lambda m: status.update(m))
+            else:
+                results, meta = prof.run_profile(spec, batches, context, prefill_len=prefill_len, steps=steps,
+                                                 gpu=gpu, prefill_seqs=prefill_seqs, measure=measure, graphs=graphs,
+                                                 progress=lambda m: status.update(m), tp=tensor_parallel_size,
+                                                 link_gbs=tp_link_gbs)
     if out:
-        prof.save_json(out, profiles, meta)
+        mod.save_json(out, results, meta)
     if plot_path:
-        prof.plot(profiles, meta, plot_path)
+        prof.plot(results, meta, plot_path)
     if as_json:
-        typer.echo(json.dumps(prof.to_json(profiles, meta), indent=1))
+        typer.echo(json.dumps(mod.to_json(results, meta), indent=1))
     else:
-        prof.render(Console(width=max(Console().width, 140)), profiles, meta, top=top)
+        mod.render(Console(width=max(Console().width, 140)), results, meta, top=top)
         err.print(f"[dim]ceilings: {meta.get('ceilings')}; {meta.get('note')}[/dim]")
-
-
-def _show_timeline(timelines: list, meta: dict, as_json: bool, out: Optional[Path], plot_path: Optional[Path],
-                   top: int) -> None:
-    from llmrs import timeline as tl
-
-    if plot_path is not None:
-        raise UserError("--plot places eager kernels on the roofline: a timeline has none to place")
-    if out:
-        tl.save_json(out, timelines, meta)
-    if as_json:
-        typer.echo(json.dumps(tl.to_json(timelines, meta), indent=1))
-    else:
-        tl.render(Console(width=max(Console().width, 140)), timelines, meta, top=top)
-        Console(stderr=True).print(f"[dim]ceilings: {meta.get('ceilings')}; {meta.get('note')}[/dim]")
 
 
 def register(app: typer.Typer) -> None:
