@@ -462,19 +462,31 @@ def run_profile(model: str, batches: list[int], context: int, prefill_len: int |
             runner.shutdown()
 
 
+def greedy_state() -> Any:
+    """A profiled sequence's sampling state: greedy, one token of history."""
+    from llmrs.engine.sampling import SamplingParams, SamplingState, make_generator
+
+    return SamplingState(SamplingParams(temperature=0.0), make_generator(0), [1], [], [])
+
+
+def decode_batch(rng: np.random.Generator, vocab: int, B: int, context: int, per_seq: int, bs: int) -> Any:
+    """A decode step of B sequences, each one random token after `context` cached ones in its own per_seq blocks."""
+    from llmrs.engine.batch import build_step_batch
+
+    seqs = [(rng.integers(0, vocab, 1).tolist(), context, list(range(b * per_seq, (b + 1) * per_seq)), True)
+            for b in range(B)]
+    return build_step_batch(seqs, bs)
+
+
 def _profile_steps(model: str, backend: Any, config: Any, forward_device: Any, batches: list[int], context: int,
                    prefill_len: int, steps: int, warmup: int, ceil: Ceilings, per_seq: int, bs: int, say: Any,
                    tp: int, link_gbs: float | None, prefill_seqs: int = 1) -> tuple[list[StepProfile], dict[str, Any]]:
     from llmrs.engine.batch import build_step_batch
-    from llmrs.engine.sampling import SamplingParams, SamplingState, make_generator
 
     _fill_kv(backend)  # NOTE: tensor parallel: rank 0's cache only (the workers' caches stay zeros)
     backend.synchronize()
     rng = np.random.default_rng(0)
     V = config.vocab_size if tp == 1 else backend.tp.vocab_size
-
-    def state() -> Any:
-        return SamplingState(SamplingParams(temperature=0.0), make_generator(0), [1], [], [])
 
     def run_steps(batch: Any, states: list, n: int, timer: KernelTimer | None, hold_ms: float = 0.0) -> float:
         backend.profiler = timer
@@ -492,9 +504,7 @@ def _profile_steps(model: str, backend: Any, config: Any, forward_device: Any, b
 
     plans = []
     for B in batches:
-        seqs = [(rng.integers(0, V, 1).tolist(), context, list(range(b * per_seq, (b + 1) * per_seq)), True)
-                for b in range(B)]
-        plans.append((f"decode B={B}", "decode", B, B, build_step_batch(seqs, bs)))
+        plans.append((f"decode B={B}", "decode", B, B, decode_batch(rng, V, B, context, per_seq, bs)))
     nb = -(-prefill_len // bs)  # each prompt its own blocks
     prompts = [(rng.integers(0, V, prefill_len).tolist(), 0, list(range(i * nb, (i + 1) * nb)), True)
                for i in range(prefill_seqs)]
@@ -503,7 +513,7 @@ def _profile_steps(model: str, backend: Any, config: Any, forward_device: Any, b
     profiles = []
     for label, phase, B, tokens, batch in plans:
         say(f"{label}: {warmup} warm-up + {steps} timed + {steps} profiled steps")
-        states = [state() for _ in range(B)]
+        states = [greedy_state() for _ in range(B)]
         run_steps(batch, states, warmup, None)
         wall = run_steps(batch, states, steps, None)
         saved, backend.graphs = backend.graphs, None

@@ -350,9 +350,7 @@ def run_timeline(model: str, batches: list[int], context: int, steps: int = 20, 
     import numpy as np
 
     from llmrs.engine.backends.cuda import cuda_available
-    from llmrs.engine.batch import build_step_batch
-    from llmrs.engine.sampling import SamplingParams, SamplingState, make_generator
-    from llmrs.profile import _fill_kv, _load, ceilings
+    from llmrs.profile import _fill_kv, _load, ceilings, decode_batch, greedy_state
 
     if context < 1 or steps < 1:
         raise UserError("--context and --steps must be at least 1")
@@ -374,10 +372,8 @@ def run_timeline(model: str, batches: list[int], context: int, steps: int = 20, 
     out = []
     for B in batches:
         say(f"decode B={B}: {warmup} warm-up, {steps} timed, 1 marked eager + {steps} traced steps")
-        seqs = [(rng.integers(0, config.vocab_size, 1).tolist(), context,
-                 list(range(b * per_seq, (b + 1) * per_seq)), True) for b in range(B)]
-        batch = build_step_batch(seqs, bs)
-        states = [SamplingState(SamplingParams(temperature=0.0), make_generator(0), [1], [], []) for _ in range(B)]
+        batch = decode_batch(rng, config.vocab_size, B, context, per_seq, bs)
+        states = [greedy_state() for _ in range(B)]
         for _ in range(warmup):
             backend.sample(m.forward_device(batch), states)
         times = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from rich.console import Console
 
@@ -279,3 +280,12 @@ def test_profile_of_a_synthetic_awq_preset_runs_its_packed_weights():
         names = [k.kernel for k in p.kernels]
         assert any(n.startswith("matvec_q ") for n in names), names
         assert not any(n.startswith("matvec qkv") or n.startswith("matvec gate_up") for n in names), names
+
+
+def test_decode_batch_is_one_new_token_per_sequence_after_its_context():
+    """The decode step `llmrs profile` and `--timeline` both time: B sequences, each one token at position
+    `context` in its own blocks; greedy sampling states."""
+    b = prof.decode_batch(np.random.default_rng(0), 100, 3, 40, 3, 16)
+    assert b.positions.tolist() == [40, 40, 40] and b.context_lens.tolist() == [41, 41, 41]
+    assert b.block_tables.tolist() == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    assert prof.greedy_state().params.temperature == 0.0
