@@ -292,8 +292,12 @@ class CUDABackend:
     attn_o_fused: bool | int = (lambda v: int(v) if v in ("4", "8") else v not in OFF_VALUES)(
         os.environ.get("LLMRS_ATTN_O_FUSED", "1").strip())
     # warps an attn_o_cluster8 block: 16, or 8 (attn_o_cluster8_w8: two blocks an SM, so that more clusters run at
-    # once: an A/B form, LLMRS_ATTN_O_WARPS=8, not measured yet)
-    attn_o_warps = 8 if os.environ.get("LLMRS_ATTN_O_WARPS", "16").strip() == "8" else 16
+    # once); 0 (auto): 8 where the Hq clusters of the 16-warp form do not all run at once (`_attn_o_form`).
+    # H200, Qwen2.5-3B (16 heads; 15 clusters of the 16-warp form at once, 30 of the 8-warp), one stream, prompt 256 +
+    # 256 steps, alternated (session 32 call1): 2.0453 / 2.0448 ms/token in two kernels (attn_cluster + the o matvec)
+    # -> 2.0183 / 2.0203 fused in 8-warp blocks; the 1.5B (12 heads, all run at once) lost in them (1.2950 -> 1.3119),
+    # so it keeps 16. LLMRS_ATTN_O_WARPS=8 / 16 forces a form (A/Bs)
+    attn_o_warps = {"8": 8, "16": 16}.get(os.environ.get("LLMRS_ATTN_O_WARPS", "").strip(), 0)
     # the mma.sync 4-bit GEMM (17-192 tokens) reads its x as bf16 words written by the producers (norms, SiLU x up,
     # attention) instead of a cast kernel before each linear, as dequantize + cuBLAS and the wgmma form do: the same
     # bits (the producers' bf16 forms round as cast_f32_bf16 does), ~4 launches a layer fewer (H200, `llmrs profile
@@ -1021,8 +1025,11 @@ class CUDABackend:
         return 0
 
     def _attn_o_form(self, cl: int) -> tuple[str, int]:
-        """(kernel, threads) of attn_o_cluster{cl}: the 8-warp form of clusters of 8 under LLMRS_ATTN_O_WARPS=8."""
-        if cl == 8 and self.attn_o_warps == 8:
+        """(kernel, threads) of attn_o_cluster{cl}: clusters of 8 take the 8-warp form under LLMRS_ATTN_O_WARPS=8, and
+        under auto where the model's Hq clusters of the 16-warp form would not all run at once (the 3B's 16 on an
+        H200's 15)."""
+        if cl == 8 and (self.attn_o_warps == 8 or not self.attn_o_warps and self.config.num_attention_heads
+                        > self._max_clusters("attn_o_cluster8", ATTN_O_THREADS, cl)):
             return "attn_o_cluster8_w8", ATTN_O_THREADS // 2
         return f"attn_o_cluster{cl}", ATTN_O_THREADS
 
