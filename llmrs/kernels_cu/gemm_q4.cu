@@ -46,11 +46,6 @@ __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int by
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 
-// 4 bytes global -> shared, asynchronously (through L1)
-__device__ __forceinline__ void cp_async4(unsigned dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
-}
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 template <int PENDING>
@@ -1187,7 +1182,6 @@ __device__ __forceinline__ void gemv_flush(const unsigned (&sw)[4], float (&c)[N
 //     under the 128-register bound and lost, session 25).
 #define GV_NORM_OUT 1
 #define GV_NORM_IN 2
-#define GV_SSP_MAX 128  // GV_NORM_IN_EARLY: a token's partial sums staged in shared memory up to K = 4096
 struct GvNorm {
     const float* g;  // OUT: the next norm's weight
     float* xg;       // OUT: x * g [T, N]
@@ -1235,20 +1229,6 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
 #pragma unroll
     for (int d = 0; d < GV_DEPTH; ++d) qa[d] = ldg_early(wp + (size_t)min(kb_lo + d, max(kb_hi - 1, 0)) * 32);
     pdl_wait_on(early_words(qa));  // x (and out, part) come from earlier kernels
-#ifdef GV_NORM_IN_EARLY
-    // GV_NORM_IN: warp m's lanes start copying token m's sums of squares into shared memory now (cp.async: no
-    // register held through the main loop, which runs at the 128-register bound), so the round trip the late loads
-    // below paid after the main loop (~1 a block round: the 7B AWQ's consumers +2.2 us a layer, session 31) is
-    // hidden under it; summed after it in the late loop's order (the same bits). A/B: LLMRS_CUDA_DEFINES=
-    // GV_NORM_IN_EARLY (not measured yet: session31/next/call-norm-in-early.sh)
-    __shared__ float s_ssp[NRM == GV_NORM_IN ? 8 * GV_SSP_MAX : 1];
-    if (NRM == GV_NORM_IN && warp < T && (K >> 5) <= GV_SSP_MAX) {
-        const int nbk = K >> 5;
-        for (int j = lane; j < nbk; j += 32)
-            cp_async4(smem_u32(&s_ssp[warp * GV_SSP_MAX + j]), nm.ssp + (size_t)warp * nbk + j);
-        cp_async_commit();
-    }
-#endif
 
     bool live[NU];
     const float* xr[NU];  // this batch's x of the lane's token (running pointers: no address product a block)
@@ -1320,12 +1300,6 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
     float ssl = 0.0f;
     if (NRM == GV_NORM_IN && warp < T) {
         const int nbk = K >> 5;
-#ifdef GV_NORM_IN_EARLY
-        if (nbk <= GV_SSP_MAX) {  // each lane reads back only what it copied: its own wait_group is enough
-            cp_async_wait<0>();
-            for (int j = lane; j < nbk; j += 32) ssl += s_ssp[warp * GV_SSP_MAX + j];
-        } else
-#endif
         for (int j = lane; j < nbk; j += 32) ssl += __ldcg(nm.ssp + (size_t)warp * nbk + j);
     }
     // lane (g, t): column 16 j + 8 r + g, token 8 u + 2 t + h in acc[u][j][2 r + h]

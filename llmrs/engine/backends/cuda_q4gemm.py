@@ -525,7 +525,10 @@ def gemv_pair_takes(backend: Any, epi: str, w: Any, T: int, head_dim: int = 0) -
 # --quant awq "full/set:q4_gemv_norm=False", session 25 call6-7), chain / rms_norm kernels, ms/token: Qwen2.5-0.5B
 # (896) 0.6020 / 0.6233, 3B (2048) 1.2983 / 1.3343 and 1.2986 / 1.3341, 7B (3584) 1.8840 / 1.8793 (decode bench, one
 # run a process x 2: 1.8837 / 1.8845 against 1.8800 / 1.8804). The bf16 matvec's in-loop fold stops at the same size
-# (cuda.NORM_FOLD_MAX_K); why the 7B gains nothing is not known.
+# (cuda.NORM_FOLD_MAX_K). Why the 7B gains nothing (`llmrs profile --timeline`, session 31 call1): the chain removes
+# the norms (-73 us a step) but its consumers take longer (gate_up +42.7, qkv +18.1). Copying the consumers' sums of
+# squares into shared memory right after the PDL wait (cp.async, session 31's GV_NORM_IN_EARLY) lost and was taken
+# out (session 32 call3, one run a process x 2): 7B chain 1.8764 / 1.8764 -> 1.9130 / 1.9139, 3B AWQ 1.2967 -> 1.3495.
 Q4_NORM_CHAIN_MAX_K = 2048
 
 
