@@ -10,13 +10,9 @@ OUT=${OUT:-/tmp/llmrs-s32}; mkdir -p "$OUT"; R=/tmp/res-s32c4; rm -rf $R; mkdir 
 use_wheels || exit 1
 A=$PWD; B=/tmp/tree-b; rm -rf $B; mkdir -p $B
 cp -a llmrs scripts pyproject.toml $B/; P=$A/reports/h200-qwen2.5/session29/stream_deltas_without_queue.patch
-(cd $B && python3 - "$P" <<'PY'
-import subprocess, sys
-# the patch's llmrs part only (its test file is not copied): patch(1) where it exists, else git apply
-r = subprocess.run(["patch", "-p1", "-s", "-i", sys.argv[1], "llmrs/engine/core_process.py"])
-sys.exit(r.returncode)
-PY
-) || { echo "patch failed"; exit 1; }
+# the patch's llmrs part only (its test file is not copied)
+python3 -c "import sys; t = open(sys.argv[1]).read(); print(t[:t.index('diff --git a/tests')], end='')" $P > $B/llmrs.patch
+(cd $B && patch -p1 -s -i llmrs.patch) || { echo "patch failed"; exit 1; }
 grep -c "_Deltas" $B/llmrs/engine/core_process.py
 {
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc
