@@ -527,20 +527,20 @@ def test_attn_o_eight_warp_form_under_its_switch_and_where_sixteen_do_not_fit():
     of clusters that run at once is asked of that kernel; clusters of 4 and =16 keep the 16-warp forms. Auto takes
     the 8-warp form only where the model's Hq clusters of the 16-warp form do not all run at once."""
     stand_in = SimpleNamespace(raw=None)  # (no compiled function: the rule's one-block-an-SM stand-in)
-    be = SimpleNamespace(attn_o_warps=8, num_sms=132, _ws={}, config=SimpleNamespace(num_attention_heads=16),
+    be = SimpleNamespace(attn_o_warps=8, num_sms=132, _cluster_counts={}, config=SimpleNamespace(num_attention_heads=16),
                          k=SimpleNamespace(attn_o_cluster8_w8=stand_in, attn_o_cluster8=stand_in,
                                            attn_o_cluster4=stand_in))
     be._attn_o_form = lambda cl: CUDABackend._attn_o_form(be, cl)
     be._max_clusters = lambda name, threads, cl: CUDABackend._max_clusters(be, name, threads, cl)
     assert CUDABackend._attn_o_form(be, 8) == ("attn_o_cluster8_w8", 256)
     assert CUDABackend._attn_o_form(be, 4) == ("attn_o_cluster4", 512)
-    assert CUDABackend._attn_o_max_clusters(be, 8) == 16 and "max_clusters_attn_o_cluster8_w8" in be._ws
+    assert CUDABackend._attn_o_max_clusters(be, 8) == 16 and "attn_o_cluster8_w8" in be._cluster_counts
     be.attn_o_warps = 16
     assert CUDABackend._attn_o_form(be, 8) == ("attn_o_cluster8", 512)
     assert CUDABackend.attn_o_warps == 0  # the default (LLMRS_ATTN_O_WARPS unset): auto
     be.attn_o_warps = 0
     assert CUDABackend._attn_o_form(be, 8) == ("attn_o_cluster8", 512)  # 16 heads, 16 clusters of 8 at once
-    be._ws["max_clusters_attn_o_cluster8"] = 15  # the H200's count (session 31 call2)
+    be._cluster_counts["attn_o_cluster8"] = 15  # the H200's count (session 31 call2)
     assert CUDABackend._attn_o_form(be, 8) == ("attn_o_cluster8_w8", 256)
     be.config.num_attention_heads = 12  # the 1.5B: all 12 run at once
     assert CUDABackend._attn_o_form(be, 8) == ("attn_o_cluster8", 512)

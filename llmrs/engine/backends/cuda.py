@@ -410,7 +410,8 @@ class CUDABackend:
         self._one_ptr, self._zero_ptr = self._one.ctypes.data, self._zero.ctypes.data  # (cuBLAS alpha / beta)
         self._handle = cp.cuda.device.get_cublas_handle()
         self._set_cublas_workspace()
-        self._ws: dict[str, Any] = {}
+        self._ws: dict[str, Any] = {}  # device buffers only (the graphs swap in their own and check every pointer)
+        self._cluster_counts: dict[str, int] = {}  # kernel -> clusters at once (`_max_clusters`)
         self._views: dict[tuple, tuple[Any, Any]] = {}  # (name, shape, dtype) -> (buffer, view of it): `_buf`
         self._pin: dict[str, np.ndarray] = {}
         self._staged: dict[str, tuple[int, list[Any]]] = {}  # name -> (last half used, its copies' events)
@@ -990,15 +991,15 @@ class CUDABackend:
     def _max_clusters(self, name: str, threads: int, cl: int) -> int:
         """How many clusters of cl blocks of `threads` threads of kernel `name` the GPU runs at once (the driver's
         cuOccupancyMaxActiveClusters; a launch of more runs in waves), asked once a kernel; stand-in kernels without
-        a compiled function (CPU tests) count one block an SM."""
-        key = f"max_clusters_{name}"
-        got = self._ws.get(key)
+        a compiled function (CPU tests) count one block an SM. Kept in `_cluster_counts`, never in `_ws`: an int
+        among the workspace's buffers broke every decode graph captured after it (session 32)."""
+        got = self._cluster_counts.get(name)
         if got is None:
             from llmrs.engine.backends.cuda_kernels import max_active_clusters
 
             raw = getattr(getattr(self.k, name, None), "raw", None)
-            got = self._ws[key] = (max_active_clusters(raw, (1, self.num_sms // cl, cl), (threads,))
-                                   if raw is not None else self.num_sms // cl)
+            got = self._cluster_counts[name] = (max_active_clusters(raw, (1, self.num_sms // cl, cl), (threads,))
+                                                if raw is not None else self.num_sms // cl)
         return got
 
     def _attn_o_cluster(self, o: Any, db: DeviceBatch) -> int:
