@@ -186,7 +186,8 @@ def test_engine_warmup_captures_the_decode_graphs_before_serving(tmp_path, shape
     from llmrs.engine.sampling import SamplingParams
     from tests.conftest import write_tiny_model
 
-    kw = dict(hidden_size=1024, num_attention_heads=8, num_key_value_heads=2) if shape == "heads128" else {}
+    kw = (dict(hidden_size=1024, num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512)
+          if shape == "heads128" else {})
     caps = (256, 512) if shape == "heads128" else (256,)
     eng = LLMEngine(load(str(write_tiny_model(tmp_path / "qwen2", "qwen2", **kw))),
                     EngineConfig(device="cuda", max_num_seqs=12, max_model_len=caps[-1]))
