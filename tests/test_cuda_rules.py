@@ -527,7 +527,8 @@ def test_attn_o_eight_warp_form_under_its_switch_and_where_sixteen_do_not_fit():
     of clusters that run at once is asked of that kernel; clusters of 4 and =16 keep the 16-warp forms. Auto takes
     the 8-warp form only where the model's Hq clusters of the 16-warp form do not all run at once."""
     stand_in = SimpleNamespace(raw=None)  # (no compiled function: the rule's one-block-an-SM stand-in)
-    be = SimpleNamespace(attn_o_warps=8, num_sms=132, _cluster_counts={}, config=SimpleNamespace(num_attention_heads=16),
+    be = SimpleNamespace(attn_o_warps=8, num_sms=132, _cluster_counts={},
+                         config=SimpleNamespace(num_attention_heads=16),
                          k=SimpleNamespace(attn_o_cluster8_w8=stand_in, attn_o_cluster8=stand_in,
                                            attn_o_cluster4=stand_in))
     be._attn_o_form = lambda cl: CUDABackend._attn_o_form(be, cl)
