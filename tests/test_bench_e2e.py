@@ -35,6 +35,7 @@ def test_bench_starts_llmrs_serve_and_saves_complete_results(tmp_path):
     assert s["total_output_tokens"] == 6 * 8  # usage from the server: ignore_eos gives exactly output-len
     # the server's prefix-cache counters around the run (/metrics): every prompt looked up, none seen before
     assert run["prefix_cache"] == {"source": "llmrs", "query_tokens": 6 * 24, "hit_tokens": 0, "hit_rate": 0.0}
+    assert run["server_graph_capture_failures"] == 0  # (the CPU server has no graphs: none failed)
     rows = list(csv.DictReader(open(next((tmp_path / "res").glob("e2e*.csv")))))
     assert len(rows) == 6
     assert all(int(r["output_tokens"]) == 8 and int(r["prompt_tokens"]) == 24 for r in rows)

@@ -176,6 +176,20 @@ def test_results_file_is_complete_and_usage_is_cross_checked(server, tmp_path):
     assert s["total_output_tokens"] == 30 and s["usage_mismatch"] == 0 and s["usage_missing"] == 0
     rows = pd.read_csv(tmp_path / run["csv"])
     assert (rows["prompt_tokens"] == 20).all() and (rows["text_tokens"] == rows["output_tokens"]).all()
+    assert run["server_graph_capture_failures"] is None  # (no llmrs /metrics on this server)
+
+
+def test_a_server_running_shapes_eagerly_is_flagged(tmp_path):
+    """An llmrs server whose /metrics counts failed CUDA graph captures (those step shapes run eagerly): the run
+    records the count and the console says the figures are not the graphed speed. (Session 32 found a server that
+    had run eagerly since the previous session only by its throughput halving.)"""
+    with running(graph_failures=3) as (url, _):
+        console = Console(record=True, width=200)
+        path = run_bench(BenchOptions(workload=WorkloadConfig(num_prompts=2, input_len=8, output_len=2, seed=1),
+                                      url=url, concurrency=2, workers=1, out_dir=tmp_path, name="eager"), console)
+    run = json.loads(path.read_text())["runs"][0]
+    assert run["server_graph_capture_failures"] == 3 and run["summary"]["completed"] == 2
+    assert "CUDA graph capture failed for 3 step shape(s)" in console.export_text()
 
 
 def test_usage_that_disagrees_with_the_text_is_reported(server, tmp_path):

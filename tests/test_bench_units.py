@@ -156,6 +156,17 @@ def test_prefix_cache_counters_from_llmrs_and_vllm_metrics():
     assert prefix_cache_delta(None, after) is None
 
 
+def test_graph_capture_failures_from_an_llmrs_servers_metrics():
+    from llmrs.bench.sysinfo import graph_capture_failures, metric_totals
+
+    text = ('# TYPE llmrs:cuda_graph_capture_failures_total counter\n'
+            'llmrs:cuda_graph_capture_failures_total{model_name="m"} 27.0\n'
+            'llmrs:cuda_graph_captures_total{model_name="m"} 1.0\n')
+    assert graph_capture_failures(metric_totals(text)) == 27
+    assert graph_capture_failures(metric_totals('vllm:num_requests_running{model_name="m"} 0.0\n')) is None
+    assert graph_capture_failures(None) is None
+
+
 def test_a_server_vocabulary_smaller_than_the_id_range_is_found_and_used():
     """Random prompts draw ids from dataset.ID_RANGE; a server whose /detokenize refuses ids past its vocabulary
     (400 here, a test model's) gets them from [256, 400) instead (bisection over /detokenize); its errors on a

@@ -190,6 +190,21 @@ def test_warmup_runs_a_request_then_leaves_no_trace(smol):
     assert eng.stats().prefix_hits == 0
 
 
+def test_stats_count_the_backends_graph_captures_and_failures(smol):
+    """EngineStats' graph counters (the server's /metrics llmrs:cuda_graph_captures / _capture_failures): 0 on the
+    CPU; over a GPU backend's decode and prefill graph sets, what each captured and the shapes it failed on."""
+    from types import SimpleNamespace
+
+    eng = LLMEngine(smol, EngineConfig(kv_cache_tokens=256))
+    st = eng.stats()
+    assert (st.graph_captures, st.graph_capture_failures) == (0, 0)
+    eng.runner = SimpleNamespace(backend=SimpleNamespace(
+        graphs=SimpleNamespace(captures=5, failed={(2, 256), (4, 256)}),
+        prefill_graphs=SimpleNamespace(captures=2, failed={(128, 0)})))
+    st = eng.stats()
+    assert (st.graph_captures, st.graph_capture_failures) == (7, 3)
+
+
 def test_warmup_for_serving_only_on_the_gpu_and_not_when_turned_off(smol, monkeypatch):
     from llmrs.engine.engine import warm_up_for_serving
 

@@ -617,6 +617,13 @@ def test_model_retrieve_and_version(server):
     assert httpx.get(server.url + "/version", timeout=10, trust_env=False).json() == {"version": llmrs.__version__}
 
 
+def test_metrics_count_cuda_graph_captures_and_failures(server):
+    """/metrics exports the engine's CUDA graph counters (captured, and the step shapes whose capture failed and run
+    eagerly: `llmrs bench` warns on those); the CPU server has no graphs, so both are 0."""
+    m = server.metrics()
+    assert m["llmrs:cuda_graph_captures_total"] == 0.0 and m["llmrs:cuda_graph_capture_failures_total"] == 0.0
+
+
 def test_long_text_is_tokenized_off_the_event_loop_with_the_same_ids(server, tok):
     """Text over OFF_LOOP_CHARS goes through a worker thread (the loop keeps serving other streams meanwhile):
     the ids are the tokenizer's own, for /tokenize, a list of completion prompts, and chat."""

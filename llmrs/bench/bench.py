@@ -34,7 +34,8 @@ from llmrs.bench.records import RequestResult, RequestSpec
 from llmrs.bench.results import SCHEMA, requests_frame, run_tag, write_json
 from llmrs.bench.runner import RunOutcome, run_load
 from llmrs.bench.server import ManagedServer, llmrs_serve_argv
-from llmrs.bench.sysinfo import client_host, gpu_info, prefix_cache_counters, prefix_cache_delta, server_identity
+from llmrs.bench.sysinfo import (client_host, gpu_info, graph_capture_failures, prefix_cache_delta, prefix_cache_from,
+                                  server_identity, server_metrics)
 from llmrs.bench.tokenization import Tokenizer, choose_tokenizer
 from llmrs.bench.worker import client_kind
 from llmrs.errors import UserError
@@ -265,9 +266,11 @@ def run_bench(o: BenchOptions, console: Console | None = None) -> Path:
         for point, (cap, rate) in enumerate(sweep_points(o)):
             tag = run_tag(cap, rate)
             point_specs = asyncio.run(_point_specs(o, point, specs, tok, base_url, model))
-            cache0 = prefix_cache_counters(base_url, o.api_key)
+            metrics0 = server_metrics(base_url, o.api_key)
             outcome, cpu = run_one(o, cfg, point_specs, cap, rate, console)
-            cache = prefix_cache_delta(cache0, prefix_cache_counters(base_url, o.api_key))
+            metrics = server_metrics(base_url, o.api_key)
+            cache = prefix_cache_delta(prefix_cache_from(metrics0), prefix_cache_from(metrics))
+            eager = graph_capture_failures(metrics)  # (an llmrs server's; None from others)
             text_tokens = asyncio.run(_text_tokens(tok, base_url, model, outcome.results)) if tok else {}
             s = summarize(outcome.results, outcome.t0, percentiles=o.percentiles, slo=o.slo, text_tokens=text_tokens)
             csv = f"{o.name}-{tag}.csv"
@@ -279,7 +282,7 @@ def run_bench(o: BenchOptions, console: Console | None = None) -> Path:
                 "tag": tag, "concurrency": cap, "request_rate": rate if math.isfinite(rate) else "inf",
                 "burstiness": o.burstiness, "seed": point_seed(o, point),
                 "interrupted": outcome.interrupted, "summary": s.to_dict(), "prefix_cache": cache,
-                "client_cpu": cpu, "csv": csv,
+                "server_graph_capture_failures": eager, "client_cpu": cpu, "csv": csv,
             })
             doc["finished_at"] = _now()
             write_json(path, doc)
@@ -288,6 +291,10 @@ def run_bench(o: BenchOptions, console: Console | None = None) -> Path:
                 console.print(f"[yellow]note: the server's prefix cache held {cache['hit_rate']:.0%} of this run's "
                               f"prompt tokens ({cache['hit_tokens']:,} of {cache['query_tokens']:,}): it had seen "
                               "these prompts, or a shared prefix of them, before")
+            if eager:
+                console.print(f"[yellow]warning: the server's CUDA graph capture failed for {eager} step shape(s), "
+                              "which run eagerly and slower (the server's log says why): these figures are not its "
+                              "graphed speed")
             if cpu["saturated"]:
                 console.print(f"[yellow]warning: a client worker was busy {max(cpu['busy_per_worker']):.0%} of a core; the client may be the bottleneck: raise --workers")
             rows.append((tag, s))

@@ -54,10 +54,9 @@ def parse_models(doc: object) -> list[dict] | None:
 PREFIX_CACHE_COUNTERS = {p: (f"{p}:prefix_cache_queries", f"{p}:prefix_cache_hits") for p in ("llmrs", "vllm")}
 
 
-def parse_prefix_cache(text: str) -> dict | None:
-    """{"source", "queries", "hits"} (token counts, summed over label sets) from Prometheus text exposition, or
-    None when the server exports neither llmrs's nor vLLM's prefix-cache counters. Counters may carry the `_total`
-    suffix (prometheus_client adds it)."""
+def metric_totals(text: str) -> dict[str, float]:
+    """Each metric's value summed over its label sets, from Prometheus text exposition; a counter's `_total` suffix
+    (prometheus_client adds it) dropped."""
     totals: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
@@ -70,19 +69,39 @@ def parse_prefix_cache(text: str) -> dict | None:
         except ValueError:
             continue
         totals[name] = totals.get(name, 0.0) + value
+    return totals
+
+
+def prefix_cache_from(totals: dict[str, float] | None) -> dict | None:
+    """{"source", "queries", "hits"} (token counts) from a server's metric totals, or None when it exports neither
+    llmrs's nor vLLM's prefix-cache counters."""
     for source, (queries, hits) in PREFIX_CACHE_COUNTERS.items():
-        if queries in totals and hits in totals:
+        if totals and queries in totals and hits in totals:
             return {"source": source, "queries": totals[queries], "hits": totals[hits]}
     return None
 
 
-def prefix_cache_counters(base_url: str, api_key: str | None = None) -> dict | None:
-    """The server's prefix-cache counters now (GET /metrics), or None (no endpoint, no such counters)."""
+def parse_prefix_cache(text: str) -> dict | None:
+    """`prefix_cache_from` of Prometheus text exposition."""
+    return prefix_cache_from(metric_totals(text))
+
+
+# Step shapes whose CUDA graph capture failed in an llmrs server (they run eagerly, slower)
+GRAPH_FAILURES = "llmrs:cuda_graph_capture_failures"
+
+
+def graph_capture_failures(totals: dict[str, float] | None) -> int | None:
+    """The llmrs server's count of step shapes whose CUDA graph capture failed, or None (no such counter)."""
+    return int(totals[GRAPH_FAILURES]) if totals and GRAPH_FAILURES in totals else None
+
+
+def server_metrics(base_url: str, api_key: str | None = None) -> dict[str, float] | None:
+    """The server's metric totals now (GET /metrics, `metric_totals`), or None (no such endpoint)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         with httpx.Client(timeout=10.0, trust_env=False) as c:
             r = c.get(f"{base_url.rstrip('/')}/metrics", headers=headers)
-        return parse_prefix_cache(r.text) if r.status_code == 200 else None
+        return metric_totals(r.text) if r.status_code == 200 else None
     except httpx.HTTPError:
         return None
 

@@ -139,6 +139,10 @@ class EngineStats:
     generation_tokens_total: int
     computed_tokens_total: int
     num_preemptions: int
+    # CUDA graphs (decode and lone-prefill buckets) captured since the start, and the shapes whose capture failed,
+    # which then run eagerly and slower (both 0 without graphs: the CPU, --no-graphs)
+    graph_captures: int = 0
+    graph_capture_failures: int = 0
 
 
 @dataclass(slots=True)
@@ -431,7 +435,16 @@ class LLMEngine:
             prefix_queries=self.kv.prefix_queries, prefix_hits=self.kv.prefix_hits,
             prompt_tokens_total=self.prompt_tokens_total, generation_tokens_total=self.generation_tokens_total,
             computed_tokens_total=self.computed_tokens_total, num_preemptions=self.scheduler.num_preemptions,
+            **self._graph_counts(),
         )
+
+    def _graph_counts(self) -> dict[str, int]:
+        """EngineStats' graph_captures and graph_capture_failures, over the backend's decode and prefill graphs."""
+        backend = getattr(self.runner, "backend", None)
+        sets = [g for g in (getattr(backend, "graphs", None), getattr(backend, "prefill_graphs", None))
+                if g is not None]
+        return {"graph_captures": sum(g.captures for g in sets),
+                "graph_capture_failures": sum(len(g.failed) for g in sets)}
 
     # ------------------------------------------------------------------ offline
     def generate(self, prompts: list[list[int] | str], params: SamplingParams | list[SamplingParams]

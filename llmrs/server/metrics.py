@@ -58,6 +58,11 @@ class EngineCollector(Collector):
         if hasattr(s, "num_preemptions"):
             yield counter("llmrs:num_preemptions", "Requests preempted (blocks freed, recomputed later).",
                           s.num_preemptions)
+        if hasattr(s, "graph_capture_failures"):
+            yield counter("llmrs:cuda_graph_captures", "CUDA graphs captured (decode and prefill buckets).",
+                          s.graph_captures)
+            yield counter("llmrs:cuda_graph_capture_failures", "Step shapes whose CUDA graph capture failed: they "
+                          "run eagerly, slower (the server's log says why).", s.graph_capture_failures)
 
 
 class ServerMetrics:

@@ -14,7 +14,8 @@ Also: GET /health, GET /v1/models, POST /tokenize and /detokenize with a toy tok
 BOS id 1 prepended, so prompts fit exactly), GET /stats (peak in-flight, request count, `timings`: per prompt, the
 perf_counter of its arrival and of each content write: one clock with the client's on Linux; `sampling`: per prompt,
 the sampling fields its request carried), POST /stats/reset.
-`--gap-ms 0` streams as fast as it can; `--coalesce K` packs K events into one write.
+`--gap-ms 0` streams as fast as it can; `--coalesce K` packs K events into one write. `--graph-failures N` serves
+GET /metrics with an llmrs server's count of failed CUDA graph captures (no /metrics without it).
 Run standalone: `python tests/bench_fixtures/fake_server.py --port 8123`.
 """
 
@@ -36,6 +37,7 @@ class Defaults:
     gap_ms: float = 0.0
     coalesce: int = 1
     model: str = "fake-model"
+    graph_failures: int = -1  # >= 0: GET /metrics exports llmrs:cuda_graph_capture_failures with this value
 
 
 def toy_tokenize(text: str) -> list[int]:
@@ -92,6 +94,12 @@ class FakeServer:
         if path == "/stats":
             return await _json(send, 200, {"max_inflight": self.max_inflight, "requests": self.requests,
                                            "timings": self.timings, "sampling": self.sampling})
+        if path == "/metrics" and self.d.graph_failures >= 0:
+            name = "llmrs:cuda_graph_capture_failures_total"
+            text = f'{name}{{model_name="{self.d.model}"}} {self.d.graph_failures}.0\n'
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/plain; version=0.0.4")]})
+            return await send({"type": "http.response.body", "body": text.encode()})
         if path == "/stats/reset":
             self.max_inflight = self.requests = 0
             self.timings.clear()
@@ -185,8 +193,9 @@ def main() -> None:
     ap.add_argument("--ttft-ms", type=float, default=0.0)
     ap.add_argument("--gap-ms", type=float, default=0.0)
     ap.add_argument("--coalesce", type=int, default=1)
+    ap.add_argument("--graph-failures", type=int, default=-1)
     a = ap.parse_args()
-    app = FakeServer(Defaults(a.ttft_ms, a.gap_ms, a.coalesce))
+    app = FakeServer(Defaults(a.ttft_ms, a.gap_ms, a.coalesce, graph_failures=a.graph_failures))
     uvicorn.run(app, host=a.host, port=a.port, log_level="warning", access_log=False)
 
 

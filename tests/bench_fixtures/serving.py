@@ -15,8 +15,10 @@ from llmrs.bench.server import ManagedServer
 FAKE_SERVER = Path(__file__).with_name("fake_server.py")
 
 
-def fake_server_cmd(ttft_ms: float = 0.0, gap_ms: float = 0.0, coalesce: int = 1) -> list[str]:
-    return [sys.executable, str(FAKE_SERVER), "--port", "{port}", "--ttft-ms", str(ttft_ms), "--gap-ms", str(gap_ms), "--coalesce", str(coalesce)]
+def fake_server_cmd(ttft_ms: float = 0.0, gap_ms: float = 0.0, coalesce: int = 1,
+                    graph_failures: int = -1) -> list[str]:
+    return [sys.executable, str(FAKE_SERVER), "--port", "{port}", "--ttft-ms", str(ttft_ms), "--gap-ms", str(gap_ms),
+            "--coalesce", str(coalesce), "--graph-failures", str(graph_failures)]
 
 
 class Stats:
