@@ -343,3 +343,21 @@ def test_a_consumer_behind_the_engine_gets_merged_deltas(smol, kind):
     assert deltas[-1].finish_reason == "length" and max(len(d.token_ids) for d in deltas) > 1, \
         [len(d.token_ids) for d in deltas]
     assert [d.num_output_tokens for d in deltas] == list(itertools.accumulate(len(d.token_ids) for d in deltas))
+
+
+def test_serving_warm_up_says_when_graph_captures_failed(capsys, monkeypatch):
+    """warm_up_for_serving (a GPU engine before serving): one warning line when some of the warm-up's graph captures
+    failed (those shapes run eagerly), none when all were captured."""
+    from types import SimpleNamespace
+
+    from llmrs.engine.engine import warm_up_for_serving
+
+    monkeypatch.delenv("LLMRS_WARMUP", raising=False)
+    ran = []
+    for failures in (0, 2):
+        eng = SimpleNamespace(runner=SimpleNamespace(device="cuda"), warmup=lambda: ran.append(1),
+                              _graph_counts=lambda f=failures: {"graph_captures": 24, "graph_capture_failures": f})
+        warm_up_for_serving(eng)
+        err = capsys.readouterr().err
+        assert ("2 of 26 CUDA graph captures failed" in err) == bool(failures), err
+    assert ran == [1, 1]

@@ -10,6 +10,7 @@ import dataclasses
 import itertools
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -157,10 +158,16 @@ class RequestResult:
 
 
 def warm_up_for_serving(engine: "LLMEngine") -> None:
-    """`LLMEngine.warmup` where it pays: an engine on the GPU; LLMRS_WARMUP=0 skips it."""
+    """`LLMEngine.warmup` where it pays: an engine on the GPU; LLMRS_WARMUP=0 skips it. Then one line on stderr
+    where some of the graphs it captured failed: those step shapes will run eagerly."""
     if getattr(engine.runner, "device", "cpu") == "cuda" and os.environ.get("LLMRS_WARMUP", "1") not in (
             "0", "false", "no", "off"):
         engine.warmup()
+        counts = engine._graph_counts()
+        if counts["graph_capture_failures"]:
+            print(f"llmrs: warning: {counts['graph_capture_failures']} of "
+                  f"{counts['graph_capture_failures'] + counts['graph_captures']} CUDA graph captures failed (the "
+                  "lines above say why): those step shapes run eagerly, slower", file=sys.stderr)
 
 
 def serving_config(**options: Any) -> EngineConfig:
