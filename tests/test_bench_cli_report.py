@@ -102,6 +102,26 @@ def test_report_is_side_by_side_with_ratios_and_deterministic(tmp_path):
     assert (tmp_path / "r4" / REPORT_MD).read_text() == md
 
 
+def test_report_flags_runs_whose_server_ran_shapes_eagerly(tmp_path):
+    """A run saved with server_graph_capture_failures > 0 (an llmrs server whose graph captures failed) gets a caveat
+    in the report naming the engine, file and setting; runs with 0 or without the field (other servers, older
+    files) get none, and a report without such runs has no caveats section."""
+    _fake_results(tmp_path / "a.json", "llmrs", 1.0)
+    _fake_results(tmp_path / "b.json", "vLLM", 2.0)
+    write_report([str(tmp_path)], tmp_path / "r0")
+    assert "## Caveats" not in (tmp_path / "r0" / REPORT_MD).read_text()
+    doc = json.loads((tmp_path / "a.json").read_text())
+    doc["runs"][1]["server_graph_capture_failures"] = 27
+    doc["runs"][2]["server_graph_capture_failures"] = 0
+    (tmp_path / "a.json").write_text(json.dumps(doc))
+    write_report([str(tmp_path)], tmp_path / "r1")
+    md = (tmp_path / "r1" / REPORT_MD).read_text()
+    caveats = md[md.index("## Caveats"):md.index("## Where each ran")].strip().splitlines()
+    assert caveats[2:] == ["- **llmrs** `a.json` completions 256->128, c=16, rate=inf: the server ran 27 step "
+                           "shape(s) eagerly (their CUDA graph capture failed; the server's log says why): not its "
+                           "graphed speed."]
+
+
 def test_report_keeps_sampled_runs_apart_from_greedy_ones(tmp_path):
     """Runs whose requests sampled (--temperature / --top-p / --top-k / --min-p) are another workload: their own
     rows, lines and side-by-side settings, named by what they asked for; greedy runs (and results saved before these

@@ -38,6 +38,7 @@ class Row:
     client_busy: float
     env: dict  # where its results file says it ran (setup_lines)
     sampling: str = ""  # what the requests asked of the sampler beyond greedy (`sampling_label`); "" greedy
+    eager_shapes: int = 0  # an llmrs server's step shapes whose CUDA graph capture had failed (`eager_lines`)
 
     @property
     def workload(self) -> str:
@@ -91,11 +92,26 @@ def load_rows(paths: list[str]) -> list[Row]:
                 input_len=prm.get("input_len", 0), output_len=prm.get("output_len"), dataset=prm.get("dataset"),
                 concurrency=conc, rate=rate, s=run["summary"], client_busy=max(busy or [0.0]),
                 env={k: doc.get(k) for k in ("command", "server", "gpus", "client", "llmrs_version")},
-                sampling=sampling_label(prm),
+                sampling=sampling_label(prm), eager_shapes=_count(run.get("server_graph_capture_failures")),
             ))
     if not rows:
         raise UserError("the results files hold no finished runs")
     return rows
+
+
+def _count(v: object) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+
+
+def eager_lines(rows: list[Row]) -> list[str]:
+    """A caveat per run whose llmrs server had step shapes running eagerly (failed CUDA graph captures, saved by
+    `llmrs bench` as server_graph_capture_failures): its figures are not the server's graphed speed."""
+    bad = [r for r in rows if r.eager_shapes]
+    if not bad:
+        return []
+    return ["## Caveats", ""] + [
+        f"- **{r.label}** `{r.source}` {r.setting}: the server ran {r.eager_shapes} step shape(s) eagerly (their CUDA "
+        "graph capture failed; the server's log says why): not its graphed speed." for r in bad] + [""]
 
 
 def stat(s: dict, *path: str) -> float | None:
@@ -206,6 +222,7 @@ def render_markdown(rows: list[Row], labels: list[str], baseline: str, title: st
     md += ["## All runs", "", "Latencies in ms; failed requests are excluded from latencies and listed with their reasons. "
            "`client CPU` is the busiest client worker's share of one core (near 100%: the client may be the bottleneck).", ""]
     md += runs_table(sorted(rows, key=lambda r: (labels.index(r.label), r.sort_key()))) + [""]
+    md += eager_lines(sorted(rows, key=lambda r: (labels.index(r.label), r.sort_key())))
     md += setup_lines(rows, labels)
     if pngs:
         md += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in pngs] + [""]
