@@ -883,30 +883,21 @@ __device__ __forceinline__ void attn_o_impl(
 #endif
 }
 
-#define ATTN_O_CLUSTER(CL, RP)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(AO_WARPS * 32, 1) CLUSTER_DIMS(CL) attn_o_cluster##CL(              \
+// attn_o_cluster{CL}{NAME}: W warps a block, MINB blocks an SM. _w8: 8 warps, each lane holding 16 chunks of o (256
+// rows a block, as the 16-warp form's), two blocks an SM (__launch_bounds__(256, 2): 128 registers), its warps walking
+// 32 keys a batch (the 16-warp form 64): the H200 runs 30 of its clusters of 8 at once against 15, so the 3B's 16
+// heads all run at once (auto's form there, `CUDABackend._attn_o_form`: 3B 2.045 -> 2.019 ms/token, session 32)
+#define ATTN_O_CLUSTER_W(CL, RP, W, MINB, NAME)                                                                      \
+    extern "C" __global__ void __launch_bounds__(W * 32, MINB) CLUSTER_DIMS(CL) attn_o_cluster##CL##NAME(            \
         const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,                               \
         const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,                    \
         const int* __restrict__ token_seq, const int* __restrict__ positions, const bf16_t* __restrict__ wo,         \
         float* __restrict__ part, int* __restrict__ counts, float* __restrict__ x, int Hq, int Hkv, int N,           \
         int block_size, float scale) {                                                                               \
-        attn_o_impl<CL, RP, AO_WARPS>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, token_seq, positions, \
-                                wo, part, counts, x, Hq, Hkv, N, block_size, scale);                                 \
+        attn_o_impl<CL, RP, W>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, token_seq, positions, wo,    \
+                               part, counts, x, Hq, Hkv, N, block_size, scale);                                      \
     }
+#define ATTN_O_CLUSTER(CL, RP) ATTN_O_CLUSTER_W(CL, RP, AO_WARPS, 1, )
 ATTN_O_CLUSTER(4, 16)
 ATTN_O_CLUSTER(8, 8)
-// attn_o_cluster8_w8: 8 warps a block, each lane holding 16 chunks of o (256 rows a block, as the 16-warp form's),
-// two blocks an SM (__launch_bounds__(256, 2): 128 registers): the 3B's 16 heads in clusters of 8, which the 16-warp
-// form runs in two waves (the driver's 15 at once, session 30), might all run at once. Its warps walk 32 keys a batch
-// (the 16-warp form 64). LLMRS_ATTN_O_WARPS=8 (an A/B, not measured yet: session31/next/call-attn-o-w8.sh)
-#define ATTN_O_CLUSTER_W8(CL, RP)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(8 * 32, 2) CLUSTER_DIMS(CL) attn_o_cluster##CL##_w8(                \
-        const float* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,                               \
-        const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables, int max_blocks,                    \
-        const int* __restrict__ token_seq, const int* __restrict__ positions, const bf16_t* __restrict__ wo,         \
-        float* __restrict__ part, int* __restrict__ counts, float* __restrict__ x, int Hq, int Hkv, int N,           \
-        int block_size, float scale) {                                                                               \
-        attn_o_impl<CL, RP, 8>(q, q_stride, k_cache, v_cache, block_tables, max_blocks, token_seq, positions,        \
-                                wo, part, counts, x, Hq, Hkv, N, block_size, scale);                                 \
-    }
-ATTN_O_CLUSTER_W8(8, 16)
+ATTN_O_CLUSTER_W(8, 16, 8, 2, _w8)
