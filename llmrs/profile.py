@@ -222,10 +222,6 @@ def read_json(path: Path) -> dict[str, Any]:
     return doc
 
 
-def load_json(path: Path) -> tuple[list[StepProfile], dict[str, Any]]:
-    return from_json(read_json(path))
-
-
 def render(console: Any, profiles: list[StepProfile], meta: dict[str, Any], top: int = 12) -> None:
     """The posts' table (category shares + GPU busy, one column per step), then each step's kernels."""
     from rich.table import Table

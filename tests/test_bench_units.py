@@ -137,7 +137,7 @@ def test_sharegpt_and_jsonl_datasets(tmp_path):
 def test_prefix_cache_counters_from_llmrs_and_vllm_metrics():
     """`llmrs bench` reads the server's prefix-cache counters around each run (llmrs's and vLLM's names, `_total`
     or not, summed over label sets) and saves what the run added: hits mean the server had seen the prompts."""
-    from llmrs.bench.sysinfo import parse_prefix_cache, prefix_cache_delta
+    from llmrs.bench.sysinfo import metric_totals, prefix_cache_delta, prefix_cache_from
 
     vllm = ('# HELP vllm:prefix_cache_queries_total Prefix cache queries.\n'
             '# TYPE vllm:prefix_cache_queries_total counter\n'
@@ -145,10 +145,10 @@ def test_prefix_cache_counters_from_llmrs_and_vllm_metrics():
             'vllm:prefix_cache_queries_total{engine="1",model_name="m"} 1024.0\n'
             'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 512.0\n'
             'vllm:num_requests_running{model_name="m"} 3.0\n')
-    assert parse_prefix_cache(vllm) == {"source": "vllm", "queries": 2048.0, "hits": 512.0}
+    assert prefix_cache_from(metric_totals(vllm)) == {"source": "vllm", "queries": 2048.0, "hits": 512.0}
     llmrs = 'llmrs:prefix_cache_queries_total{model_name="x"} 96.0\nllmrs:prefix_cache_hits_total{model_name="x"} 0.0\n'
-    assert parse_prefix_cache(llmrs) == {"source": "llmrs", "queries": 96.0, "hits": 0.0}
-    assert parse_prefix_cache("sglang:cache_hit_rate 0.5\n") is None
+    assert prefix_cache_from(metric_totals(llmrs)) == {"source": "llmrs", "queries": 96.0, "hits": 0.0}
+    assert prefix_cache_from(metric_totals("sglang:cache_hit_rate 0.5\n")) is None
     before = {"source": "vllm", "queries": 100.0, "hits": 0.0}
     after = {"source": "vllm", "queries": 612.0, "hits": 256.0}
     assert prefix_cache_delta(before, after) == {"source": "vllm", "query_tokens": 512, "hit_tokens": 256,

@@ -166,7 +166,7 @@ def test_a_saved_profile_is_shown_again_without_a_gpu(tmp_path, capsys):
             "peak_tflops": 800.0, "context": 512, "ceilings": "datasheet", "note": "n"}
     saved = tmp_path / "p.json"
     prof.save_json(saved, [p], meta)
-    steps, meta2 = prof.load_json(saved)
+    steps, meta2 = prof.from_json(prof.read_json(saved))
     assert steps == [p] and meta2 == meta  # to_json's inverse
     main(["profile", "--from", str(saved), "--plot", str(tmp_path / "roof.png"), "--out", str(tmp_path / "again.json")])
     out = capsys.readouterr().out

@@ -221,8 +221,9 @@ def render_markdown(rows: list[Row], labels: list[str], baseline: str, title: st
     md += side_by_side(rows, labels, baseline) + [""]
     md += ["## All runs", "", "Latencies in ms; failed requests are excluded from latencies and listed with their reasons. "
            "`client CPU` is the busiest client worker's share of one core (near 100%: the client may be the bottleneck).", ""]
-    md += runs_table(sorted(rows, key=lambda r: (labels.index(r.label), r.sort_key()))) + [""]
-    md += eager_lines(sorted(rows, key=lambda r: (labels.index(r.label), r.sort_key())))
+    ordered = sorted(rows, key=lambda r: (labels.index(r.label), r.sort_key()))
+    md += runs_table(ordered) + [""]
+    md += eager_lines(ordered)
     md += setup_lines(rows, labels)
     if pngs:
         md += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in pngs] + [""]

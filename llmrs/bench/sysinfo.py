@@ -81,11 +81,6 @@ def prefix_cache_from(totals: dict[str, float] | None) -> dict | None:
     return None
 
 
-def parse_prefix_cache(text: str) -> dict | None:
-    """`prefix_cache_from` of Prometheus text exposition."""
-    return prefix_cache_from(metric_totals(text))
-
-
 # Step shapes whose CUDA graph capture failed in an llmrs server (they run eagerly, slower)
 GRAPH_FAILURES = "llmrs:cuda_graph_capture_failures"
 
