@@ -351,33 +351,6 @@ def test_the_norm_chain_forms_and_where_a_step_takes_them():
     assert not q4.q4_norm_chain(be(), [], 1, 128)
 
 
-def test_gemv_tail_plan_splits_only_the_part_full_last_round(monkeypatch):
-    """The paired 4-bit GEMV's tail (gemm_q4.cu GvTail): a one-slice plan whose pair tiles pass the paired form's
-    resident blocks (2 an SM: 264 on 132 SMs) without filling a whole number of rounds runs the whole rounds unsplit
-    and splits the rest into ts = R // remainder K slices (gemv_splits' slices, at least 2); nothing elsewhere, under
-    LLMRS_Q4_GEMV_TAIL=0, or for a plan that already splits K. Forced (dp, ts) for tests, checked."""
-    import llmrs.engine.backends.cuda_q4gemm as q4
-
-    be = SimpleNamespace(num_sms=132)
-    # the 7B's gate_up: 592 pairs = 2 x 264 + 64 -> 64 tiles in 4 slices of 8 k32 blocks a warp (256 blocks of 264)
-    assert q4.gemv_splits(be, 2 * 18944, 3584) == (1, 28)
-    assert q4.gemv_tail_plan(be, 2 * 18944, 3584, 1) == (528, 4, 8)
-    # the 3B's: 344 pairs = 264 + 80: 3 slices asked, K = 2048 (64 k32 blocks) gives slices of 32 -> 2
-    assert q4.gemv_tail_plan(be, 2 * 11008, 2048, 1) == (264, 2, 8)
-    assert q4.gemv_splits(be, 2 * 11008, 2048, 2) == (2, 8)
-    for N, K in ((2 * 4864, 896), (2 * 264 * 64, 4096), (2 * 264 * 64 + 200 * 64, 4096)):
-        assert q4.gemv_tail_plan(be, N, K, 1) == (0, 1, 0), N  # one round, whole rounds, a last round > half full
-    assert q4.gemv_tail_plan(be, 2 * 18944, 3584, 2) == (0, 1, 0)  # K already split
-    assert q4.gemv_tail_plan(be, 2 * 18944, 3584, 1, False) == (0, 1, 0)
-    assert q4.gemv_tail_plan(be, 2048, 4096, 1, (20, 3)) == (20, 3, 12)  # forced: 128 k32 blocks, 3 slices of 48
-    assert q4.gemv_splits(be, 2048, 4096, 3) == (3, 12)
-    for bad in ((32, 2), (-1, 2), (4, 1)):
-        with pytest.raises(ValueError, match="gemv tail"):
-            q4.gemv_tail_plan(be, 2048, 4096, 1, bad)
-    monkeypatch.setattr(q4, "GEMV_TAIL", 0)
-    assert q4.gemv_tail_plan(be, 2 * 18944, 3584, 1) == (0, 1, 0)
-
-
 def test_wave_fill_splits_fill_the_last_round_of_blocks(monkeypatch):
     """Where a wgmma form's tiles pass half its resident blocks, K slices chosen so that the tiles finish in the
     fewest rounds of blocks over S (each block 1/S of a tile), the smaller S on a tie; at most 2 for the 256-token

@@ -1188,14 +1188,6 @@ struct GvNorm {
     float* ssp;      // OUT: written [T, N / 32]; IN: read [T, K / 32]
     float eps;       // IN
 };
-// The paired forms' tail (cuda_q4gemm.gemv_tail_plan): where a plan of one K slice has more pair tiles than the GPU
-// holds blocks at once and the last round would run part full, the blocks from dp on split the remaining tiles
-// into ts K slices of kpw k32 blocks a warp each (tile dp + r / ts, slice r % ts for block dp + r; the L2 hand-off
-// below merges them in slice order): the whole rounds run unsplit, the tail's work is spread over the idle blocks
-// (CUTLASS's data-parallel + stream-K split, here over whole slices), in the same launch. dp 0: no tail.
-struct GvTail {
-    int dp, ts, kpw;
-};
 struct GvRope {  // what the rope epilogue writes with (rope_write_kv's arguments)
     const int* positions;
     const float* inv_freq;
@@ -1218,8 +1210,7 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
                                              const float* __restrict__ x, const float* __restrict__ bias,
                                              float* __restrict__ out, float* __restrict__ part, int* __restrict__ sem,
                                              int T, int N, int K, int G, int accumulate, int kpw,
-                                             const GvRope rp = GvRope{}, const GvNorm nm = GvNorm{},
-                                             const GvTail tl = GvTail{}) {
+                                             const GvRope rp = GvRope{}, const GvNorm nm = GvNorm{}) {
     static_assert(CPG == 0 || GV_DEPTH % CPG == 0, "a fixed group size must divide GV_DEPTH (whole groups a batch)");
     static_assert(EPI == 0 || NU == 1, "the paired forms take one n8 tile of tokens");
     static_assert(NRM == 0 || (NU == 1 && (NRM == GV_NORM_IN) == (EPI != 0)), "norm out: plain forms; in: paired");
@@ -1229,19 +1220,10 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
     __shared__ float red[NW][TOK][36];  // [warp][token][column] (36: conflict-free stores)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int wk = EPI ? warp % GV_WARPS : warp;  // the warp's K run among its tile's warps
-    // the block's tile, K slice, slices of its tile and k32 blocks a warp: grid.x, grid.y, or the tail's (GvTail)
-    int bx = blockIdx.x, sy = blockIdx.y, ns = gridDim.y;
-    if (tl.dp > 0 && bx >= tl.dp) {
-        const int r = bx - tl.dp, i = r / tl.ts;
-        bx = tl.dp + i;
-        sy = r - i * tl.ts;
-        ns = tl.ts;
-        kpw = tl.kpw;
-    }
-    const int nb_a = EPI ? gv_pair_tile<EPI>(bx, 0, N, rp.D) : bx;
-    const int nb_b = EPI ? gv_pair_tile<EPI>(bx, 1, N, rp.D) : 0;
+    const int nb_a = EPI ? gv_pair_tile<EPI>(blockIdx.x, 0, N, rp.D) : blockIdx.x;
+    const int nb_b = EPI ? gv_pair_tile<EPI>(blockIdx.x, 1, N, rp.D) : 0;
     const int nb = EPI && warp >= GV_WARPS ? nb_b : nb_a, KB = K >> 5, cpg = CPG ? CPG : G >> 5;
-    const int kb_lo = min(KB, (sy * GV_WARPS + wk) * kpw), kb_hi = min(KB, kb_lo + kpw);
+    const int kb_lo = min(KB, (blockIdx.y * GV_WARPS + wk) * kpw), kb_hi = min(KB, kb_lo + kpw);
     const uint4* wp = Bq + (size_t)nb * KB * 32 + lane;
     uint4 qa[GV_DEPTH], qb[GV_DEPTH];  // two batches' codes: one used while the other is loaded (no copies)
 #pragma unroll
@@ -1378,25 +1360,25 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
                 }
             }
         }
-    } else if (ns > 1) {
+    } else if (gridDim.y > 1) {
 #pragma unroll
         for (int p = 0; p < P; ++p) {
             const int m = (tid >> 5) + NW * p;
             if (m < T) {
-                part[((size_t)sy * T + m) * N + n] = v[p];
-                if (EPI) part[((size_t)sy * T + m) * N + n_b] = vb[p];
+                part[((size_t)blockIdx.y * T + m) * N + n] = v[p];
+                if (EPI) part[((size_t)blockIdx.y * T + m) * N + n_b] = vb[p];
             }
         }
-        if (!block_counts_last(sem + bx, ns)) return;
+        if (!block_counts_last(sem + blockIdx.x, (int)gridDim.y)) return;
 #pragma unroll
         for (int p = 0; p < P; ++p) {
             const int m = (tid >> 5) + NW * p;
             if (m < T) {
                 v[p] = 0.0f;
-                for (int z = 0; z < ns; ++z) v[p] += __ldcg(part + ((size_t)z * T + m) * N + n);
+                for (int z = 0; z < (int)gridDim.y; ++z) v[p] += __ldcg(part + ((size_t)z * T + m) * N + n);
                 if (EPI) {
                     vb[p] = 0.0f;
-                    for (int z = 0; z < ns; ++z) vb[p] += __ldcg(part + ((size_t)z * T + m) * N + n_b);
+                    for (int z = 0; z < (int)gridDim.y; ++z) vb[p] += __ldcg(part + ((size_t)z * T + m) * N + n_b);
                 }
             }
         }
@@ -1476,17 +1458,15 @@ GEMV_Q4_NOUT(gemv_q4m_c1_nout, 1, 1)
     extern "C" __global__ void __launch_bounds__(64 * GV_WARPS, GV_MINB / 2)                                      \
         NAME(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ, const float* __restrict__ x,          \
              float* __restrict__ out, float* __restrict__ part, int* __restrict__ sem, int T, int N, int K, int G, \
-             int kpw, int tail_dp, int tail_ts, int tail_kpw) {                                                   \
-        gemv_q4_impl<MODE, 1, CPG, GV_EPI_SILU>(Bq, SZ, x, nullptr, out, part, sem, T, N, K, G, 0, kpw, GvRope{},  \
-                                                GvNorm{}, GvTail{tail_dp, tail_ts, tail_kpw});                    \
+             int kpw) {                                                                                           \
+        gemv_q4_impl<MODE, 1, CPG, GV_EPI_SILU>(Bq, SZ, x, nullptr, out, part, sem, T, N, K, G, 0, kpw);          \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(64 * GV_WARPS, GV_MINB / 2)                                      \
         NAME##_nin(const uint4* __restrict__ Bq, const unsigned* __restrict__ SZ, const float* __restrict__ x,    \
                    float* __restrict__ out, float* __restrict__ part, int* __restrict__ sem, int T, int N, int K,  \
-                   int G, int kpw, int tail_dp, int tail_ts, int tail_kpw, float* __restrict__ ssp, float eps) {  \
+                   int G, int kpw, float* __restrict__ ssp, float eps) {                                          \
         gemv_q4_impl<MODE, 1, CPG, GV_EPI_SILU, GV_NORM_IN>(Bq, SZ, x, nullptr, out, part, sem, T, N, K, G, 0,    \
-                                                            kpw, GvRope{}, GvNorm{nullptr, nullptr, ssp, eps},    \
-                                                            GvTail{tail_dp, tail_ts, tail_kpw});                  \
+                                                            kpw, GvRope{}, GvNorm{nullptr, nullptr, ssp, eps});   \
     }
 #define GEMV_Q4_ROPE(NAME, MODE, CPG)                                                                             \
     extern "C" __global__ void __launch_bounds__(64 * GV_WARPS, GV_MINB / 2)                                      \

@@ -79,11 +79,6 @@ GEMV_SEM_TILES = 1 << 16  # per-tile counters of the split-K hand-off: N up to 2
 # SMs' room), and in the 3B's step S=8 clusters lost 2.6 us a layer (1.4993 -> 1.5928 ms/token best of 3) where
 # the 7B's S <= 4 won 2.1 (2.0856 -> 2.0265).
 GEMV_CLUSTER_MAX = 4
-# The paired forms' tail (gemm_q4.cu GvTail, gemv_tail_plan): a one-slice plan whose pair tiles fill the GPU's
-# resident blocks more than once but not a whole number of times (the 7B's gate_up: 592 pair tiles on 264 at once,
-# the third round 24% full) runs its whole rounds unsplit and the rest in K slices over the blocks the last round
-# would leave idle, in the same launch. LLMRS_Q4_GEMV_TAIL=0 (read at import) keeps every tile unsplit (A/Bs).
-GEMV_TAIL = env_int("LLMRS_Q4_GEMV_TAIL", 1)
 
 
 @dataclass(slots=True)
@@ -407,37 +402,17 @@ def gemv_splits(backend: Any, N: int, K: int, splits: int | None = None) -> tupl
     cluster's slices that fill whole rounds best (4: 9 rounds x 8 k32 blocks a warp, against 3 x 28) lost in the step,
     each block's fixed cost (prologue, reduction, cluster merge, epilogue) outweighing the partial round: 7B AWQ
     1.8735 / 1.8719 -> 2.2977 / 2.2923 ms/token, 3B AWQ (2 slices) 1.2989 -> 1.3916, 0.5B 0.5982 -> 0.5986 (session 31
-    call4, decode bench, one run a process; its GPU tests passed; as session 10 found with the L2 hand-off)."""
+    call4, decode bench, one run a process; its GPU tests passed; as session 10 found with the L2 hand-off). Nor did
+    splitting only the part-full last round (session 33, commit 06c83de: the paired gate_up's 528 whole-round pairs
+    unsplit, the last 64 in 4 K slices over the idle blocks through the L2 hand-off, one launch; its GPU bit tests
+    passed): 7B AWQ 1.8778 / 1.8765 against 1.8780 / 1.8781 ms/token, gate_up 692.7 against 695.8 us a step
+    (`llmrs profile --timeline`), 3B AWQ 1.334 against 1.309: a part-full round's blocks run faster, so the
+    GEMV's time is its throughput an SM (~14 warps at 128 registers), not its rounds."""
     NB, KB = N // 32, K // 32
     want = max(1, GEMV_BLOCKS_PER_SM * backend.num_sms // NB) if splits is None else splits
     S = max(1, min(want, -(-KB // (GEMV_WARPS * GEMV_DEPTH))))
     per = -(-KB // (S * GEMV_WARPS * GEMV_DEPTH)) * GEMV_DEPTH
     return -(-KB // (GEMV_WARPS * per)), per  # no empty slice
-
-
-def gemv_tail_plan(backend: Any, N: int, K: int, S: int, tail: tuple[int, int] | bool | None = None
-                   ) -> tuple[int, int, int]:
-    """(dp, ts, kb_per_warp) of a paired form's tail (gemm_q4.cu GvTail): blocks from dp on split the pair tiles
-    from dp on into ts K slices each, gemv_splits' slices for ts; (0, 1, 0) for none. Auto (tail None, GEMV_TAIL on):
-    a one-slice plan (S 1) whose N / 64 pair tiles exceed the paired form's resident blocks R (GEMV_BLOCKS_PER_SM / 2
-    an SM) with a remainder r = pairs mod R that gives each tail tile at least 2 slices within R blocks (ts = R // r:
-    the 7B's gate_up, 592 pairs on 264: 528 unsplit, the last 64 in 4 slices). tail = (dp, ts) forces one (tests);
-    False: none."""
-    pairs = N // 64
-    if tail is None:
-        R = GEMV_BLOCKS_PER_SM // 2 * backend.num_sms
-        if not GEMV_TAIL or S != 1 or pairs <= R or pairs % R == 0:
-            return 0, 1, 0
-        dp, want = pairs - pairs % R, R // (pairs % R)
-    elif tail is False:
-        return 0, 1, 0
-    else:
-        dp, want = tail
-        if not (0 <= dp < pairs and want >= 2 and S == 1):
-            raise ValueError(f"gemv tail ({dp}, {want}) for {pairs} pair tiles at {S} slices: need 0 <= dp < pairs, "
-                             "ts >= 2 and one slice")
-    ts, per = gemv_splits(backend, N, K, want)
-    return (dp, ts, per) if ts >= 2 else (0, 1, 0)
 
 
 def gemv_fixed_group(G: int) -> bool:
@@ -610,32 +585,26 @@ def q4_norm_chain(backend: Any, layers: list, T: int, head_dim: int) -> bool:
 
 def gemv_q4_pair(backend: Any, epi: str, x: Any, mw: MarlinWeight, out: Any, bias: Any | None = None,
                  rope: tuple | None = None, nbytes: int = 0, splits: int | None = None,
-                 norm_in: tuple | None = None, tail: tuple[int, int] | bool | None = None) -> None:
+                 norm_in: tuple | None = None) -> None:
     """gemv_q4's paired forms (gemm_q4.cu GV_EPI_SILU / GV_EPI_ROPE), where gemv_pair_takes: "silu" writes out [T,
     N/2] = silu(gate) * up from gate_up [N, K]; "rope" writes q rotated into out [T, N] (qkv; + bias) and k rotated,
     v as it is into the paged caches, rope = (positions, inv_freq, slots, k_cache, v_cache, Hq, Hkv, D, block_size).
     The same K slices, cluster and sums as gemv_q4 (the same bits as gemv_q4 + silu_mul / rope_write_kv; `splits`
     as gemv_q4's, for tests). norm_in = (ssp, eps) (gemm_q4.cu's GV_NORM_IN, where gemv_norm_takes): x is the x * g
     a gemv_q4 norm_out wrote and ssp its sums of squares; the sums are scaled by 1 / rms (rms_norm + this form
-    within bf16 rounding of x). The silu form splits its tail (gemv_tail_plan; `tail` as its, for tests): the tail
-    tiles' bits are those of `splits` = ts, the rest those of one slice."""
+    within bf16 rounding of x)."""
     T, K = x.shape
     N = mw.N
     S, per, cluster, part, sem = _gemv_plan(backend, T, N, K, splits)
     if norm_in is not None and (T > 8 or (S > 1 and not cluster)):
         raise ValueError(f"gemv_q4_pair: norm_in needs up to 8 tokens and one K slice or a cluster ({S} slices)")
-    dp, ts, tkpw = gemv_tail_plan(backend, N, K, S, tail) if epi == "silu" else (0, 1, 0)
-    blocks = N // 64
-    if ts > 1:
-        blocks = dp + (blocks - dp) * ts
-        part = backend._buf("gemv_q4_part", (ts, T, N), np.float32)
-    dims = (np.int32(T), np.int32(N), np.int32(K), np.int32(mw.group_size), np.int32(per))
+    tail = (np.int32(T), np.int32(N), np.int32(K), np.int32(mw.group_size), np.int32(per))
     if epi == "silu":
-        args = (mw.qweight, mw.sz, x, out, part, sem) + dims + (np.int32(dp), np.int32(ts), np.int32(tkpw))
+        args = (mw.qweight, mw.sz, x, out, part, sem) + tail
         label = "gate_up+silu"
     else:
         positions, inv_freq, slots, k_cache, v_cache, Hq, Hkv, D, bs = rope
-        args = (mw.qweight, mw.sz, x, NULL if bias is None else bias, out, part, sem) + dims + (
+        args = (mw.qweight, mw.sz, x, NULL if bias is None else bias, out, part, sem) + tail + (
             positions, inv_freq, slots, k_cache, v_cache, np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(bs))
         label = "qkv+rope"
     if norm_in is not None:
@@ -645,7 +614,7 @@ def gemv_q4_pair(backend: Any, epi: str, x: Any, mw: MarlinWeight, out: Any, bia
         # a pair of tiles a block, 4 warps each
         _gemv_launch(backend.k.fns[f"gemv_{'q4m' if mw.mode else 'q4z'}_{epi}_c{mw.group_size // 32}"
                                    f"{'_nin' if norm_in is not None else ''}"],
-                     (blocks, S), (64 * GEMV_WARPS,), args, S, cluster)
+                     (N // 64, S), (64 * GEMV_WARPS,), args, S, cluster)
 
 
 def dequant_marlin(backend: Any, mw: MarlinWeight, out: Any) -> None:
