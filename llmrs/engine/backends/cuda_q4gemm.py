@@ -407,7 +407,8 @@ def gemv_splits(backend: Any, N: int, K: int, splits: int | None = None) -> tupl
     unsplit, the last 64 in 4 K slices over the idle blocks through the L2 hand-off, one launch; its GPU bit tests
     passed): 7B AWQ 1.8778 / 1.8765 against 1.8780 / 1.8781 ms/token, gate_up 692.7 against 695.8 us a step
     (`llmrs profile --timeline`), 3B AWQ 1.334 against 1.309: a part-full round's blocks run faster, so the
-    GEMV's time is its throughput an SM (~14 warps at 128 registers), not its rounds."""
+    GEMV's time is its throughput an SM (22% occupancy at 126-128 registers: session 20's ncu), not its
+    rounds."""
     NB, KB = N // 32, K // 32
     want = max(1, GEMV_BLOCKS_PER_SM * backend.num_sms // NB) if splits is None else splits
     S = max(1, min(want, -(-KB // (GEMV_WARPS * GEMV_DEPTH))))
