@@ -21,14 +21,19 @@ KERNELS = Path(__file__).resolve().parent.parent / "llmrs" / "kernels_cu"
 
 
 @functools.lru_cache(maxsize=None)
-def sass_of(cu: str, defines: tuple[str, ...] = ()) -> dict:
-    """kernel -> its SassSummary (sm_90); skips where the CUDA compiler wheels are missing."""
+def sass_lines(cu: str, defines: tuple[str, ...] = ()) -> dict:
+    """kernel -> its SASS lines (sm_90; parse_nvdisasm's); skips where the CUDA compiler wheels are missing."""
     try:
         c = compile_file(KERNELS / cu, "sm_90", find_toolchain(), [], [f"-D{d}" for d in defines],
                          nvdisasm=find_nvdisasm())
     except Exception as e:
         pytest.skip(f"no sm_90 SASS here: {e}")
-    return {name: summarize(lines) for name, lines in parse_nvdisasm(c.sass).items()}
+    return parse_nvdisasm(c.sass)
+
+
+def sass_of(cu: str, defines: tuple[str, ...] = ()) -> dict:
+    """kernel -> its SassSummary (sm_90)."""
+    return {name: summarize(lines) for name, lines in sass_lines(cu, defines).items()}
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +63,28 @@ def test_the_4bit_gemv_too():
     # its first GV_DEPTH (4) code words; the t16 form also hoists its first groups' scale words (weights: 8)
     assert gemv["gemv_q4z_c4"].pre_wait_loads == 4 and gemv["gemv_q4m_c4"].pre_wait_loads == 4
     assert gemv["gemv_q4z_t16_c4"].pre_wait_loads == 12
+
+
+def test_the_4bit_gemv_merges_its_cluster_slices_without_a_gpu_fence():
+    """gemv_q4's K slices launched as a cluster push their sums into block 0's shared memory with st.async (SASS
+    STAS), completing on its mbarrier (SYNCS ... TRYWAIT): no cluster barrier arrived with .release, which ptxas
+    emits as MEMBAR.ALL.GPU (session 33: ~20 us a step of the 7B AWQ's). The forms with a cluster path (one n8 tile
+    of tokens) have it; the two-tile t16 forms keep the L2 hand-off only; the decode attention's cluster merge
+    still arrives with .release."""
+    gemv = sass_lines("gemm_q4.cu")
+
+    def ops(name: str) -> list[str]:
+        return [i.text for i, _ in gemv[name] if i is not None]
+
+    for name in ("gemv_q4z_c4", "gemv_q4m_c1", "gemv_q4z_c4_nout", "gemv_q4z_silu_c4", "gemv_q4m_silu_c4_nin",
+                 "gemv_q4z_rope_c4", "gemv_q4z_rope_c4_nin"):
+        text = ops(name)
+        assert any(t.startswith("STAS") for t in text) and any("TRYWAIT" in t for t in text), name
+        assert not any("MEMBAR.ALL.GPU" in t for t in text), name
+        assert sum("UCGABAR_ARV" in t for t in text) == 1 and sum("UCGABAR_WAIT" in t for t in text) == 1, name
+    assert not any(t.startswith("STAS") or "UCGABAR" in t for t in ops("gemv_q4z_t16_c4"))
+    att = [i.text for i, _ in sass_lines("attention.cu")["attn_o_cluster8_w8"] if i is not None]
+    assert any("MEMBAR.ALL.GPU" in t for t in att) and not any(t.startswith("STAS") for t in att)
 
 
 def ins(addr: int, text: str) -> Instr:

@@ -357,6 +357,44 @@ __device__ __forceinline__ float4 ld_cluster4(const float* p, unsigned rank) {
     return v;
 }
 
+// Pushes into another block's shared memory that complete on its mbarrier (sm_90+): st.async with
+// mbarrier::complete_tx, the receiving block waiting on the mbarrier's phase for the bytes it expects. A cluster
+// barrier arrived with .release (cluster_sync) orders plain st.shared::cluster pushes but costs a MEMBAR.ALL.GPU
+// before the arrive (nvdisasm, sm_90); these need no fence (session 33). The mbarrier must be initialized (mbar_init,
+// with its fence) before any block pushes into it: a cluster barrier (relaxed arrive, then wait) between the two.
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const unsigned a = (unsigned)__cvta_generic_to_shared(bar);
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(count) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// one arrival on this block's mbarrier that also makes it expect `bytes` more of pushes
+__device__ __forceinline__ void mbar_arrive_expect(unsigned long long* bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const unsigned a = (unsigned)__cvta_generic_to_shared(bar);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(a), "r"(bytes) : "memory");
+#endif
+}
+// v into block `rank`'s shared memory at the address of `p` in this block's, completing 4 bytes on that block's
+// mbarrier at the address of `bar` in this block's
+__device__ __forceinline__ void st_async_cluster(float* p, unsigned rank, float v, unsigned long long* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+                 ::"r"(cluster_addr(p, rank)), "r"(__float_as_uint(v)), "r"(cluster_addr(bar, rank)) : "memory");
+#endif
+}
+// until this block's mbarrier completes the phase of `parity` (its pushes visible to the caller)
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile(
+        "{\n.reg .pred done;\nMBAR_WAIT_%=:\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra MBAR_WAIT_%=;\n}" ::"r"((unsigned)__cvta_generic_to_shared(bar)),
+        "r"(parity) : "memory");
+#endif
+}
+
 // ---------------------------------------------------------------------- wgmma (sm_90a: arch-specific)
 // Defined only where the target has them (__CUDA_ARCH_FEAT_SM90_ALL: NVRTC's sm_90a, cuda_kernels.module_for_arch);
 // LLMRS_WGMMA says so. Operands: bf16, f32 accumulators in the m64nNk16 D layout (per warp of the warpgroup 16

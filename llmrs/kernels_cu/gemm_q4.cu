@@ -1218,6 +1218,14 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
     constexpr int TOK = 8 * NU;
     constexpr int NW = EPI ? 2 * GV_WARPS : GV_WARPS;  // warps a block: one tile's, or a pair's (EPI)
     __shared__ float red[NW][TOK][36];  // [warp][token][column] (36: conflict-free stores)
+    // a cluster launch (the K slices' merge below): block 0's mbarrier for the slices' pushes, initialized before
+    // every block arrives at the cluster barrier that the pushes wait on
+    __shared__ __align__(8) unsigned long long cbar;
+    const unsigned ncl = NU == 1 ? cluster_blocks() : 1;
+    if (ncl > 1) {
+        if (cluster_rank() == 0 && threadIdx.x == 0) mbar_init(&cbar, 1);
+        cluster_arrive_relaxed();
+    }
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int wk = EPI ? warp % GV_WARPS : warp;  // the warp's K run among its tile's warps
     const int nb_a = EPI ? gv_pair_tile<EPI>(blockIdx.x, 0, N, rp.D) : blockIdx.x;
@@ -1329,25 +1337,27 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
         }
     }
     const int n = nb_a * 32 + lane, n_b = nb_b * 32 + lane;
-    const unsigned ncl = NU == 1 ? cluster_blocks() : 1;
     if (ncl > 1) {
         // a cluster launch (sm_90+, GV_CLUSTER_MAX slices at most, one n8 tile of tokens: the t16 forms stay on the
         // hand-off below, whose registers the path would cost spills): the cluster is the tile's S slices (rank =
-        // blockIdx.y); each block pushes its sums into block 0's shared memory, one cluster barrier (release /
-        // acquire), and block 0 adds them in slice order from 0, the global hand-off's order below: the same bits,
-        // no round trips through L2 (store, fence, atomic, loads)
+        // blockIdx.y); each block pushes its sums into block 0's shared memory (st.async, completing on block 0's
+        // mbarrier: no cluster barrier with release, whose MEMBAR.ALL.GPU cost the 7B AWQ ~20 us a step, session
+        // 33), and block 0 adds them in slice order from 0, the global hand-off's order below: the same bits, no
+        // round trips through L2 (store, fence, atomic, loads)
         __shared__ float cpart[GV_CLUSTER_MAX][EPI ? 2 : 1][TOK][32];
         const unsigned rank = cluster_rank();
+        cluster_wait();  // block 0's mbarrier initialized (every block arrived at its start)
+        if (rank == 0 && tid == 0) mbar_arrive_expect(&cbar, ncl * (unsigned)T * 32u * 4u * (EPI ? 2u : 1u));
 #pragma unroll
         for (int p = 0; p < P; ++p) {
             const int m = (tid >> 5) + NW * p;
             if (m < T) {
-                st_cluster(&cpart[rank][0][m][lane], 0, v[p]);
-                if (EPI) st_cluster(&cpart[rank][EPI ? 1 : 0][m][lane], 0, vb[p]);
+                st_async_cluster(&cpart[rank][0][m][lane], 0, v[p], &cbar);
+                if (EPI) st_async_cluster(&cpart[rank][EPI ? 1 : 0][m][lane], 0, vb[p], &cbar);
             }
         }
-        cluster_sync();
         if (rank != 0) return;
+        mbar_wait(&cbar, 0);  // every slice's sums in
 #pragma unroll
         for (int p = 0; p < P; ++p) {
             const int m = (tid >> 5) + NW * p;
