@@ -1031,7 +1031,8 @@ extern "C" __global__ void dequant_marlin_q4m_bf16(const uint4* __restrict__ Bq,
 // order; with S > 1 each block writes its f32 partial and the last block of the tile (a counter per tile, reset
 // by that block) sums the S partials in slice order: deterministic, one launch. Launched as a cluster of the S
 // slices (sm_90+, cuda_q4gemm.gemv_q4), the blocks push their partials into the first block's shared memory
-// instead and meet at one cluster barrier: the same sums in the same order, without the round trips through L2.
+// instead (st.async, completing on its mbarrier: no fence) and that block sums them: the same sums in the same
+// order, without the round trips through L2.
 // Instruction-bound more than DRAM-bound at one token (ncu on the H200, the 7B's gate_up: 56% of the scheduler
 // slots issued, 33% of DRAM bandwidth, ~130 instructions a warp a k32 block). So a group's scale words are loaded
 // once, a group ahead, and the group is followed by a counter, not a division and a modulo per k32 block (~106

@@ -71,8 +71,11 @@ GEMV_DEPTH = 4  # GV_DEPTH: k32 blocks a warp has in flight (its runs are multip
 GEMV_BLOCKS_PER_SM = 4  # resident at once: 128 registers x 128 threads (ptx-check)
 GEMV_SEM_TILES = 1 << 16  # per-tile counters of the split-K hand-off: N up to 2M columns
 # On sm_90+ a split tile's S blocks are launched as one thread-block cluster (gemm_q4.cu: the partials pushed into
-# the first block's shared memory, one cluster barrier; the same sums in the same order as the hand-off through
-# L2) where 2 <= S <= GEMV_CLUSTER_MAX (GV_CLUSTER_MAX); more slices keep the hand-off. The backend's
+# the first block's shared memory; the same sums in the same order as the hand-off through L2) where 2 <= S <=
+# GEMV_CLUSTER_MAX (GV_CLUSTER_MAX); more slices keep the hand-off. The pushes are st.async completing on that
+# block's mbarrier since session 33 (call4; before, st.shared::cluster and a cluster barrier arrived with release,
+# a MEMBAR.ALL.GPU in every block): 7B AWQ 1.8748 / 1.8757 -> 1.8571 / 1.8570 ms/token, 3B AWQ 1.2969 -> 1.2786
+# (decode bench, one run a process, alternated). The backend's
 # q4_gemv_cluster (LLMRS_Q4_GEMV_CLUSTER=0: False) keeps it everywhere. H200 (scripts/bench_gemv_q4.py, AWQ G128, T
 # = 1, inside a graph, us cluster / L2; reports/h200-qwen2.5/session23 call1): 7B qkv S=3 6.32 / 7.30, o S=4 5.33 /
 # 6.33, down S=4 15.42 / 16.24; 3B down S=4 7.93 / 8.47 but S=8 9.37 / 7.78 (clusters of 8 blocks wait for two
