@@ -65,12 +65,12 @@ def test_the_4bit_gemv_too():
     assert gemv["gemv_q4z_t16_c4"].pre_wait_loads == 12
 
 
-def test_the_4bit_gemv_merges_its_cluster_slices_without_a_gpu_fence():
+def test_cluster_merges_push_without_a_gpu_fence():
     """gemv_q4's K slices launched as a cluster push their sums into block 0's shared memory with st.async (SASS
     STAS), completing on its mbarrier (SYNCS ... TRYWAIT): no cluster barrier arrived with .release, which ptxas
     emits as MEMBAR.ALL.GPU (session 33: ~20 us a step of the 7B AWQ's). The forms with a cluster path (one n8 tile
-    of tokens) have it; the two-tile t16 forms keep the L2 hand-off only; the decode attention's cluster merge
-    still arrives with .release."""
+    of tokens) have it; the two-tile t16 forms keep the L2 hand-off only. attn_o_cluster's splits push the same
+    way (every block receiving); attn_cluster's merge still arrives with .release."""
     gemv = sass_lines("gemm_q4.cu")
 
     def ops(name: str) -> list[str]:
@@ -83,8 +83,12 @@ def test_the_4bit_gemv_merges_its_cluster_slices_without_a_gpu_fence():
         assert not any("MEMBAR.ALL.GPU" in t for t in text), name
         assert sum("UCGABAR_ARV" in t for t in text) == 1 and sum("UCGABAR_WAIT" in t for t in text) == 1, name
     assert not any(t.startswith("STAS") or "UCGABAR" in t for t in ops("gemv_q4z_t16_c4"))
-    att = [i.text for i, _ in sass_lines("attention.cu")["attn_o_cluster8_w8"] if i is not None]
-    assert any("MEMBAR.ALL.GPU" in t for t in att) and not any(t.startswith("STAS") for t in att)
+    att = {name: [i.text for i, _ in lines if i is not None] for name, lines in sass_lines("attention.cu").items()}
+    for name in ("attn_o_cluster8_w8", "attn_o_cluster8", "attn_o_cluster4"):
+        assert any(t.startswith("STAS") for t in att[name]) and any("TRYWAIT" in t for t in att[name]), name
+        assert not any("MEMBAR.ALL.GPU" in t for t in att[name]), name
+    old = att["attn_cluster8_d4_g4_w16"]
+    assert any("MEMBAR.ALL.GPU" in t for t in old) and not any(t.startswith("STAS") for t in old)
 
 
 def ins(addr: int, text: str) -> Instr:

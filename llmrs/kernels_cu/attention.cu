@@ -733,6 +733,10 @@ __device__ __forceinline__ void attn_o_impl(
     __shared__ float p_a[CL][D], p_m[CL], p_l[CL];  // every split's (A, M, L), pushed by the cluster's blocks
     __shared__ __align__(16) float s_att[D];
     __shared__ int s_tbl[ATTN_TABLE_STAGE];
+    // the splits' pushes (st.async) complete on each block's mbarrier: initialized before the block arrives at the
+    // cluster barrier that every push waits on (no barrier with release after the pushes: its MEMBAR.ALL.GPU)
+    __shared__ __align__(8) unsigned long long p_bar;
+    if (threadIdx.x == 0) mbar_init(&p_bar, 1);
     cluster_arrive_relaxed();  // this block runs (its shared memory there to push into): waited on before the pushes
     const int t = blockIdx.x, h = blockIdx.y, s = (int)cluster_rank();
     const int g = h / (Hq / Hkv);
@@ -812,7 +816,8 @@ __device__ __forceinline__ void attn_o_impl(
         if (threadIdx.x == 0) s_M = M;
     }
     __syncthreads();
-    cluster_wait();  // every block of the cluster runs (arrived at its start)
+    cluster_wait();  // every block of the cluster runs (arrived at its start: its mbarrier initialized)
+    if (threadIdx.x == 0) mbar_arrive_expect(&p_bar, CL * (D + 2) * 4);  // every split's A, M and L
     if ((int)threadIdx.x < D) {
         const int d = threadIdx.x;
         const float M = s_M;
@@ -825,11 +830,11 @@ __device__ __forceinline__ void attn_o_impl(
         }
 #pragma unroll
         for (int r = 0; r < CL; ++r) {
-            st_cluster(&p_a[s][d], r, A);
-            if (d == 0) { st_cluster(&p_m[s], r, M); st_cluster(&p_l[s], r, Ls); }
+            st_async_cluster(&p_a[s][d], r, A, &p_bar);
+            if (d == 0) { st_async_cluster(&p_m[s], r, M, &p_bar); st_async_cluster(&p_l[s], r, Ls, &p_bar); }
         }
     }
-    cluster_sync();  // every push written and visible
+    mbar_wait(&p_bar, 0);  // every split's pushes in (each block waits for its own: none leaves while pushed to)
     if ((int)threadIdx.x < D) {  // the splits, attn_merge's way, in split order: the head's output, dim d
         const int d = threadIdx.x;
         float M = NEG_INF;
