@@ -68,7 +68,7 @@ def test_the_4bit_gemv_too():
 def test_cluster_merges_push_without_a_gpu_fence():
     """gemv_q4's K slices launched as a cluster push their sums into block 0's shared memory with st.async (SASS
     STAS), completing on its mbarrier (SYNCS ... TRYWAIT): no cluster barrier arrived with .release, which ptxas
-    emits as MEMBAR.ALL.GPU (session 33: ~20 us a step of the 7B AWQ's). The forms with a cluster path (one n8 tile
+    emits as MEMBAR.ALL.GPU (session 33: ~18 us a step of the 7B AWQ's). The forms with a cluster path (one n8 tile
     of tokens) have it; the two-tile t16 forms keep the L2 hand-off only. attn_o_cluster's splits push the same
     way (every block receiving); attn_cluster's merge still arrives with .release."""
     gemv = sass_lines("gemm_q4.cu")

@@ -1342,7 +1342,7 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
         // a cluster launch (sm_90+, GV_CLUSTER_MAX slices at most, one n8 tile of tokens: the t16 forms stay on the
         // hand-off below, whose registers the path would cost spills): the cluster is the tile's S slices (rank =
         // blockIdx.y); each block pushes its sums into block 0's shared memory (st.async, completing on block 0's
-        // mbarrier: no cluster barrier with release, whose MEMBAR.ALL.GPU cost the 7B AWQ ~20 us a step, session
+        // mbarrier: no cluster barrier with release, whose MEMBAR.ALL.GPU cost the 7B AWQ ~18 us a step, session
         // 33), and block 0 adds them in slice order from 0, the global hand-off's order below: the same bits, no
         // round trips through L2 (store, fence, atomic, loads)
         __shared__ float cpart[GV_CLUSTER_MAX][EPI ? 2 : 1][TOK][32];
