@@ -310,12 +310,16 @@ __device__ __forceinline__ void cluster_wait() {
     asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
 #endif
 }
+// the shared-state-space (32-bit) address of a pointer into this block's shared memory (gemm_q4.cu keeps its own
+// smem_u32, an inline-asm form whose PTX differs)
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
 // the shared::cluster address of block `rank`'s shared memory at the address of `p` in this block's (mapa)
 __device__ __forceinline__ unsigned cluster_addr(const void* p, unsigned rank) {
     unsigned ra = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(smem_addr(p)), "r"(rank));
 #endif
     return ra;
 }
@@ -364,16 +368,15 @@ __device__ __forceinline__ float4 ld_cluster4(const float* p, unsigned rank) {
 // with its fence) before any block pushes into it: a cluster barrier (relaxed arrive, then wait) between the two.
 __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const unsigned a = (unsigned)__cvta_generic_to_shared(bar);
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(count) : "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
 }
 // one arrival on this block's mbarrier that also makes it expect `bytes` more of pushes
 __device__ __forceinline__ void mbar_arrive_expect(unsigned long long* bar, unsigned bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const unsigned a = (unsigned)__cvta_generic_to_shared(bar);
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(a), "r"(bytes) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
 #endif
 }
 // v into block `rank`'s shared memory at the address of `p` in this block's, completing 4 bytes on that block's
@@ -390,8 +393,7 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
     asm volatile(
         "{\n.reg .pred done;\nMBAR_WAIT_%=:\n"
         "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra MBAR_WAIT_%=;\n}" ::"r"((unsigned)__cvta_generic_to_shared(bar)),
-        "r"(parity) : "memory");
+        "@!done bra MBAR_WAIT_%=;\n}" ::"r"(smem_addr(bar)), "r"(parity) : "memory");
 #endif
 }
 

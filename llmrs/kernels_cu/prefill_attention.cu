@@ -48,10 +48,6 @@
 #define PF_HAVE_MMA 0
 #endif
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
 #if PF_HAVE_MMA
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
@@ -174,7 +170,7 @@ __device__ __forceinline__ void prefill_attn_impl(
     constexpr int NT = PF_BK / 8;    // n8 tiles over the keys of a tile (S)
     constexpr int TILE_BYTES = PF_BK * D * 2;
     extern __shared__ __align__(128) unsigned char smem[];
-    const unsigned s_base = smem_u32(smem);
+    const unsigned s_base = smem_addr(smem);
     // [K stage 0][K stage 1 = Q staging][V stage 0][V stage 1]
     const unsigned sK0 = s_base, sV0 = s_base + 2 * TILE_BYTES;
 
@@ -410,7 +406,7 @@ __device__ __forceinline__ void decode_attn_tc_impl(
     constexpr int TB = DT_BK * D * 2;           // bytes of one K (or V) tile
     constexpr int WARP_BYTES = 2 * 2 * TB;      // a warp's two stages of K and V
     extern __shared__ __align__(128) unsigned char smem[];
-    const unsigned s_base = smem_u32(smem);
+    const unsigned s_base = smem_addr(smem);
     const int t = blockIdx.x, g = blockIdx.y, S = gridDim.z, s = blockIdx.z;
     const int G = Hq / Hkv;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
