@@ -1,0 +1,101 @@
+"""Which kernels' PTX a change touches (no GPU): every .cu of two kernel trees (llmrs/kernels_cu of this checkout
+and of another, e.g. `mkdir _base && git archive HEAD llmrs | tar -x -C _base`) compiled by NVRTC as `llmrs
+ptx-check` does, each with its own tree's common.cuh, and each `.entry` compared with comments stripped. A kernel
+whose PTX is byte-identical in both trees runs the same code, so the GPU tests a change needs are those of the
+kernels listed as changed (session 33 and 35 used this to pick the tests of a refactor; a whole GPU suite is ~4 min
+of the 30 a session has).
+
+    python3 scripts/ptx_diff.py _base/llmrs/kernels_cu llmrs/kernels_cu [--arch sm_90 --arch sm_80] [-D NAME=1]
+
+Prints one line per file and arch (identical, or the changed / added / removed entries) and exits 1 when any
+differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from llmrs.roofline.ptx.compile import nvrtc_compile  # noqa: E402
+from llmrs.roofline.ptx.toolchain import find_toolchain  # noqa: E402
+
+_ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(.*?\n\}", re.S)
+
+
+def entry_hashes(ptx: str) -> dict[str, str]:
+    """kernel name -> a hash of its `.entry ... }` text with // comments (file names, line numbers) removed."""
+    text = re.sub(r"//[^\n]*", "", ptx)
+    return {m.group(1): hashlib.sha1(m.group(0).encode()).hexdigest() for m in _ENTRY.finditer(text)}
+
+
+def file_hashes(path: Path, arch: str, defines: list[str], tc=None) -> dict[str, str]:
+    """entry_hashes of one .cu compiled for `arch` (its includes from its own folder)."""
+    tc = tc or find_toolchain()
+    ptx, _, _ = nvrtc_compile(path, path.read_text(), arch, tc, [], [f"-D{d}" for d in defines])
+    return entry_hashes(ptx)
+
+
+@dataclass
+class FileDiff:
+    name: str
+    arch: str
+    entries: int
+    changed: list[str] = field(default_factory=list)
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        return not (self.changed or self.added or self.removed)
+
+    def line(self) -> str:
+        if self.identical:
+            return f"{self.name:24s} {self.arch}  {self.entries:3d} entries  identical"
+        parts = [f"{k} {len(v)}: {' '.join(v)}" for k, v in
+                 (("changed", self.changed), ("added", self.added), ("removed", self.removed)) if v]
+        return f"{self.name:24s} {self.arch}  {self.entries:3d} entries  " + "; ".join(parts)
+
+
+def diff_trees(a: Path, b: Path, archs: list[str], defines: list[str] | None = None,
+               files: list[str] | None = None) -> list[FileDiff]:
+    """One FileDiff per .cu present in either tree and arch (b against a)."""
+    tc = find_toolchain()
+    names = files or sorted({p.name for p in a.glob("*.cu")} | {p.name for p in b.glob("*.cu")})
+    out = []
+    for name in names:
+        for arch in archs:
+            ha = file_hashes(a / name, arch, defines or [], tc) if (a / name).exists() else {}
+            hb = file_hashes(b / name, arch, defines or [], tc) if (b / name).exists() else {}
+            out.append(FileDiff(name, arch, len(hb),
+                                changed=[k for k in hb if k in ha and ha[k] != hb[k]],
+                                added=[k for k in hb if k not in ha],
+                                removed=[k for k in ha if k not in hb]))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("before", type=Path, help="a kernels_cu folder (the tree before)")
+    ap.add_argument("after", type=Path, help="a kernels_cu folder (the tree after)")
+    ap.add_argument("--arch", action="append", help="sm_XX, repeatable (default sm_90)")
+    ap.add_argument("-D", dest="defines", action="append", default=[], help="a -D for both trees, repeatable")
+    ap.add_argument("--file", action="append", help="only this .cu, repeatable")
+    args = ap.parse_args()
+    for d in (args.before, args.after):
+        if not d.is_dir():
+            print(f"ptx_diff: {d} is not a folder (expected a kernels_cu tree)", file=sys.stderr)
+            return 2
+    diffs = diff_trees(args.before, args.after, args.arch or ["sm_90"], args.defines, args.file)
+    for d in diffs:
+        print(d.line())
+    return 0 if all(d.identical for d in diffs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
