@@ -10,6 +10,9 @@ choice and of the best S. On sm_90 each S runs twice: its K slices launched as o
 through the L2 hand-off ("gemv_q4 l2", LLMRS_Q4_GEMV_CLUSTER=0's form). Each kernel's output is checked against
 x (rounded to bf16) @ the dequantized weights:
 "WRONG" marks a relative error above 1e-2 or an output left unwritten. --json writes the rows.
+What bounds the GEMV (gemm_q4.cu's timing probes, their outputs WRONG by design): --variants '-DGV_ABLATE_MATH
+-DGV_ABLATE_PAD=39000;-DGV_ABLATE_LOADS' times the code stream alone (no decode, no mma; held at 4 blocks an SM) and
+the math alone (codes made from their addresses) beside the kernel.
 """
 
 from __future__ import annotations

@@ -182,3 +182,30 @@ def test_the_attention_probe_and_exact_exp_builds():
     for name in ("attn_cluster8_d4", "attn_cluster16_d2", "attn_partial_d4"):
         assert probe[name].pre_wait_loads == exact[name].pre_wait_loads == base[name].pre_wait_loads
         assert exact[name].instructions > base[name].instructions
+
+
+def test_gemv_ablation_switches_do_what_they_say():
+    """gemm_q4.cu's timing probes (-DGV_ABLATE_MATH / -DGV_ABLATE_LOADS, scripts/bench_gemv_q4.py --variants): the
+    math ablation's gemv keeps its 128-bit code loads and has no HMMA; the loads ablation keeps every HMMA but loads
+    only its first batch of codes (GV_DEPTH 128-bit loads, before the wait); GV_ABLATE_PAD holds the plain form at 4
+    blocks an SM on sm_90 (5 do not fit in 228 KB). The default build is neither (the SASS test above)."""
+    def ops(defines: tuple[str, ...], name: str = "gemv_q4z_c4") -> list[str]:
+        return [i.text for i, _ in sass_lines("gemm_q4.cu", defines)[name] if i is not None]
+
+    def op(t: str) -> str:
+        return t.split()[1] if t.startswith("@") else t.split()[0]
+
+    base = ops(())
+    code_loads = [t for t in base if op(t).startswith("LDG.E.NA.128")]
+    assert any("HMMA" in t for t in base) and len(code_loads) >= 8
+    math = ops(("GV_ABLATE_MATH",))
+    assert not any("HMMA" in t for t in math)
+    assert len([t for t in math if op(t).startswith("LDG.E.NA.128")]) >= 8
+    loads = ops(("GV_ABLATE_LOADS",))
+    assert sum("HMMA" in t for t in loads) == sum("HMMA" in t for t in base)
+    assert len([t for t in loads if op(t).startswith("LDG.E.NA.128")]) == 4  # the first batch (ldg_early)
+    c = compile_file(KERNELS / "gemm_q4.cu", "sm_90", find_toolchain(), [],
+                     ["-DGV_ABLATE_MATH", "-DGV_ABLATE_PAD=39000"])
+    smem = c.ptxas["gemv_q4z_c4"].shared_bytes + 1024  # + the 1 KB an SM reserves a block
+    assert c.ptxas["gemv_q4z_c4"].registers <= 80 and 4 * smem <= 228 * 1024 < 5 * smem
+    assert c.ptxas["gemv_q4z_silu_c4"].shared_bytes < 20000  # the paired forms are not padded

@@ -1078,6 +1078,23 @@ extern "C" __global__ void dequant_marlin_q4m_bf16(const uint4* __restrict__ Bq,
 #define GV_DEPTH 4  // k32 blocks in flight a warp while the previous GV_DEPTH are used (registers)
 #endif
 #define GV_BF16_ONES 0x3F803F80u
+// Ablations for timing probes only (wrong outputs; scripts/bench_gemv_q4.py --variants '-DGV_ABLATE_MATH;
+// -DGV_ABLATE_LOADS'): what the GEMV's code stream alone takes, and its math alone, against both together.
+//   GV_ABLATE_MATH: a k32 block's codes folded into one accumulator (no decode, no mma; x's loads stay issued);
+//   GV_ABLATE_LOADS: the main loop's code words made from their addresses, not loaded (the first batch, the scale
+//   words and x still are).
+// Fewer registers let more blocks share an SM (GV_ABLATE_MATH: 72 against 128, sm_90); GV_ABLATE_PAD=BYTES makes
+// each plain-form block reserve that much more shared memory, to hold an ablation at the kernel's own 4 blocks an SM
+// (39000 on sm_90: 5 blocks of 47.7 KB do not fit in 228 KB).
+#ifdef GV_ABLATE_LOADS
+__device__ __forceinline__ uint4 gv_fake_codes(const uint4* p) {
+    const unsigned a = (unsigned)(size_t)p;
+    return make_uint4(a * 0x9E3779B9u, a ^ 0x5BD1E995u, a * 0x85EBCA6Bu, a + 0x27D4EB2Fu);
+}
+#define GV_CODE_LOAD(p) gv_fake_codes(p)
+#else
+#define GV_CODE_LOAD(p) ldg_stream(p)
+#endif
 
 __device__ __forceinline__ unsigned bf16x2_code(unsigned w) {
     unsigned r;
@@ -1100,6 +1117,10 @@ __device__ __forceinline__ uint4 gemv_xb(const float* __restrict__ xr, bool live
 template <int NU>
 __device__ __forceinline__ void gemv_kb(uint4 q, const uint4 (&xb)[NU], float (&c)[NU][2][4], float (&cx)[NU][4],
                                         bool first = false) {
+#ifdef GV_ABLATE_MATH
+    c[0][0][0] += __uint_as_float((q.x ^ q.y ^ q.z ^ q.w) & 0x007FFFFFu);  // timing probe: the loads kept, no math
+    return;
+#endif
     const unsigned wq[4] = {q.x, q.y, q.z, q.w};
     const unsigned ones[4] = {GV_BF16_ONES, GV_BF16_ONES, GV_BF16_ONES, GV_BF16_ONES};
 #pragma unroll
@@ -1216,6 +1237,10 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
     static_assert(EPI == 0 || NU == 1, "the paired forms take one n8 tile of tokens");
     static_assert(NRM == 0 || (NU == 1 && (NRM == GV_NORM_IN) == (EPI != 0)), "norm out: plain forms; in: paired");
     pdl_trigger();
+#ifdef GV_ABLATE_PAD
+    __shared__ volatile char gv_pad[EPI ? 1 : GV_ABLATE_PAD];  // timing probes: occupancy held (above)
+    if (threadIdx.x == 0) gv_pad[0] = 0;
+#endif
     constexpr int TOK = 8 * NU;
     constexpr int NW = EPI ? 2 * GV_WARPS : GV_WARPS;  // warps a block: one tile's, or a pair's (EPI)
     __shared__ float red[NW][TOK][36];  // [warp][token][column] (36: conflict-free stores)
@@ -1278,7 +1303,7 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
 #pragma unroll
         for (int u = 0; u < NU; ++u) xr[u] += 32 * GV_DEPTH;
 #pragma unroll
-        for (int d = 0; d < GV_DEPTH; ++d) qn[d] = ldg_stream(base + GV_DEPTH + d < kb_hi ? wn + 32 * d : wp);
+        for (int d = 0; d < GV_DEPTH; ++d) qn[d] = GV_CODE_LOAD(base + GV_DEPTH + d < kb_hi ? wn + 32 * d : wp);
         wn += 32 * GV_DEPTH;
 #pragma unroll
         for (int d = 0; d < GV_DEPTH; ++d) {
