@@ -186,9 +186,9 @@ def test_the_attention_probe_and_exact_exp_builds():
 
 def test_gemv_ablation_switches_do_what_they_say():
     """gemm_q4.cu's timing probes (-DGV_ABLATE_MATH / -DGV_ABLATE_LOADS, scripts/bench_gemv_q4.py --variants): the
-    math ablation's gemv keeps its 128-bit code loads and has no HMMA; the loads ablation keeps every HMMA but loads
-    only its first batch of codes (GV_DEPTH 128-bit loads, before the wait); GV_ABLATE_PAD holds the plain form at 4
-    blocks an SM on sm_90 (5 do not fit in 228 KB). The default build is neither (the SASS test above)."""
+    math ablation's gemv keeps its 128-bit code loads and has no HMMA (nor x's 64-bit loads); the loads ablation
+    keeps every HMMA but loads only its first batch of codes (GV_DEPTH 128-bit loads, before the wait); GV_ABLATE_PAD
+    holds the plain form at 4 blocks an SM on sm_90 (5 do not fit in 228 KB). The default build is neither."""
     def ops(defines: tuple[str, ...], name: str = "gemv_q4z_c4") -> list[str]:
         return [i.text for i, _ in sass_lines("gemm_q4.cu", defines)[name] if i is not None]
 
@@ -199,7 +199,7 @@ def test_gemv_ablation_switches_do_what_they_say():
     code_loads = [t for t in base if op(t).startswith("LDG.E.NA.128")]
     assert any("HMMA" in t for t in base) and len(code_loads) >= 8
     math = ops(("GV_ABLATE_MATH",))
-    assert not any("HMMA" in t for t in math)
+    assert not any("HMMA" in t for t in math) and not any(op(t).startswith("LDG.E.64") for t in math)
     assert len([t for t in math if op(t).startswith("LDG.E.NA.128")]) >= 8
     loads = ops(("GV_ABLATE_LOADS",))
     assert sum("HMMA" in t for t in loads) == sum("HMMA" in t for t in base)

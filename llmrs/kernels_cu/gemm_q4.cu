@@ -1080,7 +1080,7 @@ extern "C" __global__ void dequant_marlin_q4m_bf16(const uint4* __restrict__ Bq,
 #define GV_BF16_ONES 0x3F803F80u
 // Ablations for timing probes only (wrong outputs; scripts/bench_gemv_q4.py --variants '-DGV_ABLATE_MATH;
 // -DGV_ABLATE_LOADS'): what the GEMV's code stream alone takes, and its math alone, against both together.
-//   GV_ABLATE_MATH: a k32 block's codes folded into one accumulator (no decode, no mma; x's loads stay issued);
+//   GV_ABLATE_MATH: a k32 block's codes folded into one accumulator (no decode, no mma; ptxas drops x's loads);
 //   GV_ABLATE_LOADS: the main loop's code words made from their addresses, not loaded (the first batch, the scale
 //   words and x still are).
 // Fewer registers let more blocks share an SM (GV_ABLATE_MATH: 72 against 128, sm_90); GV_ABLATE_PAD=BYTES makes
