@@ -1,13 +1,14 @@
 """Which kernels' PTX a change touches (no GPU): every .cu of two kernel trees (llmrs/kernels_cu of this checkout
 and of another, e.g. `mkdir _base && git archive HEAD llmrs | tar -x -C _base`) compiled by NVRTC as `llmrs
-ptx-check` does, each with its own tree's common.cuh, and each `.entry` compared with comments stripped. A kernel
-whose PTX is byte-identical in both trees runs the same code, so the GPU tests a change needs are those of the
-kernels listed as changed (session 33 and 35 used this to pick the tests of a refactor; a whole GPU suite is ~4 min
+ptx-check` does, each with its own tree's common.cuh, and each function (`.entry`, and `.func`: a device function
+NVRTC did not inline) compared with comments stripped. A kernel whose PTX (and that of every `.func` it calls) is
+byte-identical in both trees runs the same code, so the GPU tests a change needs are those of the kernels listed as
+changed (session 33 and 35 used this to pick the tests of a refactor; a whole GPU suite is ~4 min
 of the 30 a session has).
 
     python3 scripts/ptx_diff.py _base/llmrs/kernels_cu llmrs/kernels_cu [--arch sm_90 --arch sm_80] [-D NAME=1]
 
-Prints one line per file and arch (identical, or the changed / added / removed entries) and exits 1 when any
+Prints one line per file and arch (identical, or the changed / added / removed functions) and exits 1 when any
 differ.
 """
 
@@ -23,15 +24,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from llmrs.roofline.ptx.compile import nvrtc_compile  # noqa: E402
+from llmrs.roofline.ptx.parse import ptx_functions  # noqa: E402
 from llmrs.roofline.ptx.toolchain import find_toolchain  # noqa: E402
-
-_ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(.*?\n\}", re.S)
 
 
 def entry_hashes(ptx: str) -> dict[str, str]:
-    """kernel name -> a hash of its `.entry ... }` text with // comments (file names, line numbers) removed."""
+    """function name (entries and .funcs) -> a hash of its whole text (parse.ptx_functions) with // comments (file
+    names, line numbers) removed."""
     text = re.sub(r"//[^\n]*", "", ptx)
-    return {m.group(1): hashlib.sha1(m.group(0).encode()).hexdigest() for m in _ENTRY.finditer(text)}
+    return {name: hashlib.sha1(whole.encode()).hexdigest() for _, name, _, whole in ptx_functions(text)}
 
 
 def file_hashes(path: Path, arch: str, defines: list[str], tc=None) -> dict[str, str]:
@@ -45,7 +46,7 @@ def file_hashes(path: Path, arch: str, defines: list[str], tc=None) -> dict[str,
 class FileDiff:
     name: str
     arch: str
-    entries: int
+    functions: int  # entries and .funcs in the tree after
     changed: list[str] = field(default_factory=list)
     added: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
@@ -56,10 +57,10 @@ class FileDiff:
 
     def line(self) -> str:
         if self.identical:
-            return f"{self.name:24s} {self.arch}  {self.entries:3d} entries  identical"
+            return f"{self.name:24s} {self.arch}  {self.functions:3d} functions  identical"
         parts = [f"{k} {len(v)}: {' '.join(v)}" for k, v in
                  (("changed", self.changed), ("added", self.added), ("removed", self.removed)) if v]
-        return f"{self.name:24s} {self.arch}  {self.entries:3d} entries  " + "; ".join(parts)
+        return f"{self.name:24s} {self.arch}  {self.functions:3d} functions  " + "; ".join(parts)
 
 
 def diff_trees(a: Path, b: Path, archs: list[str], defines: list[str] | None = None,

@@ -45,7 +45,7 @@ def test_identical_trees_and_one_edited_kernel(ptx_diff, tmp_path):
     a, b = _copy(tmp_path, "a"), _copy(tmp_path, "b")
     same = ptx_diff.diff_trees(a, b, ["sm_90"])
     assert [d.name for d in same] == ["embedding.cu", "rope_kv.cu"]
-    assert all(d.identical and d.entries >= 2 for d in same)
+    assert all(d.identical and d.functions >= 2 for d in same)
     # a comment or a blank line changes no entry (the hash strips // comments: line numbers do not count)
     src = (b / "embedding.cu").read_text()
     (b / "embedding.cu").write_text("// a comment\n\n" + src)

@@ -14,6 +14,7 @@ and, for a kernel whose wgmma (sm_90a) it could not pipeline, a note naming the 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 _FUNC_RE = re.compile(r"^\s*(?:\.visible\s+|\.weak\s+|\.extern\s+)*\.(entry|func)\s+(?:\([^)]*\)\s*)?([\w$]+)",
@@ -65,21 +66,26 @@ def _body(ptx: str, start: int) -> tuple[str, int]:
     return ptx[open_at:], len(ptx)
 
 
-def parse_ptx(ptx: str) -> list[PtxFunction]:
-    """Every entry and defined device function of a PTX module with its local-memory instruction counts."""
-    out = []
+def ptx_functions(ptx: str) -> Iterator[tuple[str, str, str, str]]:
+    """(kind, name, body, whole text) of every entry and defined device function of a PTX module, in order: kind
+    "entry" or "func", the body from its '{' to the matching '}', the whole text from the directive on (parameters
+    included)."""
     for m in _FUNC_RE.finditer(ptx):
         # a declaration (prototype) ends in ';' before any '{'
         semi, brace = ptx.find(";", m.end()), ptx.find("{", m.end())
         if brace < 0 or (0 <= semi < brace and ".extern" in m.group(0)):
             continue
-        body, _ = _body(ptx, m.end())
-        if not body:
-            continue
-        depot = sum(int(x) for x in _DEPOT.findall(body))
-        out.append(PtxFunction(name=m.group(2), kind=m.group(1), ld_local=len(_LD_LOCAL.findall(body)),
-                               st_local=len(_ST_LOCAL.findall(body)), local_depot_bytes=depot))
-    return out
+        body, end = _body(ptx, m.end())
+        if body:
+            yield m.group(1), m.group(2), body, ptx[m.start():end]
+
+
+def parse_ptx(ptx: str) -> list[PtxFunction]:
+    """Every entry and defined device function of a PTX module with its local-memory instruction counts."""
+    return [PtxFunction(name=name, kind=kind, ld_local=len(_LD_LOCAL.findall(body)),
+                        st_local=len(_ST_LOCAL.findall(body)),
+                        local_depot_bytes=sum(int(x) for x in _DEPOT.findall(body)))
+            for kind, name, body, _ in ptx_functions(ptx)]
 
 
 _PROPS = re.compile(r"Function properties for ([\w$.]+)")
