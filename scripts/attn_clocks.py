@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Where the single-stream decode attention (attn_cluster) spends its time inside the graphed step (GPU probe).
+"""Where the single-stream decode attention (attn_cluster, or attn_o_cluster: attention + o) spends its time inside
+the graphed step (GPU probe).
 
 Compiles the kernels with -DLLMRS_ATTN_CLOCKS (set here through LLMRS_CUDA_DEFINES, with any macros given), runs the
 engine's run-ahead single-stream decode (`synth.run_ahead_intervals`, the `--decode-bench` loop), then reads
@@ -27,6 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # LLMRS_ATTN_CLUSTER_PUSH=0, reads the splits in its cluster merge and waits at a second barrier)
 PHASES = ("table + early loads issued", "to past the PDL wait", "q + keys (warp 0)", "all warps' keys",
           "block merge (+ push)", "cluster barrier", "cluster merge + out", "last barrier (pull)")
+# attn_o_cluster (attention + o in one kernel: the 3B's and 1.5B's one token), counted in attn_clocks[14]; phase 9
+# runs in the last block of each split only (counted in attn_clocks[13]); LLMRS_ATTN_O_RED (a timing probe: every
+# block adds its rows into x with atomics) has no phases 8-9
+O_PHASES = ("o weights, table, early loads issued", "to past the PDL wait", "q + keys (warp 0)",
+            "all warps' keys + merge factors", "cluster running, block's split pushed", "every split's pushes in",
+            "splits merged: head's output", "o rows (partials stored)", "counted in (block_counts_last)",
+            "last block's cross-head sum")
 
 
 def main() -> int:
@@ -50,24 +58,29 @@ def main() -> int:
     counters[:] = 0
     t = run_ahead_intervals(ss.model, ss.backend, ss.state, a.prompt_len, ss.table, ss.bs, warmup, a.steps)
     c = counters.get()
-    n = int(c[15])
+    kernel, n, phases = "attn_cluster", int(c[15]), PHASES
     if n == 0:
-        print("no attn_cluster block ran (another attention kernel took the step)")
+        kernel, n, phases = "attn_o_cluster", int(c[14]), O_PHASES
+    if n == 0:
+        print("no attn_cluster or attn_o_cluster block ran (another attention kernel took the step)")
         return 1
     khz = cp.cuda.runtime.deviceGetAttribute(cp.cuda.runtime.cudaDevAttrClockRate, 0)
     ms = 1000 * float(np.median(t))
-    print(f"{a.like} {' '.join(a.define) or '(defaults)'}: {ms:.4f} ms/token; {n} attn_cluster blocks, "
+    print(f"{a.like} {' '.join(a.define) or '(defaults)'}: {ms:.4f} ms/token; {n} {kernel} blocks, "
           f"SM clock {khz / 1e6:.2f} GHz; mean per block:")
     rows = []
-    for i, name in enumerate(PHASES):
-        cyc = c[i] / n
-        rows.append({"phase": name, "cycles": round(float(cyc), 1), "us": round(float(cyc) / khz * 1e3, 3)})
-        print(f"  {name:>28}: {cyc:9.1f} cycles {cyc / khz * 1e3:7.3f} us")
+    for i, name in enumerate(phases):
+        # attn_o's phase 9: per last block (attn_clocks[13] of them), the others per block
+        per = int(c[13]) if kernel == "attn_o_cluster" and i == 9 else n
+        cyc = c[i] / max(per, 1)
+        rows.append({"phase": name, "cycles": round(float(cyc), 1), "us": round(float(cyc) / khz * 1e3, 3),
+                     "blocks": per})
+        print(f"  {name:>38}: {cyc:9.1f} cycles {cyc / khz * 1e3:7.3f} us" + (f"  ({per} blocks)" if per != n else ""))
     after = sum(r["us"] for r in rows[2:])
-    print(f"  {'after the wait, total':>28}: {after:7.3f} us")
+    print(f"  {'after the wait, total':>38}: {after:7.3f} us")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"preset": a.like, "defines": a.define, "ms_per_token": round(ms, 4), "blocks": n,
+            json.dump({"preset": a.like, "kernel": kernel, "defines": a.define, "ms_per_token": round(ms, 4), "blocks": n,
                        "sm_clock_ghz": khz / 1e6, "phases": rows, "after_wait_us": round(after, 3)}, f, indent=1)
     return 0
 

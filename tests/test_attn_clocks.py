@@ -1,5 +1,6 @@
-"""scripts/attn_clocks.py's phase table against attention.cu's probe points (no GPU): one name per
-ATTN_CLOCK(i) in attn_cluster, in order, and slot 15 left for the block count the probe divides by."""
+"""scripts/attn_clocks.py's phase tables against attention.cu's probe points (no GPU): one name per ATTN_CLOCK(i)
+in attn_cluster and per ATTN_O_CLOCK(i) in attn_o_cluster, in order, and slots 13-15 left for the block counts the
+probe divides by."""
 
 from __future__ import annotations
 
@@ -10,11 +11,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_every_probe_point_has_its_phase_name():
+def _probe():
     spec = importlib.util.spec_from_file_location("attn_clocks", ROOT / "scripts" / "attn_clocks.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    src = (ROOT / "llmrs" / "kernels_cu" / "attention.cu").read_text()
+    return mod, (ROOT / "llmrs" / "kernels_cu" / "attention.cu").read_text()
+
+
+def test_every_probe_point_has_its_phase_name():
+    mod, src = _probe()
     points = [int(i) for i in re.findall(r"^\s*ATTN_CLOCK\((\d+)\)", src, flags=re.M)]
     # in source order: 0 .. last once, then the tail of each alternative form of the kernel's end (the pull merge
     # under -DLLMRS_ATTN_CLUSTER_PULL) again from where it branches
@@ -27,5 +32,15 @@ def test_every_probe_point_has_its_phase_name():
     n = len(mod.PHASES)
     assert runs[0] == list(range(n)), points
     assert all(r == list(range(r[0], n)) and r[0] > 0 for r in runs[1:]), points
-    assert len(mod.PHASES) < 15  # attn_clocks[15] counts the blocks
-    assert "attn_clocks[16]" in src and "atomicAdd(&attn_clocks[15], 1ull)" in src
+    assert len(mod.PHASES) < 13  # attn_clocks[13-15] count blocks
+    assert "attn_clocks[16]" in src and "#define ATTN_CLOCK(i) ATTN_CLOCK_IN(i, 15)" in src
+
+
+def test_every_attn_o_probe_point_has_its_phase_name():
+    """attn_o_cluster's points: 0 .. 9 in source order, where LLMRS_ATTN_O_RED's end (atomics into x) stops at 7 and
+    the default end (partials, block_counts_last, the last block's sum) goes on 7, 8, 9."""
+    mod, src = _probe()
+    points = [int(i) for i in re.findall(r"^\s*ATTN_O_CLOCK\((\d+)\)", src, flags=re.M)]
+    assert points == [0, 1, 2, 3, 4, 5, 6, 7, 7, 8, 9], points
+    assert len(mod.O_PHASES) == 10
+    assert "atomicAdd(&attn_clocks[13], 1ull)" in src and "#define ATTN_O_CLOCK(i) ATTN_CLOCK_IN(i, 14)" in src

@@ -182,6 +182,25 @@ def test_the_attention_probe_and_exact_exp_builds():
     for name in ("attn_cluster8_d4", "attn_cluster16_d2", "attn_partial_d4"):
         assert probe[name].pre_wait_loads == exact[name].pre_wait_loads == base[name].pre_wait_loads
         assert exact[name].instructions > base[name].instructions
+    for name in ("attn_o_cluster8_w8", "attn_o_cluster4"):
+        assert probe[name].pre_wait_loads == base[name].pre_wait_loads
+
+
+def test_attn_o_red_probe_adds_into_x_with_atomics():
+    """attention.cu's LLMRS_ATTN_O_RED (a timing probe, through LLMRS_CUDA_DEFINES): attn_o_cluster's blocks add
+    their rows into x with fire-and-forget float atomics (RED, no returned value) and skip block_counts_last (no
+    ATOMG on the count, no fence); the default build has no float atomics there and the count's atomic."""
+    def ops(defines: tuple[str, ...], name: str = "attn_o_cluster8_w8") -> list[str]:
+        return [i.text for i, _ in sass_lines("attention.cu", defines)[name] if i is not None]
+
+    def op(t: str) -> str:
+        return t.split()[1] if t.startswith("@") else t.split()[0]
+
+    base, red = ops(()), ops(("LLMRS_ATTN_O_RED",))
+    assert not any(op(t).startswith("RED") for t in base)
+    assert any(op(t).startswith("ATOMG") for t in base) and any(op(t).startswith("MEMBAR") for t in base)
+    assert any(op(t).startswith("RED") and "F32" in op(t) for t in red)
+    assert not any(op(t).startswith("ATOMG") for t in red) and not any(op(t).startswith("MEMBAR") for t in red)
 
 
 def test_gemv_ablation_switches_do_what_they_say():

@@ -486,20 +486,24 @@ extern "C" __global__ void attn_merge_bf16(const float* __restrict__ part_acc, c
 // -DLLMRS_ATTN_CLOCKS (a probe, scripts/attn_clocks.py): thread 0 of every attn_cluster block adds the SM cycles
 // (clock64) of each phase to attn_clocks[phase] and counts itself in attn_clocks[15]; the host reads them
 // (RawModule.get_global) after a run of graphed decode steps: where the kernel's time goes after its PDL wait.
+// attn_o_cluster's blocks (ATTN_O_CLOCK) count themselves in attn_clocks[14] instead, and the last block of each
+// split, whose cross-head sum is phase 9, in attn_clocks[13] (a step runs one of the two kernels, never both).
 #ifdef LLMRS_ATTN_CLOCKS
 __device__ unsigned long long attn_clocks[16];
 #define ATTN_CLOCK_START long long clk_prev_ = clock64();
-#define ATTN_CLOCK(i)                                                                        \
+#define ATTN_CLOCK_IN(i, COUNT)                                                              \
     if (threadIdx.x == 0) {                                                                  \
         const long long now_ = clock64();                                                    \
         atomicAdd(&attn_clocks[i], (unsigned long long)(now_ - clk_prev_));                  \
         clk_prev_ = now_;                                                                    \
-        if ((i) == 0) atomicAdd(&attn_clocks[15], 1ull);                                     \
+        if ((i) == 0) atomicAdd(&attn_clocks[COUNT], 1ull);                                  \
     }
 #else
 #define ATTN_CLOCK_START
-#define ATTN_CLOCK(i)
+#define ATTN_CLOCK_IN(i, COUNT)
 #endif
+#define ATTN_CLOCK(i) ATTN_CLOCK_IN(i, 15)
+#define ATTN_O_CLOCK(i) ATTN_CLOCK_IN(i, 14)
 // CW warps a cluster block, CK keys a warp loads at once: 8 x 8 (a split of 64 keys, the host's
 // ATTN_CLUSTER_KEYS_PER_SPLIT, in one batch), or 16 x 4 (the _w16 forms: the same 64 keys over twice the warps, each
 // with half the keys' dependent chain; LLMRS_ATTN_CLUSTER_WARPS=16, 4 heads a block only)
@@ -729,6 +733,7 @@ __device__ __forceinline__ void attn_o_impl(
     int block_size, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int DPL = 4, D = 128;
+    ATTN_CLOCK_START
     pdl_trigger();
     __shared__ float s_m[W], s_l[W], s_e[W], s_M;
     __shared__ __align__(16) float s_acc[W][D];
@@ -767,8 +772,10 @@ __device__ __forceinline__ void attn_o_impl(
     int tb0;
     attn_stage_table(table, s_tbl, start, end, block_size, tb, tb0);
     typename Raw<DPL>::T kr[AO_CK], vr[AO_CK];
+    ATTN_O_CLOCK(0)  // entry -> the o weights, the table, the early K / V loads issued
     attn_first_keys<DPL, AO_CK, W>(k_cache, v_cache, tb, tb0, start + warp, end, L - 1 - t, true, Hkv, g,
                                           block_size, D, lane, kr, vr, word);
+    ATTN_O_CLOCK(1)  // -> past the PDL wait
     float qr[1][DPL], acc[1][DPL], m, l;
     attn_init<DPL, 1>(q, q_stride, t, h, 1, true, lane, D, scale, qr, acc, m, l);
 #pragma unroll 1
@@ -807,6 +814,7 @@ __device__ __forceinline__ void attn_o_impl(
             for (int i = 0; i < DPL; ++i) acc[0][i] = acc[0][i] * corr + p * vf[i];
         }
     }
+    ATTN_O_CLOCK(2)  // -> q and the keys (warp 0)
     // the block's warps: (m, l, acc) into shared memory, the factors once, then (M, L, A) of dim d by thread d
     if (lane == 0) { s_m[warp] = m; s_l[warp] = l; }
     *reinterpret_cast<float4*>(&s_acc[warp][lane * DPL]) = make_float4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
@@ -818,6 +826,7 @@ __device__ __forceinline__ void attn_o_impl(
         if (threadIdx.x == 0) s_M = M;
     }
     __syncthreads();
+    ATTN_O_CLOCK(3)  // -> every warp's keys, the block's merge factors
     cluster_wait();  // every block of the cluster runs (arrived at its start: its mbarrier initialized)
     if (threadIdx.x == 0) mbar_arrive_expect(&p_bar, CL * (D + 2) * 4);  // every split's A, M and L
     if ((int)threadIdx.x < D) {
@@ -836,7 +845,9 @@ __device__ __forceinline__ void attn_o_impl(
             if (d == 0) { st_async_cluster(&p_m[s], r, M, &p_bar); st_async_cluster(&p_l[s], r, Ls, &p_bar); }
         }
     }
+    ATTN_O_CLOCK(4)  // -> the cluster's blocks running, the block's (M, L, A) pushed
     mbar_wait(&p_bar, 0);  // every split's pushes in (each block waits for its own: none leaves while pushed to)
+    ATTN_O_CLOCK(5)  // -> every split's pushes in
     if ((int)threadIdx.x < D) {  // the splits, attn_merge's way, in split order: the head's output, dim d
         const int d = threadIdx.x;
         float M = NEG_INF;
@@ -853,6 +864,7 @@ __device__ __forceinline__ void attn_o_impl(
         s_att[d] = A / Ls;
     }
     __syncthreads();
+    ATTN_O_CLOCK(6)  // -> the splits merged: the head's output
     // o: the lane's rows times its 8 columns of the head's output, summed over the half-warp
     const float4 a0 = *reinterpret_cast<const float4*>(&s_att[8 * (lane & 15)]),
                  a1 = *reinterpret_cast<const float4*>(&s_att[8 * (lane & 15) + 4]);
@@ -869,6 +881,20 @@ __device__ __forceinline__ void attn_o_impl(
 #pragma unroll
         for (int i = 0; i < RP; ++i) y[i] += __shfl_xor_sync(0xffffffffu, y[i], o);
     }
+#ifdef LLMRS_ATTN_O_RED
+    // timing probe (LLMRS_CUDA_DEFINES=LLMRS_ATTN_O_RED): every block adds its rows' partial sums straight into x
+    // (atomicAdd, compiled to RED.ADD.F32: the heads in whatever order the L2 takes them, so not deterministic), no
+    // partials, no count and no last block's sum: what the cross-head reduction's dependent phase costs
+    (void)part; (void)counts;
+    if ((lane & 15) == 0) {
+#pragma unroll
+        for (int i = 0; i < RP; ++i) {
+            const int row = warp * 2 * RP + 2 * i + (lane >> 4);
+            if (row < rpb) atomicAdd(x + (size_t)t * N + r0 + row, y[i]);
+        }
+    }
+    ATTN_O_CLOCK(7)  // -> o's rows added into x
+#else
     float* pt = part + ((size_t)t * Hq + h) * N + r0;
     if ((lane & 15) == 0) {
 #pragma unroll
@@ -877,14 +903,23 @@ __device__ __forceinline__ void attn_o_impl(
             if (row < rpb) pt[row] = y[i];
         }
     }
-    if (block_counts_last(&counts[t * CL + s], Hq)) {  // the split's rows: every head's partial in, head order
+    ATTN_O_CLOCK(7)  // -> o's rows, their partial sums stored
+    const bool last = block_counts_last(&counts[t * CL + s], Hq);
+    ATTN_O_CLOCK(8)  // -> counted in (block_counts_last: barrier, fence, atomic)
+    if (last) {  // the split's rows: every head's partial in, head order
         const float* pr = part + (size_t)t * Hq * N + r0;
         for (int row = threadIdx.x; row < rpb; row += blockDim.x) {
             float v = 0.0f;
             for (int u = 0; u < Hq; ++u) v += __ldcg(pr + (size_t)u * N + row);
             x[(size_t)t * N + r0 + row] += v;
         }
+#ifdef LLMRS_ATTN_CLOCKS
+        __syncthreads();  // (thread 0's clock after every row; `last` is the block's)
+        ATTN_O_CLOCK(9)  // -> the last block's cross-head sum into x
+        if (threadIdx.x == 0) atomicAdd(&attn_clocks[13], 1ull);
+#endif
     }
+#endif
 #else
     __trap();
 #endif
