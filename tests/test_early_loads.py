@@ -70,25 +70,42 @@ def test_cluster_merges_push_without_a_gpu_fence():
     STAS), completing on its mbarrier (SYNCS ... TRYWAIT): no cluster barrier arrived with .release, which ptxas
     emits as MEMBAR.ALL.GPU (session 33: ~18 us a step of the 7B AWQ's). The forms with a cluster path (one n8 tile
     of tokens) have it; the two-tile t16 forms keep the L2 hand-off only. attn_o_cluster's splits push the same
-    way (every block receiving); attn_cluster's merge still arrives with .release."""
+    way (every block receiving), and attn_cluster's merge (session 35; -DLLMRS_ATTN_CLUSTER_PULL, the pull form,
+    keeps its two barriers with release). The only GPU-scope fences left are the L2 hand-off's (block_counts_last):
+    two fence.acq_rel (MEMBAR.ALL.GPU) by thread 0, where every thread ran __threadfence (MEMBAR.SC.GPU) before."""
     gemv = sass_lines("gemm_q4.cu")
 
     def ops(name: str) -> list[str]:
         return [i.text for i, _ in gemv[name] if i is not None]
 
+    def membars(text: list[str]) -> list[str]:
+        return [t.split()[-1] if t.startswith("@") else t.split()[0] for t in text if "MEMBAR" in t and "GPU" in t]
+
     for name in ("gemv_q4z_c4", "gemv_q4m_c1", "gemv_q4z_c4_nout", "gemv_q4z_silu_c4", "gemv_q4m_silu_c4_nin",
                  "gemv_q4z_rope_c4", "gemv_q4z_rope_c4_nin"):
         text = ops(name)
         assert any(t.startswith("STAS") for t in text) and any("TRYWAIT" in t for t in text), name
-        assert not any("MEMBAR.ALL.GPU" in t for t in text), name
+        assert membars(text) == ["MEMBAR.ALL.GPU"] * 2, name  # the hand-off's (S slices without a cluster)
         assert sum("UCGABAR_ARV" in t for t in text) == 1 and sum("UCGABAR_WAIT" in t for t in text) == 1, name
-    assert not any(t.startswith("STAS") or "UCGABAR" in t for t in ops("gemv_q4z_t16_c4"))
+    t16 = ops("gemv_q4z_t16_c4")
+    assert not any(t.startswith("STAS") or "UCGABAR" in t for t in t16)
+    assert membars(t16) == ["MEMBAR.ALL.GPU"] * 2
     att = {name: [i.text for i, _ in lines if i is not None] for name, lines in sass_lines("attention.cu").items()}
     for name in ("attn_o_cluster8_w8", "attn_o_cluster8", "attn_o_cluster4"):
         assert any(t.startswith("STAS") for t in att[name]) and any("TRYWAIT" in t for t in att[name]), name
-        assert not any("MEMBAR.ALL.GPU" in t for t in att[name]), name
-    old = att["attn_cluster8_d4_g4_w16"]
-    assert any("MEMBAR.ALL.GPU" in t for t in old) and not any(t.startswith("STAS") for t in old)
+        assert membars(att[name]) == ["MEMBAR.ALL.GPU"] * 2, name  # the cross-head sum's hand-off
+    clusters = [n for n in att if n.startswith("attn_cluster")]
+    assert len(clusters) == 13
+    for name in clusters:
+        text = att[name]
+        assert any(t.startswith("STAS") for t in text) and any("TRYWAIT" in t for t in text), name
+        assert membars(text) == [], name
+        assert sum("UCGABAR_ARV" in t for t in text) == 1 and sum("UCGABAR_WAIT" in t for t in text) == 1, name
+    pull = [i.text for i, _ in sass_lines("attention.cu", ("LLMRS_ATTN_CLUSTER_PULL",))["attn_cluster8_d4_g4_w16"]
+            if i is not None]
+    assert "MEMBAR.ALL.GPU" in membars(pull) and not any(t.startswith("STAS") for t in pull)
+    sample = [i.text for i, _ in sass_lines("sampling.cu")["sample_tokens"] if i is not None]
+    assert membars(sample) == ["MEMBAR.ALL.GPU"] * 2
 
 
 def ins(addr: int, text: str) -> Instr:

@@ -475,8 +475,9 @@ extern "C" __global__ void attn_merge_bf16(const float* __restrict__ part_acc, c
 // not one a key), then runs attn_partial's per-key math on them in order (the same expressions: dot products,
 // warp_sum8, online softmax). The warps meet in shared memory as in attn_partial (M, L, A per head and dim); the
 // block pushes each (head, dim)'s (M, L, A) into the shared memory of the block that merges that pair (mapa +
-// st.shared::cluster; every block merges 1 / CL of them), the cluster barrier (release / acquire) makes them
-// visible, and each block's threads combine their pairs over the CL splits from their own shared memory, in block
+// st.async, completing on that block's mbarrier: each block expects the bytes its pairs get and waits for them, with
+// no cluster barrier with release and its MEMBAR.ALL.GPU; every block merges 1 / CL of the pairs), and each block's
+// threads combine their pairs over the CL splits from their own shared memory, in block
 // order with attn_merge's expressions: out = sum_s A_s e^(M_s - M) / sum_s L_s e^(M_s - M). -DLLMRS_ATTN_CLUSTER_PULL
 // (LLMRS_ATTN_CLUSTER_PUSH=0; the form before session 20) leaves them in the block's own shared memory and the
 // merging threads read the other blocks' (ld.shared::cluster), a second barrier keeping it alive until all have
@@ -524,6 +525,10 @@ __device__ __forceinline__ void attn_cluster_impl(
     constexpr int SL = HG * 32 * DPL / CL;
     static_assert(SL <= CW * 32 && SL * CL == HG * 32 * DPL, "a pair a thread");
     __shared__ float p_a[CL][SL], p_m[CL][HG], p_l[CL][HG];
+    // the pushes (st.async) complete on the receiving block's mbarrier, initialized before the block arrives at the
+    // cluster barrier every push waits on (attn_o_impl's way: no cluster barrier with release, a MEMBAR.ALL.GPU)
+    __shared__ __align__(8) unsigned long long p_bar;
+    if (threadIdx.x == 0) mbar_init(&p_bar, 1);
     cluster_arrive_relaxed();  // this block runs (its shared memory there to push into): waited on before the pushes
 #else
     __shared__ float c_a[HG][32 * DPL], c_m[HG], c_l[HG];  // this block's merged split, read cluster-wide
@@ -587,22 +592,35 @@ __device__ __forceinline__ void attn_cluster_impl(
     // pairs from its own shared memory: no remote reads on the way out and no second barrier (session 20: the pull
     // form's merging blocks read 3 dependent rounds of remote shared memory while the others waited at the second
     // barrier, ~1.3 us of the kernel's ~5 after its wait)
-    cluster_wait();  // every block of the cluster runs (arrived at its start)
+    cluster_wait();  // every block of the cluster runs (arrived at its start: its mbarrier initialized)
+    if (threadIdx.x == 0) {
+        // the bytes this block receives from each split: the A of its pairs [s SL, (s + 1) SL) that are real (head <
+        // gn, dim < D), and M and L of every head whose pairs [h 32 DPL, (h + 1) 32 DPL) reach into them (the loop
+        // below sends exactly these)
+        const int lo = s * SL, hi = lo + SL;
+        unsigned n = 0;
+        for (int h = 0; h < gn; ++h) {
+            const int b = h * 32 * DPL;
+            n += (unsigned)max(0, min(hi, b + D) - max(lo, b));
+            if (b < hi && b + 32 * DPL > lo) n += 2;
+        }
+        mbar_arrive_expect(&p_bar, CL * n * 4);
+    }
     for (int idx = threadIdx.x; idx < gn * D; idx += blockDim.x) {
         const int h = idx / D, d = idx % D, pi = h * 32 * DPL + d;
         float M, Ls, A;
         attn_warp_merge<DPL, CW, HG>(s_M, s_e, s_l, s_acc, h, d, M, Ls, A);
-        st_cluster(&p_a[s][pi % SL], pi / SL, A);
+        st_async_cluster(&p_a[s][pi % SL], pi / SL, A, &p_bar);
         if (d == 0) {
             for (int o = pi / SL; o <= (pi + 32 * DPL - 1) / SL; ++o) {
-                st_cluster(&p_m[s][h], o, M);
-                st_cluster(&p_l[s][h], o, Ls);
+                st_async_cluster(&p_m[s][h], o, M, &p_bar);
+                st_async_cluster(&p_l[s][h], o, Ls, &p_bar);
             }
         }
     }
     ATTN_CLOCK(4)  // -> the block's warps merged, pushed
-    cluster_sync();  // every push written and visible
-    ATTN_CLOCK(5)  // -> the cluster barrier
+    mbar_wait(&p_bar, 0);  // every split's pushes in (each block waits for its own: none leaves while pushed to)
+    ATTN_CLOCK(5)  // -> the pushes in
     if ((int)threadIdx.x < SL) {  // the splits, attn_merge's way, in block order
         const int pi = s * SL + threadIdx.x, h = pi / (32 * DPL), d = pi % (32 * DPL);
         if (h < gn && d < D) {

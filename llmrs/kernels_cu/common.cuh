@@ -260,21 +260,26 @@ __device__ __forceinline__ void prefetch_kv_l2(const bf16_t* k_cache, const bf16
 }
 
 
-// The hand-off of a split's partials through L2 (gemv_q4's K slices, sample_tokens's blocks of a row): once the
-// block's threads have stored their share of its partial, every thread calls this; it fences, counts the block in
+// The hand-off of a split's partials through L2 (gemv_q4's K slices, sample_tokens's blocks of a row, attn_o's heads):
+// once the block's threads have stored their share of its partial, every thread calls this; it counts the block in
 // on *count (n blocks share it a launch) and tells every thread whether the block came last. That block may read
-// every block's partial (fenced, through __ldcg), and has put the counter back to 0 for the next launch (stream
-// order: every block of this one has counted in).
+// every block's partial (through __ldcg), and has put the counter back to 0 for the next launch (stream order: every
+// block of this one has counted in). Cooperative groups' grid sync's pattern: the block's barrier orders its
+// threads' stores before thread 0's fence, which (cumulative) releases them all with the count, and thread 0's
+// fence after a last count acquires every block's before the second barrier hands them on; fence.acq_rel
+// (MEMBAR.ALL.GPU) by one thread, not __threadfence (MEMBAR.SC.GPU) by every thread before the count.
 __device__ __forceinline__ bool block_counts_last(int* count, int n) {
     __shared__ int last;
-    __threadfence();  // this thread's stores, visible before the count says so
-    __syncthreads();
+    __syncthreads();  // the block's stores of its partial, before thread 0's release
     if (threadIdx.x == 0) {
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
         last = atomicAdd(count, 1) == n - 1;
-        if (last) *count = 0;
+        if (last) {
+            asm volatile("fence.acq_rel.gpu;" ::: "memory");
+            *count = 0;
+        }
     }
     __syncthreads();
-    if (last) __threadfence();
     return last;
 }
 
