@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Session 36, call 2 (carry .whl): main after the cluster-fences change (call1's A/B). The whole GPU suite, the
+# one-stream decode bench of the issue's models (prompt 256, 256 steps, one run a process), then Nsight Compute's
+# per-instruction stall sampling of the 4-bit GEMV (session35/call2.sh with SUITE=0) while time is left.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+. scripts/gpu_lib.sh
+use_wheels || exit 1
+R=/tmp/res36b; rm -rf $R; mkdir -p $R
+T0=$(date +%s); LIMIT=${LIMIT:-420}
+left() { [ $(( $(date +%s) - T0 )) -lt $LIMIT ]; }
+{
+TEST_TIMEOUT=300 gpu_tests
+step "decode bench"
+for p in "qwen2.5-3b" "qwen2.5-7b" "qwen2.5-7b --quant awq" "qwen2.5-0.5b" "qwen2.5-1.5b"; do
+  left || break
+  f=$R/decode-$(echo $p | tr -d ' -').json
+  timeout 120 python3 -m llmrs synth --like $p --decode-bench --bandwidth-gbs 4296 --prompt-len 256 --steps 256 \
+    --json $f > ${f%.json}.log 2>&1
+  python3 -c "import json; d=json.load(open('$f')); print('$p:', d['ms_per_token'], 'ms/token,', round(100*d['fraction_of_floor_measured'],1), '% of floor')" \
+    || tail -3 ${f%.json}.log
+done
+if left; then
+  mkdir -p $R/ncu
+  OUT=$R/ncu SUITE=0 timeout $(( LIMIT + 150 - ($(date +%s) - T0) )) bash reports/h200-qwen2.5/session35/call2.sh \
+    2>&1 | tail -70
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+echo "done $(( $(date +%s) - T0 )) s"
+} 2>&1 | tee $OUT/call2.log
+gzip -f $R/*.log 2>/dev/null
+tar czf $OUT/results.tgz -C $R .
