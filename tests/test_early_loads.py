@@ -221,9 +221,10 @@ def test_attn_o_red_probe_adds_into_x_with_atomics():
 
 
 def test_gemv_ablation_switches_do_what_they_say():
-    """gemm_q4.cu's timing probes (-DGV_ABLATE_MATH / -DGV_ABLATE_LOADS, scripts/bench_gemv_q4.py --variants): the
-    math ablation's gemv keeps its 128-bit code loads and has no HMMA (nor x's 64-bit loads); the loads ablation
-    keeps every HMMA but loads only its first batch of codes (GV_DEPTH 128-bit loads, before the wait); GV_ABLATE_PAD
+    """gemm_q4.cu's timing probes (-DGV_ABLATE_MATH / -DGV_ABLATE_LOADS / -DGV_ABLATE_X, scripts/bench_gemv_q4.py
+    --variants): the math ablation's gemv keeps its 128-bit code loads and has no HMMA (nor x's 64-bit loads); the
+    loads ablation keeps every HMMA but loads only its first batch of codes (GV_DEPTH 128-bit loads, before the wait);
+    the x ablation keeps the codes' loads and every HMMA but loads no x; GV_ABLATE_PAD
     holds the plain form at 4 blocks an SM on sm_90 (5 do not fit in 228 KB). The default build is neither."""
     def ops(defines: tuple[str, ...], name: str = "gemv_q4z_c4") -> list[str]:
         return [i.text for i, _ in sass_lines("gemm_q4.cu", defines)[name] if i is not None]
@@ -240,6 +241,16 @@ def test_gemv_ablation_switches_do_what_they_say():
     loads = ops(("GV_ABLATE_LOADS",))
     assert sum("HMMA" in t for t in loads) == sum("HMMA" in t for t in base)
     assert len([t for t in loads if op(t).startswith("LDG.E.NA.128")]) == 4  # the first batch (ldg_early)
+    # GV_ABLATE_X: no x loads (x's 64-bit loads), the codes and every HMMA kept; with GV_ABLATE_LOADS neither stream
+    assert any(op(t).startswith("LDG.E.64") for t in base)
+    nox = ops(("GV_ABLATE_X",))
+    assert not any(op(t).startswith("LDG.E.64") for t in nox)
+    assert sum("HMMA" in t for t in nox) == sum("HMMA" in t for t in base)
+    assert len([t for t in nox if op(t).startswith("LDG.E.NA.128")]) == len(code_loads)
+    bare = ops(("GV_ABLATE_X", "GV_ABLATE_LOADS"))
+    assert sum("HMMA" in t for t in bare) == sum("HMMA" in t for t in base)
+    assert not any(op(t).startswith("LDG.E.64") for t in bare)
+    assert len([t for t in bare if op(t).startswith("LDG.E.NA.128")]) == 4
     c = compile_file(KERNELS / "gemm_q4.cu", "sm_90", find_toolchain(), [],
                      ["-DGV_ABLATE_MATH", "-DGV_ABLATE_PAD=39000"])
     smem = c.ptxas["gemv_q4z_c4"].shared_bytes + 1024  # + the 1 KB an SM reserves a block

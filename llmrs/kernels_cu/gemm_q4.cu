@@ -1083,6 +1083,10 @@ extern "C" __global__ void dequant_marlin_q4m_bf16(const uint4* __restrict__ Bq,
 //   GV_ABLATE_MATH: a k32 block's codes folded into one accumulator (no decode, no mma; ptxas drops x's loads);
 //   GV_ABLATE_LOADS: the main loop's code words made from their addresses, not loaded (the first batch, the scale
 //   words and x still are).
+//   GV_ABLATE_X: x's B registers made from their addresses, not loaded (alone: the codes still stream; with
+//   GV_ABLATE_LOADS: the decode and mma with neither stream). Session 36 (H100): with x loaded, the math alone took
+//   ~20 / 14 us of the 7B's gate_up / down (S 1 / 4), as long as their code streams alone (25.6 / 13.7 us): the
+//   H200 has the same SMs, so there the math bounds them. This says how much of that is x's round trips.
 // Fewer registers let more blocks share an SM (GV_ABLATE_MATH: 72 against 128, sm_90); GV_ABLATE_PAD=BYTES makes
 // each plain-form block reserve that much more shared memory, to hold an ablation at the kernel's own 4 blocks an SM
 // (39000 on sm_90: 5 blocks of 47.7 KB do not fit in 228 KB).
@@ -1104,6 +1108,12 @@ __device__ __forceinline__ unsigned bf16x2_code(unsigned w) {
 // x's B registers of one kb for the lane's token (zeros for a lane whose token is >= T): step 0 b0, b1, step 1 b0, b1
 __device__ __forceinline__ uint4 gemv_xb(const float* __restrict__ xr, bool live) {
     if (!live) return make_uint4(0u, 0u, 0u, 0u);
+#ifdef GV_ABLATE_X
+    {  // timing probe: x's B registers made from their address, not loaded (no x round trips in the main loop)
+        const unsigned a = (unsigned)(size_t)xr;
+        return make_uint4(a * 0x9E3779B9u, a ^ 0x5BD1E995u, a * 0x85EBCA6Bu, a + 0x27D4EB2Fu);
+    }
+#endif
     // x comes from the previous kernel: ldx2 (common.cuh's early-load rules; __ldg with -DLLMRS_NO_EARLY_LOADS)
     const float2 x0 = ldx2(xr), x1 = ldx2(xr + 8), x2 = ldx2(xr + 16), x3 = ldx2(xr + 24);
     return make_uint4(pack_bf16x2(x0.x, x2.x), pack_bf16x2(x0.y, x2.y), pack_bf16x2(x1.x, x3.x),

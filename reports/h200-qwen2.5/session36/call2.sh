@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 36, call 2 (carry .whl): main after the cluster-fences change (call1's A/B). The whole GPU suite, the
-# one-stream decode bench of the issue's models (prompt 256, 256 steps, one run a process), then Nsight Compute's
+# 4-bit GEMV with x's loads left out (gemm_q4.cu GV_ABLATE_X, 7B), the one-stream decode bench of the issue's models (prompt 256, 256 steps, one run a process), then Nsight Compute's
 # per-instruction stall sampling of the 4-bit GEMV (session35/call2.sh with SUITE=0) while time is left.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -11,6 +11,10 @@ T0=$(date +%s); LIMIT=${LIMIT:-420}
 left() { [ $(( $(date +%s) - T0 )) -lt $LIMIT ]; }
 {
 TEST_TIMEOUT=300 gpu_tests
+step "4-bit GEMV: x's loads left out (GV_ABLATE_X), 7B"
+left && timeout 150 python3 scripts/bench_gemv_q4.py --preset qwen2.5-7b --splits 1,4 \
+  --variants '-DGV_ABLATE_LOADS;-DGV_ABLATE_X;-DGV_ABLATE_X -DGV_ABLATE_LOADS' --json $R/gemv-x-7b.json 2>&1 \
+  | grep -E "gemv_q4|layers" | grep -v " l2 "
 step "decode bench"
 for p in "qwen2.5-3b" "qwen2.5-7b" "qwen2.5-7b --quant awq" "qwen2.5-0.5b" "qwen2.5-1.5b"; do
   left || break
