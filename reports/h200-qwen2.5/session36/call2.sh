@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 36, call 2 (carry .whl): main after the cluster-fences change (call1's A/B). The whole GPU suite, the
-# 4-bit GEMV with x's loads left out (gemm_q4.cu GV_ABLATE_X, 7B), the one-stream decode bench of the issue's models (prompt 256, 256 steps, one run a process), then Nsight Compute's
-# per-instruction stall sampling of the 4-bit GEMV (session35/call2.sh with SUITE=0) while time is left.
+# 4-bit GEMV with x's loads left out (gemm_q4.cu GV_ABLATE_X, 7B), the one-stream decode bench of the issue's
+# models (prompt 256, 256 steps, one run a process), then Nsight Compute's per-instruction stall sampling of the
+# 4-bit GEMV (session35/call2.sh with SUITE=0) while time is left.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 . scripts/gpu_lib.sh
