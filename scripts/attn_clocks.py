@@ -75,7 +75,8 @@ def main() -> int:
         cyc = c[i] / max(per, 1)
         rows.append({"phase": name, "cycles": round(float(cyc), 1), "us": round(float(cyc) / khz * 1e3, 3),
                      "blocks": per})
-        print(f"  {name:>38}: {cyc:9.1f} cycles {cyc / khz * 1e3:7.3f} us" + (f"  ({per} blocks)" if per != n else ""))
+        note = f"  ({per} blocks)" if per != n else ""
+        print(f"  {name:>38}: {cyc:9.1f} cycles {cyc / khz * 1e3:7.3f} us{note}")
     after = sum(r["us"] for r in rows[2:])
     print(f"  {'after the wait, total':>38}: {after:7.3f} us")
     if a.json:
