@@ -17,7 +17,7 @@ timeout 200 python3 scripts/bench_gemv_q4.py --preset qwen2.5-7b --splits 1,4 \
   --variants '-DGV_ABLATE_LOADS;-DGV_ABLATE_X;-DGV_ABLATE_X -DGV_ABLATE_LOADS;-DGV_X_SMEM=5120' \
   --json $R/gemv-x-7b.json 2>&1 | grep -E "gemv_q4|layers" | grep -v " l2 "
 step "7B AWQ decode: GV_X_SMEM=5120 / default, alternated"
-for i in 1 2; do
+for i in ${ROUNDS:-1 2}; do
   for v in GV_X_SMEM=5120 ""; do
     f=$R/decode-7bawq-xs${v:+1}-$i.json
     LLMRS_CUDA_DEFINES=$v timeout 120 python3 -m llmrs synth --like qwen2.5-7b --quant awq --decode-bench \
