@@ -1083,12 +1083,16 @@ extern "C" __global__ void dequant_marlin_q4m_bf16(const uint4* __restrict__ Bq,
 //   GV_ABLATE_MATH: a k32 block's codes folded into one accumulator (no decode, no mma; ptxas drops x's loads);
 //   GV_ABLATE_LOADS: the main loop's code words made from their addresses, not loaded (the first batch, the scale
 //   words and x still are).
-//   GV_X_SMEM=FLOATS (not an ablation: the same outputs): the block's x staged in shared memory at the start, the
-//   main loop's x from there, where T x the block's K slice fits FLOATS (5120: the 7B's gate_up at S 1, down at 4).
 //   GV_ABLATE_X: x's B registers made from their addresses, not loaded (alone: the codes still stream; with
-//   GV_ABLATE_LOADS: the decode and mma with neither stream). Session 36 (H100): with x loaded, the math alone took
-//   ~20 / 14 us of the 7B's gate_up / down (S 1 / 4), as long as their code streams alone (25.6 / 13.7 us): the
-//   H200 has the same SMs, so there the math bounds them. This says how much of that is x's round trips.
+//   GV_ABLATE_LOADS: the decode and mma with neither stream).
+// Session 36 (an H100; reports/h200-qwen2.5/session36/COMMANDS.md), the 7B's gate_up (S 1) / down (S 4), us: kernel
+// 29.5 / 15.9, code stream alone 25.6 / 13.7, math alone 20.7 / 14.5, without x's loads 28.7 / 15.7, the decode and
+// mma with neither stream 18.9 / 12.7. The H200 has the same SMs at 1.3x the bandwidth, so there the math alone
+// bounds the GEMV: its floors are 16.8 / 8.4 us, and down's 14.8 us in the H200's step is its math. That math uses
+// ~31% of the issue slots (latency, not instruction count: sessions 23 / 25's shorter loops did not run faster).
+// Measured and not kept (same call): the block's x staged once in shared memory (every thread's float4s, a barrier,
+// the main loop's x from there): gate_up 29.5 -> 32.2 us, down 15.9 -> 18.3, 7B AWQ 2.1753 / 2.1759 -> 2.3623 /
+// 2.3638 ms/token; x's round trips were ~1-3% of the kernel (GV_ABLATE_X), the staging's wait and barrier cost more.
 // Fewer registers let more blocks share an SM (GV_ABLATE_MATH: 72 against 128, sm_90); GV_ABLATE_PAD=BYTES makes
 // each plain-form block reserve that much more shared memory, to hold an ablation at the kernel's own 4 blocks an SM
 // (39000 on sm_90: 5 blocks of 47.7 KB do not fit in 228 KB).
@@ -1117,13 +1121,7 @@ __device__ __forceinline__ uint4 gemv_xb(const float* __restrict__ xr, bool live
     }
 #endif
     // x comes from the previous kernel: ldx2 (common.cuh's early-load rules; __ldg with -DLLMRS_NO_EARLY_LOADS)
-#ifdef GV_X_SMEM
-    // (the probe's staged x: xr points into shared memory, or into global memory where the block's x did not fit)
-    const float2* x2p = reinterpret_cast<const float2*>(xr);
-    const float2 x0 = x2p[0], x1 = x2p[4], x2 = x2p[8], x3 = x2p[12];
-#else
     const float2 x0 = ldx2(xr), x1 = ldx2(xr + 8), x2 = ldx2(xr + 16), x3 = ldx2(xr + 24);
-#endif
     return make_uint4(pack_bf16x2(x0.x, x2.x), pack_bf16x2(x0.y, x2.y), pack_bf16x2(x1.x, x3.x),
                       pack_bf16x2(x1.y, x3.y));
 }
@@ -1289,24 +1287,6 @@ __device__ __forceinline__ void gemv_q4_impl(const uint4* __restrict__ Bq, const
         live[u] = 8 * u + g < T;
         xr[u] = x + (size_t)(live[u] ? 8 * u + g : 0) * K + 2 * t + 32 * kb_lo;
     }
-#ifdef GV_X_SMEM
-    {  // timing probe: the block's x (its K slice, every token) staged in shared memory once, the warps' B registers
-       // read from there (no L2 round trip a batch); where T x the slice exceeds GV_X_SMEM floats, x as before
-        __shared__ __align__(16) float gv_xs[GV_X_SMEM];
-        const int kb_blk = min(KB, (int)blockIdx.y * GV_WARPS * kpw);
-        const int nblk = min(KB, kb_blk + GV_WARPS * kpw) - kb_blk, span = 32 * GV_WARPS * kpw;
-        if (NU == 1 && T * span <= GV_X_SMEM) {  // (one n8 tile of tokens: the t16 forms spilled)
-            for (int i = tid; i < T * nblk * 8; i += blockDim.x) {
-                const int tt = i / (nblk * 8), r = i - tt * nblk * 8;
-                *reinterpret_cast<float4*>(&gv_xs[tt * span + 4 * r]) = ldx4(x + (size_t)tt * K + 32 * kb_blk + 4 * r);
-            }
-            __syncthreads();
-#pragma unroll
-            for (int u = 0; u < NU; ++u)
-                xr[u] = gv_xs + (live[u] ? 8 * u + g : 0) * span + 2 * t + 32 * (kb_lo - kb_blk);
-        }
-    }
-#endif
     const uint4* wn = wp + (size_t)(kb_lo + GV_DEPTH) * 32;  // the next batch's codes
     const unsigned* szc = SZ + nb * 32 + g;  // + group * N + 16 j + 8 r
     float c[NU][2][4], cx[NU][4], acc[NU][2][4];
