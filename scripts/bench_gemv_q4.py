@@ -150,7 +150,7 @@ def main() -> None:
         best += fastest
         print(f"  {name}: backend's choice {'gemv_q4 S=%d' % auto_S if takes else 'matvec_q4'} {choice:.2f} us; "
               f"best {fastest:.2f} us", flush=True)
-        del ws, first
+        ws = first = None  # (the copies freed; not `del`: graph_us's closure reads ws)
         cp.get_default_memory_pool().free_all_blocks()
     print(f"{layers} layers, ms: backend's choice {layers * chosen / 1e3:.3f}, "
           f"best per shape {layers * best / 1e3:.3f}")
