@@ -1089,7 +1089,8 @@ extern "C" __global__ void dequant_marlin_q4m_bf16(const uint4* __restrict__ Bq,
 // 29.5 / 15.9, code stream alone 25.6 / 13.7, math alone 20.7 / 14.5, without x's loads 28.7 / 15.7, the decode and
 // mma with neither stream 18.9 / 12.7. The H200 has the same SMs at 1.3x the bandwidth, so there the math alone
 // bounds the GEMV: its floors are 16.8 / 8.4 us, and down's 14.8 us in the H200's step is its math. That math uses
-// ~31% of the issue slots (latency, not instruction count: sessions 23 / 25's shorter loops did not run faster).
+// ~31% of the issue slots (not its instruction count: sessions 23 / 25's shorter loops did not run faster; a pipe's
+// throughput or each warp's latency, reports/h200-qwen2.5/session36/NEXT.md).
 // Measured and not kept (same call): the block's x staged once in shared memory (every thread's float4s, a barrier,
 // the main loop's x from there): gate_up 29.5 -> 32.2 us, down 15.9 -> 18.3, 7B AWQ 2.1753 / 2.1759 -> 2.3623 /
 // 2.3638 ms/token; x's round trips were ~1-3% of the kernel (GV_ABLATE_X), the staging's wait and barrier cost more.
