@@ -13,8 +13,10 @@ x (rounded to bf16) @ the dequantized weights:
 What bounds the GEMV (gemm_q4.cu's timing probes, their outputs WRONG by design): --variants '-DGV_ABLATE_MATH
 -DGV_ABLATE_PAD=39000;-DGV_ABLATE_LOADS' times the code stream alone (no decode, no mma; held at 4 blocks an SM) and
 the math alone (codes made from their addresses) beside the kernel; '-DGV_ABLATE_X;-DGV_ABLATE_X -DGV_ABLATE_LOADS'
-the kernel with x's loads left out, and the decode + mma with neither stream (what x's round trips cost). Session 36's
-figures (an H100) are in gemm_q4.cu's comment above those macros.
+the kernel with x's loads left out, and the decode + mma with neither stream (what x's round trips cost);
+-DGV_ABLATE_ONES (no ones mma for X) and -DGV_ABLATE_DECODE (no decode: the code words straight into the mma) say
+whether that arithmetic waits on the tensor pipe or the integer pipe. Session 36's figures (an H100) are in
+gemm_q4.cu's comment above those macros.
 """
 
 from __future__ import annotations

@@ -224,7 +224,8 @@ def test_gemv_ablation_switches_do_what_they_say():
     """gemm_q4.cu's timing probes (-DGV_ABLATE_MATH / -DGV_ABLATE_LOADS / -DGV_ABLATE_X, scripts/bench_gemv_q4.py
     --variants): the math ablation's gemv keeps its 128-bit code loads and has no HMMA (nor x's 64-bit loads); the
     loads ablation keeps every HMMA but loads only its first batch of codes (GV_DEPTH 128-bit loads, before the wait);
-    the x ablation keeps the codes' loads and every HMMA but loads no x; GV_ABLATE_PAD
+    the x ablation keeps the codes' loads and every HMMA but loads no x; the ones ablation drops a third of the HMMA,
+    the decode ablation most of the LOP3; GV_ABLATE_PAD
     holds the plain form at 4 blocks an SM on sm_90 (5 do not fit in 228 KB). The default build is neither."""
     def ops(defines: tuple[str, ...], name: str = "gemv_q4z_c4") -> list[str]:
         return [i.text for i, _ in sass_lines("gemm_q4.cu", defines)[name] if i is not None]
@@ -251,6 +252,14 @@ def test_gemv_ablation_switches_do_what_they_say():
     assert sum("HMMA" in t for t in bare) == sum("HMMA" in t for t in base)
     assert not any(op(t).startswith("LDG.E.64") for t in bare)
     assert len([t for t in bare if op(t).startswith("LDG.E.NA.128")]) == 4
+    # GV_ABLATE_ONES: the main loop's 4 code HMMA a k32 block, without the 2 ones HMMA; GV_ABLATE_DECODE: every HMMA,
+    # without the decode's lop3 (bf16x2_code: 4 a word)
+    hmma = sum("HMMA" in t for t in base)
+    ones = sum("HMMA" in t for t in ops(("GV_ABLATE_ONES",)))
+    assert abs(ones - 2 * hmma / 3) <= hmma / 12, (ones, hmma)
+    raw = ops(("GV_ABLATE_DECODE",))
+    assert sum("HMMA" in t for t in raw) == hmma
+    assert sum(op(t).startswith("LOP3") for t in raw) < sum(op(t).startswith("LOP3") for t in base) / 2
     c = compile_file(KERNELS / "gemm_q4.cu", "sm_90", find_toolchain(), [],
                      ["-DGV_ABLATE_MATH", "-DGV_ABLATE_PAD=39000"])
     smem = c.ptxas["gemv_q4z_c4"].shared_bytes + 1024  # + the 1 KB an SM reserves a block

@@ -1085,6 +1085,9 @@ extern "C" __global__ void dequant_marlin_q4m_bf16(const uint4* __restrict__ Bq,
 //   words and x still are).
 //   GV_ABLATE_X: x's B registers made from their addresses, not loaded (alone: the codes still stream; with
 //   GV_ABLATE_LOADS: the decode and mma with neither stream).
+//   GV_ABLATE_ONES: no ones mma for X (2 of a k32 block's 6 HMMA); GV_ABLATE_DECODE: the code words straight into
+//   the mma (none of the decode's 7 shifts / lop3 a word). With GV_ABLATE_X GV_ABLATE_LOADS, they say which of the
+//   tensor pipe and the integer pipe the GEMV's arithmetic waits on (reports/h200-qwen2.5/session36/NEXT.md).
 // Session 36 (an H100; reports/h200-qwen2.5/session36/COMMANDS.md), the 7B's gate_up (S 1) / down (S 4), us: kernel
 // 29.5 / 15.9, code stream alone 25.6 / 13.7, math alone 20.7 / 14.5, without x's loads 28.7 / 15.7, the decode and
 // mma with neither stream 18.9 / 12.7. The H200 has the same SMs at 1.3x the bandwidth, so there the math alone
@@ -1143,9 +1146,15 @@ __device__ __forceinline__ void gemv_kb(uint4 q, const uint4 (&xb)[NU], float (&
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
         const unsigned lo = wq[2 * j], hi = wq[2 * j + 1];
+#ifdef GV_ABLATE_DECODE
+        // timing probe: the code words themselves as the mma's A (wrong values), no shifts or lop3: what the decode's
+        // 7 instructions a word cost
+        const unsigned a0[4] = {lo, hi, lo ^ hi, lo + hi}, a1[4] = {hi, lo, hi ^ 0x00010001u, lo ^ 0x00010001u};
+#else
         const unsigned a0[4] = {bf16x2_code(lo), bf16x2_code(hi), bf16x2_code(lo >> 4), bf16x2_code(hi >> 4)};
         const unsigned a1[4] = {bf16x2_code(lo >> 8), bf16x2_code(hi >> 8), bf16x2_code(lo >> 12),
                                 bf16x2_code(hi >> 12)};
+#endif
 #pragma unroll
         for (int u = 0; u < NU; ++u) {
             if (first)
@@ -1155,6 +1164,7 @@ __device__ __forceinline__ void gemv_kb(uint4 q, const uint4 (&xb)[NU], float (&
             mma_bf16(c[u][j], a1, xb[u].z, xb[u].w);
         }
     }
+#ifndef GV_ABLATE_ONES  // timing probe: without the ones mma for X (a third of the HMMA; X stays 0: wrong sums)
 #pragma unroll
     for (int u = 0; u < NU; ++u) {
         if (first)
@@ -1163,6 +1173,9 @@ __device__ __forceinline__ void gemv_kb(uint4 q, const uint4 (&xb)[NU], float (&
             mma_bf16(cx[u], ones, xb[u].x, xb[u].y);
         mma_bf16(cx[u], ones, xb[u].z, xb[u].w);
     }
+#else
+    (void)ones;
+#endif
 }
 
 // the group's scale and zero (min) into acc; sw[2 j + r]: the scale word of column 16 j + 8 r + g; c[u][j][2 r + h]

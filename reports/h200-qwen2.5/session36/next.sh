@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# For the next lease (written at the end of session 36, not run; carry .whl for the ncu part). ~6-8 min.
+#  1. The one-stream decode bench on main (prompt 256, 256 steps, one run a process): 3B, 7B, 7B AWQ, 0.5B; the
+#     H200's figures after the fence change (session 36 ran on H100s only).
+#  2. What the 4-bit GEMV's arithmetic waits on (NEXT.md): scripts/bench_gemv_q4.py on the 7B at S 1, 2, 4, 8 with
+#     no memory (GV_ABLATE_X GV_ABLATE_LOADS: the slope over K splits separates a k32 block's cost from a block's),
+#     then without the ones HMMA (GV_ABLATE_ONES: the tensor pipe) or the decode (GV_ABLATE_DECODE: the integer
+#     pipe), both with and without the memory.
+#  3. Nsight Compute's per-instruction stall sampling of gemv_q4 (session35/call2.sh, SUITE=0).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+R=/tmp/res37; rm -rf $R; mkdir -p $R
+T0=$(date +%s); LIMIT=${LIMIT:-420}
+left() { [ $(( $(date +%s) - T0 )) -lt $LIMIT ]; }
+{
+echo "=== decode bench $(date +%T)"
+for p in "qwen2.5-3b" "qwen2.5-7b" "qwen2.5-7b --quant awq" "qwen2.5-0.5b"; do
+  f=$R/decode-$(echo $p | tr -d ' -').json
+  PYTHONPATH=$PWD timeout 120 python3 -m llmrs synth --like $p --decode-bench --bandwidth-gbs 4296 --prompt-len 256 \
+    --steps 256 --json $f > ${f%.json}.log 2>&1
+  python3 -c "import json; d=json.load(open('$f')); print('$p:', d['ms_per_token'], 'ms/token,', round(100 * d['fraction_of_floor_measured'], 1), '% of floor')" \
+    || tail -3 ${f%.json}.log
+done
+echo "=== 4-bit GEMV, 7B: what its arithmetic waits on $(date +%T)"
+N='-DGV_ABLATE_X -DGV_ABLATE_LOADS'
+left && PYTHONPATH=$PWD timeout 240 python3 scripts/bench_gemv_q4.py --preset qwen2.5-7b --splits 1,2,4,8 \
+  --variants "$N;$N -DGV_ABLATE_ONES;$N -DGV_ABLATE_DECODE;-DGV_ABLATE_ONES;-DGV_ABLATE_DECODE" \
+  --json $R/gemv-pipes-7b.json 2>&1 | grep -E "gemv_q4|layers" | grep -v " l2 "
+if left; then
+  mkdir -p $R/ncu
+  OUT=$R/ncu SUITE=0 timeout $(( LIMIT + 150 - ($(date +%s) - T0) )) bash reports/h200-qwen2.5/session35/call2.sh \
+    2>&1 | tail -70
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+echo "done $(( $(date +%s) - T0 )) s"
+} 2>&1 | tee $OUT/next.log
+gzip -f $R/*.log 2>/dev/null
+tar czf $OUT/results.tgz -C $R .
