@@ -260,6 +260,12 @@ def test_gemv_ablation_switches_do_what_they_say():
     raw = ops(("GV_ABLATE_DECODE",))
     assert sum("HMMA" in t for t in raw) == hmma
     assert sum(op(t).startswith("LOP3") for t in raw) < sum(op(t).startswith("LOP3") for t in base) / 2
+    # GV_FP16 (opt-in form, not a probe): fp16 HMMA, as many, with fewer shifts (1 a code word, not 3)
+    f16 = ops(("GV_FP16",))
+    assert sum("HMMA" in t for t in f16) == hmma
+    assert all("BF16" in op(t) for t in base if "HMMA" in t) and not any("BF16" in op(t) for t in f16 if "HMMA" in t)
+    shf = [sum(op(t).startswith("SHF") for t in v) for v in (base, f16)]
+    assert shf[1] < shf[0], shf
     c = compile_file(KERNELS / "gemm_q4.cu", "sm_90", find_toolchain(), [],
                      ["-DGV_ABLATE_MATH", "-DGV_ABLATE_PAD=39000"])
     smem = c.ptxas["gemv_q4z_c4"].shared_bytes + 1024  # + the 1 KB an SM reserves a block

@@ -181,6 +181,70 @@ def test_gemv_slot_pairing_and_group_algebra_give_x_at_the_exact_weights(kind, G
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
 
 
+def gemv_emulated_fp16(packed: np.ndarray, sz: np.ndarray, x: np.ndarray, G: int, mode: int) -> np.ndarray:
+    """gemm_q4.cu's opt-in -DGV_FP16 form of gemv_q4, in float64: fp16 operands, a word's nibbles p = 0, 2 as
+    1024 + q ((w >> 4p) & 0x000F000F | 0x64006400) and p = 1, 3 as 1024 + 16 q ((w >> 4(p - 1)) & 0x00F000F0 |
+    0x64006400), their k slots fed x / 16 (each step's b1), so C = sum q x + 1024 cx' with cx' = sum_lo x +
+    sum_hi x / 16 (the ones mma's rows g) and X = sum x (its rows g + 8: 16 in the hi slots); each group ends with
+    acc += s (C - 1024 cx' - z X) (zero) or s (C - 1024 cx') + m X (min)."""
+    NB, KB = packed.shape[:2]
+    T, K = x.shape
+    x16 = x.astype(np.float16).astype(np.float64)
+    x16_hi = (x / 16).astype(np.float16).astype(np.float64)  # b1: rounded after the division
+    out = np.zeros((T, 32 * NB))
+    u32 = np.uint32
+    for nb in range(NB):
+        acc = np.zeros((T, 32))
+        C = np.zeros((T, 32))
+        cxp = np.zeros(T)
+        X = np.zeros(T)
+        for kb in range(KB):
+            for lane in range(32):
+                g, t = divmod(lane, 4)
+                k0 = 32 * kb + 2 * t
+                a = {0: ((k0, k0 + 16), (k0 + 1, k0 + 17)), 1: ((k0 + 8, k0 + 24), (k0 + 9, k0 + 25))}
+                for i in range(4):
+                    w = u32(packed[nb, kb, lane, i])
+                    r = [(w >> u32(4 * p)) & u32(0x000F000F) | u32(0x64006400) if p % 2 == 0 else
+                         (w >> u32(4 * (p - 1))) & u32(0x00F000F0) | u32(0x64006400) for p in range(4)]
+                    for step in range(2):
+                        for hi_slots, (pair, v) in enumerate(zip(a[step], (r[2 * step], r[2 * step + 1]))):
+                            halves = (int(v) & 0xFFFF, int(v) >> 16)
+                            for k, code in zip(pair, halves):
+                                val = float(np.array(code, np.uint16).view(np.float16))
+                                xv = x16_hi[:, k] if hi_slots else x16[:, k]
+                                C[:, 8 * i + g] += xv * val
+            for k in range(32 * kb, 32 * kb + 32):
+                hi_slots = (k - 32 * kb) % 2 == 1  # the float2 loads' .y: each step's b1
+                cxp += x16_hi[:, k] if hi_slots else x16[:, k]
+                X += 16 * x16_hi[:, k] if hi_slots else x16[:, k]
+            if (kb + 1) % (G // 32) == 0 or kb + 1 == KB:
+                word = sz[32 * kb // G, 32 * nb: 32 * nb + 32]
+                s = (word & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float64)
+                z = (word >> 16).astype(np.uint16).view(np.float16).astype(np.float64)
+                cq = C - 1024 * cxp[:, None]
+                acc += s * (cq - z * X[:, None]) if mode == 0 else s * cq + z * X[:, None]
+                C[:] = 0
+                cxp[:] = 0
+                X[:] = 0
+        out[:, 32 * nb: 32 * nb + 32] = acc
+    return out
+
+
+@pytest.mark.parametrize("kind,G", [("awq", 128), ("q4_1", 64)])
+def test_gemv_fp16_form_algebra_gives_x_at_the_exact_weights(kind, G):
+    """-DGV_FP16's codes (5 instructions a word), x / 16 in the upper-nibble slots and the ones mma's two rows
+    reproduce fp16(x) @ W^T of the exact weights (up to x / 16's fp16 rounding where it is subnormal)."""
+    N, K, T = 64, 256, 2
+    rng = np.random.default_rng(G + 7 * len(kind))
+    w = make_weight(kind, N, K, G, rng)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    got = gemv_emulated_fp16(Q.marlin_reorder(w.qweight), Q.marlin_scales(w.scales, w.zeros), x, G,
+                             1 if kind == "q4_1" else 0)
+    want = x.astype(np.float16).astype(np.float64) @ w.dequantize().astype(np.float64).T
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)
+
+
 def test_the_reordered_layout_takes_power_of_two_groups_only():
     """cuda_q4gemm.supported: the GEMM finds a k's scale row as k >> log2 G, so G 96 (K % 96 == 0) keeps the row
     form and dequantize + cuBLAS; 32 / 64 / 128 / 256 take the layout."""

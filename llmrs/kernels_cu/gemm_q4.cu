@@ -1115,6 +1115,42 @@ __device__ __forceinline__ unsigned bf16x2_code(unsigned w) {
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(w), "n"(0x000F000Fu), "n"(0x43004300u));
     return r;
 }
+#ifdef GV_FP16
+// GV_FP16 (opt-in, for A/Bs: bench_gemv_q4.py --variants -DGV_FP16): fp16 operands instead of bf16, so that a code
+// word takes 1 shift + 4 lop3 instead of 3 + 4. fp16's 10-bit mantissa holds a nibble at bits 0..3 or 4..7 under the
+// exponent of 1024: (w & 0x000F000F) | 0x64006400 = 1024 + q, (w & 0x00F000F0) | 0x64006400 = 1024 + 16 q. The
+// second family's k slots (each k16 step's upper 8, the B register b1) take x / 16 (exact in fp16 but for
+// subnormals), so every slot sums (offset + q) x: C = sum q x + 1024 (sum_lo x + sum_hi x / 16). The ones mma's rows g
+// give that bracket (cx'), its rows g + 8 (16 in the hi slots) the true X: no more HMMA than bf16. x must fit fp16.
+template <unsigned MASK>
+__device__ __forceinline__ unsigned f16x2_code(unsigned w) {
+    unsigned r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(w), "n"(MASK), "n"(0x64006400u));
+    return r;
+}
+__device__ __forceinline__ unsigned pack_f16x2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ void mma_f16_zc(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%10, %10, %10, %10};\n"
+        : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+__device__ __forceinline__ void mma_f16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#define GV_MMA mma_f16
+#define GV_MMA_ZC mma_f16_zc
+#else
+#define GV_MMA mma_bf16
+#define GV_MMA_ZC mma_bf16_zc
+#endif
 // x's B registers of one kb for the lane's token (zeros for a lane whose token is >= T): step 0 b0, b1, step 1 b0, b1
 __device__ __forceinline__ uint4 gemv_xb(const float* __restrict__ xr, bool live) {
     if (!live) return make_uint4(0u, 0u, 0u, 0u);
@@ -1126,8 +1162,13 @@ __device__ __forceinline__ uint4 gemv_xb(const float* __restrict__ xr, bool live
 #endif
     // x comes from the previous kernel: ldx2 (common.cuh's early-load rules; __ldg with -DLLMRS_NO_EARLY_LOADS)
     const float2 x0 = ldx2(xr), x1 = ldx2(xr + 8), x2 = ldx2(xr + 16), x3 = ldx2(xr + 24);
+#ifdef GV_FP16  // (b1 of each k16 step: the slots of the codes' upper nibbles, x / 16)
+    return make_uint4(pack_f16x2(x0.x, x2.x), pack_f16x2(0.0625f * x0.y, 0.0625f * x2.y), pack_f16x2(x1.x, x3.x),
+                      pack_f16x2(0.0625f * x1.y, 0.0625f * x3.y));
+#else
     return make_uint4(pack_bf16x2(x0.x, x2.x), pack_bf16x2(x0.y, x2.y), pack_bf16x2(x1.x, x3.x),
                       pack_bf16x2(x1.y, x3.y));
+#endif
 }
 
 // one k32 block: two m16 tiles of codes (words 0, 1 and 2, 3) x two k16 steps against each n8 tile of tokens
@@ -1142,7 +1183,11 @@ __device__ __forceinline__ void gemv_kb(uint4 q, const uint4 (&xb)[NU], float (&
     return;
 #endif
     const unsigned wq[4] = {q.x, q.y, q.z, q.w};
+#ifdef GV_FP16  // rows g: 1 (cx' = sum_lo x + sum_hi x / 16); rows g + 8: 1 and 16 in the hi slots (X = sum x)
+    const unsigned ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x4C004C00u};
+#else
     const unsigned ones[4] = {GV_BF16_ONES, GV_BF16_ONES, GV_BF16_ONES, GV_BF16_ONES};
+#endif
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
         const unsigned lo = wq[2 * j], hi = wq[2 * j + 1];
@@ -1150,6 +1195,12 @@ __device__ __forceinline__ void gemv_kb(uint4 q, const uint4 (&xb)[NU], float (&
         // timing probe: the code words themselves as the mma's A (wrong values), no shifts or lop3: what the decode's
         // 7 instructions a word cost
         const unsigned a0[4] = {lo, hi, lo ^ hi, lo + hi}, a1[4] = {hi, lo, hi ^ 0x00010001u, lo ^ 0x00010001u};
+#elif defined(GV_FP16)
+        const unsigned lo8 = lo >> 8, hi8 = hi >> 8;
+        const unsigned a0[4] = {f16x2_code<0x000F000Fu>(lo), f16x2_code<0x000F000Fu>(hi), f16x2_code<0x00F000F0u>(lo),
+                                f16x2_code<0x00F000F0u>(hi)};
+        const unsigned a1[4] = {f16x2_code<0x000F000Fu>(lo8), f16x2_code<0x000F000Fu>(hi8),
+                                f16x2_code<0x00F000F0u>(lo8), f16x2_code<0x00F000F0u>(hi8)};
 #else
         const unsigned a0[4] = {bf16x2_code(lo), bf16x2_code(hi), bf16x2_code(lo >> 4), bf16x2_code(hi >> 4)};
         const unsigned a1[4] = {bf16x2_code(lo >> 8), bf16x2_code(hi >> 8), bf16x2_code(lo >> 12),
@@ -1158,20 +1209,20 @@ __device__ __forceinline__ void gemv_kb(uint4 q, const uint4 (&xb)[NU], float (&
 #pragma unroll
         for (int u = 0; u < NU; ++u) {
             if (first)
-                mma_bf16_zc(c[u][j], a0, xb[u].x, xb[u].y);
+                GV_MMA_ZC(c[u][j], a0, xb[u].x, xb[u].y);
             else
-                mma_bf16(c[u][j], a0, xb[u].x, xb[u].y);
-            mma_bf16(c[u][j], a1, xb[u].z, xb[u].w);
+                GV_MMA(c[u][j], a0, xb[u].x, xb[u].y);
+            GV_MMA(c[u][j], a1, xb[u].z, xb[u].w);
         }
     }
 #ifndef GV_ABLATE_ONES  // timing probe: without the ones mma for X (a third of the HMMA; X stays 0: wrong sums)
 #pragma unroll
     for (int u = 0; u < NU; ++u) {
         if (first)
-            mma_bf16_zc(cx[u], ones, xb[u].x, xb[u].y);
+            GV_MMA_ZC(cx[u], ones, xb[u].x, xb[u].y);
         else
-            mma_bf16(cx[u], ones, xb[u].x, xb[u].y);
-        mma_bf16(cx[u], ones, xb[u].z, xb[u].w);
+            GV_MMA(cx[u], ones, xb[u].x, xb[u].y);
+        GV_MMA(cx[u], ones, xb[u].z, xb[u].w);
     }
 #else
     (void)ones;
@@ -1195,10 +1246,18 @@ __device__ __forceinline__ void gemv_flush(const unsigned (&sw)[4], float (&c)[N
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     float& a = acc[u][j][2 * r + h];
+#ifdef GV_FP16  // C - 1024 cx' = sum q x; X = cx[u][2 + h] (the ones mma's rows g + 8)
+                    const float cq = fmaf(-1024.0f, cx[u][h], c[u][j][2 * r + h]);
+                    if (MODE == 0)
+                        a = fmaf(s, fmaf(-z, cx[u][2 + h], cq), a);
+                    else
+                        a = fmaf(s, cq, fmaf(z, cx[u][2 + h], a));
+#else
                     if (MODE == 0)
                         a = fmaf(s, fmaf(-(128.0f + z), cx[u][h], c[u][j][2 * r + h]), a);
                     else
                         a = fmaf(s, fmaf(-128.0f, cx[u][h], c[u][j][2 * r + h]), fmaf(z, cx[u][h], a));
+#endif
                     if (ZERO) c[u][j][2 * r + h] = 0.0f;
                 }
         }

@@ -5,7 +5,8 @@
 #  2. What the 4-bit GEMV's arithmetic waits on (NEXT.md): scripts/bench_gemv_q4.py on the 7B at S 1, 2, 4, 8 with
 #     no memory (GV_ABLATE_X GV_ABLATE_LOADS: the slope over K splits separates a k32 block's cost from a block's),
 #     then without the ones HMMA (GV_ABLATE_ONES: the tensor pipe) or the decode (GV_ABLATE_DECODE: the integer
-#     pipe), both with and without the memory.
+#     pipe), both with and without the memory; and -DGV_FP16 (fp16 operands: 547 instructions in the main loop
+#     against 566, its outputs checked against the exact product like every other row).
 #  3. Nsight Compute's per-instruction stall sampling of gemv_q4 (session35/call2.sh, SUITE=0).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -24,7 +25,7 @@ done
 echo "=== 4-bit GEMV, 7B: what its arithmetic waits on $(date +%T)"
 N='-DGV_ABLATE_X -DGV_ABLATE_LOADS'
 left && PYTHONPATH=$PWD timeout 240 python3 scripts/bench_gemv_q4.py --preset qwen2.5-7b --splits 1,2,4,8 \
-  --variants "$N;$N -DGV_ABLATE_ONES;$N -DGV_ABLATE_DECODE;-DGV_ABLATE_ONES;-DGV_ABLATE_DECODE" \
+  --variants "$N;$N -DGV_ABLATE_ONES;$N -DGV_ABLATE_DECODE;-DGV_ABLATE_ONES;-DGV_ABLATE_DECODE;-DGV_FP16" \
   --json $R/gemv-pipes-7b.json 2>&1 | grep -E "gemv_q4|layers" | grep -v " l2 "
 if left; then
   mkdir -p $R/ncu
