@@ -60,20 +60,22 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned* a, unsigned addr) {
                  : "memory");
 }
 
-// c = a b (C = 0: the first mma of a sum, no zeroing of c before it)
-__device__ __forceinline__ void mma_bf16_zc(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%10, %10, %10, %10};\n"
-        : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
-}
-
-__device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+// NAME: c += a b, NAME##_zc: c = a b (C = 0: the first mma of a sum, no zeroing of c before it); m16n8k16 with
+// operands of type T ("bf16", or "f16" for gemv_q4's GV_FP16 form), f32 accumulators
+#define MMA_16816(NAME, T)                                                                                      \
+    __device__ __forceinline__ void NAME##_zc(float* c, const unsigned* a, unsigned b0, unsigned b1) {          \
+        asm("mma.sync.aligned.m16n8k16.row.col.f32." T "." T ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "       \
+            "{%8, %9}, {%10, %10, %10, %10};\n"                                                                 \
+            : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])                                                    \
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));                         \
+    }                                                                                                           \
+    __device__ __forceinline__ void NAME(float* c, const unsigned* a, unsigned b0, unsigned b1) {               \
+        asm("mma.sync.aligned.m16n8k16.row.col.f32." T "." T ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "       \
+            "{%8, %9}, {%0, %1, %2, %3};\n"                                                                     \
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                                    \
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                                    \
+    }
+MMA_16816(mma_bf16, "bf16")
 
 __device__ __forceinline__ float gq_f16_to_f32(unsigned short h) {
     float f;
@@ -81,12 +83,18 @@ __device__ __forceinline__ float gq_f16_to_f32(unsigned short h) {
     return f;
 }
 
+// (v & MASK) | EXPO in one lop3: a 4-bit code under a float's exponent (code_at, bf16x2_code, f16x2_code)
+template <unsigned MASK, unsigned EXPO>
+__device__ __forceinline__ unsigned lop3_code(unsigned v) {
+    unsigned r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(v), "n"(MASK), "n"(EXPO));
+    return r;
+}
+
 // (v & MASK) | EXPO as a float: the code at bits 12..15 (EXPO 0x45000000) is 2048 + q, at 16..19 (0x43000000) 128 + q
 template <unsigned MASK, unsigned EXPO>
 __device__ __forceinline__ float code_at(unsigned v) {
-    unsigned r;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(v), "n"(MASK), "n"(EXPO));
-    return __uint_as_float(r);
+    return __uint_as_float(lop3_code<MASK, EXPO>(v));
 }
 
 __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
@@ -1100,21 +1108,18 @@ extern "C" __global__ void dequant_marlin_q4m_bf16(const uint4* __restrict__ Bq,
 // Fewer registers let more blocks share an SM (GV_ABLATE_MATH: 72 against 128, sm_90); GV_ABLATE_PAD=BYTES makes
 // each plain-form block reserve that much more shared memory, to hold an ablation at the kernel's own 4 blocks an SM
 // (39000 on sm_90: 5 blocks of 47.7 KB do not fit in 228 KB).
-#ifdef GV_ABLATE_LOADS
-__device__ __forceinline__ uint4 gv_fake_codes(const uint4* p) {
+// the ablations' stand-in for loaded words: four words made from an address (no load; wrong values, by design)
+__device__ __forceinline__ uint4 gv_fake_words(const void* p) {
     const unsigned a = (unsigned)(size_t)p;
     return make_uint4(a * 0x9E3779B9u, a ^ 0x5BD1E995u, a * 0x85EBCA6Bu, a + 0x27D4EB2Fu);
 }
-#define GV_CODE_LOAD(p) gv_fake_codes(p)
+#ifdef GV_ABLATE_LOADS
+#define GV_CODE_LOAD(p) gv_fake_words(p)
 #else
 #define GV_CODE_LOAD(p) ldg_stream(p)
 #endif
 
-__device__ __forceinline__ unsigned bf16x2_code(unsigned w) {
-    unsigned r;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(w), "n"(0x000F000Fu), "n"(0x43004300u));
-    return r;
-}
+__device__ __forceinline__ unsigned bf16x2_code(unsigned w) { return lop3_code<0x000F000Fu, 0x43004300u>(w); }
 #ifdef GV_FP16
 // GV_FP16 (opt-in, for A/Bs: bench_gemv_q4.py --variants -DGV_FP16): fp16 operands instead of bf16, so that a code
 // word takes 1 shift + 4 lop3 instead of 3 + 4. fp16's 10-bit mantissa holds a nibble at bits 0..3 or 4..7 under the
@@ -1123,28 +1128,13 @@ __device__ __forceinline__ unsigned bf16x2_code(unsigned w) {
 // subnormals), so every slot sums (offset + q) x: C = sum q x + 1024 (sum_lo x + sum_hi x / 16). The ones mma's rows g
 // give that bracket (cx'), its rows g + 8 (16 in the hi slots) the true X: no more HMMA than bf16. x must fit fp16.
 template <unsigned MASK>
-__device__ __forceinline__ unsigned f16x2_code(unsigned w) {
-    unsigned r;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(w), "n"(MASK), "n"(0x64006400u));
-    return r;
-}
+__device__ __forceinline__ unsigned f16x2_code(unsigned w) { return lop3_code<MASK, 0x64006400u>(w); }
 __device__ __forceinline__ unsigned pack_f16x2(float lo, float hi) {
     unsigned r;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
-__device__ __forceinline__ void mma_f16_zc(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%10, %10, %10, %10};\n"
-        : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
-}
-__device__ __forceinline__ void mma_f16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+MMA_16816(mma_f16, "f16")
 #define GV_MMA mma_f16
 #define GV_MMA_ZC mma_f16_zc
 #else
@@ -1155,10 +1145,7 @@ __device__ __forceinline__ void mma_f16(float* c, const unsigned* a, unsigned b0
 __device__ __forceinline__ uint4 gemv_xb(const float* __restrict__ xr, bool live) {
     if (!live) return make_uint4(0u, 0u, 0u, 0u);
 #ifdef GV_ABLATE_X
-    {  // timing probe: x's B registers made from their address, not loaded (no x round trips in the main loop)
-        const unsigned a = (unsigned)(size_t)xr;
-        return make_uint4(a * 0x9E3779B9u, a ^ 0x5BD1E995u, a * 0x85EBCA6Bu, a + 0x27D4EB2Fu);
-    }
+    return gv_fake_words(xr);  // timing probe: x's B registers made from their address (no x round trips)
 #endif
     // x comes from the previous kernel: ldx2 (common.cuh's early-load rules; __ldg with -DLLMRS_NO_EARLY_LOADS)
     const float2 x0 = ldx2(xr), x1 = ldx2(xr + 8), x2 = ldx2(xr + 16), x3 = ldx2(xr + 24);
