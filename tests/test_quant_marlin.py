@@ -121,6 +121,24 @@ def test_marlin_scales_are_group_major_words_of_scale_and_zero():
 
 
 # ---------------------------------------------------------------------- gemv_q4 (decode) over the same layout
+def gemv_slots(packed: np.ndarray, nb: int, kb: int, regs):
+    """(column, k, hi, code) for every A slot of tile nb's k32 block kb: each lane's four words turned by `regs`
+    into its four A registers (nibble p = 0..3, as the kernel's decode gives them, 16-bit halves low / high), each
+    slot paired with the k of x that gemv_xb packs against it; hi: the slot is its k16 step's upper 8 (B's b1)."""
+    u32 = np.uint32
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        k0 = 32 * kb + 2 * t
+        # x: (slot 2t, 2t+1) and (slot 2t+8, 2t+9) of step 0 / 1, from the float2 loads at k0, +8, +16, +24
+        a = {0: ((k0, k0 + 16), (k0 + 1, k0 + 17)), 1: ((k0 + 8, k0 + 24), (k0 + 9, k0 + 25))}
+        for i in range(4):
+            r = regs(u32(packed[nb, kb, lane, i]))
+            for step in range(2):
+                for hi, (pair, v) in enumerate(zip(a[step], (r[2 * step], r[2 * step + 1]))):
+                    for k, code in zip(pair, (int(v) & 0xFFFF, int(v) >> 16)):
+                        yield 8 * i + g, k, hi, code  # column n = 8 i + g of the tile, every token
+
+
 def gemv_emulated(packed: np.ndarray, sz: np.ndarray, x: np.ndarray, G: int, mode: int) -> np.ndarray:
     """out[T, N] as gemm_q4.cu's gemv_q4 computes it, in float64: per k32 block each lane's four words become bf16x2
     registers (128 + nibble p, 128 + nibble p + 4) = lop3(w >> 4p) (the codes' mma operand), the lane's x values
@@ -131,27 +149,18 @@ def gemv_emulated(packed: np.ndarray, sz: np.ndarray, x: np.ndarray, G: int, mod
     xb = round_bf16(x).astype(np.float64)
     out = np.zeros((T, 32 * NB))
     u32 = np.uint32
+
+    def regs(w):
+        return [(w >> u32(4 * p)) & u32(0x000F000F) | u32(0x43004300) for p in range(4)]
+
     for nb in range(NB):
         acc = np.zeros((T, 32))
         C = np.zeros((T, 32))
         X = np.zeros(T)
         for kb in range(KB):
-            for lane in range(32):
-                g, t = divmod(lane, 4)
-                k0 = 32 * kb + 2 * t
-                # x: (slot 2t, 2t+1) and (slot 2t+8, 2t+9) of step 0 / 1, from the float2 loads at k0, +8, +16, +24
-                a = {0: ((k0, k0 + 16), (k0 + 1, k0 + 17)), 1: ((k0 + 8, k0 + 24), (k0 + 9, k0 + 25))}
-                for i in range(4):
-                    w = u32(packed[nb, kb, lane, i])
-                    r = [(w >> u32(4 * p)) & u32(0x000F000F) | u32(0x43004300) for p in range(4)]
-                    vals = [(int(v) & 0xFFFF, int(v) >> 16) for v in r]  # bf16 halves: low, high
-                    for step in range(2):
-                        b0, b1 = vals[2 * step], vals[2 * step + 1]
-                        for (klo, khi), (blo, bhi) in zip(a[step], (b0, b1)):
-                            for h, (k, code) in enumerate(((klo, blo), (khi, bhi))):
-                                assert code >> 8 == 0x43  # 128 + q: the magic exponent untouched
-                                # this slot pair: column n = 8 i + g of the tile, every token
-                                C[:, 8 * i + g] += xb[:, k] * (128 + (code & 0xF))
+            for n, k, _, code in gemv_slots(packed, nb, kb, regs):
+                assert code >> 8 == 0x43  # 128 + q: the magic exponent untouched
+                C[:, n] += xb[:, k] * (128 + (code & 0xF))
             X += xb[:, 32 * kb: 32 * kb + 32].sum(axis=1)
             if (kb + 1) % (G // 32) == 0 or kb + 1 == KB:
                 word = sz[32 * kb // G, 32 * nb: 32 * nb + 32]
@@ -193,27 +202,18 @@ def gemv_emulated_fp16(packed: np.ndarray, sz: np.ndarray, x: np.ndarray, G: int
     x16_hi = (x / 16).astype(np.float16).astype(np.float64)  # b1: rounded after the division
     out = np.zeros((T, 32 * NB))
     u32 = np.uint32
+    def regs(w):
+        return [(w >> u32(4 * p)) & u32(0x000F000F) | u32(0x64006400) if p % 2 == 0 else
+                (w >> u32(4 * (p - 1))) & u32(0x00F000F0) | u32(0x64006400) for p in range(4)]
+
     for nb in range(NB):
         acc = np.zeros((T, 32))
         C = np.zeros((T, 32))
         cxp = np.zeros(T)
         X = np.zeros(T)
         for kb in range(KB):
-            for lane in range(32):
-                g, t = divmod(lane, 4)
-                k0 = 32 * kb + 2 * t
-                a = {0: ((k0, k0 + 16), (k0 + 1, k0 + 17)), 1: ((k0 + 8, k0 + 24), (k0 + 9, k0 + 25))}
-                for i in range(4):
-                    w = u32(packed[nb, kb, lane, i])
-                    r = [(w >> u32(4 * p)) & u32(0x000F000F) | u32(0x64006400) if p % 2 == 0 else
-                         (w >> u32(4 * (p - 1))) & u32(0x00F000F0) | u32(0x64006400) for p in range(4)]
-                    for step in range(2):
-                        for hi_slots, (pair, v) in enumerate(zip(a[step], (r[2 * step], r[2 * step + 1]))):
-                            halves = (int(v) & 0xFFFF, int(v) >> 16)
-                            for k, code in zip(pair, halves):
-                                val = float(np.array(code, np.uint16).view(np.float16))
-                                xv = x16_hi[:, k] if hi_slots else x16[:, k]
-                                C[:, 8 * i + g] += xv * val
+            for n, k, hi, code in gemv_slots(packed, nb, kb, regs):
+                C[:, n] += (x16_hi if hi else x16)[:, k] * float(np.array(code, np.uint16).view(np.float16))
             for k in range(32 * kb, 32 * kb + 32):
                 hi_slots = (k - 32 * kb) % 2 == 1  # the float2 loads' .y: each step's b1
                 cxp += x16_hi[:, k] if hi_slots else x16[:, k]
