@@ -81,8 +81,9 @@ def main() -> int:
     print(f"  {'after the wait, total':>38}: {after:7.3f} us")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"preset": a.like, "kernel": kernel, "defines": a.define, "ms_per_token": round(ms, 4), "blocks": n,
-                       "sm_clock_ghz": khz / 1e6, "phases": rows, "after_wait_us": round(after, 3)}, f, indent=1)
+            json.dump({"preset": a.like, "kernel": kernel, "defines": a.define, "ms_per_token": round(ms, 4),
+                       "blocks": n, "sm_clock_ghz": khz / 1e6, "phases": rows, "after_wait_us": round(after, 3)}, f,
+                      indent=1)
     return 0
 
 

@@ -31,6 +31,16 @@ def sass_lines(cu: str, defines: tuple[str, ...] = ()) -> dict:
     return parse_nvdisasm(c.sass)
 
 
+def sass_text(cu: str, name: str, defines: tuple[str, ...] = ()) -> list[str]:
+    """one kernel's SASS instructions as text (sm_90), labels and blank lines left out."""
+    return [i.text for i, _ in sass_lines(cu, defines)[name] if i is not None]
+
+
+def opcode(t: str) -> str:
+    """an instruction's opcode with its modifiers (after the predicate, if any)."""
+    return t.split()[1] if t.startswith("@") else t.split()[0]
+
+
 def sass_of(cu: str, defines: tuple[str, ...] = ()) -> dict:
     """kernel -> its SassSummary (sm_90)."""
     return {name: summarize(lines) for name, lines in sass_lines(cu, defines).items()}
@@ -73,13 +83,11 @@ def test_cluster_merges_push_without_a_gpu_fence():
     way (every block receiving), and attn_cluster's merge (session 35; -DLLMRS_ATTN_CLUSTER_PULL, the pull form,
     keeps its two barriers with release). The only GPU-scope fences left are the L2 hand-off's (block_counts_last):
     two fence.acq_rel (MEMBAR.ALL.GPU) by thread 0, where every thread ran __threadfence (MEMBAR.SC.GPU) before."""
-    gemv = sass_lines("gemm_q4.cu")
-
     def ops(name: str) -> list[str]:
-        return [i.text for i, _ in gemv[name] if i is not None]
+        return sass_text("gemm_q4.cu", name)
 
     def membars(text: list[str]) -> list[str]:
-        return [t.split()[-1] if t.startswith("@") else t.split()[0] for t in text if "MEMBAR" in t and "GPU" in t]
+        return [opcode(t) for t in text if "MEMBAR" in t and "GPU" in t]
 
     for name in ("gemv_q4z_c4", "gemv_q4m_c1", "gemv_q4z_c4_nout", "gemv_q4z_silu_c4", "gemv_q4m_silu_c4_nin",
                  "gemv_q4z_rope_c4", "gemv_q4z_rope_c4_nin"):
@@ -90,7 +98,7 @@ def test_cluster_merges_push_without_a_gpu_fence():
     t16 = ops("gemv_q4z_t16_c4")
     assert not any(t.startswith("STAS") or "UCGABAR" in t for t in t16)
     assert membars(t16) == ["MEMBAR.ALL.GPU"] * 2
-    att = {name: [i.text for i, _ in lines if i is not None] for name, lines in sass_lines("attention.cu").items()}
+    att = {name: sass_text("attention.cu", name) for name in sass_lines("attention.cu")}
     for name in ("attn_o_cluster8_w8", "attn_o_cluster8", "attn_o_cluster4"):
         assert any(t.startswith("STAS") for t in att[name]) and any("TRYWAIT" in t for t in att[name]), name
         assert membars(att[name]) == ["MEMBAR.ALL.GPU"] * 2, name  # the cross-head sum's hand-off
@@ -101,10 +109,9 @@ def test_cluster_merges_push_without_a_gpu_fence():
         assert any(t.startswith("STAS") for t in text) and any("TRYWAIT" in t for t in text), name
         assert membars(text) == [], name
         assert sum("UCGABAR_ARV" in t for t in text) == 1 and sum("UCGABAR_WAIT" in t for t in text) == 1, name
-    pull = [i.text for i, _ in sass_lines("attention.cu", ("LLMRS_ATTN_CLUSTER_PULL",))["attn_cluster8_d4_g4_w16"]
-            if i is not None]
+    pull = sass_text("attention.cu", "attn_cluster8_d4_g4_w16", ("LLMRS_ATTN_CLUSTER_PULL",))
     assert "MEMBAR.ALL.GPU" in membars(pull) and not any(t.startswith("STAS") for t in pull)
-    sample = [i.text for i, _ in sass_lines("sampling.cu")["sample_tokens"] if i is not None]
+    sample = sass_text("sampling.cu", "sample_tokens")
     assert membars(sample) == ["MEMBAR.ALL.GPU"] * 2
 
 
@@ -207,17 +214,14 @@ def test_attn_o_red_probe_adds_into_x_with_atomics():
     """attention.cu's LLMRS_ATTN_O_RED (a timing probe, through LLMRS_CUDA_DEFINES): attn_o_cluster's blocks add
     their rows into x with fire-and-forget float atomics (RED, no returned value) and skip block_counts_last (no
     ATOMG on the count, no fence); the default build has no float atomics there and the count's atomic."""
-    def ops(defines: tuple[str, ...], name: str = "attn_o_cluster8_w8") -> list[str]:
-        return [i.text for i, _ in sass_lines("attention.cu", defines)[name] if i is not None]
-
-    def op(t: str) -> str:
-        return t.split()[1] if t.startswith("@") else t.split()[0]
+    def ops(defines: tuple[str, ...]) -> list[str]:
+        return sass_text("attention.cu", "attn_o_cluster8_w8", defines)
 
     base, red = ops(()), ops(("LLMRS_ATTN_O_RED",))
-    assert not any(op(t).startswith("RED") for t in base)
-    assert any(op(t).startswith("ATOMG") for t in base) and any(op(t).startswith("MEMBAR") for t in base)
-    assert any(op(t).startswith("RED") and "F32" in op(t) for t in red)
-    assert not any(op(t).startswith("ATOMG") for t in red) and not any(op(t).startswith("MEMBAR") for t in red)
+    assert not any(opcode(t).startswith("RED") for t in base)
+    assert any(opcode(t).startswith("ATOMG") for t in base) and any(opcode(t).startswith("MEMBAR") for t in base)
+    assert any(opcode(t).startswith("RED") and "F32" in opcode(t) for t in red)
+    assert not any(opcode(t).startswith("ATOMG") for t in red) and not any(opcode(t).startswith("MEMBAR") for t in red)
 
 
 def test_gemv_ablation_switches_do_what_they_say():
@@ -227,31 +231,28 @@ def test_gemv_ablation_switches_do_what_they_say():
     the x ablation keeps the codes' loads and every HMMA but loads no x; the ones ablation drops a third of the HMMA,
     the decode ablation most of the LOP3; GV_ABLATE_PAD
     holds the plain form at 4 blocks an SM on sm_90 (5 do not fit in 228 KB). The default build is neither."""
-    def ops(defines: tuple[str, ...], name: str = "gemv_q4z_c4") -> list[str]:
-        return [i.text for i, _ in sass_lines("gemm_q4.cu", defines)[name] if i is not None]
-
-    def op(t: str) -> str:
-        return t.split()[1] if t.startswith("@") else t.split()[0]
+    def ops(defines: tuple[str, ...]) -> list[str]:
+        return sass_text("gemm_q4.cu", "gemv_q4z_c4", defines)
 
     base = ops(())
-    code_loads = [t for t in base if op(t).startswith("LDG.E.NA.128")]
+    code_loads = [t for t in base if opcode(t).startswith("LDG.E.NA.128")]
     assert any("HMMA" in t for t in base) and len(code_loads) >= 8
     math = ops(("GV_ABLATE_MATH",))
-    assert not any("HMMA" in t for t in math) and not any(op(t).startswith("LDG.E.64") for t in math)
-    assert len([t for t in math if op(t).startswith("LDG.E.NA.128")]) >= 8
+    assert not any("HMMA" in t for t in math) and not any(opcode(t).startswith("LDG.E.64") for t in math)
+    assert len([t for t in math if opcode(t).startswith("LDG.E.NA.128")]) >= 8
     loads = ops(("GV_ABLATE_LOADS",))
     assert sum("HMMA" in t for t in loads) == sum("HMMA" in t for t in base)
-    assert len([t for t in loads if op(t).startswith("LDG.E.NA.128")]) == 4  # the first batch (ldg_early)
+    assert len([t for t in loads if opcode(t).startswith("LDG.E.NA.128")]) == 4  # the first batch (ldg_early)
     # GV_ABLATE_X: no x loads (x's 64-bit loads), the codes and every HMMA kept; with GV_ABLATE_LOADS neither stream
-    assert any(op(t).startswith("LDG.E.64") for t in base)
+    assert any(opcode(t).startswith("LDG.E.64") for t in base)
     nox = ops(("GV_ABLATE_X",))
-    assert not any(op(t).startswith("LDG.E.64") for t in nox)
+    assert not any(opcode(t).startswith("LDG.E.64") for t in nox)
     assert sum("HMMA" in t for t in nox) == sum("HMMA" in t for t in base)
-    assert len([t for t in nox if op(t).startswith("LDG.E.NA.128")]) == len(code_loads)
+    assert len([t for t in nox if opcode(t).startswith("LDG.E.NA.128")]) == len(code_loads)
     bare = ops(("GV_ABLATE_X", "GV_ABLATE_LOADS"))
     assert sum("HMMA" in t for t in bare) == sum("HMMA" in t for t in base)
-    assert not any(op(t).startswith("LDG.E.64") for t in bare)
-    assert len([t for t in bare if op(t).startswith("LDG.E.NA.128")]) == 4
+    assert not any(opcode(t).startswith("LDG.E.64") for t in bare)
+    assert len([t for t in bare if opcode(t).startswith("LDG.E.NA.128")]) == 4
     # GV_ABLATE_ONES: the main loop's 4 code HMMA a k32 block, without the 2 ones HMMA; GV_ABLATE_DECODE: every HMMA,
     # without the decode's lop3 (bf16x2_code: 4 a word)
     hmma = sum("HMMA" in t for t in base)
@@ -259,12 +260,13 @@ def test_gemv_ablation_switches_do_what_they_say():
     assert abs(ones - 2 * hmma / 3) <= hmma / 12, (ones, hmma)
     raw = ops(("GV_ABLATE_DECODE",))
     assert sum("HMMA" in t for t in raw) == hmma
-    assert sum(op(t).startswith("LOP3") for t in raw) < sum(op(t).startswith("LOP3") for t in base) / 2
+    assert sum(opcode(t).startswith("LOP3") for t in raw) < sum(opcode(t).startswith("LOP3") for t in base) / 2
     # GV_FP16 (opt-in form, not a probe): fp16 HMMA, as many, with fewer shifts (1 a code word, not 3)
     f16 = ops(("GV_FP16",))
     assert sum("HMMA" in t for t in f16) == hmma
-    assert all("BF16" in op(t) for t in base if "HMMA" in t) and not any("BF16" in op(t) for t in f16 if "HMMA" in t)
-    shf = [sum(op(t).startswith("SHF") for t in v) for v in (base, f16)]
+    assert all("BF16" in opcode(t) for t in base if "HMMA" in t)
+    assert not any("BF16" in opcode(t) for t in f16 if "HMMA" in t)
+    shf = [sum(opcode(t).startswith("SHF") for t in v) for v in (base, f16)]
     assert shf[1] < shf[0], shf
     c = compile_file(KERNELS / "gemm_q4.cu", "sm_90", find_toolchain(), [],
                      ["-DGV_ABLATE_MATH", "-DGV_ABLATE_PAD=39000"])
