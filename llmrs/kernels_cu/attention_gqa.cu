@@ -44,34 +44,18 @@
 #define GQA_MIN_BLOCKS(DPL) ((DPL) == 8 ? 3 : 4)
 #endif
 
-__device__ __forceinline__ unsigned gqa_smem_u32(const void* p) {
-    unsigned r;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
-    return r;
-}
-
-// global -> shared without registers: 16 bytes (through L2 only) or 4 bytes
-__device__ __forceinline__ void gqa_cp_async16(unsigned dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void gqa_cp_async4(unsigned dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void gqa_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void gqa_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
 // V tile of a warp: keys [k0, k0 + VK) of the chunk (only those < n), row k at s_v + (k - k0) * DMAX
 template <int DPL, int VK>
 __device__ __forceinline__ void gqa_copy_v(bf16_t* s_v, const bf16_t* __restrict__ v_cache, int row, int k0, int n,
                                            int D, int lane) {
     constexpr int DMAX = 32 * DPL;
-    const unsigned dst0 = gqa_smem_u32(s_v);
+    const unsigned dst0 = smem_u32(s_v);
     if constexpr (DPL == 1) {  // 4-byte pieces: any even D <= 32
         const int W = D >> 1, total = min(VK, n - k0) * W;
         for (int i0 = 0; i0 < total; i0 += 32) {  // warp-uniform trip count: every lane takes part in the shuffle
             const int idx = i0 + lane, k = idx / W, w = idx - k * W;
             const int r = __shfl_sync(0xffffffffu, row, (k0 + k) & 31);
-            if (idx < total) gqa_cp_async4(dst0 + (unsigned)(k * DMAX + 2 * w) * 2u, v_cache + (size_t)r * D + 2 * w);
+            if (idx < total) cp_async4(dst0 + (unsigned)(k * DMAX + 2 * w) * 2u, v_cache + (size_t)r * D + 2 * w);
         }
     } else {  // 16-byte pieces, NP of them per row (D == DMAX)
         constexpr int NP = DMAX / 8;
@@ -79,10 +63,10 @@ __device__ __forceinline__ void gqa_copy_v(bf16_t* s_v, const bf16_t* __restrict
         for (int it = 0; it < VK * NP / 32; ++it) {
             const int idx = it * 32 + lane, k = idx / NP, c = idx % NP;
             const int r = __shfl_sync(0xffffffffu, row, k0 + k);
-            if (k0 + k < n) gqa_cp_async16(dst0 + (unsigned)(k * DMAX + 8 * c) * 2u, v_cache + (size_t)r * D + 8 * c);
+            if (k0 + k < n) cp_async16(dst0 + (unsigned)(k * DMAX + 8 * c) * 2u, v_cache + (size_t)r * D + 8 * c);
         }
     }
-    gqa_cp_async_commit();
+    cp_async_commit();
 }
 
 template <int DPL>
@@ -203,7 +187,7 @@ __device__ __forceinline__ void attn_partial_gqa_impl(
         // P.V over the chunk's valid keys, V from the shared tile(s)
         for (int k0 = 0; k0 < n; k0 += VK) {
             if (k0) gqa_copy_v<DPL, VK>(s_v, v_cache, row, k0, n, D, lane);  // D = 256: the second half
-            gqa_cp_async_wait_all();
+            cp_async_wait<0>();
             __syncwarp();  // the warp's V pieces and p are visible to every lane
             const int kend = min(n, k0 + VK);
 #pragma unroll 4

@@ -315,11 +315,41 @@ __device__ __forceinline__ void cluster_wait() {
     asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
 #endif
 }
-// the shared-state-space (32-bit) address of a pointer into this block's shared memory (gemm_q4.cu keeps its own
-// smem_u32, an inline-asm form whose PTX differs)
+// the shared-state-space (32-bit) address of a pointer into this block's shared memory
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
+// the same address through inline PTX (cvta.to.shared + cvt): the form gemm_q4.cu and attention_gqa.cu were tuned
+// with; their PTX differs from smem_addr's, so each keeps the form it was measured with
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    unsigned r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+// cp.async, global -> shared without registers (sm_80+): 16 bytes through L2 only (.cg), of which src_bytes are
+// read and the rest zero-filled (0: all zeros; src must still be a valid address); 4 bytes through L1 (.ca); the
+// group commit and wait (PENDING: how many of the newest groups may still be in flight). Empty below sm_80, where
+// no kernel that uses them is launched.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define LLMRS_CP_ASYNC(...) asm volatile(__VA_ARGS__)
+#else
+#define LLMRS_CP_ASYNC(...) ((void)0)
+#endif
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
+    LLMRS_CP_ASYNC("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src) {
+    LLMRS_CP_ASYNC("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async4(unsigned dst, const void* src) {
+    LLMRS_CP_ASYNC("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { LLMRS_CP_ASYNC("cp.async.commit_group;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+    LLMRS_CP_ASYNC("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+}
+#undef LLMRS_CP_ASYNC
 // the shared::cluster address of block `rank`'s shared memory at the address of `p` in this block's (mapa)
 __device__ __forceinline__ unsigned cluster_addr(const void* p, unsigned rank) {
     unsigned ra = 0;

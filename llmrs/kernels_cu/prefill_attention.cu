@@ -48,27 +48,6 @@
 #define PF_HAVE_MMA 0
 #endif
 
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
-#if PF_HAVE_MMA
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if PF_HAVE_MMA
-    asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-#if PF_HAVE_MMA
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cp_async_wait_one() {  // all but the newest group
-#if PF_HAVE_MMA
-    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-#endif
-}
-
 __device__ __forceinline__ void ldmatrix_x4(unsigned* r, unsigned addr) {
 #if PF_HAVE_MMA
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -247,7 +226,7 @@ __device__ __forceinline__ void prefill_attn_impl(
     const int v_row = lane & 15, v_chunk = lane >> 4;                                // V: 16 keys x 2 chunks
 
     for (int it = 0; it < n_kv; ++it) {
-        cp_async_wait_all();
+        cp_async_wait<0>();
         __syncthreads();  // tile it landed for all; everyone is done with tile it-1 (and with Q's staging)
         if (it + 1 < n_kv) load_kv(it + 1, (it + 1) & 1);
         if (!warp_active) continue;
@@ -474,9 +453,9 @@ __device__ __forceinline__ void decode_attn_tc_impl(
     for (int i = 0; i < my_tiles; ++i) {
         if (i + 1 < my_tiles) {
             load_tile(i + 1, (i + 1) & 1);
-            cp_async_wait_one();
+            cp_async_wait<1>();
         } else {
-            cp_async_wait_all();
+            cp_async_wait<0>();
         }
         __syncwarp();  // tile i's copies (every lane's) are visible to the warp
         const unsigned sK = sW + (unsigned)((i & 1) * 2 * TB), sV = sK + TB;
