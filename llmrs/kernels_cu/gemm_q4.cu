@@ -1109,6 +1109,12 @@ __device__ __forceinline__ unsigned bf16x2_code(unsigned w) { return lop3_code<0
 // second family's k slots (each k16 step's upper 8, the B register b1) take x / 16 (exact in fp16 but for
 // subnormals), so every slot sums (offset + q) x: C = sum q x + 1024 (sum_lo x + sum_hi x / 16). The ones mma's rows g
 // give that bracket (cx'), its rows g + 8 (16 in the hi slots) the true X: no more HMMA than bf16. x must fit fp16.
+// Timed (session 37, H100, bench_gemv_q4.py, 7B): the decode + mma with no memory (GV_ABLATE_X GV_ABLATE_LOADS)
+// gate_up (S 1) 18.81 -> 17.67 us, down (S 4) 12.72 -> 11.67; with the memory 29.10 -> 29.59 / 15.62 -> 15.01; 7B AWQ
+// decode 2.1453 / 2.1451 -> 2.1307 / 2.1341 ms/token. Not a default: x rounded to fp16, not bf16, is off the bf16-x
+// reference of tests/test_gemv_q4_gpu.py by 7.5e-4 (tolerance 2e-5; the two roundings differ by ~1e-3 in numpy),
+// and the prefill GEMM rounds x to bf16. ptxas keeps `mul.hi.u32 w, 1 << 24` (= w >> 8) as an IMAD.HI on the FMA
+// pipe: with it the loop's SHF drop from 32 to 0 (8 k32 blocks, sm_90); not timed.
 template <unsigned MASK>
 __device__ __forceinline__ unsigned f16x2_code(unsigned w) { return lop3_code<MASK, 0x64006400u>(w); }
 __device__ __forceinline__ unsigned pack_f16x2(float lo, float hi) {
