@@ -12,6 +12,9 @@
 # bench_table DIR: one line per bench-7b-*.json run in DIR (output tok/s, TPOT mean).
 # ttft_line JSON PROMPT_LEN [LABEL]: TTFT min / median / mean of one `llmrs bench` results file.
 # run_line JSON: one line for a load run's results file (output tok/s, TPOT mean, TTFT median, ITL median).
+# decode_line JSON LABEL [SYNTH ARGS...]: `llmrs synth ARGS --decode-bench`, one stream (prompt 256, 256 steps, floor
+#   at 4296 GB/s) within $DECODE_TIMEOUT (120) s, into JSON (log beside it); prints LABEL: ms/token, % of floor
+#   (or the log's last lines).
 # serve_up NAME [VAR=VALUE ...]: `llmrs serve --synthetic ${SERVE_MODEL:-qwen2.5-7b}` ($SERVE_SOURCE: other model
 #   arguments) on port 8123 with those variables set ($SERVE_DEVICE, default cuda), log $R/serve-NAME.log, pid in
 #   $SRV; fails without /health.
@@ -105,6 +108,16 @@ s = json.load(open(sys.argv[1]))["runs"][0]["summary"]
 t = s["ttft_ms"]
 print(f"{sys.argv[3] + ' ' if sys.argv[3] else ''}prompt {int(sys.argv[2]):4d}: TTFT min {t['min']:.2f}  median "
       f"{t.get('median', t.get('p50', float('nan'))):.2f}  mean {t['mean']:.2f} ms ({s['completed']} requests)")
+PY
+}
+decode_line() {
+  local f=$1 label=$2; shift 2
+  timeout "${DECODE_TIMEOUT:-120}" python3 -m llmrs synth "$@" --decode-bench --bandwidth-gbs 4296 --prompt-len 256 \
+    --steps 256 --json "$f" > "${f%.json}.log" 2>&1
+  python3 - "$f" "$label" <<'PY' || tail -3 "${f%.json}.log"
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(f"{sys.argv[2]}: {d['ms_per_token']} ms/token, {round(100 * d['fraction_of_floor_measured'], 1)} % of floor")
 PY
 }
 run_line() {

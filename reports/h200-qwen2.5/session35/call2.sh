@@ -25,26 +25,7 @@ for i in 2 3; do  # the launches of ncu_linears.py --kinds gemv: qkv, o, gate_up
     $R/details-$i.txt | head -30
   $NCU -i $R/gemv-$i.ncu-rep --page source --print-source sass --csv > $R/source-$i.csv 2> $R/source-$i.err \
     || tail -3 $R/source-$i.err
-  python3 - $R/source-$i.csv <<'PY'
-import csv, sys
-rows = list(csv.reader(open(sys.argv[1])))
-hdr = next((i for i, r in enumerate(rows) if any("Source" == c or "Address" in c for c in r)), None)
-if hdr is None:
-    print("no table in", sys.argv[1]); sys.exit()
-h = rows[hdr]; body = rows[hdr + 1:]
-print(sys.argv[1], "columns:", h[:14])
-col = next((i for i, c in enumerate(h) if "Warp Stall Sampling (All" in c), None)
-src = next((i for i, c in enumerate(h) if c == "Source"), 1)
-if col is None:
-    sys.exit()
-def num(s):
-    try: return float(s.replace(",", ""))
-    except ValueError: return 0.0
-tot = sum(num(r[col]) for r in body if len(r) > col)
-top = sorted(body, key=lambda r: -num(r[col]) if len(r) > col else 0)[:25]
-for r in top:
-    print(f"{100 * num(r[col]) / max(tot, 1):5.1f}%  {r[src][:90]}")
-PY
+  python3 scripts/ncu_sass_top.py $R/source-$i.csv --top 25
 done
 [ "${SUITE:-1}" = 1 ] && TEST_TIMEOUT=420 gpu_tests
 } 2>&1 | tee $OUT/summary.txt

@@ -19,22 +19,15 @@ timeout 200 python3 scripts/bench_gemv_q4.py --preset qwen2.5-7b --splits 1,4 \
 step "7B AWQ decode: GV_X_SMEM=5120 / default, alternated"
 for i in ${ROUNDS:-1 2}; do
   for v in GV_X_SMEM=5120 ""; do
-    f=$R/decode-7bawq-xs${v:+1}-$i.json
-    LLMRS_CUDA_DEFINES=$v timeout 120 python3 -m llmrs synth --like qwen2.5-7b --quant awq --decode-bench \
-      --bandwidth-gbs 4296 --prompt-len 256 --steps 256 --json $f > ${f%.json}.log 2>&1
-    python3 -c "import json; d=json.load(open('$f')); print('7B AWQ ${v:-default} run $i:', d['ms_per_token'], 'ms/token')" \
-      || tail -3 ${f%.json}.log
+    LLMRS_CUDA_DEFINES=$v decode_line $R/decode-7bawq-xs${v:+1}-$i.json "7B AWQ ${v:-default} run $i" \
+      --like qwen2.5-7b --quant awq
   done
 done
 left && TEST_TIMEOUT=300 gpu_tests
 step "decode bench"
 for p in "qwen2.5-3b" "qwen2.5-7b" "qwen2.5-0.5b"; do
   left || break
-  f=$R/decode-$(echo $p | tr -d ' -').json
-  timeout 120 python3 -m llmrs synth --like $p --decode-bench --bandwidth-gbs 4296 --prompt-len 256 --steps 256 \
-    --json $f > ${f%.json}.log 2>&1
-  python3 -c "import json; d=json.load(open('$f')); print('$p:', d['ms_per_token'], 'ms/token,', round(100*d['fraction_of_floor_measured'],1), '% of floor')" \
-    || tail -3 ${f%.json}.log
+  decode_line $R/decode-$(echo $p | tr -d ' -').json $p --like $p
 done
 if left; then
   mkdir -p $R/ncu

@@ -9,22 +9,19 @@
 #     against 566, its outputs checked against the exact product like every other row).
 #  3. Nsight Compute's per-instruction stall sampling of gemv_q4 (session35/call2.sh, SUITE=0).
 set -uo pipefail
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+. scripts/gpu_lib.sh
 R=/tmp/res37; rm -rf $R; mkdir -p $R
 T0=$(date +%s); LIMIT=${LIMIT:-420}
 left() { [ $(( $(date +%s) - T0 )) -lt $LIMIT ]; }
 {
 echo "=== decode bench $(date +%T)"
 for p in "qwen2.5-3b" "qwen2.5-7b" "qwen2.5-7b --quant awq" "qwen2.5-0.5b"; do
-  f=$R/decode-$(echo $p | tr -d ' -').json
-  PYTHONPATH=$PWD timeout 120 python3 -m llmrs synth --like $p --decode-bench --bandwidth-gbs 4296 --prompt-len 256 \
-    --steps 256 --json $f > ${f%.json}.log 2>&1
-  python3 -c "import json; d=json.load(open('$f')); print('$p:', d['ms_per_token'], 'ms/token,', round(100 * d['fraction_of_floor_measured'], 1), '% of floor')" \
-    || tail -3 ${f%.json}.log
+  decode_line $R/decode-$(echo $p | tr -d ' -').json "$p" --like $p
 done
 echo "=== 4-bit GEMV, 7B: what its arithmetic waits on $(date +%T)"
 N='-DGV_ABLATE_X -DGV_ABLATE_LOADS'
-left && PYTHONPATH=$PWD timeout 240 python3 scripts/bench_gemv_q4.py --preset qwen2.5-7b --splits 1,2,4,8 \
+left && timeout 240 python3 scripts/bench_gemv_q4.py --preset qwen2.5-7b --splits 1,2,4,8 \
   --variants "$N;$N -DGV_ABLATE_ONES;$N -DGV_ABLATE_DECODE;-DGV_ABLATE_ONES;-DGV_ABLATE_DECODE;-DGV_FP16" \
   --json $R/gemv-pipes-7b.json 2>&1 | grep -E "gemv_q4|layers" | grep -v " l2 "
 if left; then

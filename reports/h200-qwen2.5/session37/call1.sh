@@ -30,24 +30,7 @@ for build in "default:" "nomem:GV_ABLATE_X,GV_ABLATE_LOADS" "nomem_nodecode:GV_A
       | awk '$NF != "0" && $NF+0 >= 0.05 {print "   ", $1, $NF}'
     $NCU -i $R/$tag.ncu-rep --page source --print-source sass --csv > $R/source-$tag.csv 2> $R/source-$tag.err \
       || tail -3 $R/source-$tag.err
-    python3 - $R/source-$tag.csv <<'PY'
-import csv, sys
-rows = list(csv.reader(open(sys.argv[1])))
-hdr = next((i for i, r in enumerate(rows) if any("Source" == c or "Address" in c for c in r)), None)
-if hdr is None:
-    print("no table in", sys.argv[1]); sys.exit()
-h = rows[hdr]; body = rows[hdr + 1:]
-col = next((i for i, c in enumerate(h) if "Warp Stall Sampling (All" in c), None)
-src = next((i for i, c in enumerate(h) if c == "Source"), 1)
-if col is None:
-    sys.exit()
-def num(s):
-    try: return float(s.replace(",", ""))
-    except ValueError: return 0.0
-tot = sum(num(r[col]) for r in body if len(r) > col)
-for r in sorted(body, key=lambda r: -num(r[col]) if len(r) > col else 0)[:12]:
-    print(f"  {100 * num(r[col]) / max(tot, 1):5.1f}%  {r[src][:90]}")
-PY
+    python3 scripts/ncu_sass_top.py $R/source-$tag.csv --top 12
   done
 done
 } 2>&1 | tee $OUT/summary.txt
