@@ -4,7 +4,7 @@
   generation_config.json, bf16 safetensors sharded at ~4 GB with model.safetensors.index.json, and a
   byte-level BPE tokenizer.json whose vocabulary has exactly vocab_size entries (256 bytes, then two- and
   three-character merges; the preset's special token ids are real special tokens).
-  `quant="awq"`: an AutoAWQ-format checkpoint instead (4-bit GEMM packing, llmrs.engine.quant): every linear
+  `quant="awq"`: an AutoAWQ-format checkpoint instead (4-bit GEMM packing, llmrs.model.quant): every linear
   as qweight int32 [in, out/8] (random bits: every pattern is 8 valid codes), qzeros int32 (zero points 7 or 8)
   and scales fp16 (0.02 / 4.61 with 10% jitter, so (q - z) * s has about the bf16 weights' spread); the
   rest fp16; config.json with quantization_config (torch_dtype float16, as AutoAWQ writes).
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from llmrs.engine.config import ModelConfig
-from llmrs.engine.model import LayerWeights, ModelWeights
+from llmrs.model.decoder import LayerWeights, ModelWeights
 from llmrs.roofline.presets import preset_config, preset_repo
 
 STD = 0.02
@@ -64,7 +64,7 @@ def tensor_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def _bf16_random(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> bytes:
-    from llmrs.engine.backends.cuda import bf16_bits  # pure numpy, no CuPy needed
+    from llmrs.backends.cuda import bf16_bits  # pure numpy, no CuPy needed
 
     if name.endswith("norm.weight"):
         return np.full(shape, 0x3F80, dtype=np.uint16).tobytes()  # 1.0
@@ -78,7 +78,7 @@ AWQ_SCALE = STD / math.sqrt(255 / 12)  # codes uniform on 0..15 have std sqrt(25
 
 def _awq_random(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> bytes:
     """Random AWQ tensors (see the module docstring) and the fp16 rest of an AWQ checkpoint."""
-    from llmrs.engine.quant import awq_pack
+    from llmrs.model.quant import awq_pack
 
     if name.endswith(".qweight"):
         return rng.integers(0, 1 << 32, size=shape, dtype=np.uint64).astype(np.uint32).tobytes()
@@ -94,7 +94,7 @@ def _awq_random(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> 
 
 def awq_tensor_entries(c: ModelConfig, group_size: int) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, shape, dtype) of an AWQ checkpoint with the shapes of `c`, in file order."""
-    from llmrs.engine.quant import LINEAR_SUFFIXES
+    from llmrs.model.quant import LINEAR_SUFFIXES
     from llmrs.errors import UserError
 
     out = []
@@ -169,7 +169,7 @@ def synthetic_vocab(size: int, special_ids: dict[int, str]) -> tuple[dict[str, i
     tokens about uniformly; with merges over all 256 bytes (before), about half of them ended inside a UTF-8
     character, the server held such a first token back until the next one completed it, and a benchmark's TTFT
     median carried an extra decode step that a real model's English output does not."""
-    from llmrs.engine.tokenizer import _bytes_to_unicode
+    from llmrs.model.tokenizer import _bytes_to_unicode
 
     byte_of = _bytes_to_unicode()  # ByteLevel symbol -> byte
     alphabet = sorted(byte_of)
@@ -316,7 +316,7 @@ class GpuDraws:
         return w
 
     def vec(self, n: int) -> Any:
-        from llmrs.engine.backends.cuda import round_bf16
+        from llmrs.backends.cuda import round_bf16
 
         cp = self.cp
         return cp.asarray(round_bf16(cp.asnumpy(self.rs.standard_normal((n,), dtype=cp.float32) * STD)))
@@ -344,7 +344,7 @@ def gpu_weights(c: ModelConfig, backend: Any, seed: int = 0, quant: str | None =
         raise UserError(f"quant {quant!r}: synthetic GPU weights are bf16 (default) or awq")
 
     def qmat(rows: int, cols: int) -> Any:
-        from llmrs.engine.quant import DeviceQuantWeight
+        from llmrs.model.quant import DeviceQuantWeight
 
         if cols % group_size or group_size % 32:
             raise UserError(f"--group-size {group_size} must be a multiple of 32 dividing {cols}")
@@ -386,7 +386,7 @@ def single_stream(preset: str, prompt_len: int, decode_tokens: int, quant: str |
     """The CUDA backend and synthetic weights of `preset`, a KV cache for one sequence of prompt_len +
     decode_tokens tokens, and a random prompt (seed 0) prefilled and sampled greedily: the set-up of the
     single-stream decode bench and of scripts/ablate_decode.py."""
-    from llmrs.engine.backends.cuda import CUDABackend, CUDAModel
+    from llmrs.backends.cuda import CUDABackend, CUDAModel
     from llmrs.engine.batch import build_step_batch
     from llmrs.engine.sampling import SamplingParams, SamplingState, make_generator
 

@@ -17,8 +17,8 @@ def main() -> None:
     a = ap.parse_args()
     import cupy as cp
 
-    from llmrs.engine.backends.cuda_kernels import Kernels
-    from llmrs.engine.backends.cuda_prefill import TC_BLOCK_K, TC_WARPS
+    from llmrs.backends.cuda_kernels import Kernels
+    from llmrs.backends.cuda_prefill import TC_BLOCK_K, TC_WARPS
 
     D = a.head_dim
     k = Kernels(cp)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from llmrs import __version__
-from llmrs.engine.loader import load
+from llmrs.model.loader import load
 from llmrs.engine.runner import GenerationStats, ModelRunner, stream_generate
 from llmrs.engine.sampling import SamplingParams
 

@@ -57,7 +57,7 @@ def main() -> None:
 
     handle = cublas.create()
     cublas.setStream(handle, cp.cuda.get_current_stream().ptr)
-    from llmrs.engine.backends.cuda_graphs import RawCublas
+    from llmrs.backends.cuda_graphs import RawCublas
 
     lib = RawCublas.lib()
     vp, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong

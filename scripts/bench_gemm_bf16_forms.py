@@ -33,8 +33,8 @@ def main() -> None:
     import cupy as cp
     import numpy as np
 
-    from llmrs.engine.backends.cuda_kernels import WG_SPLITS
-    from llmrs.engine.backends.cuda_wgmma import bf16_splits, gemm_bf16wg
+    from llmrs.backends.cuda_kernels import WG_SPLITS
+    from llmrs.backends.cuda_wgmma import bf16_splits, gemm_bf16wg
     from tests.cuda_helpers import bf16_words, event_us, tiny_backend
 
     be = tiny_backend()

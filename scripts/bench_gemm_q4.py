@@ -34,9 +34,9 @@ def main() -> None:
     import cupy as cp
     import numpy as np
 
-    import llmrs.engine.backends.cuda_q4gemm as q4
-    from llmrs.engine.backends import cuda_kernels as ck
-    from llmrs.engine.backends.cuda_q4gemm import dequant_marlin, gemm_q4, to_marlin
+    import llmrs.backends.cuda_q4gemm as q4
+    from llmrs.backends import cuda_kernels as ck
+    from llmrs.backends.cuda_q4gemm import dequant_marlin, gemm_q4, to_marlin
     from tests.cuda_helpers import tiny_backend
     from tests.test_quant_marlin import make_weight
 

@@ -42,8 +42,8 @@ def main() -> None:
     import cupy as cp
     import numpy as np
 
-    from llmrs.engine.backends.cuda_kernels import WG_SPLITS
-    from llmrs.engine.backends.cuda_q4gemm import dequant_marlin, gemm_q4, to_marlin
+    from llmrs.backends.cuda_kernels import WG_SPLITS
+    from llmrs.backends.cuda_q4gemm import dequant_marlin, gemm_q4, to_marlin
     from tests.cuda_helpers import bf16_words, event_us, tiny_backend
     from tests.test_quant_marlin import make_weight
 

@@ -52,8 +52,8 @@ def main() -> None:
     import cupy as cp
     import numpy as np
 
-    from llmrs.engine.backends.cuda import round_bf16
-    from llmrs.engine.backends.cuda_q4gemm import (GEMV_BLOCKS_PER_SM, gemv_cluster, gemv_q4, gemv_splits,
+    from llmrs.backends.cuda import round_bf16
+    from llmrs.backends.cuda_q4gemm import (GEMV_BLOCKS_PER_SM, gemv_cluster, gemv_q4, gemv_splits,
                                                    gemv_takes)
     from tests.cuda_helpers import graph_us as graph_time_us
     from tests.cuda_helpers import tiny_backend
@@ -61,7 +61,7 @@ def main() -> None:
 
     be = tiny_backend()
     cluster_default = be.q4_gemv_cluster
-    from llmrs.engine.backends.cuda_kernels import ENTRY_POINTS, OPTIONS, kernel_source
+    from llmrs.backends.cuda_kernels import ENTRY_POINTS, OPTIONS, kernel_source
 
     names = [n for n in ENTRY_POINTS["gemm_q4.cu"] if n.startswith("gemv_")]  # every form a variant replaces
     variants = {"main": {n: be.k.fns[n] for n in names}}

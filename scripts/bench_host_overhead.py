@@ -53,7 +53,7 @@ import numpy as np
 
 from llmrs.engine.config import EngineConfig
 from llmrs.engine.engine import AsyncEngine, LLMEngine
-from llmrs.engine.loader import load
+from llmrs.model.loader import load
 from llmrs.engine.sampling import SampleResult, SamplingParams
 
 PASSAGE = (
@@ -290,7 +290,7 @@ def serve(args) -> None:
     import uvicorn
 
     from llmrs.server.app import ServerSettings, build_app
-    from llmrs.server.cli import http_stack
+    from llmrs.cli.serve import http_stack
 
     if args.server_cpus:  # the engine core process (spawned below) inherits it
         os.sched_setaffinity(0, cpu_list(args.server_cpus))

@@ -119,7 +119,7 @@ class _Kernels:
 
 
 def fake_backend(config):
-    from llmrs.engine.backends import cuda as C
+    from llmrs.backends import cuda as C
 
     be = object.__new__(C.CUDABackend)
     be.cp, be.k, be.config, be.tp, be.profiler, be.graphs = _FakeCp, _Kernels(), config, None, None, None

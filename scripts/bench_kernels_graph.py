@@ -42,8 +42,8 @@ def main() -> None:
 
     import cupy as cp
 
-    from llmrs.engine.backends.cuda import NULL, CUDABackend, rope_threads
-    from llmrs.engine.backends.cuda_prefill import decode_tc_splits, decode_tc_supported
+    from llmrs.backends.cuda import NULL, CUDABackend, rope_threads
+    from llmrs.backends.cuda_prefill import decode_tc_splits, decode_tc_supported
     from llmrs.engine.batch import build_step_batch
     from llmrs.roofline.presets import preset_config
 

@@ -17,7 +17,7 @@ use_wheels || exit 1
 {
 step "sm_90a module"
 timeout 120 python3 -c "
-from llmrs.engine.backends.cuda_kernels import get_kernels
+from llmrs.backends.cuda_kernels import get_kernels
 k = get_kernels(); print('cc', k.cc, 'arch', k.wgmma_arch, 'kernels', sorted(k.wgmma_fns()))" 2>&1 | tail -5
 if [ -z "${WG_SKIP_TESTS:-}" ]; then
 step "probe: one tile, structured inputs (where a layout error would show)"

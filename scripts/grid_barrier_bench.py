@@ -31,7 +31,7 @@ import argparse
 import json
 import sys
 
-from llmrs.engine.backends.cuda_kernels import with_common
+from llmrs.backends.cuda_kernels import with_common
 
 # common.cuh's ldg_stream (weights), unpack8 and warp_sum; x through ld_x4, not common.cuh's ldx4: its "memory"
 # clobber keeps the load below the persistent form's grid barrier (ldx4 relies on pdl_wait's asm order alone)
@@ -197,7 +197,7 @@ def main() -> int:
     import cupy as cp
     import numpy as np
 
-    from llmrs.engine.backends.cuda_kernels import launch_ex
+    from llmrs.backends.cuda_kernels import launch_ex
 
     mod = cp.RawModule(code=SRC, options=("-std=c++17",))
     chain, pers = mod.get_function("chain_mv"), mod.get_function("persistent_mv")

@@ -42,7 +42,7 @@ def main() -> None:
     import cupy as cp
     import numpy as np
 
-    from llmrs.engine.backends.cuda_q4gemm import gemm_q4, gemv_q4
+    from llmrs.backends.cuda_q4gemm import gemm_q4, gemv_q4
     from tests.cuda_helpers import bf16_words, tiny_backend
     from tests.test_quant_marlin import make_weight
 

@@ -31,7 +31,7 @@ def main() -> None:
 
     from llmrs.engine.config import EngineConfig
     from llmrs.engine.engine import LLMEngine
-    from llmrs.engine.loader import load
+    from llmrs.model.loader import load
     from llmrs.engine.sampling import SamplingParams
 
     engine = LLMEngine(load(args.model), EngineConfig(device="cuda"))

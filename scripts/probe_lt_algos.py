@@ -37,7 +37,7 @@ def main() -> None:
     a = ap.parse_args()
     import cupy as cp
 
-    from llmrs.engine.backends.cuda_lt import (CUBLAS_COMPUTE_32F, CUBLAS_OP_N, CUBLAS_OP_T, CUDA_R_16BF, CUDA_R_32F,
+    from llmrs.backends.cuda_lt import (CUBLAS_COMPUTE_32F, CUBLAS_OP_N, CUBLAS_OP_T, CUDA_R_16BF, CUDA_R_32F,
                                                DESC_TRANSA, DESC_TRANSB, PREF_MAX_WORKSPACE_BYTES, HeuristicResult,
                                                _check, load_lib)
 

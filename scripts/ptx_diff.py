@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from llmrs.roofline.ptx.compile import nvrtc_compile  # noqa: E402
-from llmrs.roofline.ptx.parse import ptx_functions  # noqa: E402
-from llmrs.roofline.ptx.toolchain import find_toolchain  # noqa: E402
+from llmrs.ptx.compile import nvrtc_compile  # noqa: E402
+from llmrs.ptx.parse import ptx_functions  # noqa: E402
+from llmrs.ptx.toolchain import find_toolchain  # noqa: E402
 
 
 def entry_hashes(ptx: str) -> dict[str, str]:

@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from llmrs.engine.loader import load  # noqa: E402
+from llmrs.model.loader import load  # noqa: E402
 
 PASSAGE = ("Paged attention stores the keys and values of every sequence in fixed-size blocks, so memory is handed "
            "out as the sequence grows and nothing is reserved for tokens that never come. ")

@@ -24,9 +24,9 @@ def main() -> None:
     import cupy as cp
     import numpy as np
 
-    from llmrs.engine.backends.cuda import round_bf16
-    from llmrs.engine.backends.cuda_q4gemm import gemm_q4, to_marlin
-    from llmrs.engine.backends.cuda_wgmma import gemm_bf16wg
+    from llmrs.backends.cuda import round_bf16
+    from llmrs.backends.cuda_q4gemm import gemm_q4, to_marlin
+    from llmrs.backends.cuda_wgmma import gemm_bf16wg
     from tests.cuda_helpers import bf16_words, tiny_backend
     from tests.test_quant_marlin import make_weight
 

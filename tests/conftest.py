@@ -87,7 +87,7 @@ def tiny_qwen2(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
-    from llmrs.engine.loader import embedded_model_path
+    from llmrs.model.loader import embedded_model_path
 
     return embedded_model_path("smollm2-135m")
 
@@ -95,6 +95,6 @@ def smollm2_path() -> Path:
 @pytest.fixture(scope="session")
 def smollm2():
     """The embedded model, loaded once for the session (LoadedModel)."""
-    from llmrs.engine.loader import load
+    from llmrs.model.loader import load
 
     return load("smollm2-135m")

@@ -38,7 +38,7 @@ def report(key: str, value) -> None:
 def tiny_backend():
     """A CUDABackend of a one-layer tiny model: its kernels, cuBLAS handle and buffers, for testing and timing
     stand-alone linears (the GEMM / GEMV tests, scripts/bench_gemm_q4*.py, ncu_linears.py, ...)."""
-    from llmrs.engine.backends.cuda import CUDABackend
+    from llmrs.backends.cuda import CUDABackend
     from llmrs.engine.config import ModelConfig
 
     c = ModelConfig(model_type="llama", vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
@@ -97,8 +97,8 @@ def tiny_awq_runners(tmp_path, G: int, switch: str) -> tuple:
     """A tiny Qwen2 model (64-dim heads, q/k/v bias) written to tmp_path, its AWQ checkpoint (group size G) loaded
     quantized, and two CUDA ModelRunners over it whose backends have the attribute `switch` True and False (set
     before any step: the graphs are captured later): (the loaded model, {True: runner, False: runner})."""
-    from llmrs.engine import quant as Q
-    from llmrs.engine.loader import load
+    from llmrs.model import quant as Q
+    from llmrs.model.loader import load
     from llmrs.engine.runner import ModelRunner
     from tests.conftest import write_tiny_model
 

@@ -85,7 +85,7 @@ def test_each_part_left_out_launches_nothing_and_the_rest_runs(parts, gone):
 
 
 def test_the_patched_methods_exist_on_the_cuda_backend_with_these_parameters():
-    from llmrs.engine.backends.cuda import CUDABackend
+    from llmrs.backends.cuda import CUDABackend
 
     assert ablate_decode.PATCHED == ("_norm_for", "_attention", "_linear", "_matvec_pair", "_rms_norm")
     for name in ablate_decode.PATCHED:

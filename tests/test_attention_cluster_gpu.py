@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 if int(cp.cuda.Device().compute_capability) < 90:
     pytest.skip("thread-block clusters need sm_90+", allow_module_level=True)
 
-from llmrs.engine.backends import cuda_kernels as ck  # noqa: E402
+from llmrs.backends import cuda_kernels as ck  # noqa: E402
 
 BS = 16
 
@@ -189,7 +189,7 @@ def test_backend_takes_the_cluster_where_attn_partial_ran_and_tokens_agree(tmp_p
     LLMRS_ATTN_KERNEL=partial): one-token decode steps take attn_cluster
     (8 by default at these lengths, 16 when forced), and its greedy tokens equal those of LLMRS_ATTN_CLUSTER=0's
     path: attn_partial + attn_merge, or decode_attn_tc + attn_merge for 64-dim heads under auto."""
-    from llmrs.engine.loader import load
+    from llmrs.model.loader import load
     from llmrs.engine.runner import ModelRunner, stream_generate
     from llmrs.engine.sampling import SamplingParams
     from tests.conftest import write_tiny_model

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
 if int(cp.cuda.Device().compute_capability) < 90:
     pytest.skip("thread-block clusters need sm_90+", allow_module_level=True)
 
-from llmrs.engine.backends import cuda_kernels as ck  # noqa: E402
+from llmrs.backends import cuda_kernels as ck  # noqa: E402
 
 D = 128
 
@@ -85,7 +85,7 @@ def test_backend_fuses_attention_and_o_at_one_token_and_tokens_agree(tmp_path, g
     attn_o_cluster8 (8 x 8 blocks, 128 rows a split) instead of attn_cluster + the o matvec (eager: launches
     counted), and its greedy tokens equal the two kernels' (LLMRS_ATTN_O_FUSED=0's path), eager and with decode
     graphs."""
-    from llmrs.engine.loader import load
+    from llmrs.model.loader import load
     from llmrs.engine.runner import ModelRunner, stream_generate
     from llmrs.engine.sampling import SamplingParams
     from tests.conftest import write_tiny_model

@@ -16,8 +16,8 @@ from tests.cuda_helpers import event_us, rel_err, report, require_gpu
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
-from llmrs.engine.backends.cuda import CUDABackend, bf16_bits  # noqa: E402
-from llmrs.engine.backends.cuda_prefill import decode_attention_tc  # noqa: E402
+from llmrs.backends.cuda import CUDABackend, bf16_bits  # noqa: E402
+from llmrs.backends.cuda_prefill import decode_attention_tc  # noqa: E402
 from llmrs.engine.batch import build_step_batch  # noqa: E402
 from tests.test_attention_gqa_gpu import BS, cfg, launch, make_case, reference  # noqa: E402
 
@@ -55,7 +55,7 @@ def test_tc_decode_attention_matches_float64_and_attn_partial(rng, head_dim, rat
 def test_tc_attention_in_decode_graphs_equals_the_eager_step(tmp_path, monkeypatch):
     """A tiny Qwen2 with 64-dim heads decoding through graphs (programmatic launches on sm_90) with
     LLMRS_ATTN_KERNEL=tc, one split: every replay's logits equal the eager step's."""
-    from llmrs.engine.loader import load
+    from llmrs.model.loader import load
     from llmrs.engine.runner import ModelRunner
     from tests.conftest import write_tiny_model
     from tests.test_cuda_graphs import greedy_decode, prompts_of

@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from llmrs.bench import cli
+from llmrs.cli import bench as cli
 from llmrs.bench.plots import PLOTS
 from llmrs.bench.report import REPORT_MD, write_report
 from llmrs.bench.server import ManagedServer

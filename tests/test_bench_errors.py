@@ -20,7 +20,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from llmrs.bench import cli as bench_cli
+from llmrs.cli import bench as bench_cli
 from llmrs.bench.dataset import WorkloadConfig, build_workload
 from llmrs.bench.metrics import summarize
 from llmrs.bench.records import RequestResult

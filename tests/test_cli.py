@@ -163,7 +163,7 @@ def test_http_stack_switch(monkeypatch):
     """LLMRS_HTTP_STACK (A/B of uvicorn's event loop and HTTP parser): auto leaves uvicorn's choice, h11 pins
     asyncio + h11; a typo fails `llmrs serve` with one error line before any model loads."""
     from llmrs.errors import UserError
-    from llmrs.server.cli import http_stack
+    from llmrs.cli.serve import http_stack
 
     monkeypatch.delenv("LLMRS_HTTP_STACK", raising=False)
     assert http_stack() == {"loop": "auto", "http": "auto"}
@@ -183,7 +183,7 @@ def test_serve_socket_turns_nagle_off_for_asyncio_connections():
     import asyncio
     import socket
 
-    from llmrs.server.cli import _bind
+    from llmrs.cli.serve import _bind
 
     sock = _bind("127.0.0.1", 0)
     assert sock.proto == socket.IPPROTO_TCP
@@ -256,9 +256,9 @@ def test_the_4bit_and_wgmma_knobs_are_checked_at_import(monkeypatch):
     """The GEMM dispatch knobs read at the backends' import (LLMRS_Q4_GEMM_MAX_TOKENS, LLMRS_Q4_GEMV_K_PER_N,
     LLMRS_BF16_WGMMA_FROM, ...): a typo is one UserError naming it, not a ValueError traceback."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for name, module, words in [("LLMRS_Q4_GEMM_MAX_TOKENS", "llmrs.engine.backends.cuda_q4gemm", "an integer"),
-                                ("LLMRS_Q4_GEMV_K_PER_N", "llmrs.engine.backends.cuda_q4gemm", "a number"),
-                                ("LLMRS_BF16_WGMMA_FROM", "llmrs.engine.backends.cuda_wgmma", "an integer")]:
+    for name, module, words in [("LLMRS_Q4_GEMM_MAX_TOKENS", "llmrs.backends.cuda_q4gemm", "an integer"),
+                                ("LLMRS_Q4_GEMV_K_PER_N", "llmrs.backends.cuda_q4gemm", "a number"),
+                                ("LLMRS_BF16_WGMMA_FROM", "llmrs.backends.cuda_wgmma", "an integer")]:
         code = (f"from llmrs.errors import UserError\ntry:\n    import {module}\nexcept UserError as e:\n"
                 f"    print('UserError:', e)\n")
         r = subprocess.run([sys.executable, "-c", code], env={**env, name: "x"}, capture_output=True, text=True,

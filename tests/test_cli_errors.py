@@ -11,12 +11,12 @@ import pytest
 from test_cli import assert_user_error, llmrs
 from test_profile import records_of_one_decode_step
 
-from llmrs import profile as prof
+from llmrs.profiling import profile as prof
 from llmrs import synth
 
 
 def no_gpu() -> bool:
-    from llmrs.engine.backends.cuda import cuda_available
+    from llmrs.backends.cuda import cuda_available
 
     return not cuda_available()[0]
 

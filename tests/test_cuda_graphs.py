@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from llmrs.engine.backends.cuda_graphs import BUCKETS, DecodeGraphs, _Graph, bucket_for, is_pure_decode, len_cap_for
+from llmrs.backends.cuda_graphs import BUCKETS, DecodeGraphs, _Graph, bucket_for, is_pure_decode, len_cap_for
 from llmrs.engine.batch import build_step_batch
 
 BS = 16
@@ -53,7 +53,7 @@ def runner(tmp_path_factory):
     from tests.cuda_helpers import require_gpu
 
     require_gpu()
-    from llmrs.engine.loader import load
+    from llmrs.model.loader import load
     from llmrs.engine.runner import ModelRunner
     from tests.conftest import write_tiny_model
 
@@ -182,7 +182,7 @@ def test_engine_warmup_captures_the_decode_graphs_before_serving(tmp_path, shape
     require_gpu()
     from llmrs.engine.config import EngineConfig
     from llmrs.engine.engine import LLMEngine
-    from llmrs.engine.loader import load
+    from llmrs.model.loader import load
     from llmrs.engine.sampling import SamplingParams
     from tests.conftest import write_tiny_model
 

@@ -11,13 +11,13 @@ from tests.cuda_helpers import rel_err, report, require_gpu
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
-from llmrs.engine.backends.cpu import CPUBackend  # noqa: E402
-from llmrs.engine.backends.cuda import (NULL, CUDABackend, bf16_bits, needs_cpu_sampler, rope_threads,  # noqa: E402
+from llmrs.backends.cpu import CPUBackend  # noqa: E402
+from llmrs.backends.cuda import (NULL, CUDABackend, bf16_bits, needs_cpu_sampler, rope_threads,  # noqa: E402
                                         round_bf16)
 from llmrs.engine.batch import build_step_batch  # noqa: E402
 from llmrs.engine.config import ModelConfig  # noqa: E402
 from llmrs.engine.sampling import SamplingParams, SamplingState, filter_probs, make_generator  # noqa: E402
-from llmrs.engine.weights import bf16_to_f32  # noqa: E402
+from llmrs.model.weights import bf16_to_f32  # noqa: E402
 
 
 def cfg(heads=8, kv=2, head_dim=64, hidden=None, inter=160, vocab=300, llama3=False, layers=1) -> ModelConfig:
@@ -213,7 +213,7 @@ def test_paged_attention_prefill_chunks_and_decodes(rng, head_dim, heads, kv, sp
     """Sequences mixing a fresh prefill, a chunk over a cached prefix, decodes at partial blocks, ctx 1: each
     decode attention kernel (auto takes decode_attn_tc where it runs: Q and P through bf16 for its MMAs, so the
     prefill kernel's bound; attn_partial and attn_partial_gqa are f32 throughout)."""
-    from llmrs.engine.backends.cuda_prefill import decode_tc_supported
+    from llmrs.backends.cuda_prefill import decode_tc_supported
 
     c = cfg(heads=heads, kv=kv, head_dim=head_dim)
     nb, bs = 64, 16
@@ -476,7 +476,7 @@ def test_bf16_norms_and_silu_mul_equal_the_cast_of_their_f32_outputs(rng, H, T):
 def test_fused_bf16_gemm_inputs_give_identical_logits_and_one_cast_per_layer(tmp_path, arch, lens):
     """A prefill step with the bf16 producers on and off: the same logits bit for bit; on, the only cast left
     per layer is the attention output's (before o), off, four (qkv, o, gate_up, down) and lm_head's."""
-    from llmrs.engine.loader import load
+    from llmrs.model.loader import load
     from llmrs.engine.runner import ModelRunner
     from tests.conftest import write_tiny_model
 
@@ -529,7 +529,7 @@ def test_gate_up_gemm_with_bf16_output_and_silu_from_bf16(rng, T, I):
 def test_gate_up_bf16_keeps_logits_within_bf16_rounding(tmp_path, arch):
     """A GEMM-sized step with gate/up as bf16 (LLMRS_GATE_UP_BF16, the default) against f32 gate/up: the same
     greedy tokens and logits within bf16 rounding; one silu kernel a layer either way."""
-    from llmrs.engine.loader import load
+    from llmrs.model.loader import load
     from llmrs.engine.runner import ModelRunner
     from tests.conftest import write_tiny_model
 
@@ -562,7 +562,7 @@ def test_gate_up_bf16_keeps_logits_within_bf16_rounding(tmp_path, arch):
 def test_qkv_bias_in_rope_gives_identical_logits_and_caches(tmp_path, lens):
     """GEMM-sized steps of a Qwen2 model (q/k/v bias): the bias added by rope_write_kv instead of add_bias gives
     the same logits and K/V cache bit for bit, one launch fewer per layer."""
-    from llmrs.engine.loader import load
+    from llmrs.model.loader import load
     from llmrs.engine.runner import ModelRunner
     from tests.conftest import write_tiny_model
 
@@ -701,7 +701,7 @@ def decode_step_each(tmp_path, arch, n_seqs, seed, settings, counted):
     """A matvec-path decode step of a tiny model (n_seqs sequences, one new token each at a random position) once
     under each of `settings` (callables configuring the backend), each from zeroed K/V caches, counting the launches
     of the kernels named in `counted`: the runner and [(logits, caches, launches)] in the settings' order."""
-    from llmrs.engine.loader import load
+    from llmrs.model.loader import load
     from llmrs.engine.runner import ModelRunner
     from tests.conftest import write_tiny_model
 

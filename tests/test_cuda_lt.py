@@ -10,8 +10,8 @@ import ctypes
 
 import pytest
 
-from llmrs.engine.backends import cuda_lt
-from llmrs.engine.backends.cuda_lt import CUDA_R_16BF, CUDA_R_32F, LtGemm
+from llmrs.backends import cuda_lt
+from llmrs.backends.cuda_lt import CUDA_R_16BF, CUDA_R_32F, LtGemm
 
 
 class FakeLt:

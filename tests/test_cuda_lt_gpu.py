@@ -19,8 +19,8 @@ from tests.cuda_helpers import bf16_words, rel_err, report, require_gpu, tiny_ba
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
-from llmrs.engine.backends.cuda import CUBLAS_WORKSPACE_BYTES, _cublas_workspaces  # noqa: E402
-from llmrs.engine.backends.cuda_lt import LtGemm  # noqa: E402
+from llmrs.backends.cuda import CUBLAS_WORKSPACE_BYTES, _cublas_workspaces  # noqa: E402
+from llmrs.backends.cuda_lt import LtGemm  # noqa: E402
 
 TOL = 1e-5  # f32 sums of the same bf16 products in another order: ~1e-7 relative; a wrong layout is O(1)
 

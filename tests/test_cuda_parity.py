@@ -18,9 +18,9 @@ from tests.cuda_helpers import rel_err, report, require_gpu
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
-from llmrs.engine.backends.cuda import round_bf16  # noqa: E402
+from llmrs.backends.cuda import round_bf16  # noqa: E402
 from llmrs.engine.batch import build_step_batch  # noqa: E402
-from llmrs.engine.loader import load  # noqa: E402
+from llmrs.model.loader import load  # noqa: E402
 from llmrs.engine.runner import ModelRunner, stream_generate  # noqa: E402
 from llmrs.engine.sampling import SamplingParams  # noqa: E402
 from llmrs.errors import UserError  # noqa: E402
@@ -119,7 +119,7 @@ def test_tiny_model_matches_cpu_reference(arch, mode, tiny_models):
 
 def test_model_forward_over_protocol_equals_fused_step(tiny_models):
     """Model.forward op by op over the Backend protocol gives the fused forward's logits."""
-    from llmrs.engine.model import Model
+    from llmrs.model.decoder import Model
 
     loaded = load(str(tiny_models["qwen2"]))
     fused = ModelRunner(loaded, num_blocks=32, device="cuda")

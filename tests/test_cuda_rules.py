@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from llmrs.engine.backends.cuda import ATTN_TC_MIN_TOKENS, MATVEC_LONG_K_MIN_WARPS, CUDABackend
-from llmrs.engine.backends.cuda_prefill import TC_MIN_SPLIT_KEYS, decode_tc_splits, decode_tc_supported
+from llmrs.backends.cuda import ATTN_TC_MIN_TOKENS, MATVEC_LONG_K_MIN_WARPS, CUDABackend
+from llmrs.backends.cuda_prefill import TC_MIN_SPLIT_KEYS, decode_tc_splits, decode_tc_supported
 from llmrs.roofline.presets import preset_config
 
 
@@ -36,7 +36,7 @@ def test_one_token_of_small_heads_takes_the_cluster_where_it_covers_the_context(
     """64-dim heads (the 0.5B, SmolLM2): one token takes attn_cluster's d2 form (one launch, no attn_merge) up to the
     1,024 keys its clusters of 16 cover, decode_attn_tc + attn_merge beyond, and without a context (callers that
     only ask about tensor cores) or under LLMRS_ATTN_TC_SMALL_HEADS=1 decode_attn_tc as before."""
-    import llmrs.engine.backends.cuda as cuda
+    import llmrs.backends.cuda as cuda
 
     be = fake_backend("qwen2.5-0.5b")
     be.dpl, be.attn_cluster, be.k = 2, None, SimpleNamespace(cc=90)
@@ -103,7 +103,7 @@ def test_gemm_q4_stages_compile_in_what_the_host_sizes():
     .cu's own defaults (what `llmrs ptx-check` compiles), and each launch's bytes follow it."""
     import re
 
-    from llmrs.engine.backends import cuda_kernels as ck
+    from llmrs.backends import cuda_kernels as ck
 
     src = (ck.KERNELS_DIR / "gemm_q4.cu").read_text()
     defaults = {int(m): int(n) for m, n in re.findall(r"#define GQ_STAGES_M(\d+) (\d+)", src)}
@@ -177,8 +177,8 @@ def test_wgmma_gemm_ring_and_dispatch():
     (sm_90a only: Kernels.wgmma_fns), and the token counts / K slices the host gives it."""
     import re
 
-    import llmrs.engine.backends.cuda_q4gemm as q4
-    from llmrs.engine.backends import cuda_kernels as ck
+    import llmrs.backends.cuda_q4gemm as q4
+    from llmrs.backends import cuda_kernels as ck
 
     src = (ck.KERNELS_DIR / "gemm_q4.cu").read_text()
     stages = int(re.search(r"#define GQW_STAGES (\d+)", src).group(1))
@@ -242,8 +242,8 @@ def test_gemm_silu_forms_kernels_and_where_they_take():
     columns a block); the wgmma launch plan is gemm_q4's."""
     import re
 
-    import llmrs.engine.backends.cuda_q4gemm as q4
-    from llmrs.engine.backends import cuda_kernels as ck
+    import llmrs.backends.cuda_q4gemm as q4
+    from llmrs.backends import cuda_kernels as ck
 
     src = (ck.KERNELS_DIR / "gemm_q4.cu").read_text()
     made = {f"gemm_q4{f}{k}_silu_s{s}" for f, k in re.findall(r"^GEMM_Q4_PAIRS\((\w+), \w+, \d, (\w), \d\)", src, re.M)
@@ -302,8 +302,8 @@ def test_the_norm_chain_forms_and_where_a_step_takes_them():
     every size, 0 never). The 7B / 3B / 0.5B shapes all qualify on an H200 when forced; auto takes the 3B and 0.5B."""
     import re
 
-    import llmrs.engine.backends.cuda_q4gemm as q4
-    from llmrs.engine.backends import cuda_kernels as ck
+    import llmrs.backends.cuda_q4gemm as q4
+    from llmrs.backends import cuda_kernels as ck
 
     src = (ck.KERNELS_DIR / "gemm_q4.cu").read_text()
     made = {f"{n}{tail}" for e in ("SILU", "ROPE") for n in re.findall(rf"^GEMV_Q4_{e}\((\w+), \d, \d\)", src, re.M)
@@ -358,7 +358,7 @@ def test_wave_fill_splits_fill_the_last_round_of_blocks(monkeypatch):
     gemm_q4w2)."""
     from types import SimpleNamespace
 
-    import llmrs.engine.backends.cuda_q4gemm as q4
+    import llmrs.backends.cuda_q4gemm as q4
 
     assert q4.wave_fill_splits(592, 264, 7) == 4  # 3 rounds -> 9 of a quarter tile: 2.25
     assert q4.wave_fill_splits(296, 264, 7) == 4  # gate_up at 128 tokens: 2 rounds -> 1.25
@@ -384,8 +384,8 @@ def test_bf16_wgmma_gemm_ring_clusters_and_dispatch():
     compiled cluster size; where `_linear` takes it (opt-in) and the cluster it gets."""
     import re
 
-    from llmrs.engine.backends import cuda_kernels as ck
-    from llmrs.engine.backends import cuda_wgmma as wg
+    from llmrs.backends import cuda_kernels as ck
+    from llmrs.backends import cuda_wgmma as wg
 
     src = (ck.KERNELS_DIR / "gemm_q4.cu").read_text()
     stages = int(re.search(r"#define GBW_STAGES (\d+)", src).group(1))
@@ -439,7 +439,7 @@ def test_kernel_ab_switches_become_compile_options():
     import subprocess
     import sys
 
-    code = "from llmrs.engine.backends import cuda_kernels as ck; print(' '.join(ck.OPTIONS))"
+    code = "from llmrs.backends import cuda_kernels as ck; print(' '.join(ck.OPTIONS))"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMRS_")}
     default = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert default.stdout.split() == ["-std=c++17"]
@@ -453,7 +453,7 @@ def test_kernel_ab_switches_become_compile_options():
 def test_sample_row_blocks_spreads_small_batches_within_the_sms():
     """cuda_kernels.sample_row_blocks: one stream's row over several blocks, a big batch one block a row, never
     more blocks than SMs in all (the hand-off buffers hold num_sms partials) nor slices under SAMPLE_MIN_SLICE."""
-    from llmrs.engine.backends.cuda_kernels import SAMPLE_MAX_BLOCKS, SAMPLE_MIN_SLICE, sample_row_blocks
+    from llmrs.backends.cuda_kernels import SAMPLE_MAX_BLOCKS, SAMPLE_MIN_SLICE, sample_row_blocks
 
     assert sample_row_blocks(1, 152064, 132) == 152064 // SAMPLE_MIN_SLICE == 18
     assert sample_row_blocks(1, 10**7, 132) == SAMPLE_MAX_BLOCKS
@@ -469,8 +469,8 @@ def test_attention_and_o_fuse_at_one_token_where_the_head_splits_fit():
     """attn_o_cluster (one token's attention + o in one kernel) where attn_cluster would run at one token with a bf16
     o on the matvec path: Hq clusters of CL running at once (the driver's count), o's rows / CL within a block's 256
     (CL 8) or 512 (CL 4); auto takes CL 8 only, LLMRS_ATTN_O_FUSED=4 / 8 forces a size."""
-    from llmrs.engine.backends.cuda import ATTN_O_MAX_ROWS
-    from llmrs.engine.quant import DeviceQuantWeight
+    from llmrs.backends.cuda import ATTN_O_MAX_ROWS
+    from llmrs.model.quant import DeviceQuantWeight
 
     def case(preset: str, **kw):
         be = fake_backend(preset)

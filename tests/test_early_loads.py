@@ -3,7 +3,7 @@
 pdl_wait" weight loads below `griddepcontrol.wait` (SASS ACQBULK): nothing streamed while the previous kernel drained.
 Now the wait depends on a word of each early chunk (pdl_wait_on), so those loads come first; and x, which the
 previous kernel writes, is read through the coherent path (ldx4 / ldx2), which ptxas does not hoist above it.
-`pre_wait_loads` (llmrs.roofline.ptx.sass) counts the loads a path from the entry reaches before a wait."""
+`pre_wait_loads` (llmrs.ptx.sass) counts the loads a path from the entry reaches before a wait."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from llmrs.roofline.ptx.compile import compile_file
-from llmrs.roofline.ptx.sass import Instr, _loads_before_wait, parse_nvdisasm, summarize
-from llmrs.roofline.ptx.toolchain import find_nvdisasm, find_toolchain
+from llmrs.ptx.compile import compile_file
+from llmrs.ptx.sass import Instr, _loads_before_wait, parse_nvdisasm, summarize
+from llmrs.ptx.toolchain import find_nvdisasm, find_toolchain
 
 KERNELS = Path(__file__).resolve().parent.parent / "llmrs" / "kernels_cu"
 
@@ -184,7 +184,7 @@ def expected_pre_wait_loads(name: str) -> int:
 def test_every_pdl_kernel_loads_before_its_wait_only_what_it_may():
     """A guard over every kernel launched with programmatic dependent launch (cuda_kernels.PDL_KERNELS): a new
     ptxas that hoists an activation load above the wait, or sinks the early weight loads, changes a count here."""
-    from llmrs.engine.backends.cuda_kernels import ENTRY_POINTS, PDL_KERNELS
+    from llmrs.backends.cuda_kernels import ENTRY_POINTS, PDL_KERNELS
 
     seen = 0
     for cu in ENTRY_POINTS:

@@ -12,7 +12,7 @@ import pytest
 
 from llmrs.engine.config import EngineConfig
 from llmrs.engine.engine import AsyncEngine, EngineOverloaded, LLMEngine, RequestOutput, take_merged
-from llmrs.engine.loader import load
+from llmrs.model.loader import load
 from llmrs.engine.sampling import SampleResult, SamplingParams
 from llmrs.errors import UserError
 

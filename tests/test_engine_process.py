@@ -24,7 +24,7 @@ MODEL = os.environ.get("LLMRS_TEST_MODEL") or "smollm2-135m"  # as tests/test_se
 
 
 def _check_model() -> None:
-    from llmrs.engine.loader import resolve
+    from llmrs.model.loader import resolve
     from llmrs.errors import UserError
 
     try:

@@ -19,9 +19,9 @@ from tests.cuda_helpers import bf16_words, rel_err, report, require_gpu, tiny_ba
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
-from llmrs.engine.backends.cuda import round_bf16  # noqa: E402
-from llmrs.engine.backends.cuda_kernels import WG_SPLITS  # noqa: E402
-from llmrs.engine.backends.cuda_wgmma import bf16_wgmma_takes, gemm_bf16wg  # noqa: E402
+from llmrs.backends.cuda import round_bf16  # noqa: E402
+from llmrs.backends.cuda_kernels import WG_SPLITS  # noqa: E402
+from llmrs.backends.cuda_wgmma import bf16_wgmma_takes, gemm_bf16wg  # noqa: E402
 
 TOL = 1e-5  # f32 sums of exact bf16 products against float64: ~1e-7; a wrong tile, row or slice is O(1)
 

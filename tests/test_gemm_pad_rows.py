@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from llmrs.engine.backends import cuda as C
-from llmrs.engine.backends.cuda_graphs import BUCKETS
-from llmrs.engine.backends.cuda_prefill_graphs import PREFILL_BUCKETS
+from llmrs.backends import cuda as C
+from llmrs.backends.cuda_graphs import BUCKETS
+from llmrs.backends.cuda_prefill_graphs import PREFILL_BUCKETS
 
 
 def test_gemm_rows_buckets():

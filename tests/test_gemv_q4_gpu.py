@@ -31,10 +31,10 @@ from tests.cuda_helpers import graph_us, rel_err, report, require_gpu, tiny_awq_
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
-from llmrs.engine.backends.cuda import NULL, round_bf16  # noqa: E402
-from llmrs.engine.backends.cuda_q4gemm import (gemv_q4, gemv_q4_pair, gemv_splits, gemv_takes, linear_q4,  # noqa: E402
+from llmrs.backends.cuda import NULL, round_bf16  # noqa: E402
+from llmrs.backends.cuda_q4gemm import (gemv_q4, gemv_q4_pair, gemv_splits, gemv_takes, linear_q4,  # noqa: E402
                                                to_marlin)
-from llmrs.engine.weights import bf16_to_f32  # noqa: E402
+from llmrs.model.weights import bf16_to_f32  # noqa: E402
 from tests.test_quant_marlin import make_weight  # noqa: E402
 
 TOL = 2e-5  # measured ~1e-6 (f32 sums of exact products); a wrong slot pairing or group is O(1)
@@ -98,7 +98,7 @@ def test_gemv_q4_cluster_launch_equals_the_l2_hand_off_bit_exactly(backend, kind
     memory) sum the same partials in the same order as the hand-off through L2: the same bits, every S up to
     GEMV_CLUSTER_MAX, T 1..8 (the t16 forms keep the hand-off), bias and accumulate, nothing written past N; more
     slices than a cluster takes stay on the hand-off (its counters back at 0)."""
-    import llmrs.engine.backends.cuda_q4gemm as q4gemm
+    import llmrs.backends.cuda_q4gemm as q4gemm
 
     if backend.k.cc < 90:
         pytest.skip("thread-block clusters need sm_90")
@@ -205,7 +205,7 @@ def test_gemv_q4_rope_pair_equals_gemv_then_rope_write_kv_bit_exactly(backend, k
     """qkv (+ bias) through the paired form (RoPE and the paged-cache write in the epilogue) against gemv_q4 into
     qkv and rope_write_kv: the same q bits in qkv and the same K / V cache bits, T 1..8 at scattered positions and
     slots, 64- and 128-dim heads (pairs of tiles across half a head)."""
-    from llmrs.engine.backends.cuda import rope_threads
+    from llmrs.backends.cuda import rope_threads
 
     rng = np.random.default_rng(D + G + (splits or 0))
     Hq, Hkv, K, bs, blocks = 6, 2, 4096, 16, 64
@@ -325,11 +325,11 @@ def test_awq_decode_with_the_norms_in_the_gemvs_matches_the_cpu_reference(tmp_pa
     model turns a 2^-9 change of x into a few % of its logits), and the launches: every o and down but the last
     down writing the norm's inputs, every gate_up and qkv but the first taking them, one rms_norm a step (the first
     layer's; the final norm is the sampled rows')."""
-    import llmrs.engine.backends.cuda as cuda_backend
-    import llmrs.engine.backends.cuda_q4gemm as q4gemm
-    from llmrs.engine.backends.cuda import CUDABackend
+    import llmrs.backends.cuda as cuda_backend
+    import llmrs.backends.cuda_q4gemm as q4gemm
+    from llmrs.backends.cuda import CUDABackend
     from llmrs.engine.batch import build_step_batch
-    from llmrs.engine.loader import load
+    from llmrs.model.loader import load
     from tests.test_cuda_parity import prompts_for
     from tests.test_quant_gpu import exact_reference
 
@@ -376,9 +376,9 @@ def test_awq_decode_with_the_fused_epilogues_gives_the_unfused_bits(tmp_path, G,
     of one and of three sequences through the decode graphs (programmatic launch, clusters), with the paired forms
     (gate_up + SiLU, qkv + RoPE + KV write) and without (LLMRS_Q4_GEMV_EPILOGUE=0): the same logits, bit for bit,
     and the same greedy tokens."""
-    import llmrs.engine.backends.cuda as cuda_backend
-    import llmrs.engine.backends.cuda_q4gemm as q4gemm
-    from llmrs.engine.backends.cuda import CUDABackend
+    import llmrs.backends.cuda as cuda_backend
+    import llmrs.backends.cuda_q4gemm as q4gemm
+    from llmrs.backends.cuda import CUDABackend
     from llmrs.engine.batch import build_step_batch
     from tests.test_cuda_parity import greedy, prompts_for
 
@@ -416,7 +416,7 @@ def test_awq_decode_with_the_fused_epilogues_gives_the_unfused_bits(tmp_path, G,
 def test_decode_dispatch_takes_gemv_for_the_layout_and_matvec_otherwise(backend, monkeypatch):
     rng = np.random.default_rng(4)
     calls = []
-    import llmrs.engine.backends.cuda as cuda_backend
+    import llmrs.backends.cuda as cuda_backend
 
     real = cuda_backend.gemv_q4
     monkeypatch.setattr(cuda_backend, "gemv_q4", lambda *a, **k: calls.append(a[2] is not None) or real(*a, **k))
@@ -462,7 +462,7 @@ def test_weights_the_gemv_takes_at_one_token_hold_only_the_reordered_copy(backen
     """N / 32 >= 4 x SMs (a 7B's gate_up) or K >= 4 N (its down): the GEMV takes even one token, so the row form
     is released and every path reads the GEMM's copy: the GEMV up to 16 tokens, the 4-bit GEMM up to 192, above it
     dequant_marlin_bf16 (the values dequant_q4_bf16 gives from the row form) + cuBLAS."""
-    from llmrs.engine.backends.cuda_q4gemm import dequant_marlin
+    from llmrs.backends.cuda_q4gemm import dequant_marlin
 
     rng = np.random.default_rng(G)
     N, K = (128 * backend.num_sms, 512) if shape == "tiles fill the GPU" else (256, 1024)
@@ -502,7 +502,7 @@ def test_both_dequant_kernels_equal_numpy_at_any_grid(backend, kind, N, K, G):
     """dequant_q4_bf16 (row form: a warp 128 words a pass, 4 a lane) and dequant_marlin_bf16 (GEMM layout: two
     records a thread a pass, a quad transpose before each 16-byte store) against numpy's f32 dequantization rounded
     to bf16, at the backend's grid and at grids that leave threads several passes, a lone last record, or idle."""
-    from llmrs.engine.backends.cuda_q4gemm import dequant_marlin
+    from llmrs.backends.cuda_q4gemm import dequant_marlin
 
     rng = np.random.default_rng(N + K)
     w = make_weight(kind, N, K, G, rng)

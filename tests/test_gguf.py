@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from llmrs.engine.batch import build_step_batch
-from llmrs.engine.loader import load
+from llmrs.model.loader import load
 from llmrs.engine.runner import ModelRunner
-from llmrs.engine.weights import GGUFFile, unpermute_qk
+from llmrs.model.weights import GGUFFile, unpermute_qk
 
 QTYPES = {
     "Q8_0": gguf.GGMLQuantizationType.Q8_0,
@@ -158,7 +158,7 @@ def write_gguf(hf_dir: Path, out: Path, types: dict[str, str], rope_freqs: bool 
 def reference_tensors(gf: GGUFFile, config) -> dict[str, np.ndarray]:
     """Every model tensor of the file as llama.cpp's reference code (gguf.quants) decodes it, HF names and q/k
     row order."""
-    from llmrs.engine.weights import gguf_to_hf_name
+    from llmrs.model.weights import gguf_to_hf_name
 
     out = {}
     for name, t in gf.tensors.items():
@@ -276,7 +276,7 @@ def test_quantized_gguf_loads_through_the_same_mapping(tiny_llama, tmp_path):
 def test_k_quants_and_q5_dequantize_as_llama_cpp(kind):
     """Q2_K .. Q6_K (what Q4_K_M / Q5_K_M / Q6_K files hold) and Q5_0 / Q5_1: our numpy decoding equals gguf-py's
     reference (llama.cpp's dequantize_row_*) bit for bit on random blocks, every bit pattern of the quants."""
-    from llmrs.engine.weights import _DEQUANT
+    from llmrs.model.weights import _DEQUANT
 
     qtype = QTYPES[kind]
     for seed in range(3):

@@ -11,8 +11,8 @@ from pathlib import Path
 import gguf
 import pytest
 
-from llmrs.engine.tokenizer import Tokenizer
-from llmrs.engine.weights import GGUFFile
+from llmrs.model.tokenizer import Tokenizer
+from llmrs.model.weights import GGUFFile
 
 SP = "\u2581"
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "hello", "world", "new", "line"]
@@ -154,7 +154,7 @@ def test_sentencepiece_gguf_tokenizes_as_llama_cpp_and_transformers(spm_file):
         if "</s>" not in text:
             assert ours.decode(ids) == text, text
     # streamed (the server's incremental detokenizer after a prompt): the deltas join to the one-shot decode
-    from llmrs.engine.tokenizer import IncrementalDetokenizer
+    from llmrs.model.tokenizer import IncrementalDetokenizer
 
     prompt = ours.encode("hello world")
     reply = ours.encode("über naïve new\nline  lazy dog", add_special_tokens=False)

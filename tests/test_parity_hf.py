@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from llmrs.engine.batch import build_step_batch
-from llmrs.engine.loader import load
+from llmrs.model.loader import load
 from llmrs.engine.runner import ModelRunner, stream_generate
 from llmrs.engine.sampling import SamplingParams
 

@@ -9,9 +9,9 @@ import re
 import numpy as np
 import pytest
 
-from llmrs.engine.backends import cuda_kernels as ck
-from llmrs.roofline.ptx.compile import nvrtc_compile
-from llmrs.roofline.ptx.toolchain import find_toolchain
+from llmrs.backends import cuda_kernels as ck
+from llmrs.ptx.compile import nvrtc_compile
+from llmrs.ptx.toolchain import find_toolchain
 
 
 def test_launch_structures_have_the_driver_layout():

@@ -13,8 +13,8 @@ from tests.cuda_helpers import event_us, rel_err, report, require_gpu
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
-from llmrs.engine.backends.cuda import CUDABackend, bf16_bits, round_bf16  # noqa: E402
-from llmrs.engine.backends.cuda_prefill import plan_prefill_tiles, prefill_attention  # noqa: E402
+from llmrs.backends.cuda import CUDABackend, bf16_bits, round_bf16  # noqa: E402
+from llmrs.backends.cuda_prefill import plan_prefill_tiles, prefill_attention  # noqa: E402
 from llmrs.engine.batch import build_step_batch  # noqa: E402
 from llmrs.engine.config import ModelConfig  # noqa: E402
 

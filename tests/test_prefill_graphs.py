@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from llmrs.engine.backends.cuda_prefill_graphs import (PREFILL_BUCKETS, is_lone_prefill, padded_prefill,
+from llmrs.backends.cuda_prefill_graphs import (PREFILL_BUCKETS, is_lone_prefill, padded_prefill,
                                                        prefill_bucket)
 from llmrs.engine.batch import build_step_batch
 
@@ -52,7 +52,7 @@ def test_the_padded_step_keeps_the_prompt_and_sends_the_padding_to_the_pad_block
 def test_every_prompt_of_a_bucket_packs_to_the_layout_the_graph_was_captured_with():
     """The replay copies `pack_batch(padded)` over the captured step's buffer: same size, same prefill tiles and
     positions whatever the prompt's length within the bucket."""
-    from llmrs.engine.backends.cuda import CUDABackend
+    from llmrs.backends.cuda import CUDABackend
 
     be = SimpleNamespace(prefill_min_tokens=16)
     pack = lambda batch: CUDABackend.pack_batch(be, batch)  # noqa: E731
@@ -73,7 +73,7 @@ def runner(tmp_path_factory):
     from tests.cuda_helpers import require_gpu
 
     require_gpu()
-    from llmrs.engine.loader import load
+    from llmrs.model.loader import load
     from llmrs.engine.runner import ModelRunner
     from tests.conftest import write_tiny_model
 
@@ -88,7 +88,7 @@ def runner(tmp_path_factory):
 @pytest.mark.gpu
 @pytest.mark.parametrize("L", [16, 37, 64, 100])
 def test_replayed_prefill_matches_the_eager_one_and_decoding_goes_on_alike(runner, L):
-    from llmrs.engine.backends.cuda_prefill_graphs import PrefillGraphs
+    from llmrs.backends.cuda_prefill_graphs import PrefillGraphs
 
     b = runner.backend
     b.attn_splits = 1

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from llmrs import profile as prof
+from llmrs.profiling import profile as prof
 from llmrs.cli import main
-from llmrs.cli_profile import parse_batches
+from llmrs.cli.profile import parse_batches
 from llmrs.errors import UserError
 
 
@@ -194,7 +194,7 @@ def test_batch_list_is_parsed_and_checked():
 
 
 def test_profile_without_a_gpu_is_one_clear_error(capsys):
-    from llmrs.engine.backends.cuda import cuda_available
+    from llmrs.backends.cuda import cuda_available
 
     if cuda_available()[0]:
         pytest.skip("a GPU is present")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from llmrs.roofline.ptx.parse import parse_directives, parse_ptx, parse_ptxas
-from llmrs.roofline.ptx.toolchain import find_toolchain
+from llmrs.ptx.parse import parse_directives, parse_ptx, parse_ptxas
+from llmrs.ptx.toolchain import find_toolchain
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "tests" / "fixtures" / "ptx"
@@ -182,7 +182,7 @@ def test_register_adds_the_commands_to_a_typer_app():
     import typer
     from typer.testing import CliRunner
 
-    from llmrs.roofline import cli as roofline_cli
+    from llmrs.cli import roofline as roofline_cli
 
     app = typer.Typer()
     roofline_cli.register(app)
@@ -227,7 +227,7 @@ def test_wgmma_gemms_compile_clean_for_sm_90a():
     reduction loop is the larger one) without local memory, in at most 255 registers, and not serialized by
     ptxas (its C7515 note: each wgmma waiting for the one before; the 4-bit form had it until the fifteenth
     session, ~20% of its time)."""
-    from llmrs.engine.backends.cuda_kernels import ARCH_ENTRY_POINTS
+    from llmrs.backends.cuda_kernels import ARCH_ENTRY_POINTS
 
     p = ptx_check(str(ROOT / "llmrs" / "kernels_cu" / "gemm_q4.cu"), "--arch", "sm_90a", "--sass", "--json")
     assert p.returncode == 0, p.stdout + p.stderr
@@ -242,7 +242,7 @@ def test_wgmma_gemms_compile_clean_for_sm_90a():
 
 def test_serialized_wgmma_is_flagged_unless_allowed():
     """A kernel whose wgmma ptxas serialized is flagged (exit 1) as local memory is; --allow accepts it too."""
-    from llmrs.roofline.ptx.check import KernelResult
+    from llmrs.ptx.check import KernelResult
 
     base = dict(file="k.cu", arch="sm_90a", name="g", mangled="g", kind="entry", ld_local=0, st_local=0,
                 local_depot_bytes=0, registers=200, spill_stores=0, spill_loads=0, stack_frame=0, shared_bytes=0,

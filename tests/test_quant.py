@@ -10,12 +10,12 @@ import json
 import numpy as np
 import pytest
 
-from llmrs.engine import quant as Q
+from llmrs.model import quant as Q
 from llmrs.engine.batch import build_step_batch
 from llmrs.engine.config import EngineConfig
-from llmrs.engine.loader import load, resolve
+from llmrs.model.loader import load, resolve
 from llmrs.engine.runner import ModelRunner
-from llmrs.engine.weights import dequant_q4_0, dequant_q4_1, dequant_q8_0
+from llmrs.model.weights import dequant_q4_0, dequant_q4_1, dequant_q8_0
 from llmrs.errors import UserError
 from tests.conftest import write_tiny_model
 
@@ -246,7 +246,7 @@ def test_gpu_weight_bytes_counts_packed_4bit_weights_not_bf16(tiny_pair, monkeyp
     c = dense.config
     vectors = sum(t.size for t in dense.tensors.values() if t.ndim == 1)
     assert gpu_weight_bytes(dense) == 2 * (c.num_parameters() - vectors) + 4 * vectors
-    from llmrs.engine.backends.cuda_q4gemm import supported
+    from llmrs.backends.cuda_q4gemm import supported
 
     linear = [t for t in kept.tensors.values() if isinstance(t, Q.QuantWeight)]
     assert linear and gpu_weight_bytes(kept) == gpu_weight_bytes(dense) - sum(  # the GEMM's copy where it applies
@@ -256,7 +256,7 @@ def test_gpu_weight_bytes_counts_packed_4bit_weights_not_bf16(tiny_pair, monkeyp
     # is large (every shape under LLMRS_Q4_GEMV_K_PER_N=0)
     from types import SimpleNamespace
 
-    import llmrs.engine.backends.cuda_q4gemm as q4gemm
+    import llmrs.backends.cuda_q4gemm as q4gemm
     from tests.test_quant_marlin import make_weight
 
     rng = np.random.default_rng(0)
@@ -277,7 +277,7 @@ def test_gpu_weight_bytes_counts_packed_4bit_weights_not_bf16(tiny_pair, monkeyp
 def test_synthetic_awq_preset_resolves_to_the_preset_with_awq_quantization():
     """`llmrs serve --synthetic qwen2.5-7b-awq`: the preset's shapes, AWQ 4-bit group 128 (drawn packed on the
     GPU by the runner); a bad preset stays a clear error."""
-    from llmrs.engine.loader import SYNTHETIC_PREFIX, resolve
+    from llmrs.model.loader import SYNTHETIC_PREFIX, resolve
     from llmrs.roofline.presets import preset_config
 
     src = resolve(SYNTHETIC_PREFIX + "qwen2.5-7b-awq")
@@ -293,7 +293,7 @@ def test_gpu_kv_sizing_asks_the_device_and_subtracts_the_copies_it_keeps(tiny_pa
     (gpu_weight_bytes(loaded, num_sms)), what is left after the weights and the reserve in KV blocks."""
     from types import SimpleNamespace
 
-    import llmrs.engine.backends.cuda as cuda_backend
+    import llmrs.backends.cuda as cuda_backend
     import llmrs.engine.engine as E
 
     total = 8 << 30

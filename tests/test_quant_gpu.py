@@ -23,9 +23,9 @@ from tests.cuda_helpers import rel_err, report, require_gpu, tiny_backend
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
-from llmrs.engine import quant as Q  # noqa: E402
-from llmrs.engine.backends.cuda import CUDABackend, bf16_bits, round_bf16  # noqa: E402
-from llmrs.engine.loader import load  # noqa: E402
+from llmrs.model import quant as Q  # noqa: E402
+from llmrs.backends.cuda import CUDABackend, bf16_bits, round_bf16  # noqa: E402
+from llmrs.model.loader import load  # noqa: E402
 from llmrs.engine.runner import ModelRunner  # noqa: E402
 from tests.conftest import write_tiny_model  # noqa: E402
 from tests.test_cuda_parity import compare, greedy, last_logits, prompts_for  # noqa: E402

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llmrs.engine import quant as Q
-from llmrs.engine.backends.cuda import round_bf16
+from llmrs.model import quant as Q
+from llmrs.backends.cuda import round_bf16
 
 SHAPES = [(32, 32), (64, 64), (96, 224), (160, 64), (64, 1056)]
 
@@ -248,7 +248,7 @@ def test_gemv_fp16_form_algebra_gives_x_at_the_exact_weights(kind, G):
 def test_the_reordered_layout_takes_power_of_two_groups_only():
     """cuda_q4gemm.supported: the GEMM finds a k's scale row as k >> log2 G, so G 96 (K % 96 == 0) keeps the row
     form and dequantize + cuBLAS; 32 / 64 / 128 / 256 take the layout."""
-    from llmrs.engine.backends.cuda_q4gemm import has_gemm_layout, supported
+    from llmrs.backends.cuda_q4gemm import has_gemm_layout, supported
 
     assert all(supported(256, 3072, G) for G in (32, 64, 128, 256))
     assert not supported(256, 3072, 96) and not supported(256, 3072, 16) and not supported(256, 3072, 0)
@@ -264,7 +264,7 @@ def test_gemv_splits_cover_k_exactly_with_no_empty_slice(sms):
     each slice's block adds one), kpw a multiple of GEMV_DEPTH (the kernel's batches)."""
     from types import SimpleNamespace
 
-    from llmrs.engine.backends.cuda_q4gemm import GEMV_BLOCKS_PER_SM, GEMV_DEPTH, GEMV_WARPS, gemv_splits
+    from llmrs.backends.cuda_q4gemm import GEMV_BLOCKS_PER_SM, GEMV_DEPTH, GEMV_WARPS, gemv_splits
 
     backend = SimpleNamespace(num_sms=sms)
     for N, K, splits in itertools.product((64, 896, 1152, 3584, 4608, 9728, 37888),
@@ -288,8 +288,8 @@ def test_a_weight_without_its_row_form_is_never_sent_to_the_matvec(sms, k_per_n,
     LLMRS_Q4_GEMV_K_PER_N=0 (every shape on the GEMV)."""
     from types import SimpleNamespace
 
-    import llmrs.engine.backends.cuda_q4gemm as q4gemm
-    from llmrs.engine.backends.cuda_q4gemm import GEMV_MAX_TOKENS, gemv_takes, row_form_needed
+    import llmrs.backends.cuda_q4gemm as q4gemm
+    from llmrs.backends.cuda_q4gemm import GEMV_MAX_TOKENS, gemv_takes, row_form_needed
 
     monkeypatch.setattr(q4gemm, "GEMV_ONE_TOKEN_K_PER_N", k_per_n)
     monkeypatch.setattr(q4gemm, "GEMV_ONE_TOKEN_MIN_WEIGHTS", 1 << 62)  # (the size rule: its own test below)
@@ -315,7 +315,7 @@ def test_the_default_one_token_rule_on_qwen2_5_shapes():
     before both, the 3B had been 2.7% slower so)."""
     import os
 
-    from llmrs.engine.backends.cuda_q4gemm import gemv_one_token
+    from llmrs.backends.cuda_q4gemm import gemv_one_token
 
     if {"LLMRS_Q4_GEMV_K_PER_N", "LLMRS_Q4_GEMV_MIN_WEIGHTS"} & set(os.environ):
         pytest.skip("the one-token rule is set in this environment")
@@ -327,8 +327,8 @@ def test_the_default_one_token_rule_on_qwen2_5_shapes():
 def test_gemv_kernel_picks_the_fixed_group_form_for_g32_and_g128_and_exists():
     """cuda_q4gemm.gemv_kernel: the compile-time-group forms (gemm_q4.cu's CPG) for G 32 / 128, the run-time one
     otherwise, one or two n8 tiles of tokens; every name it returns is a compiled entry point with PDL."""
-    from llmrs.engine.backends.cuda_kernels import ENTRY_POINTS, PDL_KERNELS
-    from llmrs.engine.backends.cuda_q4gemm import GEMV_DEPTH, GEMV_MAX_TOKENS, gemv_kernel
+    from llmrs.backends.cuda_kernels import ENTRY_POINTS, PDL_KERNELS
+    from llmrs.backends.cuda_q4gemm import GEMV_DEPTH, GEMV_MAX_TOKENS, gemv_kernel
 
     assert gemv_kernel(0, 1, 128) == "gemv_q4z_c4" and gemv_kernel(1, 1, 32) == "gemv_q4m_c1"
     assert gemv_kernel(0, 9, 128) == "gemv_q4z_t16_c4" and gemv_kernel(0, 8, 64) == "gemv_q4z"
@@ -353,10 +353,10 @@ def test_gemm_takes_up_to_max_tokens_and_small_matrices_further(small, monkeypat
     import os
     from types import SimpleNamespace
 
-    import llmrs.engine.backends.cuda_q4gemm as q4gemm
-    from llmrs.engine.backends.cuda import CUDABackend
-    from llmrs.engine.backends.cuda_q4gemm import gemm_takes
-    from llmrs.engine.quant import DeviceQuantWeight
+    import llmrs.backends.cuda_q4gemm as q4gemm
+    from llmrs.backends.cuda import CUDABackend
+    from llmrs.backends.cuda_q4gemm import gemm_takes
+    from llmrs.model.quant import DeviceQuantWeight
 
     if {"LLMRS_Q4_GEMM_MAX_TOKENS", "LLMRS_Q4_GEMM_MAX_TOKENS_SMALL"} & set(os.environ):
         pytest.skip("the GEMM's token limits are set in this environment")

@@ -112,7 +112,7 @@ def test_logit_bias_adds_to_the_logits_before_sampling(logits):
     """OpenAI's logit_bias: +100 forces a token, -100 bans the argmax, a small bias shifts the distribution by
     exactly exp(bias); logprobs stay those of the raw logits (vLLM's default); the GPU sampler hands such rows to
     the host (needs_cpu_sampler)."""
-    from llmrs.engine.backends.cuda import needs_cpu_sampler
+    from llmrs.backends.cuda import needs_cpu_sampler
 
     top = int(np.argmax(logits))
     forced = int(np.argmin(logits))
@@ -178,7 +178,7 @@ def test_host_sampler_rules_agree():
     hands to the host (backends.cuda.needs_cpu_sampler, importable without a GPU)."""
     import itertools
 
-    from llmrs.engine.backends.cuda import needs_cpu_sampler
+    from llmrs.backends.cuda import needs_cpu_sampler
     from llmrs.engine.sampling import SamplingParams, SamplingState, make_generator, needs_host_sampler
 
     for lp, rep, pres, freq, mt, n_out, stop in itertools.product((None, 0), (1.0, 1.2), (0.0, 0.5), (0.0, 0.5),

@@ -30,7 +30,7 @@ MODEL = os.environ.get("LLMRS_TEST_MODEL") or "smollm2-135m"
 
 
 def _max_model_len() -> int:
-    from llmrs.engine.loader import resolve
+    from llmrs.model.loader import resolve
     from llmrs.errors import UserError
 
     try:
@@ -140,8 +140,8 @@ def guarded(_servers) -> Server:
 
 @pytest.fixture(scope="session")
 def tok():
-    from llmrs.engine.loader import resolve
-    from llmrs.engine.tokenizer import Tokenizer
+    from llmrs.model.loader import resolve
+    from llmrs.model.tokenizer import Tokenizer
 
     src = resolve(MODEL)
     return Tokenizer.from_gguf(src.gguf) if src.gguf is not None else Tokenizer.from_hf_dir(src.path)

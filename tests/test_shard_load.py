@@ -1,4 +1,4 @@
-"""Loading a tensor-parallel rank's shard straight from a safetensors checkpoint (llmrs/engine/shard_load.py):
+"""Loading a tensor-parallel rank's shard straight from a safetensors checkpoint (llmrs/model/shard_load.py):
 exactly `shard_tensors` of the whole checkpoint, bit for bit, while copying out of the file mapping only the
 rank's own bytes. Checkpoints are real files: transformers' own f32 save, re-saved as bf16 and as two files with
 an index (safetensors.torch: numpy has no bfloat16)."""
@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import write_tiny_model
-from llmrs.engine import shard_load
-from llmrs.engine.loader import load
-from llmrs.engine.shard_load import SafetensorsCheckpoint, load_rank_tensors
+from llmrs.model import shard_load
+from llmrs.model.loader import load
+from llmrs.model.shard_load import SafetensorsCheckpoint, load_rank_tensors
 from llmrs.engine.tp import ShardPlan, shard_tensors
 from llmrs.errors import UserError
 

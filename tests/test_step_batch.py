@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmrs.engine.batch import build_step_batch, build_step_batch_arrays
-from llmrs.engine.loader import load
+from llmrs.model.loader import load
 from llmrs.engine.runner import ModelRunner
 
 

@@ -33,7 +33,7 @@ class FakeModel:
 
 
 def test_decode_benchmark_sizes_the_cache_and_walks_the_positions(monkeypatch):
-    from llmrs.engine.backends import cuda
+    from llmrs.backends import cuda
 
     made = {}
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmrs.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from llmrs.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from llmrs.roofline.presets import preset_config
 from llmrs.synth import write_tokenizer
 

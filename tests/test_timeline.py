@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from llmrs import timeline as tl
+from llmrs.profiling import timeline as tl
 from llmrs.cli import main
 from llmrs.errors import UserError
 
@@ -67,7 +67,7 @@ def test_analyze_roles_and_floors():
     assert roles["matvec qkv"].exposed_us == pytest.approx(10.0)
     assert roles["attention"].exposed_us == pytest.approx(5.0 + 2.0) and roles["attention"].calls == 2
     assert roles["matvec o"].exposed_us == pytest.approx(3.0)
-    from llmrs.profile import kernel_cost
+    from llmrs.profiling.profile import kernel_cost
 
     assert roles["matvec qkv"].floor_us == pytest.approx(kernel_cost(*SPANS[0][::2])[0] / 1e12 * 1e6)
     assert roles["matvec o"].floor_us == pytest.approx(kernel_cost(*SPANS[2][::2])[0] / 1e12 * 1e6)

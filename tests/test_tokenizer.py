@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmrs.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from llmrs.model.tokenizer import IncrementalDetokenizer, Tokenizer
 
 TEXTS = [
     "Hello, world! The year 2024 had 366 days.",

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from conftest import write_tiny_model
-from llmrs.engine.backends.cpu import CPUBackend
+from llmrs.backends.cpu import CPUBackend
 from llmrs.engine.batch import build_step_batch
 from llmrs.engine.config import EngineConfig, ModelConfig
 from llmrs.engine.engine import LLMEngine
-from llmrs.engine.loader import load
-from llmrs.engine.model import Model, build_weights
+from llmrs.model.loader import load
+from llmrs.model.decoder import Model, build_weights
 from llmrs.engine.sampling import SamplingParams
 from llmrs.engine.tp import (ShardPlan, SimulatedTP, SimulatedTPRunner, shard_fused, shard_tensors, tp_engine)
 from llmrs.errors import UserError

@@ -36,7 +36,7 @@ if N_GPUS < 2:
 from llmrs.engine.batch import build_step_batch  # noqa: E402
 from llmrs.engine.config import EngineConfig  # noqa: E402
 from llmrs.engine.engine import LLMEngine  # noqa: E402
-from llmrs.engine.loader import load  # noqa: E402
+from llmrs.model.loader import load  # noqa: E402
 from llmrs.engine.runner import ModelRunner, stream_generate  # noqa: E402
 from llmrs.engine.sampling import SamplingParams  # noqa: E402
 from llmrs.engine.tp import tp_engine  # noqa: E402
@@ -182,7 +182,7 @@ def test_serve_with_tp2_answers_a_chat_completion(tiny):
 
 
 def test_profile_at_tp2_times_the_collectives_as_communication(tiny):
-    from llmrs import profile as prof
+    from llmrs.profiling import profile as prof
 
     profiles, meta = prof.run_profile(str(tiny["llama"]), [1, 8], context=40, prefill_len=30, steps=3, gpu="auto",
                                       tp=2)

@@ -15,7 +15,7 @@ from pathlib import Path
 def write_widened(spec: str, out: Path, n: int) -> Path:
     from safetensors.numpy import save_file
 
-    from llmrs.engine.loader import load
+    from llmrs.model.loader import load
     from llmrs.engine.tp import widen_heads
 
     m = load(spec, keep_quantized=False)

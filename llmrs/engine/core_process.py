@@ -49,7 +49,7 @@ from llmrs.engine.engine import (
     EngineDeadError, EngineOverloaded, EngineStats, LLMEngine, RequestOutput, check_request, serving_config,
     serving_engine, take_merged,
 )
-from llmrs.engine.loader import LoadedModel, load
+from llmrs.model.loader import LoadedModel, load
 from llmrs.engine.sampling import SamplingParams
 from llmrs.errors import UserError
 from llmrs.trace import tr, tr_tokens

@@ -19,7 +19,7 @@ from typing import Any
 
 from llmrs.engine.config import OFF_VALUES, EngineConfig, ModelConfig, async_scheduling_default, env_int
 from llmrs.engine.kv_cache import KVCacheManager
-from llmrs.engine.loader import LoadedModel, load
+from llmrs.model.loader import LoadedModel, load
 from llmrs.engine.runner import ModelRunner, resolve_device
 from llmrs.engine.sampling import SampleResult, SamplingParams, needs_host_sampler
 from llmrs.engine.scheduler import Scheduler
@@ -202,9 +202,9 @@ def gpu_weight_bytes(loaded: LoadedModel, num_sms: int | None = None) -> int:
     arrays: for 4-bit, the 4-bit GEMM's reordered copy and the matvec's row-major form where the backend keeps it
     (cuda_q4gemm.row_form_needed, which depends on the GPU's `num_sms`; None counts both everywhere, the upper
     bound). Synthetic models (drawn on the GPU): 2 bytes a parameter (an upper bound for the -awq ones)."""
-    from llmrs.engine.backends.cuda import CUDABackend
-    from llmrs.engine.backends.cuda_q4gemm import has_gemm_layout, row_form_needed
-    from llmrs.engine.quant import QuantWeight
+    from llmrs.backends.cuda import CUDABackend
+    from llmrs.backends.cuda_q4gemm import has_gemm_layout, row_form_needed
+    from llmrs.model.quant import QuantWeight
 
     if loaded.tensors is None:
         return 2 * loaded.config.num_parameters()
@@ -229,7 +229,7 @@ def kv_blocks(loaded: LoadedModel, cfg: EngineConfig) -> int:
         return -(-cfg.kv_cache_tokens // cfg.block_size)
     if resolve_device(cfg.device) != "cuda":
         return -(-16384 // cfg.block_size)
-    from llmrs.engine.backends.cuda import CUDABackend
+    from llmrs.backends.cuda import CUDABackend
 
     c = loaded.config
     weight_bytes = gpu_weight_bytes(loaded, CUDABackend.device_sms())
@@ -264,7 +264,7 @@ def _runner_batched_tokens(runner: Any) -> int:
     device = getattr(runner, "device", "cpu")
     if device != "cuda":
         return serving_batched_tokens(device)
-    from llmrs.engine.backends.cuda import gpu_name_memory
+    from llmrs.backends.cuda import gpu_name_memory
 
     try:
         import cupy as cp
@@ -375,7 +375,7 @@ class LLMEngine:
         model = getattr(self.runner, "model", None)
         if graphs is None or model is None:
             return 0
-        from llmrs.engine.backends.cuda_graphs import len_cap_for
+        from llmrs.backends.cuda_graphs import len_cap_for
 
         cap = min(env_int("LLMRS_WARMUP_GRAPH_CAP", 512), len_cap_for(self.max_model_len))
         if cap <= 0:

@@ -14,8 +14,8 @@ import numpy as np
 
 from llmrs.engine.batch import StepBatch, build_step_batch
 from llmrs.engine.config import async_scheduling_default
-from llmrs.engine.loader import LoadedModel
-from llmrs.engine.model import Model, build_weights
+from llmrs.model.loader import LoadedModel
+from llmrs.model.decoder import Model, build_weights
 from llmrs.engine.sampling import SamplingParams, needs_host_sampler, sample
 from llmrs.engine.sequence import Sequence, StepOutput
 from llmrs.errors import UserError
@@ -27,7 +27,7 @@ def resolve_device(device: str) -> str:
         raise UserError(f"unknown device {device!r} (choose auto, cpu or cuda)")
     if device == "cpu":
         return "cpu"
-    from llmrs.engine.backends.cuda import cuda_available
+    from llmrs.backends.cuda import cuda_available
 
     ok, why = cuda_available()
     if device == "cuda" and not ok:
@@ -48,7 +48,7 @@ class ModelRunner:
         if loaded.tensors is None and self.device != "cuda":
             raise UserError(f"{loaded.source.name}: synthetic weights are drawn on the GPU; use --device cuda")
         if self.device == "cuda":
-            from llmrs.engine.backends.cuda import CUDABackend, CUDAModel
+            from llmrs.backends.cuda import CUDABackend, CUDAModel
 
             self.backend = CUDABackend(self.config, num_blocks=num_blocks, block_size=block_size)
             if loaded.tensors is None:
@@ -59,7 +59,7 @@ class ModelRunner:
                 weights = build_weights(self.config, loaded.tensors, self.backend)
             self.model = CUDAModel(self.config, weights, self.backend)
         else:
-            from llmrs.engine.backends.cpu import CPUBackend
+            from llmrs.backends.cpu import CPUBackend
 
             self.backend = CPUBackend(self.config, num_blocks=num_blocks, block_size=block_size)
             self.model = Model(self.config, build_weights(self.config, loaded.tensors, self.backend), self.backend)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from llmrs.engine.sampling import SampleResult, SamplingParams, SamplingState, make_generator
-from llmrs.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from llmrs.model.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 class SequenceStatus(enum.Enum):

@@ -46,7 +46,7 @@ import numpy as np
 
 from llmrs.engine.batch import StepBatch
 from llmrs.engine.config import EngineConfig, ModelConfig
-from llmrs.engine.model import Backend, Model, ModelWeights, build_weights
+from llmrs.model.decoder import Backend, Model, ModelWeights, build_weights
 from llmrs.errors import UserError
 
 
@@ -176,7 +176,7 @@ def shard_tensors(plan: ShardPlan, tensors: dict[str, np.ndarray], rank: int) ->
 def shard_fused(plan: ShardPlan, w: ModelWeights, rank: int) -> ModelWeights:
     """The rank's slice of already-fused weights (numpy or CuPy, any storage dtype): what `shard_tensors` +
     `build_weights` give, for weights that exist only fused (synthetic weights drawn on the GPU)."""
-    from llmrs.engine.model import LayerWeights
+    from llmrs.model.decoder import LayerWeights
 
     q = plan.q_rows(rank)
     qs, qe = int(q[0]), int(q[-1]) + 1
@@ -301,7 +301,7 @@ class SimulatedTP:
 
     def __init__(self, config: ModelConfig, tensors: dict[str, np.ndarray], world_size: int, num_blocks: int,
                  block_size: int = 16):
-        from llmrs.engine.backends.cpu import CPUBackend
+        from llmrs.backends.cpu import CPUBackend
 
         self.plan = ShardPlan(config, world_size)
         self.group = SimulatedGroup(world_size)

@@ -20,7 +20,7 @@ Layout:
 Not done yet (later work): all-reduce in bf16 (activations are f32 here: twice the bytes of the roofline's bf16
 figure; at decode the payload is a few KB and latency-bound); GGUF and AWQ checkpoints still load whole in
 each process (every tensor on the host first; plain safetensors checkpoints are read rank by rank, each process
-only its slices: llmrs/engine/shard_load.py); the step's broadcast is a pickle down a pipe per worker (a few KB,
+only its slices: llmrs/model/shard_load.py); the step's broadcast is a pickle down a pipe per worker (a few KB,
 ~50-100 us of host time per step).
 """
 
@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from llmrs.engine.batch import StepBatch
-from llmrs.engine.backends.cuda import CUDAModel
+from llmrs.backends.cuda import CUDAModel
 from llmrs.engine.tp import ShardPlan, shard_tensors
 from llmrs.errors import UserError
 
@@ -163,9 +163,9 @@ class _Rank:
         A plain safetensors checkpoint: the config from `resolve` (config.json) and only this rank's slices from
         disk (`load_rank_tensors`), unless rank 0 was handed every tensor already. GGUF and AWQ checkpoints: every
         tensor on the host, sliced at build. Synthetic models: drawn on the GPU at build."""
-        from llmrs.engine.backends.cuda import CUDABackend
-        from llmrs.engine.loader import load, resolve
-        from llmrs.engine.shard_load import load_rank_tensors, reads_shards
+        from llmrs.backends.cuda import CUDABackend
+        from llmrs.model.loader import load, resolve
+        from llmrs.model.shard_load import load_rank_tensors, reads_shards
 
         src = resolve(spec) if loaded is None else loaded.source
         self.shard: dict[str, np.ndarray] | None = None  # the rank's tensors, read rank by rank
@@ -186,8 +186,8 @@ class _Rank:
         return min(fit, max_blocks)
 
     def build(self, num_blocks: int, block_size: int) -> None:
-        from llmrs.engine.backends.cuda import CUDABackend
-        from llmrs.engine.model import build_weights
+        from llmrs.backends.cuda import CUDABackend
+        from llmrs.model.decoder import build_weights
 
         if num_blocks < 1:
             raise UserError(f"rank {self.rank}: no room for a KV cache beside its weight shard")
@@ -216,7 +216,7 @@ def synthetic_shard(plan: ShardPlan, rank: int, backend: Any, seed: int = 0) -> 
     compared) while no GPU ever holds more than its shard plus one full matrix.
 
     NOTE: keep the draw order in step with gpu_weights (both draw through llmrs.synth.GpuDraws)."""
-    from llmrs.engine.model import LayerWeights, ModelWeights
+    from llmrs.model.decoder import LayerWeights, ModelWeights
     from llmrs.engine.tp import _take_rows, _vocab_rows
     from llmrs.synth import GpuDraws
 
@@ -382,7 +382,7 @@ class NcclTPRunner:
 # ---------------------------------------------------------------------------------------------- CLI entry points
 def tp_runner_for_generate(model: str | None, world_size: int, max_len_hint: int, block_size: int = 16) -> Any:
     """`llmrs generate --tensor-parallel-size N`: the runner stream_generate drives (one sequence)."""
-    from llmrs.engine.loader import load
+    from llmrs.model.loader import load
 
     import atexit
 
@@ -400,7 +400,7 @@ def tp_async_engine(model: str | None, world_size: int, max_waiting: int | None 
     import dataclasses
 
     from llmrs.engine.engine import AsyncEngine, max_kv_blocks, serving_config
-    from llmrs.engine.loader import load
+    from llmrs.model.loader import load
     from llmrs.engine.tp import tp_engine
 
     cfg = serving_config(**engine_options)

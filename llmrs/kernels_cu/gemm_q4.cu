@@ -3,7 +3,7 @@
 //   W 4-bit with group size G along K: mode "zero" (AWQ, Q4_0 with z = 8) w = (q - z) * s, mode "min" (Q4_1)
 //   w = q * s + m. N % 32 == 0, K % 64 == 0, G % 32 == 0 (the host asks N % 64, K % 64 and falls back else).
 //
-// Layout (made once at load by llmrs.engine.quant.marlin_reorder, pinned by tests/test_quant_marlin.py):
+// Layout (made once at load by llmrs.model.quant.marlin_reorder, pinned by tests/test_quant_marlin.py):
 //   qweight uint32 [N/32][K/32][32 lanes][4 words]: the 16 bytes of lane L (g = L / 4, t = L % 4) for the
 //   32 x 32 tile (nb, kb) are exactly that lane's mma.m16n8k16 B fragments for two k16 steps and four n8 tiles:
 //   word i (n8 tile i), nibble j (bits 4j..4j+3) holds W[n, k] with

@@ -3,7 +3,7 @@
 //
 //   y[t, n] (= or +=) sum_k x[t, k] * W[n, k] + bias[n]       x, y, bias f32
 //
-// W is the row-major form of llmrs/engine/quant.py (AWQ repacked once at load; GGUF blocks split likewise):
+// W is the row-major form of llmrs/model/quant.py (AWQ repacked once at load; GGUF blocks split likewise):
 //   q4: Q uint32 [N, K/8] (code of k = 8j + i in bits 4i of word j), S fp16 [N, K/G], Z fp16 [N, K/G] or null
 //       matvec_q4z: W = (q - z) * s   (AWQ; Q4_0 passes Z = null: z = 8)
 //       matvec_q4m: W = q * s + m     (Q4_1: Z holds m)

@@ -136,7 +136,7 @@ def measure_bf16_gemm(cp: Any, n: int = 8192, iters: int = 10) -> tuple[float, s
 
 def measure_local_gpu(copy_bytes: int = 1 << 30, gemm_n: int = 8192) -> Measurement:
     """Measure this machine's GPU 0 and match it to the database (UserError without CuPy or a GPU)."""
-    from llmrs.engine.backends.cuda import gpu_name_memory
+    from llmrs.backends.cuda import gpu_name_memory
     from llmrs.roofline.gpus import match_gpu_name
 
     cp = _import_cupy()

@@ -110,7 +110,7 @@ def _from_gguf(path: Path) -> ModelSource:
         import gguf  # noqa: F401
     except ImportError:
         raise UserError("reading .gguf needs the `gguf` package") from None
-    from llmrs.engine.weights import open_gguf
+    from llmrs.model.weights import open_gguf
 
     reader = open_gguf(path)  # UserError for a truncated or corrupt file
     md: dict[str, Any] = {}

@@ -8,7 +8,7 @@ from rich.table import Table
 from llmrs.roofline.analysis import Roofline
 from llmrs.roofline.gpus import NUMERIC_FIELDS, GpuSpec
 from llmrs.roofline.overlay import MeasuredPoint
-from llmrs.roofline.ptx.check import FileError, KernelResult
+from llmrs.ptx.check import FileError, KernelResult
 
 
 def gb(x: float) -> str:

@@ -15,7 +15,7 @@ How it measures (needs CuPy, a GPU, and PyTorch, whose profiler reads CUPTI's ke
 Per graphed kernel, in start order: `exposed` = how much later the step's last end is once it has run
 (end - max(start, the latest end before it), at least 0), `gap` = idle GPU time before it, `duration` = end -
 start (with PDL that includes its wait). The exposed times and gaps add up to the step's span on the GPU, so
-`exposed` is where the step's time goes. Each span's floor = its bytes / bandwidth (`llmrs.profile.kernel_cost`):
+`exposed` is where the step's time goes. Each span's floor = its bytes / bandwidth (`llmrs.profiling.profile.kernel_cost`):
 exposed - floor is what the kernel costs above its bytes (latency, hand-offs, launch).
 """
 
@@ -199,7 +199,7 @@ def analyze(eager: list[tuple[Kernel, int | None]], steps: list[list[Kernel]], s
             bandwidth: float, label: str = "decode", batch: int = 1, wall_ms: float = 0.0) -> Timeline:
     """The graphed steps' kernels as a Timeline: per kernel (mean over the steps that launched the usual number of
     kernels) and per role, against each span's bytes at `bandwidth` (B/s)."""
-    from llmrs.profile import kernel_cost
+    from llmrs.profiling.profile import kernel_cost
 
     if not steps:
         raise UserError("the trace holds no graphed step's kernels (did the profiler see the GPU's kernels?)")
@@ -349,8 +349,8 @@ def run_timeline(model: str, batches: list[int], context: int, steps: int = 20, 
 
     import numpy as np
 
-    from llmrs.engine.backends.cuda import cuda_available
-    from llmrs.profile import _fill_kv, _load, ceilings, decode_batch, greedy_state
+    from llmrs.backends.cuda import cuda_available
+    from llmrs.profiling.profile import _fill_kv, _load, ceilings, decode_batch, greedy_state
 
     if context < 1 or steps < 1:
         raise UserError("--context and --steps must be at least 1")

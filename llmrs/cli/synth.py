@@ -44,7 +44,7 @@ def synth(
     if group_size < 32 or group_size % 32:
         raise UserError(f"--group-size {group_size}: expected a positive multiple of 32 (128, 64 or 32)")
     if decode_bench:  # before any checkpoint is written
-        from llmrs.engine.backends.cuda import cuda_available
+        from llmrs.backends.cuda import cuda_available
 
         ok, why = cuda_available()
         if not ok:
@@ -84,7 +84,7 @@ def synth(
 
 def doctor(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """GPU, driver, CUDA runtime, CuPy, free memory, and whether every kernel compiles (exit 1 if not)."""
-    from llmrs.engine.backends.cuda import cuda_available
+    from llmrs.backends.cuda import cuda_available
 
     ok, why = cuda_available()
     data: dict = {"cuda_available": ok, "device": why if ok else None, "problem": None if ok else why}
@@ -99,7 +99,7 @@ def doctor(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -
                     compute_capability=f"{props['major']}.{props['minor']}", sms=props["multiProcessorCount"],
                     memory_total_gb=round(total / 1e9, 1), memory_free_gb=round(free / 1e9, 1))
         try:
-            from llmrs.engine.backends.cuda_kernels import ENTRY_POINTS, get_kernels
+            from llmrs.backends.cuda_kernels import ENTRY_POINTS, get_kernels
 
             k = get_kernels()
             data["kernels"] = f"{sum(len(v) for v in ENTRY_POINTS.values())} entry points compiled"

@@ -18,8 +18,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from llmrs.cli_engine import DEQUANT_HELP
-from llmrs.engine.loader import DEFAULT_MODEL, SYNTHETIC_PREFIX, keep_quantized_env
+from llmrs.cli.engine import DEQUANT_HELP
+from llmrs.model.loader import DEFAULT_MODEL, SYNTHETIC_PREFIX, keep_quantized_env
 from llmrs.errors import UserError
 
 console = Console(stderr=True)

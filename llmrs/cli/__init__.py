@@ -18,18 +18,18 @@ app = typer.Typer(
 
 # Sub-packages register their commands here: each module exposes register(app).
 # --- command registrations (one line per module) ---
-from llmrs import cli_engine  # noqa: E402
+from llmrs.cli import engine as cli_engine  # noqa: E402
 
 cli_engine.register(app)
-from llmrs.roofline import cli as roofline_cli  # noqa: E402
+from llmrs.cli import roofline as roofline_cli  # noqa: E402
 roofline_cli.register(app)
-from llmrs.bench import cli as bench_cli  # noqa: E402
+from llmrs.cli import bench as bench_cli  # noqa: E402
 bench_cli.register(app)
-from llmrs.server import cli as server_cli  # noqa: E402
+from llmrs.cli import serve as server_cli  # noqa: E402
 server_cli.register(app)
-from llmrs import cli_synth  # noqa: E402
+from llmrs.cli import synth as cli_synth  # noqa: E402
 cli_synth.register(app)
-from llmrs import cli_profile  # noqa: E402
+from llmrs.cli import profile as cli_profile  # noqa: E402
 cli_profile.register(app)
 # --- end of command registrations ---
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from llmrs.engine.config import ModelConfig
-from llmrs.engine.quant import awq_config, awq_tensors
-from llmrs.engine.tokenizer import Tokenizer
-from llmrs.engine.weights import GGUFFile, load_gguf_weights, load_safetensors_weights
+from llmrs.model.quant import awq_config, awq_tensors
+from llmrs.model.tokenizer import Tokenizer
+from llmrs.model.weights import GGUFFile, load_gguf_weights, load_safetensors_weights
 from llmrs.errors import UserError
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -37,7 +37,7 @@ class ModelSource:
     config: ModelConfig
     bytes_by_dtype: dict[str, int] = field(default_factory=dict)
     gguf: GGUFFile | None = None
-    quantization: dict | None = None  # AWQ checkpoints: the normalized quantization_config (llmrs.engine.quant)
+    quantization: dict | None = None  # AWQ checkpoints: the normalized quantization_config (llmrs.model.quant)
 
     def quant_label(self) -> str:
         """What `llmrs info` shows: 'awq 4-bit, group 128', GGUF's quantized tensor types, or 'none'."""
@@ -152,19 +152,19 @@ def keep_quantized_env(keep: bool) -> Iterator[None]:
 def load(spec: str | None, keep_quantized: bool | None = None, read_tensors: bool = True) -> LoadedModel:
     """Config, tensors and tokenizer of MODEL. Tensors are float32 numpy arrays (quantized checkpoints dequantized
     exactly), except with `keep_quantized`, where quantized linear weights (AWQ, GGUF Q4_0/Q4_1/Q8_0) stay
-    `llmrs.engine.quant.QuantWeight` (build_weights hands them to backends that take them, dequantizes for the
+    `llmrs.model.quant.QuantWeight` (build_weights hands them to backends that take them, dequantizes for the
     others). keep_quantized None reads LLMRS_KEEP_QUANTIZED=1 (how `llmrs serve` asks, through the engine).
 
     `read_tensors=False` reads none of them (LoadedModel.tensors is None, as for a synthetic model): config, tokenizer
     and stop ids only, for callers that read the weights another way (tensor-parallel ranks, each its own slices:
-    llmrs/engine/shard_load.py). A safetensors checkpoint's bytes_by_dtype still comes from its headers."""
+    llmrs/model/shard_load.py). A safetensors checkpoint's bytes_by_dtype still comes from its headers."""
     if keep_quantized is None:
         keep_quantized = os.environ.get("LLMRS_KEEP_QUANTIZED", "0") == "1"
     src = resolve(spec)
     c = src.config
     if not read_tensors and src.kind != "synthetic":
         if src.kind == "hf":
-            from llmrs.engine.shard_load import SafetensorsCheckpoint
+            from llmrs.model.shard_load import SafetensorsCheckpoint
 
             src.bytes_by_dtype = SafetensorsCheckpoint(src.path).bytes_by_dtype  # headers only
             tokenizer = Tokenizer.from_hf_dir(src.path)

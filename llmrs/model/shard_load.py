@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from llmrs.engine.weights import _read_safetensors_header, bf16_to_f32, safetensors_files
+from llmrs.model.weights import _read_safetensors_header, bf16_to_f32, safetensors_files
 from llmrs.errors import UserError
 
 # safetensors dtype -> the numpy dtype its bytes are viewed as (BF16: raw uint16, widened by bf16_to_f32)

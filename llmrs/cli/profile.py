@@ -13,7 +13,7 @@ from llmrs.errors import UserError
 
 
 def parse_batches(text: str) -> list[int]:
-    from llmrs.roofline.cli import parse_ints
+    from llmrs.cli.roofline import parse_ints
 
     return parse_ints(text, "--batch")
 
@@ -57,9 +57,9 @@ def profile(
 ) -> None:
     """Where a decode step (at each --batch) and a prefill spend their GPU time: matrix multiply, decode and
     prefill attention, everything else; GPU busy; each kernel's GB/s or TFLOP/s as a % of its roof."""
-    from llmrs import profile as prof
-    from llmrs import timeline as tl
-    from llmrs.engine.loader import SYNTHETIC_PREFIX, resolve
+    from llmrs.profiling import profile as prof
+    from llmrs.profiling import timeline as tl
+    from llmrs.model.loader import SYNTHETIC_PREFIX, resolve
 
     given = [x for x in (model_arg, model, synthetic) if x]
     err = Console(stderr=True)

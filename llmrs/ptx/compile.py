@@ -13,8 +13,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmrs.roofline.ptx.parse import PtxasInfo, PtxFunction, parse_ptx, parse_ptxas
-from llmrs.roofline.ptx.toolchain import Toolchain, nvrtc_module
+from llmrs.ptx.parse import PtxasInfo, PtxFunction, parse_ptx, parse_ptxas
+from llmrs.ptx.toolchain import Toolchain, nvrtc_module
 
 BASE_OPTIONS = ["-std=c++17"]
 
@@ -93,7 +93,7 @@ def run_ptxas(path: Path, ptx: str, arch: str, tc: Toolchain,
               nvdisasm: Path | None = None) -> tuple[dict[str, PtxasInfo], str]:
     """ptxas -v on the PTX for `arch`: (function -> resources, nvdisasm's listing of the cubin when `nvdisasm` is
     given, else ""). CompileError with the tool's log on failure."""
-    from llmrs.roofline.ptx.sass import disassemble
+    from llmrs.ptx.sass import disassemble
 
     sass = ""
     with tempfile.TemporaryDirectory(prefix="llmrs-ptx-") as tmp:

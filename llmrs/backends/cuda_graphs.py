@@ -239,7 +239,7 @@ class DecodeGraphs:
         return bool(cp.allclose(logits, ref, rtol=1e-3, atol=1e-3 * max(scale, 1e-6)))
 
     def _capture(self, w: Any, B: int, cap: int) -> _Graph | None:
-        from llmrs.engine.backends.cuda import DeviceBatch
+        from llmrs.backends.cuda import DeviceBatch
 
         cp, b = self.cp, self.b
         nb = -(-cap // b.block_size)

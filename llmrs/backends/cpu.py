@@ -11,7 +11,7 @@ import numpy as np
 
 from llmrs.engine.batch import StepBatch
 from llmrs.engine.config import ModelConfig
-from llmrs.engine.model import rope_inv_freq
+from llmrs.model.decoder import rope_inv_freq
 
 
 class CPUBackend:

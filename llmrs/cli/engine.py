@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from llmrs.engine.loader import DEFAULT_MODEL
+from llmrs.model.loader import DEFAULT_MODEL
 
 console = Console(stderr=True)
 
@@ -27,13 +27,13 @@ TP_HELP = ("GPUs to split the model across (Megatron-style tensor parallelism ov
 
 def synthetic_model(model: str, synthetic: str | None) -> str:
     """`--synthetic PRESET` is the model spec `synthetic:PRESET` (it also works directly as MODEL)."""
-    from llmrs.engine.loader import SYNTHETIC_PREFIX
+    from llmrs.model.loader import SYNTHETIC_PREFIX
 
     return SYNTHETIC_PREFIX + synthetic if synthetic else model
 
 
 def _load_runner(model: str | None, device: str, max_len_hint: int, dequantize: bool = False):
-    from llmrs.engine.loader import load
+    from llmrs.model.loader import load
     from llmrs.engine.runner import ModelRunner
 
     t0 = time.perf_counter()
@@ -150,13 +150,13 @@ def info(
     """Architecture, parameter count, bytes by dtype, context length, chat template present or not."""
     import json
 
-    from llmrs.engine.loader import resolve
-    from llmrs.engine.tokenizer import Tokenizer
+    from llmrs.model.loader import resolve
+    from llmrs.model.tokenizer import Tokenizer
 
     src = resolve(model)
     c = src.config
     if src.kind == "hf":
-        from llmrs.engine.weights import _read_safetensors_header, safetensors_files
+        from llmrs.model.weights import _read_safetensors_header, safetensors_files
 
         for f in safetensors_files(src.path):
             for name, meta in _read_safetensors_header(f).items():

@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from llmrs.engine.backends.cuda_kernels import (GEMM_Q4_SILU_MT, GEMM_Q4W2_SMEM_BYTES, GEMM_Q4WG_SMEM_BYTES, GEMV_CPG,
+from llmrs.backends.cuda_kernels import (GEMM_Q4_SILU_MT, GEMM_Q4W2_SMEM_BYTES, GEMM_Q4WG_SMEM_BYTES, GEMV_CPG,
                                                 WG_BLOCKS_PER_SM, WG_SPLITS, gemm_q4_smem_bytes, launch_cluster,
                                                 wg_cluster)
 from llmrs.engine.config import env_float, env_int
-from llmrs.engine.quant import DeviceQuantWeight, marlin_reorder, marlin_scales
+from llmrs.model.quant import DeviceQuantWeight, marlin_reorder, marlin_scales
 
 NULL = np.uint64(0)
 THREADS = 128

@@ -43,7 +43,7 @@ replays a graph captured per (batch bucket, context cap) over static buffers; an
 block pool) where the padding rows of a bucket write their K/V. On sm_90+ the graphs are captured with
 programmatic dependent launches (cuda_kernels.PDL_KERNELS).
 
-Profiling (`llmrs profile`): set `backend.profiler` to a `llmrs.profile.KernelTimer` and every launch of the
+Profiling (`llmrs profile`): set `backend.profiler` to a `llmrs.profiling.profile.KernelTimer` and every launch of the
 eager step is bracketed by CUDA events (`_span`); graphs are bypassed while it is set.
 """
 
@@ -57,15 +57,15 @@ from typing import Any
 
 import numpy as np
 
-from llmrs.engine.backends.cuda_kernels import ATTN_O_CLUSTER_SIZES, MATVEC_ROWS_R, OFF_VALUES, sample_row_blocks
-from llmrs.engine.backends.cuda_q4gemm import (GEMV_MAX_TOKENS, dequant_marlin, gemm_q4, gemm_q4_silu, gemm_silu_takes,
+from llmrs.backends.cuda_kernels import ATTN_O_CLUSTER_SIZES, MATVEC_ROWS_R, OFF_VALUES, sample_row_blocks
+from llmrs.backends.cuda_q4gemm import (GEMV_MAX_TOKENS, dequant_marlin, gemm_q4, gemm_q4_silu, gemm_silu_takes,
                                                gemm_takes, gemv_pair_takes, gemv_q4, gemv_q4_pair, linear_q4,
                                                q4_norm_chain, weight_on_gemv, wgmma_takes)
-from llmrs.engine.backends.cuda_wgmma import bf16_wgmma_takes, gemm_bf16wg
+from llmrs.backends.cuda_wgmma import bf16_wgmma_takes, gemm_bf16wg
 from llmrs.engine.batch import StepBatch
 from llmrs.engine.config import ModelConfig, env_int
-from llmrs.engine.model import Model, ModelWeights, rope_inv_freq
-from llmrs.engine.quant import DeviceQuantWeight
+from llmrs.model.decoder import Model, ModelWeights, rope_inv_freq
+from llmrs.model.quant import DeviceQuantWeight
 from llmrs.engine.sampling import SampleResult, min_tokens_pending, penalized_or_logprobs
 from llmrs.errors import UserError
 from llmrs import trace
@@ -312,7 +312,7 @@ class CUDABackend:
         cp = _import_cupy()
         from cupy_backends.cuda.libs import cublas
 
-        from llmrs.engine.backends.cuda_kernels import get_kernels
+        from llmrs.backends.cuda_kernels import get_kernels
 
         c = config
         D = c.head_dim
@@ -392,7 +392,7 @@ class CUDABackend:
             raise UserError(f"LLMRS_ATTN_CLUSTER_WARPS={cw!r}: expected 8 or 16")
         self.attn_cluster_warps = int(cw)
         self.k = get_kernels()  # compiles every kernel now (warm-up), not on the first request
-        from llmrs.engine.backends.cuda_prefill import prefill_supported
+        from llmrs.backends.cuda_prefill import prefill_supported
 
         if (os.environ.get("LLMRS_PREFILL_ATTN", "1") in OFF_VALUES or not prefill_supported(self)
                 or self.prefill_min_tokens < 1):
@@ -418,25 +418,25 @@ class CUDABackend:
         # the sampler's output, kept until the next step's feed_tokens has read it (grown preserving its contents)
         self._samples = cp.zeros(256, dtype=cp.int32)
         self._launches = 0  # sample_launch calls: which half of the token read-back buffer a step uses
-        self.profiler: Any = None  # a llmrs.profile.KernelTimer while `llmrs profile` measures
+        self.profiler: Any = None  # a llmrs.profiling.profile.KernelTimer while `llmrs profile` measures
         self._raw_gemm: Any = None  # set by DecodeGraphs while capturing: CuPy's gemmEx refuses stream capture
         self._lt: Any = None  # cuda_lt.LtGemm: the bf16 GEMMs through cuBLASLt (LLMRS_CUBLASLT=1; off: no gain, s17)
         if os.environ.get("LLMRS_CUBLASLT", "0") not in OFF_VALUES:
-            from llmrs.engine.backends.cuda_lt import LtGemm
+            from llmrs.backends.cuda_lt import LtGemm
 
             self._lt = LtGemm(_cublas_workspaces[cp.cuda.Device().id].data.ptr, CUBLAS_WORKSPACE_BYTES)
         if cuda_graphs is None:
             cuda_graphs = os.environ.get("LLMRS_CUDA_GRAPHS", "1") not in OFF_VALUES
         self.graphs: Any = None
         if cuda_graphs:
-            from llmrs.engine.backends.cuda_graphs import DecodeGraphs
+            from llmrs.backends.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(self)
         # a lone prompt's prefill from graphs (cuda_prefill_graphs; on with the decode graphs, LLMRS_PREFILL_GRAPHS=0
         # turns it off)
         self.prefill_graphs: Any = None
         if cuda_graphs and os.environ.get("LLMRS_PREFILL_GRAPHS", "1").strip().lower() not in OFF_VALUES:
-            from llmrs.engine.backends.cuda_prefill_graphs import PrefillGraphs
+            from llmrs.backends.cuda_prefill_graphs import PrefillGraphs
 
             self.prefill_graphs = PrefillGraphs(self)
 
@@ -553,7 +553,7 @@ class CUDABackend:
         return out
 
     def upload_quantized(self, w: Any) -> DeviceQuantWeight:
-        """A llmrs.engine.quant.QuantWeight (AWQ, GGUF Q4_0/Q4_1/Q8_0) stays quantized on the GPU, in its row-major
+        """A llmrs.model.quant.QuantWeight (AWQ, GGUF Q4_0/Q4_1/Q8_0) stays quantized on the GPU, in its row-major
         form (matvec_q4.cu reads it; build_weights calls this for quantized linears)."""
         cp = self.cp
         if w.K % 32 or w.group_size % 32:
@@ -566,7 +566,7 @@ class CUDABackend:
     def add_gemm_layout(self, dw: DeviceQuantWeight) -> DeviceQuantWeight:
         """A 4-bit weight's reordered copy for the GEMV / GEMM (cuda_q4gemm.to_marlin); its row form is released
         where no kernel reads it (cuda_q4gemm.row_form_needed), else both stay (~2x the 4-bit bytes)."""
-        from llmrs.engine.backends.cuda_q4gemm import row_form_needed, to_marlin
+        from llmrs.backends.cuda_q4gemm import row_form_needed, to_marlin
 
         dw.marlin = to_marlin(self, dw)
         if dw.marlin is not None and not row_form_needed(dw.N, dw.K, self.num_sms, self.q4_gemv):
@@ -588,7 +588,7 @@ class CUDABackend:
         bt = np.ascontiguousarray(batch.block_tables, dtype=np.int32)
         tiles = np.zeros((0, 4), dtype=np.int32)
         if self.prefill_min_tokens is not None and T and int(lens.max()) >= self.prefill_min_tokens:
-            from llmrs.engine.backends.cuda_prefill import plan_prefill_tiles
+            from llmrs.backends.cuda_prefill import plan_prefill_tiles
 
             tiles = plan_prefill_tiles(batch.query_start, batch.positions)
         packed = np.concatenate([batch.token_ids.astype(np.int32), batch.positions.astype(np.int32),
@@ -904,7 +904,7 @@ class CUDABackend:
             return self.attn_kernel
         tc = getattr(self, "_tc_ok", None)  # (asked twice a layer of every eager step: the answer is kept)
         if tc is None:
-            from llmrs.engine.backends.cuda_prefill import decode_tc_supported
+            from llmrs.backends.cuda_prefill import decode_tc_supported
 
             tc = self._tc_ok = decode_tc_supported(self)
         if tc and T >= ATTN_TC_MIN_TOKENS:
@@ -995,7 +995,7 @@ class CUDABackend:
         among the workspace's buffers broke every decode graph captured after it (session 32)."""
         got = self._cluster_counts.get(name)
         if got is None:
-            from llmrs.engine.backends.cuda_kernels import max_active_clusters
+            from llmrs.backends.cuda_kernels import max_active_clusters
 
             raw = getattr(getattr(self.k, name, None), "raw", None)
             got = self._cluster_counts[name] = (max_active_clusters(raw, (1, self.num_sms // cl, cl), (threads,))
@@ -1058,13 +1058,13 @@ class CUDABackend:
         written: `out_bf16` (bf16 words, the o projection's GEMM input) where a tensor-core kernel (prefill,
         decode_attn_tc) runs the step and one is given, else `out` (f32)."""
         if db.n_prefill_tiles:
-            from llmrs.engine.backends.cuda_prefill import prefill_attention
+            from llmrs.backends.cuda_prefill import prefill_attention
 
             dst = out if out_bf16 is None else out_bf16
             if prefill_attention(self, layer, q, q_stride, db, db.prefill_tiles, db.n_prefill_tiles, dst):
                 return dst
         if self._attn_choice(db.T, db.max_len) == "tc":
-            from llmrs.engine.backends.cuda_prefill import decode_attention_tc
+            from llmrs.backends.cuda_prefill import decode_attention_tc
 
             dst = decode_attention_tc(self, layer, q, q_stride, db, out, out_bf16)
             if dst is not None:

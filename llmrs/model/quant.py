@@ -270,7 +270,7 @@ def write_awq_checkpoint(src: Path, out: Path, group_size: int = AWQ_GROUP_SIZE)
     """Quantize an unquantized HF checkpoint directory to an AutoAWQ-format one (round-to-nearest, see the module
     docstring): linears -> qweight/qzeros/scales, everything else fp16; config.json gets quantization_config.
     Tokenizer and generation files are copied."""
-    from llmrs.engine.weights import load_safetensors_weights
+    from llmrs.model.weights import load_safetensors_weights
 
     src, out = Path(src), Path(out)
     out.mkdir(parents=True, exist_ok=True)

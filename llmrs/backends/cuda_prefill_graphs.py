@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from llmrs.engine.backends.cuda_graphs import DecodeGraphs, _Graph, bucket_for
+from llmrs.backends.cuda_graphs import DecodeGraphs, _Graph, bucket_for
 from llmrs.engine.batch import StepBatch, build_step_batch
 
 PREFILL_BUCKETS = (32, 64, 96, 128, 192, 256, 384, 512, 768, 1024)

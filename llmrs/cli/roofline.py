@@ -1,6 +1,6 @@
 """Commands `llmrs gpus`, `llmrs roofline` and `llmrs ptx-check`: parse, call the package, print.
 
-`register(app)` adds them to the main typer app (llmrs/cli.py). User mistakes raise UserError (one line,
+`register(app)` adds them to the main typer app (llmrs/cli/__init__.py). User mistakes raise UserError (one line,
 exit 2); ptx-check exits 1 when a kernel uses local memory and 2 on a compile error.
 """
 
@@ -203,8 +203,8 @@ def ptx_check(
     Needs no GPU: pip install 'llmrs[ptx]' (cuda-bindings, nvidia-cuda-nvrtc, nvidia-cuda-nvcc).
     """
     from llmrs.roofline import render
-    from llmrs.roofline.ptx.check import KERNELS_DIR, discover, run_check
-    from llmrs.roofline.ptx.toolchain import find_nvdisasm, find_toolchain, supported_archs
+    from llmrs.ptx.check import KERNELS_DIR, discover, run_check
+    from llmrs.ptx.toolchain import find_nvdisasm, find_toolchain, supported_archs
 
     defines = [d.strip() for d in define or []]
     bad_defines = [d for d in defines if not _DEFINE_RE.match(d)]

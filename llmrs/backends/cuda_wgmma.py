@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from llmrs.engine.backends.cuda_kernels import GEMM_BF16WG_SMEM_BYTES, WG_BLOCKS_PER_SM, WG_SPLITS, wg_cluster
+from llmrs.backends.cuda_kernels import GEMM_BF16WG_SMEM_BYTES, WG_BLOCKS_PER_SM, WG_SPLITS, wg_cluster
 from llmrs.engine.config import env_int
 
 NULL = np.uint64(0)

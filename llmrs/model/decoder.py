@@ -114,9 +114,9 @@ def check_weights(config: ModelConfig, tensors: dict[str, np.ndarray]) -> None:
 def build_weights(config: ModelConfig, tensors: dict[str, np.ndarray], backend: Backend) -> ModelWeights:
     """Fuse q/k/v and gate/up, hand every tensor to the backend (which converts and uploads it).
 
-    Quantized linear weights (llmrs.engine.quant.QuantWeight) go to `backend.upload_quantized` when the backend
+    Quantized linear weights (llmrs.model.quant.QuantWeight) go to `backend.upload_quantized` when the backend
     has one, else they are dequantized (exactly, to float32) first; embeddings and lm_head are always dense."""
-    from llmrs.engine.quant import QuantWeight, stack_rows
+    from llmrs.model.quant import QuantWeight, stack_rows
 
     check_weights(config, tensors)
     upload_q = getattr(backend, "upload_quantized", None)

@@ -377,9 +377,9 @@ def ceilings(gpu: str, measure: bool) -> Ceilings:
 
 
 def _load(model: str, num_blocks: int, block_size: int, graphs: bool) -> tuple[Any, Any, Any]:
-    from llmrs.engine.backends.cuda import CUDABackend, CUDAModel
-    from llmrs.engine.loader import load
-    from llmrs.engine.model import build_weights
+    from llmrs.backends.cuda import CUDABackend, CUDAModel
+    from llmrs.model.loader import load
+    from llmrs.model.decoder import build_weights
 
     loaded = load(model)
     backend = CUDABackend(loaded.config, num_blocks=num_blocks, block_size=block_size, cuda_graphs=graphs)
@@ -417,7 +417,7 @@ def run_profile(model: str, batches: list[int], context: int, prefill_len: int |
     other GPU, every step broadcast as the engine does); rank 0's launches and NCCL calls are timed, its
     figures are per GPU (its shard), and the collectives are set against `link_gbs` (default: the GPU's NVLink
     figure in the database, one direction)."""
-    from llmrs.engine.backends.cuda import cuda_available
+    from llmrs.backends.cuda import cuda_available
 
     if context < 1 or steps < 1 or prefill_seqs < 1 or (prefill_len is not None and prefill_len < 1):
         raise UserError("--context, --steps, --prefill-len and --prefill-seqs must be at least 1")
@@ -433,7 +433,7 @@ def run_profile(model: str, batches: list[int], context: int, prefill_len: int |
     say(f"loading {model} ({num_blocks} KV blocks{f', tensor parallel x{tp}' if tp > 1 else ''})")
     runner = None
     if tp > 1:
-        from llmrs.engine.loader import load
+        from llmrs.model.loader import load
         from llmrs.engine.tp_nccl import NcclTPRunner
         from llmrs.roofline.gpus import get_gpu
 

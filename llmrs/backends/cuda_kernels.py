@@ -26,7 +26,7 @@ from typing import Any
 
 from llmrs.engine.config import OFF_VALUES
 
-KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels_cu"
+KERNELS_DIR = Path(__file__).resolve().parents[1] / "kernels_cu"
 # A/B switches compiled in, each an environment variable that, set off, defines a macro: LLMRS_EARLY_LOADS=0 (the
 # matvec / gemv kernels' first weight loads not pinned before pdl_wait, x through the non-coherent path: the code
 # before session 18, common.cuh's ldg_early), LLMRS_EARLY_KV=0 / LLMRS_EARLY_NORM=0 (only the decode attention's

@@ -309,8 +309,8 @@ class GGUFFile:
 def load_gguf_weights(gf: GGUFFile, n_head: int, n_kv_head: int, arch: str,
                       keep_quantized: bool = False) -> dict[str, np.ndarray]:
     """HF-named tensors. With keep_quantized, Q4_0 / Q4_1 / Q8_0 linear weights stay quantized
-    (llmrs.engine.quant.QuantWeight, rows in HF order); embeddings and the output layer are always float32."""
-    from llmrs.engine.quant import GGUF_QUANT_SOURCES, LINEAR_SUFFIXES, gguf_to_rows
+    (llmrs.model.quant.QuantWeight, rows in HF order); embeddings and the output layer are always float32."""
+    from llmrs.model.quant import GGUF_QUANT_SOURCES, LINEAR_SUFFIXES, gguf_to_rows
 
     weights: dict[str, np.ndarray] = {}
     for name in gf.tensors:

@@ -16,13 +16,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from llmrs.roofline.ptx.compile import CompileError, compile_file, demangle
-from llmrs.roofline.ptx.parse import PtxasInfo, parse_directives
-from llmrs.roofline.ptx.sass import SassSummary, parse_nvdisasm, summarize
-from llmrs.roofline.ptx.toolchain import Toolchain
+from llmrs.ptx.compile import CompileError, compile_file, demangle
+from llmrs.ptx.parse import PtxasInfo, parse_directives
+from llmrs.ptx.sass import SassSummary, parse_nvdisasm, summarize
+from llmrs.ptx.toolchain import Toolchain
 
 DEFAULT_ARCHS = ["sm_80", "sm_86", "sm_89", "sm_90"]
-KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels_cu"
+KERNELS_DIR = Path(__file__).resolve().parents[1] / "kernels_cu"
 
 
 @dataclass(slots=True)
