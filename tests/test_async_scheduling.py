@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from llmrs.engine.config import EngineConfig
-from llmrs.engine.engine import LLMEngine
+from llmrs.engine.llm_engine import LLMEngine
 from llmrs.model.loader import load
 from llmrs.engine.runner import ModelRunner, stream_generate
 from llmrs.engine.sampling import SamplingParams

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from llmrs.engine.config import EngineConfig
-from llmrs.engine.engine import AsyncEngine, EngineOverloaded, LLMEngine, RequestOutput, take_merged
+from llmrs.engine.llm_engine import AsyncEngine, EngineOverloaded, LLMEngine, RequestOutput, take_merged
 from llmrs.model.loader import load
 from llmrs.engine.sampling import SampleResult, SamplingParams
 from llmrs.errors import UserError
@@ -206,7 +206,7 @@ def test_stats_count_the_backends_graph_captures_and_failures(smol):
 
 
 def test_warmup_for_serving_only_on_the_gpu_and_not_when_turned_off(smol, monkeypatch):
-    from llmrs.engine.engine import warm_up_for_serving
+    from llmrs.engine.llm_engine import warm_up_for_serving
 
     eng = LLMEngine(smol, EngineConfig(kv_cache_tokens=1024))
     calls = []
@@ -227,7 +227,7 @@ def test_released_host_weights_are_refused_not_replaced(tiny_llama):
     is what tensors None means for a synthetic model). On the CPU the engine keeps them (its forward reads them)."""
     import dataclasses
 
-    from llmrs.engine.engine import serving_engine, serving_config
+    from llmrs.engine.llm_engine import serving_engine, serving_config
     from llmrs.engine.runner import ModelRunner
 
     eng = serving_engine(str(tiny_llama), serving_config(device="cpu", kv_cache_tokens=256))
@@ -240,7 +240,7 @@ def test_released_host_weights_are_refused_not_replaced(tiny_llama):
 def test_serving_step_budget_follows_the_device(smol):
     """`llmrs serve` leaves --max-num-batched-tokens None: vLLM's API-server default for the device, 8192 on a GPU
     of >= 70 GiB other than an A100, else 2048 (the CPU here); a number given is kept."""
-    from llmrs.engine.engine import serving_batched_tokens
+    from llmrs.engine.llm_engine import serving_batched_tokens
 
     gib = 2**30
     assert serving_batched_tokens("cuda", 141 * 10**9, "NVIDIA H200") == 8192
@@ -259,7 +259,7 @@ def test_serving_step_budget_reads_the_runners_gpu(monkeypatch):
     """On a GPU runner the budget comes from the current device's name and memory (CuPy stood in for here)."""
     from types import SimpleNamespace
 
-    from llmrs.engine.engine import _runner_batched_tokens
+    from llmrs.engine.llm_engine import _runner_batched_tokens
 
     def fake_cupy(name: bytes, memory: int) -> SimpleNamespace:
         props = {"name": name, "totalGlobalMem": memory}
@@ -299,7 +299,7 @@ def test_take_merged_joins_a_choices_queued_deltas_in_order():
     q = collections.deque([lone, _out(0, "never")])
     assert take_merged(q) is lone and len(q) == 1  # a finished choice takes nothing after it
     q = collections.deque([_out(0, "a"), _out(0, "b")])
-    import llmrs.engine.engine as engine_module
+    import llmrs.engine.llm_engine as engine_module
 
     engine_module.MERGE_DELTAS = False
     try:
@@ -313,7 +313,7 @@ def test_a_consumer_behind_the_engine_gets_merged_deltas(smol, kind):
     """The event loop blocked for a while (a host-bound server's long pass) while the engine (its thread, or the
     core process) runs on: the stream hands over what piled up as merged deltas, their text the whole greedy
     text and their token counts right."""
-    from llmrs.engine.core_process import ProcessEngine
+    from llmrs.engine.core_client import ProcessEngine
 
     ids = smol.tokenizer.encode("The capital of France is")
     want = LLMEngine(smol, EngineConfig(kv_cache_tokens=1024)).generate([ids], SamplingParams(max_tokens=24, **GREEDY))
@@ -350,7 +350,7 @@ def test_serving_warm_up_says_when_graph_captures_failed(capsys, monkeypatch):
     failed (those shapes run eagerly), none when all were captured."""
     from types import SimpleNamespace
 
-    from llmrs.engine.engine import warm_up_for_serving
+    from llmrs.engine.llm_engine import warm_up_for_serving
 
     monkeypatch.delenv("LLMRS_WARMUP", raising=False)
     ran = []

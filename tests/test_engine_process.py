@@ -269,7 +269,7 @@ def test_freeze_heap_moves_the_start_up_heap_out_of_later_collections(monkeypatc
     generation (a full collection no longer walks them), unless LLMRS_GC_FREEZE=0."""
     import gc
 
-    from llmrs.engine.core_process import freeze_heap
+    from llmrs.engine.core_client import freeze_heap
 
     monkeypatch.setenv("LLMRS_GC_FREEZE", "0")
     gc.unfreeze()
@@ -289,7 +289,7 @@ def test_gc_pause_log(monkeypatch, capsys):
     error."""
     import gc
 
-    from llmrs.engine.core_process import freeze_heap
+    from llmrs.engine.core_client import freeze_heap
     from llmrs.errors import UserError
 
     monkeypatch.setenv("LLMRS_GC_FREEZE", "0")
@@ -316,7 +316,7 @@ def test_commands_reach_the_core_in_order_through_a_full_pipe_without_blocking_t
     import multiprocessing
     import time
 
-    from llmrs.engine.core_process import ProcessEngine
+    from llmrs.engine.core_client import ProcessEngine
     from llmrs.engine.sampling import SamplingParams
 
     recv_end, send_end = multiprocessing.Pipe(duplex=False)
@@ -389,7 +389,7 @@ def test_a_long_loop_pass_writes_its_commands_as_they_come_not_at_its_end(every_
     import multiprocessing
     import time
 
-    from llmrs.engine.core_process import ProcessEngine
+    from llmrs.engine.core_client import ProcessEngine
     from llmrs.engine.sampling import SamplingParams
 
     recv_end, send_end = multiprocessing.Pipe(duplex=False)
@@ -439,7 +439,7 @@ def test_the_idle_core_polls_without_sleeping_then_blocks():
     the spin is over and then blocks; without one it blocks at once."""
     import time
 
-    from llmrs.engine.core_process import wait_command
+    from llmrs.engine.core_client import wait_command
 
     conn = _Conn(ready_after=50)
     assert wait_command(conn, 10.0) is True
@@ -460,7 +460,7 @@ def test_the_server_loop_stays_awake_for_the_spin_and_then_sleeps():
     never starts."""
     import asyncio
 
-    from llmrs.engine.core_process import ProcessEngine
+    from llmrs.engine.core_client import ProcessEngine
 
     eng = ProcessEngine.__new__(ProcessEngine)
     eng._hot_until, eng._spinning, eng._stopping = 0.0, False, False

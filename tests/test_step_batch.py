@@ -76,7 +76,7 @@ def test_scheduler_batches_equal_the_reference_builder_through_prefill_preemptio
     """Every step of a run with chunked prefill, prefix hits, preemption and staggered finishes: the batch the
     scheduler builds equals build_step_batch over the same sequences (their tokens and block lists)."""
     from llmrs.engine.config import EngineConfig
-    from llmrs.engine.engine import LLMEngine
+    from llmrs.engine.llm_engine import LLMEngine
     from llmrs.engine.sampling import SamplingParams
 
     bs = 4

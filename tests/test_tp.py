@@ -12,7 +12,7 @@ from conftest import write_tiny_model
 from llmrs.backends.cpu import CPUBackend
 from llmrs.engine.batch import build_step_batch
 from llmrs.engine.config import EngineConfig, ModelConfig
-from llmrs.engine.engine import LLMEngine
+from llmrs.engine.llm_engine import LLMEngine
 from llmrs.model.loader import load
 from llmrs.model.decoder import Model, build_weights
 from llmrs.engine.sampling import SamplingParams

@@ -35,7 +35,7 @@ if N_GPUS < 2:
 
 from llmrs.engine.batch import build_step_batch  # noqa: E402
 from llmrs.engine.config import EngineConfig  # noqa: E402
-from llmrs.engine.engine import LLMEngine  # noqa: E402
+from llmrs.engine.llm_engine import LLMEngine  # noqa: E402
 from llmrs.model.loader import load  # noqa: E402
 from llmrs.engine.runner import ModelRunner, stream_generate  # noqa: E402
 from llmrs.engine.sampling import SamplingParams  # noqa: E402

@@ -128,7 +128,7 @@ def serve(
     """Serve MODEL over an OpenAI-compatible HTTP API (continuous batching, paged KV cache, prefix caching)."""
     import uvicorn
 
-    from llmrs.engine.engine import AsyncEngine
+    from llmrs.engine.llm_engine import AsyncEngine
     from llmrs.server.app import ServerSettings, build_app
 
     for name, value, low in (("--max-num-seqs", max_num_seqs, 1), ("--max-num-batched-tokens", max_num_batched_tokens, 1),
@@ -152,7 +152,7 @@ def serve(
     if engine_process:
         if tensor_parallel_size != 1:
             raise UserError("--engine-process and --tensor-parallel-size do not combine yet: leave one of them out")
-        from llmrs.engine.core_process import ProcessEngine
+        from llmrs.engine.core_client import ProcessEngine
 
         make_engine = ProcessEngine.from_args
     if tensor_parallel_size != 1:  # checked before the port is bound and the model loads
@@ -184,7 +184,7 @@ def serve(
     console.print(f"serving [cyan]{name}[/] on http://{host}:{bound[1]}/v1 (Ctrl-C to stop)")
     config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on",
                             timeout_graceful_shutdown=shutdown_timeout + 5.0, timeout_keep_alive=5, **stack)
-    from llmrs.engine.core_process import freeze_heap
+    from llmrs.engine.core_client import freeze_heap
 
     freeze_heap()  # the start-up heap out of every later full collection (this process; the core froze its own)
     _uvicorn_server(config, app.state.llmrs, shutdown_timeout).run(sockets=[sock])

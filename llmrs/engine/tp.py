@@ -359,7 +359,7 @@ class SimulatedTPRunner:
 def tp_engine(loaded: Any, config: EngineConfig, make_runner: Callable[[int], Any]) -> Any:
     """An LLMEngine whose runner is tensor-parallel. `make_runner(num_blocks)` builds it (the NCCL runner may
     settle on fewer blocks, what fits on every GPU: the engine takes `runner.num_blocks`)."""
-    from llmrs.engine.engine import LLMEngine, kv_blocks
+    from llmrs.engine.llm_engine import LLMEngine, kv_blocks
 
     wanted = kv_blocks(loaded, config) if config.kv_cache_tokens is not None or config.device == "cpu" else None
     return LLMEngine(loaded, config, runner=make_runner(wanted))

@@ -399,7 +399,7 @@ def tp_async_engine(model: str | None, world_size: int, max_waiting: int | None 
     import atexit
     import dataclasses
 
-    from llmrs.engine.engine import AsyncEngine, max_kv_blocks, serving_config
+    from llmrs.engine.llm_engine import AsyncEngine, max_kv_blocks, serving_config
     from llmrs.model.loader import load
     from llmrs.engine.tp import tp_engine
 

@@ -29,7 +29,7 @@ _background: set[asyncio.Task] = set()  # strong references to fire-and-forget d
 
 @dataclass(slots=True)
 class ServerState:
-    engine: Any  # llmrs.engine.engine.AsyncEngine
+    engine: Any  # llmrs.engine.llm_engine.AsyncEngine
     metrics: ServerMetrics
     served_names: list[str]
     model_root: str
@@ -98,7 +98,7 @@ class Generation:
     async def start(cls, state: ServerState, base_id: str, prompts: list[list[int]],
                     params: list[SamplingParams], arrival: float) -> "Generation":
         """Queue every prompt; an engine refusal (bad value, too long, overloaded) undoes the ones queued."""
-        from llmrs.engine.engine import EngineOverloaded
+        from llmrs.engine.llm_engine import EngineOverloaded
 
         ids: list[str] = []
         streams: list[AsyncIterator] = []

@@ -45,7 +45,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from llmrs.engine.config import OFF_VALUES
-from llmrs.engine.engine import (
+from llmrs.engine.llm_engine import (
     EngineDeadError, EngineOverloaded, EngineStats, LLMEngine, RequestOutput, check_request, serving_config,
     serving_engine, take_merged,
 )
