@@ -278,7 +278,7 @@ def test_synthetic_awq_preset_resolves_to_the_preset_with_awq_quantization():
     """`llmrs serve --synthetic qwen2.5-7b-awq`: the preset's shapes, AWQ 4-bit group 128 (drawn packed on the
     GPU by the runner); a bad preset stays a clear error."""
     from llmrs.model.loader import SYNTHETIC_PREFIX, resolve
-    from llmrs.roofline.presets import preset_config
+    from llmrs.model.presets import preset_config
 
     src = resolve(SYNTHETIC_PREFIX + "qwen2.5-7b-awq")
     assert src.kind == "synthetic" and src.config == preset_config("qwen2.5-7b")

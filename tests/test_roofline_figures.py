@@ -5,7 +5,7 @@ import pytest
 from llmrs.roofline.analysis import analyze
 from llmrs.roofline.gpus import get_gpu
 from llmrs.roofline.model_source import build_cost, resolve_model
-from llmrs.roofline.presets import preset_config
+from llmrs.model.presets import preset_config
 
 
 def _run(gpu: str, model: str, fmt: str = "bf16", batches=(1, 8, 64, 256), context: int = 400):

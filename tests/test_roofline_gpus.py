@@ -5,8 +5,8 @@ import json
 import pytest
 
 from llmrs.errors import UserError
-from llmrs.roofline.gpus import NUMERIC_FIELDS, get_gpu, load_gpus, match_gpu_name
-from llmrs.roofline.measured import Measurement, cache_path, load_measured, measure_local_gpu, save_measurement
+from llmrs.roofline.gpus import NUMERIC_FIELDS, get_gpu, load_gpus, match_gpu_name, measure_local_gpu
+from llmrs.roofline.measured import Measurement, cache_path, load_measured, save_measurement
 
 REQUIRED = {"rtx-a5000", "rtx-2000-ada", "rtx-3090", "rtx-4090", "a10", "l4", "l40s", "a100-40gb-sxm",
             "a100-40gb-pcie", "a100-80gb-sxm", "a100-80gb-pcie", "h100-sxm", "h100-pcie", "h200", "b200"}

@@ -9,7 +9,7 @@ from llmrs.errors import UserError
 from llmrs.roofline.cost import ModelCost
 from llmrs.roofline.formats import FORMATS, get_format
 from llmrs.roofline.model_source import build_cost, resolve_model
-from llmrs.roofline.presets import PRESETS, preset_config, preset_repo
+from llmrs.model.presets import PRESETS, preset_config, preset_repo
 
 # exact parameter counts of the published checkpoints
 KNOWN_PARAMS = {

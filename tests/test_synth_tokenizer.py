@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from llmrs.model.tokenizer import IncrementalDetokenizer, Tokenizer
-from llmrs.roofline.presets import preset_config
+from llmrs.model.presets import preset_config
 from llmrs.synth import write_tokenizer
 
 

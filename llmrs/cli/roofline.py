@@ -106,8 +106,8 @@ def roofline(
     """Bandwidth and FLOP ceilings of a model on a GPU: decode floor, ridge point, KV bytes, batching, prefill."""
     from llmrs.roofline import render
     from llmrs.roofline.analysis import analyze
-    from llmrs.roofline.gpus import PEAK_FIELDS, get_gpu
-    from llmrs.roofline.measured import measure_local_gpu, save_measurement
+    from llmrs.roofline.gpus import PEAK_FIELDS, get_gpu, measure_local_gpu
+    from llmrs.roofline.measured import save_measurement
     from llmrs.roofline.model_source import build_cost, resolve_model
 
     if kv_dtype not in KV_DTYPE_BYTES:

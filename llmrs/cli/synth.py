@@ -36,7 +36,7 @@ def synth(
     """A checkpoint with PRESET's exact shapes and random bf16 weights, or (--decode-bench) decode speed on it."""
     from llmrs import synth as s
     from llmrs.errors import UserError
-    from llmrs.roofline.presets import preset_config
+    from llmrs.model.presets import preset_config
 
     preset_config(like)  # UserError for an unknown preset
     if out is None and not decode_bench:

@@ -80,7 +80,7 @@ def resolve(spec: str | None) -> ModelSource:
     """Turn MODEL (name, directory, .gguf) into a ModelSource, with clear errors for bad input."""
     spec = spec or DEFAULT_MODEL
     if spec.startswith(SYNTHETIC_PREFIX):
-        from llmrs.roofline.presets import preset_config
+        from llmrs.model.presets import preset_config
 
         preset = spec[len(SYNTHETIC_PREFIX):]
         quant = None

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from typing import Any
 
 from llmrs.errors import UserError
+from llmrs.roofline.measured import Measurement, _import_cupy, load_measured, measure_bandwidth, measure_bf16_gemm
 
 NUMERIC_FIELDS = (
     "bandwidth_gbs", "memory_gb", "bf16_tflops", "fp16_tflops", "fp8_tflops", "int8_tops", "fp32_tflops",
@@ -93,8 +95,6 @@ def _database() -> tuple[GpuSpec, ...]:
 
 def load_gpus(with_measured: bool = True) -> list[GpuSpec]:
     """All GPUs of the database (fresh copies), with measured ceilings attached where this machine has them."""
-    from llmrs.roofline.measured import load_measured  # local import: measured imports this module
-
     specs = [GpuSpec(**{f: getattr(s, f) for f in s.__slots__}) for s in _database()]  # type: ignore[attr-defined]
     if with_measured:
         cache = load_measured()
@@ -165,3 +165,24 @@ def detect_local_gpu_name(index: int = 0) -> str:
         return name.decode() if isinstance(name, bytes) else str(name)
     finally:
         pynvml.nvmlShutdown()
+
+
+def measure_local_gpu(copy_bytes: int = 1 << 30, gemm_n: int = 8192) -> Measurement:
+    """Measure this machine's GPU 0 and match it to the database (UserError without CuPy or a GPU)."""
+    cp = _import_cupy()  # the UserError without CuPy or a GPU, before the backend is imported
+    from llmrs.backends.cuda import gpu_name_memory
+
+    name, memory = gpu_name_memory(cp)
+    spec = match_gpu_name(name, memory_gb=memory / 1e9)
+    key = spec.key if spec else _slug(name)
+    bw = measure_bandwidth(cp, copy_bytes)
+    tflops, dtype = measure_bf16_gemm(cp, gemm_n)
+    return Measurement(
+        gpu_key=key, device_name=name, bandwidth_gbs=round(bw, 1), bf16_tflops=round(tflops, 1),
+        copy_bytes=copy_bytes, gemm_shape=(gemm_n, gemm_n, gemm_n), gemm_dtype=dtype,
+        measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )
+
+
+def _slug(name: str) -> str:
+    return "-".join(name.lower().replace("nvidia", "").split())

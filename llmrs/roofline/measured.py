@@ -9,21 +9,20 @@ instead of) the datasheet numbers, so `llmrs gpus` and `llmrs roofline --use-mea
 from __future__ import annotations
 
 import json
-import os
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from llmrs import envs
 from llmrs.errors import UserError
 
 
 def cache_path() -> Path:
     """Where measured ceilings live: $LLMRS_CACHE_DIR, else $XDG_CACHE_HOME/llmrs, else ~/.cache/llmrs."""
-    base = os.environ.get("LLMRS_CACHE_DIR")
+    base = envs.LLMRS_CACHE_DIR
     if base:
         return Path(base) / "measured_gpus.json"
-    xdg = os.environ.get("XDG_CACHE_HOME")
+    xdg = envs.external("XDG_CACHE_HOME")
     root = Path(xdg) if xdg else Path.home() / ".cache"
     return root / "llmrs" / "measured_gpus.json"
 
@@ -132,25 +131,3 @@ def measure_bf16_gemm(cp: Any, n: int = 8192, iters: int = 10) -> tuple[float, s
         b16 = cp.ones((n, n), dtype=cp.float16)
         ms = _time_ms(cp, lambda: a16 @ b16, iters)
         return flops / (ms * 1e-3) / 1e12, "fp16 (fallback)"
-
-
-def measure_local_gpu(copy_bytes: int = 1 << 30, gemm_n: int = 8192) -> Measurement:
-    """Measure this machine's GPU 0 and match it to the database (UserError without CuPy or a GPU)."""
-    from llmrs.backends.cuda import gpu_name_memory
-    from llmrs.roofline.gpus import match_gpu_name
-
-    cp = _import_cupy()
-    name, memory = gpu_name_memory(cp)
-    spec = match_gpu_name(name, memory_gb=memory / 1e9)
-    key = spec.key if spec else _slug(name)
-    bw = measure_bandwidth(cp, copy_bytes)
-    tflops, dtype = measure_bf16_gemm(cp, gemm_n)
-    return Measurement(
-        gpu_key=key, device_name=name, bandwidth_gbs=round(bw, 1), bf16_tflops=round(tflops, 1),
-        copy_bytes=copy_bytes, gemm_shape=(gemm_n, gemm_n, gemm_n), gemm_dtype=dtype,
-        measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    )
-
-
-def _slug(name: str) -> str:
-    return "-".join(name.lower().replace("nvidia", "").split())

@@ -17,7 +17,7 @@ from llmrs.engine.config import ModelConfig
 from llmrs.errors import UserError
 from llmrs.roofline.cost import ModelCost
 from llmrs.roofline.formats import GGUF_TYPE_TO_FORMAT, WeightFormat, get_format, lm_head_format
-from llmrs.roofline.presets import PRESETS, preset_config
+from llmrs.model.presets import PRESETS, preset_config
 
 
 @dataclass(slots=True)
