@@ -1,17 +1,12 @@
-"""scripts/ablate_decode.py's patching (no GPU): each part left out launches nothing, everything else goes through
+"""probes/ablate_decode.py's patching (no GPU): each part left out launches nothing, everything else goes through
 the backend's own methods unchanged, and the methods it patches still exist on CUDABackend with the parameters its
 replacements take (a renamed method would otherwise leave the step whole and the table silently wrong)."""
 
 import inspect
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import ablate_decode  # noqa: E402
+from probes import ablate_decode
 
 
 class Backend:
@@ -68,6 +63,8 @@ def test_nothing_left_out_runs_every_launch():
     ({"norm", "attn", "o", "qkv", "head"}, {("norm", "qkv"), ("attention", 0), ("linear", "o"), ("pair", "rope"),
                                             ("rms_norm", True), ("linear", "lm_head")}),
 ])
+
+
 def test_each_part_left_out_launches_nothing_and_the_rest_runs(parts, gone):
     full = Backend()
     ablate_decode.ablate(full, set())

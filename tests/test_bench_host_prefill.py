@@ -1,18 +1,11 @@
-"""The fused step's dispatch without a GPU, through scripts/bench_host_prefill.py's fake backend (CuPy arrays as
+"""The fused step's dispatch without a GPU, through tools/bench_host_prefill.py's fake backend (CuPy arrays as
 metadata, launches and cuBLAS calls counted): what a one-token decode and a 256-token prefill of the Qwen2.5-7B
 shape launch, layer by layer, as the backend's rules say (the script stays runnable: it broke once silently when
 the backend gained attributes)."""
 
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import bench_host_prefill as bhp  # noqa: E402
-
-from llmrs.engine.batch import build_step_batch  # noqa: E402
-from llmrs.roofline.presets import preset_config  # noqa: E402
+from llmrs.engine.batch import build_step_batch
+from llmrs.roofline.presets import preset_config
+from tools import bench_host_prefill as bhp
 
 
 def step(preset: str, T: int):

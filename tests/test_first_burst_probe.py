@@ -1,4 +1,4 @@
-"""scripts/first_burst_probe.py on the CPU with the embedded model: bursts of requests, each step profiled, the
+"""probes/first_burst_probe.py on the CPU with the embedded model: bursts of requests, each step profiled, the
 slowest step's functions written out."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_first_burst_probe_profiles_each_burst(tmp_path):
     out = tmp_path / "probe.json"
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "first_burst_probe.py"), "--model", "", "--device",
+    r = subprocess.run([sys.executable, str(ROOT / "probes" / "first_burst_probe.py"), "--model", "", "--device",
                         "cpu", "--runs", "2", "--n", "3", "--prompt-len", "8", "--max-tokens", "2", "--top", "4",
                         "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr

@@ -1,4 +1,4 @@
-"""scripts/grid_barrier_bench.py (a GPU probe: what a dependent kernel boundary costs) without a GPU: its kernels
+"""probes/grid_barrier_bench.py (a GPU probe: what a dependent kernel boundary costs) without a GPU: its kernels
 compile spill-free for sm_90 (`llmrs ptx-check`, as CI checks the engine's), and a shape it cannot run is refused
 with a message before any GPU work."""
 
@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+from probes import grid_barrier_bench as gbb
 
-import grid_barrier_bench as gbb  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 KERNELS = ("chain_mv", "chain4_mv", "chain_empty", "chain4_empty", "chain_flag_mv", "chain_flag2_mv",
            "chain_flag3_mv", "persistent_mv")
@@ -31,6 +30,8 @@ def test_the_probe_kernels_compile_without_local_memory(tmp_path):
 
 
 @pytest.mark.parametrize("args", [["--k", "1024"], ["--n", "4096"]])
+
+
 def test_shapes_it_cannot_run_are_refused(args, capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["grid_barrier_bench.py", *args])
     assert gbb.main() == 2

@@ -1,4 +1,4 @@
-"""scripts/ncu_sass_top.py on a real Nsight Compute source-page export (an H100, session 37 call1: gemv_q4z_c4 for the
+"""tools/ncu_sass_top.py on a real Nsight Compute source-page export (an H100: gemv_q4z_c4 for the
 7B's gate_up built -DGV_ABLATE_X -DGV_ABLATE_LOADS), through its command line."""
 
 import gzip
@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CSV_GZ = ROOT / "tests" / "fixtures" / "ncu" / "gemv_q4_nomem_sass_h100.csv.gz"
-SCRIPT = ROOT / "scripts" / "ncu_sass_top.py"
+SCRIPT = ROOT / "tools" / "ncu_sass_top.py"
 
 
 def run(*args):

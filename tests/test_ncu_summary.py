@@ -1,4 +1,4 @@
-"""scripts/ncu_summary.py on a real Nsight Compute text report (the H200, session 10: gemv_q4z and matvec_q4z_t1
+"""tools/ncu_summary.py on a real Nsight Compute text report (an H200: gemv_q4z and matvec_q4z_t1
 on the 7B's gate_up at one token, with the stall-reason metrics), through its command line."""
 
 import json
@@ -6,11 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tools import ncu_summary
+
 ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "tests" / "fixtures" / "ncu" / "gemv_matvec_h200.txt"
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import ncu_summary  # noqa: E402
 
 
 def test_parses_every_launch_with_its_figures_and_stalls():
@@ -30,7 +29,7 @@ def test_command_line_table_json_and_labels(tmp_path):
     labels = tmp_path / "labels.json"
     labels.write_text(json.dumps(["gate_up 37888x3584 gemv_q4", "gate_up 37888x3584 matvec_q4"]))
     out = tmp_path / "t.json"
-    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "ncu_summary.py"), str(REPORT), "--labels",
+    p = subprocess.run([sys.executable, str(ROOT / "tools" / "ncu_summary.py"), str(REPORT), "--labels",
                         str(labels), "--json", str(out)], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert "gate_up 37888x3584 gemv_q4" in p.stdout and "1184x1x1" in p.stdout and "long_scoreboard" in p.stdout
@@ -40,7 +39,7 @@ def test_command_line_table_json_and_labels(tmp_path):
 
 
 def test_user_mistakes_get_one_line(tmp_path):
-    run = lambda *a: subprocess.run([sys.executable, str(ROOT / "scripts" / "ncu_summary.py"), *a],  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, str(ROOT / "tools" / "ncu_summary.py"), *a],  # noqa: E731
                                     capture_output=True, text=True, timeout=60)
     p = run(str(tmp_path / "missing.txt"))
     assert p.returncode == 1 and "no such file" in p.stderr and "Traceback" not in p.stderr

@@ -1,13 +1,7 @@
-"""scripts/step_trace_runs.py on a trace file it reads as llmrs/trace.py writes them: runs split at gaps, the
+"""tools/step_trace_runs.py on a trace file it reads as llmrs/trace.py writes them: runs split at gaps, the
 prefill burst's times, the decode step median and the eager steps' host enqueue, per run."""
 
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import step_trace_runs  # noqa: E402
+from tools import step_trace_runs
 
 
 def test_two_runs_with_a_slower_first_burst(tmp_path):

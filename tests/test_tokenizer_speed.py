@@ -1,4 +1,4 @@
-"""scripts/tokenizer_speed.py: each call form's median for one random-token and one English prompt, in JSON, and
+"""tools/tokenizer_speed.py: each call form's median for one random-token and one English prompt, in JSON, and
 the forms agree on the ids (it times what the server's Tokenizer.encode does against the library's other calls)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_tokenizer_speed_writes_every_form_and_environment(tmp_path):
     out = tmp_path / "tok.json"
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "tokenizer_speed.py"), "--model",
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "tokenizer_speed.py"), "--model",
                         "synthetic:qwen2.5-0.5b", "--tokens", "32", "--rounds", "14", "--json", str(out)],
                        capture_output=True, text=True, timeout=300, cwd=tmp_path,
                        env={"PATH": "/usr/bin:/bin", "TOKENIZERS_PARALLELISM": "false"})

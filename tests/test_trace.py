@@ -1,5 +1,5 @@
 """LLMRS_TRACE_FILE (llmrs/trace.py): a real `llmrs serve` (engine core in its own process) and a real `llmrs bench`
-at concurrency 1 write one file whose tags, cut into requests by scripts/ttft_trace.py, follow the request's way
+at concurrency 1 write one file whose tags, cut into requests by tools/ttft_trace.py, follow the request's way
 in order: client -> app -> route -> core -> step -> tokens -> server -> SSE -> client. Without the variable nothing
 is written."""
 
@@ -12,8 +12,7 @@ from pathlib import Path
 
 from tests.test_server import MODEL, ROOT, Server
 
-sys.path.insert(0, str(ROOT / "scripts"))
-from ttft_trace import requests_of, summarize  # noqa: E402
+from tools.ttft_trace import requests_of, summarize
 
 # (the first server_out, the core's empty message after the prefill's launch, races the core's second step)
 ORDER = ["client_send", "asgi_enter", "route", "cmd_sent", "core_recv", "core_step", "core_tokens 0",
