@@ -44,7 +44,7 @@ test: setup-test
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
 
-# The wheels a lent GPU machine lacks (python 3.12 there; carried as .whl/, installed by scripts/gpu_lib.sh
+# The wheels a lent GPU machine lacks (python 3.12 there; carried as .whl/, installed by tools/gpu_lib.sh
 # use_wheels), pinned to what the tests ran with here.
 WHEELS = fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 pydantic==2.14.4 pydantic_core==2.50.5 \
 	annotated-types==0.8.0 typing-inspection==0.4.5 opentelemetry-api==1.45.2 gguf==0.19.0 openai==3.57.0 \
