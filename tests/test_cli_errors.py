@@ -12,7 +12,7 @@ from test_cli import assert_user_error, llmrs
 from test_profile import records_of_one_decode_step
 
 from llmrs.profiling import profile as prof
-from llmrs import synth
+from llmrs.bench import checkpoint as synth
 
 
 def no_gpu() -> bool:

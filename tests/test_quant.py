@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 
+from llmrs.bench.checkpoint import write_awq_checkpoint
 from llmrs.model import quant as Q
 from llmrs.engine.batch import build_step_batch
 from llmrs.engine.config import EngineConfig
@@ -156,7 +157,7 @@ def last_logits(runner, ids):
 def tiny_pair(request, tmp_path_factory):
     d = tmp_path_factory.mktemp("awq")
     src = write_tiny_model(d / "dense", request.param)
-    return src, Q.write_awq_checkpoint(src, d / "awq", group_size=32)
+    return src, write_awq_checkpoint(src, d / "awq", group_size=32)
 
 
 def test_awq_checkpoint_is_detected_and_shown(tiny_pair):
@@ -211,7 +212,7 @@ def test_other_quantization_methods_are_a_clear_error(tmp_path):
 
 
 def test_synth_quant_awq_writes_a_checkpoint_that_loads_and_runs(tmp_path):
-    from llmrs.synth import write_checkpoint
+    from llmrs.bench.checkpoint import write_checkpoint
 
     info = write_checkpoint("smollm2-135m", tmp_path, quant="awq", group_size=64, overrides={"num_hidden_layers": 2})
     assert info["quant"] == "awq"

@@ -23,6 +23,7 @@ from tests.cuda_helpers import rel_err, report, require_gpu, tiny_backend
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
+from llmrs.bench.checkpoint import write_awq_checkpoint  # noqa: E402
 from llmrs.model import quant as Q  # noqa: E402
 from llmrs.backends.cuda import CUDABackend, bf16_bits, round_bf16  # noqa: E402
 from llmrs.model.loader import load  # noqa: E402
@@ -114,7 +115,7 @@ def compare_weights(name, a, b, prompts, rel_tol=5e-2):
 @pytest.fixture(scope="module")
 def tiny_awq(tmp_path_factory):
     d = tmp_path_factory.mktemp("awq_gpu")
-    return {arch: Q.write_awq_checkpoint(write_tiny_model(d / arch, arch), d / f"{arch}-awq", group_size=32)
+    return {arch: write_awq_checkpoint(write_tiny_model(d / arch, arch), d / f"{arch}-awq", group_size=32)
             for arch in ("llama", "qwen2")}
 
 
@@ -169,7 +170,7 @@ def test_smollm2_q4_1_kept_quantized_equals_dequantized_bf16_path():
 def test_synthetic_awq_decode_bench_runs_packed_weights():
     """`llmrs synth --like P --quant awq --decode-bench`: 4-bit weights drawn on the GPU in the backend's packed
     form (+ the GEMM's reordered copy), decoded through the 4-bit matvec; bytes from the awq format."""
-    from llmrs.synth import decode_benchmark
+    from llmrs.profiling.decode_bench import decode_benchmark
 
     r = decode_benchmark("qwen2.5-0.5b", prompt_len=40, steps=8, warmup=2, quant="awq")
     bf16 = decode_benchmark("qwen2.5-0.5b", prompt_len=40, steps=8, warmup=2)

@@ -1,10 +1,10 @@
-"""`synth.decode_benchmark`'s host logic without a GPU (the CUDA backend and model replaced by recorders): the
+"""`llmrs.profiling.decode_bench.decode_benchmark`'s host logic without a GPU (the CUDA backend and model replaced by recorders): the
 cache it sizes, the positions of the prefill, of the step-by-step decode and of the run-ahead decode
 (`run_ahead_intervals`, fed on the device), and the figures it returns."""
 
 from types import SimpleNamespace
 
-from llmrs import synth
+from llmrs.profiling import decode_bench as synth
 
 
 class FakeBackend:

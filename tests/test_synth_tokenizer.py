@@ -9,7 +9,7 @@ import pytest
 
 from llmrs.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from llmrs.model.presets import preset_config
-from llmrs.synth import write_tokenizer
+from llmrs.model.synthetic import write_tokenizer
 
 
 @pytest.fixture(scope="module")

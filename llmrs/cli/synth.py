@@ -34,7 +34,6 @@ def synth(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Decode bench: also save the result as JSON."),
 ) -> None:
     """A checkpoint with PRESET's exact shapes and random bf16 weights, or (--decode-bench) decode speed on it."""
-    from llmrs import synth as s
     from llmrs.errors import UserError
     from llmrs.model.presets import preset_config
 
@@ -52,11 +51,13 @@ def synth(
         if bandwidth is not None and not bandwidth > 0:
             raise UserError(f"--bandwidth-gbs {bandwidth}: expected a positive GB/s")
     if out is not None:
+        from llmrs.bench.checkpoint import write_checkpoint
+
         with console.status(f"writing {like} to {out} ..."):
             try:
-                info = s.write_checkpoint(like, out, seed=seed,
-                                          progress=lambda f: console.print(f"[dim]wrote {f}[/dim]"),
-                                          quant=quant, group_size=group_size)
+                info = write_checkpoint(like, out, seed=seed,
+                                        progress=lambda f: console.print(f"[dim]wrote {f}[/dim]"),
+                                        quant=quant, group_size=group_size)
             except OSError as e:  # an unwritable or full destination: the user's to fix
                 raise UserError(f"--out {out}: cannot write there ({e.strerror or e})") from None
         if info["removed"]:
@@ -64,13 +65,15 @@ def synth(
         console.print(f"[bold]{info['parameters']:,}[/bold] parameters ({info['quant']}), {info['bytes'] / 1e9:.2f} GB in "
                       f"{len(info['files'])} file(s) -> {out}")
     if decode_bench:
+        from llmrs.profiling.decode_bench import decode_benchmark
+
         if bandwidth is None:
             from llmrs.roofline.measured import _import_cupy, measure_bandwidth
 
             bandwidth = measure_bandwidth(_import_cupy(), 1 << 30)
         with console.status(f"building {like} on the GPU and decoding ..."):
-            r = s.decode_benchmark(like, prompt_len=prompt_len, steps=steps, bandwidth_gbs=bandwidth, quant=quant,
-                                   group_size=group_size)
+            r = decode_benchmark(like, prompt_len=prompt_len, steps=steps, bandwidth_gbs=bandwidth, quant=quant,
+                                 group_size=group_size)
         t = Table(title=f"single-stream decode, synthetic {like} ({quant or 'bf16'})")
         for k in ("ms_per_token", "ms_per_token_sync", "tok_s", "bytes_per_step", "achieved_gbs", "floor_ms_measured",
                   "fraction_of_floor_measured", "floor_ms_datasheet", "fraction_of_floor_datasheet", "prefill_ms"):

@@ -173,7 +173,7 @@ def load(spec: str | None, keep_quantized: bool | None = None, read_tensors: boo
             tokenizer = Tokenizer.from_gguf(src.gguf)
         return _loaded(src, None, tokenizer)
     if src.kind == "synthetic":
-        from llmrs.synth import write_tokenizer
+        from llmrs.model.synthetic import write_tokenizer
 
         tensors = None
         with tempfile.TemporaryDirectory() as d:  # the synthetic tokenizer covering the preset's vocabulary

@@ -28,16 +28,14 @@ Q4_1 5, Q8_0 8.5 (the values of llmrs/roofline/formats.py).
 integer times an fp16), and Q4_1's one addition rounds as numpy rounds it. NOTE: AutoAWQ / vLLM dequantize
 in fp16, which rounds (q - z) * s to 11 bits; ours keeps the exact value.
 
-AWQ checkpoints here are written by round-to-nearest (`awq_quantize`: min/max per group), not by AWQ's
-activation-aware scale search: the format is identical, the accuracy of a real AWQ model is not claimed.
+AWQ checkpoints that llmrs writes (llmrs.bench.checkpoint.write_awq_checkpoint) are quantized by round-to-nearest
+(`awq_quantize`: min/max per group), not by AWQ's activation-aware scale search: the format is identical, the
+accuracy of a real AWQ model is not claimed.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -257,41 +255,6 @@ def awq_tensors(tensors: dict[str, np.ndarray], group_size: int, keep_quantized:
             raise UserError(f"AWQ tensor {name} has no matching .qzeros / .scales")
         qw = awq_to_rows(tensors[name], tensors[p + ".qzeros"], tensors[p + ".scales"], group_size)
         out[p + ".weight"] = qw if keep_quantized else qw.dequantize()
-    return out
-
-
-def _save(path: Path, tensors: dict[str, np.ndarray]) -> None:
-    from safetensors.numpy import save_file
-
-    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
-
-
-def write_awq_checkpoint(src: Path, out: Path, group_size: int = AWQ_GROUP_SIZE) -> Path:
-    """Quantize an unquantized HF checkpoint directory to an AutoAWQ-format one (round-to-nearest, see the module
-    docstring): linears -> qweight/qzeros/scales, everything else fp16; config.json gets quantization_config.
-    Tokenizer and generation files are copied."""
-    from llmrs.model.weights import load_safetensors_weights
-
-    src, out = Path(src), Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    tensors, _ = load_safetensors_weights(src)
-    written: dict[str, np.ndarray] = {}
-    for name, t in tensors.items():
-        p = name[: -len(".weight")] if name.endswith(".weight") else None
-        if p is not None and p.endswith(LINEAR_SUFFIXES):
-            qw, qz, s = awq_quantize(t, group_size)
-            written.update({p + ".qweight": qw, p + ".qzeros": qz, p + ".scales": s})
-        else:
-            written[name] = t.astype(np.float16)
-    _save(out / "model.safetensors", written)
-    cfg = json.loads((src / "config.json").read_text())
-    cfg["torch_dtype"] = "float16"
-    cfg["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True,
-                                  "version": "gemm", "modules_to_not_convert": None}
-    (out / "config.json").write_text(json.dumps(cfg, indent=1))
-    for f in src.iterdir():
-        if f.name != "config.json" and f.suffix in (".json", ".jinja", ".txt", ".model") and "safetensors" not in f.name:
-            shutil.copy(f, out / f.name)
     return out
 
 

@@ -182,6 +182,21 @@ def bf16_to_f32(raw_u16: np.ndarray) -> np.ndarray:
     return (raw_u16.astype(np.uint32) << 16).view(np.float32)
 
 
+def bf16_bits(a: np.ndarray) -> np.ndarray:
+    """The bf16 words (uint16) of float32 values, round to nearest even; NaN stays NaN."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    r = ((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    if nan.any():
+        r[nan] = ((u[nan] >> 16) | np.uint32(0x40)).astype(np.uint16)
+    return r
+
+
+def round_bf16(a: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest bf16 (ties to even), as float32: what the GPU stores."""
+    return bf16_to_f32(bf16_bits(a))
+
+
 _DEQUANT = {GGML_Q8_0: dequant_q8_0, GGML_Q4_0: dequant_q4_0, GGML_Q4_1: dequant_q4_1, GGML_Q5_0: dequant_q5_0,
             GGML_Q5_1: dequant_q5_1, GGML_Q2_K: dequant_q2_k, GGML_Q3_K: dequant_q3_k, GGML_Q4_K: dequant_q4_k,
             GGML_Q5_K: dequant_q5_k, GGML_Q6_K: dequant_q6_k}

@@ -384,7 +384,7 @@ def _load(model: str, num_blocks: int, block_size: int, graphs: bool) -> tuple[A
     loaded = load(model)
     backend = CUDABackend(loaded.config, num_blocks=num_blocks, block_size=block_size, cuda_graphs=graphs)
     if loaded.tensors is None:
-        from llmrs.synth import synthetic_weights
+        from llmrs.model.synthetic import synthetic_weights
 
         weights = synthetic_weights(loaded, backend)  # "synthetic:PRESET-awq": packed 4-bit linears
     else:
