@@ -273,7 +273,7 @@ def test_randomized_serving_runs_ahead_with_the_step_by_step_tokens(smol, seed):
 
 # ---------------------------------------------------------------------- through the server
 def test_server_with_async_scheduling_streams_what_the_step_by_step_server_streams(tmp_path):
-    """`llmrs serve` (engine core in its own process) with LLMRS_ASYNC_SCHEDULING=always, on the CPU, against one
+    """`llmrs serve` (engine core in its own process) with --async-scheduling, on the CPU, against one
     with it off: 10 concurrent streams (greedy, seeded sampling, stop strings, stop ids, n = 2, EOS allowed) give
     the same text, token counts and finish reasons; a client that drops its stream mid-way leaves no block."""
     import asyncio
@@ -283,11 +283,6 @@ def test_server_with_async_scheduling_streams_what_the_step_by_step_server_strea
 
     from tests.test_server import MODEL, Server, wait_for
 
-    class AheadServer(Server):
-        extra_env = {"LLMRS_ASYNC_SCHEDULING": "always"}
-
-    class StepServer(Server):
-        extra_env = {"LLMRS_ASYNC_SCHEDULING": "0"}
 
     bodies = [dict(prompt=f"Story {i}: once upon a time", max_tokens=12 + i, temperature=0.0 if i % 3 else 0.9,
                    seed=i, stop=[" the"] if i % 4 == 1 else None, n=2 if i == 5 else 1,
@@ -313,8 +308,8 @@ def test_server_with_async_scheduling_streams_what_the_step_by_step_server_strea
             await client.close()
 
     results = {}
-    for name, cls in (("ahead", AheadServer), ("step", StepServer)):
-        srv = cls(["--kv-cache-tokens", "2048"], tmp_path / f"{name}.log")
+    for name, flag in (("ahead", "--async-scheduling"), ("step", "--no-async-scheduling")):
+        srv = Server(["--kv-cache-tokens", "2048", flag], tmp_path / f"{name}.log")
         try:
             srv.wait_ready()
             assert ("async scheduling" in srv.log.read_text()) == (name == "ahead"), srv.log.read_text()[-1000:]

@@ -11,7 +11,9 @@ import time
 import pytest
 
 from llmrs.engine.config import EngineConfig
-from llmrs.engine.llm_engine import AsyncEngine, EngineOverloaded, LLMEngine, RequestOutput, take_merged
+from llmrs.engine.async_engine import AsyncEngine, take_merged
+from llmrs.engine.llm_engine import LLMEngine
+from llmrs.engine.protocol import EngineOverloaded, RequestOutput
 from llmrs.model.loader import load
 from llmrs.engine.sampling import SampleResult, SamplingParams
 from llmrs.errors import UserError
@@ -282,7 +284,7 @@ def _out(index: int, text: str, finish: str | None = None, n_out: int = 0) -> Re
 def test_take_merged_joins_a_choices_queued_deltas_in_order():
     """A stream's consumer that fell behind finds several deltas queued: each choice's go out as one (text, ids and
     logprobs joined; the latest's finish and counts), up to that choice's last, other choices' in their order; an
-    exception stays where it was; LLMRS_MERGE_DELTAS=0 takes them one by one."""
+    exception stays where it was; with MERGE_DELTAS off they come one by one."""
     q = collections.deque([_out(0, "a", n_out=1), _out(1, "x", n_out=1), _out(0, "b", n_out=2),
                            _out(1, "y", "length", 2), _out(0, "c", "stop", 3)])
     first = take_merged(q)
@@ -299,7 +301,7 @@ def test_take_merged_joins_a_choices_queued_deltas_in_order():
     q = collections.deque([lone, _out(0, "never")])
     assert take_merged(q) is lone and len(q) == 1  # a finished choice takes nothing after it
     q = collections.deque([_out(0, "a"), _out(0, "b")])
-    import llmrs.engine.llm_engine as engine_module
+    import llmrs.engine.async_engine as engine_module
 
     engine_module.MERGE_DELTAS = False
     try:

@@ -52,13 +52,6 @@ class Server(BaseServer):
         return int(m.group(1))
 
 
-class SpinningServer(Server):
-    """The default mode with the idle spin on whatever the CPU count (LLMRS_IDLE_SPIN_MS "auto" is 0 on a small CI
-    machine): the core and the server's loop poll 5 ms before they sleep, so these tests run that path too."""
-
-    extra_env = {"LLMRS_IDLE_SPIN_MS": "5"}
-
-
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -137,7 +130,7 @@ def per_choice(events: list[dict | str]) -> tuple[dict, dict]:
 def pair(tmp_path_factory):
     logs = tmp_path_factory.mktemp("engine-process")
     plain = Server(["--no-engine-process"], logs / "plain.log")
-    proc = SpinningServer([], logs / "proc.log")  # the default (checked by core_pid: the log names the core process)
+    proc = Server([], logs / "proc.log")  # the default (checked by core_pid: the log names the core process)
     try:
         plain.wait_ready()
         proc.wait_ready()
@@ -264,47 +257,21 @@ def test_engine_process_and_tensor_parallel_do_not_combine_yet():
     assert "--engine-process and --tensor-parallel-size do not combine yet" in r.stdout + r.stderr
 
 
-def test_freeze_heap_moves_the_start_up_heap_out_of_later_collections(monkeypatch):
+def test_freeze_heap_moves_the_start_up_heap_out_of_later_collections():
     """What `llmrs serve` and the engine core call once started: every object alive goes to the permanent
-    generation (a full collection no longer walks them), unless LLMRS_GC_FREEZE=0."""
+    generation (a full collection no longer walks them)."""
     import gc
 
     from llmrs.engine.core_client import freeze_heap
 
-    monkeypatch.setenv("LLMRS_GC_FREEZE", "0")
     gc.unfreeze()
-    assert freeze_heap() is False and gc.get_freeze_count() == 0
-    monkeypatch.delenv("LLMRS_GC_FREEZE")
     alive = len(gc.get_objects())
     try:
-        assert freeze_heap() is True
+        freeze_heap()
         assert gc.get_freeze_count() >= alive // 2  # (what the collection freed is not there any more)
         assert len(gc.get_objects()) < alive // 10  # what a collection walks now: made since the freeze only
     finally:
         gc.unfreeze()
-
-
-def test_gc_pause_log(monkeypatch, capsys):
-    """LLMRS_GC_LOG_MS=N prints every collection of N ms or more (here all: 0) to stderr; a bad value is one clear
-    error."""
-    import gc
-
-    from llmrs.engine.core_client import freeze_heap
-    from llmrs.errors import UserError
-
-    monkeypatch.setenv("LLMRS_GC_FREEZE", "0")
-    monkeypatch.setenv("LLMRS_GC_LOG_MS", "soon")
-    with pytest.raises(UserError, match="LLMRS_GC_LOG_MS='soon'"):
-        freeze_heap()
-    monkeypatch.setenv("LLMRS_GC_LOG_MS", "0")
-    before = list(gc.callbacks)
-    try:
-        freeze_heap()
-        gc.collect()
-        err = capsys.readouterr().err
-        assert re.search(rf"\[llmrs gc\] pid {os.getpid()} generation 2 [0-9.]+ ms, \d+ collected, \d+ tracked", err)
-    finally:
-        gc.callbacks[:] = before
 
 
 def test_commands_reach_the_core_in_order_through_a_full_pipe_without_blocking_the_loop():
@@ -317,13 +284,14 @@ def test_commands_reach_the_core_in_order_through_a_full_pipe_without_blocking_t
     import time
 
     from llmrs.engine.core_client import ProcessEngine
+    from llmrs.engine.protocol import AbortRequest, AddRequest
     from llmrs.engine.sampling import SamplingParams
 
     recv_end, send_end = multiprocessing.Pipe(duplex=False)
     eng = ProcessEngine.__new__(ProcessEngine)  # the pipe half alone: no core process
     eng._commands, eng._loop = send_end, None
     eng._pending, eng._flush_scheduled, eng._wbuf, eng._writing = [], False, bytearray(), False
-    eng._early_flush, eng._wrote_this_pass, eng._woff = True, False, 0
+    eng._wrote_this_pass, eng._woff = False, 0
     eng._flush_every, eng._last_write = 3600.0, 0.0  # one write at a pass's start, one at its end (below: timed)
     got: list = []
     reader_go = threading.Event()
@@ -354,10 +322,10 @@ def test_commands_reach_the_core_in_order_through_a_full_pipe_without_blocking_t
         params = SamplingParams(max_tokens=4)
         t0 = time.perf_counter()
         for i in range(300):
-            eng._send(("add", f"r{i}", list(range(i, i + 10000)), params))
+            eng._send(AddRequest(f"r{i}", list(range(i, i + 10000)), params))
             if i % 50 == 49:
                 await asyncio.sleep(0)  # another loop pass: the next commands form another message
-        eng._send(("abort", "r7"))
+        eng._send(AbortRequest("r7"))
         await asyncio.sleep(0.05)
         assert time.perf_counter() - t0 < 5 and ticks > 10  # the loop kept running with the pipe full
         assert eng._writing and len(eng._wbuf) > 0  # the rest waits for the loop's writer callback
@@ -373,11 +341,11 @@ def test_commands_reach_the_core_in_order_through_a_full_pipe_without_blocking_t
     asyncio.run(main())
     t.join(10)
     cmds = [c for msg in got for c in msg]
-    assert [c[1] for c in cmds] == [f"r{i}" for i in range(300)] + ["r7"]
-    assert all(c[2] == list(range(i, i + 10000)) for i, c in enumerate(cmds[:300]))
+    assert [c.request_id for c in cmds] == [f"r{i}" for i in range(300)] + ["r7"]
+    assert all(c.prompt_ids == list(range(i, i + 10000)) for i, c in enumerate(cmds[:300]))
     # at most two messages a loop pass (its first command at once, the rest together at its end), not one an add:
     # 6 passes of 50 adds, then the abort's
-    assert cmds[-1][0] == "abort" and 7 <= len(got) <= 14 and [len(m) for m in got[:2]] == [1, 49]
+    assert isinstance(cmds[-1], AbortRequest) and 7 <= len(got) <= 14 and [len(m) for m in got[:2]] == [1, 49]
 
 
 @pytest.mark.parametrize("every_ms,readable", [(1.0, 6), (3.6e6, 1)])
@@ -390,13 +358,14 @@ def test_a_long_loop_pass_writes_its_commands_as_they_come_not_at_its_end(every_
     import time
 
     from llmrs.engine.core_client import ProcessEngine
+    from llmrs.engine.protocol import AbortRequest, AddRequest
     from llmrs.engine.sampling import SamplingParams
 
     recv_end, send_end = multiprocessing.Pipe(duplex=False)
     eng = ProcessEngine.__new__(ProcessEngine)
     eng._commands, eng._loop = send_end, None
     eng._pending, eng._flush_scheduled, eng._wbuf, eng._writing = [], False, bytearray(), False
-    eng._early_flush, eng._wrote_this_pass, eng._woff = True, False, 0
+    eng._wrote_this_pass, eng._woff = False, 0
     eng._flush_every, eng._last_write = every_ms / 1e3, 0.0
     seen: list = []
     early: list = []
@@ -406,7 +375,7 @@ def test_a_long_loop_pass_writes_its_commands_as_they_come_not_at_its_end(every_
         os.set_blocking(send_end.fileno(), False)
         params = SamplingParams(max_tokens=4)
         for i in range(6):  # one pass: no await between the adds, 3 ms of "request handling" each
-            eng._send(("add", f"r{i}", [1, 2, 3], params))
+            eng._send(AddRequest(f"r{i}", [1, 2, 3], params))
             time.sleep(0.003)
         while recv_end.poll(0):  # what the core could read before the pass ends
             seen.append(recv_end.recv())
@@ -417,7 +386,7 @@ def test_a_long_loop_pass_writes_its_commands_as_they_come_not_at_its_end(every_
         eng._close_writer()
 
     asyncio.run(main())
-    cmds = [c[1] for msg in seen for c in msg]
+    cmds = [c.request_id for msg in seen for c in msg]
     assert cmds == [f"r{i}" for i in range(6)]
     assert early == [readable]  # adds the core could read while the pass still ran
     assert len(seen) == (6 if readable == 6 else 2)  # one message an add, or the first and the rest together

@@ -9,7 +9,6 @@ finish, abort the rest (their blocks freed), stop the engine thread (or the engi
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import socket
 import time
@@ -18,9 +17,10 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from llmrs import envs
 from llmrs.cli.engine import DEQUANT_HELP
-from llmrs.model.loader import DEFAULT_MODEL, SYNTHETIC_PREFIX, keep_quantized_env
 from llmrs.errors import UserError
+from llmrs.model.loader import DEFAULT_MODEL, SYNTHETIC_PREFIX
 
 console = Console(stderr=True)
 BLOCK_SIZE = 16
@@ -36,8 +36,8 @@ def _bind(host: str, port: int) -> socket.socket:
     family, _, proto, _, addr = infos[0]
     # NOTE: the protocol must be IPPROTO_TCP, not 0: asyncio turns Nagle off (TCP_NODELAY) only on accepted sockets
     # whose proto says TCP, and they inherit it from this one. With proto 0, asyncio + h11 (uvicorn without uvloop)
-    # held each small SSE write until the client's delayed ACK: ~43 ms per streamed request on the H200 host
-    # (reports/h200-qwen2.5/session8, call7), against ~10 ms with uvloop (which sets it itself)
+    # held each small SSE write until the client's delayed ACK: tens of ms per streamed request (uvloop sets it
+    # itself)
     sock = socket.socket(family, socket.SOCK_STREAM, proto or socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -53,17 +53,11 @@ def _bind(host: str, port: int) -> socket.socket:
 def http_stack() -> dict[str, str]:
     """uvicorn's event loop and HTTP parser, from LLMRS_HTTP_STACK: "auto" (default: uvicorn's choice, uvloop and
     httptools where they are installed, else asyncio and h11) or "h11" (asyncio and h11 always), an A/B switch.
-    On a 2-core VM (scripts/bench_host_overhead.py, fake runner, 4.4 ms steps) uvloop + httptools took the client's
-    TTFT from 6.58-6.68 to 6.04-6.15 ms (median) but 256 streams' TPOT from 16.3-17.1 to 17.3-18.0 ms. On the H200
-    host (synthetic 7B, scripts/gpu_http_stack.sh, alternated twice) h11 / auto: TTFT at 256 tokens median 9.83 /
-    9.78 and 9.75 / 9.63 ms, 256 concurrent 16,005 / 15,616 and 15,490 / 14,980 output tok/s: no reason to add
-    them; `pip install llmrs[serve]` installs neither (uvicorn[standard] would)."""
-    v = os.environ.get("LLMRS_HTTP_STACK", "auto").lower()
-    if v == "auto":
-        return {"loop": "auto", "http": "auto"}
-    if v == "h11":
+    On the H200 host (synthetic 7B) the two give the same TTFT and output tok/s within run-to-run spread, so
+    `pip install llmrs[serve]` installs neither uvloop nor httptools (uvicorn[standard] would)."""
+    if envs.LLMRS_HTTP_STACK == "h11":
         return {"loop": "asyncio", "http": "h11"}
-    raise UserError(f"LLMRS_HTTP_STACK={v!r}: expected auto or h11")
+    return {"loop": "auto", "http": "auto"}
 
 
 def _uvicorn_server(config, state, grace_s: float):
@@ -122,13 +116,13 @@ def serve(
     access_log: bool = typer.Option(True, "--access-log/--no-access-log", help="Log one line per HTTP request."),
     tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="GPUs to split the model across (tensor parallelism over NCCL, one process per GPU; must divide the KV heads)."),
     engine_process: Optional[bool] = typer.Option(None, "--engine-process/--no-engine-process", envvar="LLMRS_ENGINE_PROCESS", show_default="on, off with --tensor-parallel-size", help="Run the engine core (scheduler, KV cache, model, sampling, detokenizing) in its own process; this one keeps HTTP, the tokenizer and the streams, so per-stream HTTP work does not share a GIL with the step loop (H200, 7B, 256 streams: 1.45x the output tok/s of one process)."),
-    async_scheduling: Optional[bool] = typer.Option(None, "--async-scheduling/--no-async-scheduling", show_default="on with one GPU", help="Plan and launch each decode step before the previous step's tokens are back (they are fed on the GPU), so detokenizing, streaming and planning overlap the GPU's work. Default: on with one GPU (LLMRS_ASYNC_SCHEDULING=0 turns it off); --async-scheduling also on the CPU."),
+    async_scheduling: Optional[bool] = typer.Option(None, "--async-scheduling/--no-async-scheduling", show_default="on with one GPU", help="Plan and launch each decode step before the previous step's tokens are back (they are fed on the GPU), so detokenizing, streaming and planning overlap the GPU's work. Default: on with one GPU; --async-scheduling also on the CPU."),
     dequantize: bool = typer.Option(False, "--dequantize/--keep-quantized", help=DEQUANT_HELP),
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API (continuous batching, paged KV cache, prefix caching)."""
     import uvicorn
 
-    from llmrs.engine.llm_engine import AsyncEngine
+    from llmrs.engine.async_engine import AsyncEngine
     from llmrs.server.app import ServerSettings, build_app
 
     for name, value, low in (("--max-num-seqs", max_num_seqs, 1), ("--max-num-batched-tokens", max_num_batched_tokens, 1),
@@ -144,8 +138,6 @@ def serve(
     if log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
         raise UserError(f"--log-level {log_level!r}: choose critical, error, warning, info or debug")
     stack = http_stack()  # (a typo in LLMRS_HTTP_STACK fails here, before the model loads)
-    if async_scheduling is not None:  # read where the engine is built (this process or the engine core's)
-        os.environ["LLMRS_ASYNC_SCHEDULING"] = "always" if async_scheduling else "0"
     make_engine = AsyncEngine.from_args
     if engine_process is None:  # the default: the core in its own process, except under tensor parallelism (not yet)
         engine_process = tensor_parallel_size == 1
@@ -166,12 +158,14 @@ def serve(
     model = SYNTHETIC_PREFIX + synthetic if synthetic else (model or DEFAULT_MODEL)
     name = served_model_name or model
     t0 = time.perf_counter()
-    with console.status(f"loading {model} ..."), keep_quantized_env(not dequantize and tensor_parallel_size == 1):
-        engine = make_engine(model, device=device, max_num_seqs=max_num_seqs,
-                                       max_num_batched_tokens=max_num_batched_tokens, kv_cache_tokens=kv_cache_tokens,
-                                       block_size=BLOCK_SIZE, max_waiting=max_waiting,
-                                       gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                                       enable_prefix_caching=enable_prefix_caching)
+    options = dict(device=device, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                   kv_cache_tokens=kv_cache_tokens, block_size=BLOCK_SIZE, gpu_memory_utilization=gpu_memory_utilization,
+                   max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching,
+                   async_scheduling=async_scheduling)
+    if tensor_parallel_size == 1:  # (tensor parallelism dequantizes: every rank slices float tensors)
+        options["keep_quantized"] = not dequantize
+    with console.status(f"loading {model} ..."):
+        engine = make_engine(model, max_waiting=max_waiting, **options)
     app = build_app(engine, ServerSettings(served_names=[name], model_root=model, api_key=api_key,
                                            max_body_bytes=max_body_bytes, block_size=BLOCK_SIZE))
     bound = sock.getsockname()

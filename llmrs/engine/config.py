@@ -194,8 +194,8 @@ class EngineConfig:
     device: str = "cpu"
     # plan and launch step n+1 before step n's tokens are back (its decode inputs are filled in on the device),
     # so the host's work of a step (detokenizing, streaming, planning) overlaps the GPU's. None: on when the
-    # model runs on one GPU (async_scheduling_default: LLMRS_ASYNC_SCHEDULING=0 off, =always also on the CPU);
-    # True/False force it (tests run it on the CPU)
+    # model runs on one GPU; True/False force it (`llmrs serve --async-scheduling/--no-async-scheduling`; on the
+    # CPU it only shows that the two schedules agree: the CPU runs each step at once)
     async_scheduling: bool | None = None
 
 
@@ -224,9 +224,5 @@ def env_float(name: str, default: float) -> float:
 
 
 def async_scheduling_default(device: str) -> bool:
-    """Whether a runner on `device` that can launch runs ahead when nothing says otherwise, from
-    LLMRS_ASYNC_SCHEDULING: on a GPU unless it is 0 / false / no / off (`llmrs serve --no-async-scheduling`), on any
-    device with `always` (`llmrs serve --async-scheduling`; on the CPU it only shows that the two schedules agree:
-    the CPU runs each step at once)."""
-    v = os.environ.get("LLMRS_ASYNC_SCHEDULING", "1").lower()
-    return v == "always" or (device == "cuda" and v not in OFF_VALUES)
+    """Whether a runner on `device` that can launch runs ahead when nothing says otherwise: on one GPU."""
+    return device == "cuda"

@@ -7,23 +7,20 @@ Here the child process owns the LLMEngine (scheduler, KV cache, runner/model, sa
 is the same as in one process, made by the same `Sequence` code) and runs the step loop; the API server process
 keeps HTTP, the tokenizer (/tokenize, chat templates, logprob strings) and the asyncio streams.
 
-Wire (two one-way `multiprocessing.Pipe`s, pickle):
-- server -> core: a list of commands per send, `("add", request_id, prompt_ids, params)`, `("abort", request_id)`,
-  `("stop",)`: the event loop batches the commands of one loop pass and writes them itself, in Connection's framing
-  (4-byte length + pickle), through a non-blocking pipe end (what does not fit waits for `loop.add_writer`), so it
-  never blocks on the pipe and a request reaches the core without a thread's wake-up in between (a sender thread
-  did this before; fake-runner TTFT median ~0.4 ms lower: README, "Engine core in its own process").
-- core -> server: once per step (or after commands changed its state) ONE message
-  `("step", outputs, stats, adds_seen, rejected)`: `outputs` are `(request_id, index, text, token_ids, logprobs,
-  finish_reason)` tuples for every request that advanced, `stats` the EngineStats after the step (for /metrics,
-  --max-waiting, default max_tokens), `adds_seen` how many adds the core has taken (so the server counts the ones
-  still in the pipe as waiting), `rejected` the `(request_id, message)` of adds the core refused.
-- start-up: `("ready", info)` or `("failed", "user" | "bug", message)`; a core that fails later sends
-  `("error", message)` before it exits. The server reads the pipe with `loop.add_reader` (no thread); EOF while not
-  stopping means the core died: /health answers 503, open streams end in an error, new requests get a 503.
+Wire: two one-way `multiprocessing.Pipe`s carrying protocol.py's messages, pickled.
+- server -> core: a list of EngineCommands per write (AddRequest, AbortRequest, StopCore). The event loop batches
+  the commands of one loop pass and writes them itself, in Connection's framing (4-byte length + pickle), through
+  a non-blocking pipe end (what does not fit waits for `loop.add_writer`), so it never blocks on the pipe and a
+  request reaches the core without a thread's wake-up in between.
+- core -> server: once per step (or after commands changed its state) ONE StepMessage: the outputs of every
+  request that advanced, the EngineStats after the step, how many adds the core has taken (so the server counts
+  the ones still in the pipe as waiting) and the adds the core refused.
+- start-up: CoreReady or CoreFailed; a core that fails later sends CoreError before it exits. The server reads the
+  pipe with `loop.add_reader` (no thread); EOF while not stopping means the core died: /health answers 503, open
+  streams end in an error, new requests get a 503.
 
-The core ignores SIGINT / SIGTERM (Ctrl-C reaches the whole process group): the server stops it with "stop" after
-its own shutdown, and it exits on its own when the server's end of the pipe closes.
+The core ignores SIGINT / SIGTERM (Ctrl-C reaches the whole process group): the server stops it with StopCore
+after its own shutdown, and it exits on its own when the server's end of the pipe closes.
 """
 
 from __future__ import annotations
@@ -44,50 +41,30 @@ from collections.abc import AsyncIterator, Callable
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-from llmrs.engine.config import OFF_VALUES
-from llmrs.engine.llm_engine import (
-    EngineDeadError, EngineOverloaded, EngineStats, LLMEngine, RequestOutput, check_request, serving_config,
-    serving_engine, take_merged,
+from llmrs.engine.async_engine import take_merged
+from llmrs.engine.llm_engine import LLMEngine, check_request, serving_config, serving_engine
+from llmrs.engine.protocol import (
+    AbortRequest, AddRequest, CoreError, CoreFailed, CoreReady, EngineCommand, EngineDeadError, EngineOverloaded,
+    EngineStats, RequestOutput, StepMessage, StopCore,
 )
-from llmrs.model.loader import LoadedModel, load
 from llmrs.engine.sampling import SamplingParams
 from llmrs.errors import UserError
+from llmrs.model.loader import LoadedModel, load
 from llmrs.trace import tr, tr_tokens
 
-# LLMRS_EARLY_FLUSH=0: every command of an event-loop pass waits for the pass's end and goes out in one write
-# (the A/B switch of the early write: `_send`)
-EARLY_FLUSH = os.environ.get("LLMRS_EARLY_FLUSH", "1").strip().lower() not in OFF_VALUES
-# ... and within one long pass, the commands queued since the last write go out once this long has passed
-# (LLMRS_FLUSH_EVERY_MS, default 1): a burst of requests is one pass of the server's loop (256 handlers at ~1.1 ms
-# each on the H200's host), whose adds otherwise all reached the core at its end, 300-400 ms after the first, with
-# the GPU decoding one sequence meanwhile (session 26 call 8, scripts/burst_trace.py)
-def _ms_to_s(name: str, raw: str, expected: str) -> float:
-    """`raw` (the value of variable `name`) as milliseconds >= 0, in seconds; else a UserError saying `expected`."""
-    try:
-        ms = float(raw)
-    except ValueError:
-        ms = float("nan")
-    if not ms >= 0.0:  # (nan too)
-        raise UserError(f"{name}={raw!r}: expected {expected}")
-    return ms / 1e3
-
-
-def flush_every_s() -> float:
-    """LLMRS_FLUSH_EVERY_MS (default 1) in seconds: a clear error for anything but a number of milliseconds >= 0."""
-    raw = os.environ.get("LLMRS_FLUSH_EVERY_MS", "1").strip()
-    return _ms_to_s("LLMRS_FLUSH_EVERY_MS", raw, "a number of milliseconds >= 0 (default 1)")
+# Within one long event-loop pass (a burst of requests handled back to back), the commands queued since the last
+# write go out once this long has passed; otherwise a burst's adds all reach the core at the pass's end, hundreds of
+# ms after the first, with the GPU decoding one sequence meanwhile (`ProcessEngine._send`).
+FLUSH_EVERY_S = 1e-3
 
 
 def idle_spin_s() -> float:
-    """LLMRS_IDLE_SPIN_MS: how long the core, once idle, keeps polling its command pipe before it blocks on it (in
-    seconds). A process that sleeps in poll() comes back slowly: its CPU has dropped to a low clock or a deep idle
-    state and its caches are cold, and the first request after the sleep pays it before its prefill starts. "auto"
-    (the default): 20 ms on a machine of 4 or more CPUs, 0 below (there the spinning core would take the CPU the
-    API server and the clients need). A clear error for anything but "auto" or a number of milliseconds >= 0."""
-    raw = os.environ.get("LLMRS_IDLE_SPIN_MS", "auto").strip().lower()
-    if raw == "auto":
-        return 0.02 if (os.cpu_count() or 1) >= 4 else 0.0
-    return _ms_to_s("LLMRS_IDLE_SPIN_MS", raw, "\"auto\" or a number of milliseconds >= 0")
+    """How long the core, once idle, keeps polling its command pipe before it blocks on it (and the server's loop
+    stays awake after a request or a step message, `ProcessEngine._stay_hot`), in seconds. A process that sleeps
+    in poll() comes back slowly: its CPU has dropped to a low clock or a deep idle state and its caches are cold,
+    and the first request after the sleep pays it before its prefill starts. 20 ms on a machine of 4 or more CPUs,
+    0 below (there the spinning core would take the CPU the API server and the clients need)."""
+    return 0.02 if (os.cpu_count() or 1) >= 4 else 0.0
 
 
 def wait_command(commands, spin_s: float) -> bool:
@@ -102,46 +79,13 @@ def wait_command(commands, spin_s: float) -> bool:
     return commands.poll(None)
 
 
-def freeze_heap() -> bool:
+def freeze_heap() -> None:
     """Move every object alive now (modules, the tokenizer, the model's host objects, the app) into the garbage
     collector's permanent generation, as vLLM does after start-up: a full collection then walks only what the
-    serving loop made since, instead of the whole start-up heap. Without it the server process paused ~70 ms at
-    each full collection (H200, 7B, 256 streams: every stream's inter-token gap > 70 ms at the same instants, twice
-    in a 4.4 s burst, session9); one collection over the imports alone takes ~30 ms on a 2-core VM.
-    LLMRS_GC_FREEZE=0 leaves the collector as it is. Returns whether it froze."""
-    _log_gc_pauses()
-    if os.environ.get("LLMRS_GC_FREEZE", "1").strip().lower() in OFF_VALUES:
-        return False
+    serving loop made since, instead of the whole start-up heap. Without it a serving process pauses for tens of
+    ms at each full collection (H200, 7B, 256 streams: every stream's inter-token gap at the same instants)."""
     gc.collect()
     gc.freeze()
-    return True
-
-
-def _log_gc_pauses() -> None:
-    """LLMRS_GC_LOG_MS=N: every collection of N ms or more printed to stderr (pid, generation, ms, objects
-    collected), to tell the collector's pauses from other stalls in a serving run."""
-    raw = os.environ.get("LLMRS_GC_LOG_MS", "").strip()
-    if not raw:
-        return
-    try:
-        limit = float(raw) / 1e3
-    except ValueError:
-        raise UserError(f"LLMRS_GC_LOG_MS={raw!r}: expected a number of milliseconds") from None
-    import sys
-    import time
-
-    started = [0.0]
-
-    def on_gc(phase: str, info: dict) -> None:
-        if phase == "start":
-            started[0] = time.perf_counter()
-            return
-        took = time.perf_counter() - started[0]
-        if took >= limit:
-            print(f"[llmrs gc] pid {os.getpid()} generation {info['generation']} {took * 1e3:.1f} ms, "
-                  f"{info['collected']} collected, {len(gc.get_objects())} tracked", file=sys.stderr, flush=True)
-
-    gc.callbacks.append(on_gc)
 
 
 # ---------------------------------------------------------------------- the core (child process)
@@ -152,24 +96,23 @@ def core_main(factory: Callable[[], LLMEngine], commands, outputs) -> None:
     try:
         engine = factory()
     except UserError as e:
-        outputs.send(("failed", "user", str(e)))
+        outputs.send(CoreFailed(user_error=True, message=str(e)))
         return
     except BaseException:  # noqa: BLE001 - reported to the server, which prints it
-        outputs.send(("failed", "bug", traceback.format_exc()))
+        outputs.send(CoreFailed(user_error=False, message=traceback.format_exc()))
         return
     freeze_heap()
-    outputs.send(("ready", {"max_model_len": engine.max_model_len, "num_blocks": engine.kv.pool.num_blocks,
-                            "max_num_batched_tokens": engine.engine_config.max_num_batched_tokens,
-                            "block_size": engine.kv.block_size, "device": engine.runner.device,
-                            "async_scheduling": engine.async_scheduling,
-                            "stats": engine.stats()}))
+    outputs.send(CoreReady(max_model_len=engine.max_model_len, num_blocks=engine.kv.pool.num_blocks,
+                           max_num_batched_tokens=engine.engine_config.max_num_batched_tokens,
+                           block_size=engine.kv.block_size, device=engine.runner.device,
+                           async_scheduling=engine.async_scheduling, stats=engine.stats()))
     try:
         run_core(engine, commands, outputs)
     except EOFError:  # the server's end of the pipe closed: it is gone, so is the core
         pass
     except BaseException as e:  # a bug: tell the server why before dying
         try:
-            outputs.send(("error", f"{type(e).__name__}: {e}"))
+            outputs.send(CoreError(f"{type(e).__name__}: {e}"))
         except OSError:
             pass
         raise
@@ -192,58 +135,56 @@ def run_core(engine: LLMEngine, commands, outputs) -> None:
         while (commands.poll(0) if engine.has_unfinished() or changed else wait_command(commands, spin_s)):
             changed = True
             tr("core_recv")
+            cmd: EngineCommand
             for cmd in commands.recv():
-                kind = cmd[0]
-                if kind == "add":
-                    _, rid, prompt_ids, params = cmd
+                if isinstance(cmd, AddRequest):
+                    rid = cmd.request_id
                     adds_seen += 1
                     try:
-                        engine.add_sequences(rid, engine.make_sequences(rid, prompt_ids, params))
+                        engine.add_sequences(rid, engine.make_sequences(rid, cmd.prompt_ids, cmd.params))
                     except UserError as e:  # the server checked it already: only if the two disagree
                         rejected.append((rid, str(e)))
-                elif kind == "abort":
-                    pending.extend(engine.abort(cmd[1]))
+                elif isinstance(cmd, AbortRequest):
+                    pending.extend(engine.abort(cmd.request_id))
                 else:
+                    assert isinstance(cmd, StopCore), cmd
                     stop = True
         if not stop and engine.has_unfinished():
             tr("core_step")
             pending.extend(engine.step())
             tr_tokens(pending)
-        outputs.send(("step", [(o.request_id, o.index, o.text, o.token_ids, o.logprobs, o.finish_reason)
-                               for o in pending], engine.stats(), adds_seen, rejected))
+        outputs.send(StepMessage([(o.request_id, o.index, o.text, o.token_ids, o.logprobs, o.finish_reason)
+                                  for o in pending], engine.stats(), adds_seen, rejected))
         if stop:
             return
 
 
 # ---------------------------------------------------------------------- the server side
 class ProcessEngine:
-    """AsyncEngine's interface (add_request -> stream of RequestOutput, abort, stats, start, shutdown, error) over
-    an engine core in a child process."""
+    """The EngineClient over an engine core in a child process."""
 
-    def __init__(self, loaded: LoadedModel, proc, commands, outputs, info: dict, max_waiting: int | None = None,
-                 model_name: str | None = None, flush_every: float | None = None, idle_spin: float | None = None):
+    def __init__(self, loaded: LoadedModel, proc, commands, outputs, info: CoreReady, max_waiting: int | None = None,
+                 model_name: str | None = None, flush_every: float = FLUSH_EVERY_S, idle_spin: float | None = None):
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.config = loaded.config
-        self.max_model_len: int = info["max_model_len"]
-        self.max_num_batched_tokens: int = info["max_num_batched_tokens"]
-        self.block_size: int = info["block_size"]
-        self.num_blocks: int = info["num_blocks"]
+        self.max_model_len = info.max_model_len
+        self.max_num_batched_tokens = info.max_num_batched_tokens
+        self.block_size = info.block_size
+        self.num_blocks = info.num_blocks
         self.kv_cache_tokens = self.num_blocks * self.block_size
-        self.device: str = info["device"]
-        self.async_scheduling: bool = info["async_scheduling"]
+        self.device = info.device
+        self.async_scheduling = info.async_scheduling
         self.model_name = model_name or loaded.source.name
         self.max_waiting = max_waiting
         self.error: BaseException | None = None
         self._proc, self._commands, self._outputs = proc, commands, outputs
-        self._stats: EngineStats = info["stats"]
+        self._stats: EngineStats = info.stats
         self._streams: dict[str, tuple[asyncio.Queue, list[int], int]] = {}
-        self._pending: list[tuple] = []  # commands of this loop pass, written together by _flush_commands
+        self._pending: list[EngineCommand] = []  # commands of this loop pass, written together by _flush_commands
         self._flush_scheduled = False
-        self._early_flush = EARLY_FLUSH
-        self._wrote_this_pass = False  # a command went out at once in this loop pass (`_send`, EARLY_FLUSH)
-        # within a pass, a write at most this often (`_send`; None: LLMRS_FLUSH_EVERY_MS)
-        self._flush_every = flush_every_s() if flush_every is None else flush_every
+        self._wrote_this_pass = False  # a command went out at once in this loop pass (`_send`)
+        self._flush_every = flush_every  # within a pass, a write at most this often (`_send`)
         self._last_write = 0.0  # time.monotonic() of the last write from `_send`
         self._wbuf = bytearray()  # framed bytes the pipe did not take yet, from offset _woff on
         self._woff = 0
@@ -253,7 +194,7 @@ class ProcessEngine:
         self._stopping = False
         self._adds_sent = self._adds_seen = 0
         self._ids = itertools.count()
-        # the event loop kept from sleeping in its poll while requests run and LLMRS_IDLE_SPIN_MS after (`_stay_hot`)
+        # the event loop kept from sleeping in its poll while requests run and `_spin_s` after (`_stay_hot`)
         self._spin_s = idle_spin_s() if idle_spin is None else idle_spin
         self._hot_until = 0.0
         self._spinning = False
@@ -263,8 +204,6 @@ class ProcessEngine:
               model_name: str | None = None) -> "ProcessEngine":
         """Start the core process (`factory` builds its LLMEngine there; it must pickle) and wait until it is
         ready. A core that fails to start raises here: UserError for a user's mistake, RuntimeError for a bug."""
-        flush_every = flush_every_s()  # (a bad value: refused before a core starts)
-        idle_spin = idle_spin_s()  # (the same)
         ctx = multiprocessing.get_context("spawn")
         cmd_recv, cmd_send = ctx.Pipe(duplex=False)
         out_recv, out_send = ctx.Pipe(duplex=False)
@@ -279,16 +218,16 @@ class ProcessEngine:
             proc.kill()
             proc.join(5)
             raise
-        return cls(loaded, proc, cmd_send, out_recv, msg, max_waiting, model_name, flush_every, idle_spin)
+        return cls(loaded, proc, cmd_send, out_recv, msg, max_waiting, model_name)
 
     @classmethod
     def from_args(cls, model: str | None, max_waiting: int | None = None, served_model_name: str | None = None,
-                  **engine_options: Any) -> "ProcessEngine":
+                  keep_quantized: bool = False, **engine_options: Any) -> "ProcessEngine":
         """AsyncEngine.from_args's options; the core loads the weights, this process only config + tokenizer."""
-        keep = os.environ.get("LLMRS_KEEP_QUANTIZED", "0") == "1"
         cfg = serving_config(**engine_options)
         loaded = load(model, read_tensors=False)
-        return cls.spawn(loaded, functools.partial(serving_engine, model, cfg, keep), max_waiting, served_model_name)
+        return cls.spawn(loaded, functools.partial(serving_engine, model, cfg, keep_quantized), max_waiting,
+                         served_model_name)
 
     @property
     def pid(self) -> int | None:
@@ -312,9 +251,9 @@ class ProcessEngine:
                 await asyncio.sleep(0.01)
         self._stopping = True
         if self._gone is None:  # never started: nothing reads the core's messages (_send writes at once)
-            self._send(("stop",))
+            self._send(StopCore())
         elif self.error is None:
-            self._send(("stop",))
+            self._send(StopCore())
             try:  # the core answers the queued aborts, then exits: EOF
                 await asyncio.wait_for(asyncio.shield(self._gone), timeout=30)
             except TimeoutError:
@@ -352,7 +291,7 @@ class ProcessEngine:
         self._streams[request_id] = (q, [0] * params.n, len(prompt_ids))
         self._adds_sent += 1
         tr("add_request")
-        self._send(("add", request_id, prompt_ids, params))
+        self._send(AddRequest(request_id, prompt_ids, params))
         self._stay_hot()
         return self._stream(request_id, q, params.n)
 
@@ -371,15 +310,15 @@ class ProcessEngine:
                 yield item
         finally:
             if finished < n and self.error is None:  # the consumer went away: abort now
-                self._send(("abort", request_id))
+                self._send(AbortRequest(request_id))
             self._streams.pop(request_id, None)
 
     async def abort(self, request_id: str) -> None:
         if self.error is None:
-            self._send(("abort", request_id))
+            self._send(AbortRequest(request_id))
 
     # ------------------------------------------------------------------ the pipes
-    def _send(self, cmd: tuple) -> None:
+    def _send(self, cmd: EngineCommand) -> None:
         """Queue a command (on the event loop); the commands of one loop pass go out in one write, at its end."""
         if self._loop is None:  # not started: nothing else writes the pipe, a blocking send of its own
             if not self._commands.closed:
@@ -391,20 +330,19 @@ class ProcessEngine:
         if self._loop.is_closed():  # a stream finalized after the loop ended: nothing reads the core any more
             return
         self._pending.append(cmd)
-        if self._early_flush:
-            # the first command of a loop pass goes out now (a request reaches the core without waiting for the
-            # rest of the pass: the response's start, other callbacks); the later ones of the same pass together
-            # at its end (`_flush_commands`), or with the next command `_flush_every` after the last write (a
-            # long pass: a burst of requests handled back to back)
-            now = time.monotonic()
-            first = not self._wrote_this_pass
-            if first:
-                self._wrote_this_pass = True
-                self._loop.call_soon(self._end_pass)
-            if first or now - self._last_write >= self._flush_every:
-                self._last_write = now
-                self._flush_commands()
-                return
+        # the first command of a loop pass goes out now (a request reaches the core without waiting for the rest of
+        # the pass: the response's start, other callbacks); the later ones of the same pass together at its end
+        # (`_flush_commands`), or with the next command `_flush_every` after the last write (a long pass: a burst
+        # of requests handled back to back)
+        now = time.monotonic()
+        first = not self._wrote_this_pass
+        if first:
+            self._wrote_this_pass = True
+            self._loop.call_soon(self._end_pass)
+        if first or now - self._last_write >= self._flush_every:
+            self._last_write = now
+            self._flush_commands()
+            return
         if self._flush_scheduled:
             return
         self._flush_scheduled = True
@@ -458,11 +396,11 @@ class ProcessEngine:
         self._commands.close()
 
     def _stay_hot(self) -> None:
-        """Keep the event loop from sleeping in its poll for the next `_spin_s` (LLMRS_IDLE_SPIN_MS): a callback
-        that queues itself again makes every loop pass poll without a timeout. Called when a request comes in
-        and when the core's step message arrives, so the loop is awake for the next message and for the next
-        request after the last one ends, as the core is (`wait_command`): a process woken from a sleep in poll()
-        takes a while to get going (session 29)."""
+        """Keep the event loop from sleeping in its poll for the next `_spin_s` (idle_spin_s): a callback that
+        queues itself again makes every loop pass poll without a timeout. Called when a request comes in and when
+        the core's step message arrives, so the loop is awake for the next message and for the next request after
+        the last one ends, as the core is (`wait_command`): a process woken from a sleep in poll() takes a while to
+        get going."""
         if self._spin_s <= 0.0 or self._loop is None:
             return
         self._hot_until = time.monotonic() + self._spin_s
@@ -485,21 +423,20 @@ class ProcessEngine:
         except (EOFError, OSError):
             self._core_gone()
 
-    def _handle(self, msg: tuple) -> None:
-        kind = msg[0]
-        if kind == "error":
-            self.error = EngineDeadError(f"the engine core process failed: {msg[1]}")
+    def _handle(self, msg: StepMessage | CoreError) -> None:
+        if isinstance(msg, CoreError):
+            self.error = EngineDeadError(f"the engine core process failed: {msg.message}")
             return
-        _, outputs, self._stats, self._adds_seen, rejected = msg
+        self._stats, self._adds_seen = msg.stats, msg.adds_seen
         streams = self._streams
-        for rid, index, text, token_ids, logprobs, finish_reason in outputs:
+        for rid, index, text, token_ids, logprobs, finish_reason in msg.outputs:
             target = streams.get(rid)
             if target is None:
                 continue
             q, counts, n_prompt = target
             counts[index] += len(token_ids)
             q.put_nowait(RequestOutput(rid, index, text, token_ids, logprobs, finish_reason, n_prompt, counts[index]))
-        for rid, message in rejected:
+        for rid, message in msg.rejected:
             target = streams.get(rid)
             if target is not None:
                 target[0].put_nowait(UserError(message))
@@ -521,7 +458,7 @@ class ProcessEngine:
             self._outputs.close()
 
 
-def _wait_ready(proc, outputs) -> dict[str, Any]:
+def _wait_ready(proc, outputs) -> CoreReady:
     while True:
         ready = multiprocessing.connection.wait([outputs, proc.sentinel])
         if outputs in ready:
@@ -529,12 +466,12 @@ def _wait_ready(proc, outputs) -> dict[str, Any]:
                 msg = outputs.recv()
             except EOFError:
                 msg = None
-            if msg is not None and msg[0] == "ready":
-                return msg[1]
-            if msg is not None and msg[0] == "failed":
-                if msg[1] == "user":
-                    raise UserError(msg[2])
-                raise RuntimeError(f"the engine core process failed to start:\n{msg[2]}")
+            if isinstance(msg, CoreReady):
+                return msg
+            if isinstance(msg, CoreFailed):
+                if msg.user_error:
+                    raise UserError(msg.message)
+                raise RuntimeError(f"the engine core process failed to start:\n{msg.message}")
         if proc.sentinel in ready or (outputs in ready):
             proc.join(5)
             raise RuntimeError(f"the engine core process exited during start-up (exit code {proc.exitcode})")

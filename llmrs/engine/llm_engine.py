@@ -1,39 +1,30 @@
-"""LLMEngine (schedule -> run -> sample -> update, one `step()`; with async scheduling the next step is planned
-and launched before the one in flight is finished) and AsyncEngine (the step loop in one background thread,
-handing each request's deltas to its own asyncio stream)."""
+"""LLMEngine: schedule -> run -> sample -> update, one `step()`. With async scheduling the next step is planned
+and launched before the one in flight is finished. Also the serving helpers that size and build the engine
+`llmrs serve` runs (KV blocks, the step's token budget, warm-up)."""
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import dataclasses
-import itertools
-import os
-import queue
 import sys
-import threading
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmrs.engine.config import OFF_VALUES, EngineConfig, ModelConfig, async_scheduling_default, env_int
+from llmrs import envs
+from llmrs.engine.config import EngineConfig, ModelConfig
 from llmrs.engine.kv_cache import KVCacheManager
-from llmrs.model.loader import LoadedModel, load
+from llmrs.engine.protocol import EngineStats
 from llmrs.engine.runner import ModelRunner, resolve_device
 from llmrs.engine.sampling import SampleResult, SamplingParams, needs_host_sampler
 from llmrs.engine.scheduler import Scheduler
 from llmrs.engine.sequence import Sequence, StepOutput
 from llmrs.errors import UserError
-from llmrs.trace import tr, tr_tokens
+from llmrs.model.loader import LoadedModel, load
+from llmrs.trace import tr
 
-
-class EngineOverloaded(Exception):
-    """Too many requests already wait (the server answers 429)."""
-
-
-class EngineDeadError(RuntimeError):
-    """The engine loop (thread or core process) is gone: new requests get a 503, open streams end in an error."""
+# the decode graphs captured at warm-up cover contexts up to this many tokens (within max_model_len); longer
+# contexts capture theirs when they first come
+WARMUP_GRAPH_CAP = 512
 
 
 def check_request(prompt_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int,
@@ -73,80 +64,6 @@ def check_request(prompt_ids: list[int], params: SamplingParams, vocab_size: int
 
 
 @dataclass(slots=True)
-class RequestOutput:
-    """One event on a request's stream: a delta for one choice."""
-
-    request_id: str
-    index: int
-    text: str
-    token_ids: list[int]
-    logprobs: list[SampleResult]
-    finish_reason: str | None
-    num_prompt_tokens: int
-    num_output_tokens: int
-
-
-MERGE_DELTAS = os.environ.get("LLMRS_MERGE_DELTAS", "1").strip().lower() not in OFF_VALUES
-
-
-def take_merged(pending: Any, q: asyncio.Queue | None = None) -> Any:
-    """Pop the oldest of a stream's queued deltas (a deque of RequestOutput or StepOutput, oldest first, after
-    everything waiting in its queue `q`; an exception ends it) with every later delta of the same choice merged into
-    it, up to and including that choice's last one (text, token ids and logprobs joined; the rest, finish_reason and
-    counts, the latest delta's). Other choices' deltas keep their order.
-
-    NOTE: a consumer that finds several deltas queued is behind the engine (a host-bound server: an event-loop pass
-    over 256 streams takes longer than a small model's step). Sent one by one they cost an SSE event and a socket
-    send each, so it falls further behind; merged, each stream costs one a pass. vLLM's RequestOutputCollector
-    merges the same way. A consumer that keeps up finds one delta at a time: nothing changes. LLMRS_MERGE_DELTAS=0
-    sends every delta as it came (A/B)."""
-    while q is not None and not q.empty():
-        pending.append(q.get_nowait())
-    item = pending.popleft()
-    if isinstance(item, BaseException) or item.finish_reason is not None or not pending or not MERGE_DELTAS:
-        return item
-    texts, ids, lps = [item.text], list(item.token_ids), list(item.logprobs)
-    last, keep = item, []
-    while pending:
-        other = pending.popleft()
-        if isinstance(other, BaseException):
-            keep.append(other)
-            keep.extend(pending)
-            pending.clear()
-            break
-        if other.index != item.index or last.finish_reason is not None:
-            keep.append(other)
-            continue
-        texts.append(other.text)
-        ids += other.token_ids
-        lps += other.logprobs
-        last = other
-    pending.extend(keep)
-    if last is item:
-        return item
-    return dataclasses.replace(last, text="".join(texts), token_ids=ids, logprobs=lps)
-
-
-@dataclass(slots=True)
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    kv_usage: float
-    num_free_blocks: int
-    num_blocks: int
-    prefix_queries: int
-    prefix_hits: int
-    prompt_tokens_total: int
-    generation_tokens_total: int
-    computed_tokens_total: int
-    num_preemptions: int
-    # CUDA graphs (decode and lone-prefill buckets) captured since the start, and the shapes whose capture failed,
-    # which then run eagerly and slower (both 0 without graphs: the CPU, --no-graphs)
-    graph_captures: int = 0
-    graph_capture_failures: int = 0
-
-
-@dataclass(slots=True)
 class RequestResult:
     """Offline result of one request (all its choices)."""
 
@@ -160,8 +77,7 @@ class RequestResult:
 def warm_up_for_serving(engine: "LLMEngine") -> None:
     """`LLMEngine.warmup` where it pays: an engine on the GPU; LLMRS_WARMUP=0 skips it. Then one line on stderr
     where some of the graphs it captured failed: those step shapes will run eagerly."""
-    if getattr(engine.runner, "device", "cpu") == "cuda" and os.environ.get("LLMRS_WARMUP", "1") not in (
-            "0", "false", "no", "off"):
+    if engine.runner.device == "cuda" and envs.LLMRS_WARMUP:
         engine.warmup()
         counts = engine._graph_counts()
         if counts["graph_capture_failures"]:
@@ -176,11 +92,11 @@ def serving_config(**options: Any) -> EngineConfig:
     return EngineConfig(**{"device": "auto", **options})
 
 
-def serving_engine(model: str | None, config: EngineConfig, keep_quantized: bool | None = None) -> "LLMEngine":
+def serving_engine(model: str | None, config: EngineConfig, keep_quantized: bool = False) -> "LLMEngine":
     """The LLMEngine `llmrs serve` runs, in its own process (AsyncEngine) or in the engine core's (ProcessEngine):
-    loaded, built and warmed up. keep_quantized None: load()'s reading of LLMRS_KEEP_QUANTIZED."""
+    loaded (quantized linears kept packed with `keep_quantized`), built and warmed up."""
     engine = LLMEngine(load(model, keep_quantized=keep_quantized), config)
-    if getattr(engine.runner, "device", "cpu") == "cuda" and engine.loaded.tensors is not None:
+    if engine.runner.device == "cuda" and engine.loaded.tensors is not None:
         # the weights are on the GPU now: the host copy (f32, twice a bf16 checkpoint: ~28 GB for a 7B) would only
         # sit in the serving process's memory (nothing reads it after the upload; ModelRunner refuses it)
         engine.loaded.tensors = None
@@ -189,12 +105,13 @@ def serving_engine(model: str | None, config: EngineConfig, keep_quantized: bool
 
 
 def use_async_scheduling(cfg: EngineConfig, runner: Any) -> bool:
-    """EngineConfig.async_scheduling resolved: only runners that can launch a step without waiting for it."""
+    """EngineConfig.async_scheduling resolved: only runners that can launch a step without waiting for it; by
+    default on when the model runs on one GPU."""
     if not hasattr(runner, "launch"):
         return False
     if cfg.async_scheduling is not None:
         return cfg.async_scheduling
-    return async_scheduling_default(getattr(runner, "device", "cpu"))
+    return runner.device == "cuda"
 
 
 def gpu_weight_bytes(loaded: LoadedModel, num_sms: int | None = None) -> int:
@@ -251,9 +168,9 @@ SERVING_BATCHED_TOKENS_SMALL, SERVING_BATCHED_TOKENS_LARGE = 2048, 8192
 def serving_batched_tokens(device: str, memory_bytes: int = 0, gpu_name: str = "") -> int:
     """The default token budget of a step (`--max-num-batched-tokens`) for the device: vLLM's API-server defaults,
     8192 on GPUs of >= 70 GiB except the A100 (where vLLM measured larger steps slower), 2048 elsewhere (CPU
-    included). H200, synthetic 7B, 256 requests with new prompts (reports/h200-qwen2.5/session9/call3-5): 8192 gives
-    15,414-16,261 output tok/s (4 runs) against 15,094 / 15,466 with 2048 (fewer, larger prefill GEMMs), at 64
-    requests TTFT mean 284-314 vs ~187 ms (a stream waits behind larger prefill chunks); one stream unchanged."""
+    included). On the H200 (synthetic 7B, 256 requests with new prompts) 8192 gives 2-5% more output tok/s than 2048
+    (fewer, larger prefill GEMMs), at the cost of a longer TTFT at 64 requests (a stream waits behind larger prefill
+    chunks); one stream is unchanged."""
     if device == "cuda" and memory_bytes >= 70 * 2**30 and "a100" not in gpu_name.lower():
         return SERVING_BATCHED_TOKENS_LARGE
     return SERVING_BATCHED_TOKENS_SMALL
@@ -261,7 +178,7 @@ def serving_batched_tokens(device: str, memory_bytes: int = 0, gpu_name: str = "
 
 def _runner_batched_tokens(runner: Any) -> int:
     """serving_batched_tokens for the GPU the runner's step runs on (its current CUDA device)."""
-    device = getattr(runner, "device", "cpu")
+    device = runner.device
     if device != "cuda":
         return serving_batched_tokens(device)
     from llmrs.backends.cuda import gpu_name_memory
@@ -345,8 +262,8 @@ class LLMEngine:
     def warmup(self, prompt_len: int = 256, decode_steps: int = 4) -> float:
         """Run one throwaway request (a prefill of `prompt_len` tokens, then `decode_steps` decodes) before serving,
         so that the first real request does not pay the one-time costs of a step on the GPU (cuBLAS set-up and
-        algorithm choice, workspace growth, the first decode graphs): on the H200 the first request's TTFT was 86 ms
-        against 13-30 ms for the next ones. Then forget it: blocks free, prefix cache empty, counters zero.
+        algorithm choice, workspace growth, the first decode graphs; on the H200 the first request's TTFT is
+        several times the next ones' without it). Then forget it: blocks free, prefix cache empty, counters zero.
         Returns the seconds it took. Only on an idle engine."""
         assert not self.has_unfinished(), "warm-up of an engine with requests"
         t0 = time.perf_counter()
@@ -368,8 +285,8 @@ class LLMEngine:
 
     def precapture_graphs(self) -> int:
         """The decode graphs of every batch bucket up to max_num_seqs at the context caps up to
-        LLMRS_WARMUP_GRAPH_CAP (default 512 tokens, within max_model_len; 0: none), captured now (cuda_graphs.py
-        DecodeGraphs.precapture); longer contexts capture theirs when they first come. Returns how many."""
+        WARMUP_GRAPH_CAP tokens (within max_model_len), captured now (DecodeGraphs.precapture); longer contexts
+        capture theirs when they first come. Returns how many."""
         backend = getattr(self.runner, "backend", None)
         graphs = getattr(backend, "graphs", None)
         model = getattr(self.runner, "model", None)
@@ -377,7 +294,7 @@ class LLMEngine:
             return 0
         from llmrs.backends.cuda_graphs import len_cap_for
 
-        cap = min(env_int("LLMRS_WARMUP_GRAPH_CAP", 512), len_cap_for(self.max_model_len))
+        cap = min(WARMUP_GRAPH_CAP, len_cap_for(self.max_model_len))
         if cap <= 0:
             return 0
         n = graphs.precapture(model.w, self.engine_config.max_num_seqs, cap)
@@ -473,169 +390,3 @@ class LLMEngine:
                 r.token_ids[o.index] += o.token_ids
                 r.finish_reasons[o.index] = o.finish_reason
         return [results[r] for r in order]
-
-
-def _put_all(items: list[tuple[asyncio.Queue, Any]]) -> None:
-    for q, item in items:
-        q.put_nowait(item)
-
-
-class AsyncEngine:
-    """The engine loop in one background thread; each request's deltas go to its own asyncio queue."""
-
-    def __init__(self, engine: LLMEngine, max_waiting: int | None = None, model_name: str | None = None):
-        self.engine = engine
-        self.tokenizer = engine.tokenizer
-        self.config = engine.loaded.config
-        self.max_model_len = engine.max_model_len
-        self.max_num_batched_tokens = engine.engine_config.max_num_batched_tokens
-        self.block_size = engine.engine_config.block_size
-        self.kv_cache_tokens = engine.kv.pool.num_blocks * self.block_size
-        self.model_name = model_name or engine.loaded.source.name
-        self.max_waiting = max_waiting
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._wake = threading.Event()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
-        self._stats = engine.stats()
-        self._stop = False
-        self._thread: threading.Thread | None = None
-        self._ids = itertools.count()
-        self.error: BaseException | None = None
-
-    @classmethod
-    def from_args(cls, model: str | None, max_waiting: int | None = None, served_model_name: str | None = None,
-                  **engine_options: Any) -> "AsyncEngine":
-        """`engine_options`: EngineConfig's fields (serving_config)."""
-        engine = serving_engine(model, serving_config(**engine_options))
-        return cls(engine, max_waiting=max_waiting, model_name=served_model_name)
-
-    # ------------------------------------------------------------------ lifecycle
-    def start(self) -> None:
-        assert self._thread is None
-        self._thread = threading.Thread(target=self._loop, name="llmrs-engine", daemon=True)
-        self._thread.start()
-
-    async def shutdown(self, abort_running: bool = True) -> None:
-        if abort_running:
-            for rid in list(self._streams):
-                await self.abort(rid)
-        else:
-            while self._streams:
-                await asyncio.sleep(0.01)
-        self._stop = True
-        self._wake.set()
-        if self._thread is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
-
-    def stats(self) -> EngineStats:
-        return self._stats
-
-    @property
-    def device(self) -> str:
-        return self.engine.runner.device
-
-    @property
-    def async_scheduling(self) -> bool:
-        return self.engine.async_scheduling
-
-    # ------------------------------------------------------------------ requests
-    def add_request(self, request_id: str | None, prompt_ids: list[int], params: SamplingParams
-                    ) -> AsyncIterator[RequestOutput]:
-        """Validate and queue a request; returns its stream (raises UserError / EngineOverloaded at once)."""
-        if self.error is not None:
-            raise EngineDeadError(f"engine loop died: {self.error}")
-        request_id = request_id or f"req-{next(self._ids)}"
-        if request_id in self._streams:
-            raise UserError(f"duplicate request id {request_id}")
-        if self.max_waiting is not None and self._stats.num_waiting + self._commands.qsize() >= self.max_waiting:
-            raise EngineOverloaded(f"{self._stats.num_waiting} requests already wait (--max-waiting {self.max_waiting})")
-        seqs = self.engine.make_sequences(request_id, prompt_ids, params)  # pure: safe off the engine thread
-        q: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = (asyncio.get_running_loop(), q)
-        self._commands.put(("add", request_id, seqs))
-        tr("cmd_sent")
-        self._wake.set()
-        return self._stream(request_id, q, len(seqs), len(prompt_ids))
-
-    async def _stream(self, request_id: str, q: asyncio.Queue, n: int, n_prompt: int
-                      ) -> AsyncIterator[RequestOutput]:
-        finished = 0
-        counts = [0] * n
-        pending: collections.deque = collections.deque()
-        try:
-            while finished < n:
-                if not pending:
-                    pending.append(await q.get())
-                item = take_merged(pending, q)  # with everything queued meanwhile, merged per choice
-                if isinstance(item, BaseException):
-                    raise item
-                counts[item.index] += len(item.token_ids)
-                if item.finish_reason is not None:
-                    finished += 1
-                yield RequestOutput(request_id, item.index, item.text, item.token_ids, item.logprobs,
-                                    item.finish_reason, n_prompt, counts[item.index])
-        finally:
-            if finished < n:  # the consumer went away (client disconnect, cancellation): abort now
-                self._commands.put(("abort", request_id, None))
-                self._wake.set()
-            self._streams.pop(request_id, None)
-
-    async def abort(self, request_id: str) -> None:
-        self._commands.put(("abort", request_id, None))
-        self._wake.set()
-
-    # ------------------------------------------------------------------ the loop (engine thread)
-    def _deliver(self, outputs: list[StepOutput]) -> None:
-        """Hand a step's outputs to their streams: one thread-safe call per event loop, not one per output.
-
-        NOTE: each `call_soon_threadsafe` writes to the loop's self-pipe (a syscall, taken under the GIL); at 256
-        streams that was milliseconds per step."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, StepOutput]]] = {}
-        streams = self._streams
-        for o in outputs:
-            target = streams.get(o.request_id)
-            if target is not None:
-                loop, q = target
-                items = by_loop.get(loop)
-                if items is None:
-                    items = by_loop[loop] = []
-                items.append((q, o))
-        for loop, items in by_loop.items():
-            loop.call_soon_threadsafe(_put_all, items)
-
-    def _drain_commands(self) -> None:
-        while True:
-            try:
-                cmd, rid, payload = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            if cmd == "add":
-                if rid in self._streams:  # not aborted before it arrived
-                    self.engine.add_sequences(rid, payload)
-            else:
-                self._deliver(self.engine.abort(rid))
-                self._streams.pop(rid, None)  # its queue already holds the abort; a never-read stream is dropped
-
-    def _loop(self) -> None:
-        try:
-            while True:
-                self._drain_commands()  # also after a stop: queued aborts are delivered before the loop ends
-                if self._stop:
-                    break
-                if self.engine.has_unfinished():
-                    t0 = time.perf_counter()
-                    tr("core_step")
-                    outputs = self.engine.step()
-                    tr_tokens(outputs)
-                    self._stats = self.engine.stats()
-                    self._deliver(outputs)
-                    self.last_step_s = time.perf_counter() - t0
-                else:
-                    self._stats = self.engine.stats()
-                    self._wake.wait(timeout=0.1)
-                    self._wake.clear()
-        except BaseException as e:  # a bug, not a user error: fail every open stream loudly
-            self.error = e
-            for loop, q in list(self._streams.values()):
-                loop.call_soon_threadsafe(q.put_nowait, EngineDeadError(f"engine loop failed: {e!r}"))
-            raise

@@ -1,6 +1,6 @@
 """Tensor parallelism over NCCL: one process per GPU, rank 0 in the engine's own process.
 
-Ran on 2 H200s (nvidia-h200-x2): tests/test_tp_gpu.py and the server suite at TP=2 (scripts/gpu_check.sh).
+Checked on 2 H200s by tests/test_tp_gpu.py and the server suite at TP=2.
 
 Layout:
 - rank 0 is the calling process (the engine: scheduler, one block pool, sampler) on GPU 0; ranks 1..N-1 are
@@ -17,7 +17,7 @@ Layout:
 - NVLink multicast (NVLS) stays off in every process: `MULTICAST_OFF` is set in os.environ before CuPy / NCCL
   load, in rank 0 and in each worker (a spawned child also inherits it).
 
-Not done yet (later work): all-reduce in bf16 (activations are f32 here: twice the bytes of the roofline's bf16
+Limits: all-reduce in bf16 (activations are f32 here: twice the bytes of the roofline's bf16
 figure; at decode the payload is a few KB and latency-bound); GGUF and AWQ checkpoints still load whole in
 each process (every tensor on the host first; plain safetensors checkpoints are read rank by rank, each process
 only its slices: llmrs/model/shard_load.py); the step's broadcast is a pickle down a pipe per worker (a few KB,
@@ -30,7 +30,7 @@ import multiprocessing as mp
 import os
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,6 +39,9 @@ from llmrs.backends.cuda import CUDAModel
 from llmrs.engine.tp import ShardPlan, shard_tensors
 from llmrs.errors import UserError
 
+if TYPE_CHECKING:
+    from llmrs.engine.async_engine import AsyncEngine
+
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 START_TIMEOUT_S = 300.0
 LOAD_TIMEOUT_S = 3600.0  # a 72B synthetic model draws ~145 GB of weights across the ranks
@@ -46,6 +49,7 @@ LOAD_TIMEOUT_S = 3600.0  # a 72B synthetic model draws ~145 GB of weights across
 
 def multicast_off() -> None:
     """NVLink SHARP / multicast off for NCCL (and PyTorch, NVSHMEM should they load): see the module doc."""
+    # NCCL reads its settings from the environment only, so this is how it is told (not an llmrs setting)
     os.environ.update(MULTICAST_OFF)
 
 
@@ -247,14 +251,8 @@ def synthetic_shard(plan: ShardPlan, rank: int, backend: Any, seed: int = 0) -> 
 
 def _worker_main(rank: int, world_size: int, conn: Any, spec: str | None, block_size: int,
                  gpu_memory_utilization: float, num_blocks: int | None, max_blocks: int) -> None:
-    """Ranks 1..N-1: start-up handshake, then one forward per StepBatch received, until "stop".
-    LLMRS_TP_STACKS=S (diagnostics): every S seconds the worker prints its Python stack to stderr."""
+    """Ranks 1..N-1: start-up handshake, then one forward per StepBatch received, until "stop"."""
     multicast_off()
-    stacks = os.environ.get("LLMRS_TP_STACKS", "")
-    if stacks:
-        import faulthandler
-
-        faulthandler.dump_traceback_later(float(stacks), repeat=True)
     try:
         r = _Rank(rank, world_size)
         conn.send(("ready", None))
@@ -394,12 +392,14 @@ def tp_runner_for_generate(model: str | None, world_size: int, max_len_hint: int
 
 
 def tp_async_engine(model: str | None, world_size: int, max_waiting: int | None = None,
-                    served_model_name: str | None = None, **engine_options: Any) -> Any:
-    """`llmrs serve --tensor-parallel-size N`: AsyncEngine.from_args with a tensor-parallel runner."""
+                    served_model_name: str | None = None, **engine_options: Any) -> "AsyncEngine":
+    """`llmrs serve --tensor-parallel-size N`: AsyncEngine.from_args with a tensor-parallel runner (the weights
+    dequantized: every rank slices float tensors)."""
     import atexit
     import dataclasses
 
-    from llmrs.engine.llm_engine import AsyncEngine, max_kv_blocks, serving_config
+    from llmrs.engine.async_engine import AsyncEngine
+    from llmrs.engine.llm_engine import max_kv_blocks, serving_config
     from llmrs.model.loader import load
     from llmrs.engine.tp import tp_engine
 

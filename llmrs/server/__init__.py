@@ -1,6 +1,6 @@
-"""`llmrs serve`: an OpenAI-compatible HTTP server over the engine's AsyncEngine.
+"""`llmrs serve`: an OpenAI-compatible HTTP server over an EngineClient (llmrs/engine/protocol.py).
 
-    cli.py       the `serve` command: bind, load, run uvicorn; Ctrl-C / SIGTERM exit 0 after a clean shutdown
+    llmrs/cli/serve.py   the `serve` command: bind, load, run uvicorn; Ctrl-C / SIGTERM exit 0 after a clean shutdown
     app.py       the FastAPI app and its ASGI guard (Bearer auth on /v1, body size limit)
     routes.py    /v1/completions, /v1/chat/completions, /v1/models, /health, /tokenize, /detokenize, /metrics
     serving.py   HTTP request -> engine requests -> one merged stream of deltas; abort on disconnect

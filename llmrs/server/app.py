@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmrs import trace
+from llmrs.engine.protocol import EngineClient
 from llmrs.server import errors
 from llmrs.server.metrics import ServerMetrics
 from llmrs.server.routes import router
@@ -90,8 +91,8 @@ class Guard:
         await self.app(scope, replay, send)
 
 
-def build_app(engine, settings: ServerSettings) -> FastAPI:
-    """The app over a built (not yet started) AsyncEngine."""
+def build_app(engine: EngineClient, settings: ServerSettings) -> FastAPI:
+    """The app over a built (not yet started) engine."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

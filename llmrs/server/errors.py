@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from llmrs.engine.llm_engine import EngineDeadError
+from llmrs.engine.protocol import EngineDeadError
 from llmrs.errors import UserError
 
 log = logging.getLogger("llmrs.server")

@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from llmrs.engine.protocol import EngineClient
+
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -28,7 +30,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 class EngineCollector(Collector):
     """Engine state, read at scrape time."""
 
-    def __init__(self, engine, model_name: str):
+    def __init__(self, engine: EngineClient, model_name: str):
         self.engine, self.model_name = engine, model_name
 
     def collect(self) -> Iterator[Metric]:
@@ -58,15 +60,14 @@ class EngineCollector(Collector):
         if hasattr(s, "num_preemptions"):
             yield counter("llmrs:num_preemptions", "Requests preempted (blocks freed, recomputed later).",
                           s.num_preemptions)
-        if hasattr(s, "graph_capture_failures"):
-            yield counter("llmrs:cuda_graph_captures", "CUDA graphs captured (decode and prefill buckets).",
-                          s.graph_captures)
-            yield counter("llmrs:cuda_graph_capture_failures", "Step shapes whose CUDA graph capture failed: they "
-                          "run eagerly, slower (the server's log says why).", s.graph_capture_failures)
+        yield counter("llmrs:cuda_graph_captures", "CUDA graphs captured (decode and prefill buckets).",
+                      s.graph_captures)
+        yield counter("llmrs:cuda_graph_capture_failures", "Step shapes whose CUDA graph capture failed: they "
+                      "run eagerly, slower (the server's log says why).", s.graph_capture_failures)
 
 
 class ServerMetrics:
-    def __init__(self, engine, model_name: str):
+    def __init__(self, engine: EngineClient, model_name: str):
         disable_created_metrics()  # no `_created` series (as vLLM): the process serves one app
         self.model_name = model_name
         self.registry = CollectorRegistry(auto_describe=True)

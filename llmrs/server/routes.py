@@ -44,7 +44,7 @@ def _stream_error(e: Exception) -> bytes:
 # ---------------------------------------------------------------------- plain endpoints
 @router.get("/health")
 async def health(request: Request) -> Response:
-    err = getattr(_state(request).engine, "error", None)
+    err = _state(request).engine.error
     if err is not None:
         return error_response(503, f"the engine loop failed: {err!r}")
     return Response(status_code=200)

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import anyio
 from starlette.requests import Request
 
+from llmrs.engine.protocol import EngineClient, EngineOverloaded
 from llmrs.engine.sampling import SampleResult, SamplingParams
 from llmrs.errors import UserError
 from llmrs.server.errors import APIError, user_error
@@ -29,7 +30,7 @@ _background: set[asyncio.Task] = set()  # strong references to fire-and-forget d
 
 @dataclass(slots=True)
 class ServerState:
-    engine: Any  # llmrs.engine.llm_engine.AsyncEngine
+    engine: EngineClient
     metrics: ServerMetrics
     served_names: list[str]
     model_root: str
@@ -98,8 +99,6 @@ class Generation:
     async def start(cls, state: ServerState, base_id: str, prompts: list[list[int]],
                     params: list[SamplingParams], arrival: float) -> "Generation":
         """Queue every prompt; an engine refusal (bad value, too long, overloaded) undoes the ones queued."""
-        from llmrs.engine.llm_engine import EngineOverloaded
-
         ids: list[str] = []
         streams: list[AsyncIterator] = []
         try:
