@@ -62,6 +62,8 @@ def test_vectorized_builder_equals_the_reference_builder(seqs, bs):
 class _RecordingRunner:
     """Answers at once (token = position % 50 + 100, never EOS), keeping every batch it was given."""
 
+    device = "cpu"
+
     def __init__(self, num_blocks: int):
         self.num_blocks, self.batches = num_blocks, []
 
@@ -70,6 +72,11 @@ class _RecordingRunner:
 
         self.batches.append(batch)
         return [SampleResult(int(p) % 50 + 100) for p in batch.positions[batch.sample_rows]]
+
+    def launch(self, batch, states):
+        from llmrs.backends.base import Launched
+
+        return Launched(self.execute_and_sample(batch, states))
 
 
 def test_scheduler_batches_equal_the_reference_builder_through_prefill_preemption_and_finish(smollm2):

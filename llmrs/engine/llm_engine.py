@@ -8,9 +8,11 @@ import dataclasses
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from llmrs import envs
+from llmrs.backends.base import StepHandle
+from llmrs.engine.batch import StepBatch
 from llmrs.engine.config import EngineConfig, ModelConfig
 from llmrs.engine.kv_cache import KVCacheManager
 from llmrs.engine.protocol import EngineStats
@@ -21,6 +23,21 @@ from llmrs.engine.sequence import Sequence, StepOutput
 from llmrs.errors import UserError
 from llmrs.model.loader import LoadedModel, load
 from llmrs.trace import tr
+
+class Runner(Protocol):
+    """What LLMEngine drives: ModelRunner (one device) or a tensor-parallel runner. It owns `num_blocks` KV blocks."""
+
+    device: str  # "cuda" for one GPU (async scheduling's default), "cpu", or a description of several devices
+    num_blocks: int
+
+    def launch(self, batch: StepBatch, states: list) -> StepHandle:
+        """Start a step and its sampling; `batch.feed` rows take their tokens from the step launched before."""
+        ...
+
+    def execute_and_sample(self, batch: StepBatch, states: list) -> list[SampleResult]:
+        """Run a step and sample it, to the end."""
+        ...
+
 
 # the decode graphs captured at warm-up cover contexts up to this many tokens (within max_model_len); longer
 # contexts capture theirs when they first come
@@ -104,11 +121,8 @@ def serving_engine(model: str | None, config: EngineConfig, keep_quantized: bool
     return engine
 
 
-def use_async_scheduling(cfg: EngineConfig, runner: Any) -> bool:
-    """EngineConfig.async_scheduling resolved: only runners that can launch a step without waiting for it; by
-    default on when the model runs on one GPU."""
-    if not hasattr(runner, "launch"):
-        return False
+def use_async_scheduling(cfg: EngineConfig, runner: Runner) -> bool:
+    """EngineConfig.async_scheduling resolved: by default on when the model runs on one GPU."""
     if cfg.async_scheduling is not None:
         return cfg.async_scheduling
     return runner.device == "cuda"
@@ -117,15 +131,15 @@ def use_async_scheduling(cfg: EngineConfig, runner: Any) -> bool:
 def gpu_weight_bytes(loaded: LoadedModel, num_sms: int | None = None) -> int:
     """Bytes the CUDA backend holds for the weights: bf16 matrices, f32 vectors, and a quantized linear's packed
     arrays: for 4-bit, the 4-bit GEMM's reordered copy and the matvec's row-major form where the backend keeps it
-    (cuda_q4gemm.row_form_needed, which depends on the GPU's `num_sms`; None counts both everywhere, the upper
+    (quant_linear.row_form_needed, which depends on the GPU's `num_sms`; None counts both everywhere, the upper
     bound). Synthetic models (drawn on the GPU): 2 bytes a parameter (an upper bound for the -awq ones)."""
-    from llmrs.backends.cuda import CUDABackend
-    from llmrs.backends.cuda_q4gemm import has_gemm_layout, row_form_needed
+    from llmrs.backends.cuda import CudaOptions
+    from llmrs.backends.cuda.quant_linear import has_gemm_layout, row_form_needed
     from llmrs.model.quant import QuantWeight
 
     if loaded.tensors is None:
         return 2 * loaded.config.num_parameters()
-    gemv = CUDABackend.q4_gemv
+    gemv = CudaOptions().q4_gemv
     total = 0
     for t in loaded.tensors.values():
         if isinstance(t, QuantWeight):
@@ -176,7 +190,7 @@ def serving_batched_tokens(device: str, memory_bytes: int = 0, gpu_name: str = "
     return SERVING_BATCHED_TOKENS_SMALL
 
 
-def _runner_batched_tokens(runner: Any) -> int:
+def _runner_batched_tokens(runner: Runner) -> int:
     """serving_batched_tokens for the GPU the runner's step runs on (its current CUDA device)."""
     device = runner.device
     if device != "cuda":
@@ -193,7 +207,7 @@ def _runner_batched_tokens(runner: Any) -> int:
 
 
 class LLMEngine:
-    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, runner: Any = None):
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, runner: Runner | None = None):
         """`runner` replaces the single-device ModelRunner (tensor parallelism); it owns `num_blocks` KV blocks."""
         self.loaded = loaded
         self.engine_config = cfg = config or EngineConfig()
@@ -292,7 +306,7 @@ class LLMEngine:
         model = getattr(self.runner, "model", None)
         if graphs is None or model is None:
             return 0
-        from llmrs.backends.cuda_graphs import len_cap_for
+        from llmrs.backends.cuda.graphs import len_cap_for
 
         cap = min(WARMUP_GRAPH_CAP, len_cap_for(self.max_model_len))
         if cap <= 0:

@@ -44,6 +44,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from llmrs.backends.base import Launched
 from llmrs.engine.batch import StepBatch
 from llmrs.engine.config import EngineConfig, ModelConfig
 from llmrs.model.decoder import Backend, Model, ModelWeights, build_weights
@@ -351,6 +352,11 @@ class SimulatedTPRunner:
 
         return sample(self.execute(batch), states)
 
+    def launch(self, batch: StepBatch, states: list) -> Launched:
+        """The step run to the end (tp_engine runs step by step: no `batch.feed`)."""
+        assert batch.feed is None, "tensor-parallel runners run step by step"
+        return Launched(self.execute_and_sample(batch, states))
+
     def shutdown(self) -> None:
         self.tp.close()
 
@@ -358,11 +364,12 @@ class SimulatedTPRunner:
 # ---------------------------------------------------------------------------------------------- the engine
 def tp_engine(loaded: Any, config: EngineConfig, make_runner: Callable[[int], Any]) -> Any:
     """An LLMEngine whose runner is tensor-parallel. `make_runner(num_blocks)` builds it (the NCCL runner may
-    settle on fewer blocks, what fits on every GPU: the engine takes `runner.num_blocks`)."""
+    settle on fewer blocks, what fits on every GPU: the engine takes `runner.num_blocks`). It runs step by step:
+    the tensor-parallel runners finish each step before the next is planned (no async scheduling)."""
     from llmrs.engine.llm_engine import LLMEngine, kv_blocks
 
     wanted = kv_blocks(loaded, config) if config.kv_cache_tokens is not None or config.device == "cpu" else None
-    return LLMEngine(loaded, config, runner=make_runner(wanted))
+    return LLMEngine(loaded, dataclasses.replace(config, async_scheduling=False), runner=make_runner(wanted))
 
 
 # ---------------------------------------------------------------------------------------------- head widening

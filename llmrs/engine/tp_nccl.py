@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from llmrs.backends.base import Launched
 from llmrs.engine.batch import StepBatch
 from llmrs.backends.cuda import CUDAModel
 from llmrs.engine.tp import ShardPlan, shard_tensors
@@ -358,6 +359,11 @@ class NcclTPRunner:
 
     def execute_and_sample(self, batch: StepBatch, states: list) -> list:
         return self.backend.sample(self.forward_device(batch), states)
+
+    def launch(self, batch: StepBatch, states: list) -> Launched:
+        """The step run to the end (tp_engine runs step by step: no `batch.feed`)."""
+        assert batch.feed is None, "tensor-parallel runners run step by step"
+        return Launched(self.execute_and_sample(batch, states))
 
     def shutdown(self) -> None:
         """Stop the workers (they exit at once), then abort rank 0's communicator. Safe to call twice."""
