@@ -2,15 +2,13 @@
 engine core, appended to PATH as lines "<time.perf_counter()> <pid> <tag>" by every process that has the variable
 (the server, its engine core process, `llmrs bench`'s workers). On Linux perf_counter is CLOCK_MONOTONIC, one
 clock for every process of the machine, so the lines of one request line up across processes;
-`scripts/ttft_trace.py PATH` prints the median time of each tag after the client's send, request by request.
+`tools/ttft_trace.py PATH` prints the median time of each tag after the client's send, request by request.
 
-Meant for one request at a time (a TTFT probe: `--concurrency 1`); one write(2) per tag on a descriptor each process
-opens once in append mode (O_APPEND: lines from several processes do not interleave) is the cost, ~1.6 us a tag on
-the 2-core VM against ~12 us for an open / write / close per tag, which is what it did until the sixteenth session
-(~30 tags on a TTFT's path: ~0.3 ms at the VM's speed; `scripts/bench_host_overhead.py server --seqs 1 --rounds 30
---prompt-len 256 --max-tokens 2 --gpu-ms 7.3 --async-scheduling --engine-process`, TTFT mean untraced 9.36 / 9.46
-ms, traced 9.54 / 9.62, traced the old way 9.82 / 9.47: within that run-to-run noise); nothing at all without the
-variable. Tags: client_send, asgi_enter, route, add_request (the server's add),
+Meant for one request at a time (a TTFT probe: `--concurrency 1`). Each process opens one descriptor in append mode
+(O_APPEND: lines from several processes do not interleave) and writes each tag with one write(2): ~1.6 us a tag on
+a 2-core VM, against ~12 us for an open / write / close per tag (~30 tags on a TTFT's path: the traced TTFT
+stays within run-to-run noise of the untraced one, `tools/bench_host_overhead.py server --seqs 1`); nothing at all
+without the variable. Tags: client_send, asgi_enter, route, add_request (the server's add),
 cmd_sent (the add written to the core's pipe), core_recv, core_step (begin of each step), step_planned /
 step_launched (LLMEngine.step with async scheduling), fwd_begin / fwd_batch / fwd_layer7,14,21,28 / fwd_queued (the
 CUDA forward's host side), sample_begin / sample_queued, core_tokens (a step's outputs, with their token count),
@@ -23,7 +21,9 @@ from __future__ import annotations
 import os
 import time
 
-PATH = os.environ.get("LLMRS_TRACE_FILE") or None
+from llmrs import envs
+
+PATH = envs.LLMRS_TRACE_FILE  # read once: every tag site tests it
 
 
 def tr_tokens(outputs) -> None:

@@ -213,7 +213,7 @@ def test_serve_socket_turns_nagle_off_for_asyncio_connections():
 def test_serve_refuses_a_bad_flush_interval_before_its_core_starts(monkeypatch):
     """LLMRS_FLUSH_EVERY_MS (the engine process's write interval within a long loop pass): a typo or a negative
     number is one clear error, before any engine core process is started."""
-    from llmrs.engine.core_process import flush_every_s
+    from llmrs.engine.core_client import flush_every_s
     from llmrs.errors import UserError
 
     monkeypatch.delenv("LLMRS_FLUSH_EVERY_MS", raising=False)

@@ -240,14 +240,14 @@ def test_synth_quant_awq_writes_a_checkpoint_that_loads_and_runs(tmp_path):
 def test_gpu_weight_bytes_counts_packed_4bit_weights_not_bf16(tiny_pair, monkeypatch):
     """The KV sizing on a GPU subtracts what the weights really take: ~4.25-bit packed linears (twice where the
     matvec's rows stay beside the 4-bit GEMM's copy) instead of 2 bytes a parameter."""
-    from llmrs.engine.engine import gpu_weight_bytes
+    from llmrs.engine.llm_engine import gpu_weight_bytes
 
     dense_dir, awq_dir = tiny_pair
     dense, kept = load(str(dense_dir)), load(str(awq_dir), keep_quantized=True)
     c = dense.config
     vectors = sum(t.size for t in dense.tensors.values() if t.ndim == 1)
     assert gpu_weight_bytes(dense) == 2 * (c.num_parameters() - vectors) + 4 * vectors
-    from llmrs.backends.cuda_q4gemm import supported
+    from llmrs.backends.cuda.quant_linear import supported
 
     linear = [t for t in kept.tensors.values() if isinstance(t, Q.QuantWeight)]
     assert linear and gpu_weight_bytes(kept) == gpu_weight_bytes(dense) - sum(  # the GEMM's copy where it applies
@@ -257,7 +257,7 @@ def test_gpu_weight_bytes_counts_packed_4bit_weights_not_bf16(tiny_pair, monkeyp
     # is large (every shape under LLMRS_Q4_GEMV_K_PER_N=0)
     from types import SimpleNamespace
 
-    import llmrs.backends.cuda_q4gemm as q4gemm
+    import llmrs.backends.cuda.quant_linear as q4gemm
     from tests.test_quant_marlin import make_weight
 
     rng = np.random.default_rng(0)
@@ -294,8 +294,8 @@ def test_gpu_kv_sizing_asks_the_device_and_subtracts_the_copies_it_keeps(tiny_pa
     (gpu_weight_bytes(loaded, num_sms)), what is left after the weights and the reserve in KV blocks."""
     from types import SimpleNamespace
 
-    import llmrs.backends.cuda as cuda_backend
-    import llmrs.engine.engine as E
+    import llmrs.backends.cuda.backend as cuda_backend
+    import llmrs.engine.llm_engine as E
 
     total = 8 << 30
     fake = SimpleNamespace(cuda=SimpleNamespace(Device=lambda: SimpleNamespace(attributes={"MultiProcessorCount": 2}),

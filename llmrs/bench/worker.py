@@ -9,19 +9,19 @@ total in flight never exceeds the cap. Workers report progress every 0.2 s and s
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
+from urllib.request import getproxies
 
 import httpx
 
+from llmrs import envs
 from llmrs.bench import http1
 from llmrs.bench.client import ClientConfig, build_body, send_request
 from llmrs.bench.records import RequestResult, RequestSpec
-from llmrs.engine.config import OFF_VALUES
 
 PROGRESS_EVERY_S = 0.2
 MAX_WARM = 256
@@ -49,7 +49,7 @@ class WorkerStats:
     peak_inflight: int = 0
 
 
-PROXY_VARS = ("http_proxy", "all_proxy")
+PROXY_SCHEMES = ("http", "all")  # urllib.request.getproxies() keys of http_proxy / all_proxy (either case)
 
 
 def _local(base_url: str) -> bool:
@@ -61,8 +61,8 @@ def client_kind(base_url: str) -> str:
     """Which HTTP client the workers use: "http1" (llmrs.bench.http1: plain http, ~1 ms less client time a request
     than httpx) unless the URL is https, a proxy is set in the environment for a host that is not local (httpx
     honours it), or LLMRS_BENCH_HTTPX is set to a true value; then "httpx"."""
-    proxied = not _local(base_url) and any(os.environ.get(v) or os.environ.get(v.upper()) for v in PROXY_VARS)
-    forced = os.environ.get("LLMRS_BENCH_HTTPX", "").strip().lower() not in ("", *OFF_VALUES)
+    proxied = not _local(base_url) and any(getproxies().get(k) for k in PROXY_SCHEMES)
+    forced = envs.LLMRS_BENCH_HTTPX
     return "http1" if urlsplit(base_url).scheme == "http" and not proxied and not forced else "httpx"
 
 

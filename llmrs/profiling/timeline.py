@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmrs import envs
 from llmrs.errors import UserError
 
 MARK_SRC = 'extern "C" __global__ void llmrs_mark() {}'
@@ -334,7 +335,7 @@ def capture(backend: Any, forward_device: Any, batch: Any, states: list, steps: 
                 backend.sample(forward_device(batch), states)
             backend.synchronize()
         prof.export_chrome_trace(path)
-        keep = os.environ.get("LLMRS_TIMELINE_TRACE")  # a copy of the raw trace (chrome://tracing, Perfetto)
+        keep = envs.LLMRS_TIMELINE_TRACE  # a copy of the raw trace (chrome://tracing, Perfetto)
         if keep:
             Path(keep).write_bytes(Path(path).read_bytes())
         doc = json.loads(Path(path).read_text())

@@ -7,13 +7,13 @@ wheels, nvidia/cuda_nvcc/bin). $LLMRS_PTXAS overrides; a ptxas on PATH is the la
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmrs import envs
 from llmrs.errors import UserError
 
 INSTALL_HINT = "pip install 'llmrs[ptx]'  (cuda-bindings, nvidia-cuda-nvrtc, nvidia-cuda-nvcc)"
@@ -43,7 +43,7 @@ def _site_nvidia_dirs() -> list[Path]:
 def find_nvdisasm() -> Path:
     """nvdisasm (for `ptx-check --sass`): $LLMRS_NVDISASM, the pip wheel (nvidia-cuda-nvdisasm), then PATH;
     UserError naming the package when none."""
-    env = os.environ.get("LLMRS_NVDISASM")
+    env = envs.LLMRS_NVDISASM
     if env:
         if not Path(env).is_file():
             raise UserError(f"LLMRS_NVDISASM={env}: no such file")
@@ -60,7 +60,7 @@ def find_nvdisasm() -> Path:
 
 def find_ptxas() -> tuple[Path, str]:
     """(path, origin) of ptxas: $LLMRS_PTXAS, then the pip wheels, then PATH; UserError when none."""
-    env = os.environ.get("LLMRS_PTXAS")
+    env = envs.LLMRS_PTXAS
     if env:
         if not Path(env).is_file():
             raise UserError(f"LLMRS_PTXAS={env}: no such file")
