@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from llmrs import envs
 from llmrs.engine.config import ModelConfig
 from llmrs.model.quant import awq_config, awq_tensors
 from llmrs.model.tokenizer import Tokenizer
@@ -62,7 +60,7 @@ def embedded_model_path(name: str) -> Path:
     import importlib.util
 
     pkg, filename, req = EMBEDDED_MODELS[name]
-    override = os.environ.get("LLMRS_EMBEDDED_DIR")  # a folder holding the embedded files (machines without pip)
+    override = envs.LLMRS_EMBEDDED_DIR  # a folder holding the embedded files (machines without pip)
     if override and (Path(override) / filename).exists():
         return Path(override) / filename
     spec = importlib.util.find_spec(pkg)
@@ -135,31 +133,15 @@ def resolve(spec: str | None) -> ModelSource:
     return ModelSource(name=name, path=path, kind="gguf", config=config, bytes_by_dtype=gf.tensor_dtypes(), gguf=gf)
 
 
-@contextlib.contextmanager
-def keep_quantized_env(keep: bool) -> Iterator[None]:
-    """LLMRS_KEEP_QUANTIZED set to `keep` inside (for engines that call load() themselves), restored after."""
-    old = os.environ.get("LLMRS_KEEP_QUANTIZED")
-    os.environ["LLMRS_KEEP_QUANTIZED"] = "1" if keep else "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("LLMRS_KEEP_QUANTIZED", None)
-        else:
-            os.environ["LLMRS_KEEP_QUANTIZED"] = old
-
-
-def load(spec: str | None, keep_quantized: bool | None = None, read_tensors: bool = True) -> LoadedModel:
+def load(spec: str | None, keep_quantized: bool = False, read_tensors: bool = True) -> LoadedModel:
     """Config, tensors and tokenizer of MODEL. Tensors are float32 numpy arrays (quantized checkpoints dequantized
     exactly), except with `keep_quantized`, where quantized linear weights (AWQ, GGUF Q4_0/Q4_1/Q8_0) stay
     `llmrs.model.quant.QuantWeight` (build_weights hands them to backends that take them, dequantizes for the
-    others). keep_quantized None reads LLMRS_KEEP_QUANTIZED=1 (how `llmrs serve` asks, through the engine).
+    others).
 
     `read_tensors=False` reads none of them (LoadedModel.tensors is None, as for a synthetic model): config, tokenizer
     and stop ids only, for callers that read the weights another way (tensor-parallel ranks, each its own slices:
     llmrs/model/shard_load.py). A safetensors checkpoint's bytes_by_dtype still comes from its headers."""
-    if keep_quantized is None:
-        keep_quantized = os.environ.get("LLMRS_KEEP_QUANTIZED", "0") == "1"
     src = resolve(spec)
     c = src.config
     if not read_tensors and src.kind != "synthetic":
