@@ -8,7 +8,7 @@ Where a single-stream decode step's time goes inside its CUDA graph, by ablation
 Eager per-kernel timings (`llmrs profile`) add a launch and two events around every kernel; inside a decode graph
 each kernel overlaps its neighbours' tails (programmatic dependent launch), so its real cost is what the step
 loses when it is gone. This builds a synthetic preset once and times the engine's run-ahead single-stream decode
-(`synth.run_ahead_intervals`, the `--decode-bench` loop) with classes of launches left out of the step (the
+(`run_ahead_intervals`, the `--decode-bench` loop) with classes of launches left out of the step (the
 graphs recaptured each time); the outputs are then wrong, the times are the point:
 
   norm   the RMSNorms before qkv and gate_up (their input passed through)   attn   the decode attention
@@ -99,7 +99,7 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
 
-    from llmrs.synth import run_ahead_intervals, single_stream
+    from llmrs.profiling.decode_bench import run_ahead_intervals, single_stream
 
     warmup = 8
     ss = single_stream(a.like, a.prompt_len, warmup + a.steps + 1, a.quant)
