@@ -18,11 +18,10 @@ from pathlib import Path
 import numpy as np
 
 from llmrs.bench.records import RequestSpec
-from llmrs.bench.tokenization import LocalTokenizer, Tokenizer
+from llmrs.bench.tokenization import ID_RANGE, LocalTokenizer, Tokenizer
 from llmrs.errors import UserError
 
 DEFAULT_OUTPUT_LEN = 128
-ID_RANGE = (256, 32000)  # without a local vocabulary: ids every common tokenizer has as ordinary tokens
 FIT_ROUNDS = 10
 FIT_PARALLEL = 32
 

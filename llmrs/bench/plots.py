@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from llmrs.bench.report import pct, stat
+from llmrs.bench.results import pct, stat
 from llmrs.errors import UserError
 
 PLOTS = ("throughput_vs_concurrency.png", "ttft_percentiles.png", "tpot_percentiles.png", "latency_vs_throughput.png")

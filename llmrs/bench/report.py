@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from llmrs.bench.client import OPTIONAL_SAMPLING
-from llmrs.bench.results import find_results, load_document
+from llmrs.bench.results import find_results, load_document, pct, stat
 from llmrs.errors import UserError
 
 REPORT_MD = "report.md"
@@ -112,21 +112,6 @@ def eager_lines(rows: list[Row]) -> list[str]:
     return ["## Caveats", ""] + [
         f"- **{r.label}** `{r.source}` {r.setting}: the server ran {r.eager_shapes} step shape(s) eagerly (their CUDA "
         "graph capture failed; the server's log says why): not its graphed speed." for r in bad] + [""]
-
-
-def stat(s: dict, *path: str) -> float | None:
-    """The number at `path` in a saved summary (`stat(s, "ttft_ms", "median")`), None where it is missing or null
-    (nothing measured: every request failed; or a results file without it)."""
-    v: object = s
-    for k in path:
-        v = v.get(k) if isinstance(v, dict) else None
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-
-
-def pct(s: dict, key: str, name: str) -> float | None:
-    """Percentile `name` ("p99") of the distribution `key`, else its max (a run that asked for other percentiles)."""
-    v = stat(s, key, "percentiles", name)
-    return v if v is not None else stat(s, key, "max")
 
 
 def _f(v: float | None, nd: int = 1) -> str:

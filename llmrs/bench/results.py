@@ -121,3 +121,18 @@ def find_results(paths: list[str]) -> list[Path]:
     if not out:
         raise UserError("no results files found")
     return list(out.values())
+
+
+def stat(s: dict, *path: str) -> float | None:
+    """The number at `path` in a saved summary (`stat(s, "ttft_ms", "median")`), None where it is missing or null
+    (nothing measured: every request failed; or a results file without it)."""
+    v: object = s
+    for k in path:
+        v = v.get(k) if isinstance(v, dict) else None
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def pct(s: dict, key: str, name: str) -> float | None:
+    """Percentile `name` ("p99") of the distribution `key`, else its max (a run that asked for other percentiles)."""
+    v = stat(s, key, "percentiles", name)
+    return v if v is not None else stat(s, key, "max")

@@ -18,11 +18,13 @@ import httpx
 
 from llmrs.errors import UserError
 
+ID_RANGE = (256, 32000)  # without a local vocabulary: ids every common tokenizer has as ordinary tokens
+
 
 class ServerTokenizer:
     """Tokenizes through the server's /tokenize and /detokenize endpoints."""
 
-    # None: /detokenize takes every id random prompts draw (dataset.ID_RANGE); else the first id it refuses (a
+    # None: /detokenize takes every id random prompts draw (ID_RANGE); else the first id it refuses (a
     # vocabulary smaller than that range: `probe_id_limit`)
     vocab_size: int | None = None
 
@@ -110,8 +112,6 @@ class TokenizerChoice:
 
 async def probe_server_tokenizer(base_url: str, model: str, client: httpx.AsyncClient) -> ServerTokenizer | None:
     """The server's tokenizer if its /tokenize and /detokenize answer as vLLM's do, else None."""
-    from llmrs.bench.dataset import ID_RANGE
-
     tok = ServerTokenizer(base_url, model, client)
     try:
         ids = await tok.encode("hello world")
