@@ -102,11 +102,11 @@ def doctor(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -
                     compute_capability=f"{props['major']}.{props['minor']}", sms=props["multiProcessorCount"],
                     memory_total_gb=round(total / 1e9, 1), memory_free_gb=round(free / 1e9, 1))
         try:
-            from llmrs.backends.cuda_kernels import ENTRY_POINTS, get_kernels
+            from llmrs.backends.cuda.kernels import ENTRY_POINTS, get_kernels
 
             k = get_kernels()
             data["kernels"] = f"{sum(len(v) for v in ENTRY_POINTS.values())} entry points compiled"
-            if k.wgmma_arch:  # the arch-specific kernels (wgmma; LLMRS_Q4_WGMMA / LLMRS_BF16_WGMMA take them)
+            if k.wgmma_arch:  # the arch-specific kernels (wgmma: sm_90a)
                 data["kernels_" + k.wgmma_arch] = f"{len(k.wgmma_fns())} entry points compiled"
         except Exception as e:  # a compile error: show the compiler's message
             data["kernels"] = f"FAILED: {e}"

@@ -33,9 +33,9 @@ def synthetic_vocab(size: int, special_ids: dict[int, str]) -> tuple[dict[str, i
     printable ASCII symbols (bytes 0x20-0x7e), with `special_ids` (id -> text) placed at their ids.
 
     Every token but the 128 single bytes above 0x7f decodes to complete text on its own. Random weights sample
-    tokens about uniformly; with merges over all 256 bytes (before), about half of them ended inside a UTF-8
-    character, the server held such a first token back until the next one completed it, and a benchmark's TTFT
-    median carried an extra decode step that a real model's English output does not."""
+    tokens about uniformly: with merges over all 256 bytes about half of them would end inside a UTF-8 character,
+    the server would hold such a first token back until the next one completed it, and a benchmark's TTFT median
+    would carry an extra decode step that a real model's English output does not."""
     byte_of = _bytes_to_unicode()  # ByteLevel symbol -> byte
     alphabet = sorted(byte_of)
     ascii_ = [ch for ch in alphabet if 0x20 <= byte_of[ch] <= 0x7E]

@@ -14,7 +14,7 @@ writes (weights) before it, so that the loads stream while the previous kernel d
 them there: it may move a load below the wait, and a non-coherent one (`ld.global.nc`) above it. `pre_wait_loads`
 counts the global loads (LDG) some path from the kernel's entry reaches without passing an ACQBULK (branches
 followed, both ways where predicated): loads that may run before the wait, wanted for weights, a bug for anything
-the previous kernel writes. llmrs's matvec kernels once had none there (session 18).
+the previous kernel writes.
 """
 
 from __future__ import annotations
