@@ -52,7 +52,8 @@ from pathlib import Path
 import numpy as np
 
 from llmrs.engine.config import EngineConfig
-from llmrs.engine.engine import AsyncEngine, LLMEngine
+from llmrs.engine.async_engine import AsyncEngine
+from llmrs.engine.llm_engine import LLMEngine
 from llmrs.model.loader import load
 from llmrs.engine.sampling import SampleResult, SamplingParams
 
@@ -138,12 +139,15 @@ def random_prompts(n: int, length: int, vocab: int, stop_ids: list[int], seed: i
     return out
 
 
+# --async-scheduling: the engine plans and launches each step before the previous one's tokens are back
+RUN_AHEAD = False
+
+
 def build_engine(loaded, n: int, prompt_len: int, max_tokens: int, gpu_ms: float = 0.0,
-                 stats_out: str | None = None) -> LLMEngine:
+                 stats_out: str | None = None, async_scheduling: bool | None = None) -> LLMEngine:
     bs = 16
     tokens = n * (prompt_len + max_tokens + bs)
-    # LLMRS_ASYNC_SCHEDULING=1 (--async-scheduling; inherited by the server and its engine core): run ahead
-    ahead = os.environ.get("LLMRS_ASYNC_SCHEDULING") == "1"
+    ahead = RUN_AHEAD if async_scheduling is None else async_scheduling
     cfg = EngineConfig(block_size=bs, kv_cache_tokens=tokens, max_num_seqs=n, max_num_batched_tokens=2048,
                        async_scheduling=ahead)
     runner = FakeRunner(loaded.tokenizer, loaded.stop_token_ids, -(-tokens // bs), bs, gpu_ms, stats_out)
@@ -151,11 +155,11 @@ def build_engine(loaded, n: int, prompt_len: int, max_tokens: int, gpu_ms: float
 
 
 def build_engine_in_core(model: str, n: int, prompt_len: int, gpu_ms: float, stats_out: str | None,
-                         core_cpus: str | None = None) -> LLMEngine:
+                         core_cpus: str | None = None, async_scheduling: bool = False) -> LLMEngine:
     """The factory the engine core process calls (--engine-process): the fake-runner engine, built there."""
     if core_cpus:
         os.sched_setaffinity(0, cpu_list(core_cpus))
-    return build_engine(load(model), n, prompt_len, 0, gpu_ms, stats_out)
+    return build_engine(load(model), n, prompt_len, 0, gpu_ms, stats_out, async_scheduling)
 
 
 def params(max_tokens: int) -> SamplingParams:
@@ -300,7 +304,7 @@ def serve(args) -> None:
         from llmrs.engine.core_client import ProcessEngine
 
         factory = functools.partial(build_engine_in_core, args.model, args.max_num_seqs, args.max_model_tokens,
-                                    args.gpu_ms or 0.0, args.stats_out, args.core_cpus)
+                                    args.gpu_ms or 0.0, args.stats_out, args.core_cpus, args.async_scheduling)
         ae = ProcessEngine.spawn(load(args.model, read_tensors=False), factory, model_name="fake")
     else:
         eng = build_engine(load(args.model), args.max_num_seqs, args.max_model_tokens, 0, args.gpu_ms or 0.0)
@@ -348,9 +352,10 @@ def run_server(args, n: int) -> dict:
                   f"--max-model-tokens {args.prompt_len + args.max_tokens} --gpu-ms {gpu_ms} "
                   f"--stats-out {tmp / 'steps.json'}" + (f" --profile-out {tmp / 'prof.json'}" if args.profile else "")
                   + (" --engine-process" if args.engine_process else "")
+                  + (" --async-scheduling" if args.async_scheduling else "")
                   + (f" --server-cpus {args.server_cpus}" if args.server_cpus else "")
                   + (f" --core-cpus {args.core_cpus}" if args.core_cpus else ""))
-    cmd = [sys.executable, "-m", "llmrs.cli", "bench", "--server-cmd", server_cmd, "--concurrency", str(n),
+    cmd = [sys.executable, "-m", "llmrs", "bench", "--server-cmd", server_cmd, "--concurrency", str(n),
            "--num-prompts", str(n * args.rounds), "--input-len", str(args.prompt_len), "--output-len",
            str(args.max_tokens), "--ignore-eos", "--prompt-format", "ids", "--workers", str(args.workers),
            "--out-dir", str(tmp), "--name", "bench"]
@@ -448,8 +453,8 @@ def main() -> None:
     ap.add_argument("--stats-out", default=None)
     ap.add_argument("--profile-out", default=None)
     args = ap.parse_args()
-    if args.async_scheduling:
-        os.environ["LLMRS_ASYNC_SCHEDULING"] = "1"
+    global RUN_AHEAD
+    RUN_AHEAD = bool(args.async_scheduling)
     if args.mode == "serve":
         return serve(args)
     if args.mode != "server" and args.gpu_ms is None:
