@@ -215,7 +215,7 @@ def test_cli_tensor_parallel_without_enough_gpus_exits_2_with_the_gpu_count(args
         pytest.skip("this machine has the GPUs")
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root)}
-    p = subprocess.run([sys.executable, "-m", "llmrs.cli", *args], capture_output=True, text=True, env=env,
+    p = subprocess.run([sys.executable, "-m", "llmrs", *args], capture_output=True, text=True, env=env,
                        cwd=root, timeout=120)
     assert p.returncode == 2
     assert f"--tensor-parallel-size 2 needs 2 GPUs; {visible_gpus()} visible" in p.stderr
