@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,30 +196,6 @@ class EngineConfig:
     # model runs on one GPU; True/False force it (`llmrs serve --async-scheduling/--no-async-scheduling`; on the
     # CPU it only shows that the two schedules agree: the CPU runs each step at once)
     async_scheduling: bool | None = None
-
-
-OFF_VALUES = ("0", "false", "no", "off")  # an on/off environment switch read as off
-
-
-def _env_setting(name: str, default: Any, parse: Any, expected: str) -> Any:
-    """parse(the variable) where it is set and not empty, else default: one clear error for a typo."""
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return parse(raw)
-    except ValueError:
-        raise UserError(f"{name}={raw!r}: expected {expected}") from None
-
-
-def env_int(name: str, default: int) -> int:
-    """An integer setting from the environment (the backends' measuring knobs)."""
-    return _env_setting(name, default, int, "an integer")
-
-
-def env_float(name: str, default: float) -> float:
-    """A number setting from the environment."""
-    return _env_setting(name, default, float, "a number")
 
 
 def async_scheduling_default(device: str) -> bool:

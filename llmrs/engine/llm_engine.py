@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from llmrs import envs
 from llmrs.backends.base import StepHandle
 from llmrs.engine.batch import StepBatch
-from llmrs.engine.config import EngineConfig, ModelConfig
+from llmrs.engine.config import EngineConfig, ModelConfig, async_scheduling_default
 from llmrs.engine.kv_cache import KVCacheManager
 from llmrs.engine.protocol import EngineStats
 from llmrs.engine.runner import ModelRunner, resolve_device
@@ -125,7 +125,7 @@ def use_async_scheduling(cfg: EngineConfig, runner: Runner) -> bool:
     """EngineConfig.async_scheduling resolved: by default on when the model runs on one GPU."""
     if cfg.async_scheduling is not None:
         return cfg.async_scheduling
-    return runner.device == "cuda"
+    return async_scheduling_default(runner.device)
 
 
 def gpu_weight_bytes(loaded: LoadedModel, num_sms: int | None = None) -> int:

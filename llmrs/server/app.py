@@ -117,10 +117,8 @@ def build_app(engine: EngineClient, settings: ServerSettings) -> FastAPI:
 
 async def warm_up() -> None:
     """What the first request would otherwise pay inside a burst: the first streamed response's task group imports
-    anyio's asyncio backend (anyio._backends._asyncio and 12 more modules: 13 ms on the 2-core VM, 34 ms from
-    sources without .pyc, as `pip install --no-compile` leaves them on the GPU machine); here, before the port
-    answers. (Traced on the H200, session 26 call8, the event loop stalled ~105 ms after the first request of a
-    fresh server's first 256-request burst, the other 255 waiting: how much of that this was is to be measured.)"""
+    anyio's asyncio backend (anyio._backends._asyncio and 12 more modules: ~13 ms on a 2-core VM, more from sources
+    without .pyc, as `pip install --no-compile` leaves them); here, before the port answers."""
     async with anyio.create_task_group() as tg:
         tg.start_soon(anyio.sleep, 0)
 
