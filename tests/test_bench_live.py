@@ -181,8 +181,8 @@ def test_results_file_is_complete_and_usage_is_cross_checked(server, tmp_path):
 
 def test_a_server_running_shapes_eagerly_is_flagged(tmp_path):
     """An llmrs server whose /metrics counts failed CUDA graph captures (those step shapes run eagerly): the run
-    records the count and the console says the figures are not the graphed speed. (Session 32 found a server that
-    had run eagerly since the previous session only by its throughput halving.)"""
+    records the count and the console says the figures are not the graphed speed (otherwise a server running
+    eagerly shows only as a throughput that halves)."""
     with running(graph_failures=3) as (url, _):
         console = Console(record=True, width=200)
         path = run_bench(BenchOptions(workload=WorkloadConfig(num_prompts=2, input_len=8, output_len=2, seed=1),

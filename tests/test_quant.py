@@ -252,9 +252,9 @@ def test_gpu_weight_bytes_counts_packed_4bit_weights_not_bf16(tiny_pair, monkeyp
     linear = [t for t in kept.tensors.values() if isinstance(t, Q.QuantWeight)]
     assert linear and gpu_weight_bytes(kept) == gpu_weight_bytes(dense) - sum(  # the GEMM's copy where it applies
         2 * t.N * t.K - (1 + supported(t.N, t.K, t.group_size)) * t.nbytes for t in linear)
-    # where the GEMV takes one token the row form is released: one copy. By default that is every shape (session
-    # 23); under a size rule (LLMRS_Q4_GEMV_MIN_WEIGHTS) where N / 32 >= 4 x the GPU's SMs, K >= 4 N, or the matrix
-    # is large (every shape under LLMRS_Q4_GEMV_K_PER_N=0)
+    # where the GEMV takes one token the row form is released: one copy. By default that is every shape; under a
+    # size rule (GEMV_ONE_TOKEN_MIN_WEIGHTS) where N / 32 >= 4 x the GPU's SMs, K >= 4 N, or the matrix is large
+    # (every shape with GEMV_ONE_TOKEN_K_PER_N = 0)
     from types import SimpleNamespace
 
     import llmrs.backends.cuda.quant_linear as q4gemm
