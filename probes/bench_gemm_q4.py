@@ -6,7 +6,7 @@ for each pipeline depth asked for, beside dequantize + cuBLAS (the backend's pat
 
     python -m probes.bench_gemm_q4 [--tokens 128,192,256,512] [--stages "8:2,4:3;8:4,4:4"]
 
-Each --stages set (';'-separated, each `MT:STAGES,...` as LLMRS_Q4_GEMM_STAGES) compiles gemm_q4.cu once with those
+Each --stages set (';'-separated, each `MT:STAGES,...`) compiles the 4-bit GEMM's file once with those
 -DGQ_STAGES_M<MT> and times MT 4 and MT 8 at every T (CUDA events around --reps launches, the backend's K slices);
 every output is checked against dequantize + cuBLAS (the same bf16 weights and x: equal up to f32 summation order;
 "WRONG" above 1e-4). Prints us and TFLOP/s per shape, T, set and MT, then the 28-layer sums of the four linears per
@@ -46,9 +46,10 @@ def main() -> None:
     be = tiny_backend()
     sets = {}
     for spec in filter(None, (s.strip() for s in args.stages.split(";"))):
-        stages = ck._gemm_q4_stages(spec)
-        opts = ck.OPTIONS + tuple(f"-DGQ_STAGES_M{mt}={n}" for mt, n in sorted(stages.items()))
-        mod = cp.RawModule(code=ck.kernel_source("gemm_q4.cu"), options=opts)
+        stages = {**ck.GEMM_Q4_STAGES, **{int(mt): int(n) for mt, n in (p.split(":") for p in spec.split(","))}}
+        opts = ck.options() + tuple(f"-DGQ_STAGES_M{mt}={n}" for mt, n in sorted(stages.items()))
+        fname = next(f for f, ns in ck.ENTRY_POINTS.items() if "gemm_q4z_m4" in ns)  # the 4-bit GEMM's file
+        mod = cp.RawModule(code=ck.kernel_source(fname), options=opts)
         fns = {}
         for mt in (4, 8):
             fn = mod.get_function(f"gemm_q4z_m{mt}")

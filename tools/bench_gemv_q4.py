@@ -7,16 +7,17 @@ matvec_q4 (row form) and gemv_q4 (Marlin layout) at every K split S, each launch
 Prints per shape and kernel: us a launch, GB/s of the packed bytes (codes + scales + zeros), % of --roof-gbs, the
 grid's blocks and the resident-block rounds it needs (4 blocks an SM), and the 28-layer sums of the backend's
 choice and of the best S. On sm_90 each S runs twice: its K slices launched as one cluster (the default up to S = 4) and
-through the L2 hand-off ("gemv_q4 l2", LLMRS_Q4_GEMV_CLUSTER=0's form). Each kernel's output is checked against
+through the L2 hand-off ("gemv_q4 l2", the q4_gemv_cluster=False form). Each kernel's output is checked against
 x (rounded to bf16) @ the dequantized weights:
 "WRONG" marks a relative error above 1e-2 or an output left unwritten. --json writes the rows.
-What bounds the GEMV (gemm_q4.cu's timing probes, their outputs WRONG by design): --variants '-DGV_ABLATE_MATH
+--variants 'MACROS;MACROS' compiles the GEMV's file again with each set of macros and times those builds beside
+the shipped one; --source probes/gemv_q4_ablate.cu takes them from the GEMV's ablation probe instead, whose macros
+say what bounds the GEMV (outputs WRONG by design): --variants '-DGV_ABLATE_MATH
 -DGV_ABLATE_PAD=39000;-DGV_ABLATE_LOADS' times the code stream alone (no decode, no mma; held at 4 blocks an SM) and
 the math alone (codes made from their addresses) beside the kernel; '-DGV_ABLATE_X;-DGV_ABLATE_X -DGV_ABLATE_LOADS'
 the kernel with x's loads left out, and the decode + mma with neither stream (what x's round trips cost);
 -DGV_ABLATE_ONES (no ones mma for X) and -DGV_ABLATE_DECODE (no decode: the code words straight into the mma) say
-whether that arithmetic waits on the tensor pipe or the integer pipe (each macro only where the kernel file
-still defines it).
+whether that arithmetic waits on the tensor pipe or the integer pipe.
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="passes over the copies inside one graph")
     ap.add_argument("--roof-gbs", type=float, default=4296.0)
     ap.add_argument("--variants", default="",
-                    help="';'-separated NVRTC option sets for gemm_q4.cu's gemv (e.g. '-DGV_DEPTH=8 -DGV_MINB=3;"
+                    help="';'-separated NVRTC option sets for the GEMV's kernel file (e.g. '-DGV_DEPTH=8 -DGV_MINB=3;"
                          "-DGV_MINB=5'; `llmrs ptx-check -D` says first whether they spill): each timed beside "
                          "the built-in kernels")
+    ap.add_argument("--source", default=None, help="kernel file the --variants are built from (default: the shipped "
+                    "GEMV's; e.g. probes/gemv_q4_ablate.cu)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -61,12 +64,17 @@ def main() -> None:
 
     be = tiny_backend()
     cluster_default = be.q4_gemv_cluster
-    from llmrs.backends.cuda.kernels import ENTRY_POINTS, OPTIONS, kernel_source
+    from llmrs.backends.cuda.kernels import ENTRY_POINTS, kernel_source, options
 
-    names = [n for n in ENTRY_POINTS["gemm_q4.cu"] if n.startswith("gemv_")]  # every form a variant replaces
+    fname = next(f for f, ns in ENTRY_POINTS.items() if "gemv_q4z" in ns)  # the GEMV's kernel file
+    names = [n for n in ENTRY_POINTS[fname] if n.startswith("gemv_")]  # every form a variant replaces
+    if args.source:
+        src, inc = Path(args.source).read_text(), (f"-I{Path(args.source).resolve().parent}",)
+    else:
+        src, inc = kernel_source(fname), ()
     variants = {"main": {n: be.k.fns[n] for n in names}}
     for opts in filter(None, (v.strip() for v in args.variants.split(";"))):
-        mod = cp.RawModule(code=kernel_source("gemm_q4.cu"), options=OPTIONS + tuple(opts.split()))
+        mod = cp.RawModule(code=src, options=options() + inc + tuple(opts.split()))
         variants[opts] = {n: mod.get_function(n) for n in names}
         fn = variants[opts]["gemv_q4z"]
         print(f"variant {opts!r}: {fn.num_regs} registers, {fn.local_size_bytes} bytes local", flush=True)
