@@ -216,14 +216,14 @@ class _Rank:
 
 
 def synthetic_shard(plan: ShardPlan, rank: int, backend: Any, seed: int = 0) -> Any:
-    """The rank's share of `llmrs.synth.gpu_weights(config, seed)`: the same draws in the same order, each full
+    """The rank's share of `llmrs.model.synthetic.gpu_weights(config, seed)`: the same draws in the same order, each full
     matrix sliced as soon as it is drawn, so TP=N holds exactly the weights TP=1 would (greedy tokens can be
     compared) while no GPU ever holds more than its shard plus one full matrix.
 
-    NOTE: keep the draw order in step with gpu_weights (both draw through llmrs.synth.GpuDraws)."""
+    NOTE: keep the draw order in step with gpu_weights (both draw through llmrs.model.synthetic.GpuDraws)."""
     from llmrs.model.decoder import LayerWeights, ModelWeights
     from llmrs.engine.tp import _take_rows, _vocab_rows
-    from llmrs.synth import GpuDraws
+    from llmrs.model.synthetic import GpuDraws
 
     cp = backend.cp
     c = plan.config
