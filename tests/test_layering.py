@@ -3,7 +3,8 @@
 - no import cycle among llmrs modules (static imports, function-level ones included);
 - the engine (engine/, backends/, model/, server/) imports none of the toolkit (synth, roofline, bench, profiling,
   ptx, cli);
-- no module but llmrs/envs.py reads os.environ or os.getenv (settings are read through llmrs.envs).
+- no module but llmrs/envs.py reads os.environ or os.getenv (settings are read through llmrs.envs); setting another
+  tool's variables (NCCL's) is allowed, passing an llmrs setting to child processes through os.environ is not.
 """
 
 from __future__ import annotations
@@ -133,16 +134,52 @@ def test_engine_imports_no_toolkit():
     assert not bad, "the engine imports the toolkit:\n" + "\n".join(bad)
 
 
+def _is_os_environ(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr in ("environ", "environb") \
+        and isinstance(node.value, ast.Name) and node.value.id == "os"
+
+
+def _sets_another_tools_variables(node: ast.AST, parent: dict[ast.AST, ast.AST]) -> bool:
+    """`os.environ.update(...)` as a statement, or `os.environ[KEY] = ...` with KEY not an LLMRS_ literal: a module
+    may set another tool's variables for itself and its children (NCCL's, before NCCL starts). llmrs settings never
+    travel through the environment that way."""
+    up = parent.get(node)
+    if isinstance(up, ast.Attribute) and up.attr == "update":
+        call = parent.get(up)
+        return isinstance(call, ast.Call) and call.func is up and isinstance(parent.get(call), ast.Expr)
+    if isinstance(up, ast.Subscript) and isinstance(up.ctx, ast.Store):
+        key = up.slice
+        return not (isinstance(key, ast.Constant) and str(key.value).startswith("LLMRS_"))
+    return False
+
+
 def _environ_reads(tree: ast.Module) -> list[int]:
+    """Lines that read the environment (os.environ, os.getenv, `from os import environ`) or pass an llmrs setting
+    through it."""
+    parent = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     lines = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr in ("environ", "environb", "getenv", "getenvb") \
+        if _is_os_environ(node) and not _sets_another_tools_variables(node, parent):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Attribute) and node.attr in ("getenv", "getenvb") \
                 and isinstance(node.value, ast.Name) and node.value.id == "os":
             lines.append(node.lineno)
         elif isinstance(node, ast.ImportFrom) and node.module == "os" and not node.level \
                 and any(a.name in ("environ", "environb", "getenv", "getenvb") for a in node.names):
             lines.append(node.lineno)
     return lines
+
+
+def test_the_environment_checker_tells_reads_from_setting_another_tools_variables():
+    reads = sorted(_environ_reads(ast.parse(
+        "import os\n"
+        "a = os.environ.get('X')\n"
+        "b = os.getenv('X')\n"
+        "os.environ['LLMRS_CUDA_GRAPHS'] = '0'\n"
+        "c = dict(os.environ)\n"
+        "os.environ.update(NCCL)\n"
+        "os.environ['NCCL_NVLS_ENABLE'] = '0'\n")))
+    assert reads == [2, 3, 4, 5]
 
 
 def test_only_envs_reads_the_environment():
