@@ -221,23 +221,22 @@ def test_sass_without_nvdisasm_is_one_line(tmp_path):
 
 
 def test_wgmma_gemms_compile_clean_for_sm_90a():
-    """gemm_q4.cu's wgmma kernels (the 4-bit GEMM's Hopper form, the bf16 GEMM with K split over a cluster) exist
-    only for the arch-specific target (`llmrs ptx-check`'s default archs compile empty bodies): built for sm_90a each
+    """gemm_q4_wgmma.cu's kernels (the 4-bit GEMM's Hopper form, K split over a cluster) exist only for the
+    arch-specific target (`llmrs ptx-check`'s default archs compile empty bodies): built for sm_90a each
     holds its 8 wgmma a stage (gemm_q4w2: 4 of m64n256; HGMMA in the SASS main loop; for the 4-slice cluster the
     reduction loop is the larger one) without local memory, in at most 255 registers, and not serialized by
-    ptxas (its C7515 note: each wgmma waiting for the one before; the 4-bit form had it until the fifteenth
-    session, ~20% of its time)."""
-    from llmrs.backends.cuda_kernels import ARCH_ENTRY_POINTS
+    ptxas (its C7515 note: each wgmma waiting for the one before, ~20% of the kernel's time)."""
+    from llmrs.backends.cuda.kernels import ARCH_ENTRY_POINTS
 
-    p = ptx_check(str(ROOT / "llmrs" / "kernels_cu" / "gemm_q4.cu"), "--arch", "sm_90a", "--sass", "--json")
+    p = ptx_check(str(ROOT / "llmrs" / "kernels_cu" / "gemm_q4_wgmma.cu"), "--arch", "sm_90a", "--sass", "--json")
     assert p.returncode == 0, p.stdout + p.stderr
     rows = {r["name"]: r for r in json.loads(p.stdout)["results"]}
-    for name in ARCH_ENTRY_POINTS["gemm_q4.cu"]:
+    for name in ARCH_ENTRY_POINTS["gemm_q4_wgmma.cu"]:
         r = rows[name]
         assert not r["flagged"] and r["spill_stores"] == 0 and r["registers"] <= 255, r
         assert r["wgmma_serialized"] == "" and r["status"] == "ok", r
-        if name != "gemm_bf16wg_s4":  # gemm_q4w2's stage: 4 m64n256 wgmma, half the decoding a multiply-add
-            assert dict(r["sass"]["main_loop_mix"]).get("HGMMA") == (4 if "w2" in name else 8), r["sass"]
+        # gemm_q4w2's stage: 4 m64n256 wgmma, half the decoding a multiply-add
+        assert dict(r["sass"]["main_loop_mix"]).get("HGMMA") == (4 if "w2" in name else 8), r["sass"]
 
 
 def test_serialized_wgmma_is_flagged_unless_allowed():

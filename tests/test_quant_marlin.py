@@ -1,4 +1,4 @@
-"""The Marlin layout of the 4-bit GEMM (llmrs/kernels_cu/gemm_q4.cu), pinned on the CPU:
+"""The Marlin layout of the 4-bit kernels (llmrs/kernels_cu/q4_marlin.cuh), pinned on the CPU:
 
 - marlin_reorder / marlin_unreorder round-trip bit-exactly (random codes, several shapes);
 - each lane's 16-byte load holds exactly its mma.m16n8k16 B fragments (PTX: b_i holds B[row][col] with
@@ -43,7 +43,7 @@ def test_marlin_reorder_rejects_shapes_off_the_32_grid():
 
 def thread_fragments(packed: np.ndarray, sz: np.ndarray, G: int, mode: int) -> np.ndarray:
     """What each lane's registers hold after the kernel's decode, as bf16 values: [NB, KB, lane, ntile i, k16 step,
-    b0/b1, low/high half]. Mirrors frag_b / compute_stage of gemm_q4.cu operation for operation."""
+    b0/b1, low/high half]. Mirrors frag_b (q4_marlin.cuh) / compute_stage (gemm_q4.cu) operation for operation."""
     NB, KB = packed.shape[:2]
     w = packed.astype(np.uint32)[..., None]  # [NB, KB, 32, 4, 1]
 
@@ -140,7 +140,7 @@ def gemv_slots(packed: np.ndarray, nb: int, kb: int, regs):
 
 
 def gemv_emulated(packed: np.ndarray, sz: np.ndarray, x: np.ndarray, G: int, mode: int) -> np.ndarray:
-    """out[T, N] as gemm_q4.cu's gemv_q4 computes it, in float64: per k32 block each lane's four words become bf16x2
+    """out[T, N] as gemv_q4.cu's gemv_q4 computes it, in float64: per k32 block each lane's four words become bf16x2
     registers (128 + nibble p, 128 + nibble p + 4) = lop3(w >> 4p) (the codes' mma operand), the lane's x values
     are paired to match in the other operand (x rounded to bf16), mma sums slot by slot, a ones-mma sums x, and
     each group ends with acc += s (C - (128 + z) X) (zero) or s (C - 128 X) + m X (min)."""
@@ -191,7 +191,7 @@ def test_gemv_slot_pairing_and_group_algebra_give_x_at_the_exact_weights(kind, G
 
 
 def gemv_emulated_fp16(packed: np.ndarray, sz: np.ndarray, x: np.ndarray, G: int, mode: int) -> np.ndarray:
-    """gemm_q4.cu's opt-in -DGV_FP16 form of gemv_q4, in float64: fp16 operands, a word's nibbles p = 0, 2 as
+    """probes/gemv_q4_ablate.cu's -DGV_FP16 form of gemv_q4, in float64: fp16 operands, a word's nibbles p = 0, 2 as
     1024 + q ((w >> 4p) & 0x000F000F | 0x64006400) and p = 1, 3 as 1024 + 16 q ((w >> 4(p - 1)) & 0x00F000F0 |
     0x64006400), their k slots fed x / 16 (each step's b1), so C = sum q x + 1024 cx' with cx' = sum_lo x +
     sum_hi x / 16 (the ones mma's rows g) and X = sum x (its rows g + 8: 16 in the hi slots); each group ends with
@@ -248,7 +248,7 @@ def test_gemv_fp16_form_algebra_gives_x_at_the_exact_weights(kind, G):
 def test_the_reordered_layout_takes_power_of_two_groups_only():
     """cuda_q4gemm.supported: the GEMM finds a k's scale row as k >> log2 G, so G 96 (K % 96 == 0) keeps the row
     form and dequantize + cuBLAS; 32 / 64 / 128 / 256 take the layout."""
-    from llmrs.backends.cuda_q4gemm import has_gemm_layout, supported
+    from llmrs.backends.cuda.quant_linear import has_gemm_layout, supported
 
     assert all(supported(256, 3072, G) for G in (32, 64, 128, 256))
     assert not supported(256, 3072, 96) and not supported(256, 3072, 16) and not supported(256, 3072, 0)
@@ -259,12 +259,12 @@ def test_the_reordered_layout_takes_power_of_two_groups_only():
 # ---------------------------------------------------------------------- gemv_q4's launch plan (host side)
 @pytest.mark.parametrize("sms", [1, 16, 108, 132])
 def test_gemv_splits_cover_k_exactly_with_no_empty_slice(sms):
-    """gemm_q4.cu's gemv_q4 trusts its plan: warp w of slice z takes k32 blocks [(z W + w) kpw, + kpw) clipped to
+    """gemv_q4.cu's gemv_q4 trusts its plan: warp w of slice z takes k32 blocks [(z W + w) kpw, + kpw) clipped to
     K / 32; every block must be covered once, no slice empty (its last block would wait on a count never reached:
     each slice's block adds one), kpw a multiple of GEMV_DEPTH (the kernel's batches)."""
     from types import SimpleNamespace
 
-    from llmrs.backends.cuda_q4gemm import GEMV_BLOCKS_PER_SM, GEMV_DEPTH, GEMV_WARPS, gemv_splits
+    from llmrs.backends.cuda.quant_linear import GEMV_BLOCKS_PER_SM, GEMV_DEPTH, GEMV_WARPS, gemv_splits
 
     backend = SimpleNamespace(num_sms=sms)
     for N, K, splits in itertools.product((64, 896, 1152, 3584, 4608, 9728, 37888),
@@ -285,11 +285,11 @@ def test_gemv_splits_cover_k_exactly_with_no_empty_slice(sms):
 def test_a_weight_without_its_row_form_is_never_sent_to_the_matvec(sms, k_per_n, monkeypatch):
     """row_form_needed False (the row copy released) must mean the decode dispatch takes the GEMV at every token
     count, so matvec_q4 (the only reader of the row form) is never asked; under the K >= 4 N rule and with
-    LLMRS_Q4_GEMV_K_PER_N=0 (every shape on the GEMV)."""
+    GEMV_ONE_TOKEN_K_PER_N 0 (every shape on the GEMV)."""
     from types import SimpleNamespace
 
-    import llmrs.backends.cuda_q4gemm as q4gemm
-    from llmrs.backends.cuda_q4gemm import GEMV_MAX_TOKENS, gemv_takes, row_form_needed
+    import llmrs.backends.cuda.quant_linear as q4gemm
+    from llmrs.backends.cuda.quant_linear import GEMV_MAX_TOKENS, gemv_takes, row_form_needed
 
     monkeypatch.setattr(q4gemm, "GEMV_ONE_TOKEN_K_PER_N", k_per_n)
     monkeypatch.setattr(q4gemm, "GEMV_ONE_TOKEN_MIN_WEIGHTS", 1 << 62)  # (the size rule: its own test below)
@@ -301,7 +301,7 @@ def test_a_weight_without_its_row_form_is_never_sent_to_the_matvec(sms, k_per_n,
             else:
                 assert not gemv_takes(backend, 1, N, K), (N, K)
     K = 128  # < 4 N for every N below
-    assert row_form_needed(128 * sms, K, sms, gemv=False)  # LLMRS_Q4_GEMV=0: matvec_q4 reads every one
+    assert row_form_needed(128 * sms, K, sms, gemv=False)  # without q4_gemv: matvec_q4 reads every one
     if k_per_n == 0:
         assert not any(row_form_needed(N, K, sms) for N in (64, 128 * sms - 64, 128 * sms))
         return
@@ -310,35 +310,30 @@ def test_a_weight_without_its_row_form_is_never_sent_to_the_matvec(sms, k_per_n,
 
 
 def test_the_default_one_token_rule_on_qwen2_5_shapes():
-    """The measured rule (sessions 11 and 23, H200): since the K slices are a cluster and qkv's RoPE rides in the
-    GEMV, one token of every shape on the GEMV (3B AWQ 1.458 -> 1.330 ms/token, 0.5B 0.670 -> 0.621; in session 11,
-    before both, the 3B had been 2.7% slower so)."""
-    import os
+    """The measured rule (H200): with the K slices as a cluster and qkv's RoPE in the GEMV, one token of every shape
+    on the GEMV (3B AWQ 1.458 -> 1.330 ms/token, 0.5B 0.670 -> 0.621)."""
+    from llmrs.backends.cuda.quant_linear import gemv_one_token
 
-    from llmrs.backends.cuda_q4gemm import gemv_one_token
-
-    if {"LLMRS_Q4_GEMV_K_PER_N", "LLMRS_Q4_GEMV_MIN_WEIGHTS"} & set(os.environ):
-        pytest.skip("the one-token rule is set in this environment")
     gemv = [(37888, 3584), (3584, 18944), (4608, 3584), (3584, 3584), (22016, 2048), (2048, 11008), (2560, 2048),
             (2048, 2048), (1152, 896), (896, 896), (64, 64)]
     assert all(gemv_one_token(N, K, 132) for N, K in gemv)
 
 
 def test_gemv_kernel_picks_the_fixed_group_form_for_g32_and_g128_and_exists():
-    """cuda_q4gemm.gemv_kernel: the compile-time-group forms (gemm_q4.cu's CPG) for G 32 / 128, the run-time one
+    """cuda_q4gemm.gemv_kernel: the compile-time-group forms (gemv_q4.cu's CPG) for G 32 / 128, the run-time one
     otherwise, one or two n8 tiles of tokens; every name it returns is a compiled entry point with PDL."""
-    from llmrs.backends.cuda_kernels import ENTRY_POINTS, PDL_KERNELS
-    from llmrs.backends.cuda_q4gemm import GEMV_DEPTH, GEMV_MAX_TOKENS, gemv_kernel
+    from llmrs.backends.cuda.kernels import ENTRY_POINTS, PDL_KERNELS
+    from llmrs.backends.cuda.quant_linear import GEMV_DEPTH, GEMV_MAX_TOKENS, gemv_kernel
 
     assert gemv_kernel(0, 1, 128) == "gemv_q4z_c4" and gemv_kernel(1, 1, 32) == "gemv_q4m_c1"
     assert gemv_kernel(0, 9, 128) == "gemv_q4z_t16_c4" and gemv_kernel(0, 8, 64) == "gemv_q4z"
     assert gemv_kernel(1, 16, 256) == "gemv_q4m_t16"
-    source = (Path(__file__).resolve().parents[1] / "llmrs" / "kernels_cu" / "gemm_q4.cu").read_text()
+    source = (Path(__file__).resolve().parents[1] / "llmrs" / "kernels_cu" / "gemv_q4.cu").read_text()
     for mode in (0, 1):
         for T in range(1, GEMV_MAX_TOKENS + 1):
             for G in (32, 64, 128, 256):
                 name = gemv_kernel(mode, T, G)
-                assert name in ENTRY_POINTS["gemm_q4.cu"] and name in PDL_KERNELS, name
+                assert name in ENTRY_POINTS["gemv_q4.cu"] and name in PDL_KERNELS, name
                 assert f"GEMV_Q4({name}," in source, name
                 cpg = G // 32
                 if name.endswith(f"_c{cpg}"):
@@ -347,19 +342,16 @@ def test_gemv_kernel_picks_the_fixed_group_form_for_g32_and_g128_and_exists():
 
 @pytest.mark.parametrize("small", [None, 256])
 def test_gemm_takes_up_to_max_tokens_and_small_matrices_further(small, monkeypatch):
-    """Up to MAX_TOKENS (192) every shape takes the 4-bit GEMM; with LLMRS_Q4_GEMM_MAX_TOKENS_SMALL=256 (off by
+    """Up to MAX_TOKENS (192) every shape takes the 4-bit GEMM; with MAX_TOKENS_SMALL = 256 (off by
     default) matrices of at most 64M weights (the 7B's qkv, o; measured: its gate_up loses to dequantize + cuBLAS
     at 256) up to 256; above, none. The backend's bf16-input rule follows it (CUDABackend._gemm_takes_bf16)."""
-    import os
     from types import SimpleNamespace
 
-    import llmrs.backends.cuda_q4gemm as q4gemm
+    import llmrs.backends.cuda.quant_linear as q4gemm
     from llmrs.backends.cuda import CUDABackend
-    from llmrs.backends.cuda_q4gemm import gemm_takes
+    from llmrs.backends.cuda.quant_linear import gemm_takes
     from llmrs.model.quant import DeviceQuantWeight
 
-    if {"LLMRS_Q4_GEMM_MAX_TOKENS", "LLMRS_Q4_GEMM_MAX_TOKENS_SMALL"} & set(os.environ):
-        pytest.skip("the GEMM's token limits are set in this environment")
     if small is not None:
         monkeypatch.setattr(q4gemm, "MAX_TOKENS_SMALL", small)
     qkv, o, gate_up, down = (4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944)
@@ -369,7 +361,7 @@ def test_gemm_takes_up_to_max_tokens_and_small_matrices_further(small, monkeypat
     assert not any(gemm_takes(257, *s) for s in (qkv, o, gate_up, down))
     # with the wgmma form (Kernels.wgmma, sm_90a) the GEMM keeps the T of its range (with its 256-token form,
     # Kernels.wgmma_t256, 425-512 too) and reads bf16 x there (where the weight has the GEMM layout); a bf16 output
-    # (gate/up for silu_mul_bf16_bf16) only from cuBLAS (LLMRS_Q4_BF16_INPUT, on by default: the mma.sync GEMM reads
+    # (gate/up for silu_mul_bf16_bf16) only from cuBLAS (q4_bf16_input, on by default: the mma.sync GEMM reads
     # bf16 x too)
     for wgmma, t256, bf16_input in ((False, False, False), (True, False, False), (True, True, False),
                                     (False, False, True), (True, True, True)):
