@@ -1,4 +1,4 @@
-"""scripts/attn_clocks.py's phase tables against attention.cu's probe points (no GPU): one name per ATTN_CLOCK(i)
+"""probes/attn_clocks.py's phase tables against probes/attn_clocks.cu's probe points (no GPU): one name per ATTN_CLOCK(i)
 in attn_cluster and per ATTN_O_CLOCK(i) in attn_o_cluster, in order, and slots 13-15 left for the block counts the
 probe divides by."""
 
@@ -12,17 +12,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _probe():
-    spec = importlib.util.spec_from_file_location("attn_clocks", ROOT / "scripts" / "attn_clocks.py")
+    spec = importlib.util.spec_from_file_location("attn_clocks", ROOT / "probes" / "attn_clocks.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod, (ROOT / "llmrs" / "kernels_cu" / "attention.cu").read_text()
+    return mod, (ROOT / "probes" / "attn_clocks.cu").read_text()
 
 
 def test_every_probe_point_has_its_phase_name():
     mod, src = _probe()
     points = [int(i) for i in re.findall(r"^\s*ATTN_CLOCK\((\d+)\)", src, flags=re.M)]
-    # in source order: 0 .. last once, then the tail of each alternative form of the kernel's end (the pull merge
-    # under -DLLMRS_ATTN_CLUSTER_PULL) again from where it branches
+    # in source order: 0 .. last once (then the tail of any alternative form of the kernel's end again from where it
+    # branches)
     runs: list[list[int]] = []
     for p in points:
         if runs and p > runs[-1][-1]:

@@ -1,7 +1,7 @@
 """common.cuh's early-load rules, checked in the SASS ptxas makes for sm_90 (no GPU: NVRTC, ptxas, nvdisasm as
-`llmrs ptx-check --sass` runs them). Before session 18 ptxas had moved every matvec / gemv kernel's "before
-pdl_wait" weight loads below `griddepcontrol.wait` (SASS ACQBULK): nothing streamed while the previous kernel drained.
-Now the wait depends on a word of each early chunk (pdl_wait_on), so those loads come first; and x, which the
+`llmrs ptx-check --sass` runs them). Left alone, ptxas moves every matvec / gemv kernel's "before pdl_wait" weight
+loads below `griddepcontrol.wait` (SASS ACQBULK): nothing would stream while the previous kernel drains. So the wait
+depends on a word of each early chunk (pdl_wait_on): those loads come first; and x, which the
 previous kernel writes, is read through the coherent path (ldx4 / ldx2), which ptxas does not hoist above it.
 `pre_wait_loads` (llmrs.ptx.sass) counts the loads a path from the entry reaches before a wait."""
 
@@ -17,14 +17,21 @@ from llmrs.ptx.compile import compile_file
 from llmrs.ptx.sass import Instr, _loads_before_wait, parse_nvdisasm, summarize
 from llmrs.ptx.toolchain import find_nvdisasm, find_toolchain
 
-KERNELS = Path(__file__).resolve().parent.parent / "llmrs" / "kernels_cu"
+ROOT = Path(__file__).resolve().parent.parent
+KERNELS = ROOT / "llmrs" / "kernels_cu"
+PROBES = ROOT / "probes"  # research copies of kernels with timing switches (not in the package)
+
+
+def source(cu: str) -> Path:
+    """a kernel file of the package, or a probe's ("probes/NAME.cu")."""
+    return ROOT / cu if cu.startswith("probes/") else KERNELS / cu
 
 
 @functools.lru_cache(maxsize=None)
 def sass_lines(cu: str, defines: tuple[str, ...] = ()) -> dict:
     """kernel -> its SASS lines (sm_90; parse_nvdisasm's); skips where the CUDA compiler wheels are missing."""
     try:
-        c = compile_file(KERNELS / cu, "sm_90", find_toolchain(), [], [f"-D{d}" for d in defines],
+        c = compile_file(source(cu), "sm_90", find_toolchain(), [], [f"-D{d}" for d in defines],
                          nvdisasm=find_nvdisasm())
     except Exception as e:
         pytest.skip(f"no sm_90 SASS here: {e}")
@@ -62,14 +69,8 @@ def test_exactly_the_early_weight_chunks_go_out_before_the_wait(matvec, kernel, 
     assert s.pdl_waits >= 1 and s.pre_wait_loads == early
 
 
-def test_the_old_code_had_none_or_few_before_the_wait():
-    """-DLLMRS_NO_EARLY_LOADS (LLMRS_EARLY_LOADS=0) is the code before: ptxas sank the early loads."""
-    old = sass_of("matvec.cu", ("LLMRS_NO_EARLY_LOADS",))
-    assert old["matvec_bf16_t1"].pre_wait_loads == 0 and old["matvec_silu_bf16_t1"].pre_wait_loads < 8
-
-
 def test_the_4bit_gemv_too():
-    gemv = sass_of("gemm_q4.cu")
+    gemv = sass_of("gemv_q4.cu")
     # its first GV_DEPTH (4) code words; the t16 form also hoists its first groups' scale words (weights: 8)
     assert gemv["gemv_q4z_c4"].pre_wait_loads == 4 and gemv["gemv_q4m_c4"].pre_wait_loads == 4
     assert gemv["gemv_q4z_t16_c4"].pre_wait_loads == 12
@@ -78,13 +79,13 @@ def test_the_4bit_gemv_too():
 def test_cluster_merges_push_without_a_gpu_fence():
     """gemv_q4's K slices launched as a cluster push their sums into block 0's shared memory with st.async (SASS
     STAS), completing on its mbarrier (SYNCS ... TRYWAIT): no cluster barrier arrived with .release, which ptxas
-    emits as MEMBAR.ALL.GPU (session 33: ~18 us a step of the 7B AWQ's). The forms with a cluster path (one n8 tile
-    of tokens) have it; the two-tile t16 forms keep the L2 hand-off only. attn_o_cluster's splits push the same
-    way (every block receiving), and attn_cluster's merge (session 35; -DLLMRS_ATTN_CLUSTER_PULL, the pull form,
-    keeps its two barriers with release). The only GPU-scope fences left are the L2 hand-off's (block_counts_last):
-    two fence.acq_rel (MEMBAR.ALL.GPU) by thread 0, where every thread ran __threadfence (MEMBAR.SC.GPU) before."""
+    emits as MEMBAR.ALL.GPU (~18 us a step of the 7B AWQ's). The forms with a cluster path (one n8 tile of tokens)
+    have it; the two-tile t16 forms keep the L2 hand-off only. attn_o_cluster's splits push the same way (every
+    block receiving), and attn_cluster's merge. The only GPU-scope fences left are the L2 hand-off's
+    (block_counts_last): two fence.acq_rel (MEMBAR.ALL.GPU) by thread 0, not a __threadfence (MEMBAR.SC.GPU) in
+    every thread."""
     def ops(name: str) -> list[str]:
-        return sass_text("gemm_q4.cu", name)
+        return sass_text("gemv_q4.cu", name)
 
     def membars(text: list[str]) -> list[str]:
         return [opcode(t) for t in text if "MEMBAR" in t and "GPU" in t]
@@ -98,7 +99,7 @@ def test_cluster_merges_push_without_a_gpu_fence():
     t16 = ops("gemv_q4z_t16_c4")
     assert not any(t.startswith("STAS") or "UCGABAR" in t for t in t16)
     assert membars(t16) == ["MEMBAR.ALL.GPU"] * 2
-    att = {name: sass_text("attention.cu", name) for name in sass_lines("attention.cu")}
+    att = {name: sass_text(cu, name) for cu in ("attention_cluster.cu", "attention_o.cu") for name in sass_lines(cu)}
     for name in ("attn_o_cluster8_w8", "attn_o_cluster8", "attn_o_cluster4"):
         assert any(t.startswith("STAS") for t in att[name]) and any("TRYWAIT" in t for t in att[name]), name
         assert membars(att[name]) == ["MEMBAR.ALL.GPU"] * 2, name  # the cross-head sum's hand-off
@@ -109,8 +110,6 @@ def test_cluster_merges_push_without_a_gpu_fence():
         assert any(t.startswith("STAS") for t in text) and any("TRYWAIT" in t for t in text), name
         assert membars(text) == [], name
         assert sum("UCGABAR_ARV" in t for t in text) == 1 and sum("UCGABAR_WAIT" in t for t in text) == 1, name
-    pull = sass_text("attention.cu", "attn_cluster8_d4_g4_w16", ("LLMRS_ATTN_CLUSTER_PULL",))
-    assert "MEMBAR.ALL.GPU" in membars(pull) and not any(t.startswith("STAS") for t in pull)
     sample = sass_text("sampling.cu", "sample_tokens")
     assert membars(sample) == ["MEMBAR.ALL.GPU"] * 2
 
@@ -144,13 +143,12 @@ def test_decode_attention_reads_q_after_the_wait():
     holds: d1 4, d2 6, d4 12, d8 22: a race under programmatic launch); through ldx* only the index loads
     (positions, token_seq, the block table: 4) and the first keys' K / V rows an earlier step wrote (attn_first_keys:
     attn_partial's first key, 2 loads; attn_cluster's first batch of 8 keys, 16) stay there, the same count at
-    every d. The old code: the index loads alone."""
-    att, old = sass_of("attention.cu"), sass_of("attention.cu", ("LLMRS_NO_EARLY_LOADS",))
+    every d."""
+    att = {**sass_of("attention.cu"), **sass_of("attention_cluster.cu")}
     for fam, early in (("attn_partial_d{}", 2), ("attn_cluster16_d{}", 16)):
         ds = (1, 2, 4, 8) if "partial" in fam else (2, 4)
         counts = {d: att[fam.format(d)].pre_wait_loads for d in ds}
         assert set(counts.values()) == {4 + early}, (fam, counts)
-        assert {old[fam.format(d)].pre_wait_loads for d in ds} == {4}, fam
     gqa = sass_of("attention_gqa.cu")
     assert len({gqa[f"attn_partial_gqa_d{d}"].pre_wait_loads for d in (1, 2, 4, 8)}) == 1
 
@@ -162,8 +160,7 @@ def expected_pre_wait_loads(name: str) -> int:
     words where ptxas hoists them); the matvecs: their early weight chunks (common.cuh ldg_early); the RMSNorms:
     their weight (2 float4s a thread) and rms_norm's row index; every other kernel: none."""
     # (decode_attn_tc: positions, and at head dim 64 token_seq; ptxas sinks the rest of the positions -> token_seq ->
-    # block table chain past the wait. Pinning the first tile's table read with pdl_wait_on gives 3 at both head
-    # dims: not yet run on the GPU, session 27's note)
+    # block table chain past the wait)
     # (attn_cluster: 4 index loads + a K and a V row of each of its CK first keys: 8, or 4 in the 16-warp forms;
     # attn_o_cluster: those of the 16-warp forms + its 8 (CL 8) or 16 (CL 4, and the 8-warp CL 8) chunks of o
     # weights a lane)
@@ -182,9 +179,9 @@ def expected_pre_wait_loads(name: str) -> int:
 
 
 def test_every_pdl_kernel_loads_before_its_wait_only_what_it_may():
-    """A guard over every kernel launched with programmatic dependent launch (cuda_kernels.PDL_KERNELS): a new
+    """A guard over every kernel launched with programmatic dependent launch (cuda.kernels.PDL_KERNELS): a new
     ptxas that hoists an activation load above the wait, or sinks the early weight loads, changes a count here."""
-    from llmrs.backends.cuda_kernels import ENTRY_POINTS, PDL_KERNELS
+    from llmrs.backends.cuda.kernels import ENTRY_POINTS, PDL_KERNELS
 
     seen = 0
     for cu in ENTRY_POINTS:
@@ -193,29 +190,26 @@ def test_every_pdl_kernel_loads_before_its_wait_only_what_it_may():
                 continue
             seen += 1
             assert s.pre_wait_loads == expected_pre_wait_loads(name), (cu, name, s.pre_wait_loads)
-    assert seen >= 80  # (87 on sm_90 in session 18)
+    assert seen >= 80
 
 
-def test_the_attention_probe_and_exact_exp_builds():
-    """scripts/attn_clocks.py's build (-DLLMRS_ATTN_CLOCKS) and LLMRS_ATTN_FAST_EXP=0's (-DLLMRS_ATTN_EXACT_EXP)
-    compile attn_cluster with the same loads before the wait; __expf (the default) is ~8x fewer instructions an
-    exponential than expf, so the default kernel is the shorter one."""
-    base = sass_of("attention.cu")
-    probe = sass_of("attention.cu", ("LLMRS_ATTN_CLOCKS",))
-    exact = sass_of("attention.cu", ("LLMRS_ATTN_EXACT_EXP",))
-    for name in ("attn_cluster8_d4", "attn_cluster16_d2", "attn_partial_d4"):
-        assert probe[name].pre_wait_loads == exact[name].pre_wait_loads == base[name].pre_wait_loads
-        assert exact[name].instructions > base[name].instructions
-    for name in ("attn_o_cluster8_w8", "attn_o_cluster4"):
-        assert probe[name].pre_wait_loads == base[name].pre_wait_loads
+def test_the_attention_clock_probe_keeps_the_kernels_loads_before_the_wait():
+    """probes/attn_clocks.cu (the decode attention with clock64 phases) compiles attn_cluster and attn_o_cluster with
+    the same loads before the wait as the shipped kernels, so its phases time the same prologue."""
+    base = {**sass_of("attention_cluster.cu"), **sass_of("attention_o.cu")}
+    probe = sass_of("probes/attn_clocks.cu")
+    for name in ("attn_cluster8_d4", "attn_cluster16_d2", "attn_cluster8_d4_g4_w16", "attn_o_cluster8_w8",
+                 "attn_o_cluster4"):
+        assert probe[name].pre_wait_loads == base[name].pre_wait_loads, name
+        assert probe[name].instructions > base[name].instructions, name  # the clocks and their atomics
 
 
 def test_attn_o_red_probe_adds_into_x_with_atomics():
-    """attention.cu's LLMRS_ATTN_O_RED (a timing probe, through LLMRS_CUDA_DEFINES): attn_o_cluster's blocks add
+    """probes/attn_clocks.cu's -DLLMRS_ATTN_O_RED (a timing probe): attn_o_cluster's blocks add
     their rows into x with fire-and-forget float atomics (RED, no returned value) and skip block_counts_last (no
     ATOMG on the count, no fence); the default build has no float atomics there and the count's atomic."""
     def ops(defines: tuple[str, ...]) -> list[str]:
-        return sass_text("attention.cu", "attn_o_cluster8_w8", defines)
+        return sass_text("probes/attn_clocks.cu", "attn_o_cluster8_w8", defines)
 
     base, red = ops(()), ops(("LLMRS_ATTN_O_RED",))
     assert not any(opcode(t).startswith("RED") for t in base)
@@ -225,16 +219,17 @@ def test_attn_o_red_probe_adds_into_x_with_atomics():
 
 
 def test_gemv_ablation_switches_do_what_they_say():
-    """gemm_q4.cu's timing probes (-DGV_ABLATE_MATH / -DGV_ABLATE_LOADS / -DGV_ABLATE_X, scripts/bench_gemv_q4.py
-    --variants): the math ablation's gemv keeps its 128-bit code loads and has no HMMA (nor x's 64-bit loads); the
+    """probes/gemv_q4_ablate.cu's timing switches (-DGV_ABLATE_MATH / -DGV_ABLATE_LOADS / -DGV_ABLATE_X ...): the math ablation's gemv keeps its 128-bit code loads and has no HMMA (nor x's 64-bit loads); the
     loads ablation keeps every HMMA but loads only its first batch of codes (GV_DEPTH 128-bit loads, before the wait);
     the x ablation keeps the codes' loads and every HMMA but loads no x; the ones ablation drops a third of the HMMA,
     the decode ablation most of the LOP3; GV_ABLATE_PAD
-    holds the plain form at 4 blocks an SM on sm_90 (5 do not fit in 228 KB). The default build is neither."""
+    holds the plain form at 4 blocks an SM on sm_90 (5 do not fit in 228 KB). The default build is neither, and is
+    the shipped gemv_q4.cu's kernel."""
     def ops(defines: tuple[str, ...]) -> list[str]:
-        return sass_text("gemm_q4.cu", "gemv_q4z_c4", defines)
+        return sass_text("probes/gemv_q4_ablate.cu", "gemv_q4z_c4", defines)
 
     base = ops(())
+    assert len(base) == len(sass_text("gemv_q4.cu", "gemv_q4z_c4"))
     code_loads = [t for t in base if opcode(t).startswith("LDG.E.NA.128")]
     assert any("HMMA" in t for t in base) and len(code_loads) >= 8
     math = ops(("GV_ABLATE_MATH",))
@@ -261,14 +256,14 @@ def test_gemv_ablation_switches_do_what_they_say():
     raw = ops(("GV_ABLATE_DECODE",))
     assert sum("HMMA" in t for t in raw) == hmma
     assert sum(opcode(t).startswith("LOP3") for t in raw) < sum(opcode(t).startswith("LOP3") for t in base) / 2
-    # GV_FP16 (opt-in form, not a probe): fp16 HMMA, as many, with fewer shifts (1 a code word, not 3)
+    # GV_FP16 (a form with fp16 operands, not a probe): fp16 HMMA, as many, with fewer shifts (1 a code word, not 3)
     f16 = ops(("GV_FP16",))
     assert sum("HMMA" in t for t in f16) == hmma
     assert all("BF16" in opcode(t) for t in base if "HMMA" in t)
     assert not any("BF16" in opcode(t) for t in f16 if "HMMA" in t)
     shf = [sum(opcode(t).startswith("SHF") for t in v) for v in (base, f16)]
     assert shf[1] < shf[0], shf
-    c = compile_file(KERNELS / "gemm_q4.cu", "sm_90", find_toolchain(), [],
+    c = compile_file(PROBES / "gemv_q4_ablate.cu", "sm_90", find_toolchain(), [],
                      ["-DGV_ABLATE_MATH", "-DGV_ABLATE_PAD=39000"])
     smem = c.ptxas["gemv_q4z_c4"].shared_bytes + 1024  # + the 1 KB an SM reserves a block
     assert c.ptxas["gemv_q4z_c4"].registers <= 80 and 4 * smem <= 228 * 1024 < 5 * smem
