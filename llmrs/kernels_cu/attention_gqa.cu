@@ -27,12 +27,14 @@
 // K loads when D % 8 == 0, element loads otherwise; V copied in 4-byte pieces). D = 256 copies V in two 16-key
 // halves (a 32-key tile would not fit 48 KB of static shared memory), the second not overlapped.
 // f32 throughout, expf as attn_partial; sums run in another order, so results agree with attn_partial to float
-// rounding (~1e-6), not bit for bit. Needs sm_80+ (cp.async), as gemm_q4.cu.
+// rounding (~1e-6), not bit for bit. Needs sm_80+ (cp.async).
 // Register arrays are indexed only by unrolled constants (no local memory; ptx-check pins it).
+// Roof (H200, 7B, 256 decodes at context 512): 28% of the bandwidth roof; prefill_attention.cu's decode_attn_tc
+// (70%) takes those steps now.
 #include "common.cuh"
 
 #define GQA_WARPS 4
-#define GQA_MAXG 8  // ATTN_MAXG in cuda.py: query heads per block, the same as attention.cu's MAXG
+#define GQA_MAXG 8  // the backend's ATTN_MAXG: query heads per block, the same as attention.cuh's MAXG
 // Blocks per SM that ptxas must fit in registers (__launch_bounds__' second argument): 4 (<= 128 registers) for
 // D <= 128, 3 for D = 256 (4 would spill). -DGQA_MIN_BLOCKS_ALL=n overrides it (the GPU test times variants).
 // ptx-check (sm_80/86/89/90): registers d1 96-100, d2 108-114, d4 122-124 (160 unbounded), d8 162-164; no spills.

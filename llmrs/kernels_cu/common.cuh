@@ -68,7 +68,7 @@ __device__ __forceinline__ void rope_sincos(float angle, float* sn, float* cs) {
     __sincosf(r, sn, cs);
 }
 
-// The qkv pair's epilogue of matvec_rope_bf16 (matvec.cu) and gemv_q4's rope form (gemm_q4.cu) (a, c: rows h D + i
+// The qkv pair's epilogue of matvec_rope_bf16 (matvec.cu) and gemv_q4's rope form (gemv_q4.cu) (a, c: rows h D + i
 // and h D + i + D / 2 of token t, bias added): a q head rotated in place in y (= qkv), a k head rotated and a v head
 // as it is, written to the paged caches as bf16 (rope_write_kv's math)
 __device__ __forceinline__ void pair_rope_out(float a, float c, int h, int i, int half, int t, float* __restrict__ y,
@@ -103,31 +103,25 @@ __device__ __forceinline__ void pair_rope_out(float a, float c, int h, int i, in
 // A 16-byte load of streamed data read once (decode weights: matvec.cu, matvec_q4.cu, gemv_q4): through the
 // non-coherent path without allocating in L1, so the weight stream does not evict what the warps re-read from L1
 // (x, the norm weight, scales). Measured on the H200 (bf16 single-stream decode, scripts/gpu_ab.sh): 7B 4.662 ->
-// 4.448 ms/token, 3B 2.895 -> 2.776, 0.5B 0.890 -> 0.868.
-// -DLLMRS_NO_STREAM_LOADS (LLMRS_STREAM_LOADS=0) makes it a plain __ldg, for A/B runs.
+// 4.448 ms/token, 3B 2.895 -> 2.776, 0.5B 0.890 -> 0.868 against a plain __ldg.
 __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
-#ifndef LLMRS_NO_STREAM_LOADS
     uint4 r;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
     return r;
-#else
-    return __ldg(p);
-#endif
 }
 
 // Early weight loads under programmatic dependent launch. A kernel's first weight chunks are meant to stream while
 // the previous kernel drains (they are loaded before pdl_wait), but ptxas is free to move a load past
-// `griddepcontrol.wait` (SASS ACQBULK) and did: in every matvec and gemv kernel no load came before it (ptx-check
-// --sass, sm_90), so nothing streamed early. Two rules pin them (default; -DLLMRS_NO_EARLY_LOADS, from
-// LLMRS_EARLY_LOADS=0, restores the old code for A/B runs):
+// `griddepcontrol.wait` (SASS ACQBULK), and without these rules it does: no load of a matvec or gemv kernel comes
+// before it (ptx-check --sass, sm_90), so nothing streams early. Two rules pin them:
 //   ldg_early: the early chunk loads (ldg_stream's form);
 //   pdl_wait_on(v): pdl_wait made to depend on v, a word of each early chunk, so the loads are issued (and land)
 //     before the wait; the warp would wait for them right after it anyway;
 //   ldx4 / ldx2: the activations an earlier kernel wrote (x), read after the wait through the coherent path:
 //     ptxas may hoist a non-coherent (`ld.global.nc`, what `const __restrict__` compiles to) load above the wait,
 //     which would read x before the previous kernel wrote it; a coherent load stays below an acquire. (Below
-//     sm_90, no PDL: the non-coherent load, as before.)
+//     sm_90, no PDL: the non-coherent load.)
 __device__ __forceinline__ uint4 ldg_early(const uint4* p) { return ldg_stream(p); }
 
 __device__ __forceinline__ unsigned early_word(const uint4& a) { return a.x; }
@@ -144,7 +138,7 @@ __device__ __forceinline__ unsigned early_words(const uint4 (&p)[N], unsigned v 
 }
 
 __device__ __forceinline__ float ldx1(const float* p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(LLMRS_NO_EARLY_LOADS)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     float r;
     asm volatile("ld.global.f32 %0, [%1];" : "=f"(r) : "l"(p));
     return r;
@@ -154,7 +148,7 @@ __device__ __forceinline__ float ldx1(const float* p) {
 }
 
 __device__ __forceinline__ float2 ldx2(const float* p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(LLMRS_NO_EARLY_LOADS)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     float2 r;
     asm volatile("ld.global.v2.f32 {%0, %1}, [%2];" : "=f"(r.x), "=f"(r.y) : "l"(p));
     return r;
@@ -164,7 +158,7 @@ __device__ __forceinline__ float2 ldx2(const float* p) {
 }
 
 __device__ __forceinline__ float4 ldx4(const float* p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(LLMRS_NO_EARLY_LOADS)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     float4 r;
     asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w) : "l"(p));
     return r;
@@ -174,8 +168,8 @@ __device__ __forceinline__ float4 ldx4(const float* p) {
 }
 
 // ldc: 2 / 4 / 8 / 16 raw bytes an earlier kernel of the step wrote (the decode attention's current K / V row), read
-// after the wait through the coherent path, as ldx* (a plain load below sm_90 or with -DLLMRS_NO_EARLY_LOADS)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(LLMRS_NO_EARLY_LOADS)
+// after the wait through the coherent path, as ldx* (a plain load below sm_90)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ unsigned short ldc(const unsigned short* p) {
     unsigned short r;
     asm volatile("ld.global.u16 %0, [%1];" : "=h"(r) : "l"(p));
@@ -203,7 +197,7 @@ __device__ __forceinline__ R ldc(const R* p) { return *p; }
 
 // Programmatic dependent launch (sm_90+; no-ops below, and when the kernel was launched without the attribute).
 // Inside a decode graph the backend launches its kernels with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-// (cuda_kernels.PDL_KERNELS), so kernel n+1's blocks start while kernel n drains. The contract of every such kernel:
+// (cuda.kernels.PDL_KERNELS), so kernel n+1's blocks start while kernel n drains. The contract of every such kernel:
 //   pdl_trigger() first (lets the next kernel launch once every block of this one has started), then
 //   pdl_wait() before reading anything an earlier kernel of the stream wrote and before writing anything
 //   (it returns once the previous kernel has finished and its writes are visible). Only data no kernel writes
@@ -221,9 +215,9 @@ __device__ __forceinline__ void pdl_wait() {
 }
 
 // pdl_wait after the loads that produced v (see ldg_early): both branches wait; the predicate makes ptxas issue the
-// loads first. Plain pdl_wait with -DLLMRS_NO_EARLY_LOADS.
+// loads first.
 __device__ __forceinline__ void pdl_wait_on(unsigned v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(LLMRS_NO_EARLY_LOADS)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("{\n .reg .pred q;\n setp.eq.u32 q, %0, 0x7fc00001;\n @q griddepcontrol.wait;\n"
                  " @!q griddepcontrol.wait;\n}" :: "r"(v) : "memory");
 #else
@@ -243,11 +237,9 @@ __device__ __forceinline__ void pdl_enter() {
 // prefetch hands nothing to the thread and L2 is the GPU's point of coherence, so this is safe for any row; the
 // callers stop before the token's own key (L - 1, written by the kernel before them) anyway. In a decode graph
 // the DRAM round trips then overlap the previous kernel's tail: after the wait, the reads hit L2.
-// -DLLMRS_NO_KV_PREFETCH (LLMRS_KV_PREFETCH=0) leaves it out, for A/B runs.
 __device__ __forceinline__ void prefetch_kv_l2(const bf16_t* k_cache, const bf16_t* v_cache,
                                                const int* table, int start, int stop, int Hkv, int g,
                                                int block_size, int D) {
-#ifndef LLMRS_NO_KV_PREFETCH
     const int lines = (2 * D + 127) / 128;  // 128-byte lines of a bf16 row
     const int n = (stop - start) * lines;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
@@ -256,7 +248,6 @@ __device__ __forceinline__ void prefetch_kv_l2(const bf16_t* k_cache, const bf16
         asm volatile("prefetch.global.L2 [%0];" ::"l"(k_cache + off));
         asm volatile("prefetch.global.L2 [%0];" ::"l"(v_cache + off));
     }
-#endif
 }
 
 
@@ -365,15 +356,6 @@ __device__ __forceinline__ void st_cluster(float* p, unsigned rank, float v) {
     asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(ra), "f"(v) : "memory");
 #endif
 }
-// a float in block `rank`'s shared memory at the address of `p` in this block's
-__device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
-    float v = 0.0f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const unsigned ra = cluster_addr(p, rank);
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
-#endif
-    return v;
-}
 // the float2 at `p` (8-byte aligned) in block `rank`'s shared memory
 __device__ __forceinline__ float2 ld_cluster2(const float* p, unsigned rank) {
     float2 v = make_float2(0.0f, 0.0f);
@@ -399,7 +381,7 @@ __device__ __forceinline__ float4 ld_cluster4(const float* p, unsigned rank) {
 // Pushes into another block's shared memory that complete on its mbarrier (sm_90+): st.async with
 // mbarrier::complete_tx, the receiving block waiting on the mbarrier's phase for the bytes it expects. A cluster
 // barrier arrived with .release (cluster_sync) orders plain st.shared::cluster pushes but costs a MEMBAR.ALL.GPU
-// before the arrive (nvdisasm, sm_90); these need no fence (session 33). The mbarrier must be initialized (mbar_init,
+// before the arrive (nvdisasm, sm_90); these need no fence. The mbarrier must be initialized (mbar_init,
 // with its fence) before any block pushes into it: a cluster barrier (relaxed arrive, then wait) between the two.
 __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -433,7 +415,7 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
 }
 
 // ---------------------------------------------------------------------- wgmma (sm_90a: arch-specific)
-// Defined only where the target has them (__CUDA_ARCH_FEAT_SM90_ALL: NVRTC's sm_90a, cuda_kernels.module_for_arch);
+// Defined only where the target has them (__CUDA_ARCH_FEAT_SM90_ALL: NVRTC's sm_90a, cuda.kernels.module_for_arch);
 // LLMRS_WGMMA says so. Operands: bf16, f32 accumulators in the m64nNk16 D layout (per warp of the warpgroup 16
 // rows; a thread's d[4 i + 2 h + e] is row 16 warp + g + 8 h, column 8 i + 2 t + e); shared-memory operands
 // K-major with the 128-byte swizzle (16-byte chunk c of row r at r * 128 + ((c ^ (r % 8)) * 16), 1024-byte aligned
@@ -511,13 +493,5 @@ __device__ __forceinline__ void wgmma_m64n256(float (&d)[128], const unsigned (&
                  "%132, p, 1, 1, 0;\n}\n"
                  : WG_D128(d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-}
-
-// d[64] += A (descriptor, m64 x k16 bf16, K-major) * B (descriptor, k16 x n128 bf16, K-major)
-__device__ __forceinline__ void wgmma_m64n128_ss(float (&d)[64], unsigned long long da, unsigned long long db) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_D64_REGS ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : WG_D64(d)
-                 : "l"(da), "l"(db), "r"(1));
 }
 #endif

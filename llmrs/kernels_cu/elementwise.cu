@@ -9,6 +9,8 @@
 //   add_bias:      y[t, n] += b[n]                                  (after a cuBLAS GEMM)
 //   add_inplace:   x[i] += y[i]
 //   cast_f32_bf16: y[i] = bf16(x[i])  (round to nearest even; GEMM operands, weights at upload)
+// Roof: no fraction recorded; each kernel's time and % of its bandwidth floor in a real step: `llmrs profile
+// --synthetic qwen2.5-7b --batch 1,256 --context 512`.
 #include "common.cuh"
 
 // 4 floats -> 4 bf16 words in one 8-byte store (element 0 in the low half of .x), each as f32_to_bf16 rounds it
@@ -62,8 +64,7 @@ __device__ __forceinline__ void silu8_store(const Raw8<InT>& g, const Raw8<InT>&
 // silu(gate) * up as bf16 words, gu f32 or bf16 [T, 2I]. I % 8 == 0 with 16-byte aligned rows (every real model):
 // 8 elements a chunk, a thread takes two chunks a blockDim apart and issues all four loads (gate and up of each)
 // before using them. At 256 tokens of the 7B (bf16 in, 29 MB moved; eager profile with CUDA events around each
-// launch) the one-chunk-of-4 form took 13.6 us a call, this one 13.1 (session 13 call6): the waves of threads were
-// not what held it. Else 4 elements a thread when I % 4 == 0, else one. Every form covers the rows for any grid
+// launch) this form takes 13.1 us a call, a one-chunk-of-4 form 13.6. Else 4 elements a thread when I % 4 == 0, else one. Every form covers the rows for any grid
 // (grid-stride), the values are the same expression (silu_mul_f, then f32_to_bf16 rounding) in each.
 template <typename InT>
 __device__ __forceinline__ void silu_mul_to_bf16(const InT* __restrict__ gu, bf16_t* __restrict__ out, int T, int I) {
@@ -129,7 +130,7 @@ extern "C" __global__ void add_inplace(float* __restrict__ x, const float* __res
 }
 
 // 4 elements a thread (a 16-byte load, an 8-byte store) where n % 4 == 0 and both pointers allow it, else 1; the
-// host sizes the grid for 4 (_cast_bf16 in cuda.py); the grid-stride loops cover any n either way
+// host sizes the grid for 4 (the backend's _cast_bf16); the grid-stride loops cover any n either way
 extern "C" __global__ void cast_f32_bf16(const float* __restrict__ x, bf16_t* __restrict__ y, long long n) {
     pdl_enter();
     const long long stride = (long long)gridDim.x * blockDim.x;

@@ -11,6 +11,8 @@
 // x is f32 and stays in L1/L2 (each warp of a block re-reads it); K % 8 != 0 takes a scalar path.
 // Block = 4 warps (4 rows, or 4/splits rows of `splits` warps each): small N still spreads over the SMs; the
 // host picks splits by shape (few rows, long K: the `down` and o/qkv projections of a 7B decode step).
+// Roof (H200, 7B one stream, each kernel in a graph, scripts/bench_kernels_graph.py): gate_up + SiLU 100% of the
+// 4,296 GB/s bandwidth floor, down 83%, qkv + RoPE 82%, o 79%.
 #include "common.cuh"
 
 template <int NT>
@@ -128,7 +130,7 @@ __device__ __forceinline__ void matvec_impl(const bf16_t* __restrict__ W, const 
 // One token, a warp's whole row in registers before pdl_wait (K <= 256 * R: R 16-byte chunks a lane): inside a
 // decode graph the row streams in while the previous kernel runs (the attention, before o), where matvec_bf16 has
 // only its first 4 chunks a lane in flight by then. Registers, not shared memory: a block with a large shared-memory
-// request waits for SMs to drain (session 17's matvec_bf16_smem). The chunks are summed in matvec_bf16's order at
+// request waits for SMs to drain. The chunks are summed in matvec_bf16's order at
 // one warp a row (c = lane, lane + 32, ...; fma8, warp_sum): the same bits as matvec_bf16_t1 at splits 1.
 template <int R>
 __device__ __forceinline__ void matvec_rows_impl(const bf16_t* __restrict__ W, const float* __restrict__ x,

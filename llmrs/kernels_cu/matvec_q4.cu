@@ -36,10 +36,11 @@
 //
 // The 8-bit matvec (Q8_0) is still one warp per output row, as matvec.cu.
 //
-// NOTE: this is the memory-bound decode kernel. Above 8 tokens the backend dequantizes into a bf16 scratch
-// (dequant_q4_bf16 / dequant_q8_bf16, bit-exact with the CPU's float32 dequantization rounded to bf16) and
-// runs the cuBLAS GEMM: a Marlin-style 4-bit GEMM (mma fragments straight from reordered 4-bit weights) is the
-// real target for prefill and batched decode, not written yet.
+// NOTE: this is the memory-bound decode kernel of the weights without the Marlin layout (gemm_q4.cu, gemv_q4.cu
+// take those that have it). Above 8 tokens the backend dequantizes into a bf16 scratch (dequant_q4_bf16 /
+// dequant_q8_bf16, bit-exact with the CPU's float32 dequantization rounded to bf16) and runs the cuBLAS GEMM.
+// Roof: no fraction recorded; each kernel's time and % of its bandwidth floor in a real step: `llmrs profile
+// --synthetic qwen2.5-7b --batch 1,256 --context 512`.
 #include "common.cuh"
 
 #define MAGIC 8388608.0f  // 2^23
@@ -52,7 +53,7 @@ __device__ __forceinline__ float f16_to_f32(unsigned short h) {
 
 __device__ __forceinline__ float code_f32(unsigned bits) { return __uint_as_float(0x4B000000u | bits); }
 
-#define Q4_ROWS 4  // output rows per block (MATVEC_ROWS_PER_BLOCK in backends/cuda.py: the grid is ceil(N / 4) blocks)
+#define Q4_ROWS 4  // output rows per block (the backend's MATVEC_ROWS_PER_BLOCK: the grid is ceil(N / 4) blocks)
 #define Q4_WARPS 4  // warps per block: the host launches 32 * MATVEC_ROWS_PER_BLOCK threads (the launch bound)
 
 // The exponent word of 2^(23 - 4p): ORed with a nibble in place at bits 4p..4p+3 it is the float 2^(23 - 4p) + q.
@@ -290,7 +291,7 @@ MATVEC_Q(8)
 // takes 128 consecutive words a pass, each lane 4 of them 32 apart (its 4 loads in flight together; every load and
 // store instruction of the warp stays one coalesced run). On the H200, the 7B's down: 85 us a layer with one word
 // a thread a pass, 78 us so (46% of the roof); the backend expands a weight's GEMM layout instead where it has one
-// (dequant_marlin_bf16, gemm_q4.cu: 49 us), so this one serves the shapes without it.
+// (dequant_marlin_q4{z,m}_bf16, dequant_marlin.cu: 49 us), so this one serves the shapes without it.
 __device__ __forceinline__ uint4 dequant_q4_word(unsigned w, float s, float z, int mode) {
     unsigned o[4];
 #pragma unroll

@@ -2,7 +2,7 @@
 // (flash-attention-2 style: Q tile resident, K/V tiles streamed, online softmax, one pass).
 //
 // Computes, for the query rows of one work tile (up to 64 consecutive new tokens of ONE sequence, listed on
-// the host by cuda_prefill.plan_prefill_tiles) and one query head h:
+// the host by cuda.prefill.plan_prefill_tiles) and one query head h:
 //   out[t, h] = softmax(scale * q[t, h] . K[0:L_t]) V[0:L_t],   L_t = positions[t] + 1 (causal),
 // with K, V of kv head h / G read through the sequence's block table (key j: block
 // block_tables[seq, j / bs], offset j % bs of the [blocks, Hkv, bs, D] cache layout), as attn_partial does.
@@ -36,6 +36,8 @@
 // attn_partial took 6.2 / 23.9 ms (tests/test_prefill_attention_gpu.py prints the sweep).
 // Numerics: Q and P are rounded to bf16 for the tensor cores (the row sums l use the f32 P); accumulation f32.
 // sm_80+ (mma bf16, cp.async, ldmatrix); compiled to an empty body below sm_80 so the module still loads.
+// Roof (H200): prefill_attn 211-241 TFLOP/s at 2048-4096 prompt tokens (about a quarter of the dense bf16 roof);
+// decode_attn_tc 70% of the bandwidth roof at 256 decodes (7B, context 512).
 #include "common.cuh"
 
 #define PF_BQ 64       // query rows per CTA
@@ -332,13 +334,13 @@ PREFILL_ATTN(64, prefill_attn_bf16_d64, true, bf16_t)
 PREFILL_ATTN(128, prefill_attn_bf16_d128, true, bf16_t)
 
 // ---------------------------------------------------------------------------------------------------------------
-// decode_attn_tc: decode attention on tensor cores for grouped-query heads (EXPERIMENT, LLMRS_ATTN_KERNEL=tc; not
-// yet run on a GPU). A drop-in for attention.cu's attn_partial (same q / cache / index arguments, the same outputs:
-// `out` with one split, else the (acc, m, l) partials attn_merge combines) for any tokens of a step, each with its
-// own causal limit.
+// decode_attn_tc: decode attention on tensor cores for grouped-query heads, the batched decode step's attention
+// (the backend's dispatch: from a few tokens a step, and for small heads from one). A drop-in for attention.cu's
+// attn_partial (same q / cache / index arguments, the same outputs: `out` with one split, else the (acc, m, l)
+// partials attn_merge combines) for any tokens of a step, each with its own causal limit.
+// Roof (H200, 7B, 256 decodes at context 512): 70% of the bandwidth roof (attn_partial_gqa: 28%).
 //
-// Why: at 256 decodes (7B, context 512) attn_partial_gqa ran 5.7 of a 13.2 ms step at 28% of the bandwidth roof
-// (session 7, call7): a lane per key does 8 heads x 128 FMAs per key from shared-memory broadcasts, so the kernel
+// Why: attn_partial_gqa's lane per key does 8 heads x 128 FMAs per key from shared-memory broadcasts, so that kernel
 // is bound by issue and load latency, not by its 134 MB of K/V a layer. Here the G <= 16 query heads of one KV
 // head are the 16 rows of an m16n8k16 MMA (rows past G are zeros; all rows share the token's causal limit, which
 // is what keeps the prefill kernel from packing heads), so S = Q K^T and O += P V are 32 MMAs per 16 keys.
@@ -352,19 +354,10 @@ PREFILL_ATTN(128, prefill_attn_bf16_d128, true, bf16_t)
 // through shared memory (overlaying their stages) as attn_partial's warps do; partials carry m in natural-log units
 // (m_log2 * ln 2), as attn_merge expects. Dynamic shared memory: 4 warps x 2 stages x (K + V) x 16 x D bf16 + Q
 // 16 x D bf16 = 68 KB (D 128) / 34 KB (D 64). Numerics as prefill_attn: Q and P in bf16, f32 accumulation.
-// Measured and not kept (session 25 call5, commit d880b4f: "decode_attn_tc with 3 K / V
-// stages"): 3 stages a warp (two tiles in flight, 100 KB a block, still two blocks an SM on the H200; the same
-// bits): 7B at context 512, 256 decodes 79.1 -> 82.9 us a layer (eager; the step's 28 calls 2.316 -> 2.450 ms), 64
-// decodes 35.6 -> 33.2 us but no step-wall gain in the graphs (5.52-5.55 vs 5.54-5.61 ms).
-// Measured and not kept (session 26 calls 5-6, commits 6f98f6d + a0f52d4: "decode_attn_tc_rope*"): RoPE, the q / k /
-// v bias and the K / V cache write in this kernel's prologue instead of rope_write_kv (bit for bit the same outputs
-// and caches, 67 GPU tests passed with it): 7B at context 384, the attention's 28 calls 1.78 -> 1.99 ms at 256
-// decodes against rope_write_kv's 0.23 it replaced (each block's sines, cosines and rotated Q delay its loads, once a
-// wave of blocks), graph walls 8.45-8.73 vs 8.43-8.82 ms at 256, 5.39-5.53 vs 5.34-5.49 at 64: no gain.
-// The tile loads (session 26 call 3-4): the per-chunk block-table reads (8 a lane a tile, each behind a branch)
-// made ~250 of the tile loop's 619 SASS instructions; one read a tile and constant offsets bring it to 363, the O
-// rescale skipped when no maximum moved to ~300 executed; 7B at context 384, 256 decodes 1.89 -> 1.78 ms a step
-// (eager), graph walls 9.11-9.24 -> 8.74-9.05 ms (three alternating runs each), 64 decodes 0.81 -> 0.73 ms.
+// Two K / V stages a warp: a third (two tiles in flight) measured no faster in the graphed step. The q / k / v bias,
+// RoPE and the cache write stay in rope_write_kv: in this kernel's prologue they delay each block's loads and
+// measured slower. One block-table read a tile and constant offsets keep the tile loop at ~300 executed SASS
+// instructions (the O rescale skipped when no maximum moved).
 #define DT_WARPS 4
 #define DT_BK 16  // keys per warp tile
 #define DT_LN2 0.6931471805599453f

@@ -13,8 +13,9 @@
 // one per scalar of the strided loop (which the compiler left rolled: each thread waited out 4 loads in turn, then
 // re-read x for the second pass). The squares are summed in another order than the scalar path's (each thread's
 // float4 first), the same for the f32, residual and bf16 kernels (one template), so bf16 == cast(f32) still holds.
-// H200 (session 13 calls 5-6, eager profile, us a call): 1 row 5.9 -> 5.1, 256 rows 7.4 -> 6.5; 7B single-stream
-// decode 4.211 -> 4.143 ms/token.
+// H200 (eager profile, us a call, against the strided scalar loop): 1 row 5.1 vs 5.9, 256 rows 6.5 vs 7.4.
+// Roof: no fraction recorded; each kernel's time and % of its bandwidth floor in a real step: `llmrs profile
+// --synthetic qwen2.5-7b --batch 1,256 --context 512`.
 #include "common.cuh"
 
 #define RN_VEC 2  // float4s a thread in the register-held path (H <= 8 x threads)
@@ -29,12 +30,8 @@ __device__ __forceinline__ void store4(bf16_t* o, int c, float4 v) {
 
 // The register-held path's norm weight (float4s c = threadIdx.x + j * blockDim.x < H4), then the PDL wait: no kernel
 // writes the weight, so its DRAM round trip overlaps the kernel before instead of following the wait (common.cuh
-// ldg_early / pdl_wait_on; -DLLMRS_NO_EARLY_LOADS or -DLLMRS_NO_EARLY_NORM (LLMRS_EARLY_NORM=0): the same loads
-// after the wait, for A/B runs).
+// ldg_early / pdl_wait_on).
 __device__ __forceinline__ void rn_weight_then_wait(const float* __restrict__ w, int H4, float4 (&wv)[RN_VEC]) {
-#ifdef LLMRS_NO_EARLY_NORM
-    pdl_wait();
-#endif
     unsigned word = 0u;
 #pragma unroll
     for (int j = 0; j < RN_VEC; ++j) {

@@ -10,7 +10,7 @@
 //            the request's own seeded generator (reproducible, independent of the batch).
 // 1) The max / argmax: the row's NB blocks each take a slice (threads strided: coalesced), the last of them to finish
 //    (a counter a row, put back to 0 by that block) merges their partials and goes on alone; NB = 1 for big batches
-//    (the host: cuda_kernels.sample_row_blocks). A greedy row is done there.
+//    (the host: cuda.kernels.sample_row_blocks). A greedy row is done there.
 // 2) A sampled row, in that one block: no weights are stored; every pass recomputes p_i from the logits (expf).
 //    The k-th largest key (the float bits of p: p >= 0, so bit order is value order) and top_p's threshold key are
 //    found by radix select, 8 bits a pass over bits 30..0 (4 passes), a shared histogram of counts (top_k) or of
@@ -24,6 +24,8 @@
 //    p: the exponent). Where those are at most SAMPLE_LIST (top_k = 50: ~100; a peaked top_p nucleus), one more
 //    pass copies them (logit, index) to shared memory, a bitonic sort puts them in index order, and every later
 //    pass, the ties and the draw walk that list instead of the row: 3 reads of the row instead of ~10.
+// Roof: no fraction recorded; each kernel's time and % of its bandwidth floor in a real step: `llmrs profile
+// --synthetic qwen2.5-7b --batch 1,256 --context 512`.
 #include "common.cuh"
 
 #define SAMPLE_THREADS 1024
@@ -33,7 +35,7 @@
 #else
 #define SAMPLE_E 8
 #endif
-#define SAMPLE_MAX_BLOCKS 32     // blocks a row for the max / argmax (cuda_kernels.SAMPLE_MAX_BLOCKS)
+#define SAMPLE_MAX_BLOCKS 32     // blocks a row for the max / argmax (cuda.kernels.SAMPLE_MAX_BLOCKS)
 #define SAMPLE_LIST 2048         // candidates held in shared memory (logit, index)
 #define FULL_MASK 0xffffffffu
 
