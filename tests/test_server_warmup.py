@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = r"""
 import asyncio, sys
-from llmrs.engine.llm_engine import AsyncEngine
+from llmrs.engine.async_engine import AsyncEngine
 from llmrs.server.app import ServerSettings, build_app
 
 BACKEND = "anyio._backends._asyncio"
