@@ -15,7 +15,7 @@ def llmrs(*args: str, cache: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     if cache:
         env["LLMRS_CACHE_DIR"] = str(cache)
-    return subprocess.run([sys.executable, "-m", "llmrs.cli", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "llmrs", *args], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=120)
 
 
