@@ -1,9 +1,8 @@
-"""scripts/ptx_diff.py (no GPU: NVRTC from the CUDA compiler wheels): a copy of the kernel tree is identical to
+"""tools/ptx_diff.py (no GPU: NVRTC from the CUDA compiler wheels): a copy of the kernel tree is identical to
 itself, and an edit to one kernel's body names exactly that kernel, in the file and arch where it is."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
@@ -11,21 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from tools import ptx_diff as ptx_diff_module
+
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "llmrs" / "kernels_cu"
 
 
-def _mod():
-    spec = importlib.util.spec_from_file_location("ptx_diff", ROOT / "scripts" / "ptx_diff.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("ptx_diff", mod)  # its dataclass looks its module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def ptx_diff():
-    mod = _mod()
+    mod = ptx_diff_module
     try:
         mod.find_toolchain()
     except Exception as e:  # the CUDA compiler wheels missing
@@ -65,7 +58,7 @@ def test_identical_trees_and_one_edited_kernel(ptx_diff, tmp_path):
 
 def test_cli_exit_status_and_bad_folder(ptx_diff, tmp_path):
     a = _copy(tmp_path, "a")
-    run = [sys.executable, str(ROOT / "scripts" / "ptx_diff.py")]
+    run = [sys.executable, str(ROOT / "tools" / "ptx_diff.py")]
     ok = subprocess.run(run + [str(a), str(a), "--file", "rope_kv.cu"], capture_output=True, text=True)
     assert ok.returncode == 0 and "rope_kv.cu" in ok.stdout and "identical" in ok.stdout
     bad = subprocess.run(run + [str(a), str(tmp_path / "missing")], capture_output=True, text=True)

@@ -3,10 +3,9 @@ and of another, e.g. `mkdir _base && git archive HEAD llmrs | tar -x -C _base`) 
 ptx-check` does, each with its own tree's common.cuh, and each function (`.entry`, and `.func`: a device function
 NVRTC did not inline) compared with comments stripped. A kernel whose PTX (and that of every `.func` it calls) is
 byte-identical in both trees runs the same code, so the GPU tests a change needs are those of the kernels listed as
-changed (session 33 and 35 used this to pick the tests of a refactor; a whole GPU suite is ~4 min
-of the 30 a session has).
+changed. It compares file by file: a kernel moved to another file shows as removed from one and added to the other.
 
-    python3 scripts/ptx_diff.py _base/llmrs/kernels_cu llmrs/kernels_cu [--arch sm_90 --arch sm_80] [-D NAME=1]
+    python -m tools.ptx_diff _base/llmrs/kernels_cu llmrs/kernels_cu [--arch sm_90 --arch sm_80] [-D NAME=1]
 
 Prints one line per file and arch (identical, or the changed / added / removed functions) and exits 1 when any
 differ.
