@@ -142,23 +142,6 @@ def test_synth_into_a_place_it_cannot_write_is_a_user_error(tmp_path):
     assert_user_error(llmrs("synth", "--like", "smollm2-135m", "--out", str(blocker / "ckpt")), "--out", "cannot write")
 
 
-def test_backend_integer_settings_from_the_environment_are_checked(monkeypatch):
-    """LLMRS_MATVEC_MAX_TOKENS / LLMRS_PREFILL_MIN_TOKENS (measuring knobs): a typo is one clear error, not a
-    ValueError traceback at the backend's start; unset or empty keeps the default."""
-    from llmrs.engine.config import env_int
-    from llmrs.errors import UserError
-
-    monkeypatch.delenv("LLMRS_MATVEC_MAX_TOKENS", raising=False)
-    assert env_int("LLMRS_MATVEC_MAX_TOKENS", 1) == 1
-    monkeypatch.setenv("LLMRS_MATVEC_MAX_TOKENS", "")
-    assert env_int("LLMRS_MATVEC_MAX_TOKENS", 1) == 1
-    monkeypatch.setenv("LLMRS_MATVEC_MAX_TOKENS", " 8")
-    assert env_int("LLMRS_MATVEC_MAX_TOKENS", 1) == 8
-    monkeypatch.setenv("LLMRS_MATVEC_MAX_TOKENS", "eight")
-    with pytest.raises(UserError, match="LLMRS_MATVEC_MAX_TOKENS='eight': expected an integer"):
-        env_int("LLMRS_MATVEC_MAX_TOKENS", 1)
-
-
 def test_http_stack_switch(monkeypatch):
     """LLMRS_HTTP_STACK (A/B of uvicorn's event loop and HTTP parser): auto leaves uvicorn's choice, h11 pins
     asyncio + h11; a typo fails `llmrs serve` with one error line before any model loads."""

@@ -23,9 +23,9 @@ def test_a_traced_request_shows_every_hop_in_order(tmp_path):
     trace = tmp_path / "trace.txt"
 
     class Traced(Server):
-        extra_env = {"LLMRS_TRACE_FILE": str(trace), "LLMRS_ASYNC_SCHEDULING": "always"}
+        extra_env = {"LLMRS_TRACE_FILE": str(trace)}
 
-    srv = Traced(["--kv-cache-tokens", "1024"], tmp_path / "serve.log")
+    srv = Traced(["--kv-cache-tokens", "1024", "--async-scheduling"], tmp_path / "serve.log")
     try:
         srv.wait_ready()
         env = {**os.environ, "LLMRS_TRACE_FILE": str(trace),
