@@ -68,9 +68,9 @@ def synth(
         from llmrs.profiling.decode_bench import decode_benchmark
 
         if bandwidth is None:
-            from llmrs.roofline.measured import _import_cupy, measure_bandwidth
+            from llmrs.roofline.measured import import_cupy, measure_bandwidth
 
-            bandwidth = measure_bandwidth(_import_cupy(), 1 << 30)
+            bandwidth = measure_bandwidth(import_cupy(), 1 << 30)
         with console.status(f"building {like} on the GPU and decoding ..."):
             r = decode_benchmark(like, prompt_len=prompt_len, steps=steps, bandwidth_gbs=bandwidth, quant=quant,
                                  group_size=group_size)

@@ -365,9 +365,9 @@ def ceilings(gpu: str, measure: bool) -> Ceilings:
 
     spec = get_gpu(gpu)
     if measure:
-        from llmrs.roofline.measured import _import_cupy, measure_bandwidth, measure_bf16_gemm
+        from llmrs.roofline.measured import import_cupy, measure_bandwidth, measure_bf16_gemm
 
-        cp = _import_cupy()
+        cp = import_cupy()
         bw = measure_bandwidth(cp, 1 << 30)
         tf, _ = measure_bf16_gemm(cp)
         return Ceilings(spec.name, bw, tf, "measured now")

@@ -17,7 +17,7 @@ from importlib import resources
 from typing import Any
 
 from llmrs.errors import UserError
-from llmrs.roofline.measured import Measurement, _import_cupy, load_measured, measure_bandwidth, measure_bf16_gemm
+from llmrs.roofline.measured import Measurement, import_cupy, load_measured, measure_bandwidth, measure_bf16_gemm
 
 NUMERIC_FIELDS = (
     "bandwidth_gbs", "memory_gb", "bf16_tflops", "fp16_tflops", "fp8_tflops", "int8_tops", "fp32_tflops",
@@ -169,7 +169,7 @@ def detect_local_gpu_name(index: int = 0) -> str:
 
 def measure_local_gpu(copy_bytes: int = 1 << 30, gemm_n: int = 8192) -> Measurement:
     """Measure this machine's GPU 0 and match it to the database (UserError without CuPy or a GPU)."""
-    cp = _import_cupy()  # the UserError without CuPy or a GPU, before the backend is imported
+    cp = import_cupy()  # the UserError without CuPy or a GPU, before the backend is imported
     from llmrs.backends.cuda import gpu_name_memory
 
     name, memory = gpu_name_memory(cp)

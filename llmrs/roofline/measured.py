@@ -65,7 +65,8 @@ def save_measurement(m: Measurement) -> Path:
     return p
 
 
-def _import_cupy() -> Any:
+def import_cupy() -> Any:
+    """CuPy, with a GPU it can see; UserError (naming --measure) otherwise."""
     try:
         import cupy
     except ImportError:
