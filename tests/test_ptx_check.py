@@ -21,7 +21,7 @@ FIX = ROOT / "tests" / "fixtures" / "ptx"
 
 def ptx_check(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "llmrs.cli", "ptx-check", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "llmrs", "ptx-check", *args], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=300)
 
 
@@ -215,7 +215,7 @@ def test_sass_counts_instructions_and_the_main_loop():
 
 def test_sass_without_nvdisasm_is_one_line(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LLMRS_NVDISASM": str(tmp_path / "nvdisasm")}
-    p = subprocess.run([sys.executable, "-m", "llmrs.cli", "ptx-check", str(FIX / "clean_matvec.cu"), "--sass"],
+    p = subprocess.run([sys.executable, "-m", "llmrs", "ptx-check", str(FIX / "clean_matvec.cu"), "--sass"],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert p.returncode == 2 and "LLMRS_NVDISASM" in p.stderr and "Traceback" not in p.stderr
 
