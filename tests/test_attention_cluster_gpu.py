@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 if int(cp.cuda.Device().compute_capability) < 90:
     pytest.skip("thread-block clusters need sm_90+", allow_module_level=True)
 
-from llmrs.backends import cuda_kernels as ck  # noqa: E402
+from llmrs.backends.cuda import kernels as ck  # noqa: E402
 
 BS = 16
 

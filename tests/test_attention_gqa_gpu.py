@@ -17,7 +17,7 @@ cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
 from llmrs.backends.cuda import ATTN_MAXG, ATTN_THREADS, NULL, CUDABackend, bf16_bits, round_bf16  # noqa: E402
-from llmrs.backends.cuda_kernels import OPTIONS, kernel_source  # noqa: E402
+from llmrs.backends.cuda.kernels import OPTIONS, kernel_source  # noqa: E402
 from llmrs.engine.batch import build_step_batch  # noqa: E402
 from llmrs.engine.config import ModelConfig  # noqa: E402
 

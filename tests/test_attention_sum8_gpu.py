@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmrs.backends import cuda_kernels as ck
+from llmrs.backends.cuda import kernels as ck
 
 pytestmark = pytest.mark.gpu
 

@@ -17,7 +17,7 @@ cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
 from llmrs.backends.cuda import CUDABackend, bf16_bits  # noqa: E402
-from llmrs.backends.cuda_prefill import decode_attention_tc  # noqa: E402
+from llmrs.backends.cuda.prefill import decode_attention_tc  # noqa: E402
 from llmrs.engine.batch import build_step_batch  # noqa: E402
 from tests.test_attention_gqa_gpu import BS, cfg, launch, make_case, reference  # noqa: E402
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from llmrs.backends.cuda_graphs import BUCKETS, DecodeGraphs, _Graph, bucket_for, is_pure_decode, len_cap_for
+from llmrs.backends.cuda.graphs import BUCKETS, DecodeGraphs, _Graph, bucket_for, is_pure_decode, len_cap_for
 from llmrs.engine.batch import build_step_batch
 
 BS = 16

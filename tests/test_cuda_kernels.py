@@ -213,7 +213,7 @@ def test_paged_attention_prefill_chunks_and_decodes(rng, head_dim, heads, kv, sp
     """Sequences mixing a fresh prefill, a chunk over a cached prefix, decodes at partial blocks, ctx 1: each
     decode attention kernel (auto takes decode_attn_tc where it runs: Q and P through bf16 for its MMAs, so the
     prefill kernel's bound; attn_partial and attn_partial_gqa are f32 throughout)."""
-    from llmrs.backends.cuda_prefill import decode_tc_supported
+    from llmrs.backends.cuda.prefill import decode_tc_supported
 
     c = cfg(heads=heads, kv=kv, head_dim=head_dim)
     nb, bs = 64, 16
@@ -424,7 +424,7 @@ def test_a_mixed_batch_samples_only_the_rows_that_need_it_on_the_cpu(rng, monkey
 def test_matvec_splits_agree(rng, splits, N, K, T):
     """Warps per row (split K, partial sums through shared memory): each split count matches numpy, any N."""
     be = CUDABackend(cfg(), num_blocks=1, matvec_max_tokens=8)
-    be._matvec_forced_splits = splits
+    be.matvec_splits = splits
     W = rng.standard_normal((N, K)).astype(np.float32) * 0.05
     x = rng.standard_normal((T, K)).astype(np.float32)
     b = round_bf16(rng.standard_normal(N).astype(np.float32))

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from llmrs.backends.cuda import ATTN_TC_MIN_TOKENS, MATVEC_LONG_K_MIN_WARPS, CUDABackend
-from llmrs.backends.cuda_prefill import TC_MIN_SPLIT_KEYS, decode_tc_splits, decode_tc_supported
+from llmrs.backends.cuda import ATTN_TC_MIN_TOKENS, MATVEC_LONG_K_MIN_WARPS, CUDABackend, CudaOptions
+from llmrs.backends.cuda.prefill import TC_MIN_SPLIT_KEYS, decode_tc_splits, decode_tc_supported
 from llmrs.roofline.presets import preset_config
 
 
@@ -35,8 +35,8 @@ def test_auto_takes_decode_attn_tc_from_two_tokens_and_for_small_heads_from_one(
 def test_one_token_of_small_heads_takes_the_cluster_where_it_covers_the_context():
     """64-dim heads (the 0.5B, SmolLM2): one token takes attn_cluster's d2 form (one launch, no attn_merge) up to the
     1,024 keys its clusters of 16 cover, decode_attn_tc + attn_merge beyond, and without a context (callers that
-    only ask about tensor cores) or under LLMRS_ATTN_TC_SMALL_HEADS=1 decode_attn_tc as before."""
-    import llmrs.backends.cuda as cuda
+    only ask about tensor cores) or with dispatch.ATTN_TC_SMALL_HEADS_CLUSTER False decode_attn_tc."""
+    import llmrs.backends.cuda.dispatch as cuda
 
     be = fake_backend("qwen2.5-0.5b")
     be.dpl, be.attn_cluster, be.k = 2, None, SimpleNamespace(cc=90)
@@ -44,7 +44,7 @@ def test_one_token_of_small_heads_takes_the_cluster_where_it_covers_the_context(
     assert CUDABackend._cluster_form(be, 1, 1024) == (16, 4)
     assert CUDABackend._attn_choice(be, 1, 1025) == "tc" and CUDABackend._attn_choice(be, 1) == "tc"
     assert CUDABackend._attn_choice(be, 2, 100) == "tc"  # two tokens and more: decode_attn_tc
-    be.attn_cluster = 0  # LLMRS_ATTN_CLUSTER=0: no cluster, decode_attn_tc
+    be.attn_cluster = 0  # attn_cluster=0: no cluster, decode_attn_tc
     assert CUDABackend._attn_choice(be, 1, 100) == "tc"
     be.attn_cluster = None
     saved = cuda.ATTN_TC_SMALL_HEADS_CLUSTER
@@ -103,19 +103,15 @@ def test_gemm_q4_stages_compile_in_what_the_host_sizes():
     .cu's own defaults (what `llmrs ptx-check` compiles), and each launch's bytes follow it."""
     import re
 
-    from llmrs.backends import cuda_kernels as ck
+    from llmrs.backends.cuda import kernels as ck
 
     src = (ck.KERNELS_DIR / "gemm_q4.cu").read_text()
     defaults = {int(m): int(n) for m, n in re.findall(r"#define GQ_STAGES_M(\d+) (\d+)", src)}
-    assert defaults == ck._gemm_q4_stages("") == {1: 4, 2: 4, 4: 3, 8: 2}
+    assert defaults == ck.GEMM_Q4_STAGES == {1: 4, 2: 4, 4: 3, 8: 2}
     assert ck.FILE_OPTIONS["gemm_q4.cu"] == tuple(f"-DGQ_STAGES_M{mt}={n}" for mt, n in sorted(defaults.items()))
     # a stage: x rows 16 MT x 8, weights 256, scale words 64, 16 bytes each (21 KB at MT 8: 2 stages fit in 48 KB)
     assert [ck.gemm_q4_smem_bytes(mt) for mt in (1, 2, 4, 8)] == [4 * 448 * 16, 4 * 576 * 16, 3 * 832 * 16,
                                                                   2 * 1344 * 16]
-    assert ck._gemm_q4_stages("8:4, 4:5") == {1: 4, 2: 4, 4: 5, 8: 4}
-    for bad in ("3:4", "8:1", "8"):
-        with pytest.raises(ValueError, match="LLMRS_Q4_GEMM_STAGES"):
-            ck._gemm_q4_stages(bad)
 
 
 def test_attn_cluster_takes_the_smallest_cluster_that_holds_the_context():
@@ -130,7 +126,7 @@ def test_attn_cluster_takes_the_smallest_cluster_that_holds_the_context():
     assert form(2, 512) == (8, 4)  # 2 tokens x 4 kv heads x 2 head groups x 8 blocks = 128 <= 132 SMs
     assert form(3, 512) == (8, 8) and form(4, 512) == (8, 8)  # 4 heads a block would take 192: 8 heads, 96 / 128
     assert size(5, 512) == 0  # 5 tokens x 4 kv heads x 8 blocks > 132 SMs
-    be.attn_heads_per_block = 8  # LLMRS_ATTN_HEADS_PER_BLOCK=8
+    be.attn_heads_per_block = 8  # forced: 8 heads a block
     assert form(1, 512) == (8, 8) and form(1, 1024) == (16, 8)
     be.attn_heads_per_block = 4  # =4: that form or attn_partial
     assert form(2, 512) == (8, 4) and form(3, 512) == (0, 8) and form(2, 1024) == (0, 8)
@@ -172,22 +168,22 @@ def test_attn_cluster_gives_way_to_a_size_that_runs_at_once(preset, clusters):
 
 
 def test_wgmma_gemm_ring_and_dispatch():
-    """gemm_q4.cu's wgmma form: its ring (GQW_STAGES stages of GemmQ4Smem<8>'s size, plus 1 KB to align them to 1024
+    """gemm_q4_wgmma.cu's wgmma form: its ring (GQW_STAGES stages of GemmQ4Smem<8>'s size, plus 1 KB to align them to 1024
     bytes) as the host sizes it, a kernel per mode and compiled cluster size, none in the modules CuPy compiles
     (sm_90a only: Kernels.wgmma_fns), and the token counts / K slices the host gives it."""
     import re
 
-    import llmrs.backends.cuda_q4gemm as q4
-    from llmrs.backends import cuda_kernels as ck
+    import llmrs.backends.cuda.quant_linear as q4
+    from llmrs.backends.cuda import kernels as ck
 
-    src = (ck.KERNELS_DIR / "gemm_q4.cu").read_text()
+    src = (ck.KERNELS_DIR / "gemm_q4_wgmma.cu").read_text()
     stages = int(re.search(r"#define GQW_STAGES (\d+)", src).group(1))
     assert ck.GEMM_Q4WG_SMEM_BYTES == stages * 1344 * 16 + 1024 == ck.gemm_q4_smem_bytes(8, {8: stages}) + 1024
     assert ck.WG_BLOCKS_PER_SM * ck.GEMM_Q4WG_SMEM_BYTES <= 227 << 10
     made = {f"gemm_q4wg{k}_s{s}" for k, _, s in re.findall(r"^GEMM_Q4WG\((\w), (\d), (\d)\)", src, re.M)}
     assert made == set(ck.GEMM_Q4WG_KERNELS) and len(made) == 2 * len(ck.WG_SPLITS)
     for n in ck.GEMM_Q4WG_KERNELS:
-        assert n in ck.PDL_KERNELS and n in ck.ARCH_ENTRY_POINTS["gemm_q4.cu"]
+        assert n in ck.PDL_KERNELS and n in ck.ARCH_ENTRY_POINTS["gemm_q4_wgmma.cu"]
         assert all(n not in names for names in ck.ENTRY_POINTS.values())
     assert ck.WGMMA_ARCH == {90: "sm_90a"}
     # without the wgmma form, 256 tokens are dequantize + cuBLAS's; with it, the GEMM's from WG_FROM up to
@@ -214,12 +210,12 @@ def test_wgmma_gemm_ring_and_dispatch():
     q2 = int(re.search(r"#define Q2_STAGES (\d+)", src).group(1))
     assert int(re.search(r"#define Q2_THREADS (\d+)", src).group(1)) == 2 * q4.THREADS
     assert ck.GEMM_Q4W2_SMEM_BYTES == q2 * (2048 + 256 + 64) * 16 + 1024 <= 227 << 10
-    red_ld = int(re.search(r"#define WG_RED_LD (\d+)", src).group(1))
+    red_ld = int(re.search(r"#define WG_RED_LD (\d+)", (ck.KERNELS_DIR / "q4_marlin.cuh").read_text()).group(1))
     assert 256 * red_ld * 4 <= q2 * (2048 + 256 + 64) * 16  # the partial fits the ring (a static_assert too)
     made2 = {f"gemm_q4w2{k}_s{s}" for k, _, s in re.findall(r"^GEMM_Q4W2\((\w), (\d), (\d)\)", src, re.M)}
     assert made2 == set(ck.GEMM_Q4W2_KERNELS) and len(made2) == 2 * len(ck.WG_SPLITS)
     for n in ck.GEMM_Q4W2_KERNELS:
-        assert n in ck.PDL_KERNELS and n in ck.ARCH_ENTRY_POINTS["gemm_q4.cu"]
+        assert n in ck.PDL_KERNELS and n in ck.ARCH_ENTRY_POINTS["gemm_q4_wgmma.cu"]
         assert ck.WGMMA_SMEM_BYTES[n] == ck.GEMM_Q4W2_SMEM_BYTES
     w2 = SimpleNamespace(num_sms=132, k=SimpleNamespace(wgmma=True, wgmma_t256=True))
     assert q4.w2_takes(w2, 129) and q4.w2_takes(w2, q4.WG_MAX_TOKENS) and not q4.w2_takes(w2, 128)
@@ -242,14 +238,15 @@ def test_gemm_silu_forms_kernels_and_where_they_take():
     columns a block); the wgmma launch plan is gemm_q4's."""
     import re
 
-    import llmrs.backends.cuda_q4gemm as q4
-    from llmrs.backends import cuda_kernels as ck
+    import llmrs.backends.cuda.quant_linear as q4
+    from llmrs.backends.cuda import kernels as ck
 
-    src = (ck.KERNELS_DIR / "gemm_q4.cu").read_text()
+    src = (ck.KERNELS_DIR / "gemm_q4_wgmma.cu").read_text()
     made = {f"gemm_q4{f}{k}_silu_s{s}" for f, k in re.findall(r"^GEMM_Q4_PAIRS\((\w+), \w+, \d, (\w), \d\)", src, re.M)
             for s in ck.WG_SPLITS}
     assert made == set(ck.GEMM_Q4WG_PAIR_KERNELS) | set(ck.GEMM_Q4W2_PAIR_KERNELS) and len(made) == 16
     # the mma.sync forms (CuPy's module, every architecture) and their split-K epilogue
+    src = (ck.KERNELS_DIR / "gemm_q4.cu").read_text()
     made = {f"gemm_{k}_silu_m{mt}" for mt in re.findall(r"^GEMM_Q4_SILU\((\d)\)", src, re.M) for k in ("q4z", "q4m")}
     assert made == set(ck.GEMM_Q4_SILU_KERNELS)
     for n in (*ck.GEMM_Q4_SILU_KERNELS, "gemm_q4_reduce_silu"):
@@ -260,9 +257,9 @@ def test_gemm_silu_forms_kernels_and_where_they_take():
     for names, smem in ((ck.GEMM_Q4WG_PAIR_KERNELS, ck.GEMM_Q4WG_SMEM_BYTES),
                         (ck.GEMM_Q4W2_PAIR_KERNELS, ck.GEMM_Q4W2_SMEM_BYTES)):
         for n in names:
-            assert n in ck.PDL_KERNELS and n in ck.ARCH_ENTRY_POINTS["gemm_q4.cu"] and ck.WGMMA_SMEM_BYTES[n] == smem
+            assert n in ck.PDL_KERNELS and n in ck.ARCH_ENTRY_POINTS["gemm_q4_wgmma.cu"] and ck.WGMMA_SMEM_BYTES[n] == smem
             assert all(n not in ns for ns in ck.ENTRY_POINTS.values())
-    assert CUDABackend.q4_gemm_epilogue  # on by default (LLMRS_Q4_GEMM_EPILOGUE=0: off)
+    assert CUDABackend.q4_gemm_epilogue  # on by default
 
     def be(wgmma=True, t256=True, on=True):
         return SimpleNamespace(num_sms=132, quant_matvec_max_tokens=8, q4_gemm_epilogue=on,
@@ -282,7 +279,7 @@ def test_gemm_silu_forms_kernels_and_where_they_take():
     assert q4.gemm_silu_takes(be(wgmma=False), gate_up, 100) and q4.gemm_silu_takes(be(wgmma=False), gate_up, 192)
     assert not q4.gemm_silu_takes(be(wgmma=False), gate_up, 256)
     assert {q4.tile_rows(T) for T in (33, 64, 192)} == set(ck.GEMM_Q4_SILU_MT) and q4.tile_rows(32) == 2
-    assert not q4.gemm_silu_takes(be(on=False), gate_up, 256)  # LLMRS_Q4_GEMM_EPILOGUE=0
+    assert not q4.gemm_silu_takes(be(on=False), gate_up, 256)  # q4_gemm_epilogue off
     assert not q4.gemm_silu_takes(be(), SimpleNamespace(marlin=None), 256)  # no GEMM layout
     assert not q4.gemm_silu_takes(be(), w(37888 + 64), 256)  # a pair would straddle two blocks
     assert q4.gemm_silu_takes(be(), w(9728, 896), 256)  # the 0.5B's gate_up
@@ -298,20 +295,20 @@ def test_the_norm_chain_forms_and_where_a_step_takes_them():
     each one-tile plain GEMV with G fixed, a _nin form beside each paired form, all made by the source and
     PDL-launched; q4_norm_chain takes a step of 1-8 tokens where every layer's qkv and gate_up take the paired forms
     with a plan of one K slice or one cluster (gemv_norm_takes) and o and down are on the GEMV at G 32 / 128, under
-    the switch (LLMRS_Q4_GEMV_NORM: "auto" by default, up to a hidden size of 2048 where it measured faster; 1 at
+    the switch (q4_gemv_norm: "auto" by default, up to a hidden size of 2048 where it measured faster; 1 at
     every size, 0 never). The 7B / 3B / 0.5B shapes all qualify on an H200 when forced; auto takes the 3B and 0.5B."""
     import re
 
-    import llmrs.backends.cuda_q4gemm as q4
-    from llmrs.backends import cuda_kernels as ck
+    import llmrs.backends.cuda.quant_linear as q4
+    from llmrs.backends.cuda import kernels as ck
 
-    src = (ck.KERNELS_DIR / "gemm_q4.cu").read_text()
+    src = (ck.KERNELS_DIR / "gemv_q4.cu").read_text()
     made = {f"{n}{tail}" for e in ("SILU", "ROPE") for n in re.findall(rf"^GEMV_Q4_{e}\((\w+), \d, \d\)", src, re.M)
             for tail in ("", "_nin")}
     assert made == set(ck.GEMV_PAIR_KERNELS) and len(made) == 16 and "NAME##_nin(" in src
     assert set(re.findall(r"^GEMV_Q4_NOUT\((\w+), \d, \d\)", src, re.M)) == set(ck.GEMV_NOUT_KERNELS)
     for n in ck.GEMV_PAIR_KERNELS + ck.GEMV_NOUT_KERNELS:
-        assert n in ck.PDL_KERNELS and n in ck.ENTRY_POINTS["gemm_q4.cu"]
+        assert n in ck.PDL_KERNELS and n in ck.ENTRY_POINTS["gemv_q4.cu"]
     assert CUDABackend.q4_gemv_norm == "auto" and q4.Q4_NORM_CHAIN_MAX_K == 2048
     modes = {True: "on", False: "off", "auto": "auto", "1": "on", "0": "off", "off": "off", " Auto": "auto"}
     for v, m in modes.items():
@@ -358,7 +355,7 @@ def test_wave_fill_splits_fill_the_last_round_of_blocks(monkeypatch):
     gemm_q4w2)."""
     from types import SimpleNamespace
 
-    import llmrs.backends.cuda_q4gemm as q4
+    import llmrs.backends.cuda.quant_linear as q4
 
     assert q4.wave_fill_splits(592, 264, 7) == 4  # 3 rounds -> 9 of a quarter tile: 2.25
     assert q4.wave_fill_splits(296, 264, 7) == 4  # gate_up at 128 tokens: 2 rounds -> 1.25
@@ -368,63 +365,34 @@ def test_wave_fill_splits_fill_the_last_round_of_blocks(monkeypatch):
     assert q4.wave_fill_splits(264, 264, 7) == 1  # one full round: no split
     assert q4.wave_fill_splits(592, 264, 1) == 1 and q4.wave_fill_splits(592, 264, 0) == 1  # a short K: none
     be = SimpleNamespace(num_sms=132)
-    monkeypatch.delenv("LLMRS_Q4_WG_FILL", raising=False)
     assert q4.choose_splits(be, 128, 37888, 3584, wgmma=True) == 4
     assert q4.choose_splits(be, 256, 37888, 3584, wgmma=True, t256=True) == 2
     assert q4.choose_splits(be, 128, 4608, 3584, wgmma=True) == 4  # 36 tiles: the default rule
-    monkeypatch.setenv("LLMRS_Q4_WG_FILL", "0")
+    monkeypatch.setattr(q4, "WG_FILL", False)
     assert q4.choose_splits(be, 128, 37888, 3584, wgmma=True) == 1
     assert q4.choose_splits(be, 256, 37888, 3584, wgmma=True, t256=True) == 1
     assert q4.choose_splits(be, 256, 4608, 3584, wgmma=True) == 3
 
 
-def test_bf16_wgmma_gemm_ring_clusters_and_dispatch():
-    """The bf16 wgmma GEMM (gemm_bf16wg_s{S}): its ring as the host sizes it (GBW_STAGES stages of 16 KB of W rows and
-    16 KB of x rows, + 1 KB to align), big enough for the 128 x 128 partial it becomes, 2 blocks an SM; a kernel per
-    compiled cluster size; where `_linear` takes it (opt-in) and the cluster it gets."""
-    import re
-
-    from llmrs.backends import cuda_kernels as ck
-    from llmrs.backends import cuda_wgmma as wg
-
-    src = (ck.KERNELS_DIR / "gemm_q4.cu").read_text()
-    stages = int(re.search(r"#define GBW_STAGES (\d+)", src).group(1))
-    red_ld = int(re.search(r"#define WG_RED_LD (\d+)", src).group(1))
-    assert ck.GEMM_BF16WG_SMEM_BYTES == stages * 2 * 16384 + 1024 and 128 * red_ld * 4 <= stages * 2 * 16384
-    assert ck.WG_BLOCKS_PER_SM * ck.GEMM_BF16WG_SMEM_BYTES <= 227 << 10
-    assert [int(s) for s in re.findall(r"^GEMM_BF16WG\((\d)\)", src, re.M)] == list(ck.WG_SPLITS)
-    assert set(ck.GEMM_BF16WG_KERNELS) <= ck.PDL_KERNELS
-    be = SimpleNamespace(num_sms=132, k=SimpleNamespace(bf16_wgmma=True))
-    qkv, o, gate_up, down = (4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944)
-    assert all(wg.bf16_wgmma_takes(be, 256, *s) for s in (qkv, o, down)) and not wg.bf16_wgmma_takes(be, 256, *gate_up)
-    assert not wg.bf16_wgmma_takes(be, wg.WGB_FROM - 1, *qkv) and not wg.bf16_wgmma_takes(be, wg.WGB_MAX_TOKENS + 1, *o)
-    assert not wg.bf16_wgmma_takes(SimpleNamespace(num_sms=132, k=SimpleNamespace(bf16_wgmma=False)), 256, *qkv)
-    assert not wg.bf16_wgmma_takes(be, 256, 4604, 3584) and not wg.bf16_wgmma_takes(be, 256, 4608, 3560)
-    # clusters: 72 qkv tiles at 256 tokens -> 3 slices (216 blocks), o / down's 56 -> 4 (224); 128 tokens: qkv's 36
-    # tiles -> 4 (the largest compiled)
-    assert [wg.bf16_splits(be, 256, *s) for s in (qkv, o, down)] == [3, 4, 4]
-    assert wg.bf16_splits(be, 128, *qkv) == 4 and wg.bf16_splits(be, 512, *qkv) == 1
-
-
 @pytest.mark.parametrize("long_k", [1, 2, 4])
 def test_matvec_splits_only_the_long_k_rule_takes_its_setting(long_k):
-    """`_matvec_splits`: a 7B's down (K >= 4 N) gets `long_k_splits` warps a row where LLMRS_MATVEC_LONG_K_SPLITS
-    sets it, every other shape one (and so keeps its paired epilogue); LLMRS_MATVEC_SPLITS forces all."""
-    be = SimpleNamespace(_matvec_forced_splits=0, long_k_splits=long_k, square_k_splits=False)
+    """`_matvec_splits`: a 7B's down (K >= 4 N) gets `long_k_splits` warps a row where that option sets it, every
+    other shape one (and so keeps its paired epilogue); `matvec_splits` forces all."""
+    be = SimpleNamespace(matvec_splits=0, long_k_splits=long_k, square_k_splits=False)
     split = lambda N, K: CUDABackend._matvec_splits(be, N, K)  # noqa: E731
     assert split(3584, 18944) == long_k  # 7B down
     assert split(2048, 11008) == long_k  # 3B down
     assert [split(3584, 3584), split(37888, 3584), split(4608, 3584), split(152064, 3584)] == [1, 1, 1, 1]
     assert split(3584, 18945) == 1  # K % 8: the scalar path
-    be._matvec_forced_splits = 2
+    be.matvec_splits = 2
     assert split(3584, 3584) == 2 and split(3584, 18944) == 2
 
 
 def test_matvec_long_k_splits_by_default_the_fewest_reaching_the_warp_count():
-    """The default (LLMRS_MATVEC_LONG_K_SPLITS unset: 0): the fewest of 1, 2, 4 warps a row giving the matrix
-    MATVEC_LONG_K_MIN_WARPS warps, the count that won for each preset's down inside the graphed one-stream step on
-    the H200 (session 18): 7B 1, 3B 2, 0.5B 4; the other shapes keep one."""
-    be = SimpleNamespace(_matvec_forced_splits=0, long_k_splits=0, square_k_splits=False)
+    """The default (long_k_splits 0): the fewest of 1, 2, 4 warps a row giving the matrix MATVEC_LONG_K_MIN_WARPS
+    warps, the count that won for each preset's down inside the graphed one-stream step on the H200: 7B 1, 3B 2,
+    0.5B 4; the other shapes keep one."""
+    be = SimpleNamespace(matvec_splits=0, long_k_splits=0, square_k_splits=False)
     split = lambda N, K: CUDABackend._matvec_splits(be, N, K)  # noqa: E731
     assert MATVEC_LONG_K_MIN_WARPS == 3584
     assert [split(3584, 18944), split(2048, 11008), split(896, 4864)] == [1, 2, 4]  # 7B, 3B, 0.5B down
@@ -432,28 +400,35 @@ def test_matvec_long_k_splits_by_default_the_fewest_reaching_the_warp_count():
     assert [split(3584, 3584), split(2048, 2048), split(896, 896), split(37888, 3584)] == [1, 1, 1, 1]
 
 
-def test_kernel_ab_switches_become_compile_options():
-    """The A/B environment switches read at import (cuda_kernels.OPTIONS): session 19's early-load and fast-exp
-    switches, and LLMRS_CUDA_DEFINES for probes (scripts/attn_clocks.py); by default none of them is set."""
-    import os
-    import subprocess
-    import sys
+def test_kernel_compile_options_take_llmrs_cuda_defines(monkeypatch):
+    """Every kernel file compiles with -std=c++17 and the macros of LLMRS_CUDA_DEFINES (probes such as
+    scripts/attn_clocks.py), read when the kernels are compiled; by default none."""
+    from llmrs.backends.cuda import kernels as ck
 
-    code = "from llmrs.backends import cuda_kernels as ck; print(' '.join(ck.OPTIONS))"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMRS_")}
-    default = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert default.stdout.split() == ["-std=c++17"]
-    env.update(LLMRS_ATTN_FAST_EXP="0", LLMRS_EARLY_KV="0", LLMRS_EARLY_NORM="off",
-               LLMRS_CUDA_DEFINES=" LLMRS_ATTN_CLOCKS, ATTN_X=2 ,")
-    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert got.stdout.split() == ["-std=c++17", "-DLLMRS_NO_EARLY_KV", "-DLLMRS_NO_EARLY_NORM",
-                                  "-DLLMRS_ATTN_EXACT_EXP", "-DLLMRS_ATTN_CLOCKS", "-DATTN_X=2"]
+    monkeypatch.delenv("LLMRS_CUDA_DEFINES", raising=False)
+    assert ck.options() == ("-std=c++17",)
+    monkeypatch.setenv("LLMRS_CUDA_DEFINES", " LLMRS_ATTN_CLOCKS, ATTN_X=2 ,")
+    assert ck.options() == ("-std=c++17", "-DLLMRS_ATTN_CLOCKS", "-DATTN_X=2")
+
+
+def test_cuda_options_default_to_what_ships_and_reject_unknown_forms():
+    """CudaOptions's defaults are the backend's class defaults (what ships), and a form no kernel has is refused."""
+    o = CudaOptions()
+    for name in ("fuse_bf16", "fuse_epilogues", "q4_gemv", "q4_gemv_cluster", "q4_gemv_epilogue", "q4_gemm_epilogue",
+                 "q4_bf16_input", "gate_up_bf16", "fold_qkv_bias", "attn_o_fused"):
+        assert getattr(o, name) is True and getattr(CUDABackend, name) is True, name
+    assert (o.fuse_norm, o.q4_gemv_norm, o.attn_kernel, o.prefill_min_tokens, o.attn_cluster, o.attn_cluster_warps,
+            o.attn_o_warps, o.matvec_splits, o.long_k_splits, o.gemm_pad_rows, o.matvec_rows) == (
+        "auto", "auto", "auto", 16, None, 16, 0, 0, 0, False, False)
+    for bad in (dict(fuse_norm="x"), dict(attn_kernel="flash"), dict(attn_cluster=32), dict(matvec_splits=3)):
+        with pytest.raises(ValueError, match="CudaOptions"):
+            CudaOptions(**bad)
 
 
 def test_sample_row_blocks_spreads_small_batches_within_the_sms():
     """cuda_kernels.sample_row_blocks: one stream's row over several blocks, a big batch one block a row, never
     more blocks than SMs in all (the hand-off buffers hold num_sms partials) nor slices under SAMPLE_MIN_SLICE."""
-    from llmrs.backends.cuda_kernels import SAMPLE_MAX_BLOCKS, SAMPLE_MIN_SLICE, sample_row_blocks
+    from llmrs.backends.cuda.kernels import SAMPLE_MAX_BLOCKS, SAMPLE_MIN_SLICE, sample_row_blocks
 
     assert sample_row_blocks(1, 152064, 132) == 152064 // SAMPLE_MIN_SLICE == 18
     assert sample_row_blocks(1, 10**7, 132) == SAMPLE_MAX_BLOCKS
@@ -468,7 +443,7 @@ def test_sample_row_blocks_spreads_small_batches_within_the_sms():
 def test_attention_and_o_fuse_at_one_token_where_the_head_splits_fit():
     """attn_o_cluster (one token's attention + o in one kernel) where attn_cluster would run at one token with a bf16
     o on the matvec path: Hq clusters of CL running at once (the driver's count), o's rows / CL within a block's 256
-    (CL 8) or 512 (CL 4); auto takes CL 8 only, LLMRS_ATTN_O_FUSED=4 / 8 forces a size."""
+    (CL 8) or 512 (CL 4); auto takes CL 8 only, attn_o_fused=4 / 8 forces a size."""
     from llmrs.backends.cuda import ATTN_O_MAX_ROWS
     from llmrs.model.quant import DeviceQuantWeight
 
@@ -490,7 +465,7 @@ def test_attention_and_o_fuse_at_one_token_where_the_head_splits_fit():
     assert ATTN_O_MAX_ROWS == {8: 256, 4: 512}
     be._attn_o_max_clusters = lambda cl: {8: 15, 4: 30}[cl]  # the H200's: 16 clusters of 8 would run in two waves
     assert CUDABackend._attn_o_cluster(be, o, db) == 0  # auto takes 8 only (4 measured no faster on the 3B)
-    be.attn_o_fused = 4  # LLMRS_ATTN_O_FUSED=4: that size (512 rows a split) where it fits
+    be.attn_o_fused = 4  # that size (512 rows a split) where it fits
     assert CUDABackend._attn_o_cluster(be, o, db) == 4
     be.attn_o_fused = 8  # =8: that size or none
     assert CUDABackend._attn_o_cluster(be, o, db) == 0
@@ -523,7 +498,7 @@ def test_attention_and_o_fuse_at_one_token_where_the_head_splits_fit():
 
 
 def test_attn_o_eight_warp_form_under_its_switch_and_where_sixteen_do_not_fit():
-    """LLMRS_ATTN_O_WARPS=8: clusters of 8 take attn_o_cluster8_w8 (256 threads, two blocks an SM), and the count
+    """attn_o_warps=8: clusters of 8 take attn_o_cluster8_w8 (256 threads, two blocks an SM), and the count
     of clusters that run at once is asked of that kernel; clusters of 4 and =16 keep the 16-warp forms. Auto takes
     the 8-warp form only where the model's Hq clusters of the 16-warp form do not all run at once."""
     stand_in = SimpleNamespace(raw=None)  # (no compiled function: the rule's one-block-an-SM stand-in)
@@ -538,7 +513,7 @@ def test_attn_o_eight_warp_form_under_its_switch_and_where_sixteen_do_not_fit():
     assert CUDABackend._attn_o_max_clusters(be, 8) == 16 and "attn_o_cluster8_w8" in be._cluster_counts
     be.attn_o_warps = 16
     assert CUDABackend._attn_o_form(be, 8) == ("attn_o_cluster8", 512)
-    assert CUDABackend.attn_o_warps == 0  # the default (LLMRS_ATTN_O_WARPS unset): auto
+    assert CUDABackend.attn_o_warps == 0  # the default: auto
     be.attn_o_warps = 0
     assert CUDABackend._attn_o_form(be, 8) == ("attn_o_cluster8", 512)  # 16 heads, 16 clusters of 8 at once
     be._cluster_counts["attn_o_cluster8"] = 15  # the H200's count (session 31 call2)

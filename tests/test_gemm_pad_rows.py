@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from llmrs.backends import cuda as C
-from llmrs.backends.cuda_graphs import BUCKETS
-from llmrs.backends.cuda_prefill_graphs import PREFILL_BUCKETS
+from llmrs.backends.cuda.graphs import BUCKETS
+from llmrs.backends.cuda.graphs import PREFILL_BUCKETS
 
 
 def test_gemm_rows_buckets():

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.gpu
 
 from llmrs.model import quant as Q  # noqa: E402
 from llmrs.backends.cuda import NULL, round_bf16  # noqa: E402
-from llmrs.backends.cuda_q4gemm import dequant_marlin, gemm_q4, linear_q4, to_marlin  # noqa: E402
+from llmrs.backends.cuda.quant_linear import dequant_marlin, gemm_q4, linear_q4, to_marlin  # noqa: E402
 from tests.test_quant_marlin import make_weight  # noqa: E402
 
 TOL = 2e-3  # measured errors are ~1e-6 (same bf16 inputs, f32 vs f64 sums); a wrong tile or group is >> TOL
@@ -143,7 +143,7 @@ def test_backend_takes_wgmma_above_mma_sync_tokens(backend, monkeypatch, t256, T
     """Where the GPU has it, a 4-bit linear of 256 tokens (a 256-sequence decode step) goes through the wgmma GEMM
     (its 256-token form unless LLMRS_Q4_WGMMA_T256=0; that form also takes 425-512 tokens: two of its tiles), not
     dequantize + cuBLAS, and equals the latter up to summation order."""
-    import llmrs.backends.cuda_q4gemm as q4gemm
+    import llmrs.backends.cuda.quant_linear as q4gemm
 
     if not backend.k.wgmma_arch:
         pytest.skip(f"wgmma needs compute capability 9.0 (this GPU: {backend.k.cc})")
@@ -199,7 +199,7 @@ def test_gemm_q4_timing_beside_dequantize_plus_cublas(backend, monkeypatch):
     """Figures for the notes: 7B-like shapes (qkv, down), prefill-sized and batched-decode-sized T (timings not
     asserted; the two paths' outputs are), and from 65 tokens the 64-token tiles (MT 4) beside the 128-token ones
     (MT 8, cuda_q4gemm.MT8_FROM)."""
-    import llmrs.backends.cuda_q4gemm as q4gemm
+    import llmrs.backends.cuda.quant_linear as q4gemm
 
     def gemm_mt4(xb, mw, out):
         monkeypatch.setattr(q4gemm, "MT8_FROM", 0)

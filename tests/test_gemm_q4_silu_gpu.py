@@ -23,7 +23,7 @@ from tests.cuda_helpers import bf16_words, require_gpu, tiny_awq_runners, tiny_b
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
-from llmrs.backends.cuda_q4gemm import gemm_q4, gemm_q4_silu, to_marlin  # noqa: E402
+from llmrs.backends.cuda.quant_linear import gemm_q4, gemm_q4_silu, to_marlin  # noqa: E402
 from tests.test_quant_marlin import make_weight  # noqa: E402
 
 # form: (wgmma, t256, token counts); "mma": mma.sync's MT 4 (33-192 tokens)
@@ -73,16 +73,16 @@ def test_awq_batched_steps_with_the_gemm_epilogues_give_the_unfused_bits(tmp_pat
     """A tiny Qwen2 AWQ model (64-dim heads, q/k/v bias): a lone 40-token prefill (mma.sync, replayed from its 64-token
     graph bucket), a lone 100-token prefill (the 128-token wgmma form, its 128-token bucket) and a step of
     two 100-token prefills (200 tokens: the 256-token form), with the paired GEMM forms and without
-    (q4_gemm_epilogue False, LLMRS_Q4_GEMM_EPILOGUE=0's switch): the same logits, bit for bit, each layer's
+    (q4_gemm_epilogue False): the same logits, bit for bit, each layer's
     gate_up through a paired kernel."""
-    import llmrs.backends.cuda as cuda_backend
-    import llmrs.backends.cuda_q4gemm as q4gemm
+    import llmrs.backends.cuda.forward as cuda_backend  # (the fused step's gemm_q4_silu)
+    import llmrs.backends.cuda.quant_linear as q4gemm
     from llmrs.backends.cuda import CUDABackend
     from llmrs.engine.batch import build_step_batch
 
     kept, runners = tiny_awq_runners(tmp_path, G, "q4_gemm_epilogue")
     if not runners[True].backend.k.wgmma:
-        pytest.skip("the wgmma forms need compute capability 9.0 (sm_90a) and LLMRS_Q4_WGMMA on")
+        pytest.skip("the wgmma forms need compute capability 9.0 (sm_90a)")
     assert CUDABackend.q4_gemm_epilogue  # the default
     r = runners[True]
     layer = r.model.w.layers[0]

@@ -32,7 +32,7 @@ cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
 from llmrs.backends.cuda import NULL, round_bf16  # noqa: E402
-from llmrs.backends.cuda_q4gemm import (gemv_q4, gemv_q4_pair, gemv_splits, gemv_takes, linear_q4,  # noqa: E402
+from llmrs.backends.cuda.quant_linear import (gemv_q4, gemv_q4_pair, gemv_splits, gemv_takes, linear_q4,  # noqa: E402
                                                to_marlin)
 from llmrs.model.weights import bf16_to_f32  # noqa: E402
 from tests.test_quant_marlin import make_weight  # noqa: E402
@@ -98,7 +98,7 @@ def test_gemv_q4_cluster_launch_equals_the_l2_hand_off_bit_exactly(backend, kind
     memory) sum the same partials in the same order as the hand-off through L2: the same bits, every S up to
     GEMV_CLUSTER_MAX, T 1..8 (the t16 forms keep the hand-off), bias and accumulate, nothing written past N; more
     slices than a cluster takes stay on the hand-off (its counters back at 0)."""
-    import llmrs.backends.cuda_q4gemm as q4gemm
+    import llmrs.backends.cuda.quant_linear as q4gemm
 
     if backend.k.cc < 90:
         pytest.skip("thread-block clusters need sm_90")
@@ -325,8 +325,9 @@ def test_awq_decode_with_the_norms_in_the_gemvs_matches_the_cpu_reference(tmp_pa
     model turns a 2^-9 change of x into a few % of its logits), and the launches: every o and down but the last
     down writing the norm's inputs, every gate_up and qkv but the first taking them, one rms_norm a step (the first
     layer's; the final norm is the sampled rows')."""
-    import llmrs.backends.cuda as cuda_backend
-    import llmrs.backends.cuda_q4gemm as q4gemm
+    import llmrs.backends.cuda.forward as fwd
+    import llmrs.backends.cuda.linear as lin
+    import llmrs.backends.cuda.quant_linear as q4gemm
     from llmrs.backends.cuda import CUDABackend
     from llmrs.engine.batch import build_step_batch
     from llmrs.model.loader import load
@@ -342,9 +343,9 @@ def test_awq_decode_with_the_norms_in_the_gemvs_matches_the_cpu_reference(tmp_pa
         assert not q4gemm.q4_norm_chain(runners[False].backend, layers, T, 64)
     assert not q4gemm.q4_norm_chain(runners[True].backend, layers, 9, 64)
     calls = []
-    for name in ("gemv_q4", "gemv_q4_pair"):
-        real = getattr(cuda_backend, name)
-        monkeypatch.setattr(cuda_backend, name, lambda be, *a, _r=real, _n=name, **k: calls.append(
+    for mod, name in ((fwd, "gemv_q4"), (lin, "gemv_q4"), (fwd, "gemv_q4_pair")):  # where the step calls them
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda be, *a, _r=real, _n=name, **k: calls.append(
             (be, _n, a[0] if _n == "gemv_q4_pair" else None, k.get("norm_out") is not None
              or k.get("norm_in") is not None)) or _r(be, *a, **k))
     prompts = prompts_for(kept.tokenizer)[:3]
@@ -374,16 +375,16 @@ def test_awq_decode_with_the_norms_in_the_gemvs_matches_the_cpu_reference(tmp_pa
 def test_awq_decode_with_the_fused_epilogues_gives_the_unfused_bits(tmp_path, G, monkeypatch):
     """A tiny Qwen2 AWQ model (64-dim heads, q/k/v bias) with every linear on the GEMV at one token: decode steps
     of one and of three sequences through the decode graphs (programmatic launch, clusters), with the paired forms
-    (gate_up + SiLU, qkv + RoPE + KV write) and without (LLMRS_Q4_GEMV_EPILOGUE=0): the same logits, bit for bit,
+    (gate_up + SiLU, qkv + RoPE + KV write) and without (q4_gemv_epilogue False): the same logits, bit for bit,
     and the same greedy tokens."""
-    import llmrs.backends.cuda as cuda_backend
-    import llmrs.backends.cuda_q4gemm as q4gemm
+    import llmrs.backends.cuda.forward as cuda_backend
+    import llmrs.backends.cuda.quant_linear as q4gemm
     from llmrs.backends.cuda import CUDABackend
     from llmrs.engine.batch import build_step_batch
     from tests.test_cuda_parity import greedy, prompts_for
 
     monkeypatch.setattr(q4gemm, "GEMV_ONE_TOKEN_MIN_WEIGHTS", 0)  # every shape on the GEMV at one token
-    monkeypatch.setattr(cuda_backend.CUDABackend, "q4_gemv_norm", False)  # the norm chain changes the rounding
+    monkeypatch.setattr(CUDABackend, "q4_gemv_norm", False)  # the norm chain changes the rounding
     kept, runners = tiny_awq_runners(tmp_path, G, "q4_gemv_epilogue")
     assert CUDABackend.q4_gemv_epilogue  # the default
     r = runners[True]
@@ -416,12 +417,12 @@ def test_awq_decode_with_the_fused_epilogues_gives_the_unfused_bits(tmp_path, G,
 def test_decode_dispatch_takes_gemv_for_the_layout_and_matvec_otherwise(backend, monkeypatch):
     rng = np.random.default_rng(4)
     calls = []
-    import llmrs.backends.cuda as cuda_backend
+    import llmrs.backends.cuda.linear as cuda_backend  # (_linear_quant's gemv_q4)
 
     real = cuda_backend.gemv_q4
     monkeypatch.setattr(cuda_backend, "gemv_q4", lambda *a, **k: calls.append(a[2] is not None) or real(*a, **k))
-    # N % 64: no Marlin copy, matvec_q4; one token on the GEMV in the layout (cuda_q4gemm.gemv_one_token: every
-    # shape by default, K >= 4 N or full tiles under LLMRS_Q4_GEMV_K_PER_N=4), else on matvec_q4
+    # N % 64: no Marlin copy, matvec_q4; one token on the GEMV in the layout (quant_linear.gemv_one_token: every
+    # shape by default, K >= 4 N or full tiles under GEMV_ONE_TOKEN_K_PER_N=4), else on matvec_q4
     for N, K, in_layout in [(256, 512, True), (96, 256, False)]:
         w = make_weight("awq", N, K, 128, rng)
         dw = backend.upload_quantized(w)
@@ -442,7 +443,7 @@ def test_decode_dispatch_takes_gemv_for_the_layout_and_matvec_otherwise(backend,
         else:
             assert rel_err(got, one.astype(np.float64) @ w.dequantize().astype(np.float64).T) < 2e-6 * np.sqrt(K)
         n_calls = len(calls)
-        backend.q4_gemv = False  # LLMRS_Q4_GEMV=0 (row form kept at upload): the f32 matvec for the same weight
+        backend.q4_gemv = False  # (row form kept at upload): the f32 matvec for the same weight
         try:
             rows = backend.upload_quantized(w)
             assert rel_err(cp.asnumpy(backend.linear(cp.asarray(x), rows)), exact) < 2e-6 * np.sqrt(K)
@@ -462,7 +463,7 @@ def test_weights_the_gemv_takes_at_one_token_hold_only_the_reordered_copy(backen
     """N / 32 >= 4 x SMs (a 7B's gate_up) or K >= 4 N (its down): the GEMV takes even one token, so the row form
     is released and every path reads the GEMM's copy: the GEMV up to 16 tokens, the 4-bit GEMM up to 192, above it
     dequant_marlin_bf16 (the values dequant_q4_bf16 gives from the row form) + cuBLAS."""
-    from llmrs.backends.cuda_q4gemm import dequant_marlin
+    from llmrs.backends.cuda.quant_linear import dequant_marlin
 
     rng = np.random.default_rng(G)
     N, K = (128 * backend.num_sms, 512) if shape == "tiles fill the GPU" else (256, 1024)
@@ -479,7 +480,7 @@ def test_weights_the_gemv_takes_at_one_token_hold_only_the_reordered_copy(backen
         assert rel_err(out, ref) < TOL, (kind, T)
     wb = cp.empty((N, K), dtype=cp.uint16)
     dequant_marlin(backend, dw.marlin, wb)
-    backend.q4_gemv = False  # LLMRS_Q4_GEMV=0: the row form stays (matvec_q4 reads it)
+    backend.q4_gemv = False  # the row form stays (matvec_q4 reads it)
     try:
         both = backend.upload_quantized(w)
     finally:
@@ -502,7 +503,7 @@ def test_both_dequant_kernels_equal_numpy_at_any_grid(backend, kind, N, K, G):
     """dequant_q4_bf16 (row form: a warp 128 words a pass, 4 a lane) and dequant_marlin_bf16 (GEMM layout: two
     records a thread a pass, a quad transpose before each 16-byte store) against numpy's f32 dequantization rounded
     to bf16, at the backend's grid and at grids that leave threads several passes, a lone last record, or idle."""
-    from llmrs.backends.cuda_q4gemm import dequant_marlin
+    from llmrs.backends.cuda.quant_linear import dequant_marlin
 
     rng = np.random.default_rng(N + K)
     w = make_weight(kind, N, K, G, rng)

@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from llmrs.backends import cuda_kernels as ck
+from llmrs.backends.cuda import kernels as ck
 from llmrs.ptx.compile import nvrtc_compile
 from llmrs.ptx.toolchain import find_toolchain
 

@@ -14,7 +14,7 @@ cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
 from llmrs.backends.cuda import CUDABackend, bf16_bits, round_bf16  # noqa: E402
-from llmrs.backends.cuda_prefill import plan_prefill_tiles, prefill_attention  # noqa: E402
+from llmrs.backends.cuda.prefill import plan_prefill_tiles, prefill_attention  # noqa: E402
 from llmrs.engine.batch import build_step_batch  # noqa: E402
 from llmrs.engine.config import ModelConfig  # noqa: E402
 

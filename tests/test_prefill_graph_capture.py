@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from llmrs.backends import cuda_graphs as CG
-from llmrs.backends.cuda_prefill_graphs import PrefillGraphs, capture_blocks
+from llmrs.backends.cuda import graphs as CG
+from llmrs.backends.cuda.graphs import PrefillGraphs, capture_blocks
 
 
 def test_capture_blocks_are_distinct_when_the_pool_has_them():

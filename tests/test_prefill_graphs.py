@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from llmrs.backends.cuda_prefill_graphs import (PREFILL_BUCKETS, is_lone_prefill, padded_prefill,
+from llmrs.backends.cuda.graphs import (PREFILL_BUCKETS, is_lone_prefill, padded_prefill,
                                                        prefill_bucket)
 from llmrs.engine.batch import build_step_batch
 
@@ -88,7 +88,7 @@ def runner(tmp_path_factory):
 @pytest.mark.gpu
 @pytest.mark.parametrize("L", [16, 37, 64, 100])
 def test_replayed_prefill_matches_the_eager_one_and_decoding_goes_on_alike(runner, L):
-    from llmrs.backends.cuda_prefill_graphs import PrefillGraphs
+    from llmrs.backends.cuda.graphs import PrefillGraphs
 
     b = runner.backend
     b.attn_splits = 1

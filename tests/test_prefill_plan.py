@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmrs.backends.cuda_prefill import PREFILL_BLOCK_Q, plan_prefill_tiles
+from llmrs.backends.cuda.prefill import PREFILL_BLOCK_Q, plan_prefill_tiles
 from llmrs.engine.batch import build_step_batch
 
 

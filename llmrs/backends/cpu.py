@@ -7,6 +7,8 @@ K, V per layer: [num_blocks, num_kv_heads, block_size, head_dim].
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from llmrs.engine.batch import StepBatch
@@ -30,6 +32,10 @@ class CPUBackend:
     # ------------------------------------------------------------------ weights
     def upload(self, w: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(w, dtype=np.float32)
+
+    def upload_quantized(self, w: Any) -> np.ndarray:
+        """A llmrs.model.quant.QuantWeight, dequantized exactly to float32."""
+        return self.upload(w.dequantize())
 
     # ------------------------------------------------------------------ elementwise
     def embedding(self, table: np.ndarray, token_ids: np.ndarray) -> np.ndarray:

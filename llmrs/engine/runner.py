@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from llmrs.backends.base import Launched, StepHandle
 from llmrs.engine.batch import StepBatch, build_step_batch
 from llmrs.engine.config import async_scheduling_default
 from llmrs.model.loader import LoadedModel
@@ -52,7 +53,7 @@ class ModelRunner:
 
             self.backend = CUDABackend(self.config, num_blocks=num_blocks, block_size=block_size)
             if loaded.tensors is None:
-                from llmrs.synth import synthetic_weights
+                from llmrs.model.synthetic import synthetic_weights
 
                 weights = synthetic_weights(loaded, self.backend)  # drawn on the GPU (AWQ: packed 4-bit linears)
             else:
@@ -75,7 +76,7 @@ class ModelRunner:
         backend can (logits never leave the device), else with the CPU sampler."""
         return self.launch(batch, states).wait()
 
-    def launch(self, batch: StepBatch, states: list) -> "Launched":
+    def launch(self, batch: StepBatch, states: list) -> StepHandle:
         """Start one step and its sampling; `.wait()` on the result gives the SampleResults. On the GPU this
         returns once the work is queued, so the caller can plan the next step meanwhile; that step's
         `batch.feed` rows take their tokens from this step's samples (on the device). The CPU runs it here."""
@@ -88,18 +89,6 @@ class ModelRunner:
         results = sample(self.execute(batch), states)
         self._last_tokens = np.fromiter((r.token_id for r in results), dtype=np.int32, count=len(results))
         return Launched(results)
-
-
-class Launched:
-    """A step whose sampled tokens are already on the host (the CPU runner; the GPU's host-sampler path)."""
-
-    __slots__ = ("results",)
-
-    def __init__(self, results: list) -> None:
-        self.results = results
-
-    def wait(self) -> list:
-        return self.results
 
 
 @dataclass(slots=True)
@@ -142,8 +131,7 @@ def stream_generate(
     stats = stats if stats is not None else GenerationStats()
     stats.prompt_tokens = len(prompt_ids)
     if run_ahead is None:
-        run_ahead = (hasattr(runner, "launch") and not needs_host_sampler(params)
-                     and async_scheduling_default(getattr(runner, "device", "cpu")))
+        run_ahead = not needs_host_sampler(params) and async_scheduling_default(runner.device)
     if run_ahead:
         yield from _run_ahead(runner, seq, table, max_len - len(prompt_ids), stats)
         return

@@ -19,29 +19,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from llmrs.backends.base import Backend
 from llmrs.engine.batch import StepBatch
 from llmrs.engine.config import ModelConfig
 from llmrs.errors import UserError
-
-
-class Backend(Protocol):
-    """The operations the model needs. Tensors are backend-native (numpy arrays, CuPy arrays, ...)."""
-
-    def upload(self, w: np.ndarray) -> Any: ...
-    def embedding(self, table: Any, token_ids: Any) -> Any: ...
-    def rms_norm(self, x: Any, weight: Any, eps: float) -> Any: ...
-    def linear(self, x: Any, w: Any, bias: Any | None = None) -> Any: ...
-    def rope(self, q: Any, k: Any, positions: Any) -> tuple[Any, Any]: ...
-    def write_kv(self, layer: int, k: Any, v: Any, slot_mapping: Any) -> None: ...
-    def attention(self, layer: int, q: Any, batch: StepBatch) -> Any: ...
-    def silu_mul(self, gate_up: Any) -> Any: ...
-    def add(self, x: Any, y: Any) -> Any: ...
-    def gather_rows(self, x: Any, rows: Any) -> Any: ...
-    def to_host(self, x: Any) -> np.ndarray: ...
 
 
 @dataclass(slots=True)
@@ -114,17 +99,14 @@ def check_weights(config: ModelConfig, tensors: dict[str, np.ndarray]) -> None:
 def build_weights(config: ModelConfig, tensors: dict[str, np.ndarray], backend: Backend) -> ModelWeights:
     """Fuse q/k/v and gate/up, hand every tensor to the backend (which converts and uploads it).
 
-    Quantized linear weights (llmrs.model.quant.QuantWeight) go to `backend.upload_quantized` when the backend
-    has one, else they are dequantized (exactly, to float32) first; embeddings and lm_head are always dense."""
+    Quantized linear weights (llmrs.model.quant.QuantWeight) go to `backend.upload_quantized` (the CPU backend
+    dequantizes them, exactly, to float32; the GPU keeps them packed); embeddings and lm_head are always dense."""
     from llmrs.model.quant import QuantWeight, stack_rows
 
     check_weights(config, tensors)
-    upload_q = getattr(backend, "upload_quantized", None)
 
     def up(w: Any) -> Any:
-        if isinstance(w, QuantWeight):
-            return upload_q(w) if upload_q is not None else backend.upload(w.dequantize())
-        return backend.upload(w)
+        return backend.upload_quantized(w) if isinstance(w, QuantWeight) else backend.upload(w)
 
     def dense(w: Any) -> Any:
         return w.dequantize() if isinstance(w, QuantWeight) else w

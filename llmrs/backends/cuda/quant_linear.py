@@ -13,15 +13,11 @@ cuBLAS); any T.
 Tiles: 128 columns x 16 MT tokens per block (MT 1 up to 16 tokens, 2 up to 32, 8 from MT8_FROM = 256, else 4);
 when those tiles fill less than the GPU, K is split over grid.z (f32 partials, reduced in a fixed order: deterministic).
 
-When: measured on the H200 (tests/test_gemm_q4_gpu.py's timing test, AWQ G 128, us; gemm_q4 / dequantize +
-cuBLAS, the dequantization from the GEMM layout with its 16-byte stores), with the stage loads' addresses computed
-once a thread (reports/h200-qwen2.5/session11/call1): qkv 4608x3584 T 64: 50.8 / 73.8, T 128: 40.5 / 69.2,
-T 192: 48.4 / 74.6, T 256: 64.0 / 73.7; down 3584x18944 T 128: 87.4 / 124.1, T 192: 122.4 / 131.2, T 256:
-170.6 / 136.0; gate_up 37888x3584 T 128: 153.4 / 197.4, T 192: 205.6 / 221.9, T 256: 258.7 / 228.6. So the
-backend takes it for matvec_max_tokens < T <= MAX_TOKENS (192) and dequantizes + cuBLAS above, where cuBLAS's
-larger tiles win (each further 64-token tile here re-reads and re-decodes the weights: ~50 us a tile for gate_up;
-at T 1024 this kernel reaches 220-290 TFLOP/s, dequantize + cuBLAS 320-570). Before the address change (session
-10) the crossover sat at 64 (gate_up T 96: 197.8 / 189.4).
+When: measured on the H200 (AWQ G 128, us; gemm_q4 / dequantize + cuBLAS): qkv 4608x3584 T 64: 50.8 / 73.8, T 192:
+48.4 / 74.6, T 256: 64.0 / 73.7; down 3584x18944 T 192: 122.4 / 131.2, T 256: 170.6 / 136.0; gate_up 37888x3584
+T 192: 205.6 / 221.9, T 256: 258.7 / 228.6. So the backend takes it for matvec_max_tokens < T <= MAX_TOKENS (192)
+and dequantizes + cuBLAS above, where cuBLAS's larger tiles win (each further 64-token tile here re-reads and
+re-decodes the weights).
 """
 
 from __future__ import annotations
@@ -31,41 +27,27 @@ from typing import Any
 
 import numpy as np
 
-from llmrs.backends.cuda_kernels import (GEMM_Q4_SILU_MT, GEMM_Q4W2_SMEM_BYTES, GEMM_Q4WG_SMEM_BYTES, GEMV_CPG,
-                                                WG_BLOCKS_PER_SM, WG_SPLITS, gemm_q4_smem_bytes, launch_cluster,
-                                                wg_cluster)
-from llmrs.engine.config import env_float, env_int
+from llmrs.backends.cuda.kernels import (GEMM_Q4_SILU_MT, GEMM_Q4W2_SMEM_BYTES, GEMM_Q4WG_SMEM_BYTES, GEMV_CPG, NULL,
+                                         WG_BLOCKS_PER_SM, WG_SPLITS, gemm_q4_smem_bytes, launch_cluster, wg_cluster)
 from llmrs.model.quant import DeviceQuantWeight, marlin_reorder, marlin_scales
 
-NULL = np.uint64(0)
 THREADS = 128
 BN = 128  # output columns per block
 BK = 64  # k per pipeline stage
 MIN_KT_PER_SPLIT = 8  # a K slice of at least 512 keeps the 3-4 stage pipeline worth filling
 MAX_SPLITS = 16
-# above, dequantize + cuBLAS is faster (module docstring); LLMRS_Q4_GEMM_MAX_TOKENS (read at import) for A/Bs
-MAX_TOKENS = env_int("LLMRS_Q4_GEMM_MAX_TOKENS", 192)
+MAX_TOKENS = 192  # above, dequantize + cuBLAS is faster (module docstring)
 GEMV_MAX_TOKENS = 16  # gemv_q4: x's tokens are the columns of one n8 tile (gemv_q4z / q4m) or two (.._t16)
 # The backend's decode path takes gemv_q4 (tensor cores, the Marlin layout) from 2 tokens, and for one token where
 # it beats matvec_q4 (row layout, f32 FMA): where the 32-column tiles alone fill the GPU (gate_up), where K is long
 # against N (down: K >= 4 N, GEMV_ONE_TOKEN_K_PER_N), and for a matrix of GEMV_ONE_TOKEN_MIN_WEIGHTS or more (the
-# 7B's qkv). Measured on the H200 (scripts/bench_gemv_q4.py, AWQ G128, Qwen2.5-7B shapes inside a graph, each
-# launch its own copy of the weight, us gemv / matvec_q4, T = 1; reports/h200-qwen2.5/session11/call2; matvec_q4's
-# gate_up and down under ncu's locked clock): gate_up 29.4 (S = 1) / 58.8, down 18.2 (S = 4) / 31.0, qkv 4608 x
-# 3584 (16.5M weights) 7.55 (S = 3) / 9.65, o 3584 x 3584 (12.8M) 6.66 (S = 4) / 6.44. Every shape on the GEMV
-# (LLMRS_Q4_GEMV_K_PER_N=0) decodes the 7B AWQ in 2.574 / 2.576 against 2.592 / 2.591 ms/token but the 3B in
-# 1.908 / 1.909 against 1.858 / 1.858 and the 0.5B in 0.819 / 0.818 against 0.811 / 0.812 (session 11): the
-# smaller matrices stay on matvec_q4. With the K slices as one cluster (GEMV_CLUSTER_MAX below; session 23 call1)
-# the 7B's o takes 5.33 us on the GEMV (S = 4) against matvec_q4's 6.44, and the 7B AWQ decodes in 1.9641 ms/token
-# with every shape on the GEMV against 2.0298 (only o moves). With the RoPE + KV write in the GEMV's epilogue too
-# (gemv_q4_pair) every shape won on the GEMV inside the step (session 23 calls 7-8, decode bench one run a
-# process): the 3B AWQ 1.4571 / 1.4584 -> 1.3621 / 1.3623 with its qkv (5.2M) moved, 1.3312 / 1.3295 with its o
-# (4.2M) too, although alone o was 3.44 us on matvec_q4 against 3.59; the 0.5B AWQ 0.6685 / 0.6715 -> 0.6217 /
-# 0.6204 with every shape. So the threshold is 0 (14M before session 23): every 4-bit weight in the GEMM's layout
-# takes the GEMV at one token and holds only that copy. Both switches are read at import (for A/Bs).
+# 7B's qkv). With the K slices as one cluster and the RoPE + KV write in the GEMV's epilogue (gemv_q4_pair), every
+# shape won on the GEMV inside the decode step (H200, decode ms/token: 3B AWQ 1.457 -> 1.330, 0.5B AWQ 0.669 ->
+# 0.621), although alone the 3B's o was 3.44 us on matvec_q4 against 3.59: so the size threshold is 0, and every
+# 4-bit weight in the GEMM's layout takes the GEMV at one token and holds only that copy.
 GEMV_MIN_TOKENS = 2
-GEMV_ONE_TOKEN_K_PER_N = env_float("LLMRS_Q4_GEMV_K_PER_N", 4.0)
-GEMV_ONE_TOKEN_MIN_WEIGHTS = env_int("LLMRS_Q4_GEMV_MIN_WEIGHTS", 0)
+GEMV_ONE_TOKEN_K_PER_N = 4.0
+GEMV_ONE_TOKEN_MIN_WEIGHTS = 0
 GEMV_WARPS = 4  # GV_WARPS in gemm_q4.cu: warps per block (a block: one 32-column tile, K split over its warps)
 GEMV_DEPTH = 4  # GV_DEPTH: k32 blocks a warp has in flight (its runs are multiples of it)
 GEMV_BLOCKS_PER_SM = 4  # resident at once: 128 registers x 128 threads (ptx-check)
@@ -73,14 +55,10 @@ GEMV_SEM_TILES = 1 << 16  # per-tile counters of the split-K hand-off: N up to 2
 # On sm_90+ a split tile's S blocks are launched as one thread-block cluster (gemm_q4.cu: the partials pushed into
 # the first block's shared memory; the same sums in the same order as the hand-off through L2) where 2 <= S <=
 # GEMV_CLUSTER_MAX (GV_CLUSTER_MAX); more slices keep the hand-off. The pushes are st.async completing on that
-# block's mbarrier since session 33 (call4; before, st.shared::cluster and a cluster barrier arrived with release,
-# a MEMBAR.ALL.GPU in every block): 7B AWQ 1.8748 / 1.8757 -> 1.8571 / 1.8570 ms/token, 3B AWQ 1.2969 -> 1.2786
-# (decode bench, one run a process, alternated). The backend's
-# q4_gemv_cluster (LLMRS_Q4_GEMV_CLUSTER=0: False) keeps it everywhere. H200 (scripts/bench_gemv_q4.py, AWQ G128, T
-# = 1, inside a graph, us cluster / L2; reports/h200-qwen2.5/session23 call1): 7B qkv S=3 6.32 / 7.30, o S=4 5.33 /
-# 6.33, down S=4 15.42 / 16.24; 3B down S=4 7.93 / 8.47 but S=8 9.37 / 7.78 (clusters of 8 blocks wait for two
-# SMs' room), and in the 3B's step S=8 clusters lost 2.6 us a layer (1.4993 -> 1.5928 ms/token best of 3) where
-# the 7B's S <= 4 won 2.1 (2.0856 -> 2.0265).
+# block's mbarrier. The backend's q4_gemv_cluster (False) keeps the hand-off everywhere. H200 (scripts/bench_gemv_q4.py,
+# AWQ G128, T = 1, inside a graph, us cluster / L2): 7B qkv S=3 6.32 / 7.30, o S=4 5.33 / 6.33, down S=4 15.42 /
+# 16.24; 3B down S=4 7.93 / 8.47 but S=8 9.37 / 7.78 (clusters of 8 blocks wait for two SMs' room), and in the 3B's
+# step S=8 clusters lost 2.6 us a layer where the 7B's S <= 4 won 2.1.
 GEMV_CLUSTER_MAX = 4
 
 
@@ -127,60 +105,47 @@ def to_marlin(backend: Any, w: DeviceQuantWeight) -> MarlinWeight | None:
 # From MT8_FROM tokens a block takes 8 m16 tiles (128 tokens; `gemm_q4z_m8`: 252 registers, 2 stages, 2 blocks an
 # SM) instead of 4: each decoded weight fragment feeds 8 mma instead of 4 and each stage's weights are loaded once
 # for 128 tokens. `llmrs ptx-check --sass` (sm_90, main loop): 595 instructions for 128 HMMA against m4's 437 for
-# 64. Measured on the H200 (session 11, AWQ G128, us MT 8 / MT 4 / dequantize + cuBLAS): qkv 4608x3584 T 128 51.3 /
-# 56.3 / 73.2, T 192 57.0 / 52.6 / 73.3, T 256 61.0 / 65.3 / 76.5, T 1024 161.7 / 154.8 / 107.3; down 3584x18944
-# T 128 89.1 / 85.7 / 119.5, T 192 129.4 / 120.5 / 132.1, T 256 132.7 / 167.1 / 133.4; gate_up 37888x3584 T 128
-# 142.2 / 136.6 / 186.9, T 192 225.9 / 188.4 / 208.6, T 256 226.3 / 239.9 / 202.8, T 512 396.2 / 467.9 / 283.7:
-# MT 8 only from 256 tokens. LLMRS_Q4_GEMM_MT8_FROM (read at import; 0: never) for A/Bs.
-MT8_FROM = env_int("LLMRS_Q4_GEMM_MT8_FROM", 256)
-# Up to MAX_TOKENS every 4-bit weight with the layout takes the GEMM; above, up to LLMRS_Q4_GEMM_MAX_TOKENS_SMALL
-# (default MAX_TOKENS: off), those of at most SMALL_MAX_WEIGHTS weights too. The measurements above at T 256 (qkv
-# 61.0 against 76.5 for dequantize + cuBLAS, down a tie, gate_up 226.3 against 202.8) suggest 256: a 256-sequence
-# AWQ step would stop dequantizing its qkv and o (~15 us a layer each). Off until a step and the server measure it
-# (`LLMRS_Q4_GEMM_MAX_TOKENS_SMALL=256`; session 11 ran out of device time).
-MAX_TOKENS_SMALL = env_int("LLMRS_Q4_GEMM_MAX_TOKENS_SMALL", MAX_TOKENS)
+# 64. Measured on the H200 (AWQ G128, us MT 8 / MT 4 / dequantize + cuBLAS): qkv 4608x3584 T 192 57.0 / 52.6 /
+# 73.3, T 256 61.0 / 65.3 / 76.5; gate_up 37888x3584 T 192 225.9 / 188.4 / 208.6, T 256 226.3 / 239.9 / 202.8, T 512
+# 396.2 / 467.9 / 283.7: MT 8 only from 256 tokens (0: never).
+MT8_FROM = 256
+# Up to MAX_TOKENS every 4-bit weight with the layout takes the GEMM; above, up to MAX_TOKENS_SMALL (MAX_TOKENS: off),
+# those of at most SMALL_MAX_WEIGHTS weights too (at T 256 qkv measured 61.0 us against 76.5 for dequantize + cuBLAS,
+# but a whole step has not measured it).
+MAX_TOKENS_SMALL = MAX_TOKENS
 SMALL_MAX_WEIGHTS = 64 << 20
 
 
 # The Hopper form (gemm_q4.cu's gemm_q4wg{z,m}: wgmma, sm_90a, 128 tokens x 128 columns a block) from WG_FROM tokens up
-# to WG_MAX_TOKENS where the backend takes it (Kernels.wgmma: a GPU with sm_90a, LLMRS_Q4_WGMMA not 0;
-# cuda_kernels.WGMMA); it then also takes the token counts above MAX_TOKENS that dequantize + cuBLAS had.
-# LLMRS_Q4_WGMMA_FROM / _MAX_TOKENS (read at import) for A/Bs. Measured on the H200 (scripts/bench_gemm_q4_forms.py, the
-# 7B's AWQ linears, us a layer, mma.sync / dequantize + cuBLAS / wgmma; reports/h200-qwen2.5/session15 call10, after the
-# fix that let ptxas pipeline the wgmma; before it the wgmma form was 10-25% slower): T 64: qkv 36.6 / 26.9 / 26.7, o
-# 35.0 / 28.2 / 23.9, gate_up 86.0 / 172.1 / 99.7, down 48.2 / 92.6 / 53.6; T 128: qkv 40.0 / 29.2 / 25.3, o 37.2 / 25.7
-# / 24.3, gate_up 138.8 / 173.3 / 120.0, down 77.2 / 96.0 / 54.5; T 256: qkv 46.2 / 31.0 / 27.2, o 36.5 / 25.7 / 24.7,
-# gate_up 229.9 / 195.6 / 184.0, down 120.8 / 104.8 / 81.0; T 512: qkv 82.0 / 41.7 / 62.2, o 65.5 / 32.9 / 35.6, gate_up
-# 400.3 / 283.8 / 304.2, down 247.4 / 138.8 / 150.8. 28-layer sums (ms) at 64 / 128 / 256 / 512 / 1024: mma.sync 5.76 /
-# 8.21 / 12.14 / 22.27 / 42.80, dequantize + cuBLAS 8.95 / 9.08 / 10.00 / 13.92 / 22.40, wgmma 5.71 / 6.27 / 8.88 /
-# 15.48 / 29.00 (bf16 cuBLAS 4.32 / 4.39 / 5.58 / 9.63 / 18.10). Below 128 tokens the forms bench has the wgmma form
-# faster for qkv and o at 64, but not inside the engine's step (`llmrs profile --synthetic qwen2.5-7b-awq --batch 64`,
-# call11: qkv 0.586 -> 0.619 ms, o 0.551 -> 0.494, step 6.219 -> 6.193). With wave_fill_splits (session16 call3,
-# LLMRS_Q4_WGMMA_FROM=33 against 128, `llmrs profile ... --batch 32,64,96`): 64 tokens 6.156 -> 7.225 ms a step (the
-# 7B AWQ server at 64 concurrent 8,395 / 8,669 -> 7,321 / 7,532 tok/s), 96 tokens 8.796 -> 7.617: mma.sync's tiles
-# are 64 tokens (tile_rows), so above 64 it decodes each weight twice, the wgmma form once. From 65 tokens, then.
-WG_FROM = env_int("LLMRS_Q4_WGMMA_FROM", 65)
-WG_MAX_TOKENS = env_int("LLMRS_Q4_WGMMA_MAX_TOKENS", 256)
+# to WG_MAX_TOKENS where the backend takes it (Kernels.wgmma: a GPU with sm_90a; kernels.WGMMA); it then also takes
+# the token counts above MAX_TOKENS that dequantize + cuBLAS had. Measured on the H200 (scripts/bench_gemm_q4_forms.py,
+# the 7B's AWQ linears, 28-layer sums in ms at 64 / 128 / 256 / 512 / 1024 tokens): mma.sync 5.76 / 8.21 / 12.14 /
+# 22.27 / 42.80, dequantize + cuBLAS 8.95 / 9.08 / 10.00 / 13.92 / 22.40, wgmma 5.71 / 6.27 / 8.88 / 15.48 / 29.00.
+# Inside the engine's step (`llmrs profile --synthetic qwen2.5-7b-awq`, with wave_fill_splits) the wgmma form from 33
+# tokens lost at 64 (6.156 -> 7.225 ms a step) and won at 96 (8.796 -> 7.617): mma.sync's tiles are 64 tokens
+# (tile_rows), so above 64 it decodes each weight twice, the wgmma form once. From 65 tokens, then.
+WG_FROM = 65
+WG_MAX_TOKENS = 256
 WG_TOKENS = 128  # tokens a block
 
 
 # The 256-token form (gemm_q4.cu's gemm_q4w2{z,m}: two warpgroups, 128 columns x 256 tokens a block, each weight
 # decoded once per 256 tokens, one block an SM) above one 128-token tile up to WG_MAX_TOKENS, and from W2_UPPER_FROM
-# to W2_MAX_TOKENS (two of its tiles), where the backend has it (Kernels.wgmma_t256: LLMRS_Q4_WGMMA_T256, on unless
-# 0). Measured on the H200 (scripts/bench_gemm_q4_forms.py --splits, reports/h200-qwen2.5/session16 calls 1-2), the
-# 7B's four AWQ linears summed over 28 layers (ms), wgmma (128-token tiles) / 256-token form / dequantize + cuBLAS: T
-# 192 8.83 / 7.39 / 10.08, 256 8.70 / 7.23 / 9.86, 320 14.36 / 12.61 / 11.84, 384 14.70 / 12.77 / 11.99, 448 15.14 /
-# 13.09 / 13.52, 480 14.99 / 13.08 / 13.68, 512 15.43 / 12.51 / 13.79, 1024 28.87 / 23.07 / 22.10 (bf16 cuBLAS 5.33 /
-# 5.34 / 7.06 / 7.48 / 8.94 / 9.11 / 9.46 / 17.78). Its cost goes by 256-token tiles, dequantize + cuBLAS's by tokens:
-# between one and two tiles they cross at about 425 tokens. `llmrs profile --synthetic qwen2.5-7b-awq --batch
-# 128,256 --context 512`: the 256-sequence step 12.14 -> 10.30 ms (the 512-token prefill 16.46 -> 15.40 with 425-512).
+# to W2_MAX_TOKENS (two of its tiles), where the backend has it (Kernels.wgmma_t256). Measured on the H200
+# (scripts/bench_gemm_q4_forms.py --splits), the 7B's four AWQ linears summed over 28 layers (ms), wgmma (128-token
+# tiles) / 256-token form / dequantize + cuBLAS: T 192 8.83 / 7.39 / 10.08, 256 8.70 / 7.23 / 9.86, 320 14.36 / 12.61
+# / 11.84, 448 15.14 / 13.09 / 13.52, 512 15.43 / 12.51 / 13.79, 1024 28.87 / 23.07 / 22.10. Its cost goes by
+# 256-token tiles, dequantize + cuBLAS's by tokens: between one and two tiles they cross at about 425 tokens.
 W2_TOKENS = 256
-W2_BLOCKS_PER_SM = 1  # 190 KB of ring a block (cuda_kernels.GEMM_Q4W2_SMEM_BYTES)
-W2_UPPER_FROM = env_int("LLMRS_Q4_W2_UPPER_FROM", 424)  # exclusive
+W2_BLOCKS_PER_SM = 1  # 190 KB of ring a block (kernels.GEMM_Q4W2_SMEM_BYTES)
+W2_UPPER_FROM = 424  # exclusive
 W2_MAX_TOKENS = 2 * W2_TOKENS
-# The 256-token form's K slices where its tiles fill the GPU: at most 2 (H200, session16 call1, the 7B's gate_up at
+# The 256-token form's K slices where its tiles fill the GPU: at most 2 (H200, the 7B's gate_up at
 # 256 tokens, 296 tiles on 132 SMs, us: S 1 149.4, 2 140.5, 3 166.0, 4 179.0; at 512: 247.8 / 249.8 / 328.0 / 351.6)
 W2_FILL_MAX_SPLITS = 2
+# where the wgmma form's tiles pass half its resident blocks, wave_fill_splits picks its K slices (False: the
+# plain rule, for A/Bs)
+WG_FILL = True
 
 
 @dataclass(frozen=True)
@@ -230,29 +195,26 @@ def tile_rows(T: int) -> int:
     return 1 if T <= 16 else 2 if T <= 32 else 8 if 0 < MT8_FROM <= T else 4
 
 
-# The K slices aim at GEMM_BLOCKS_PER_SM blocks an SM (LLMRS_Q4_GEMM_BLOCKS_PER_SM, read at each launch for A/Bs),
-# up to MAX_SPLITS. With one an SM (before) the GEMM at 64 tokens ran at 66-150 TFLOP/s and streamed its 4-bit
-# weights at 0.3-0.6 TB/s on the H200: down 3584 x 18944 got 112 blocks (28 tiles x 4 slices, 4 warps each, 2
-# stages of 12 KB in flight a block), qkv 108: latency-bound, not tensor-bound. At 4 an SM (`llmrs profile
-# --synthetic qwen2.5-7b-awq --batch 16,64,256`, reports/h200-qwen2.5/session9/call3): the 64-sequence step 10.24 ->
-# 7.94 ms (down 2.47 -> 1.87 ms, qkv 0.86 -> 0.68, o 0.70 -> 0.64 a step; gate_up's 296 tiles stay one slice).
+# The K slices aim at GEMM_BLOCKS_PER_SM blocks an SM, up to MAX_SPLITS. With one an SM the GEMM at 64 tokens ran at
+# 66-150 TFLOP/s and streamed its 4-bit weights at 0.3-0.6 TB/s on the H200 (latency-bound, not tensor-bound); at 4 an
+# SM the 7B AWQ's 64-sequence step took 7.94 ms against 10.24.
 GEMM_BLOCKS_PER_SM = 4
 
 
 def choose_splits(backend: Any, T: int, N: int, K: int, wgmma: bool = False, t256: bool = False) -> int:
-    """Slices of K so that the grid reaches about LLMRS_Q4_GEMM_BLOCKS_PER_SM blocks per SM (1 when the tiles
+    """Slices of K so that the grid reaches about GEMM_BLOCKS_PER_SM blocks per SM (1 when the tiles
     already do); the wgmma form: WG_BLOCKS_PER_SM (what fits), its 128-token tiles; `t256`: its 256-token form,
     W2_BLOCKS_PER_SM. Where the wgmma form's tiles alone pass half its resident blocks, wave_fill_splits."""
 
-    if wgmma:  # the K slices are a cluster's blocks: one of the compiled sizes (cuda_kernels.wg_cluster)
+    if wgmma:  # the K slices are a cluster's blocks: one of the compiled sizes (kernels.wg_cluster)
         form = W2_FORM if t256 else WG_FORM
         tiles = -(-N // BN) * -(-T // form.tokens)
         slots = form.per_sm * backend.num_sms
         most = (K // BK) // MIN_KT_PER_SPLIT
-        if 2 * tiles > slots and env_int("LLMRS_Q4_WG_FILL", 1):
+        if 2 * tiles > slots and WG_FILL:
             return wave_fill_splits(tiles, slots, min(most, form.fill_max))
         return wg_cluster(min(slots // tiles, most))
-    per_sm = env_int("LLMRS_Q4_GEMM_BLOCKS_PER_SM", GEMM_BLOCKS_PER_SM)
+    per_sm = GEMM_BLOCKS_PER_SM
     tiles = -(-N // BN) * -(-T // (16 * tile_rows(T)))
     return max(1, min(per_sm * backend.num_sms // tiles, (K // BK) // MIN_KT_PER_SPLIT, MAX_SPLITS))
 
@@ -262,8 +224,8 @@ def wave_fill_splits(tiles: int, slots: int, most: int) -> int:
     in the least time, each block doing 1/S of a tile: the fewest rounds of blocks over S (the smaller S on a tie).
     Where the tiles alone pass half the slots the default rule gives S = 1 and leaves the last round part-empty (the
     7B's gate_up at 128 tokens: 296 tiles on 264 slots of gemm_q4wg, 2 rounds, the second 12% full; S = 4: 5 rounds
-    of a quarter tile each, 1.25). LLMRS_Q4_WG_FILL=0 turns it off (`llmrs profile --synthetic qwen2.5-7b-awq --batch
-    128`, H200, session16 call1: the step 8.94 ms off, 8.48 on; gate_up 3.07 -> 2.80 ms)."""
+    of a quarter tile each, 1.25). WG_FILL = False turns it off (H200, `llmrs profile --synthetic qwen2.5-7b-awq
+    --batch 128`: the step 8.94 ms off, 8.48 on)."""
     sizes = [S for S in WG_SPLITS if S <= max(1, most)]
     return min(sizes, key=lambda S: (-(-tiles * S // slots) / S, S))
 
@@ -338,12 +300,11 @@ def gemm_silu_takes(backend: Any, w: Any, T: int) -> bool:
     block: 64 gate columns and their 64 up columns), and T on a GEMM with such a form: the wgmma forms' range
     (wgmma_takes), else the mma.sync GEMM's tokens at MT 4 (33-192; gemm_takes). The caller checks that x is bf16
     and that down takes bf16. H200, 7B AWQ (`llmrs profile --synthetic qwen2.5-7b-awq --context 512`, graph walls,
-    3 rounds interleaved, ms, on / off; session24 calls 2 and 5): wgmma forms, 128 sequences 8.157-8.249 /
+    3 rounds interleaved, ms, on / off): wgmma forms, 128 sequences 8.157-8.249 /
     8.359-8.479, 256 9.926-10.035 / 10.010-10.121, a 256-token prefill 7.973-8.089 / 8.109-8.230; mma.sync MT 4, 64
     sequences 5.921-6.019 / 6.075-6.107, a 48-token prefill 5.243-5.426 / 5.391-5.467; but MT 2 (32 sequences)
     5.463-5.646 / 5.048-5.134 (its kernels' eager sum lower, 5.21 against 5.35: not understood), so 17-32 tokens
-    keep silu_mul_bf16. (The RoPE + KV-write form of qkv on the wgmma forms lost: 8.377-8.515,
-    10.094-10.416, 8.238-8.535; taken out.)"""
+    keep silu_mul_bf16."""
     mw = getattr(w, "marlin", None)
     if (mw is None or not getattr(backend, "q4_gemm_epilogue", False) or T <= GEMV_MAX_TOKENS
             or T <= backend.quant_matvec_max_tokens or mw.N % BN):
@@ -403,15 +364,9 @@ def gemv_splits(backend: Any, N: int, K: int, splits: int | None = None) -> tupl
     S = 4, 448 blocks, 19.5 us; S = 5, 560 blocks of 528 resident, 23.4 us).
     Past one round it stays one slice: the 7B's gate_up is 1,184 tiles (2.24 rounds of 528), and K split into the
     cluster's slices that fill whole rounds best (4: 9 rounds x 8 k32 blocks a warp, against 3 x 28) lost in the step,
-    each block's fixed cost (prologue, reduction, cluster merge, epilogue) outweighing the partial round: 7B AWQ
-    1.8735 / 1.8719 -> 2.2977 / 2.2923 ms/token, 3B AWQ (2 slices) 1.2989 -> 1.3916, 0.5B 0.5982 -> 0.5986 (session 31
-    call4, decode bench, one run a process; its GPU tests passed; as session 10 found with the L2 hand-off). Nor did
-    splitting only the part-full last round (session 33, commit 06c83de: the paired gate_up's 528 whole-round pairs
-    unsplit, the last 64 in 4 K slices over the idle blocks through the L2 hand-off, one launch; its GPU bit tests
-    passed): 7B AWQ 1.8778 / 1.8765 against 1.8780 / 1.8781 ms/token, gate_up 692.7 against 695.8 us a step
-    (`llmrs profile --timeline`), 3B AWQ 1.334 against 1.309: a part-full round's blocks run faster, so the
-    GEMV's time is its throughput an SM (22% occupancy at 126-128 registers: session 20's ncu), not its
-    rounds."""
+    each block's fixed cost (prologue, reduction, cluster merge, epilogue) outweighing the partial round (7B AWQ
+    1.874 -> 2.298 ms/token); so did splitting only the part-full last round: a part-full round's blocks run faster,
+    so the GEMV's time is its throughput an SM (22% occupancy at 126-128 registers), not its rounds."""
     NB, KB = N // 32, K // 32
     want = max(1, GEMV_BLOCKS_PER_SM * backend.num_sms // NB) if splits is None else splits
     S = max(1, min(want, -(-KB // (GEMV_WARPS * GEMV_DEPTH))))
@@ -453,14 +408,14 @@ def gemv_takes(backend: Any, T: int, N: int, K: int) -> bool:
 def weight_on_gemv(backend: Any, w: Any, T: int) -> bool:
     """Whether the backend's decode path sends T tokens of the quantized weight `w` to gemv_q4: 4-bit, up to
     GEMV_MAX_TOKENS, and always for a weight held only in the GEMM's layout, else where gemv_takes (and the backend's
-    q4_gemv, LLMRS_Q4_GEMV)."""
+    q4_gemv)."""
     return (T <= GEMV_MAX_TOKENS and w.kind == "q4"
             and (w.qweight is None or backend.q4_gemv and gemv_takes(backend, T, w.N, w.K)))
 
 
 def row_form_needed(N: int, K: int, num_sms: int, gemv: bool = True) -> bool:
     """Whether a 4-bit weight of N output columns that has the GEMM layout keeps its row-major copy on the GPU:
-    only matvec_q4 reads it (one token of a smaller N, or LLMRS_Q4_GEMV=0); every other path reads the reordered
+    only matvec_q4 reads it (one token of a smaller N, or without q4_gemv); every other path reads the reordered
     copy (the GEMV, the GEMM, dequant_marlin_bf16 above MAX_TOKENS). Weights whose tiles fill the GPU at one
     token (a 7B's gate_up and down: 84% of its 4-bit bytes) hold one copy."""
     return not gemv or not gemv_one_token(N, K, num_sms)
@@ -530,19 +485,15 @@ def gemv_pair_takes(backend: Any, epi: str, w: Any, T: int, head_dim: int = 0) -
     return head_dim > 0 and head_dim % 64 == 0 and mw.N % head_dim == 0
 
 
-# The norm chain (q4_norm_chain) in "auto" up to this hidden size. H200, best of 3 a process (scripts/ablate_decode.py
-# --quant awq "full/set:q4_gemv_norm=False", session 25 call6-7), chain / rms_norm kernels, ms/token: Qwen2.5-0.5B
-# (896) 0.6020 / 0.6233, 3B (2048) 1.2983 / 1.3343 and 1.2986 / 1.3341, 7B (3584) 1.8840 / 1.8793 (decode bench, one
-# run a process x 2: 1.8837 / 1.8845 against 1.8800 / 1.8804). The bf16 matvec's in-loop fold stops at the same size
-# (cuda.NORM_FOLD_MAX_K). Why the 7B gains nothing (`llmrs profile --timeline`, session 31 call1): the chain removes
-# the norms (-73 us a step) but its consumers take longer (gate_up +42.7, qkv +18.1). Copying the consumers' sums of
-# squares into shared memory right after the PDL wait (cp.async, session 31's GV_NORM_IN_EARLY) lost and was taken
-# out (session 32 call3, one run a process x 2): 7B chain 1.8764 / 1.8764 -> 1.9130 / 1.9139, 3B AWQ 1.2967 -> 1.3495.
+# The norm chain (q4_norm_chain) in "auto" up to this hidden size. H200, decode ms/token, chain / rms_norm kernels:
+# Qwen2.5-0.5B (896) 0.602 / 0.623, 3B (2048) 1.298 / 1.334, 7B (3584) 1.884 / 1.879. The bf16 matvec's in-loop fold
+# stops at the same size (dispatch.NORM_FOLD_MAX_K). On the 7B the chain removes the norms (-73 us a step) but its
+# consumers take longer (gate_up +42.7, qkv +18.1).
 Q4_NORM_CHAIN_MAX_K = 2048
 
 
 def norm_chain_mode(backend: Any) -> str:
-    """The backend's q4_gemv_norm as "on" (True, or LLMRS_Q4_GEMV_NORM=1: every size), "off" (False, 0) or "auto"
+    """The backend's q4_gemv_norm as "on" (True: every size), "off" (False) or "auto"
     (up to Q4_NORM_CHAIN_MAX_K)."""
     v = backend.q4_gemv_norm
     if isinstance(v, bool):
@@ -553,7 +504,7 @@ def norm_chain_mode(backend: Any) -> str:
 
 def gemv_norm_takes(backend: Any, w: Any, T: int) -> bool:
     """Whether the paired form over `w` at T tokens may take its RMSNorm from the producer (gemv_q4_pair's norm_in):
-    the backend's q4_gemv_norm (LLMRS_Q4_GEMV_NORM), up to 8 tokens, and a launch plan of one K slice or one
+    the backend's q4_gemv_norm, up to 8 tokens, and a launch plan of one K slice or one
     cluster of them (the block that finishes a tile holds the token's sum; the L2 hand-off's is not set up for it)."""
     mw = getattr(w, "marlin", None)
     if mw is None or norm_chain_mode(backend) == "off" or not 1 <= T <= 8:

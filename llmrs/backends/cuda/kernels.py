@@ -8,11 +8,11 @@ point at once: the backend calls it at start (warm-up), never on a request's pat
 
 Programmatic dependent launch (PDL, sm_90+): the kernels in PDL_KERNELS follow common.cuh's contract
 (pdl_trigger, then pdl_wait before touching what an earlier kernel wrote). While `Kernels.pdl` is set (the
-decode-graph capture sets it, cuda_graphs.py) they are launched through the driver's cuLaunchKernelEx with
+decode-graph capture sets it, graphs.py) they are launched through the driver's cuLaunchKernelEx with
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, so in the graph each one starts while its predecessor
 drains (the matvec streams its first weights meanwhile) instead of after a full drain and launch. Outside a
-capture they launch through CuPy as before (a ctypes launch costs more host time than CuPy's). LLMRS_PDL=0 turns
-it off; GPUs below compute capability 9.0 never use it.
+capture they launch through CuPy (a ctypes launch costs more host time than CuPy's). LLMRS_PDL=0 turns it off;
+GPUs below compute capability 9.0 never use it.
 """
 
 from __future__ import annotations
@@ -24,80 +24,52 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from llmrs.engine.config import OFF_VALUES
+import numpy as np
 
-KERNELS_DIR = Path(__file__).resolve().parents[1] / "kernels_cu"
-# A/B switches compiled in, each an environment variable that, set off, defines a macro: LLMRS_EARLY_LOADS=0 (the
-# matvec / gemv kernels' first weight loads not pinned before pdl_wait, x through the non-coherent path: the code
-# before session 18, common.cuh's ldg_early), LLMRS_EARLY_KV=0 / LLMRS_EARLY_NORM=0 (only the decode attention's
-# first keys / the RMSNorm's weight, session 19's), LLMRS_KV_PREFETCH=0 (decode attention without its L2 prefetch),
-# LLMRS_STREAM_LOADS=0 (matvec weights through L1 like any load, common.cuh's ldg_stream), LLMRS_ATTN_WARP_SUM8=0
-# (attn_partial sums each head's dot product with its own warp_sum instead of attention.cu's warp_sum8: the same
-# bits), LLMRS_ATTN_FAST_EXP=0 (the decode attention's per-key exponentials through expf, not __expf),
-# LLMRS_ATTN_CLUSTER_PUSH=0 (attn_cluster's blocks read each other's splits, not push them to the merging block)
-AB_SWITCHES = {"LLMRS_EARLY_LOADS": "LLMRS_NO_EARLY_LOADS", "LLMRS_EARLY_KV": "LLMRS_NO_EARLY_KV",
-               "LLMRS_EARLY_NORM": "LLMRS_NO_EARLY_NORM", "LLMRS_KV_PREFETCH": "LLMRS_NO_KV_PREFETCH",
-               "LLMRS_STREAM_LOADS": "LLMRS_NO_STREAM_LOADS", "LLMRS_ATTN_WARP_SUM8": "LLMRS_NO_WARP_SUM8",
-               "LLMRS_ATTN_FAST_EXP": "LLMRS_ATTN_EXACT_EXP", "LLMRS_ATTN_CLUSTER_PUSH": "LLMRS_ATTN_CLUSTER_PULL"}
-OPTIONS = ("-std=c++17",) + tuple(
-    f"-D{macro}" for var, macro in AB_SWITCHES.items() if os.environ.get(var, "1") in OFF_VALUES) + tuple(
-    # LLMRS_CUDA_DEFINES="NAME[=VALUE],...": more macros for every kernel file (probes such as LLMRS_ATTN_CLOCKS)
-    f"-D{d.strip()}" for d in os.environ.get("LLMRS_CUDA_DEFINES", "").split(",") if d.strip())
+import llmrs
+from llmrs import envs
+
+KERNELS_DIR = Path(llmrs.__file__).resolve().parent / "kernels_cu"
+NULL = np.uint64(0)  # a null pointer argument
+# every file's options: LLMRS_CUDA_DEFINES="NAME[=VALUE],..." adds macros (probes such as LLMRS_ATTN_CLOCKS); read
+# when the kernels are compiled
+def options() -> tuple[str, ...]:
+    return ("-std=c++17",) + tuple(f"-D{d}" for d in envs.LLMRS_CUDA_DEFINES)
 
 
-def _gemm_q4_stages(spec: str) -> dict[int, int]:
-    """gemm_q4.cu's pipeline stages per MT (m16 tiles of tokens a block): the defaults, with `MT:STAGES,...`
-    (LLMRS_Q4_GEMM_STAGES, read at import, for A/Bs) over them."""
-    stages = {1: 4, 2: 4, 4: 3, 8: 2}
-    for item in filter(None, (p.strip() for p in spec.split(","))):
-        mt, _, n = item.partition(":")
-        if not (mt.strip().isdigit() and n.strip().isdigit() and int(mt) in stages and int(n) >= 2):
-            raise ValueError(f"LLMRS_Q4_GEMM_STAGES: {item!r} is not MT:STAGES with MT in 1, 2, 4, 8 and STAGES >= 2")
-        stages[int(mt)] = int(n)
-    return stages
-
-
-# gemm_q4.cu's cp.async ring: stages per MT, compiled in (-DGQ_STAGES_M<MT>) and sized at launch (dynamic shared
-# memory, gemm_q4_smem_bytes)
-GEMM_Q4_STAGES = _gemm_q4_stages(os.environ.get("LLMRS_Q4_GEMM_STAGES", ""))
+# gemm_q4.cu's cp.async ring: stages per MT (m16 tiles of tokens a block), compiled in (-DGQ_STAGES_M<MT>) and sized
+# at launch (dynamic shared memory, gemm_q4_smem_bytes)
+GEMM_Q4_STAGES = {1: 4, 2: 4, 4: 3, 8: 2}
 FILE_OPTIONS: dict[str, tuple[str, ...]] = {
     "gemm_q4.cu": tuple(f"-DGQ_STAGES_M{mt}={n}" for mt, n in sorted(GEMM_Q4_STAGES.items())),
 }
 STATIC_SMEM_LIMIT = 48 << 10  # above, a kernel must be allowed its dynamic shared memory first
-# gemm_q4.cu's wgmma kernels (the Hopper form of the 4-bit GEMM, gemm_q4wg{z,m}, and the bf16 GEMM with K split over
-# a cluster, gemm_bf16wg_s{S}) need an arch-specific target (sm_90a), which CuPy's own compile (sm_90) lacks:
-# Kernels.wgmma_fns() compiles the file once more for it through NVRTC (module_for_arch), where the GPU has one
-# (WGMMA_ARCH). Elsewhere, and in the modules CuPy compiles, they are empty bodies that the host never launches.
-# The backend takes the 4-bit one where cuda_q4gemm.wgmma_takes (LLMRS_Q4_WGMMA=0 turns it off: A/Bs), the bf16 one
-# only with LLMRS_BF16_WGMMA=1 (cuda_wgmma.bf16_wgmma_takes: slower than cuBLAS on the H200, cuda_wgmma's figures).
+# gemm_q4_wgmma.cu's kernels (the Hopper form of the 4-bit GEMM, gemm_q4wg{z,m} and gemm_q4w2{z,m}) need an
+# arch-specific target (sm_90a), which CuPy's own compile (sm_90) lacks: Kernels.wgmma_fns() compiles that file for
+# it through NVRTC (module_for_arch), where the GPU has one (WGMMA_ARCH); no other target compiles it. The backend
+# takes them where quant_linear.wgmma_takes / w2_takes (WGMMA / WGMMA_T256 False: never, for A/Bs).
 WGMMA_ARCH: dict[int, str] = {90: "sm_90a"}
-WGMMA = os.environ.get("LLMRS_Q4_WGMMA", "1") not in OFF_VALUES
-# the 4-bit wgmma form with 256 tokens a block (gemm_q4w2{z,m}, two warpgroups; where: cuda_q4gemm.w2_takes, its
-# figures beside it); LLMRS_Q4_WGMMA_T256=0 turns it off (A/Bs)
-WGMMA_T256 = os.environ.get("LLMRS_Q4_WGMMA_T256", "1") not in OFF_VALUES
-BF16_WGMMA = os.environ.get("LLMRS_BF16_WGMMA", "0") not in OFF_VALUES
-WG_SPLITS = (1, 2, 3, 4)  # the cluster sizes (K slices) compiled: gemm_q4wg / q4w2{z,m}_s{S}, gemm_bf16wg_s{S}
-# resident at once, gemm_q4wg and gemm_bf16wg: __launch_bounds__(128, 2), <= 99 KB of ring each (ptx-check);
-# gemm_q4w2: one (cuda_q4gemm.W2_BLOCKS_PER_SM)
+WGMMA = True
+# the 4-bit wgmma form with 256 tokens a block (gemm_q4w2{z,m}, two warpgroups; where: quant_linear.w2_takes)
+WGMMA_T256 = True
+WG_SPLITS = (1, 2, 3, 4)  # the cluster sizes (K slices) compiled: gemm_q4wg / q4w2{z,m}_s{S}
+# resident at once, gemm_q4wg: __launch_bounds__(128, 2), <= 99 KB of ring each (ptx-check); gemm_q4w2: one
+# (quant_linear.W2_BLOCKS_PER_SM)
 WG_BLOCKS_PER_SM = 2
 GEMM_Q4WG_KERNELS = tuple(f"gemm_q4wg{k}_s{s}" for k in ("z", "m") for s in WG_SPLITS)
 GEMM_Q4W2_KERNELS = tuple(f"gemm_q4w2{k}_s{s}" for k in ("z", "m") for s in WG_SPLITS)
-GEMM_BF16WG_KERNELS = tuple(f"gemm_bf16wg_s{s}" for s in WG_SPLITS)
-# their paired forms (SiLU x up in the epilogue: cuda_q4gemm.gemm_q4_silu)
+# their paired forms (SiLU x up in the epilogue: quant_linear.gemm_q4_silu)
 GEMM_Q4WG_PAIR_KERNELS, GEMM_Q4W2_PAIR_KERNELS = (
     tuple(f"gemm_q4{f}{k}_silu_s{s}" for k in ("z", "m") for s in WG_SPLITS) for f in ("wg", "w2"))
-ARCH_ENTRY_POINTS: dict[str, list[str]] = {  # file -> its arch-specific entry points
-    "gemm_q4.cu": [*GEMM_Q4WG_KERNELS, *GEMM_Q4W2_KERNELS, *GEMM_Q4WG_PAIR_KERNELS, *GEMM_Q4W2_PAIR_KERNELS,
-                   *GEMM_BF16WG_KERNELS]}
+ARCH_ENTRY_POINTS: dict[str, list[str]] = {  # file -> its arch-specific entry points (compiled for WGMMA_ARCH only)
+    "gemm_q4_wgmma.cu": [*GEMM_Q4WG_KERNELS, *GEMM_Q4W2_KERNELS, *GEMM_Q4WG_PAIR_KERNELS, *GEMM_Q4W2_PAIR_KERNELS]}
 # dynamic shared memory, with 1 KB to align the stages to 1024 bytes: GemmQ4WgSmem, GQW_STAGES (4) stages of 16 KB x
-# rows + 4 KB codes + 1 KB scale words; GemmBf16WgSmem, GBW_STAGES (3) stages of 16 KB W rows + 16 KB x rows
+# rows + 4 KB codes + 1 KB scale words
 GEMM_Q4WG_SMEM_BYTES = 4 * (1024 + 256 + 64) * 16 + 1024
 # GemmQ4W2Smem: Q2_STAGES (5) stages of 32 KB x rows (256 tokens) + 4 KB codes + 1 KB scale words; one block an SM
 GEMM_Q4W2_SMEM_BYTES = 5 * (2048 + 256 + 64) * 16 + 1024
-GEMM_BF16WG_SMEM_BYTES = 3 * 2 * 16384 + 1024
 WGMMA_SMEM_BYTES = {**{n: GEMM_Q4WG_SMEM_BYTES for n in GEMM_Q4WG_KERNELS + GEMM_Q4WG_PAIR_KERNELS},
-                    **{n: GEMM_Q4W2_SMEM_BYTES for n in GEMM_Q4W2_KERNELS + GEMM_Q4W2_PAIR_KERNELS},
-                    **{n: GEMM_BF16WG_SMEM_BYTES for n in GEMM_BF16WG_KERNELS}}
+                    **{n: GEMM_Q4W2_SMEM_BYTES for n in GEMM_Q4W2_KERNELS + GEMM_Q4W2_PAIR_KERNELS}}
 
 
 def wg_cluster(S: int) -> int:
@@ -126,14 +98,14 @@ ATTN_O_CLUSTER_SIZES = (4, 8)
 ATTN_O_KERNELS = [f"attn_o_cluster{cl}" for cl in ATTN_O_CLUSTER_SIZES] + ["attn_o_cluster8_w8"]  # (8 warps)
 
 
-# the mma.sync GEMM's SiLU forms (gate_up with SiLU x up fused: cuda_q4gemm.gemm_q4_silu, 33-192 tokens)
+# the mma.sync GEMM's SiLU forms (gate_up with SiLU x up fused: quant_linear.gemm_q4_silu, 33-192 tokens)
 GEMM_Q4_SILU_MT = (4,)
 GEMM_Q4_SILU_KERNELS = tuple(f"gemm_{k}_silu_m{mt}" for k in ("q4z", "q4m") for mt in GEMM_Q4_SILU_MT)
 
 
 # gemv_q4's forms with the group size fixed at compile time (gemm_q4.cu's CPG: k32 blocks a group; G 32 and 128)
 GEMV_CPG = (1, 4)
-# its paired forms with the follower fused (gemm_q4.cu's GV_EPI_SILU / GV_EPI_ROPE; cuda_q4gemm.gemv_q4_pair), each
+# its paired forms with the follower fused (gemm_q4.cu's GV_EPI_SILU / GV_EPI_ROPE; quant_linear.gemv_q4_pair), each
 # also as _nin (GV_NORM_IN: the RMSNorm before it from the producer's x * g and sums of squares)
 GEMV_PAIR_KERNELS = [f"gemv_{k}_{e}_c{c}{n}" for e in ("silu", "rope") for k in ("q4z", "q4m") for c in GEMV_CPG
                      for n in ("", "_nin")]
@@ -153,7 +125,7 @@ def sample_row_blocks(rows: int, vocab: int, num_sms: int) -> int:
 
 
 MATVEC_ROWS_R = (4, 8, 16)  # matvec.cu's matvec_rows_bf16_r{R}: one token, rows up to 256 R bf16 held in registers
-# file -> entry points (extern "C")
+# file -> entry points (extern "C"): the one table of which kernel lives in which file of KERNELS_DIR
 ENTRY_POINTS: dict[str, list[str]] = {
     "embedding.cu": ["embedding_gather", "feed_tokens"],
     "rmsnorm.cu": ["rms_norm", "add_rms_norm", "rms_norm_bf16", "add_rms_norm_bf16"],
@@ -164,16 +136,20 @@ ENTRY_POINTS: dict[str, list[str]] = {
     "matvec_q4.cu": [f"matvec_{k}_t{nt}" for k in ("q4z", "q4m", "q8") for nt in (1, 2, 4, 8)]
                     + ["dequant_q4_bf16", "dequant_q8_bf16"],
     "attention.cu": ["attn_partial_d1", "attn_partial_d2", "attn_partial_d4", "attn_partial_d8", "attn_merge",
-                    "attn_merge_bf16", *ATTN_CLUSTER_KERNELS, *ATTN_O_KERNELS],
+                    "attn_merge_bf16"],
+    "attention_cluster.cu": ATTN_CLUSTER_KERNELS,
+    "attention_o.cu": ATTN_O_KERNELS,
     "attention_gqa.cu": ["attn_partial_gqa_d1", "attn_partial_gqa_d2", "attn_partial_gqa_d4", "attn_partial_gqa_d8"],
     "prefill_attention.cu": ["prefill_attn_d64", "prefill_attn_d128", "prefill_attn_bf16_d64",
                              "prefill_attn_bf16_d128", "decode_attn_tc_d64", "decode_attn_tc_d128",
                              "decode_attn_tc_bf16_d64", "decode_attn_tc_bf16_d128"],
     "sampling.cu": ["sample_tokens"],
     "gemm_q4.cu": [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)] + list(GEMM_Q4_SILU_KERNELS)
-                  + ["gemm_q4_reduce", "gemm_q4_reduce_silu", "gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"]
+                  + ["gemm_q4_reduce", "gemm_q4_reduce_silu"],
+    "gemv_q4.cu": ["gemv_q4z", "gemv_q4m", "gemv_q4z_t16", "gemv_q4m_t16"]
                   + [f"gemv_{k}{t}_c{c}" for k in ("q4z", "q4m") for t in ("", "_t16") for c in GEMV_CPG]
-                  + GEMV_PAIR_KERNELS + GEMV_NOUT_KERNELS + ["dequant_marlin_q4z_bf16", "dequant_marlin_q4m_bf16"],
+                  + GEMV_PAIR_KERNELS + GEMV_NOUT_KERNELS,
+    "dequant_marlin.cu": ["dequant_marlin_q4z_bf16", "dequant_marlin_q4m_bf16"],
 }
 
 # kernels that keep common.cuh's PDL contract (pdl_enter / pdl_trigger + pdl_wait before dependent reads and writes)
@@ -191,7 +167,7 @@ PDL_KERNELS = frozenset(
     + [f"attn_partial_d{d}" for d in (1, 2, 4, 8)] + [f"attn_partial_gqa_d{d}" for d in (1, 2, 4, 8)]
     + ATTN_CLUSTER_KERNELS + ATTN_O_KERNELS
     + [f"gemm_{k}_m{mt}" for k in ("q4z", "q4m") for mt in (1, 2, 4, 8)] + list(GEMM_Q4WG_KERNELS)
-    + list(GEMM_Q4W2_KERNELS) + list(GEMM_Q4WG_PAIR_KERNELS) + list(GEMM_Q4W2_PAIR_KERNELS) + list(GEMM_BF16WG_KERNELS)
+    + list(GEMM_Q4W2_KERNELS) + list(GEMM_Q4WG_PAIR_KERNELS) + list(GEMM_Q4W2_PAIR_KERNELS)
     + [f"decode_attn_tc{o}_d{d}" for o in ("", "_bf16") for d in (64, 128)])
 CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
@@ -348,7 +324,7 @@ def allow_nonportable_cluster(raw: Any) -> None:
 
 def pdl_supported(cp: Any) -> bool:
     """Compute capability 9.0+ (griddepcontrol), a driver with cuLaunchKernelEx, and LLMRS_PDL not 0."""
-    if os.environ.get("LLMRS_PDL", "1") in OFF_VALUES:
+    if not envs.LLMRS_PDL:
         return False
     try:
         if int(cp.cuda.Device().compute_capability) < 90:
@@ -368,7 +344,7 @@ def module_for_arch(cp: Any, source: str, options: tuple[str, ...], arch: str) -
 
     opts = (*options, "-ftz=true", f"--gpu-architecture={arch}")
     key = hashlib.sha256(repr((source, opts, nvrtc.getVersion())).encode()).hexdigest()[:40]
-    cache = Path(os.environ.get("CUPY_CACHE_DIR") or Path.home() / ".cupy" / "kernel_cache")  # CuPy's own default
+    cache = Path(envs.external("CUPY_CACHE_DIR") or Path.home() / ".cupy" / "kernel_cache")  # CuPy's own default
     path = cache / f"llmrs_{arch}_{key}.cubin"
     if not path.exists():
         prog = nvrtc.createProgram(source, f"llmrs_{arch}.cu", (), ())
@@ -393,12 +369,13 @@ class Kernels:
     def __init__(self, cp: Any):
         self.modules: dict[str, Any] = {}
         self.fns: dict[str, Any] = {}
-        self.pdl = False  # set while a decode graph is captured (cuda_graphs.py), when `pdl_capable`
+        self.pdl = False  # set while a decode graph is captured (graphs.py), when `pdl_capable`
         self.pdl_capable = pdl_supported(cp)
         self.cc = int(cp.cuda.Device().compute_capability)
         self.pdl_launches = 0
+        opts = options()
         for fname, names in ENTRY_POINTS.items():
-            mod = cp.RawModule(code=kernel_source(fname), options=OPTIONS + FILE_OPTIONS.get(fname, ()))
+            mod = cp.RawModule(code=kernel_source(fname), options=opts + FILE_OPTIONS.get(fname, ()))
             self.modules[fname] = mod
             for n in names:
                 raw = mod.get_function(n)  # compiles (or loads from the disk cache) now
@@ -411,10 +388,9 @@ class Kernels:
         # the wgmma GEMMs: compiled now (warm-up) where the backend is to take them
         self.wgmma_arch = WGMMA_ARCH.get(self.cc)
         self._cp, self._wg_fns, self._wg_lock = cp, None, threading.Lock()
-        self.wgmma = bool(WGMMA and self.wgmma_arch)  # the 4-bit GEMM's wgmma form (cuda_q4gemm.wgmma_takes)
-        self.wgmma_t256 = bool(WGMMA_T256 and self.wgmma)  # its 256-token form (cuda_q4gemm.w2_takes)
-        self.bf16_wgmma = bool(BF16_WGMMA and self.wgmma_arch)  # the bf16 one (cuda_wgmma.bf16_wgmma_takes)
-        if self.wgmma or self.bf16_wgmma:
+        self.wgmma = bool(WGMMA and self.wgmma_arch)  # the 4-bit GEMM's wgmma form (quant_linear.wgmma_takes)
+        self.wgmma_t256 = bool(WGMMA_T256 and self.wgmma)  # its 256-token form (quant_linear.w2_takes)
+        if self.wgmma:
             self.wgmma_fns()
 
     def wgmma_fns(self) -> dict[str, Any]:
@@ -425,7 +401,7 @@ class Kernels:
                 if not self.wgmma_arch:
                     raise RuntimeError(f"the wgmma GEMM needs compute capability 9.0 (sm_90a); this GPU: {self.cc}")
                 (fname, names), = ARCH_ENTRY_POINTS.items()
-                mod = module_for_arch(self._cp, kernel_source(fname), OPTIONS + FILE_OPTIONS.get(fname, ()),
+                mod = module_for_arch(self._cp, kernel_source(fname), options() + FILE_OPTIONS.get(fname, ()),
                                       self.wgmma_arch)
                 fns = {}
                 for n in names:

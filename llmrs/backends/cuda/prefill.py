@@ -122,7 +122,7 @@ def decode_tc_supported(backend: Any) -> bool:
 def decode_tc_splits(backend: Any, T: int, max_len: int) -> int:
     """Key splits of a decode_attn_tc launch: one when the (token, kv head) blocks already fill two per SM, else
     enough to (about) do so, each split keeping at least 32 keys (two warps' 16-key tiles), at most 64 splits.
-    H200, one token at context 512 inside graphs (bench_kernels_graph.py --only attention, session9/call1), us a
+    H200, one token at context 512 inside graphs (bench_kernels_graph.py --only attention), us a
     layer at 8 / 16 / 32 splits: 7B 8.27 / 7.45 / 9.51, 0.5B 6.10 / 4.91 / 6.36 (64-key minimum: 9 splits)."""
     if backend.attn_splits is not None:
         return max(1, min(backend.attn_splits, max_len))
