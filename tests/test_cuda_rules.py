@@ -16,7 +16,7 @@ from llmrs.roofline.presets import preset_config
 
 def fake_backend(preset: str, cc: int = 90, kernel: str = "auto") -> SimpleNamespace:
     be = SimpleNamespace(config=preset_config(preset), block_size=16, _prefill_cc=cc, attn_kernel=kernel,
-                         attn_splits=None, num_sms=132, fuse_norm="auto", attn_heads_per_block=None)
+                         attn_splits=None, num_sms=132, fuse_norm="auto", attn_heads_per_block=None, _tc_ok=None)
     be._use_gqa = lambda T: CUDABackend._use_gqa(be, T)
     be._cluster_form = lambda T, n: CUDABackend._cluster_form(be, T, n)
     be._attn_cluster_max = lambda cl, hg: be.num_sms // cl  # (the driver's answer on the GPU)

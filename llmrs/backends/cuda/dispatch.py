@@ -194,6 +194,8 @@ def matvec_nt(T: int) -> int:
 class DispatchRules:
     """The shape rules, mixed into CUDABackend (module docstring)."""
 
+    _tc_ok: bool | None = None  # decode_tc_supported, asked once
+
     def _matvec_splits(self, N: int, K: int) -> int:
         """Warps per output row of matvec_bf16 (1, 2 or 4), by shape only (the same for every token count, so a
         row sums in the same order alone or in a batch): few rows and a long K (a 7B's down, o, qkv) leave
@@ -229,7 +231,7 @@ class DispatchRules:
 
     def _gemm_takes_bf16(self, w: Any, T: int) -> bool:
         """Whether `_linear` over `w` with T tokens reads bf16 x, so that the producer of its input writes bf16 words
-        itself (`fuse_bf16`): a plain bf16 weight above the matvec's tokens (cuBLAS, or the opt-in bf16 wgmma GEMM),
+        itself (`fuse_bf16`): a plain bf16 weight above the matvec's tokens (cuBLAS),
         a quantized one above every packed-weight kernel's (dequantized into a bf16 scratch, then cuBLAS:
         `_linear_quant`) and where the wgmma form of the 4-bit GEMM runs (the mma.sync one too with
         `q4_bf16_input`, on by default). The matvec and the 4-bit GEMV take f32."""
@@ -259,7 +261,7 @@ class DispatchRules:
         only where attn_cluster does not cover max_len, ATTN_TC_SMALL_HEADS_CLUSTER)."""
         if self.attn_kernel != "auto":
             return self.attn_kernel
-        tc = getattr(self, "_tc_ok", None)  # (asked twice a layer of every eager step: the answer is kept)
+        tc = self._tc_ok  # (asked twice a layer of every eager step: the answer is kept)
         if tc is None:
             tc = self._tc_ok = decode_tc_supported(self)
         if tc and T >= ATTN_TC_MIN_TOKENS:

@@ -173,13 +173,13 @@ def in_wgmma_range(T: int, t256: bool = False) -> bool:
 
 def w2_takes(backend: Any, T: int) -> bool:
     """Whether T tokens go through the 256-token wgmma form (rather than gemm_q4wg's 128-token tiles)."""
-    return bool(getattr(backend.k, "wgmma_t256", False)) and WG_TOKENS < T and in_wgmma_range(T, True)
+    return backend.k.wgmma_t256 and WG_TOKENS < T and in_wgmma_range(T, True)
 
 
 def wgmma_takes(backend: Any, T: int) -> bool:
     """Whether T tokens go through a wgmma form of the GEMM (rather than mma.sync's or dequantize + cuBLAS)."""
     k = backend.k
-    return bool(getattr(k, "wgmma", False)) and in_wgmma_range(T, bool(getattr(k, "wgmma_t256", False)))
+    return k.wgmma and in_wgmma_range(T, k.wgmma_t256)
 
 
 def gemm_takes(T: int, N: int, K: int, wgmma: bool = False, t256: bool = False) -> bool:
@@ -306,13 +306,13 @@ def gemm_silu_takes(backend: Any, w: Any, T: int) -> bool:
     5.463-5.646 / 5.048-5.134 (its kernels' eager sum lower, 5.21 against 5.35: not understood), so 17-32 tokens
     keep silu_mul_bf16."""
     mw = getattr(w, "marlin", None)
-    if (mw is None or not getattr(backend, "q4_gemm_epilogue", False) or T <= GEMV_MAX_TOKENS
+    if (mw is None or not backend.q4_gemm_epilogue or T <= GEMV_MAX_TOKENS
             or T <= backend.quant_matvec_max_tokens or mw.N % BN):
         return False
     if wgmma_takes(backend, T):
         return True
     k = backend.k
-    return (gemm_takes(T, mw.N, mw.K, bool(getattr(k, "wgmma", False)), bool(getattr(k, "wgmma_t256", False)))
+    return (gemm_takes(T, mw.N, mw.K, k.wgmma, k.wgmma_t256)
             and tile_rows(T) in GEMM_Q4_SILU_MT)
 
 
