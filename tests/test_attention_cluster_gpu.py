@@ -170,7 +170,7 @@ def test_attn_cluster_push_gives_the_bits_of_the_pull_merge(name, Hq, Hkv):
     src = ck.kernel_source("attention.cu")
     outs = []
     for extra in ((), ("-DLLMRS_ATTN_CLUSTER_PULL",)):
-        fn = cp.RawModule(code=src, options=ck.OPTIONS + extra).get_function(name)
+        fn = cp.RawModule(code=src, options=ck.options() + extra).get_function(name)
         if CL > 8:
             ck.allow_nonportable_cluster(fn)  # 16 blocks a cluster (8 is the portable limit), as Kernels does
         out = cp.full((T, Hq * D), np.nan, dtype=cp.float32)

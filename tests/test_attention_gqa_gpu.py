@@ -17,7 +17,7 @@ cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
 from llmrs.backends.cuda import ATTN_MAXG, ATTN_THREADS, NULL, CUDABackend, bf16_bits, round_bf16  # noqa: E402
-from llmrs.backends.cuda.kernels import OPTIONS, kernel_source  # noqa: E402
+from llmrs.backends.cuda.kernels import kernel_source, options  # noqa: E402
 from llmrs.engine.batch import build_step_batch  # noqa: E402
 from llmrs.engine.config import ModelConfig  # noqa: E402
 
@@ -148,7 +148,7 @@ def test_attn_merge_staged_equals_its_per_thread_loop(rng, head_dim, ratio, spli
     bufs = buffers(be, db.T, splits)
     staged = cp.asnumpy(launch(be, getattr(be.k, f"attn_partial_d{be.dpl}"), q_dev, q_stride, db, splits, bufs))
     loop_merge = cp.RawModule(code=kernel_source("attention.cu"),
-                              options=(*OPTIONS, "-DMERGE_STAGE=1")).get_function("attn_merge")
+                              options=(*options(), "-DMERGE_STAGE=1")).get_function("attn_merge")
     out, part_acc, part_ml = bufs
     out2 = cp.full_like(out, np.nan)
     loop_merge((db.T, heads), (-(-D // 32) * 32,), (part_acc, part_ml, out2, np.int32(heads), np.int32(D),
@@ -174,7 +174,7 @@ def test_gqa_attention_timing_7b_decode():
         cache[...] = (x.view(cp.uint32) >> 16).astype(cp.uint16)
     variants = {}
     for minb in (3,):  # 3 blocks per SM: ptxas's own choice (~160 registers) vs the file's 4 (<= 128)
-        mod = cp.RawModule(code=kernel_source("attention_gqa.cu"), options=(*OPTIONS, f"-DGQA_MIN_BLOCKS_ALL={minb}"))
+        mod = cp.RawModule(code=kernel_source("attention_gqa.cu"), options=(*options(), f"-DGQA_MIN_BLOCKS_ALL={minb}"))
         variants[f"gqa minblocks={minb}"] = mod.get_function("attn_partial_gqa_d4")
     rng = np.random.default_rng(0)
     perm = rng.permutation(nb).tolist()

@@ -35,7 +35,7 @@ def test_warp_sum8_gives_the_bits_of_a_warp_sum_per_head(D, Hq, Hkv, S):
     src = ck.kernel_source("attention.cu")
     dpl = 1 if D <= 32 else D // 32
     name = f"attn_partial_d{dpl}"
-    fns = [cp.RawModule(code=src, options=ck.OPTIONS + extra).get_function(name)
+    fns = [cp.RawModule(code=src, options=ck.options() + extra).get_function(name)
            for extra in ((), ("-DLLMRS_NO_WARP_SUM8",))]
     rng = np.random.default_rng(D + S)
     T, bs, ctx = 3, 16, 150
@@ -71,7 +71,7 @@ def test_attn_cluster_reduce_scatter_gives_the_bits_of_a_warp_sum_per_head(D, Hq
         pytest.skip("attn_cluster needs sm_90 (thread-block clusters)")
     src = ck.kernel_source("attention.cu")
     name = f"attn_cluster8_d{D // 32}" + ("_g4" if hg == 4 else "")
-    fns = [cp.RawModule(code=src, options=ck.OPTIONS + extra).get_function(name)
+    fns = [cp.RawModule(code=src, options=ck.options() + extra).get_function(name)
            for extra in ((), ("-DLLMRS_NO_WARP_SUM8",))]
     rng = np.random.default_rng(D + Hq)
     T, bs, ctx = 3, 16, 300
