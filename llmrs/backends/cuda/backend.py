@@ -113,9 +113,9 @@ class CUDABackend(DispatchRules, LinearOps, AttentionOps, FusedStep, Sampler):
         cp = _import_cupy()
         from cupy_backends.cuda.libs import cublas
 
-        self.options = options = options if options is not None else CudaOptions()
-        for f in dataclasses.fields(options):
-            setattr(self, f.name, getattr(options, f.name))
+        if options is not None:  # else the class attributes: CudaOptions's defaults (or what a test set on the class)
+            for f in dataclasses.fields(options):
+                setattr(self, f.name, getattr(options, f.name))
         c = config
         D = c.head_dim
         if D <= 32:
