@@ -10,7 +10,7 @@ from llmrs.backends.cuda.kernels import NULL
 from llmrs.backends.cuda.linear import room_bytes
 from llmrs.backends.cuda.sampler import SampledOnDevice, needs_cpu_sampler
 
-__all__ = ["ATTN_MAXG", "ATTN_O_MAX_ROWS", "ATTN_TC_MIN_TOKENS", "ATTN_THREADS", "CUBLAS_WORKSPACE_BYTES", "CUDABackend",
-           "CUDAModel", "CudaOptions", "DeviceBatch", "MATVEC_LONG_K_MIN_WARPS", "MATVEC_MAX_TOKENS", "NULL",
-           "SampledOnDevice", "_cublas_workspaces", "_import_cupy", "bf16_bits", "cuda_available", "gemm_rows",
+__all__ = ["ATTN_MAXG", "ATTN_O_MAX_ROWS", "ATTN_TC_MIN_TOKENS", "ATTN_THREADS", "CUBLAS_WORKSPACE_BYTES",
+           "CUDABackend", "CUDAModel", "CudaOptions", "DeviceBatch", "MATVEC_LONG_K_MIN_WARPS", "MATVEC_MAX_TOKENS",
+           "NULL", "SampledOnDevice", "_cublas_workspaces", "_import_cupy", "bf16_bits", "cuda_available", "gemm_rows",
            "gpu_name_memory", "needs_cpu_sampler", "room_bytes", "rope_threads", "round_bf16"]

@@ -338,10 +338,9 @@ class DispatchRules:
         return name, 2 * ATTN_CLUSTER_THREADS if w16 else ATTN_CLUSTER_THREADS
 
     def _attn_cluster_max(self, cl: int, hg: int) -> int:
-        """The clusters of the attn_cluster{cl} form with hg heads a block that the GPU runs at once. H200 (15 of 8 and 7 of 16 in the 16-warp _g4 forms, so the 7B's 8 clusters of 16 (contexts 513-1024) ran
-        in two waves: `llmrs profile --synthetic qwen2.5-7b --batch 1 --context 768 --timeline`, the attention 356.0
-        us a step in clusters of 16 against 229.4 in clusters of 8 (attn_cluster=8), the step 4.257 -> 4.075
-        ms."""
+        """The clusters of the attn_cluster{cl} form with hg heads a block that the GPU runs at once. On the H200, 15
+        of 8 and 7 of 16 in the 16-warp _g4 forms, so the 7B's 8 clusters of 16 (contexts 513-1024) would run in two
+        waves: its attention took 356.0 us a step in clusters of 16 against 229.4 in clusters of 8."""
         return self._max_clusters(*self._attn_cluster_kernel(cl, hg), cl)
 
     def _max_clusters(self, name: str, threads: int, cl: int) -> int:
