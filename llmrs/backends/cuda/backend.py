@@ -48,26 +48,12 @@ from llmrs.engine.config import ModelConfig
 from llmrs.errors import UserError
 from llmrs.model.decoder import Model, rope_inv_freq
 from llmrs.model.quant import DeviceQuantWeight
+from llmrs.model.weights import bf16_bits, round_bf16  # noqa: F401 (re-exported: the GPU's rounding)
 
 VIEW_CACHE_MAX = 4096  # workspace views `_buf` keeps (cleared when full)
 CUBLAS_WORKSPACE_BYTES = 32 << 20
 _NO_SPAN = contextlib.nullcontext()
 _cublas_workspaces: dict[int, Any] = {}  # device id -> buffer: kept alive as long as the process (handles are shared)
-
-
-def round_bf16(a: np.ndarray) -> np.ndarray:
-    """float32 values rounded to the nearest bf16 (ties to even), as float32: what the GPU stores."""
-    return (bf16_bits(a).astype(np.uint32) << 16).view(np.float32)
-
-
-def bf16_bits(a: np.ndarray) -> np.ndarray:
-    """The bf16 words (uint16) of float32 values, round to nearest even; NaN stays NaN."""
-    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-    r = ((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
-    nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
-    if nan.any():
-        r[nan] = ((u[nan] >> 16) | np.uint32(0x40)).astype(np.uint16)
-    return r
 
 
 def cuda_available() -> tuple[bool, str]:
