@@ -292,7 +292,7 @@ def test_gpu_sampling_follows_the_distribution_and_seeds_reproduce(rng):
 
 
 def test_greedy_sampling_over_several_blocks_a_row(rng):
-    """A small batch spreads each row's argmax over several blocks (cuda_kernels.sample_row_blocks): the maximum
+    """A small batch spreads each row's argmax over several blocks (kernels.sample_row_blocks): the maximum
     in any block's slice, ties across slices to the lowest index, every row count up to one block a row, and a
     mixed batch (greedy rows beside sampled ones) whose greedy rows still get the argmax."""
     be = CUDABackend(cfg(), num_blocks=1)

@@ -1,6 +1,6 @@
 """The CUDA backend's dispatch rules that need no GPU (a stand-in backend object): which decode attention kernel
 a step takes (decode_attn_tc / attn_partial / attn_partial_gqa), its splits, and where the RMSNorm folds into the
-paired matvecs. The kernels themselves: the GPU tests (test_attention_tc_gpu.py, test_cuda_kernels.py)."""
+paired matvecs. The kernels themselves: the GPU tests (test_attention_tc_gpu.py, test_kernels.py)."""
 
 from __future__ import annotations
 
@@ -426,7 +426,7 @@ def test_cuda_options_default_to_what_ships_and_reject_unknown_forms():
 
 
 def test_sample_row_blocks_spreads_small_batches_within_the_sms():
-    """cuda_kernels.sample_row_blocks: one stream's row over several blocks, a big batch one block a row, never
+    """kernels.sample_row_blocks: one stream's row over several blocks, a big batch one block a row, never
     more blocks than SMs in all (the hand-off buffers hold num_sms partials) nor slices under SAMPLE_MIN_SLICE."""
     from llmrs.backends.cuda.kernels import SAMPLE_MAX_BLOCKS, SAMPLE_MIN_SLICE, sample_row_blocks
 

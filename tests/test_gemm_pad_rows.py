@@ -1,4 +1,4 @@
-"""LLMRS_GEMM_PAD_ROWS: the bf16 GEMMs of an eager step run on gemm_rows(T) rows, so cuBLAS sees far fewer distinct
+"""CudaOptions.gemm_pad_rows: the bf16 GEMMs of an eager step run on gemm_rows(T) rows, so cuBLAS sees far fewer distinct
 token counts (its first call of a (count, shape) costs ~2.6 ms of host time on the H200). On the CPU: the row
 counts, the workspace's room for the padding rows, and the row count `_linear` hands cuBLAS (a recording stand-in)
 with and without room."""
@@ -63,8 +63,8 @@ def test_room_bytes():
 def linear_backend(pad: bool):
     be = object.__new__(C.CUDABackend)
     calls = []
-    be.gemm_pad_rows, be.matvec_max_tokens, be.profiler, be._lt = pad, 0, None, None
-    be.k = SimpleNamespace(bf16_wgmma=False)
+    be.gemm_pad_rows, be.matvec_max_tokens, be.profiler = pad, 0, None
+    be.k = SimpleNamespace()
     be._gemm_takes_bf16 = lambda w, T: True
     be._handle, be._one_ptr, be._zero_ptr = 0, 0, 0
     be._raw_gemm = lambda *a: calls.append(a)

@@ -1,4 +1,4 @@
-"""The Marlin-style 4-bit GEMM (llmrs/kernels_cu/gemm_q4.cu via cuda_q4gemm.gemm_q4) on the GPU: run on the GPU
+"""The Marlin-style 4-bit GEMM (llmrs/kernels_cu/gemm_q4.cu via quant_linear.gemm_q4) on the GPU: run on the GPU
 machine with `python3 -m pytest -q -m gpu tests/test_gemm_q4_gpu.py`; skips cleanly without CuPy or a GPU.
 
 - against numpy: x rounded to bf16 @ the dequantized weight rounded to bf16 (what dequant_q4_bf16 gives), float64
@@ -53,7 +53,7 @@ def upload_with_rows(backend, w):
 
 
 def dequant_cublas(backend, x, dw, bias, out, accumulate, mw=None):
-    """The path above cuda_q4gemm.MAX_TOKENS, explicitly: the weight dequantized into a bf16 matrix (from the GEMM
+    """The path above quant_linear.MAX_TOKENS, explicitly: the weight dequantized into a bf16 matrix (from the GEMM
     layout with mw, as the backend does where it has one; else dequant_q4_bf16 from the row form), then the
     backend's cuBLAS GEMM."""
     N, K = dw.shape
@@ -198,7 +198,7 @@ def test_shapes_outside_the_kernel_fall_back(backend):
 def test_gemm_q4_timing_beside_dequantize_plus_cublas(backend, monkeypatch):
     """Figures for the notes: 7B-like shapes (qkv, down), prefill-sized and batched-decode-sized T (timings not
     asserted; the two paths' outputs are), and from 65 tokens the 64-token tiles (MT 4) beside the 128-token ones
-    (MT 8, cuda_q4gemm.MT8_FROM)."""
+    (MT 8, quant_linear.MT8_FROM)."""
     import llmrs.backends.cuda.quant_linear as q4gemm
 
     def gemm_mt4(xb, mw, out):

@@ -1,5 +1,5 @@
 """The 4-bit GEMMs' SiLU forms (llmrs/kernels_cu/gemm_q4.cu's gemm_q4{wg,w2}{z,m}_silu_s{S} and
-gemm_q4{z,m}_silu_m4 + gemm_q4_reduce_silu, via cuda_q4gemm.gemm_q4_silu) on the GPU: run on the GPU machine with
+gemm_q4{z,m}_silu_m4 + gemm_q4_reduce_silu, via quant_linear.gemm_q4_silu) on the GPU: run on the GPU machine with
 `python3 -m pytest -q -m gpu tests/test_gemm_q4_silu_gpu.py`; skips cleanly without CuPy or a GPU (the wgmma cases
 without sm_90a).
 

@@ -1,4 +1,4 @@
-"""The 4-bit decode GEMV (llmrs/kernels_cu/gemm_q4.cu's gemv_q4 via cuda_q4gemm.gemv_q4) on the GPU: run on the
+"""The 4-bit decode GEMV (llmrs/kernels_cu/gemm_q4.cu's gemv_q4 via quant_linear.gemv_q4) on the GPU: run on the
 GPU machine with `python3 -m pytest -q -m gpu tests/test_gemv_q4_gpu.py`; skips cleanly without CuPy or a GPU.
 
 - against numpy: x rounded to bf16 @ the exact dequantized weight (not rounded: the kernel applies scale and zero

@@ -1,5 +1,5 @@
-"""A lone prompt's prefill from CUDA graphs (cuda_prefill_graphs, LLMRS_PREFILL_GRAPHS=1): which steps qualify,
-the padded step's arrays (CPU), and on a GPU the replayed prefill against the eager one (logits, then decoding
+"""A lone prompt's prefill from CUDA graphs (graphs.PrefillGraphs; LLMRS_PREFILL_GRAPHS=0 turns them off): which
+steps qualify, the padded step's arrays (CPU), and on a GPU the replayed prefill against the eager one (logits, then decoding
 on from the K/V it wrote)."""
 
 from __future__ import annotations

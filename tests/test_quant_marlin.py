@@ -246,7 +246,7 @@ def test_gemv_fp16_form_algebra_gives_x_at_the_exact_weights(kind, G):
 
 
 def test_the_reordered_layout_takes_power_of_two_groups_only():
-    """cuda_q4gemm.supported: the GEMM finds a k's scale row as k >> log2 G, so G 96 (K % 96 == 0) keeps the row
+    """quant_linear.supported: the GEMM finds a k's scale row as k >> log2 G, so G 96 (K % 96 == 0) keeps the row
     form and dequantize + cuBLAS; 32 / 64 / 128 / 256 take the layout."""
     from llmrs.backends.cuda.quant_linear import has_gemm_layout, supported
 
@@ -320,7 +320,7 @@ def test_the_default_one_token_rule_on_qwen2_5_shapes():
 
 
 def test_gemv_kernel_picks_the_fixed_group_form_for_g32_and_g128_and_exists():
-    """cuda_q4gemm.gemv_kernel: the compile-time-group forms (gemv_q4.cu's CPG) for G 32 / 128, the run-time one
+    """quant_linear.gemv_kernel: the compile-time-group forms (gemv_q4.cu's CPG) for G 32 / 128, the run-time one
     otherwise, one or two n8 tiles of tokens; every name it returns is a compiled entry point with PDL."""
     from llmrs.backends.cuda.kernels import ENTRY_POINTS, PDL_KERNELS
     from llmrs.backends.cuda.quant_linear import GEMV_DEPTH, GEMV_MAX_TOKENS, gemv_kernel
