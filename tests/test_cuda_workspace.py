@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llmrs.backends import cuda as C
+from llmrs.backends.cuda import backend as C
 
 
 class FakeCp:
