@@ -17,7 +17,6 @@ cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
 from llmrs.backends.cuda import CUDABackend, bf16_bits  # noqa: E402
-from llmrs.backends.cuda.prefill import decode_attention_tc  # noqa: E402
 from llmrs.engine.batch import build_step_batch  # noqa: E402
 from tests.test_attention_gqa_gpu import BS, cfg, launch, make_case, reference  # noqa: E402
 
@@ -38,7 +37,7 @@ def test_tc_decode_attention_matches_float64_and_attn_partial(rng, head_dim, rat
     base = cp.asnumpy(launch(be, getattr(be.k, f"attn_partial_d{be.dpl}"), q_dev, q_stride, db, splits))
     be.attn_splits = splits
     out = cp.full((db.T, heads * D), np.nan, dtype=cp.float32)
-    assert decode_attention_tc(be, 0, q_dev, q_stride, db, out) is out
+    assert be._decode_attention_tc(0, q_dev, q_stride, db, out) is out
     got = cp.asnumpy(out)
     assert np.isfinite(got).all(), "every row written, nothing read past a token's limit"
     err, err_base = rel_err(got, want), rel_err(got, base)
@@ -48,7 +47,7 @@ def test_tc_decode_attention_matches_float64_and_attn_partial(rng, head_dim, rat
     assert max(rows) < 2e-2, (int(np.argmax(rows)), max(rows))
     # o's bf16 input written by the kernel (one split) or attn_merge_bf16: the bits a cast of the f32 result makes
     words = cp.full((db.T, heads * D), 0xFFFF, dtype=cp.uint16)
-    assert decode_attention_tc(be, 0, q_dev, q_stride, db, out, out_bf16=words) is words
+    assert be._decode_attention_tc(0, q_dev, q_stride, db, out, out_bf16=words) is words
     assert np.array_equal(cp.asnumpy(words), bf16_bits(got))
 
 

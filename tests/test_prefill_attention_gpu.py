@@ -14,7 +14,7 @@ cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
 from llmrs.backends.cuda import CUDABackend, bf16_bits, round_bf16  # noqa: E402
-from llmrs.backends.cuda.prefill import plan_prefill_tiles, prefill_attention  # noqa: E402
+from llmrs.backends.cuda.prefill import plan_prefill_tiles  # noqa: E402
 from llmrs.engine.batch import build_step_batch  # noqa: E402
 from llmrs.engine.config import ModelConfig  # noqa: E402
 
@@ -72,7 +72,7 @@ def make_step(rng, specs, nb, bs):
 def run_prefill(be, batch, qkv_dev, q_stride, out):
     db = be.device_batch(batch)
     tiles = plan_prefill_tiles(batch.query_start, batch.positions)
-    ok = prefill_attention(be, 0, qkv_dev, q_stride, db, cp.asarray(tiles.reshape(-1)), tiles.shape[0], out)
+    ok = be._prefill_attention(0, qkv_dev, q_stride, db, cp.asarray(tiles.reshape(-1)), tiles.shape[0], out)
     return ok, db
 
 
@@ -186,7 +186,7 @@ def test_prefill_attention_speed_against_the_decode_kernel(n_seqs, lengths):
         db = be.device_batch(batch)
         tiles = plan_prefill_tiles(batch.query_start, batch.positions)
         td = cp.asarray(tiles.reshape(-1))
-        t_new = event_us(lambda: prefill_attention(be, 0, q, heads * D, db, td, tiles.shape[0], out)) * 1e-6
+        t_new = event_us(lambda: be._prefill_attention(0, q, heads * D, db, td, tiles.shape[0], out)) * 1e-6
         be.prefill_min_tokens = None  # a step without tiles: _attention runs attn_partial
         db_old = be.device_batch(batch)
         be.prefill_min_tokens = 16

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import math
+
 import numpy as np
 
 from llmrs.backends.cuda.dispatch import ATTN_MAXG, ATTN_THREADS
 from llmrs.backends.cuda.kernels import NULL
-from llmrs.backends.cuda.prefill import decode_attention_tc, prefill_attention
+from llmrs.backends.cuda.prefill import (MAX_GRID_Y, PREFILL_BLOCK_K, PREFILL_THREADS, TC_BLOCK_K, TC_WARPS,
+                                         decode_tc_splits, decode_tc_supported, prefill_supported)
 
 if TYPE_CHECKING:
     from llmrs.backends.cuda.batch import DeviceBatch
+
+_smem_set: set[int] = set()  # ids of kernels whose dynamic shared memory limit was raised
 
 
 class AttentionOps:
@@ -40,10 +45,10 @@ class AttentionOps:
         decode_attn_tc) runs the step and one is given, else `out` (f32)."""
         if db.n_prefill_tiles:
             dst = out if out_bf16 is None else out_bf16
-            if prefill_attention(self, layer, q, q_stride, db, db.prefill_tiles, db.n_prefill_tiles, dst):
+            if self._prefill_attention(layer, q, q_stride, db, db.prefill_tiles, db.n_prefill_tiles, dst):
                 return dst
         if self._attn_choice(db.T, db.max_len) == "tc":
-            dst = decode_attention_tc(self, layer, q, q_stride, db, out, out_bf16)
+            dst = self._decode_attention_tc(layer, q, q_stride, db, out, out_bf16)
             if dst is not None:
                 return dst
         c = self.config
@@ -89,3 +94,67 @@ class AttentionOps:
         with self._span("attn_merge", name, T, Hq, D, S):
             getattr(self.k, name)((T, Hq), (-(-D // 32) * 32,),
                                   (part_acc, part_ml, dst, np.int32(Hq), np.int32(D), np.int32(S)))
+
+    def _prefill_attention(self, layer: int, q: Any, q_stride: int, db: DeviceBatch, tiles: Any, n_tiles: int,
+                           out: Any) -> bool:
+        """out [T, Hq*D] = causal attention of q (f32, row stride q_stride, head h at columns h*D) over layer's
+        paged cache, on the tiles of `plan_prefill_tiles` (`tiles`: device int32, n_tiles x 4, any offset). out is
+        f32, or bf16 words (uint16: the o projection's cuBLAS input, the bits cast_f32_bf16 makes of the f32 output).
+
+        `db` is the step's DeviceBatch (positions, block_tables, max_blocks; T, kv_tokens, qk_pairs for the
+        profiler). Every row of out covered by the plan is written. Returns False (launching nothing) for
+        unsupported shapes.
+        """
+        c = self.config
+        Hq, Hkv, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        if not prefill_supported(self) or q_stride % 4 or q.data.ptr % 16 or out.data.ptr % 8:
+            return False
+        if n_tiles == 0:
+            return True
+        assert n_tiles <= MAX_GRID_Y, f"{n_tiles} prefill tiles: more than the grid's y limit"
+        fn = self.k.fns[f"prefill_attn_{'bf16_' if out.dtype == np.uint16 else ''}d{D}"]
+        smem = 4 * PREFILL_BLOCK_K * D * 2  # K and V, two stages each, bf16
+        if id(fn) not in _smem_set:
+            if smem > 48 * 1024:
+                fn.max_dynamic_shared_size_bytes = smem
+            _smem_set.add(id(fn))
+        scale_log2 = np.float32(float(self.scale) * math.log2(math.e))
+        with self._span("attention", f"prefill_attn_d{D}", db.T, Hq, Hkv, D, db.kv_tokens, db.qk_pairs, 1):
+            fn((Hq, n_tiles), (PREFILL_THREADS,),
+               (q, np.int32(q_stride), self.k_cache[layer], self.v_cache[layer], db.block_tables,
+                np.int32(db.max_blocks), db.positions, tiles, out, np.int32(Hq), np.int32(Hkv),
+                np.int32(self.block_size.bit_length() - 1), scale_log2), shared_mem=smem)
+        return True
+
+    def _decode_attention_tc(self, layer: int, q: Any, q_stride: int, db: DeviceBatch, out: Any,
+                             out_bf16: Any = None) -> Any:
+        """out [T, Hq*D] (f32) = paged causal attention of q (f32, row stride q_stride) over layer's cache for every
+        token of the step (its own causal limit), on tensor cores; attn_merge combines the splits. With `out_bf16`
+        (uint16 [T, Hq*D], o's bf16 GEMM input) the result goes there as bf16 words instead (the bits a cast of the
+        f32 value makes). Returns the buffer written, or None (launching nothing) where the shapes or alignments are
+        not supported: the caller keeps attn_partial."""
+        c = self.config
+        T, Hq, Hkv, D = db.T, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        if not decode_tc_supported(self) or q_stride % 4 or q.data.ptr % 16:
+            return None
+        S = decode_tc_splits(self, T, db.max_len)
+        chunk = -(-db.max_len // S)
+        chunk = -(-chunk // TC_BLOCK_K) * TC_BLOCK_K  # each split starts on a tile of one cache block
+        dst = out if out_bf16 is None else out_bf16
+        bf16 = "_bf16" if out_bf16 is not None else ""
+        fn = self.k.fns[f"decode_attn_tc{bf16 if S == 1 else ''}_d{D}"]
+        smem = TC_WARPS * 2 * 2 * TC_BLOCK_K * D * 2 + 16 * D * 2  # stages (K + V, two a warp) + Q
+        if id(fn) not in _smem_set:
+            if smem > 48 * 1024:  # (a PDL kernel: the attribute goes on its RawKernel, the function both launch)
+                getattr(fn, "raw", fn).max_dynamic_shared_size_bytes = smem
+            _smem_set.add(id(fn))
+        part_acc, part_ml = self._attn_partials(T, Hq, D, S)
+        scale_log2 = np.float32(float(self.scale) * math.log2(math.e))
+        with self._span("attention", f"decode_attn_tc_d{D}", T, Hq, Hkv, D, db.kv_tokens, db.qk_pairs, S):
+            fn((T, Hkv, S), (TC_WARPS * 32,),
+               (q, np.int32(q_stride), self.k_cache[layer], self.v_cache[layer], db.block_tables,
+                np.int32(db.max_blocks), db.token_seq, db.positions, dst if S == 1 else out, part_acc, part_ml,
+                np.int32(Hq), np.int32(Hkv), np.int32(self.block_size.bit_length() - 1), np.int32(chunk), scale_log2),
+               shared_mem=smem)
+        self._attn_merge(part_acc, part_ml, dst, T, Hq, D, S)
+        return dst

@@ -146,7 +146,7 @@ ATTN_GQA_MAX_HEAD_DIM = 64
 # Qwen2.5-0.5B one stream, prompt 256 + 256 steps, decode_attn_tc + attn_merge 0.628 against attn_cluster 0.612
 # ms/token. False keeps decode_attn_tc there
 ATTN_TC_SMALL_HEADS_CLUSTER = True
-# "auto": decode_attn_tc (tensor cores, prefill.decode_attention_tc) from this many tokens a step, and for
+# "auto": decode_attn_tc (tensor cores, attention._decode_attention_tc) from this many tokens a step, and for
 # heads of at most ATTN_GQA_MAX_HEAD_DIM dims from one token; where it cannot run (GPUs before sm_80, head dims
 # other than 64 / 128, more than 16 query heads a KV head) the rules above. H200, `llmrs profile --synthetic
 # qwen2.5-7b --batch 1,64,256 --context 512` graph walls, gqa -> tc: B=64 7.20 -> 5.79 ms (attention 1.68 -> 0.92),
