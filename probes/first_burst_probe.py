@@ -47,7 +47,7 @@ def main() -> None:
 
     import numpy as np
 
-    from llmrs.engine.engine import serving_config, serving_engine
+    from llmrs.engine.llm_engine import serving_config, serving_engine
     from llmrs.engine.sampling import SamplingParams
 
     t0 = time.perf_counter()

@@ -34,7 +34,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from llmrs.engine.config import EngineConfig
-    from llmrs.engine.engine import LLMEngine
+    from llmrs.engine.llm_engine import LLMEngine
     from llmrs.model.loader import load
     from llmrs.engine.sampling import SamplingParams
 

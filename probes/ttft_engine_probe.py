@@ -38,13 +38,13 @@ def main() -> None:
 
     import numpy as np
 
-    from llmrs.engine.engine import LLMEngine
+    from llmrs.engine.llm_engine import LLMEngine
     from llmrs.engine.sampling import SamplingParams
 
     from llmrs.trace import tr
 
     if a.serving:
-        from llmrs.engine.engine import serving_config, serving_engine
+        from llmrs.engine.llm_engine import serving_config, serving_engine
 
         eng = serving_engine(a.model, serving_config(device=a.device, max_num_seqs=256))
         print(f"async scheduling {eng.async_scheduling}; built as the server's core (warmed up)")

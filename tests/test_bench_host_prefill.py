@@ -4,7 +4,7 @@ shape launch, layer by layer, as the backend's rules say (the script stays runna
 the backend gained attributes)."""
 
 from llmrs.engine.batch import build_step_batch
-from llmrs.roofline.presets import preset_config
+from llmrs.model.presets import preset_config
 from tools import bench_host_prefill as bhp
 
 

@@ -129,7 +129,7 @@ def test_outputs_to_places_that_cannot_be_written_are_user_errors(tmp_path):
     res = llmrs("bench", "--url", "http://127.0.0.1:9", "--model", "m", "-n", "1", "--prompt-format", "ids",
                 "-o", bad)
     assert_user_error(res, "--out-dir", "cannot write")
-    results = ROOT / "reports" / "h200-qwen2.5" / "bias-fold" / "ttft-c1.json"  # a committed bench results file
+    results = ROOT / "reports" / "h200" / "bench-7b-c1.json"  # a committed bench results file
     assert_user_error(llmrs("report", str(results), "-o", bad), "--out", "cannot write")
     pytest.importorskip("matplotlib")
     res = llmrs("roofline", "-m", "qwen2.5-7b", "--gpu", "h200", "--plot", str(blocker / "x.png"))

@@ -166,7 +166,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from llmrs.engine.batch import build_step_batch
-    from llmrs.roofline.presets import preset_config
+    from llmrs.model.presets import preset_config
 
     c = preset_config(a.like)
     be, w = fake_backend(c), fake_weights(c)

@@ -45,7 +45,7 @@ def main() -> None:
     from llmrs.backends.cuda import NULL, CUDABackend, rope_threads
     from llmrs.backends.cuda.prefill import decode_tc_splits, decode_tc_supported
     from llmrs.engine.batch import build_step_batch
-    from llmrs.roofline.presets import preset_config
+    from llmrs.model.presets import preset_config
 
     c = preset_config(a.like)
     T, H, I = a.tokens, c.hidden_size, c.intermediate_size
