@@ -346,7 +346,7 @@ def tiny_cuda(tmp_path_factory):
 def test_gpu_async_scheduling_gives_the_step_by_step_tokens(tiny_cuda):
     """Fed inputs through both device paths: decode graphs (pure decode steps) and eager steps (decodes mixed
     with prefill chunks). Every request ends by length, so both modes run the same batches: equal tokens."""
-    from llmrs.backends.cuda_graphs import is_pure_decode
+    from llmrs.backends.cuda.graphs import is_pure_decode
 
     rng = np.random.default_rng(5)
     prompts = [rng.integers(3, 400, int(rng.integers(4, 60))).tolist() for _ in range(7)]

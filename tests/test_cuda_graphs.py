@@ -181,7 +181,7 @@ def test_engine_warmup_captures_the_decode_graphs_before_serving(tmp_path, shape
 
     require_gpu()
     from llmrs.engine.config import EngineConfig
-    from llmrs.engine.engine import LLMEngine
+    from llmrs.engine.llm_engine import LLMEngine
     from llmrs.model.loader import load
     from llmrs.engine.sampling import SamplingParams
     from tests.conftest import write_tiny_model

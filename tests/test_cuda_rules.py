@@ -11,7 +11,7 @@ import pytest
 
 from llmrs.backends.cuda import ATTN_TC_MIN_TOKENS, MATVEC_LONG_K_MIN_WARPS, CUDABackend, CudaOptions
 from llmrs.backends.cuda.prefill import TC_MIN_SPLIT_KEYS, decode_tc_splits, decode_tc_supported
-from llmrs.roofline.presets import preset_config
+from llmrs.model.presets import preset_config
 
 
 def fake_backend(preset: str, cc: int = 90, kernel: str = "auto") -> SimpleNamespace:

@@ -124,7 +124,7 @@ def fake_backend(config):
     be.cp, be.k, be.config, be.tp, be.profiler, be.graphs = _FakeCp, _Kernels(), config, None, None, None
     be._ws, be._pin, be._staged, be._raw_gemm, be._views, be._cluster_counts = {}, {}, {}, None, {}, {}
     be.block_size, be.num_blocks, be.pad_block = 16, 1 << 16, 1 << 16
-    be.matvec_max_tokens, be.quant_matvec_max_tokens, be._matvec_forced_splits = C.MATVEC_MAX_TOKENS, 8, 0
+    be.matvec_max_tokens, be.quant_matvec_max_tokens, be.matvec_splits = C.MATVEC_MAX_TOKENS, 8, 0
     be.prefill_min_tokens, be.attn_kernel, be.attn_splits, be.num_sms = 16, "auto", None, 132
     be.dpl, be.scale, be._prefill_cc = max(1, config.head_dim // 32), np.float32(0.1), 90
     # what __init__ sets from the environment, at its defaults

@@ -115,10 +115,10 @@ def main() -> None:
         for name, w in W.items():
             N, K = w.shape
             for splits in (1, 2, 4):
-                be._matvec_forced_splits = splits
+                be.matvec_splits = splits
                 us = graph_us(lambda i: be._linear(x[name], pick(name, i), None, y[name], name=name))
                 add(f"matvec {name} splits={splits}", us, 2 * N * K)
-            be._matvec_forced_splits = 0
+            be.matvec_splits = 0
             print(f"  (backend's choice for {name}: splits={be._matvec_splits(N, K)})")
         act = cp.zeros((T, I), dtype=cp.float32)
         add("matvec gate_up+silu", graph_us(lambda i: be._matvec_pair("silu", x["gate_up"], pick("gate_up", i), act)),

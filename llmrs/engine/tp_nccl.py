@@ -190,14 +190,14 @@ class _Rank:
         fit = CUDABackend.blocks_that_fit(self.rank_config, weight_bytes, gpu_memory_utilization, block_size)
         return min(fit, max_blocks)
 
-    def build(self, num_blocks: int, block_size: int) -> None:
+    def build(self, num_blocks: int, block_size: int, cuda_graphs: bool | None = None) -> None:
         from llmrs.backends.cuda import CUDABackend
         from llmrs.model.decoder import build_weights
 
         if num_blocks < 1:
             raise UserError(f"rank {self.rank}: no room for a KV cache beside its weight shard")
         rc = self.rank_config
-        backend = CUDABackend(rc, num_blocks=num_blocks, block_size=block_size,
+        backend = CUDABackend(rc, num_blocks=num_blocks, block_size=block_size, cuda_graphs=cuda_graphs,
                               tp=TPRank.of(self.plan, self.rank, self.comm))
         if self.shard is not None:
             weights = build_weights(rc, self.shard, backend)
@@ -251,7 +251,8 @@ def synthetic_shard(plan: ShardPlan, rank: int, backend: Any, seed: int = 0) -> 
 
 
 def _worker_main(rank: int, world_size: int, conn: Any, spec: str | None, block_size: int,
-                 gpu_memory_utilization: float, num_blocks: int | None, max_blocks: int) -> None:
+                 gpu_memory_utilization: float, num_blocks: int | None, max_blocks: int,
+                 cuda_graphs: bool | None = None) -> None:
     """Ranks 1..N-1: start-up handshake, then one forward per StepBatch received, until "stop"."""
     multicast_off()
     try:
@@ -259,7 +260,7 @@ def _worker_main(rank: int, world_size: int, conn: Any, spec: str | None, block_
         conn.send(("ready", None))
         r.connect(_expect(conn, "nccl"))
         conn.send(("blocks", r.load(spec, None, block_size, gpu_memory_utilization, num_blocks, max_blocks)))
-        r.build(_expect(conn, "build"), block_size)
+        r.build(_expect(conn, "build"), block_size, cuda_graphs)
         r.cp.cuda.Device().synchronize()
         conn.send(("built", None))
         while True:
@@ -288,7 +289,9 @@ class NcclTPRunner:
     """A ModelRunner stand-in for the engine: rank 0 of N, with N-1 worker processes (ranks 1..N-1)."""
 
     def __init__(self, loaded: Any, spec: str | None, world_size: int, block_size: int = 16,
-                 num_blocks: int | None = None, gpu_memory_utilization: float = 0.9, max_blocks: int = 1 << 30):
+                 num_blocks: int | None = None, gpu_memory_utilization: float = 0.9, max_blocks: int = 1 << 30,
+                 cuda_graphs: bool | None = None):
+        """`cuda_graphs`: every rank's CUDABackend's (None: its default, LLMRS_CUDA_GRAPHS)."""
         check_tp_size(world_size, "cuda")
         ShardPlan(loaded.config, world_size)  # a bad size fails here, before any process starts
         multicast_off()
@@ -302,7 +305,7 @@ class NcclTPRunner:
             parent, child = ctx.Pipe()
             p = ctx.Process(target=_worker_main, name=f"llmrs-tp-rank{rank}", daemon=True,
                             args=(rank, world_size, child, spec, block_size, gpu_memory_utilization, num_blocks,
-                                  max_blocks))
+                                  max_blocks, cuda_graphs))
             p.start()
             self.conns.append(parent)
             self.procs.append(p)
@@ -318,7 +321,7 @@ class NcclTPRunner:
             self.num_blocks = min(fits)
             for c in self.conns:
                 c.send(("build", self.num_blocks))
-            self.rank0.build(self.num_blocks, block_size)
+            self.rank0.build(self.num_blocks, block_size, cuda_graphs)
             self._gather("built", LOAD_TIMEOUT_S)
         except BaseException:
             self.shutdown()

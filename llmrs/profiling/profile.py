@@ -441,9 +441,8 @@ def run_profile(model: str, batches: list[int], context: int, prefill_len: int |
             link_gbs = get_gpu(gpu).nvlink_gbs
             if not link_gbs:
                 raise UserError(f"{ceil.gpu_name} has no NVLink figure in the GPU database; pass --tp-link-gbs")
-        if not graphs:
-            os.environ["LLMRS_CUDA_GRAPHS"] = "0"  # the worker processes read it too
-        runner = NcclTPRunner(load(model), model, tp, block_size=bs, num_blocks=num_blocks)
+        runner = NcclTPRunner(load(model), model, tp, block_size=bs, num_blocks=num_blocks,
+                              cuda_graphs=None if graphs else False)
         backend = runner.backend
         config = backend.config  # rank 0's shard (its vocabulary slice, heads, MLP columns)
         forward_device = runner.forward_device
