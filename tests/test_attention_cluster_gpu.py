@@ -151,37 +151,6 @@ def test_attn_cluster_16_warps_a_block_matches_float64_and_the_8_warp_form(D, CL
     assert rel_err(got, outs["_g4"]) < 1e-5
 
 
-@pytest.mark.parametrize("name,Hq,Hkv", [("attn_cluster8_d4_g4", 28, 4), ("attn_cluster16_d4_g4", 16, 2),
-                                         ("attn_cluster8_d2_g4", 14, 2), ("attn_cluster16_d2_g4", 12, 2),
-                                         ("attn_cluster8_d4", 28, 4), ("attn_cluster16_d4", 16, 2),
-                                         ("attn_cluster4_d4", 8, 1), ("attn_cluster8_d2", 14, 2),
-                                         ("attn_cluster8_d4_g4_w16", 28, 4), ("attn_cluster16_d2_g4_w16", 12, 2)])
-def test_attn_cluster_push_gives_the_bits_of_the_pull_merge(name, Hq, Hkv):
-    """The splits pushed into the merging block's shared memory (default) against each block reading the others'
-    (-DLLMRS_ATTN_CLUSTER_PULL, LLMRS_ATTN_CLUSTER_PUSH=0): the same values merged in the same order, the same bits;
-    lengths from 1 key (splits with none) to two load batches a warp."""
-    CL, dpl = int(name.split("_")[1][7:]), int(name.split("_d")[1][0])
-    D, hg = 32 * dpl, 4 if "_g4" in name else 8
-    threads = 512 if name.endswith("_w16") else 256
-    lens = [1, 9, 300, 1100]
-    T = len(lens)
-    rng = np.random.default_rng(CL + Hq + D)
-    args = cluster_inputs(rng, lens, Hq, Hkv, D)
-    src = ck.kernel_source("attention.cu")
-    outs = []
-    for extra in ((), ("-DLLMRS_ATTN_CLUSTER_PULL",)):
-        fn = cp.RawModule(code=src, options=ck.options() + extra).get_function(name)
-        if CL > 8:
-            ck.allow_nonportable_cluster(fn)  # 16 blocks a cluster (8 is the portable limit), as Kernels does
-        out = cp.full((T, Hq * D), np.nan, dtype=cp.float32)
-        fn((T, Hkv * -(-(Hq // Hkv) // hg), CL), (threads,),
-           args + (out, np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(BS), np.float32(1 / np.sqrt(D))))
-        cp.cuda.Device().synchronize()
-        outs.append(cp.asnumpy(out))
-    assert np.isfinite(outs[0]).all(), "every output written"
-    assert np.array_equal(outs[0], outs[1])
-
-
 @pytest.mark.parametrize("hidden,kernel", [(1024, "auto"), (512, "partial"), (512, "auto")])
 def test_backend_takes_the_cluster_where_attn_partial_ran_and_tokens_agree(tmp_path, hidden, kernel):
     """A tiny Qwen2 with 8 query heads and 2 kv heads of 128 dims (auto: attn_partial's place at one token) or 64
