@@ -41,7 +41,7 @@ def main() -> None:
     from llmrs.backends.cuda import kernels as ck
     from llmrs.backends.cuda.quant_linear import dequant_marlin, gemm_q4, to_marlin
     from tests.cuda_helpers import tiny_backend
-    from tests.test_quant_marlin import make_weight
+    from tests.model.test_quant_marlin import make_weight
 
     be = tiny_backend()
     sets = {}

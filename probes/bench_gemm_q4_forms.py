@@ -48,7 +48,7 @@ def main() -> None:
     from llmrs.backends.cuda.kernels import WG_SPLITS
     from llmrs.backends.cuda.quant_linear import dequant_marlin, gemm_q4, to_marlin
     from tests.cuda_helpers import bf16_words, event_us, tiny_backend
-    from tests.test_quant_marlin import make_weight
+    from tests.model.test_quant_marlin import make_weight
 
     be = tiny_backend()
     print(f"wgmma form: {be.k.wgmma_arch or 'none'} (compute capability {be.k.cc}; the backend takes it: "

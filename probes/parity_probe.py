@@ -22,7 +22,7 @@ def main() -> None:
     from llmrs.model.loader import load
     from llmrs.engine.runner import ModelRunner
     from tests.cuda_helpers import rel_err
-    from tests.test_cuda_parity import last_logits, reference
+    from tests.gpu.test_cuda_parity_gpu import last_logits, reference
 
     label = sys.argv[1] if len(sys.argv) > 1 else "run"
     loaded = load("smollm2-135m")

@@ -60,7 +60,7 @@ def main() -> None:
                                                    gemv_takes)
     from tests.cuda_helpers import graph_us as graph_time_us
     from tests.cuda_helpers import tiny_backend
-    from tests.test_quant_marlin import make_weight
+    from tests.model.test_quant_marlin import make_weight
 
     be = tiny_backend()
     cluster_default = be.q4_gemv_cluster

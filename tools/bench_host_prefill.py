@@ -1,6 +1,6 @@
 """Host (Python) time of an eager step of the fused forward pass, without a GPU: CUDABackend._forward_device with
 CuPy replaced by fake arrays (shape, dtype, views, data.ptr) and every kernel launch and cuBLAS call by a no-op
-that counts its calls (`fake_backend(c).k.fns[name].calls`, `.gemm_calls`: tests/test_bench_host_prefill.py reads
+that counts its calls (`fake_backend(c).k.fns[name].calls`, `.gemm_calls`: tests/tools/test_bench_host_prefill.py reads
 them to check the step's dispatch without a GPU).
 
 What it measures is our own code per step (workspace views, argument tuples, numpy scalars, shape checks,

@@ -12,7 +12,7 @@ step "doctor"; timeout 120 python3 -m llmrs doctor
 step "GPU tests (every test marked gpu)"; LLMRS_GPU_REPORT=$OUT/gpu_figures.jsonl timeout 420 python3 -m pytest -q -m gpu \
   -p no:cacheprovider -rs tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -12
 step "server tests on --device cuda"; LLMRS_TEST_DEVICE=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider \
-  tests/test_server.py 2>&1 | tee "$OUT/server_cuda_tests.log" | tail -6
+  tests/server/test_server.py 2>&1 | tee "$OUT/server_cuda_tests.log" | tail -6
 [ "${SKIP_BENCH:-0}" = 1 ] && exit 0
 step "generate on cuda"; timeout 120 python3 -m llmrs generate --device cuda --chat -p "What is the capital of France?" --max-tokens 24
 for p in qwen2.5-0.5b qwen2.5-7b; do

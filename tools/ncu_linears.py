@@ -44,7 +44,7 @@ def main() -> None:
 
     from llmrs.backends.cuda.quant_linear import gemm_q4, gemv_q4
     from tests.cuda_helpers import bf16_words, tiny_backend
-    from tests.test_quant_marlin import make_weight
+    from tests.model.test_quant_marlin import make_weight
 
     be = tiny_backend()
     rng = np.random.default_rng(0)

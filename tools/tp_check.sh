@@ -13,7 +13,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   # a test still running after 90 s prints every thread's stack (and each worker its own, LLMRS_TP_STACKS) before
   # the outer timeout can kill it, so a hang shows where it waits
   step "TP tests"; LLMRS_TP_STACKS=90 LLMRS_GPU_REPORT=$OUT/tp_figures.jsonl timeout ${TP_TEST_TIMEOUT:-300} \
-    python3 -m pytest -x -v -s -p no:cacheprovider --durations=0 -o faulthandler_timeout=90 tests/test_tp_gpu.py 2>&1 \
+    python3 -m pytest -x -v -s -p no:cacheprovider --durations=0 -o faulthandler_timeout=90 tests/gpu/test_tp_gpu.py 2>&1 \
     | tee "$OUT/tp_tests.log" \
     | grep -E "PASS|FAIL|ERROR|Error|error|passed|failed|slowest|s call|Timeout|File " | head -60
 fi
@@ -27,7 +27,7 @@ if [ "${SKIP_SERVER:-0}" != 1 ]; then
   fi
   step "server suite at TP=$TP on $TM"
   LLMRS_TEST_DEVICE=cuda LLMRS_TEST_TP=$TP LLMRS_TEST_MODEL=$TM timeout ${SERVER_TIMEOUT:-240} python3 -m pytest -q \
-    -p no:cacheprovider tests/test_server.py 2>&1 | tee "$OUT/server_tp_tests.log" | tail -15
+    -p no:cacheprovider tests/server/test_server.py 2>&1 | tee "$OUT/server_tp_tests.log" | tail -15
 fi
 [ "${SKIP_BENCH:-0}" = 1 ] && exit 0
 M=${M:-qwen2.5-72b}

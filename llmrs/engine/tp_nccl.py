@@ -1,6 +1,6 @@
 """Tensor parallelism over NCCL: one process per GPU, rank 0 in the engine's own process.
 
-Checked on 2 H200s by tests/test_tp_gpu.py and the server suite at TP=2.
+Checked on 2 H200s by tests/gpu/test_tp_gpu.py and the server suite at TP=2.
 
 Layout:
 - rank 0 is the calling process (the engine: scheduler, one block pool, sampler) on GPU 0; ranks 1..N-1 are

@@ -52,7 +52,7 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         # encode_batch_fast (tokenizers >= 0.20; pyproject asks >= 0.21) skips the character offsets `encode` tracks
         # and nobody here reads: the same ids in about half the time (a 256-token prompt: 0.19 vs 0.38 ms on a
-        # 2-core VM), on the server's event loop for every request (tests/test_tokenizer.py checks the two agree)
+        # 2-core VM), on the server's event loop for every request (tests/model/test_tokenizer.py checks the two agree)
         try:
             return self.tk.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
         except TypeError:

@@ -34,7 +34,7 @@ from llmrs.errors import UserError
 #   Q4_K (144 B): f16 d, f16 dmin, uint8 scales[12] (8 x 6-bit scale + 6-bit min), uint8 qs[128]
 #   Q5_K (176 B): f16 d, f16 dmin, uint8 scales[12], uint8 qh[32] (5th bit), uint8 qs[128]
 #   Q6_K (210 B): uint8 ql[128] (low 4 bits), uint8 qh[64] (high 2 bits), int8 scales[16], f16 d
-# decoded below as llama.cpp's dequantize_row_* decodes them (tests/test_gguf.py: equal to gguf-py's reference).
+# decoded below as llama.cpp's dequantize_row_* decodes them (tests/model/test_gguf.py: equal to gguf-py's reference).
 # Only GGUF loading reads them: they are expanded at load (f32 here, bf16 on the GPU), not kept quantized.
 QK = 32
 GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GGML_BF16 = 0, 1, 2, 3, 8, 30

@@ -3,7 +3,7 @@ outputs, the decode attention kernel, its splits and cluster sizes, the one-toke
 constants they compare against, and the options that select a form (`CudaOptions`, today's defaults).
 
 Every rule is a method of `DispatchRules` that reads only the backend's options, its config, `num_sms`, `dpl` and
-the compiled kernels' facts (`k.cc`, `k.wgmma`): tests/test_cuda_rules.py calls them on stand-in objects, so the
+the compiled kernels' facts (`k.cc`, `k.wgmma`): tests/backends/test_cuda_rules.py calls them on stand-in objects, so the
 rules are pinned without a GPU. The launches themselves live in linear.py, attention.py and forward.py.
 """
 

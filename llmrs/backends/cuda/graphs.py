@@ -18,7 +18,7 @@ backend) and the handle bound to the capturing stream. So during capture the bac
 
 Used for pure decode steps (one token per sequence, every sequence sampled); anything else, or a capture that
 fails, runs eagerly. Replay gives the same math as the eager step of the padded shape: tokens equal to
-eager's with the same split count (tests/test_cuda_graphs.py).
+eager's with the same split count (tests/backends/test_cuda_graphs.py).
 
 Programmatic dependent launch: on sm_90+ the capture launches our kernels with the PDL attribute
 (kernels.py), so inside a replay each kernel's blocks start (and the matvec's first weight loads go out)
