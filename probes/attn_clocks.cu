@@ -4,7 +4,7 @@
 // Thread 0 of every block adds the clock64 cycles of each phase to attn_clocks[phase] and counts itself in
 // attn_clocks[15] (attn_cluster) or attn_clocks[14] (attn_o_cluster; the last block of each split, whose cross-head
 // sum is phase 9, in attn_clocks[13]); the host reads them (RawModule.get_global) after a run of graphed decode
-// steps built with these kernels in place of the package's (scripts/attn_clocks.py holds the phase names).
+// steps built with these kernels in place of the package's (probes/attn_clocks.py holds the phase names).
 //   attn_cluster phases: 0 entry -> table staged, early loads issued; 1 -> past the PDL wait; 2 -> q and the keys
 //   (warp 0); 3 -> every warp's keys; 4 -> the block's warps merged, pushed; 5 -> the pushes in; 6 -> the splits
 //   merged, out written; 7 (empty: no second barrier).

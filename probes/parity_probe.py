@@ -2,9 +2,9 @@
 Last result (H200): 0.0234 max on a 5-token prompt on the default path (bound 4e-2), argmax equal.
 
 Per-prompt logits error of the embedded SmolLM2 on the GPU (default path) against the CPU reference with bf16
-K/V, for attributing a parity change to a setting, e.g.
+K/V, for attributing a parity change to a backend option (set it on CUDABackend / CudaOptions before running):
 
-    LLMRS_MATVEC_MAX_TOKENS=8 python -m probes.parity_probe matvec-to-8
+    python -m probes.parity_probe LABEL
 
 (run from the repository root; the embedded model installed or LLMRS_EMBEDDED_DIR set)."""
 

@@ -37,7 +37,7 @@ def report(key: str, value) -> None:
 
 def tiny_backend():
     """A CUDABackend of a one-layer tiny model: its kernels, cuBLAS handle and buffers, for testing and timing
-    stand-alone linears (the GEMM / GEMV tests, scripts/bench_gemm_q4*.py, ncu_linears.py, ...)."""
+    stand-alone linears (the GEMM / GEMV tests, probes/bench_gemm_q4*.py, ncu_linears.py, ...)."""
     from llmrs.backends.cuda import CUDABackend
     from llmrs.engine.config import ModelConfig
 

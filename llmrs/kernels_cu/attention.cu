@@ -18,7 +18,7 @@
 // The one-launch forms: attention_cluster.cu (the splits merged in a thread-block cluster) and attention_o.cu (that,
 // fused with the o projection); attention_gqa.cu is attn_partial's decode form.
 // Roof: none recorded as a fraction; the kernel's time and % of its bandwidth floor in a step: `llmrs profile
-// --synthetic qwen2.5-7b --context 512` (one stream), or scripts/bench_kernels_graph.py.
+// --synthetic qwen2.5-7b --context 512` (one stream), or tools/bench_kernels_graph.py.
 #include "common.cuh"
 #include "attention.cuh"
 

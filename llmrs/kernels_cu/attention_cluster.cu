@@ -4,7 +4,7 @@
 // Entry points: attn_cluster{CL}_d{DPL}[_g4[_w16]] (CL blocks a cluster; DPL = D / 32 dims a lane; _g4: 4 query
 // heads a block, not 8; _w16: 16 warps a block).
 // Roof: none recorded as a fraction; the kernel's time and % of its bandwidth floor in a step: `llmrs profile
-// --synthetic qwen2.5-7b --context 512` (one stream), or scripts/bench_kernels_graph.py.
+// --synthetic qwen2.5-7b --context 512` (one stream), or tools/bench_kernels_graph.py.
 #include "common.cuh"
 #include "attention.cuh"
 

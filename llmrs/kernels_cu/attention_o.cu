@@ -2,7 +2,7 @@
 // sm_90+: attention_cluster.cu's key splits in a cluster, each block then multiplying its head's output into its
 // split's rows of o. Entry points: attn_o_cluster4, attn_o_cluster8 (16 warps a block), attn_o_cluster8_w8 (8).
 // Roof: none recorded as a fraction; the kernel's time and % of its bandwidth floor in a step: `llmrs profile
-// --synthetic qwen2.5-7b --context 512` (one stream), or scripts/bench_kernels_graph.py.
+// --synthetic qwen2.5-7b --context 512` (one stream), or tools/bench_kernels_graph.py.
 #include "common.cuh"
 #include "attention.cuh"
 

@@ -102,7 +102,7 @@ __device__ __forceinline__ void pair_rope_out(float a, float c, int h, int i, in
 
 // A 16-byte load of streamed data read once (decode weights: matvec.cu, matvec_q4.cu, gemv_q4): through the
 // non-coherent path without allocating in L1, so the weight stream does not evict what the warps re-read from L1
-// (x, the norm weight, scales). Measured on the H200 (bf16 single-stream decode, scripts/gpu_ab.sh): 7B 4.662 ->
+// (x, the norm weight, scales). Measured on the H200 (bf16 single-stream decode, tools/gpu_ab.sh): 7B 4.662 ->
 // 4.448 ms/token, 3B 2.895 -> 2.776, 0.5B 0.890 -> 0.868 against a plain __ldg.
 __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
     uint4 r;

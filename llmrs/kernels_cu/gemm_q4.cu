@@ -31,7 +31,7 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned* a, unsigned addr) {
 // Pipeline stages per MT. The ring is dynamic shared memory (the host passes its size and raises the kernel's
 // limit above 48 KB: cuda.kernels.GEMM_Q4_STAGES, which compiles these values in with -D; the defaults here are
 // the same, for `llmrs ptx-check`). A stage is (16 MT 8 + 256 + 64) x 16 bytes: 21 KB at MT 8, 13 KB at 4.
-// Deeper rings measured no faster on the H200 (scripts/bench_gemm_q4.py, the 7B's AWQ linears at 128-512 tokens):
+// Deeper rings measured no faster on the H200 (probes/bench_gemm_q4.py, the 7B's AWQ linears at 128-512 tokens):
 // the loads are hidden already; at 256+ tokens the kernel is bound inside the SM (252 registers at MT 8).
 #ifndef GQ_STAGES_M1
 #define GQ_STAGES_M1 4

@@ -11,7 +11,7 @@
 // x is f32 and stays in L1/L2 (each warp of a block re-reads it); K % 8 != 0 takes a scalar path.
 // Block = 4 warps (4 rows, or 4/splits rows of `splits` warps each): small N still spreads over the SMs; the
 // host picks splits by shape (few rows, long K: the `down` and o/qkv projections of a 7B decode step).
-// Roof (H200, 7B one stream, each kernel in a graph, scripts/bench_kernels_graph.py): gate_up + SiLU 100% of the
+// Roof (H200, 7B one stream, each kernel in a graph, tools/bench_kernels_graph.py): gate_up + SiLU 100% of the
 // 4,296 GB/s bandwidth floor, down 83%, qkv + RoPE 82%, o 79%.
 #include "common.cuh"
 

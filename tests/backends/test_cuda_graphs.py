@@ -176,7 +176,7 @@ def test_engine_warmup_captures_the_decode_graphs_before_serving(tmp_path, shape
     """LLMEngine.warmup precaptures every bucket up to max_num_seqs at caps 256 and 512; a burst of decode steps
     after it replays graphs without capturing any. heads128: 128-dim heads, whose one-token steps ask the driver how
     many attention clusters run at once (an int once cached among the workspace's buffers made every capture after
-    the first one-token graph fail, and the server ran eagerly: session 32), with both caps captured, none failed."""
+    the first one-token graph fail, and the server ran eagerly), with both caps captured, none failed."""
     from tests.cuda_helpers import require_gpu
 
     require_gpu()

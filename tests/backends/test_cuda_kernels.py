@@ -116,7 +116,7 @@ def test_matvec_matches_numpy(rng, N, K, T, bias, accumulate):
 @pytest.mark.parametrize("N,K", [(1, 8), (37, 64), (896, 896), (2048, 2048), (3584, 3584), (1100, 4096), (300, 1000)])
 @pytest.mark.parametrize("bias,accumulate", [(False, False), (True, True)])
 def test_matvec_rows_equals_the_one_warp_matvec(rng, N, K, bias, accumulate):
-    """matvec_rows_bf16 (one token, rows held in registers before pdl_wait; LLMRS_MATVEC_ROWS=1, `preload`): the same
+    """matvec_rows_bf16 (one token, rows held in registers before pdl_wait; CudaOptions.matvec_rows=1, `preload`): the same
     bits as matvec_bf16_t1 at one warp a row (the same chunks in the same order)."""
     be = CUDABackend(cfg(), num_blocks=1)
     W = be.upload(rng.standard_normal((N, K)).astype(np.float32) * 0.05)
@@ -527,7 +527,7 @@ def test_gate_up_gemm_with_bf16_output_and_silu_from_bf16(rng, T, I):
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_gate_up_bf16_keeps_logits_within_bf16_rounding(tmp_path, arch):
-    """A GEMM-sized step with gate/up as bf16 (LLMRS_GATE_UP_BF16, the default) against f32 gate/up: the same
+    """A GEMM-sized step with gate/up as bf16 (CudaOptions.gate_up_bf16, the default) against f32 gate/up: the same
     greedy tokens and logits within bf16 rounding; one silu kernel a layer either way."""
     from llmrs.model.loader import load
     from llmrs.engine.runner import ModelRunner

@@ -351,7 +351,7 @@ def test_the_norm_chain_forms_and_where_a_step_takes_them():
 def test_wave_fill_splits_fill_the_last_round_of_blocks(monkeypatch):
     """Where a wgmma form's tiles pass half its resident blocks, K slices chosen so that the tiles finish in the
     fewest rounds of blocks over S (each block 1/S of a tile), the smaller S on a tie; at most 2 for the 256-token
-    form (measured); LLMRS_Q4_WG_FILL=0 leaves S = 1 there. A 7B on 132 SMs (264 slots of gemm_q4wg, 132 of
+    form (measured); without the fill rule S stays 1 there. A 7B on 132 SMs (264 slots of gemm_q4wg, 132 of
     gemm_q4w2)."""
     from types import SimpleNamespace
 
@@ -402,7 +402,7 @@ def test_matvec_long_k_splits_by_default_the_fewest_reaching_the_warp_count():
 
 def test_kernel_compile_options_take_llmrs_cuda_defines(monkeypatch):
     """Every kernel file compiles with -std=c++17 and the macros of LLMRS_CUDA_DEFINES (probes such as
-    scripts/attn_clocks.py), read when the kernels are compiled; by default none."""
+    probes/attn_clocks.py), read when the kernels are compiled; by default none."""
     from llmrs.backends.cuda import kernels as ck
 
     monkeypatch.delenv("LLMRS_CUDA_DEFINES", raising=False)
@@ -516,7 +516,7 @@ def test_attn_o_eight_warp_form_under_its_switch_and_where_sixteen_do_not_fit():
     assert CUDABackend.attn_o_warps == 0  # the default: auto
     be.attn_o_warps = 0
     assert CUDABackend._attn_o_form(be, 8) == ("attn_o_cluster8", 512)  # 16 heads, 16 clusters of 8 at once
-    be._cluster_counts["attn_o_cluster8"] = 15  # the H200's count (session 31 call2)
+    be._cluster_counts["attn_o_cluster8"] = 15  # the H200's count
     assert CUDABackend._attn_o_form(be, 8) == ("attn_o_cluster8_w8", 256)
     be.config.num_attention_heads = 12  # the 1.5B: all 12 run at once
     assert CUDABackend._attn_o_form(be, 8) == ("attn_o_cluster8", 512)

@@ -92,7 +92,7 @@ def _kernel_body(src: str, name: str) -> str:
 
 @pytest.mark.parametrize("fname", ["embedding.cu", "elementwise.cu", "rope_kv.cu"])
 def test_plain_pdl_kernels_wait_before_their_first_statement(fname):
-    """(rmsnorm.cu's kernels load their norm weight before the wait since session 19, as the matvecs their first
+    """(rmsnorm.cu's kernels load their norm weight before the wait, as the matvecs their first
     weight chunks: tests/backends/test_early_loads.py counts what they load before it in the SASS.)"""
     src = (ck.KERNELS_DIR / fname).read_text()
     for name in ck.ENTRY_POINTS[fname]:

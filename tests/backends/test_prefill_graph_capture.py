@@ -1,7 +1,7 @@
 """The prefill graphs' capture check on the CPU (fakes for CuPy and the backend): its batch gets distinct blocks at
 precapture (`capture_blocks`), and a failed programmatic-launch check there costs only that graph its programmatic
-launch, where a decode graph's failure turns it off for the backend (session 18: 5 of ~10 servers on the H200 had
-a prefill capture fail its check, from the pad block's racing K/V writes, and so lost PDL for every later capture)."""
+launch, where a decode graph's failure turns it off for the backend (a prefill capture can fail its check from the pad
+block's racing K/V writes; that must not cost PDL for every later capture)."""
 
 from __future__ import annotations
 

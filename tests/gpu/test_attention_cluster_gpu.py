@@ -125,7 +125,7 @@ def test_attn_cluster_g4_gives_the_bits_of_the_8_head_form(D, CL, Hq, Hkv, lens)
 @pytest.mark.parametrize("Hq,Hkv,lens", [(28, 4, [512]), (28, 4, [1, 5, 17]), (16, 2, [300, 64, 1023]),
                                          (14, 2, [300]), (12, 2, [77])])
 def test_attn_cluster_16_warps_a_block_matches_float64_and_the_8_warp_form(D, CL, Hq, Hkv, lens):
-    """attn_cluster{CL}_d{D}_g4_w16 (LLMRS_ATTN_CLUSTER_WARPS=16: 16 warps a block, 4 keys a warp where the 8-warp
+    """attn_cluster{CL}_d{D}_g4_w16 (CudaOptions.attn_cluster_warps=16: 16 warps a block, 4 keys a warp where the 8-warp
     form takes 8; 512 threads): float64 numpy's attention and the 8-warp form's to f32 rounding (the keys meet in
     other warps, so other roundings); lengths with empty splits and past one batch a warp (1023: a warp loops)."""
     T, dpl = len(lens), D // 32
@@ -154,9 +154,9 @@ def test_attn_cluster_16_warps_a_block_matches_float64_and_the_8_warp_form(D, CL
 @pytest.mark.parametrize("hidden,kernel", [(1024, "auto"), (512, "partial"), (512, "auto")])
 def test_backend_takes_the_cluster_where_attn_partial_ran_and_tokens_agree(tmp_path, hidden, kernel):
     """A tiny Qwen2 with 8 query heads and 2 kv heads of 128 dims (auto: attn_partial's place at one token) or 64
-    dims (auto: decode_attn_tc's place, which gives way to the cluster where it covers the context since session 31;
-    LLMRS_ATTN_KERNEL=partial): one-token decode steps take attn_cluster
-    (8 by default at these lengths, 16 when forced), and its greedy tokens equal those of LLMRS_ATTN_CLUSTER=0's
+    dims (auto: decode_attn_tc's place, which gives way to the cluster where it covers the context;
+    CudaOptions.attn_kernel=partial): one-token decode steps take attn_cluster
+    (8 by default at these lengths, 16 when forced), and its greedy tokens equal those of CudaOptions.attn_cluster=0's
     path: attn_partial + attn_merge, or decode_attn_tc + attn_merge for 64-dim heads under auto."""
     from llmrs.model.loader import load
     from llmrs.engine.runner import ModelRunner, stream_generate
@@ -177,7 +177,7 @@ def test_backend_takes_the_cluster_where_attn_partial_ran_and_tokens_agree(tmp_p
         be = r.backend
         be.attn_kernel = kernel
         be.attn_o_fused = False  # (one token's attention + o as one kernel: tests/gpu/test_attention_o_gpu.py)
-        assert be.attn_cluster is None and be._cluster_size(1, 100) == 8  # auto (LLMRS_ATTN_CLUSTER unset)
+        assert be.attn_cluster is None and be._cluster_size(1, 100) == 8  # auto (CudaOptions.attn_cluster unset)
         be.attn_cluster = cl
         assert be._cluster_size(1, 100) == cl
         launched: list[str] = []
@@ -197,8 +197,8 @@ def test_backend_takes_the_cluster_where_attn_partial_ran_and_tokens_agree(tmp_p
             runs[cl] = [o.token_ids[0] for o in stream_generate(r, ids, params)]
         finally:
             fns.update(saved)
-        g4 = "_g4" if cl and be._cluster_form(1, 100)[1] == 4 else ""  # auto / LLMRS_ATTN_HEADS_PER_BLOCK
-        g4 += "_w16" if g4 and be.attn_cluster_warps == 16 else ""  # LLMRS_ATTN_CLUSTER_WARPS
+        g4 = "_g4" if cl and be._cluster_form(1, 100)[1] == 4 else ""  # auto / CudaOptions.attn_heads_per_block
+        g4 += "_w16" if g4 and be.attn_cluster_warps == 16 else ""  # CudaOptions.attn_cluster_warps
         want = {f"attn_cluster{cl}_d{d}{g4}"} if cl else {f"attn_partial_d{d}"}
         if not cl and kernel == "auto" and d == 2:  # the cluster off: one token of small heads on decode_attn_tc
             want = {f"decode_attn_tc_d{32 * d}", f"decode_attn_tc_bf16_d{32 * d}"}

@@ -83,7 +83,7 @@ def test_attn_o_cluster_matches_float64_and_the_two_kernels(Hq, Hkv, N, CL, lens
 def test_backend_fuses_attention_and_o_at_one_token_and_tokens_agree(tmp_path, graphs):
     """A tiny Qwen2 with 8 query heads and 2 kv heads of 128 dims (hidden 1024): one-token decode steps take
     attn_o_cluster8 (8 x 8 blocks, 128 rows a split) instead of attn_cluster + the o matvec (eager: launches
-    counted), and its greedy tokens equal the two kernels' (LLMRS_ATTN_O_FUSED=0's path), eager and with decode
+    counted), and its greedy tokens equal the two kernels' (CudaOptions.attn_o_fused=0's path), eager and with decode
     graphs."""
     from llmrs.model.loader import load
     from llmrs.engine.runner import ModelRunner, stream_generate

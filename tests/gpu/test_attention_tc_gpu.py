@@ -1,5 +1,5 @@
 """decode_attn_tc (prefill_attention.cu: decode attention on tensor cores, the G query heads of a KV head as the
-MMA's rows; LLMRS_ATTN_KERNEL=tc) against the float64 reference and attn_partial on test_attention_gqa_gpu's
+MMA's rows; CudaOptions.attn_kernel=tc) against the float64 reference and attn_partial on test_attention_gqa_gpu's
 cases (decodes at contexts 1-512, a fresh prefill and a chunk over a cached prefix, shuffled tables, NaN in every
 slot no token may read), head dims 64 and 128, 1 to 16 query heads a KV head, 1 / 3 / 8 splits; then inside CUDA
 graphs with programmatic launches (a tiny model with 64-dim heads: graph replay == eager step); then a timing
@@ -53,13 +53,15 @@ def test_tc_decode_attention_matches_float64_and_attn_partial(rng, head_dim, rat
 
 def test_tc_attention_in_decode_graphs_equals_the_eager_step(tmp_path, monkeypatch):
     """A tiny Qwen2 with 64-dim heads decoding through graphs (programmatic launches on sm_90) with
-    LLMRS_ATTN_KERNEL=tc, one split: every replay's logits equal the eager step's."""
+    the tensor-core decode attention forced (CudaOptions.attn_kernel "tc"), one split: every replay's logits equal the eager step's."""
     from llmrs.model.loader import load
     from llmrs.engine.runner import ModelRunner
     from tests.conftest import write_tiny_model
     from tests.backends.test_cuda_graphs import greedy_decode, prompts_of
 
-    monkeypatch.setenv("LLMRS_ATTN_KERNEL", "tc")
+    from llmrs.backends.cuda import CUDABackend
+
+    monkeypatch.setattr(CUDABackend, "attn_kernel", "tc")
     path = write_tiny_model(tmp_path / "qwen2", "qwen2", hidden_size=256, num_attention_heads=4,
                             num_key_value_heads=2)
     r = ModelRunner(load(str(path)), num_blocks=64, device="cuda")

@@ -110,7 +110,7 @@ def test_tiny_model_matches_cpu_reference(arch, mode, tiny_models):
     if path == "matvec":  # f32 activations everywhere: matvecs, and the f32 attention kernel for prefill too
         gpu.backend.matvec_max_tokens, gpu.backend.prefill_min_tokens = 1 << 30, None
     cpu = reference(loaded, 32, bf16_kv=ref == "bf16-kv-ref")
-    # default: the GEMM path's bf16 gate/up output (LLMRS_GATE_UP_BF16) took the tiny Qwen2's worst logit error from
+    # default: the GEMM path's bf16 gate/up output (CudaOptions.gate_up_bf16) took the tiny Qwen2's worst logit error from
     # 0.012 to 0.021 on the H200 (llama 0.015 -> 0.016), hence 3e-2 there; the greedy tokens still must agree but at
     # a genuine near tie
     compare(f"tiny {arch} {mode}", gpu, cpu, prompts_for(loaded.tokenizer), strict=mode == "matvec/bf16-kv-ref",
@@ -219,6 +219,6 @@ def test_smollm2_gguf_matches_cpu_reference(mode):
                tok.encode("def fibonacci(n):")]
     # the default path runs every prompt of 2+ tokens through cuBLAS on bf16 activations (MATVEC_MAX_TOKENS = 1):
     # measured on the H200, "The capital of France is" (5 tokens) 0.0234 relative logits error there against 0.0019
-    # with the f32 matvec (LLMRS_MATVEC_MAX_TOKENS=8), the other prompts <= 0.006, argmax equal each time
+    # with the f32 matvec (matvec_max_tokens=8), the other prompts <= 0.006, argmax equal each time
     # (reports/h200-qwen2.5/one-stream/call9-parity-probe); the matvec path keeps the f32 bound
     compare(f"smollm2-135m {mode}", gpu, cpu, prompts, rel_tol=2e-2 if path == "matvec" else 4e-2)

@@ -5,8 +5,8 @@ machine with `python3 -m pytest -q -m gpu tests/gpu/test_gemm_q4_gpu.py`; skips 
   accumulation; fresh random inputs, T from 9 (one m16 tile, mostly padding) to 256, N with a half block
   (576 = 4.5 x 128), G 128 and 32, zero (AWQ, Q4_0) and min (Q4_1) modes, accumulate and bias, one slice of K
   and the automatic split-K; outputs poisoned with NaN first; the same for the wgmma form (sm_90a GPUs), which
-  the backend takes by default there (LLMRS_Q4_WGMMA=0 turns it off), and for its 256-token form (opt-in:
-  LLMRS_Q4_WGMMA_T256=1); the backend's path through each against dequantize + cuBLAS;
+  the backend takes by default there (kernels.wgmma), and for its 256-token form (kernels.wgmma_t256;
+  on by default); the backend's path through each against dequantize + cuBLAS;
 - against the existing dequantize + cuBLAS path (the same bf16 weights: equal up to f32 summation order);
 - the GPU reorder equals the numpy one; shapes outside the kernel come back None / False (fall back);
 - timing beside dequantize + cuBLAS, reported (TFLOP/s), not asserted.
@@ -41,7 +41,7 @@ def backend():
 
 
 def upload_with_rows(backend, w):
-    """w on the GPU with its row form kept beside the GEMM layout (LLMRS_Q4_GEMV=0's upload; by default a 4-bit
+    """w on the GPU with its row form kept beside the GEMM layout (CudaOptions.q4_gemv=0's upload; by default a 4-bit
     weight in the layout holds only the reordered copy): dequant_q4_bf16 reads it for an independent reference."""
     backend.q4_gemv = False
     try:
@@ -141,15 +141,15 @@ def test_gemm_q4_equals_dequantize_plus_cublas(backend, kind, G, T):
 @pytest.mark.parametrize("t256,T", [(False, 256), (True, 256), (True, 480)], ids=["wgmma", "wgmma256", "wgmma256-T480"])
 def test_backend_takes_wgmma_above_mma_sync_tokens(backend, monkeypatch, t256, T):
     """Where the GPU has it, a 4-bit linear of 256 tokens (a 256-sequence decode step) goes through the wgmma GEMM
-    (its 256-token form unless LLMRS_Q4_WGMMA_T256=0; that form also takes 425-512 tokens: two of its tiles), not
+    (its 256-token form unless kernels.wgmma_t256 is off; that form also takes 425-512 tokens: two of its tiles), not
     dequantize + cuBLAS, and equals the latter up to summation order."""
     import llmrs.backends.cuda.quant_linear as q4gemm
 
     if not backend.k.wgmma_arch:
         pytest.skip(f"wgmma needs compute capability 9.0 (this GPU: {backend.k.cc})")
     backend.k.wgmma_fns()
-    monkeypatch.setattr(backend.k, "wgmma", True)  # LLMRS_Q4_WGMMA's switch (on by default where sm_90a)
-    monkeypatch.setattr(backend.k, "wgmma_t256", t256)  # LLMRS_Q4_WGMMA_T256's
+    monkeypatch.setattr(backend.k, "wgmma", True)  # the wgmma switch (on by default where sm_90a)
+    monkeypatch.setattr(backend.k, "wgmma_t256", t256)  # its 256-token form
     N, K = 576, 1536
     rng = np.random.default_rng(11)
     dw = upload_with_rows(backend, make_weight("awq", N, K, 128, rng))
@@ -169,7 +169,7 @@ def test_backend_takes_wgmma_above_mma_sync_tokens(backend, monkeypatch, t256, T
 
 
 def test_bf16_input_to_the_mma_gemm_gives_the_cast_paths_bits(backend, monkeypatch):
-    """LLMRS_Q4_BF16_INPUT (on by default): at 17-192 tokens the mma.sync GEMM reads x as bf16 words from the
+    """CudaOptions.q4_bf16_input (on by default): at 17-192 tokens the mma.sync GEMM reads x as bf16 words from the
     producers instead of casting f32 x itself; the same bits either way."""
     monkeypatch.setattr(backend, "q4_bf16_input", True)
     N, K, T = 576, 1536, 64

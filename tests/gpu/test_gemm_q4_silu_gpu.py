@@ -8,9 +8,7 @@ without sm_90a).
   and mma.sync's MT 4 with one K slice and several (the split-K epilogue gemm_q4_reduce_silu); partial token
   tiles, zero and min modes, G 128 and 32; nothing written past [T, I];
 - a tiny Qwen2 AWQ model's batched steps (40, 100 and 200 tokens: mma.sync and both wgmma forms) with the SiLU
-  forms and without (LLMRS_Q4_GEMM_EPILOGUE=0) give the same logits bit for bit.
-(A RoPE + KV-write form of qkv for the wgmma forms passed the same kind of bit-for-bit test in session 24 and was
-taken out: it lost inside the graphed step.)
+  forms and without (CudaOptions.q4_gemm_epilogue=0) give the same logits bit for bit.
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ def test_prefill_attention_matches_float64_and_the_decode_kernel(head_dim, heads
     want = reference(round_bf16(qkv[:, :Dq]), kc, vc, batch, bs, heads, kv, head_dim, float(be.scale))
     err = rel_err(got, want)
     # the decode-style kernel (f32 q, f32 probabilities) on the same inputs: a step without prefill tiles (with
-    # them, _attention would run this same kernel again: the comparison read 0.0 until 2026-11-29)
+    # them, _attention would run this same kernel again)
     old = cp.full((T, Dq), np.nan, dtype=cp.float32)
     be.prefill_min_tokens = None
     db_old = be.device_batch(batch)
@@ -123,7 +123,7 @@ def test_prefill_attention_matches_float64_and_the_decode_kernel(head_dim, heads
 def test_a_prefill_step_feeds_o_bf16_from_the_attention_kernel():
     """_attention with out_bf16 on a step a tensor-core kernel runs (a prefill; decodes with decode_attn_tc, auto's
     choice from 2 tokens) returns the bf16 buffer (no cast before o), holding the bits a cast of the f32 result
-    makes; on a step attn_partial runs (LLMRS_ATTN_KERNEL=partial), the f32 one."""
+    makes; on a step attn_partial runs (CudaOptions.attn_kernel=partial), the f32 one."""
     rng = np.random.default_rng(7)
     heads, kv, D = 8, 2, 64
     be = CUDABackend(cfg(heads, kv, D), num_blocks=80, block_size=16, cuda_graphs=False)

@@ -132,7 +132,7 @@ def exact_reference(loaded_dense, num_blocks):
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_tiny_awq_matvec_everywhere_equals_cpu_reference_on_exact_weights(arch, tiny_awq, monkeypatch):
     kept = load(str(tiny_awq[arch]), keep_quantized=True)
-    # decode on the matvec too (the GEMV rounds x to bf16): LLMRS_Q4_GEMV=0 from the upload on, which keeps every
+    # decode on the matvec too (the GEMV rounds x to bf16): CudaOptions.q4_gemv=0 from the upload on, which keeps every
     # weight's row form (by default a weight in the GEMM layout holds only the reordered copy)
     monkeypatch.setattr(CUDABackend, "q4_gemv", False)
     gpu = ModelRunner(kept, num_blocks=32, device="cuda")

@@ -9,7 +9,7 @@ They skip unless CuPy sees at least 2 GPUs (4-rank cases skip below 4). What the
 - `llmrs serve --tensor-parallel-size 2` answers a chat completion through the official client;
 - `llmrs profile` at TP=2 times the collectives as "communication".
 The whole server suite also runs at TP=2: LLMRS_TEST_TP=2 LLMRS_TEST_MODEL=<synth qwen2.5-0.5b dir> pytest
-tests/server/test_server.py (scripts/gpu_check.sh).
+tests/server/test_server.py (tools/gpu_check.sh).
 Run: PYTHONPATH=. python -m pytest tests/gpu/test_tp_gpu.py -q -s   (NCCL_NVLS_ENABLE=0 is set by the code too)
 """
 

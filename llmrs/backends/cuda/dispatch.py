@@ -110,7 +110,7 @@ def splits_by_warps(N: int) -> int:
 
 
 # cuBLAS's first call of a (token count, shape) costs ~2.6 ms of host time (~0.05 ms later; H200,
-# scripts/cublas_first_shape.py), so an eager step whose token count is new pays it for each GEMM shape. With
+# probes/cublas_first_shape.py), so an eager step whose token count is new pays it for each GEMM shape. With
 # `gemm_pad_rows` the GEMMs run on gemm_rows(T) rows (the padding rows' inputs and outputs are workspace nobody
 # reads): far fewer distinct counts, at the cost of the padding rows' work.
 def gemm_rows(T: int) -> int:

@@ -183,7 +183,7 @@ def kernel_source(name: str) -> str:
 
 def with_common(src: str) -> str:
     """CUDA source text with `#include "common.cuh"` replaced by the header's text (kernel_source's, and probes'
-    own kernels: scripts/grid_barrier_bench.py)."""
+    own kernels: probes/grid_barrier_bench.py)."""
     common = (KERNELS_DIR / "common.cuh").read_text().replace("#pragma once", "")
     return re.sub(r'#include\s+"common\.cuh"', lambda _: common, src)
 

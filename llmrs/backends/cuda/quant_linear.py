@@ -55,7 +55,7 @@ GEMV_SEM_TILES = 1 << 16  # per-tile counters of the split-K hand-off: N up to 2
 # On sm_90+ a split tile's S blocks are launched as one thread-block cluster (gemm_q4.cu: the partials pushed into
 # the first block's shared memory; the same sums in the same order as the hand-off through L2) where 2 <= S <=
 # GEMV_CLUSTER_MAX (GV_CLUSTER_MAX); more slices keep the hand-off. The pushes are st.async completing on that
-# block's mbarrier. The backend's q4_gemv_cluster (False) keeps the hand-off everywhere. H200 (scripts/bench_gemv_q4.py,
+# block's mbarrier. The backend's q4_gemv_cluster (False) keeps the hand-off everywhere. H200 (tools/bench_gemv_q4.py,
 # AWQ G128, T = 1, inside a graph, us cluster / L2): 7B qkv S=3 6.32 / 7.30, o S=4 5.33 / 6.33, down S=4 15.42 /
 # 16.24; 3B down S=4 7.93 / 8.47 but S=8 9.37 / 7.78 (clusters of 8 blocks wait for two SMs' room), and in the 3B's
 # step S=8 clusters lost 2.6 us a layer where the 7B's S <= 4 won 2.1.
@@ -118,7 +118,7 @@ SMALL_MAX_WEIGHTS = 64 << 20
 
 # The Hopper form (gemm_q4.cu's gemm_q4wg{z,m}: wgmma, sm_90a, 128 tokens x 128 columns a block) from WG_FROM tokens up
 # to WG_MAX_TOKENS where the backend takes it (Kernels.wgmma: a GPU with sm_90a; kernels.WGMMA); it then also takes
-# the token counts above MAX_TOKENS that dequantize + cuBLAS had. Measured on the H200 (scripts/bench_gemm_q4_forms.py,
+# the token counts above MAX_TOKENS that dequantize + cuBLAS had. Measured on the H200 (probes/bench_gemm_q4_forms.py,
 # the 7B's AWQ linears, 28-layer sums in ms at 64 / 128 / 256 / 512 / 1024 tokens): mma.sync 5.76 / 8.21 / 12.14 /
 # 22.27 / 42.80, dequantize + cuBLAS 8.95 / 9.08 / 10.00 / 13.92 / 22.40, wgmma 5.71 / 6.27 / 8.88 / 15.48 / 29.00.
 # Inside the engine's step (`llmrs profile --synthetic qwen2.5-7b-awq`, with wave_fill_splits) the wgmma form from 33
@@ -132,7 +132,7 @@ WG_TOKENS = 128  # tokens a block
 # The 256-token form (gemm_q4.cu's gemm_q4w2{z,m}: two warpgroups, 128 columns x 256 tokens a block, each weight
 # decoded once per 256 tokens, one block an SM) above one 128-token tile up to WG_MAX_TOKENS, and from W2_UPPER_FROM
 # to W2_MAX_TOKENS (two of its tiles), where the backend has it (Kernels.wgmma_t256). Measured on the H200
-# (scripts/bench_gemm_q4_forms.py --splits), the 7B's four AWQ linears summed over 28 layers (ms), wgmma (128-token
+# (probes/bench_gemm_q4_forms.py --splits), the 7B's four AWQ linears summed over 28 layers (ms), wgmma (128-token
 # tiles) / 256-token form / dequantize + cuBLAS: T 192 8.83 / 7.39 / 10.08, 256 8.70 / 7.23 / 9.86, 320 14.36 / 12.61
 # / 11.84, 448 15.14 / 13.09 / 13.52, 512 15.43 / 12.51 / 13.79, 1024 28.87 / 23.07 / 22.10. Its cost goes by
 # 256-token tiles, dequantize + cuBLAS's by tokens: between one and two tiles they cross at about 425 tokens.
