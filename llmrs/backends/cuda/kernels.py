@@ -182,10 +182,22 @@ def kernel_source(name: str) -> str:
 
 
 def with_common(src: str) -> str:
-    """CUDA source text with `#include "common.cuh"` replaced by the header's text (kernel_source's, and probes'
+    """CUDA source text with every `#include "NAME.cuh"` of llmrs/kernels_cu/ replaced by the header's text, each
+    header once (CuPy compiles a string, so NVRTC has no include path to find them; kernel_source's, and probes'
     own kernels: probes/grid_barrier_bench.py)."""
-    common = (KERNELS_DIR / "common.cuh").read_text().replace("#pragma once", "")
-    return re.sub(r'#include\s+"common\.cuh"', lambda _: common, src)
+    seen: set[str] = set()
+
+    def inline(m: re.Match) -> str:
+        name = m.group(1)
+        if name in seen:
+            return ""
+        seen.add(name)
+        return re.sub(LOCAL_INCLUDE, inline, (KERNELS_DIR / name).read_text().replace("#pragma once", ""))
+
+    return re.sub(LOCAL_INCLUDE, inline, src)
+
+
+LOCAL_INCLUDE = r'#include\s+"([\w.]+\.cuh)"'
 
 
 class _LaunchAttr(ctypes.Structure):  # CUlaunchAttribute: id, 4 bytes of padding, a 64-byte value union
