@@ -97,14 +97,14 @@ def tiny_awq_runners(tmp_path, G: int, switch: str) -> tuple:
     """A tiny Qwen2 model (64-dim heads, q/k/v bias) written to tmp_path, its AWQ checkpoint (group size G) loaded
     quantized, and two CUDA ModelRunners over it whose backends have the attribute `switch` True and False (set
     before any step: the graphs are captured later): (the loaded model, {True: runner, False: runner})."""
-    from llmrs.model import quant as Q
+    from llmrs.bench.checkpoint import write_awq_checkpoint
     from llmrs.model.loader import load
     from llmrs.engine.runner import ModelRunner
     from tests.conftest import write_tiny_model
 
     src = write_tiny_model(tmp_path / "qwen2", "qwen2", hidden_size=256, num_attention_heads=4,
                            num_key_value_heads=2, intermediate_size=512)
-    kept = load(str(Q.write_awq_checkpoint(src, tmp_path / "awq", group_size=G)), keep_quantized=True)
+    kept = load(str(write_awq_checkpoint(src, tmp_path / "awq", group_size=G)), keep_quantized=True)
     runners = {}
     for on in (True, False):
         runners[on] = ModelRunner(kept, num_blocks=64, device="cuda")

@@ -406,7 +406,9 @@ def test_a_mixed_batch_samples_only_the_rows_that_need_it_on_the_cpu(rng, monkey
     assert on_host == [1, 3, 5, 6]
     seen = []
     real = sampling.sample
-    monkeypatch.setattr(sampling, "sample", lambda x, st: seen.append(x.shape) or real(x, st))
+    import llmrs.backends.cuda.sampler as gpu_sampler
+
+    monkeypatch.setattr(gpu_sampler, "cpu_sample", lambda x, st: seen.append(x.shape) or real(x, st))
     got = be.sample(cp.asarray(logits), states())
     assert seen == [(len(on_host), V)]  # only those rows reached the host
     assert [r.token_id for r in got] == [r.token_id for r in want]
