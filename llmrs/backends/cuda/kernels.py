@@ -177,7 +177,7 @@ _cache: dict[int, "Kernels"] = {}
 
 
 def kernel_source(name: str) -> str:
-    """The file's source with `#include "common.cuh"` replaced by the header's text."""
+    """The file's source with every kernels_cu header it includes inlined (`with_common`): what CuPy compiles."""
     return with_common((KERNELS_DIR / name).read_text())
 
 
