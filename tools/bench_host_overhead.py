@@ -53,7 +53,7 @@ import numpy as np
 
 from llmrs.engine.config import EngineConfig
 from llmrs.engine.async_engine import AsyncEngine
-from llmrs.engine.llm_engine import LLMEngine
+from llmrs.engine.llm_engine import LLMEngine, Runner
 from llmrs.model.loader import load
 from llmrs.engine.sampling import SampleResult, SamplingParams
 
@@ -67,7 +67,7 @@ PASSAGE = (
 )
 
 
-class FakeRunner:
+class FakeRunner(Runner):
     """Stands in for ModelRunner: `execute_and_sample` returns one token per sampled row at once (or after
     `gpu_ms` of sleep). Token of sequence b at position p: pool[(p + 37 * first_block_b) % len(pool)]."""
 

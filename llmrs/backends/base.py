@@ -21,6 +21,9 @@ class Backend(Protocol):
     """The operations the model needs. Tensors are backend-native (numpy arrays, CuPy arrays, ...)."""
 
     name: str
+    # the backend's CUDA graph sets (decode steps, lone prefills), None where it has none (the CPU; graphs off)
+    graphs: Any
+    prefill_graphs: Any
 
     def upload(self, w: np.ndarray) -> Any: ...
     def upload_quantized(self, w: Any) -> Any: ...

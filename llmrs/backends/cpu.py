@@ -18,6 +18,7 @@ from llmrs.model.decoder import rope_inv_freq
 
 class CPUBackend:
     name = "cpu"
+    graphs = prefill_graphs = None  # every step runs as it comes
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16):
         self.config = config

@@ -117,9 +117,7 @@ def core_main(factory: Callable[[], LLMEngine], commands, outputs) -> None:
             pass
         raise
     finally:
-        shutdown = getattr(engine.runner, "shutdown", None)
-        if shutdown is not None:
-            shutdown()
+        engine.runner.shutdown()
 
 
 def run_core(engine: LLMEngine, commands, outputs) -> None:

@@ -38,6 +38,20 @@ class Runner(Protocol):
         """Run a step and sample it, to the end."""
         ...
 
+    # The three below have defaults for a runner without CUDA graphs or processes of its own (a subclass of Runner,
+    # as test and tool stand-ins are, inherits them).
+    def graph_sets(self) -> tuple:
+        """The CUDA graph sets whose captures and failures EngineStats counts (() where there are none)."""
+        return ()
+
+    def precapture_graphs(self, max_num_seqs: int, len_cap: int, prefill_tokens: int, pool_blocks: bool) -> int:
+        """Capture the decode / lone-prefill graphs now; returns how many (0 where the runner has none)."""
+        return 0
+
+    def shutdown(self) -> None:
+        """Stop what the runner started (worker processes, communicators); safe to call twice."""
+        return None
+
 
 # the decode graphs captured at warm-up cover contexts up to this many tokens (within max_model_len); longer
 # contexts capture theirs when they first come
@@ -301,24 +315,18 @@ class LLMEngine:
         """The decode graphs of every batch bucket up to max_num_seqs at the context caps up to
         WARMUP_GRAPH_CAP tokens (within max_model_len), captured now (DecodeGraphs.precapture); longer contexts
         capture theirs when they first come. Returns how many."""
-        backend = getattr(self.runner, "backend", None)
-        graphs = getattr(backend, "graphs", None)
-        model = getattr(self.runner, "model", None)
-        if graphs is None or model is None:
+        if not self.runner.graph_sets():
             return 0
         from llmrs.backends.cuda.graphs import len_cap_for
 
         cap = min(WARMUP_GRAPH_CAP, len_cap_for(self.max_model_len))
         if cap <= 0:
             return 0
-        n = graphs.precapture(model.w, self.engine_config.max_num_seqs, cap)
-        prefill = getattr(backend, "prefill_graphs", None)  # the lone-prefill buckets too (LLMRS_PREFILL_GRAPHS)
-        if prefill is not None:
-            idle = not self.has_unfinished()  # then its capture batches may use the pool's blocks (distinct slots)
-            n += prefill.precapture(model.w, min(self.engine_config.max_num_batched_tokens, self.max_model_len),
-                                    pool_blocks=idle)
-            if idle:
-                self.kv.pool.forget_cached()  # (what the captures wrote into those blocks is no prefix of anything)
+        idle = not self.has_unfinished()  # then the prefill captures may use the pool's blocks (distinct slots)
+        n = self.runner.precapture_graphs(self.engine_config.max_num_seqs, cap,
+                                          min(self.engine_config.max_num_batched_tokens, self.max_model_len), idle)
+        if idle:
+            self.kv.pool.forget_cached()  # (what the captures wrote into those blocks is no prefix of anything)
         return n
 
     # ------------------------------------------------------------------ the step
@@ -378,9 +386,7 @@ class LLMEngine:
 
     def _graph_counts(self) -> dict[str, int]:
         """EngineStats' graph_captures and graph_capture_failures, over the backend's decode and prefill graphs."""
-        backend = getattr(self.runner, "backend", None)
-        sets = [g for g in (getattr(backend, "graphs", None), getattr(backend, "prefill_graphs", None))
-                if g is not None]
+        sets = self.runner.graph_sets()
         return {"graph_captures": sum(g.captures for g in sets),
                 "graph_capture_failures": sum(len(g.failed) for g in sets)}
 

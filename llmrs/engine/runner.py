@@ -90,6 +90,25 @@ class ModelRunner:
         self._last_tokens = np.fromiter((r.token_id for r in results), dtype=np.int32, count=len(results))
         return Launched(results)
 
+    def graph_sets(self) -> tuple:
+        """The backend's CUDA graph sets (decode, then lone prefills) that exist: none on the CPU, or with
+        LLMRS_CUDA_GRAPHS=0."""
+        return tuple(g for g in (self.backend.graphs, self.backend.prefill_graphs) if g is not None)
+
+    def precapture_graphs(self, max_num_seqs: int, len_cap: int, prefill_tokens: int, pool_blocks: bool) -> int:
+        """Capture now the decode graphs of every batch bucket up to max_num_seqs at the context caps up to
+        len_cap, and the lone-prefill buckets up to prefill_tokens (their capture batches may use the pool's blocks
+        when `pool_blocks`: nothing runs). Returns how many; 0 without graphs."""
+        if self.backend.graphs is None:
+            return 0
+        n = self.backend.graphs.precapture(self.model.w, max_num_seqs, len_cap)
+        if self.backend.prefill_graphs is not None:
+            n += self.backend.prefill_graphs.precapture(self.model.w, prefill_tokens, pool_blocks=pool_blocks)
+        return n
+
+    def shutdown(self) -> None:
+        """Nothing to stop: one process, its memory freed with it."""
+
 
 @dataclass(slots=True)
 class GenerationStats:

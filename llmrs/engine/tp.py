@@ -357,6 +357,12 @@ class SimulatedTPRunner:
         assert batch.feed is None, "tensor-parallel runners run step by step"
         return Launched(self.execute_and_sample(batch, states))
 
+    def graph_sets(self) -> tuple:
+        return ()
+
+    def precapture_graphs(self, max_num_seqs: int, len_cap: int, prefill_tokens: int, pool_blocks: bool) -> int:
+        return 0
+
     def shutdown(self) -> None:
         self.tp.close()
 

@@ -368,6 +368,14 @@ class NcclTPRunner:
         assert batch.feed is None, "tensor-parallel runners run step by step"
         return Launched(self.execute_and_sample(batch, states))
 
+    def graph_sets(self) -> tuple:
+        """Rank 0's decode / prefill graph sets (every rank captures the same)."""
+        return tuple(g for g in (self.backend.graphs, self.backend.prefill_graphs) if g is not None)
+
+    def precapture_graphs(self, max_num_seqs: int, len_cap: int, prefill_tokens: int, pool_blocks: bool) -> int:
+        """None ahead of time: each rank captures a graph when its shape first runs, in step with the others."""
+        return 0
+
     def shutdown(self) -> None:
         """Stop the workers (they exit at once), then abort rank 0's communicator. Safe to call twice."""
         for c in self.conns:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from llmrs.engine.config import EngineConfig
-from llmrs.engine.llm_engine import LLMEngine
+from llmrs.engine.llm_engine import LLMEngine, Runner
 from llmrs.model.loader import load
 from llmrs.engine.runner import ModelRunner, stream_generate
 from llmrs.engine.sampling import SamplingParams
@@ -159,7 +159,7 @@ def test_stream_generate_run_ahead_equals_step_by_step(smol):
 
 
 # ---------------------------------------------------------------------- randomized, against a paged fake model
-class PagedFake:
+class PagedFake(Runner):
     """A runner whose "model" reads the paged cache like attention does: each sampled token is a hash of every
     token in the sequence's context, gathered through its block table from a fake KV cache that each step writes
     at its slots (fed rows take the previous launch's samples first, as the GPU's feed_tokens does). A wrong feed,

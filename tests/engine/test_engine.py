@@ -200,9 +200,9 @@ def test_stats_count_the_backends_graph_captures_and_failures(smol):
     eng = LLMEngine(smol, EngineConfig(kv_cache_tokens=256))
     st = eng.stats()
     assert (st.graph_captures, st.graph_capture_failures) == (0, 0)
-    eng.runner = SimpleNamespace(backend=SimpleNamespace(
-        graphs=SimpleNamespace(captures=5, failed={(2, 256), (4, 256)}),
-        prefill_graphs=SimpleNamespace(captures=2, failed={(128, 0)})))
+    decode = SimpleNamespace(captures=5, failed={(2, 256), (4, 256)})
+    prefill = SimpleNamespace(captures=2, failed={(128, 0)})
+    eng.runner = SimpleNamespace(graph_sets=lambda: (decode, prefill))
     st = eng.stats()
     assert (st.graph_captures, st.graph_capture_failures) == (7, 3)
 

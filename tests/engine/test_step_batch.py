@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from llmrs.engine.batch import build_step_batch, build_step_batch_arrays
 from llmrs.model.loader import load
+from llmrs.engine.llm_engine import Runner
 from llmrs.engine.runner import ModelRunner
 
 
@@ -59,7 +60,7 @@ def test_vectorized_builder_equals_the_reference_builder(seqs, bs):
         assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), f
 
 
-class _RecordingRunner:
+class _RecordingRunner(Runner):
     """Answers at once (token = position % 50 + 100, never EOS), keeping every batch it was given."""
 
     device = "cpu"
