@@ -90,18 +90,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(list(_SETTINGS) + ["OFF_VALUES", "describe", "is_set"])
-
-
-def is_set(name: str) -> bool:
-    """Whether the variable is set to something (the default is not in force)."""
-    assert name in _SETTINGS, name
-    return _raw(name) is not None
-
-
-def describe() -> list[tuple[str, str]]:
-    """(name, what it does) for every setting, in declaration order (`llmrs doctor` and docs list them)."""
-    return [(k, doc) for k, (_, doc) in _SETTINGS.items()]
+    return sorted(list(_SETTINGS) + ["EXTERNAL", "OFF_VALUES", "external"])
 
 
 # Variables of other tools that llmrs honours as those tools do (read here, so no other module reads os.environ).

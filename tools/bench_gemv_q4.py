@@ -55,7 +55,7 @@ def main() -> None:
     import cupy as cp
     import numpy as np
 
-    from llmrs.backends.cuda import round_bf16
+    from llmrs.model.weights import round_bf16
     from llmrs.backends.cuda.quant_linear import (GEMV_BLOCKS_PER_SM, gemv_cluster, gemv_q4, gemv_splits,
                                                    gemv_takes)
     from tests.cuda_helpers import graph_us as graph_time_us

@@ -12,12 +12,11 @@ cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
 from llmrs.backends.cpu import CPUBackend  # noqa: E402
-from llmrs.backends.cuda import (NULL, CUDABackend, bf16_bits, needs_cpu_sampler, rope_threads,  # noqa: E402
-                                        round_bf16)
+from llmrs.backends.cuda import NULL, CUDABackend, needs_cpu_sampler, rope_threads  # noqa: E402
 from llmrs.engine.batch import build_step_batch  # noqa: E402
 from llmrs.engine.config import ModelConfig  # noqa: E402
 from llmrs.engine.sampling import SamplingParams, SamplingState, filter_probs, make_generator  # noqa: E402
-from llmrs.model.weights import bf16_to_f32  # noqa: E402
+from llmrs.model.weights import bf16_bits, bf16_to_f32, round_bf16  # noqa: E402
 
 
 def cfg(heads=8, kv=2, head_dim=64, hidden=None, inter=160, vocab=300, llama3=False, layers=1) -> ModelConfig:

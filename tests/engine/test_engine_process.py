@@ -358,7 +358,7 @@ def test_a_long_loop_pass_writes_its_commands_as_they_come_not_at_its_end(every_
     import time
 
     from llmrs.engine.core_client import ProcessEngine
-    from llmrs.engine.protocol import AbortRequest, AddRequest
+    from llmrs.engine.protocol import AddRequest
     from llmrs.engine.sampling import SamplingParams
 
     recv_end, send_end = multiprocessing.Pipe(duplex=False)

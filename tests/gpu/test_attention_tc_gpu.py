@@ -16,7 +16,8 @@ from tests.cuda_helpers import event_us, rel_err, report, require_gpu
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
-from llmrs.backends.cuda import CUDABackend, bf16_bits  # noqa: E402
+from llmrs.backends.cuda import CUDABackend  # noqa: E402
+from llmrs.model.weights import bf16_bits  # noqa: E402
 from llmrs.engine.batch import build_step_batch  # noqa: E402
 from tests.gpu.test_attention_gqa_gpu import BS, cfg, launch, make_case, reference  # noqa: E402
 

@@ -18,7 +18,7 @@ from tests.cuda_helpers import rel_err, report, require_gpu
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
-from llmrs.backends.cuda import round_bf16  # noqa: E402
+from llmrs.model.weights import round_bf16  # noqa: E402
 from llmrs.engine.batch import build_step_batch  # noqa: E402
 from llmrs.model.loader import load  # noqa: E402
 from llmrs.engine.runner import ModelRunner, stream_generate  # noqa: E402

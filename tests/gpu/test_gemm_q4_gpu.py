@@ -23,7 +23,8 @@ cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
 from llmrs.model import quant as Q  # noqa: E402
-from llmrs.backends.cuda import NULL, round_bf16  # noqa: E402
+from llmrs.backends.cuda import NULL  # noqa: E402
+from llmrs.model.weights import round_bf16  # noqa: E402
 from llmrs.backends.cuda.quant_linear import dequant_marlin, gemm_q4, linear_q4, to_marlin  # noqa: E402
 from tests.model.test_quant_marlin import make_weight  # noqa: E402
 

@@ -31,7 +31,8 @@ from tests.cuda_helpers import graph_us, rel_err, report, require_gpu, tiny_awq_
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
-from llmrs.backends.cuda import NULL, round_bf16  # noqa: E402
+from llmrs.backends.cuda import NULL  # noqa: E402
+from llmrs.model.weights import round_bf16  # noqa: E402
 from llmrs.backends.cuda.quant_linear import (gemv_q4, gemv_q4_pair, gemv_splits, gemv_takes, linear_q4,  # noqa: E402
                                                to_marlin)
 from llmrs.model.weights import bf16_to_f32  # noqa: E402

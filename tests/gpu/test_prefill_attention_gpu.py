@@ -13,7 +13,8 @@ from tests.cuda_helpers import event_us, rel_err, report, require_gpu
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
-from llmrs.backends.cuda import CUDABackend, bf16_bits, round_bf16  # noqa: E402
+from llmrs.backends.cuda import CUDABackend  # noqa: E402
+from llmrs.model.weights import bf16_bits, round_bf16  # noqa: E402
 from llmrs.backends.cuda.prefill import plan_prefill_tiles  # noqa: E402
 from llmrs.engine.batch import build_step_batch  # noqa: E402
 from llmrs.engine.config import ModelConfig  # noqa: E402

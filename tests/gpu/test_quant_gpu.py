@@ -25,7 +25,8 @@ pytestmark = pytest.mark.gpu
 
 from llmrs.bench.checkpoint import write_awq_checkpoint  # noqa: E402
 from llmrs.model import quant as Q  # noqa: E402
-from llmrs.backends.cuda import CUDABackend, bf16_bits, round_bf16  # noqa: E402
+from llmrs.backends.cuda import CUDABackend  # noqa: E402
+from llmrs.model.weights import bf16_bits, round_bf16  # noqa: E402
 from llmrs.model.loader import load  # noqa: E402
 from llmrs.engine.runner import ModelRunner  # noqa: E402
 from tests.conftest import write_tiny_model  # noqa: E402

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from llmrs.model import quant as Q
-from llmrs.backends.cuda import round_bf16
+from llmrs.model.weights import round_bf16
 
 SHAPES = [(32, 32), (64, 64), (96, 224), (160, 64), (64, 1056)]
 

@@ -48,7 +48,7 @@ from llmrs.engine.config import ModelConfig
 from llmrs.errors import UserError
 from llmrs.model.decoder import Model, rope_inv_freq
 from llmrs.model.quant import DeviceQuantWeight
-from llmrs.model.weights import bf16_bits, round_bf16  # noqa: F401 (re-exported: the GPU's rounding)
+from llmrs.model.weights import round_bf16
 
 VIEW_CACHE_MAX = 4096  # workspace views `_buf` keeps (cleared when full)
 CUBLAS_WORKSPACE_BYTES = 32 << 20
