@@ -57,9 +57,8 @@ class EngineCollector(Collector):
         yield counter("llmrs:prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_hits)
         yield counter("llmrs:prompt_tokens", "Prefill tokens processed.", s.prompt_tokens_total)
         yield counter("llmrs:generation_tokens", "Generation tokens processed.", s.generation_tokens_total)
-        if hasattr(s, "num_preemptions"):
-            yield counter("llmrs:num_preemptions", "Requests preempted (blocks freed, recomputed later).",
-                          s.num_preemptions)
+        yield counter("llmrs:num_preemptions", "Requests preempted (blocks freed, recomputed later).",
+                      s.num_preemptions)
         yield counter("llmrs:cuda_graph_captures", "CUDA graphs captured (decode and prefill buckets).",
                       s.graph_captures)
         yield counter("llmrs:cuda_graph_capture_failures", "Step shapes whose CUDA graph capture failed: they "
