@@ -41,9 +41,18 @@ class APIError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
 
 
+def printable(text: str) -> str:
+    """`text` with every character UTF-8 cannot encode (a lone surrogate, as a client can send with "\\ud800" in
+    JSON) written as its escape, `\\ud800`: an error message that echoes a client's string must always encode,
+    or answering the error fails too (a 500 whose exception resets the keep-alive connection)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "invalid_request_error"),
-                      "param": param, "code": code}}
+    """The error object every failure is answered with (responses, SSE error events, the ASGI guard's refusals):
+    its strings made encodable here, the one place they all pass."""
+    return {"error": {"message": printable(message), "type": ERROR_TYPES.get(status, "invalid_request_error"),
+                      "param": None if param is None else printable(param), "code": code}}
 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
@@ -82,6 +91,9 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     if kind == "json_invalid":
         detail = (e.get("ctx") or {}).get("error", "")
         return f"the request body is not valid JSON{': ' + detail if detail else ''}", None
+    if kind == "string_unicode":  # pydantic reads no str with a lone surrogate in a key (values reach the routes)
+        what = f"'{where}'" if where else "the request body"
+        return f"invalid {what}: a string that is not valid Unicode (a lone surrogate such as \\ud800)", where or None
     if not where:
         if kind == "missing" or isinstance(e.get("input"), bytes | str):
             return "the request needs a JSON object body (Content-Type: application/json)", None

@@ -558,6 +558,31 @@ def test_lone_surrogate_is_a_400_and_the_connection_stays_usable(server):
     assert "Traceback" not in server.log.read_text()
 
 
+def test_a_lone_surrogate_echoed_in_an_error_is_escaped_and_the_connection_stays_usable(server):
+    """An error message that echoes a client's string with a lone surrogate (the unknown model's name, an unknown
+    field's name) is answered with the surrogate escaped as `\\ud800` text: the 404 / 400 is valid UTF-8 JSON, and
+    the next request goes out on the same keep-alive connection (the same local port) and succeeds."""
+    bodies = [("/v1/completions", b'{"prompt": "hi", "model": "\\ud800", "max_tokens": 2}', 404),
+              ("/v1/completions", b'{"prompt": "hi", "model": "\\ud800", "max_tokens": 2, "stream": true}', 404),
+              ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "model": "\\ud800"}', 404),
+              ("/tokenize", b'{"prompt": "hi", "model": "\\ud800"}', 404),
+              ("/detokenize", b'{"tokens": [1, 2], "model": "\\ud800"}', 404),
+              ("/v1/completions", b'{"prompt": "hi", "\\udfff": 1}', 400)]
+    expected = {404: "'\\ud800' does not exist", 400: "not valid Unicode"}
+
+    def local_port(r: httpx.Response) -> int:
+        return r.extensions["network_stream"].get_extra_info("client_addr")[1]
+
+    with httpx.Client(base_url=server.url, timeout=120, trust_env=False) as c:
+        for path, body, status in bodies:
+            r = c.post(path, content=body, headers={"Content-Type": "application/json"})
+            message = _error(r, status)
+            assert expected[status] in message, (path, message)
+            ok = c.post("/tokenize", json={"prompt": "fine"})
+            assert ok.status_code == 200 and local_port(ok) == local_port(r), path
+    assert "Traceback" not in server.log.read_text()
+
+
 def test_text_parts_are_joined_by_newlines_as_vllm_does(server):
     parts = {"role": "user", "content": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]}
     joined = {"role": "user", "content": "A\nB"}
