@@ -40,6 +40,13 @@ def _str(name: str, default: str | None = None, choices: tuple[str, ...] | None 
     return read
 
 
+def _verbatim(name: str) -> Callable[[], str | None]:
+    """The value as set, "" included (None only where unset): a setting whose empty value is a mistake to report."""
+    def read() -> str | None:
+        return os.environ.get(name)
+    return read
+
+
 def _list(name: str) -> Callable[[], tuple[str, ...]]:
     def read() -> tuple[str, ...]:
         return tuple(p.strip() for p in (_raw(name) or "").split(",") if p.strip())
@@ -49,8 +56,9 @@ def _list(name: str) -> Callable[[], tuple[str, ...]]:
 # name -> (reader, what it does). Grouped: where llmrs finds things, diagnostics, A/B switches.
 _SETTINGS: dict[str, tuple[Callable[[], Any], str]] = {
     # --- where things are ---
-    "LLMRS_API_KEY": (_str("LLMRS_API_KEY"),
-                      "`llmrs serve --api-key`: require 'Authorization: Bearer KEY' on every /v1 route."),
+    "LLMRS_API_KEY": (_verbatim("LLMRS_API_KEY"),
+                      "`llmrs serve --api-key`'s default: require 'Authorization: Bearer KEY' on every route but "
+                      "/health and /version (/metrics: see --metrics-public); set but empty is an error at start."),
     "LLMRS_ENGINE_PROCESS": (_str("LLMRS_ENGINE_PROCESS"),
                              "`llmrs serve --engine-process/--no-engine-process` (typer reads it as the flag)."),
     "LLMRS_EMBEDDED_DIR": (_str("LLMRS_EMBEDDED_DIR"),

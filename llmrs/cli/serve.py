@@ -106,7 +106,7 @@ def serve(
     kv_cache_tokens: Optional[int] = typer.Option(None, "--kv-cache-tokens", show_default="CPU: 16384; GPU: from --gpu-memory-utilization", help="KV-cache capacity in tokens."),
     gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", help="GPU: share of the GPU's memory for weights + activations + KV cache (the KV cache gets what is left)."),
     synthetic: Optional[str] = typer.Option(None, "--synthetic", help="Instead of MODEL: a preset's exact shapes (e.g. qwen2.5-7b) with random bf16 weights drawn on the GPU; PRESET-awq (e.g. qwen2.5-7b-awq): its linear layers AWQ 4-bit, group 128, kept packed."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="LLMRS_API_KEY", help="Require 'Authorization: Bearer KEY' on every /v1 route."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", show_default="LLMRS_API_KEY, else none", help="Require 'Authorization: Bearer KEY' on every route but /health and /version (/metrics: see --metrics-public). An empty key is an error."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", show_default="MODEL", help="Model name clients send and /v1/models lists."),
     max_waiting: Optional[int] = typer.Option(None, "--max-waiting", show_default="no limit", help="Answer 429 when this many requests already wait."),
     max_body_bytes: int = typer.Option(4 * 1024 * 1024, "--max-body-bytes", help="Largest request body accepted (413 above)."),
@@ -133,6 +133,11 @@ def serve(
             raise UserError(f"{name} must be at least {low} (got {value})")
     if not 0 < gpu_memory_utilization <= 1:
         raise UserError(f"--gpu-memory-utilization must be in (0, 1] (got {gpu_memory_utilization:g})")
+    key_source = "--api-key"
+    if api_key is None:
+        api_key, key_source = envs.LLMRS_API_KEY, "LLMRS_API_KEY"
+    if api_key is not None and not api_key.strip():  # (an empty key must not quietly turn authentication off)
+        raise UserError(f"{key_source} is empty: give a key, or leave it unset to serve without authentication")
     if shutdown_timeout < 0:
         raise UserError(f"--shutdown-timeout must be >= 0 (got {shutdown_timeout:g})")
     if log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
