@@ -39,7 +39,6 @@ def main() -> None:
 
     import llmrs.backends.cuda.quant_linear as q4
     from llmrs.backends.cuda import kernels as ck
-    from llmrs.backends.cuda.quant_linear import dequant_marlin, gemm_q4, to_marlin
     from tests.cuda_helpers import tiny_backend
     from tests.model.test_quant_marlin import make_weight
 
@@ -65,7 +64,7 @@ def main() -> None:
         saved = be.k.fns[name], q4.MT8_FROM, ck.GEMM_Q4_STAGES
         be.k.fns[name], q4.MT8_FROM, ck.GEMM_Q4_STAGES = fn, (1 if mt == 8 else 0), stages
         try:
-            assert gemm_q4(be, xb, mw, None, out)
+            assert be.gemm_q4(xb, mw, None, out)
         finally:
             be.k.fns[name], q4.MT8_FROM, ck.GEMM_Q4_STAGES = saved
 
@@ -83,7 +82,7 @@ def main() -> None:
     rows = []
     tokens = [int(t) for t in args.tokens.split(",")]
     for name, (N, K) in SHAPES.items():
-        mw = to_marlin(be, be.upload_quantized(make_weight("awq", N, K, 128, rng)))
+        mw = be.to_marlin(be.upload_quantized(make_weight("awq", N, K, 128, rng)))
         wb = cp.empty((N, K), dtype=cp.uint16)
         for T in tokens:
             x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
@@ -92,7 +91,7 @@ def main() -> None:
             ref = cp.empty((T, N), dtype=cp.float32)
 
             def deq():
-                dequant_marlin(be, mw, wb)
+                be.dequant_marlin(mw, wb)
                 be._linear(x, wb, None, ref, False)
 
             us = timed(deq)

@@ -46,7 +46,6 @@ def main() -> None:
     import numpy as np
 
     from llmrs.backends.cuda.kernels import WG_SPLITS
-    from llmrs.backends.cuda.quant_linear import dequant_marlin, gemm_q4, to_marlin
     from tests.cuda_helpers import bf16_words, event_us, tiny_backend
     from tests.model.test_quant_marlin import make_weight
 
@@ -59,9 +58,9 @@ def main() -> None:
     rows, sums = [], {}
     for name, (N, K) in SHAPES.items():
         dw = be.upload_quantized(make_weight("awq", N, K, 128, rng))
-        mw = to_marlin(be, dw)
+        mw = be.to_marlin(dw)
         wb = cp.empty((N, K), dtype=cp.uint16)
-        dequant_marlin(be, mw, wb)
+        be.dequant_marlin(mw, wb)
         for T in tokens:
             x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
             xb = bf16_words(be, x)
@@ -71,19 +70,19 @@ def main() -> None:
             xin = xb if be.fuse_bf16 else x  # the backend's producers write bf16 x for cuBLAS (fuse_bf16)
 
             def dq():
-                dequant_marlin(be, mw, wb)
+                be.dequant_marlin(mw, wb)
                 be._linear(xin, wb, None, ref, False)
 
-            forms = {"mma": lambda: gemm_q4(be, xb, mw, None, out, wgmma=False), "dequant+cublas": dq,
+            forms = {"mma": lambda: be.gemm_q4(xb, mw, None, out, wgmma=False), "dequant+cublas": dq,
                      "bf16": lambda: be._linear(xin, wb, None, ref, False)}
             if be.k.wgmma_arch:
-                forms["wgmma"] = lambda: gemm_q4(be, xb, mw, None, out, wgmma=True, t256=False)
+                forms["wgmma"] = lambda: be.gemm_q4(xb, mw, None, out, wgmma=True, t256=False)
                 if T > 128:
-                    forms["wgmma256"] = lambda: gemm_q4(be, xb, mw, None, out, wgmma=True, t256=True)
+                    forms["wgmma256"] = lambda: be.gemm_q4(xb, mw, None, out, wgmma=True, t256=True)
                 for S in WG_SPLITS if args.splits else ():
                     for form, t256 in (("wgmma", False), ("wgmma256", True)):
                         if form in forms:
-                            forms[f"{form} S{S}"] = (lambda S=S, t256=t256: gemm_q4(be, xb, mw, None, out, splits=S,
+                            forms[f"{form} S{S}"] = (lambda S=S, t256=t256: be.gemm_q4(xb, mw, None, out, splits=S,
                                                                                      wgmma=True, t256=t256))
             dq()
             want = cp.asnumpy(ref)

@@ -56,8 +56,7 @@ def main() -> None:
     import numpy as np
 
     from llmrs.model.weights import round_bf16
-    from llmrs.backends.cuda.quant_linear import (GEMV_BLOCKS_PER_SM, gemv_cluster, gemv_q4, gemv_splits,
-                                                   gemv_takes)
+    from llmrs.backends.cuda.quant_linear import GEMV_BLOCKS_PER_SM
     from tests.cuda_helpers import graph_us as graph_time_us
     from tests.cuda_helpers import tiny_backend
     from tests.model.test_quant_marlin import make_weight
@@ -132,8 +131,8 @@ def main() -> None:
                 be.q4_gemv = True
         else:
             us_mv = float("inf")
-        cl = gemv_cluster(be) and T <= 8  # the default launch: K slices as a cluster (sm_90, S <= 4)
-        auto_S, _ = gemv_splits(be, N, K)
+        cl = be.gemv_cluster() and T <= 8  # the default launch: K slices as a cluster (sm_90, S <= 4)
+        auto_S, _ = be.gemv_splits(N, K)
         per_shape = {}
         # each S with the slices as one cluster (the default on sm_90) and through the L2 hand-off ("l2")
         for vname, fns in variants.items():
@@ -142,18 +141,18 @@ def main() -> None:
                 be.q4_gemv_cluster = cl and form == ""
                 seen = set()
                 for S in sorted({int(s) for s in args.splits.split(",")} | {auto_S}):
-                    S_eff, per = gemv_splits(be, N, K, S)
+                    S_eff, per = be.gemv_splits(N, K, S)
                     if S_eff in seen:
                         continue
                     seen.add(S_eff)
                     us = add(f"gemv_q4 {vname}{form}" if vname != "main" else f"gemv_q4{form}",
-                             graph_us(lambda dw: gemv_q4(be, x, dw.marlin, None, out, splits=S)), S_eff,
+                             graph_us(lambda dw: be.gemv_q4(x, dw.marlin, None, out, splits=S)), S_eff,
                              N // 32 * S_eff)
                     if vname == "main" and form == "":
                         per_shape[S_eff] = us
             be.q4_gemv_cluster = cluster_default
         be.k.fns.update(variants["main"])
-        takes = gemv_takes(be, T, N, K)
+        takes = be.gemv_takes(T, N, K)
         choice = per_shape[auto_S] if takes else us_mv
         fastest = min(min(per_shape.values()), us_mv)
         chosen += choice

@@ -126,7 +126,7 @@ def fake_backend(config):
     be.block_size, be.num_blocks, be.pad_block = 16, 1 << 16, 1 << 16
     be.matvec_max_tokens, be.quant_matvec_max_tokens, be.matvec_splits = C.MATVEC_MAX_TOKENS, 8, 0
     be.prefill_min_tokens, be.attn_kernel, be.attn_splits, be.num_sms = 16, "auto", None, 132
-    be.dpl, be.scale, be._prefill_cc = max(1, config.head_dim // 32), np.float32(0.1), 90
+    be.dpl, be.scale = max(1, config.head_dim // 32), np.float32(0.1)
     # what __init__ sets from the environment, at its defaults
     be.attn_cluster, be._lt, be.long_k_splits, be.gate_up_bf16 = None, None, 0, True
     be.attn_heads_per_block = None

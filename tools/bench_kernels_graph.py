@@ -43,7 +43,6 @@ def main() -> None:
     import cupy as cp
 
     from llmrs.backends.cuda import NULL, CUDABackend, rope_threads
-    from llmrs.backends.cuda.prefill import decode_tc_splits, decode_tc_supported
     from llmrs.engine.batch import build_step_batch
     from llmrs.model.presets import preset_config
 
@@ -144,10 +143,10 @@ def main() -> None:
     kv_bytes = 2 * 2 * T * (a.context + 1) * Hkv * D
 
     def splits_of(kernel: str) -> int:  # the splits the backend gives `kernel` at this step (be.attn_splits applies)
-        return decode_tc_splits(be, T, db.max_len) if kernel == "tc" else be._splits(T, db.max_len, kernel == "gqa")
+        return be.decode_tc_splits(T, db.max_len) if kernel == "tc" else be._splits(T, db.max_len, kernel == "gqa")
 
     cluster = be.attn_cluster
-    for kernel in ("partial", "gqa") + (("tc",) if decode_tc_supported(be) else ()):
+    for kernel in ("partial", "gqa") + (("tc",) if be.decode_tc_supported() else ()):
         be.attn_kernel = kernel
         for S in (None, 1, 4, 8, 16, 32, 64):
             be.attn_splits = S

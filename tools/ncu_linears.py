@@ -42,7 +42,6 @@ def main() -> None:
     import cupy as cp
     import numpy as np
 
-    from llmrs.backends.cuda.quant_linear import gemm_q4, gemv_q4
     from tests.cuda_helpers import bf16_words, tiny_backend
     from tests.model.test_quant_marlin import make_weight
 
@@ -62,7 +61,7 @@ def main() -> None:
             finally:
                 be.q4_gemv = True
             if "gemv" in kinds:
-                assert gemv_q4(be, x, dw.marlin, None, out, name=name)
+                assert be.gemv_q4(x, dw.marlin, None, out, name=name)
                 labels.append(f"{name} {N}x{K} gemv_q4")
             if "matvec_q4" in kinds:
                 be.q4_gemv = False
@@ -75,7 +74,7 @@ def main() -> None:
         if "gemm" in kinds:
             dw = be.upload_quantized(make_weight("awq", N, K, 128, rng))
             xb = bf16_words(be, x)
-            assert gemm_q4(be, xb, dw.marlin, None, out, name=name), (name, N, K)
+            assert be.gemm_q4(xb, dw.marlin, None, out, name=name), (name, N, K)
             labels.append(f"{name} {N}x{K} gemm_q4 T{T}")
             del dw, xb
         if "bf16" in kinds:

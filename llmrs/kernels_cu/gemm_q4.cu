@@ -216,7 +216,7 @@ GEMM_Q4(4)
 GEMM_Q4(8)
 
 // the SiLU forms of the mma.sync GEMM (gemm_q4_impl's EPI): MT 4, 33-192 tokens (on Hopper 33-64: the wgmma forms
-// take 65 on), where cuda.quant_linear.gemm_silu_takes. (An MT 2 form for 17-32 tokens measured slower inside the
+// take 65 on), where cuda.QuantLinearOps.gemm_silu_takes. (An MT 2 form for 17-32 tokens measured slower inside the
 // graphed step on the H200.)
 #define GEMM_Q4_SILU(MT)                                                                                          \
     extern "C" __global__ void __launch_bounds__(GQ_THREADS)                                                      \

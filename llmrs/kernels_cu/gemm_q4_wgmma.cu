@@ -279,7 +279,7 @@ GEMM_Q4WG(m, 1, 4)
 // thread as before), so a thread decodes 32 weights a stage for the same 4 x 262k multiply-adds, and both
 // warpgroups read one x tile (a stage: 32 KB of x, 4 KB of codes, 1 KB of scales; Q2_STAGES of them, one block an
 // SM). The loader, layout, decode, main loop and cluster split-K epilogue are gemm_q4wg's. Where the host takes
-// it: cuda.quant_linear.w2_takes (129-256 and 425-512 tokens), its figures there.
+// it: cuda.QuantLinearOps.w2_takes (129-256 and 425-512 tokens), its figures there.
 #define Q2_THREADS 256
 #define Q2_STAGES 5
 
@@ -361,7 +361,7 @@ GEMM_Q4W2(m, 1, 3)
 GEMM_Q4W2(m, 1, 4)
 
 // the paired wgmma forms gemm_q4<FORM><KIND>_silu_s<S> (wg_cluster_store_silu; where the host takes them:
-// cuda.quant_linear.gemm_silu_takes): gate_up -> SiLU x up as bf16 words [T, N / 2], down's GEMM input. (No RoPE + KV-write
+// cuda.QuantLinearOps.gemm_silu_takes): gate_up -> SiLU x up as bf16 words [T, N / 2], down's GEMM input. (No RoPE + KV-write
 // form: in this epilogue it computes each sine and cosine once per head, not once per token, and measured slower
 // inside the graphed step.)
 #define GEMM_Q4_WGMMA_SILU(FORM, THREADS, MINB, KIND, MODE, S)                                                    \

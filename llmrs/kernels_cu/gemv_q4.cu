@@ -33,7 +33,7 @@
 // K is split over the block's warps and over gridDim.y (S slices); the warps meet in shared memory in a fixed
 // order; with S > 1 each block writes its f32 partial and the last block of the tile (a counter per tile, reset
 // by that block) sums the S partials in slice order: deterministic, one launch. Launched as a cluster of the S
-// slices (sm_90+, cuda.quant_linear.gemv_q4), the blocks push their partials into the first block's shared memory
+// slices (sm_90+, cuda.QuantLinearOps.gemv_q4), the blocks push their partials into the first block's shared memory
 // instead (st.async, completing on its mbarrier: no fence) and that block sums them: the same sums in the same
 // order, without the round trips through L2.
 // GV_DEPTH and GV_MINB can be set with -D for A/Bs (`llmrs ptx-check -D` first: GV_MINB=5 spills).
@@ -139,7 +139,7 @@ __device__ __forceinline__ void gemv_flush(const unsigned (&sw)[4], float (&c)[N
 //                64), j = b % (D / 64), columns h D + i and h D + i + D / 2 (i = 32 j + lane): q heads rotated in
 //                out (= qkv), k heads rotated and v heads as they are into the paged caches (pair_rope_out,
 //                rope_write_kv's math).
-// NRM, the RMSNorm between two GEMVs carried by them (one n8 tile of tokens; cuda.quant_linear.q4_norm_chain says where):
+// NRM, the RMSNorm between two GEMVs carried by them (one n8 tile of tokens; cuda.QuantLinearOps.q4_norm_chain says where):
 //   GV_NORM_OUT (the plain forms of o and down, accumulating into the residual stream x): the epilogue also writes
 //     xg = x * g (g: the next norm's weight) and each (token, 32-column tile)'s sum of x^2 (a warp's shuffle tree)
 //     into ssp [T, N / 32];

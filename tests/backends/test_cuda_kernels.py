@@ -212,13 +212,12 @@ def test_paged_attention_prefill_chunks_and_decodes(rng, head_dim, heads, kv, sp
     """Sequences mixing a fresh prefill, a chunk over a cached prefix, decodes at partial blocks, ctx 1: each
     decode attention kernel (auto takes decode_attn_tc where it runs: Q and P through bf16 for its MMAs, so the
     prefill kernel's bound; attn_partial and attn_partial_gqa are f32 throughout)."""
-    from llmrs.backends.cuda.prefill import decode_tc_supported
 
     c = cfg(heads=heads, kv=kv, head_dim=head_dim)
     nb, bs = 64, 16
     be, ref = CUDABackend(c, num_blocks=nb), CPUBackend(c, num_blocks=nb)
     be.attn_splits, be.attn_kernel = splits, kernel
-    bound = 5e-3 if kernel == "auto" and decode_tc_supported(be) else 1e-5
+    bound = 5e-3 if kernel == "auto" and be.decode_tc_supported() else 1e-5
     be.prefill_min_tokens = None  # attn_partial itself (the tensor-core prefill kernel: test_prefill_attention_gpu.py)
     fill_caches(rng, be, ref)
     perm = rng.permutation(nb).tolist()

@@ -10,12 +10,21 @@ import numpy as np
 import pytest
 
 from llmrs.backends.cuda import ATTN_TC_MIN_TOKENS, MATVEC_LONG_K_MIN_WARPS, CUDABackend, CudaOptions
-from llmrs.backends.cuda.prefill import TC_MIN_SPLIT_KEYS, decode_tc_splits, decode_tc_supported
+from llmrs.backends.cuda.attention import AttentionOps
+from llmrs.backends.cuda.prefill import TC_MIN_SPLIT_KEYS
+from llmrs.backends.cuda.quant_linear import QuantLinearOps
 from llmrs.model.presets import preset_config
 
 
-def fake_backend(preset: str, cc: int = 90, kernel: str = "auto") -> SimpleNamespace:
-    be = SimpleNamespace(config=preset_config(preset), block_size=16, _prefill_cc=cc, attn_kernel=kernel,
+class StandIn(QuantLinearOps, AttentionOps):
+    """A backend stand-in: the CUDA backend's rule methods over the attributes a test gives (no GPU)."""
+
+    def __init__(self, **attrs):
+        self.__dict__.update(attrs)
+
+
+def fake_backend(preset: str, cc: int = 90, kernel: str = "auto") -> StandIn:
+    be = StandIn(config=preset_config(preset), block_size=16, k=SimpleNamespace(cc=cc), attn_kernel=kernel,
                          attn_splits=None, num_sms=132, fuse_norm="auto", attn_heads_per_block=None, _tc_ok=None)
     be._use_gqa = lambda T: CUDABackend._use_gqa(be, T)
     be._cluster_form = lambda T, n: CUDABackend._cluster_form(be, T, n)
@@ -72,19 +81,19 @@ def test_decode_attn_tc_wants_cache_blocks_of_whole_16_key_tiles(block_size, tc)
     keep the CUDA-core kernels."""
     be = fake_backend("qwen2.5-7b")
     be.block_size = block_size
-    assert decode_tc_supported(be) is tc
+    assert be.decode_tc_supported() is tc
     assert CUDABackend._attn_choice(be, 256) == ("tc" if tc else "gqa")
 
 
 def test_tc_splits_fill_the_gpu_with_splits_of_at_least_32_keys():
     be = fake_backend("qwen2.5-7b")  # 4 KV heads
-    assert decode_tc_splits(be, 1, 512) == 512 // TC_MIN_SPLIT_KEYS == 16
-    assert decode_tc_splits(be, 1, 20) == 1
-    assert decode_tc_splits(be, 64, 512) == 2  # 256 blocks: two splits reach 2 an SM
-    assert decode_tc_splits(be, 256, 512) == 1  # 1024 blocks fill the GPU alone
-    assert decode_tc_splits(be, 1, 100_000) == 64  # at most 64
+    assert be.decode_tc_splits(1, 512) == 512 // TC_MIN_SPLIT_KEYS == 16
+    assert be.decode_tc_splits(1, 20) == 1
+    assert be.decode_tc_splits(64, 512) == 2  # 256 blocks: two splits reach 2 an SM
+    assert be.decode_tc_splits(256, 512) == 1  # 1024 blocks fill the GPU alone
+    assert be.decode_tc_splits(1, 100_000) == 64  # at most 64
     be.attn_splits = 3
-    assert decode_tc_splits(be, 256, 512) == 3
+    assert be.decode_tc_splits(256, 512) == 3
 
 
 @pytest.mark.parametrize("hidden,folds", [(896, True), (2048, True), (3584, False), (5120, False)])
@@ -192,17 +201,17 @@ def test_wgmma_gemm_ring_and_dispatch():
     assert not q4.gemm_takes(256, 4608, 3584) and q4.gemm_takes(256, 4608, 3584, wgmma=True)
     assert q4.gemm_takes(256, 37888, 3584, wgmma=True) and q4.gemm_takes(q4.WG_MAX_TOKENS, 3584, 18944, wgmma=True)
     assert not q4.gemm_takes(q4.WG_MAX_TOKENS + 1, 3584, 18944, wgmma=True)  # prefills: dequantize + cuBLAS
-    be = SimpleNamespace(num_sms=132, k=SimpleNamespace(wgmma=True, wgmma_t256=False))
-    assert q4.wgmma_takes(be, 256) and q4.wgmma_takes(be, 65) and not q4.wgmma_takes(be, 64)
-    assert not q4.wgmma_takes(be, q4.WG_MAX_TOKENS + 1)
-    assert not q4.wgmma_takes(SimpleNamespace(num_sms=132, k=SimpleNamespace(wgmma=False)), 256)
+    be = StandIn(num_sms=132, k=SimpleNamespace(wgmma=True, wgmma_t256=False))
+    assert be.wgmma_takes(256) and be.wgmma_takes(65) and not be.wgmma_takes(64)
+    assert not be.wgmma_takes(q4.WG_MAX_TOKENS + 1)
+    assert not StandIn(num_sms=132, k=SimpleNamespace(wgmma=False)).wgmma_takes(256)
     # K slices: 2 blocks an SM over the 128 x 128 tiles (7B qkv at 256 tokens: 36 x 2 tiles -> 3 slices; gate_up's
     # 296 x 2 tiles pass the GPU's 264 slots: wave_fill_splits, 4 slices; down: 28 x 2 tiles -> 4 slices of its 296
     # k64 tiles) (the slices are a cluster's blocks: at most the largest compiled cluster, 4)
-    assert q4.choose_splits(be, 256, 4608, 3584, wgmma=True) == 3
-    assert q4.choose_splits(be, 256, 37888, 3584, wgmma=True) == 4
-    assert q4.choose_splits(be, 256, 3584, 18944, wgmma=True) == 4
-    assert q4.choose_splits(be, 128, 4608, 3584, wgmma=True) == 4 and max(ck.WG_SPLITS) == 4
+    assert be.choose_splits(256, 4608, 3584, wgmma=True) == 3
+    assert be.choose_splits(256, 37888, 3584, wgmma=True) == 4
+    assert be.choose_splits(256, 3584, 18944, wgmma=True) == 4
+    assert be.choose_splits(128, 4608, 3584, wgmma=True) == 4 and max(ck.WG_SPLITS) == 4
     # the 256-token form (gemm_q4w2{z,m}_s{S}, on by default): Q2_STAGES stages of 32 KB x + 4 KB codes + 1 KB
     # scales, one block an SM, 256 threads; a kernel per mode and cluster size; above one 128-token tile up to
     # WG_MAX_TOKENS and from W2_UPPER_FROM (exclusive) to two of its tiles; one block an SM over its 128 x 256 tiles
@@ -217,17 +226,17 @@ def test_wgmma_gemm_ring_and_dispatch():
     for n in ck.GEMM_Q4W2_KERNELS:
         assert n in ck.PDL_KERNELS and n in ck.ARCH_ENTRY_POINTS["gemm_q4_wgmma.cu"]
         assert ck.WGMMA_SMEM_BYTES[n] == ck.GEMM_Q4W2_SMEM_BYTES
-    w2 = SimpleNamespace(num_sms=132, k=SimpleNamespace(wgmma=True, wgmma_t256=True))
-    assert q4.w2_takes(w2, 129) and q4.w2_takes(w2, q4.WG_MAX_TOKENS) and not q4.w2_takes(w2, 128)
-    assert not q4.w2_takes(w2, q4.WG_MAX_TOKENS + 1) and not q4.w2_takes(be, 256)  # be: the switch off
+    w2 = StandIn(num_sms=132, k=SimpleNamespace(wgmma=True, wgmma_t256=True))
+    assert w2.w2_takes(129) and w2.w2_takes(q4.WG_MAX_TOKENS) and not w2.w2_takes(128)
+    assert not w2.w2_takes(q4.WG_MAX_TOKENS + 1) and not be.w2_takes(256)  # be: the switch off
     assert (q4.W2_UPPER_FROM, q4.W2_MAX_TOKENS) == (424, 512)  # measured: its second tile pays from ~425
-    assert not q4.w2_takes(w2, 424) and q4.w2_takes(w2, 425) and q4.w2_takes(w2, 512) and not q4.w2_takes(w2, 513)
-    assert q4.wgmma_takes(w2, 480) and not q4.wgmma_takes(be, 480) and not q4.wgmma_takes(w2, 300)
+    assert not w2.w2_takes(424) and w2.w2_takes(425) and w2.w2_takes(512) and not w2.w2_takes(513)
+    assert w2.wgmma_takes(480) and not be.wgmma_takes(480) and not w2.wgmma_takes(300)
     assert q4.gemm_takes(480, 37888, 3584, wgmma=True, t256=True) and not q4.gemm_takes(480, 37888, 3584, wgmma=True)
-    assert q4.choose_splits(be, 256, 4608, 3584, wgmma=True, t256=True) == 3
-    assert q4.choose_splits(be, 256, 37888, 3584, wgmma=True, t256=True) == 2
-    assert q4.choose_splits(be, 512, 37888, 3584, wgmma=True, t256=True) == 2
-    assert q4.choose_splits(be, 200, 3584, 18944, wgmma=True, t256=True) == 4
+    assert be.choose_splits(256, 4608, 3584, wgmma=True, t256=True) == 3
+    assert be.choose_splits(256, 37888, 3584, wgmma=True, t256=True) == 2
+    assert be.choose_splits(512, 37888, 3584, wgmma=True, t256=True) == 2
+    assert be.choose_splits(200, 3584, 18944, wgmma=True, t256=True) == 4
 
 
 def test_gemm_silu_forms_kernels_and_where_they_take():
@@ -262,32 +271,32 @@ def test_gemm_silu_forms_kernels_and_where_they_take():
     assert CUDABackend.q4_gemm_epilogue  # on by default
 
     def be(wgmma=True, t256=True, on=True):
-        return SimpleNamespace(num_sms=132, quant_matvec_max_tokens=8, q4_gemm_epilogue=on,
-                               k=SimpleNamespace(wgmma=wgmma, wgmma_t256=t256))
+        return StandIn(num_sms=132, quant_matvec_max_tokens=8, q4_gemm_epilogue=on,
+                       k=SimpleNamespace(wgmma=wgmma, wgmma_t256=t256))
 
     def w(N, K=3584):
         return SimpleNamespace(marlin=q4.MarlinWeight(N, K, 128, 0, None, None))
 
     gate_up = w(37888)  # the 7B's
     for T in (33, 64, 65, 128, 129, 256, 425, 512):  # mma.sync (MT 4), then the wgmma forms
-        assert q4.gemm_silu_takes(be(), gate_up, T)
+        assert be().gemm_silu_takes(gate_up, T)
     for T in (1, 8, 16, 17, 32, 257, 424, 513, 1024):  # the GEMV; mma.sync's MT 2 (lost); dequantize + cuBLAS
-        assert not q4.gemm_silu_takes(be(), gate_up, T)
-    assert not q4.gemm_silu_takes(be(t256=False), gate_up, 480)  # 425-512 is the 256-token form's only
-    assert q4.gemm_silu_takes(be(t256=False), gate_up, 256)
+        assert not be().gemm_silu_takes(gate_up, T)
+    assert not be(t256=False).gemm_silu_takes(gate_up, 480)  # 425-512 is the 256-token form's only
+    assert be(t256=False).gemm_silu_takes(gate_up, 256)
     # without sm_90a: mma.sync's 33-192 tokens (MT 4), dequantize + cuBLAS above
-    assert q4.gemm_silu_takes(be(wgmma=False), gate_up, 100) and q4.gemm_silu_takes(be(wgmma=False), gate_up, 192)
-    assert not q4.gemm_silu_takes(be(wgmma=False), gate_up, 256)
+    assert be(wgmma=False).gemm_silu_takes(gate_up, 100) and be(wgmma=False).gemm_silu_takes(gate_up, 192)
+    assert not be(wgmma=False).gemm_silu_takes(gate_up, 256)
     assert {q4.tile_rows(T) for T in (33, 64, 192)} == set(ck.GEMM_Q4_SILU_MT) and q4.tile_rows(32) == 2
-    assert not q4.gemm_silu_takes(be(on=False), gate_up, 256)  # q4_gemm_epilogue off
-    assert not q4.gemm_silu_takes(be(), SimpleNamespace(marlin=None), 256)  # no GEMM layout
-    assert not q4.gemm_silu_takes(be(), w(37888 + 64), 256)  # a pair would straddle two blocks
-    assert q4.gemm_silu_takes(be(), w(9728, 896), 256)  # the 0.5B's gate_up
+    assert not be(on=False).gemm_silu_takes(gate_up, 256)  # q4_gemm_epilogue off
+    assert not be().gemm_silu_takes(SimpleNamespace(marlin=None), 256)  # no GEMM layout
+    assert not be().gemm_silu_takes(w(37888 + 64), 256)  # a pair would straddle two blocks
+    assert be().gemm_silu_takes(w(9728, 896), 256)  # the 0.5B's gate_up
     # the plan: gemm_q4's (the same form and cluster size as the plain kernel at that T)
-    form, S, per = q4._wg_plan(be(), 256, 37888, 3584, None, None)
+    form, S, per = be()._wg_plan(256, 37888, 3584, None, None)
     assert (form.kernel, S, per) == ("w2", 2, 28)
-    form, S, per = q4._wg_plan(be(), 100, 37888, 3584, None, None)
-    assert (form.kernel, S) == ("wg", q4.choose_splits(be(), 100, 37888, 3584, True, False))
+    form, S, per = be()._wg_plan(100, 37888, 3584, None, None)
+    assert (form.kernel, S) == ("wg", be().choose_splits(100, 37888, 3584, True, False))
 
 
 def test_the_norm_chain_forms_and_where_a_step_takes_them():
@@ -312,11 +321,11 @@ def test_the_norm_chain_forms_and_where_a_step_takes_them():
     assert CUDABackend.q4_gemv_norm == "auto" and q4.Q4_NORM_CHAIN_MAX_K == 2048
     modes = {True: "on", False: "off", "auto": "auto", "1": "on", "0": "off", "off": "off", " Auto": "auto"}
     for v, m in modes.items():
-        assert q4.norm_chain_mode(SimpleNamespace(q4_gemv_norm=v)) == m
+        assert StandIn(q4_gemv_norm=v).norm_chain_mode() == m
 
     def be(on=True, cc=90, cluster=True):
-        return SimpleNamespace(num_sms=132, q4_gemv_norm=on, q4_gemv_cluster=cluster, q4_gemv_epilogue=True,
-                               q4_gemv=True, k=SimpleNamespace(cc=cc))
+        return StandIn(num_sms=132, q4_gemv_norm=on, q4_gemv_cluster=cluster, q4_gemv_epilogue=True,
+                       q4_gemv=True, k=SimpleNamespace(cc=cc))
 
     def w(N, K, G=128):
         return SimpleNamespace(kind="q4", N=N, K=K, qweight=None, marlin=q4.MarlinWeight(N, K, G, 0, None, None))
@@ -329,23 +338,23 @@ def test_the_norm_chain_forms_and_where_a_step_takes_them():
                                      "0.5B": (896, 4864, 64, 14, 2)}.items():
         ls = layers(H, I, D, Hq, Hkv)
         for T in (1, 4, 8):
-            assert q4.q4_norm_chain(be(), ls, T, D), (name, T)
-        assert not q4.q4_norm_chain(be(), ls, 9, D) and not q4.q4_norm_chain(be(on=False), ls, 1, D)
-        assert not q4.q4_norm_chain(be(on="0"), ls, 1, D)
-        assert q4.q4_norm_chain(be(on="auto"), ls, 1, D) == (H <= 2048), name
+            assert be().q4_norm_chain(ls, T, D), (name, T)
+        assert not be().q4_norm_chain(ls, 9, D) and not be(on=False).q4_norm_chain(ls, 1, D)
+        assert not be(on="0").q4_norm_chain(ls, 1, D)
+        assert be(on="auto").q4_norm_chain(ls, 1, D) == (H <= 2048), name
         for T in (1, 8):
-            assert q4.gemv_norm_takes(be(), ls[0].qkv, T) and q4.gemv_norm_takes(be(), ls[0].gate_up, T)
+            assert be().gemv_norm_takes(ls[0].qkv, T) and be().gemv_norm_takes(ls[0].gate_up, T)
     ls = layers(3584, 18944, 128, 28, 4)
     # without clusters only one-slice plans take it: the 7B's qkv splits K in 3
-    assert q4.gemv_splits(be(), 4608, 3584)[0] == 3
-    assert not q4.q4_norm_chain(be(cc=80), ls, 1, 128) and not q4.q4_norm_chain(be(cluster=False), ls, 1, 128)
-    assert q4.gemv_norm_takes(be(cc=80), ls[0].gate_up, 1)  # gate_up: one slice
-    assert not q4.q4_norm_chain(be(), layers(3584, 18944, 128, 28, 4, G=64), 1, 128)  # no fixed-G form
+    assert be().gemv_splits(4608, 3584)[0] == 3
+    assert not be(cc=80).q4_norm_chain(ls, 1, 128) and not be(cluster=False).q4_norm_chain(ls, 1, 128)
+    assert be(cc=80).gemv_norm_takes(ls[0].gate_up, 1)  # gate_up: one slice
+    assert not be().q4_norm_chain(layers(3584, 18944, 128, 28, 4, G=64), 1, 128)  # no fixed-G form
     bad = layers(3584, 18944, 128, 28, 4)
     bad[1].o = SimpleNamespace(kind="q8", N=3584, K=3584, qweight=object(), marlin=None)
-    assert not q4.q4_norm_chain(be(), bad, 1, 128)  # every layer's o / down on the 4-bit GEMV
-    assert not q4.gemv_norm_takes(be(), w(2048, 4096), 1)  # 8 slices: the L2 hand-off
-    assert not q4.q4_norm_chain(be(), [], 1, 128)
+    assert not be().q4_norm_chain(bad, 1, 128)  # every layer's o / down on the 4-bit GEMV
+    assert not be().gemv_norm_takes(w(2048, 4096), 1)  # 8 slices: the L2 hand-off
+    assert not be().q4_norm_chain([], 1, 128)
 
 
 def test_wave_fill_splits_fill_the_last_round_of_blocks(monkeypatch):
@@ -353,7 +362,6 @@ def test_wave_fill_splits_fill_the_last_round_of_blocks(monkeypatch):
     fewest rounds of blocks over S (each block 1/S of a tile), the smaller S on a tie; at most 2 for the 256-token
     form (measured); without the fill rule S stays 1 there. A 7B on 132 SMs (264 slots of gemm_q4wg, 132 of
     gemm_q4w2)."""
-    from types import SimpleNamespace
 
     import llmrs.backends.cuda.quant_linear as q4
 
@@ -364,14 +372,14 @@ def test_wave_fill_splits_fill_the_last_round_of_blocks(monkeypatch):
     assert q4.wave_fill_splits(36, 132, 7) == 3
     assert q4.wave_fill_splits(264, 264, 7) == 1  # one full round: no split
     assert q4.wave_fill_splits(592, 264, 1) == 1 and q4.wave_fill_splits(592, 264, 0) == 1  # a short K: none
-    be = SimpleNamespace(num_sms=132)
-    assert q4.choose_splits(be, 128, 37888, 3584, wgmma=True) == 4
-    assert q4.choose_splits(be, 256, 37888, 3584, wgmma=True, t256=True) == 2
-    assert q4.choose_splits(be, 128, 4608, 3584, wgmma=True) == 4  # 36 tiles: the default rule
+    be = StandIn(num_sms=132)
+    assert be.choose_splits(128, 37888, 3584, wgmma=True) == 4
+    assert be.choose_splits(256, 37888, 3584, wgmma=True, t256=True) == 2
+    assert be.choose_splits(128, 4608, 3584, wgmma=True) == 4  # 36 tiles: the default rule
     monkeypatch.setattr(q4, "WG_FILL", False)
-    assert q4.choose_splits(be, 128, 37888, 3584, wgmma=True) == 1
-    assert q4.choose_splits(be, 256, 37888, 3584, wgmma=True, t256=True) == 1
-    assert q4.choose_splits(be, 256, 4608, 3584, wgmma=True) == 3
+    assert be.choose_splits(128, 37888, 3584, wgmma=True) == 1
+    assert be.choose_splits(256, 37888, 3584, wgmma=True, t256=True) == 1
+    assert be.choose_splits(256, 4608, 3584, wgmma=True) == 3
 
 
 @pytest.mark.parametrize("long_k", [1, 2, 4])

@@ -1,4 +1,4 @@
-"""The Marlin-style 4-bit GEMM (llmrs/kernels_cu/gemm_q4.cu via quant_linear.gemm_q4) on the GPU: run on the GPU
+"""The Marlin-style 4-bit GEMM (llmrs/kernels_cu/gemm_q4.cu via QuantLinearOps.gemm_q4) on the GPU: run on the GPU
 machine with `python3 -m pytest -q -m gpu tests/gpu/test_gemm_q4_gpu.py`; skips cleanly without CuPy or a GPU.
 
 - against numpy: x rounded to bf16 @ the dequantized weight rounded to bf16 (what dequant_q4_bf16 gives), float64
@@ -25,7 +25,6 @@ pytestmark = pytest.mark.gpu
 from llmrs.model import quant as Q  # noqa: E402
 from llmrs.backends.cuda import NULL  # noqa: E402
 from llmrs.model.weights import round_bf16  # noqa: E402
-from llmrs.backends.cuda.quant_linear import dequant_marlin, gemm_q4, linear_q4, to_marlin  # noqa: E402
 from tests.model.test_quant_marlin import make_weight  # noqa: E402
 
 TOL = 2e-3  # measured errors are ~1e-6 (same bf16 inputs, f32 vs f64 sums); a wrong tile or group is >> TOL
@@ -60,7 +59,7 @@ def dequant_cublas(backend, x, dw, bias, out, accumulate, mw=None):
     N, K = dw.shape
     wb = cp.empty((N, K), dtype=cp.uint16)
     if mw is not None:
-        dequant_marlin(backend, mw, wb)
+        backend.dequant_marlin(mw, wb)
         return backend._linear(x, wb, bias, out, accumulate)
     assert dw.qweight is not None, "no row form: upload it with upload_with_rows"
     backend.k.dequant_q4_bf16((min(65535, -(-(N * K // 8) // 256)),), (256,),
@@ -90,7 +89,7 @@ def test_gemm_q4_matches_numpy_bf16_reference(backend, N, K, kind, G, form):
     rng = np.random.default_rng(N + K + G + 7 * wgmma + 11 * t256)
     w = make_weight(kind, N, K, G, rng)
     dw = backend.upload_quantized(w)
-    mw = to_marlin(backend, dw)
+    mw = backend.to_marlin(dw)
     assert mw is not None and mw.mode == (1 if kind == "q4_1" else 0)
     np.testing.assert_array_equal(cp.asnumpy(mw.qweight), Q.marlin_reorder(w.qweight))
     wref = round_bf16(w.dequantize()).astype(np.float64)
@@ -109,12 +108,12 @@ def test_gemm_q4_matches_numpy_bf16_reference(backend, N, K, kind, G, form):
         b = None if bias is None else cp.asarray(bias)
         for splits in (1, 3, None) if wgmma else (1, None):
             out = cp.asarray(y0) if accumulate else cp.full((T, N), np.nan, dtype=cp.float32)
-            assert gemm_q4(backend, xb, mw, b, out, accumulate, splits=splits, wgmma=wgmma, t256=t256)
+            assert backend.gemm_q4(xb, mw, b, out, accumulate, splits=splits, wgmma=wgmma, t256=t256)
             worst = max(worst, check(out, ref, f"{form} {kind} G{G} N{N} K{K} T{T} acc{accumulate} "
                                                f"bias{with_bias} splits{splits}"))
         if not wgmma:
             out = cp.asarray(y0) if accumulate else cp.full((T, N), np.nan, dtype=cp.float32)
-            assert linear_q4(backend, cp.asarray(x), mw, b, out, accumulate)  # from f32 x, through gemm_x
+            assert backend.linear_q4(cp.asarray(x), mw, b, out, accumulate)  # from f32 x, through gemm_x
             worst = max(worst, check(out, ref, f"linear_q4 {kind} G{G} N{N} K{K} T{T}"))
     report(f"gemm_q4{'' if form == 'mma' else ' ' + form} {kind} G{G} N{N} K{K}", {"rel": worst})
 
@@ -126,7 +125,7 @@ def test_gemm_q4_equals_dequantize_plus_cublas(backend, kind, G, T):
     rng = np.random.default_rng(T + G)
     w = make_weight(kind, N, K, G, rng)
     dw = upload_with_rows(backend, w)
-    mw = to_marlin(backend, dw)
+    mw = backend.to_marlin(dw)
     x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
     bias = cp.asarray(rng.standard_normal(N).astype(np.float32))
     y0 = cp.asarray(rng.standard_normal((T, N)).astype(np.float32))
@@ -134,7 +133,7 @@ def test_gemm_q4_equals_dequantize_plus_cublas(backend, kind, G, T):
         ref = y0.copy() if accumulate else cp.zeros((T, N), dtype=cp.float32)
         dequant_cublas(backend, x, dw, bias, ref, accumulate)
         out = y0.copy() if accumulate else cp.full((T, N), np.nan, dtype=cp.float32)
-        assert linear_q4(backend, x, mw, bias, out, accumulate)
+        assert backend.linear_q4(x, mw, bias, out, accumulate)
         err = check(out, cp.asnumpy(ref).astype(np.float64), f"vs cublas {kind} T{T} acc{accumulate}")
         report(f"gemm_q4 vs dequant+cublas {kind} G{G} T{T} acc{accumulate}", {"rel": err})
 
@@ -154,8 +153,8 @@ def test_backend_takes_wgmma_above_mma_sync_tokens(backend, monkeypatch, t256, T
     N, K = 576, 1536
     rng = np.random.default_rng(11)
     dw = upload_with_rows(backend, make_weight("awq", N, K, 128, rng))
-    assert q4gemm.gemm_takes(T, N, K, backend.k.wgmma, t256) and q4gemm.wgmma_takes(backend, T)
-    assert q4gemm.w2_takes(backend, T) == t256
+    assert q4gemm.gemm_takes(T, N, K, backend.k.wgmma, t256) and backend.wgmma_takes(T)
+    assert backend.w2_takes(T) == t256
     x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
     out = cp.full((T, N), np.nan, dtype=cp.float32)
     backend._linear_quant(x, dw, None, out, False, "t")
@@ -187,13 +186,13 @@ def test_bf16_input_to_the_mma_gemm_gives_the_cast_paths_bits(backend, monkeypat
 
 def test_shapes_outside_the_kernel_fall_back(backend):
     rng = np.random.default_rng(0)
-    assert to_marlin(backend, backend.upload_quantized(make_weight("awq", 96, 256, 128, rng))) is None  # N % 64
-    assert to_marlin(backend, backend.upload_quantized(make_weight("q4_0", 64, 96, 32, rng))) is None  # K % 64
-    assert to_marlin(backend, backend.upload_quantized(make_weight("awq", 64, 192, 96, rng))) is None  # G 96
+    assert backend.to_marlin(backend.upload_quantized(make_weight("awq", 96, 256, 128, rng))) is None  # N % 64
+    assert backend.to_marlin(backend.upload_quantized(make_weight("q4_0", 64, 96, 32, rng))) is None  # K % 64
+    assert backend.to_marlin(backend.upload_quantized(make_weight("awq", 64, 192, 96, rng))) is None  # G 96
     q8 = Q.gguf_to_rows(np.zeros(64 * 64 // 32 * 34, dtype=np.uint8), 8, 64, 64)
-    assert to_marlin(backend, backend.upload_quantized(q8)) is None
+    assert backend.to_marlin(backend.upload_quantized(q8)) is None
     out = cp.zeros((9, 64), dtype=cp.float32)
-    assert not gemm_q4(backend, cp.zeros((9, 64), dtype=cp.uint16), None, None, out)
+    assert not backend.gemm_q4(cp.zeros((9, 64), dtype=cp.uint16), None, None, out)
 
 
 def test_gemm_q4_timing_beside_dequantize_plus_cublas(backend, monkeypatch):
@@ -205,7 +204,7 @@ def test_gemm_q4_timing_beside_dequantize_plus_cublas(backend, monkeypatch):
     def gemm_mt4(xb, mw, out):
         monkeypatch.setattr(q4gemm, "MT8_FROM", 0)
         try:
-            return gemm_q4(backend, xb, mw, None, out, wgmma=False)
+            return backend.gemm_q4(xb, mw, None, out, wgmma=False)
         finally:
             monkeypatch.undo()
 
@@ -213,16 +212,16 @@ def test_gemm_q4_timing_beside_dequantize_plus_cublas(backend, monkeypatch):
     for N, K in [(4608, 3584), (3584, 18944), (37888, 3584)]:
         w = make_weight("awq", N, K, 128, rng)
         dw = backend.upload_quantized(w)
-        mw = to_marlin(backend, dw)
+        mw = backend.to_marlin(dw)
         for T in (16, 64, 96, 128, 192, 256, 1024):
             x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
             xb = bf16_words(backend, x)
             out = cp.empty((T, N), dtype=cp.float32)
             figures, outs = {}, {}
-            forms = [("gemm_q4", lambda: gemm_q4(backend, xb, mw, None, out, wgmma=False)),
+            forms = [("gemm_q4", lambda: backend.gemm_q4(xb, mw, None, out, wgmma=False)),
                      ("dequant+cublas", lambda: dequant_cublas(backend, x, dw, None, out, False, mw))]
             if backend.k.wgmma_arch:
-                forms.append(("wgmma", lambda: gemm_q4(backend, xb, mw, None, out, wgmma=True)))
+                forms.append(("wgmma", lambda: backend.gemm_q4(xb, mw, None, out, wgmma=True)))
             if q4gemm.tile_rows(T) == 8:
                 forms.append(("gemm_q4 MT4", lambda: gemm_mt4(xb, mw, out)))
             for label, fn in forms:

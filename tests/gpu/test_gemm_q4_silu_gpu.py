@@ -1,5 +1,5 @@
 """The 4-bit GEMMs' SiLU forms (llmrs/kernels_cu/gemm_q4.cu's gemm_q4{wg,w2}{z,m}_silu_s{S} and
-gemm_q4{z,m}_silu_m4 + gemm_q4_reduce_silu, via quant_linear.gemm_q4_silu) on the GPU: run on the GPU machine with
+gemm_q4{z,m}_silu_m4 + gemm_q4_reduce_silu, via QuantLinearOps.gemm_q4_silu) on the GPU: run on the GPU machine with
 `python3 -m pytest -q -m gpu tests/gpu/test_gemm_q4_silu_gpu.py`; skips cleanly without CuPy or a GPU (the wgmma cases
 without sm_90a).
 
@@ -21,7 +21,6 @@ from tests.cuda_helpers import bf16_words, require_gpu, tiny_awq_runners, tiny_b
 cp = require_gpu()
 pytestmark = pytest.mark.gpu
 
-from llmrs.backends.cuda.quant_linear import gemm_q4, gemm_q4_silu, to_marlin  # noqa: E402
 from tests.model.test_quant_marlin import make_weight  # noqa: E402
 
 # form: (wgmma, t256, token counts); "mma": mma.sync's MT 4 (33-192 tokens)
@@ -52,15 +51,15 @@ def test_gemm_silu_pair_equals_gemm_then_silu_mul_bf16_bit_exactly(backend, form
         pytest.skip(f"the wgmma forms need compute capability 9.0 (this GPU: {backend.k.cc})")
     rng = np.random.default_rng(G + (splits or 0) + 5 * len(form))
     I, K = 576, 2048  # 9 blocks of 64 gate + 64 up columns; up to 32 k64 stages (4 slices of 8)
-    mw = to_marlin(backend, backend.upload_quantized(make_weight(kind, 2 * I, K, G, rng)))
+    mw = backend.to_marlin(backend.upload_quantized(make_weight(kind, 2 * I, K, G, rng)))
     for T in tokens:
         xb = bf16_words(backend, rng.standard_normal((T, K)).astype(np.float32))
         gu = cp.full((T, 2 * I), np.nan, dtype=cp.float32)
-        assert gemm_q4(backend, xb, mw, None, gu, splits=splits, wgmma=wgmma, t256=t256)
+        assert backend.gemm_q4(xb, mw, None, gu, splits=splits, wgmma=wgmma, t256=t256)
         ref = silu_mul_bf16(backend, gu)
         buf = cp.full(T * I + 64, 0xFFFF, dtype=cp.uint16)
         act = buf[: T * I].reshape(T, I)
-        gemm_q4_silu(backend, xb, mw, act, splits=splits, wgmma=wgmma, t256=t256)
+        backend.gemm_q4_silu(xb, mw, act, splits=splits, wgmma=wgmma, t256=t256)
         np.testing.assert_array_equal(cp.asnumpy(act), cp.asnumpy(ref), err_msg=f"{form} T {T}")
         assert bool((buf[T * I:] == 0xFFFF).all()), "wrote past the output"
         assert int((act == 0xFFFF).sum()) == 0
@@ -73,8 +72,6 @@ def test_awq_batched_steps_with_the_gemm_epilogues_give_the_unfused_bits(tmp_pat
     two 100-token prefills (200 tokens: the 256-token form), with the paired GEMM forms and without
     (q4_gemm_epilogue False): the same logits, bit for bit, each layer's
     gate_up through a paired kernel."""
-    import llmrs.backends.cuda.forward as cuda_backend  # (the fused step's gemm_q4_silu)
-    import llmrs.backends.cuda.quant_linear as q4gemm
     from llmrs.backends.cuda import CUDABackend
     from llmrs.engine.batch import build_step_batch
 
@@ -85,10 +82,10 @@ def test_awq_batched_steps_with_the_gemm_epilogues_give_the_unfused_bits(tmp_pat
     r = runners[True]
     layer = r.model.w.layers[0]
     for T in (40, 64, 100, 200):
-        assert q4gemm.gemm_silu_takes(r.backend, layer.gate_up, T)
-        assert not q4gemm.gemm_silu_takes(runners[False].backend, layer.gate_up, T)
-    real, calls = cuda_backend.gemm_q4_silu, []
-    monkeypatch.setattr(cuda_backend, "gemm_q4_silu",
+        assert r.backend.gemm_silu_takes(layer.gate_up, T)
+        assert not runners[False].backend.gemm_silu_takes(layer.gate_up, T)
+    real, calls = CUDABackend.gemm_q4_silu, []
+    monkeypatch.setattr(CUDABackend, "gemm_q4_silu",
                         lambda be, x, *a, **k: calls.append((be, x.shape[0])) or real(be, x, *a, **k))
     rng = np.random.default_rng(G)
     vocab = kept.config.vocab_size

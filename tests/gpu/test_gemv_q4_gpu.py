@@ -1,4 +1,4 @@
-"""The 4-bit decode GEMV (llmrs/kernels_cu/gemm_q4.cu's gemv_q4 via quant_linear.gemv_q4) on the GPU: run on the
+"""The 4-bit decode GEMV (llmrs/kernels_cu/gemm_q4.cu's gemv_q4 via QuantLinearOps.gemv_q4) on the GPU: run on the
 GPU machine with `python3 -m pytest -q -m gpu tests/gpu/test_gemv_q4_gpu.py`; skips cleanly without CuPy or a GPU.
 
 - against numpy: x rounded to bf16 @ the exact dequantized weight (not rounded: the kernel applies scale and zero
@@ -33,8 +33,7 @@ pytestmark = pytest.mark.gpu
 
 from llmrs.backends.cuda import NULL  # noqa: E402
 from llmrs.model.weights import round_bf16  # noqa: E402
-from llmrs.backends.cuda.quant_linear import (gemv_q4, gemv_q4_pair, gemv_splits, gemv_takes, linear_q4,  # noqa: E402
-                                               to_marlin)
+
 from llmrs.model.weights import bf16_to_f32  # noqa: E402
 from tests.model.test_quant_marlin import make_weight  # noqa: E402
 
@@ -52,7 +51,7 @@ def backend():
 def test_gemv_q4_matches_numpy_on_exact_weights(backend, kind, N, K, G):
     rng = np.random.default_rng(N + K + G)
     w = make_weight(kind, N, K, G, rng)
-    mw = to_marlin(backend, backend.upload_quantized(w))
+    mw = backend.to_marlin(backend.upload_quantized(w))
     wref = w.dequantize().astype(np.float64)
     worst = 0.0
     for T in list(range(1, 10)) + [12, 15, 16]:
@@ -67,27 +66,27 @@ def test_gemv_q4_matches_numpy_on_exact_weights(backend, kind, N, K, G):
             out = buf[: T * N].reshape(T, N)
             if accumulate:
                 out[...] = cp.asarray(y0)
-            assert gemv_q4(backend, cp.asarray(x), mw, b, out, accumulate, splits=splits)
+            assert backend.gemv_q4(cp.asarray(x), mw, b, out, accumulate, splits=splits)
             got = cp.asnumpy(out)
             err = rel_err(got, ref)
             row = max(rel_err(got[t], ref[t]) for t in range(T))
             assert err < TOL and row < TOL, (kind, N, K, G, T, splits, err, row)
             assert bool(cp.isnan(buf[T * N:]).all()), "wrote past the output"
             worst = max(worst, err)
-    report(f"gemv_q4 {kind} N{N} K{K} G{G}", {"rel": worst, "splits auto": gemv_splits(backend, N, K)})
+    report(f"gemv_q4 {kind} N{N} K{K} G{G}", {"rel": worst, "splits auto": backend.gemv_splits(N, K)})
 
 
 def test_gemv_q4_repeats_bit_exactly_and_resets_its_counters(backend):
     rng = np.random.default_rng(11)
     N, K = 3584, 18944  # Qwen2.5-7B down: several K slices per tile
-    mw = to_marlin(backend, backend.upload_quantized(make_weight("awq", N, K, 128, rng)))
+    mw = backend.to_marlin(backend.upload_quantized(make_weight("awq", N, K, 128, rng)))
     x = cp.asarray(rng.standard_normal((2, K)).astype(np.float32))
     first = cp.empty((2, N), dtype=cp.float32)
-    assert gemv_q4(backend, x, mw, None, first)
-    assert gemv_splits(backend, N, K)[0] > 1
+    assert backend.gemv_q4(x, mw, None, first)
+    assert backend.gemv_splits(N, K)[0] > 1
     for _ in range(5):
         again = cp.empty((2, N), dtype=cp.float32)
-        assert gemv_q4(backend, x, mw, None, again)
+        assert backend.gemv_q4(x, mw, None, again)
         assert bool((again == first).all())
     assert int(backend._ws["gemv_q4_sem"].sum()) == 0
 
@@ -105,7 +104,7 @@ def test_gemv_q4_cluster_launch_equals_the_l2_hand_off_bit_exactly(backend, kind
         pytest.skip("thread-block clusters need sm_90")
     rng = np.random.default_rng(N + K)
     w = make_weight(kind, N, K, G, rng)
-    mw = to_marlin(backend, backend.upload_quantized(w))
+    mw = backend.to_marlin(backend.upload_quantized(w))
     wref = w.dequantize().astype(np.float64)
     sizes = set()
     for T in range(1, 9):
@@ -119,10 +118,10 @@ def test_gemv_q4_cluster_launch_equals_the_l2_hand_off_bit_exactly(backend, kind
                 buf = cp.full(T * N + 64, np.nan, dtype=cp.float32)
                 out = buf[: T * N].reshape(T, N)
                 out[...] = y0
-                assert gemv_q4(backend, x, mw, bias, out, accumulate=T > 4, splits=splits)
+                assert backend.gemv_q4(x, mw, bias, out, accumulate=T > 4, splits=splits)
                 assert bool(cp.isnan(buf[T * N:]).all()), "wrote past the output"
                 outs[cluster] = cp.asnumpy(out)
-            S = gemv_splits(backend, N, K, splits)[0]
+            S = backend.gemv_splits(N, K, splits)[0]
             sizes.add(S)
             np.testing.assert_array_equal(outs[True], outs[False], err_msg=f"T {T} S {S}")
             ref = (round_bf16(cp.asnumpy(x)).astype(np.float64) @ wref.T
@@ -141,7 +140,7 @@ def test_gemv_q4_cluster_launches_chain_inside_a_programmatic_launch_graph(backe
         pytest.skip("programmatic dependent launch needs sm_90 and cuLaunchKernelEx")
     rng = np.random.default_rng(5)
     dims = [3584, 3584, 18944, 3584, 4608]  # o, gate-up-like, down: K slices of 4 and 1 on an H200
-    ws = [to_marlin(backend, backend.upload_quantized(make_weight("awq", n, k, 128, rng)))
+    ws = [backend.to_marlin(backend.upload_quantized(make_weight("awq", n, k, 128, rng)))
           for k, n in zip(dims[:-1], dims[1:])]
     x = cp.asarray(rng.standard_normal((1, dims[0])).astype(np.float32))
     outs = [cp.empty((1, n), dtype=cp.float32) for n in dims[1:]]
@@ -149,7 +148,7 @@ def test_gemv_q4_cluster_launches_chain_inside_a_programmatic_launch_graph(backe
     def chain():
         src = x
         for mw, out in zip(ws, outs):
-            assert gemv_q4(backend, src, mw, None, out)
+            assert backend.gemv_q4(src, mw, None, out)
             src = out
 
     chain()
@@ -185,16 +184,16 @@ def test_gemv_q4_silu_pair_equals_gemv_then_silu_mul_bit_exactly(backend, kind, 
     same bits, T 1..8, one K slice, a cluster (S <= 4) and the L2 hand-off (S > 4); nothing past [T, I] written."""
     rng = np.random.default_rng(G + (splits or 0))
     I, K = 1024, 4096  # (up to 8 K slices)
-    mw = to_marlin(backend, backend.upload_quantized(make_weight(kind, 2 * I, K, G, rng)))
+    mw = backend.to_marlin(backend.upload_quantized(make_weight(kind, 2 * I, K, G, rng)))
     for T in range(1, 9):
         x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
         gu = cp.empty((T, 2 * I), dtype=cp.float32)
-        assert gemv_q4(backend, x, mw, None, gu, splits=splits)
+        assert backend.gemv_q4(x, mw, None, gu, splits=splits)
         ref = cp.empty((T, I), dtype=cp.float32)
         backend.k.silu_mul((-(-T * I // 256),), (256,), (gu, ref, np.int32(T), np.int32(I)))
         buf = cp.full(T * I + 64, np.nan, dtype=cp.float32)
         act = buf[: T * I].reshape(T, I)
-        gemv_q4_pair(backend, "silu", x, mw, act, splits=splits)
+        backend.gemv_q4_pair("silu", x, mw, act, splits=splits)
         np.testing.assert_array_equal(cp.asnumpy(act), cp.asnumpy(ref), err_msg=f"T {T}")
         assert bool(cp.isnan(buf[T * I:]).all()), "wrote past the output"
     assert int(backend._ws["gemv_q4_sem"].sum()) == 0
@@ -211,7 +210,7 @@ def test_gemv_q4_rope_pair_equals_gemv_then_rope_write_kv_bit_exactly(backend, k
     rng = np.random.default_rng(D + G + (splits or 0))
     Hq, Hkv, K, bs, blocks = 6, 2, 4096, 16, 64
     N = (Hq + 2 * Hkv) * D
-    mw = to_marlin(backend, backend.upload_quantized(make_weight(kind, N, K, G, rng)))
+    mw = backend.to_marlin(backend.upload_quantized(make_weight(kind, N, K, G, rng)))
     bias = cp.asarray(rng.standard_normal(N).astype(np.float32))
     inv_freq = cp.asarray((10000.0 ** (-np.arange(0, D, 2) / D)).astype(np.float32))
     for T in range(1, 9):
@@ -220,12 +219,12 @@ def test_gemv_q4_rope_pair_equals_gemv_then_rope_write_kv_bit_exactly(backend, k
         slots = cp.asarray(rng.choice(blocks * bs, T, replace=False).astype(np.int32))
         caches = [cp.zeros((blocks, Hkv, bs, D), dtype=cp.uint16) for _ in range(4)]
         ref = cp.empty((T, N), dtype=cp.float32)
-        assert gemv_q4(backend, x, mw, bias, ref, splits=splits)
+        assert backend.gemv_q4(x, mw, bias, ref, splits=splits)
         backend.k.rope_write_kv((T,), (rope_threads(Hq, Hkv, D),),
                                 (ref, positions, inv_freq, slots, caches[0], caches[1], np.int32(Hq), np.int32(Hkv),
                                  np.int32(D), np.int32(bs), NULL))
         got = cp.full((T, N), np.nan, dtype=cp.float32)
-        gemv_q4_pair(backend, "rope", x, mw, got, bias,
+        backend.gemv_q4_pair("rope", x, mw, got, bias,
                      (positions, inv_freq, slots, caches[2], caches[3], Hq, Hkv, D, bs), splits=splits)
         q = slice(0, Hq * D)
         np.testing.assert_array_equal(cp.asnumpy(got[:, q]), cp.asnumpy(ref[:, q]), err_msg=f"q, T {T}")
@@ -243,23 +242,23 @@ def test_gemv_q4_norm_out_writes_the_next_norms_inputs(backend, kind, G, splits)
     cluster, the L2 hand-off, T 1..8."""
     rng = np.random.default_rng(G + (splits or 0))
     N, K = 1024, 2048
-    mw = to_marlin(backend, backend.upload_quantized(make_weight(kind, N, K, G, rng)))
+    mw = backend.to_marlin(backend.upload_quantized(make_weight(kind, N, K, G, rng)))
     g = round_bf16(1.0 + 0.3 * rng.standard_normal(N).astype(np.float32))
     for T in range(1, 9):
         x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
         y0 = rng.standard_normal((T, N)).astype(np.float32)
         ref, got = cp.asarray(y0), cp.asarray(y0)
-        assert gemv_q4(backend, x, mw, None, ref, accumulate=True, splits=splits)
+        assert backend.gemv_q4(x, mw, None, ref, accumulate=True, splits=splits)
         xg = cp.full((T, N), np.nan, dtype=cp.float32)
         ssp = cp.full((T, N // 32), np.nan, dtype=cp.float32)
-        assert gemv_q4(backend, x, mw, None, got, accumulate=True, splits=splits, norm_out=(cp.asarray(g), xg, ssp))
+        assert backend.gemv_q4(x, mw, None, got, accumulate=True, splits=splits, norm_out=(cp.asarray(g), xg, ssp))
         out = cp.asnumpy(got)
         np.testing.assert_array_equal(out, cp.asnumpy(ref), err_msg=f"T {T}")
         np.testing.assert_array_equal(cp.asnumpy(xg), out * g)
         want = (out.astype(np.float64) ** 2).reshape(T, N // 32, 32).sum(-1)
         np.testing.assert_allclose(cp.asnumpy(ssp), want, rtol=1e-5)
     with pytest.raises(ValueError, match="no bias"):
-        gemv_q4(backend, x, mw, cp.zeros(N, dtype=cp.float32), got, norm_out=(cp.asarray(g), xg, ssp))
+        backend.gemv_q4(x, mw, cp.zeros(N, dtype=cp.float32), got, norm_out=(cp.asarray(g), xg, ssp))
     assert int(backend._ws["gemv_q4_sem"].sum()) == 0
 
 
@@ -276,7 +275,7 @@ def test_gemv_q4_pairs_take_the_norm_from_the_producer(backend, kind, G, splits,
     D, Hq, Hkv, bs, blocks = 128, 4, 2, 16, 64
     N = 2048 if epi == "silu" else (Hq + 2 * Hkv) * D
     w = make_weight(kind, N, K, G, rng)
-    mw = to_marlin(backend, backend.upload_quantized(w))
+    mw = backend.to_marlin(backend.upload_quantized(w))
     wref = w.dequantize().astype(np.float64)
     g = round_bf16(1.0 + 0.3 * rng.standard_normal(K).astype(np.float32))
     bias = cp.asarray(rng.standard_normal(N).astype(np.float32)) if epi == "rope" else None
@@ -290,8 +289,8 @@ def test_gemv_q4_pairs_take_the_norm_from_the_producer(backend, kind, G, splits,
         if epi == "silu":
             ref = cp.full((T, N // 2), np.nan, dtype=cp.float32)
             got = cp.full((T, N // 2), np.nan, dtype=cp.float32)
-            gemv_q4_pair(backend, "silu", normed, mw, ref, splits=splits)
-            gemv_q4_pair(backend, "silu", xg, mw, got, splits=splits, norm_in=(ssp, eps))
+            backend.gemv_q4_pair("silu", normed, mw, ref, splits=splits)
+            backend.gemv_q4_pair("silu", xg, mw, got, splits=splits, norm_in=(ssp, eps))
             xn = x.astype(np.float64) / np.sqrt((x.astype(np.float64) ** 2).mean(1, keepdims=True) + eps) * g
             gu = xn @ wref.T
             exact = gu[:, : N // 2] / (1.0 + np.exp(-gu[:, : N // 2])) * gu[:, N // 2:]
@@ -303,7 +302,7 @@ def test_gemv_q4_pairs_take_the_norm_from_the_producer(backend, kind, G, splits,
         caches = [cp.zeros((blocks, Hkv, bs, D), dtype=cp.uint16) for _ in range(4)]
         outs = [cp.full((T, N), np.nan, dtype=cp.float32) for _ in range(2)]
         for i, (xi, nin) in enumerate(((normed, None), (xg, (ssp, eps)))):
-            gemv_q4_pair(backend, "rope", xi, mw, outs[i], bias,
+            backend.gemv_q4_pair("rope", xi, mw, outs[i], bias,
                          (positions, inv_freq, slots, caches[2 * i], caches[2 * i + 1], Hq, Hkv, D, bs),
                          splits=splits, norm_in=nin)
         q = slice(0, Hq * D)
@@ -312,7 +311,7 @@ def test_gemv_q4_pairs_take_the_norm_from_the_producer(backend, kind, G, splits,
             a, b = (bf16_to_f32(cp.asnumpy(caches[c + 2 * i])) for i in (1, 0))
             assert np.count_nonzero(b) >= T * Hkv * D // 2 and rel_err(a, b) < 5e-3, (T, c)
     with pytest.raises(ValueError, match="cluster"):
-        gemv_q4_pair(backend, "silu", xg[:1], mw, cp.empty((1, N // 2), dtype=cp.float32), splits=8,
+        backend.gemv_q4_pair("silu", xg[:1], mw, cp.empty((1, N // 2), dtype=cp.float32), splits=8,
                      norm_in=(ssp, eps))
     assert int(backend._ws["gemv_q4_sem"].sum()) == 0
 
@@ -326,8 +325,6 @@ def test_awq_decode_with_the_norms_in_the_gemvs_matches_the_cpu_reference(tmp_pa
     model turns a 2^-9 change of x into a few % of its logits), and the launches: every o and down but the last
     down writing the norm's inputs, every gate_up and qkv but the first taking them, one rms_norm a step (the first
     layer's; the final norm is the sampled rows')."""
-    import llmrs.backends.cuda.forward as fwd
-    import llmrs.backends.cuda.linear as lin
     import llmrs.backends.cuda.quant_linear as q4gemm
     from llmrs.backends.cuda import CUDABackend
     from llmrs.engine.batch import build_step_batch
@@ -340,13 +337,13 @@ def test_awq_decode_with_the_norms_in_the_gemvs_matches_the_cpu_reference(tmp_pa
     assert CUDABackend.q4_gemv_norm  # the default
     layers = runners[True].model.w.layers
     for T in (1, 3, 8):
-        assert q4gemm.q4_norm_chain(runners[True].backend, layers, T, 64)
-        assert not q4gemm.q4_norm_chain(runners[False].backend, layers, T, 64)
-    assert not q4gemm.q4_norm_chain(runners[True].backend, layers, 9, 64)
+        assert runners[True].backend.q4_norm_chain(layers, T, 64)
+        assert not runners[False].backend.q4_norm_chain(layers, T, 64)
+    assert not runners[True].backend.q4_norm_chain(layers, 9, 64)
     calls = []
-    for mod, name in ((fwd, "gemv_q4"), (lin, "gemv_q4"), (fwd, "gemv_q4_pair")):  # where the step calls them
-        real = getattr(mod, name)
-        monkeypatch.setattr(mod, name, lambda be, *a, _r=real, _n=name, **k: calls.append(
+    for name in ("gemv_q4", "gemv_q4_pair"):  # (methods: the forward's and _linear_quant's calls alike)
+        real = getattr(CUDABackend, name)
+        monkeypatch.setattr(CUDABackend, name, lambda be, *a, _r=real, _n=name, **k: calls.append(
             (be, _n, a[0] if _n == "gemv_q4_pair" else None, k.get("norm_out") is not None
              or k.get("norm_in") is not None)) or _r(be, *a, **k))
     prompts = prompts_for(kept.tokenizer)[:3]
@@ -378,7 +375,6 @@ def test_awq_decode_with_the_fused_epilogues_gives_the_unfused_bits(tmp_path, G,
     of one and of three sequences through the decode graphs (programmatic launch, clusters), with the paired forms
     (gate_up + SiLU, qkv + RoPE + KV write) and without (q4_gemv_epilogue False): the same logits, bit for bit,
     and the same greedy tokens."""
-    import llmrs.backends.cuda.forward as cuda_backend
     import llmrs.backends.cuda.quant_linear as q4gemm
     from llmrs.backends.cuda import CUDABackend
     from llmrs.engine.batch import build_step_batch
@@ -390,11 +386,11 @@ def test_awq_decode_with_the_fused_epilogues_gives_the_unfused_bits(tmp_path, G,
     assert CUDABackend.q4_gemv_epilogue  # the default
     r = runners[True]
     layer = r.model.w.layers[0]
-    assert q4gemm.gemv_pair_takes(r.backend, "rope", layer.qkv, 1, 64)
-    assert q4gemm.gemv_pair_takes(r.backend, "silu", layer.gate_up, 3)
-    assert not q4gemm.gemv_pair_takes(runners[False].backend, "silu", layer.gate_up, 3)
-    real, calls = cuda_backend.gemv_q4_pair, []
-    monkeypatch.setattr(cuda_backend, "gemv_q4_pair",
+    assert r.backend.gemv_pair_takes("rope", layer.qkv, 1, 64)
+    assert r.backend.gemv_pair_takes("silu", layer.gate_up, 3)
+    assert not runners[False].backend.gemv_pair_takes("silu", layer.gate_up, 3)
+    real, calls = CUDABackend.gemv_q4_pair, []
+    monkeypatch.setattr(CUDABackend, "gemv_q4_pair",
                         lambda be, epi, *a, **k: calls.append((be, epi)) or real(be, epi, *a, **k))
     prompts = prompts_for(kept.tokenizer)[:3]
     bs = r.backend.block_size
@@ -418,10 +414,10 @@ def test_awq_decode_with_the_fused_epilogues_gives_the_unfused_bits(tmp_path, G,
 def test_decode_dispatch_takes_gemv_for_the_layout_and_matvec_otherwise(backend, monkeypatch):
     rng = np.random.default_rng(4)
     calls = []
-    import llmrs.backends.cuda.linear as cuda_backend  # (_linear_quant's gemv_q4)
+    from llmrs.backends.cuda import CUDABackend  # (_linear_quant's gemv_q4)
 
-    real = cuda_backend.gemv_q4
-    monkeypatch.setattr(cuda_backend, "gemv_q4", lambda *a, **k: calls.append(a[2] is not None) or real(*a, **k))
+    real = CUDABackend.gemv_q4
+    monkeypatch.setattr(CUDABackend, "gemv_q4", lambda *a, **k: calls.append(a[2] is not None) or real(*a, **k))
     # N % 64: no Marlin copy, matvec_q4; one token on the GEMV in the layout (quant_linear.gemv_one_token: every
     # shape by default, K >= 4 N or full tiles under GEMV_ONE_TOKEN_K_PER_N=4), else on matvec_q4
     for N, K, in_layout in [(256, 512, True), (96, 256, False)]:
@@ -436,7 +432,7 @@ def test_decode_dispatch_takes_gemv_for_the_layout_and_matvec_otherwise(backend,
         n_calls = len(calls)
         one = rng.standard_normal((1, K)).astype(np.float32)
         got = cp.asnumpy(backend.linear(cp.asarray(one), dw))
-        one_takes = gemv_takes(backend, 1, N, K)  # asked (it refuses a weight without the layout: matvec_q4)
+        one_takes = backend.gemv_takes(1, N, K)  # asked (it refuses a weight without the layout: matvec_q4)
         one_gemv = in_layout and one_takes
         assert len(calls) == n_calls + one_takes and (not one_takes or calls[-1] == in_layout)
         if one_gemv:
@@ -464,7 +460,6 @@ def test_weights_the_gemv_takes_at_one_token_hold_only_the_reordered_copy(backen
     """N / 32 >= 4 x SMs (a 7B's gate_up) or K >= 4 N (its down): the GEMV takes even one token, so the row form
     is released and every path reads the GEMM's copy: the GEMV up to 16 tokens, the 4-bit GEMM up to 192, above it
     dequant_marlin_bf16 (the values dequant_q4_bf16 gives from the row form) + cuBLAS."""
-    from llmrs.backends.cuda.quant_linear import dequant_marlin
 
     rng = np.random.default_rng(G)
     N, K = (128 * backend.num_sms, 512) if shape == "tiles fill the GPU" else (256, 1024)
@@ -480,7 +475,7 @@ def test_weights_the_gemv_takes_at_one_token_hold_only_the_reordered_copy(backen
         ref = round_bf16(x).astype(np.float64) @ (exact if T <= 16 else rounded).T
         assert rel_err(out, ref) < TOL, (kind, T)
     wb = cp.empty((N, K), dtype=cp.uint16)
-    dequant_marlin(backend, dw.marlin, wb)
+    backend.dequant_marlin(dw.marlin, wb)
     backend.q4_gemv = False  # the row form stays (matvec_q4 reads it)
     try:
         both = backend.upload_quantized(w)
@@ -504,7 +499,6 @@ def test_both_dequant_kernels_equal_numpy_at_any_grid(backend, kind, N, K, G):
     """dequant_q4_bf16 (row form: a warp 128 words a pass, 4 a lane) and dequant_marlin_bf16 (GEMM layout: two
     records a thread a pass, a quad transpose before each 16-byte store) against numpy's f32 dequantization rounded
     to bf16, at the backend's grid and at grids that leave threads several passes, a lone last record, or idle."""
-    from llmrs.backends.cuda.quant_linear import dequant_marlin
 
     rng = np.random.default_rng(N + K)
     w = make_weight(kind, N, K, G, rng)
@@ -513,7 +507,7 @@ def test_both_dequant_kernels_equal_numpy_at_any_grid(backend, kind, N, K, G):
         dw = backend.upload_quantized(w)
     finally:
         backend.q4_gemv = True
-    mw = to_marlin(backend, dw)
+    mw = backend.to_marlin(dw)
     ref = round_bf16(w.dequantize())
     words, records = N * K // 8, N * K // 32
     for blocks in (None, 1, 3, 7, 65535):
@@ -527,7 +521,7 @@ def test_both_dequant_kernels_equal_numpy_at_any_grid(backend, kind, N, K, G):
             continue
         out = cp.full((N, K), 0xFFFF, dtype=cp.uint16)
         if blocks is None:
-            dequant_marlin(backend, mw, out)
+            backend.dequant_marlin(mw, out)
         else:
             backend.k.fns[f"dequant_marlin_{'q4m' if mw.mode else 'q4z'}_bf16"](
                 (blocks,), (256,), (mw.qweight, mw.sz, out, np.int32(N), np.int32(K), np.int32(G)))
@@ -563,8 +557,8 @@ def test_gemv_q4_bandwidth_on_qwen2_5_7b_shapes_beside_matvec_q4(backend):
             for label, flag in (("gemv_q4", True), (other, False)):
                 backend.q4_gemv = flag  # off: backend._linear takes matvec_q4 at any T
                 try:
-                    us = graph_us(lambda: gemv_q4(backend, x, dw.marlin, None, out) if flag
-                                  else linear_q4(backend, x, dw.marlin, None, out) if T > 8
+                    us = graph_us(lambda: backend.gemv_q4(x, dw.marlin, None, out) if flag
+                                  else backend.linear_q4(x, dw.marlin, None, out) if T > 8
                                   else backend._linear(x, dw, None, out))
                 finally:
                     backend.q4_gemv = True

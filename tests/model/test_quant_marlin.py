@@ -262,14 +262,14 @@ def test_gemv_splits_cover_k_exactly_with_no_empty_slice(sms):
     """gemv_q4.cu's gemv_q4 trusts its plan: warp w of slice z takes k32 blocks [(z W + w) kpw, + kpw) clipped to
     K / 32; every block must be covered once, no slice empty (its last block would wait on a count never reached:
     each slice's block adds one), kpw a multiple of GEMV_DEPTH (the kernel's batches)."""
-    from types import SimpleNamespace
+    from tests.backends.test_cuda_rules import StandIn
 
-    from llmrs.backends.cuda.quant_linear import GEMV_BLOCKS_PER_SM, GEMV_DEPTH, GEMV_WARPS, gemv_splits
+    from llmrs.backends.cuda.quant_linear import GEMV_BLOCKS_PER_SM, GEMV_DEPTH, GEMV_WARPS
 
-    backend = SimpleNamespace(num_sms=sms)
+    backend = StandIn(num_sms=sms)
     for N, K, splits in itertools.product((64, 896, 1152, 3584, 4608, 9728, 37888),
                                           (64, 896, 1536, 3584, 4864, 8192, 18944), (None, 1, 3, 64)):
-        S, per = gemv_splits(backend, N, K, splits)
+        S, per = backend.gemv_splits(N, K, splits)
         KB = K // 32
         assert S >= 1 and per >= 1 and per % GEMV_DEPTH == 0, (N, K, splits, S, per)
         starts = [min(KB, (z * GEMV_WARPS + w) * per) for z in range(S) for w in range(GEMV_WARPS)]
@@ -286,20 +286,20 @@ def test_a_weight_without_its_row_form_is_never_sent_to_the_matvec(sms, k_per_n,
     """row_form_needed False (the row copy released) must mean the decode dispatch takes the GEMV at every token
     count, so matvec_q4 (the only reader of the row form) is never asked; under the K >= 4 N rule and with
     GEMV_ONE_TOKEN_K_PER_N 0 (every shape on the GEMV)."""
-    from types import SimpleNamespace
+    from tests.backends.test_cuda_rules import StandIn
 
     import llmrs.backends.cuda.quant_linear as q4gemm
-    from llmrs.backends.cuda.quant_linear import GEMV_MAX_TOKENS, gemv_takes, row_form_needed
+    from llmrs.backends.cuda.quant_linear import GEMV_MAX_TOKENS, row_form_needed
 
     monkeypatch.setattr(q4gemm, "GEMV_ONE_TOKEN_K_PER_N", k_per_n)
     monkeypatch.setattr(q4gemm, "GEMV_ONE_TOKEN_MIN_WEIGHTS", 1 << 62)  # (the size rule: its own test below)
-    backend = SimpleNamespace(num_sms=sms)
+    backend = StandIn(num_sms=sms)
     for N in range(64, 40000, 64):
         for K in (512, 3584, 4 * N - 64, 4 * N, 18944):
             if not row_form_needed(N, K, sms):
-                assert all(gemv_takes(backend, T, N, K) for T in range(1, GEMV_MAX_TOKENS + 1)), (N, K)
+                assert all(backend.gemv_takes(T, N, K) for T in range(1, GEMV_MAX_TOKENS + 1)), (N, K)
             else:
-                assert not gemv_takes(backend, 1, N, K), (N, K)
+                assert not backend.gemv_takes(1, N, K), (N, K)
     K = 128  # < 4 N for every N below
     assert row_form_needed(128 * sms, K, sms, gemv=False)  # without q4_gemv: matvec_q4 reads every one
     if k_per_n == 0:
@@ -347,6 +347,8 @@ def test_gemm_takes_up_to_max_tokens_and_small_matrices_further(small, monkeypat
     at 256) up to 256; above, none. The backend's bf16-input rule follows it (CUDABackend._gemm_takes_bf16)."""
     from types import SimpleNamespace
 
+    from tests.backends.test_cuda_rules import StandIn
+
     import llmrs.backends.cuda.quant_linear as q4gemm
     from llmrs.backends.cuda import CUDABackend
     from llmrs.backends.cuda.quant_linear import gemm_takes
@@ -365,8 +367,8 @@ def test_gemm_takes_up_to_max_tokens_and_small_matrices_further(small, monkeypat
     # bf16 x too)
     for wgmma, t256, bf16_input in ((False, False, False), (True, False, False), (True, True, False),
                                     (False, False, True), (True, True, True)):
-        fake = SimpleNamespace(fuse_bf16=True, quant_matvec_max_tokens=8, matvec_max_tokens=1, num_sms=132,
-                               k=SimpleNamespace(wgmma=wgmma, wgmma_t256=t256), q4_bf16_input=bf16_input)
+        fake = StandIn(fuse_bf16=True, quant_matvec_max_tokens=8, matvec_max_tokens=1, num_sms=132,
+                       k=SimpleNamespace(wgmma=wgmma, wgmma_t256=t256), q4_bf16_input=bf16_input)
         fake._gemm_takes_bf16 = lambda w, T, fake=fake: CUDABackend._gemm_takes_bf16(fake, w, T)
         for N, K in (qkv, gate_up):
             for marlin in (None, object()):

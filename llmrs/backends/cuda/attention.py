@@ -14,8 +14,8 @@ import numpy as np
 
 from llmrs.backends.cuda.dispatch import ATTN_MAXG, ATTN_THREADS
 from llmrs.backends.cuda.kernels import NULL
-from llmrs.backends.cuda.prefill import (MAX_GRID_Y, PREFILL_BLOCK_K, PREFILL_THREADS, TC_BLOCK_K, TC_WARPS,
-                                         decode_tc_splits, decode_tc_supported, prefill_supported)
+from llmrs.backends.cuda.prefill import (MAX_GRID_Y, PREFILL_BLOCK_K, PREFILL_HEAD_DIMS, PREFILL_THREADS, TC_BLOCK_K,
+                                         TC_MAX_GROUP, TC_MIN_SPLIT_KEYS, TC_WARPS)
 
 if TYPE_CHECKING:
     from llmrs.backends.cuda.batch import DeviceBatch
@@ -25,6 +25,33 @@ _smem_set: set[int] = set()  # ids of kernels whose dynamic shared memory limit 
 
 class AttentionOps:
     """The attention launches, mixed into CUDABackend (module docstring)."""
+
+    def prefill_supported(self) -> bool:
+        """Whether prefill_attention can run this backend's shapes (else keep attn_partial)."""
+        c = self.config
+        bs = self.block_size
+        return (c.head_dim in PREFILL_HEAD_DIMS and bs >= 1 and bs & (bs - 1) == 0
+                and c.num_attention_heads % c.num_key_value_heads == 0 and self.k.cc >= 80)
+
+    def decode_tc_supported(self) -> bool:
+        """Whether decode_attn_tc (prefill_attention.cu) can run this backend's shapes: prefill_attention's head dims
+        and GPUs, at most 16 query heads per KV head, cache blocks of a multiple of its 16-key tiles (a tile reads
+        one block: one block-table read a tile)."""
+        return (self.prefill_supported() and self.config.num_queries_per_kv <= TC_MAX_GROUP
+                and self.block_size % TC_BLOCK_K == 0)
+
+    def decode_tc_splits(self, T: int, max_len: int) -> int:
+        """Key splits of a decode_attn_tc launch: one when the (token, kv head) blocks already fill two per SM, else
+        enough to (about) do so, each split keeping at least 32 keys (two warps' 16-key tiles), at most 64 splits.
+        H200, one token at context 512 inside graphs (bench_kernels_graph.py --only attention), us a
+        layer at 8 / 16 / 32 splits: 7B 8.27 / 7.45 / 9.51, 0.5B 6.10 / 4.91 / 6.36 (64-key minimum: 9 splits)."""
+        if self.attn_splits is not None:
+            return max(1, min(self.attn_splits, max_len))
+        blocks = T * self.config.num_key_value_heads
+        per_split = TC_MIN_SPLIT_KEYS
+        if blocks >= 2 * self.num_sms or max_len <= per_split:
+            return 1
+        return max(1, min(-(-max_len // per_split), -(-2 * self.num_sms // blocks), 64))
 
     def _attention_o(self, layer: int, q: Any, q_stride: int, db: DeviceBatch, o: Any, x: Any, cl: int) -> None:
         """x += o(attention of q over layer's cache): attn_o_cluster{cl}, one token (`_attn_o_cluster`)."""
@@ -107,7 +134,7 @@ class AttentionOps:
         """
         c = self.config
         Hq, Hkv, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        if not prefill_supported(self) or q_stride % 4 or q.data.ptr % 16 or out.data.ptr % 8:
+        if not self.prefill_supported() or q_stride % 4 or q.data.ptr % 16 or out.data.ptr % 8:
             return False
         if n_tiles == 0:
             return True
@@ -135,9 +162,9 @@ class AttentionOps:
         not supported: the caller keeps attn_partial."""
         c = self.config
         T, Hq, Hkv, D = db.T, c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        if not decode_tc_supported(self) or q_stride % 4 or q.data.ptr % 16:
+        if not self.decode_tc_supported() or q_stride % 4 or q.data.ptr % 16:
             return None
-        S = decode_tc_splits(self, T, db.max_len)
+        S = self.decode_tc_splits(T, db.max_len)
         chunk = -(-db.max_len // S)
         chunk = -(-chunk // TC_BLOCK_K) * TC_BLOCK_K  # each split starts on a tile of one cache block
         dst = out if out_bf16 is None else out_bf16

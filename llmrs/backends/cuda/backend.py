@@ -40,8 +40,7 @@ from llmrs.backends.cuda.dispatch import MATVEC_MAX_TOKENS, CudaOptions, Dispatc
 from llmrs.backends.cuda.forward import FusedStep
 from llmrs.backends.cuda.kernels import NULL, get_kernels
 from llmrs.backends.cuda.linear import LinearOps
-from llmrs.backends.cuda.prefill import prefill_supported
-from llmrs.backends.cuda.quant_linear import row_form_needed, to_marlin
+from llmrs.backends.cuda.quant_linear import QuantLinearOps, row_form_needed
 from llmrs.backends.cuda.sampler import Sampler
 from llmrs.engine.batch import StepBatch
 from llmrs.engine.config import ModelConfig
@@ -87,7 +86,7 @@ def _import_cupy() -> Any:
     return cp
 
 
-class CUDABackend(DispatchRules, LinearOps, AttentionOps, FusedStep, Sampler):
+class CUDABackend(DispatchRules, LinearOps, QuantLinearOps, AttentionOps, FusedStep, Sampler):
     """The CUDA backend (module docstring). Every `CudaOptions` field is an attribute of the same name (the class's
     default, the constructor's `options` on an instance): the rules in dispatch.py read them there."""
 
@@ -123,7 +122,7 @@ class CUDABackend(DispatchRules, LinearOps, AttentionOps, FusedStep, Sampler):
         self.quant_matvec_max_tokens = 8
         self.attn_splits: int | None = None  # None: chosen per step; tests force values
         self.k = get_kernels()  # compiles every kernel now (warm-up), not on the first request
-        if self.prefill_min_tokens is None or not prefill_supported(self) or self.prefill_min_tokens < 1:
+        if self.prefill_min_tokens is None or not self.prefill_supported() or self.prefill_min_tokens < 1:
             self.prefill_min_tokens = None
         self.pad_block = num_blocks  # one extra block: padding rows of a graph bucket write here, nothing reads it
         shape = (num_blocks + 1, c.num_key_value_heads, block_size, D)
@@ -286,9 +285,9 @@ class CUDABackend(DispatchRules, LinearOps, AttentionOps, FusedStep, Sampler):
         return self.add_gemm_layout(dw)
 
     def add_gemm_layout(self, dw: DeviceQuantWeight) -> DeviceQuantWeight:
-        """A 4-bit weight's reordered copy for the GEMV / GEMM (quant_linear.to_marlin); its row form is released
+        """A 4-bit weight's reordered copy for the GEMV / GEMM (QuantLinearOps.to_marlin); its row form is released
         where no kernel reads it (quant_linear.row_form_needed), else both stay (~2x the 4-bit bytes)."""
-        dw.marlin = to_marlin(self, dw)
+        dw.marlin = self.to_marlin(dw)
         if dw.marlin is not None and not row_form_needed(dw.N, dw.K, self.num_sms, self.q4_gemv):
             dw.qweight = dw.scales = dw.zeros = None
         return dw

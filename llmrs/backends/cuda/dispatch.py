@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from llmrs.backends.cuda.kernels import ATTN_O_CLUSTER_SIZES, max_active_clusters
-from llmrs.backends.cuda.prefill import decode_tc_supported
-from llmrs.backends.cuda.quant_linear import GEMV_MAX_TOKENS, gemm_takes, wgmma_takes
+from llmrs.backends.cuda.quant_linear import GEMV_MAX_TOKENS, gemm_takes
 from llmrs.model.quant import DeviceQuantWeight
 
 if TYPE_CHECKING:
@@ -39,15 +38,15 @@ class CudaOptions:
     fuse_norm: str = "auto"
     # decode over 4-bit weights: gemv_q4 (tensor cores, the Marlin layout) instead of matvec_q4 (f32 FMA, row layout)
     q4_gemv: bool = True
-    # gemv_q4's K slices of a tile launched as one thread-block cluster on sm_90+ (quant_linear.gemv_cluster)
+    # gemv_q4's K slices of a tile launched as one thread-block cluster on sm_90+ (QuantLinearOps.gemv_cluster)
     q4_gemv_cluster: bool = True
     # a 4-bit gate_up / qkv on the GEMV with SiLU x up / RoPE + the KV write in its epilogue (quant_linear's
     # gemv_pair_takes); False keeps silu_mul / rope_write_kv as launches
     q4_gemv_epilogue: bool = True
-    # the RMSNorms between those GEMVs carried by them (quant_linear.q4_norm_chain): "auto" up to a hidden size of
+    # the RMSNorms between those GEMVs carried by them (QuantLinearOps.q4_norm_chain): "auto" up to a hidden size of
     # quant_linear.Q4_NORM_CHAIN_MAX_K (where it measured faster), True at every size, False never
     q4_gemv_norm: bool | str = "auto"
-    # SiLU x up fused into the batched steps' 4-bit gate_up GEMMs (quant_linear.gemm_silu_takes)
+    # SiLU x up fused into the batched steps' 4-bit gate_up GEMMs (QuantLinearOps.gemm_silu_takes)
     q4_gemm_epilogue: bool = True
     # the mma.sync 4-bit GEMM reads its x as bf16 words written by the producers instead of a cast before each linear
     # (the same bits, ~4 launches a layer fewer)
@@ -238,7 +237,7 @@ class DispatchRules:
         if isinstance(w, DeviceQuantWeight):  # the 4-bit GEMMs read bf16 x too (wgmma always, mma.sync by switch)
             return (self.fuse_bf16 and T > max(GEMV_MAX_TOKENS, self.quant_matvec_max_tokens)
                     and (not gemm_takes(T, w.N, w.K, self.k.wgmma, self.k.wgmma_t256)
-                         or (w.marlin is not None and (self.q4_bf16_input or wgmma_takes(self, T)))))
+                         or (w.marlin is not None and (self.q4_bf16_input or self.wgmma_takes(T)))))
         return self.fuse_bf16 and T > self.matvec_max_tokens
 
     def _gemm_out_bf16(self, w: Any, T: int) -> bool:
@@ -263,7 +262,7 @@ class DispatchRules:
             return self.attn_kernel
         tc = self._tc_ok  # (asked twice a layer of every eager step: the answer is kept)
         if tc is None:
-            tc = self._tc_ok = decode_tc_supported(self)
+            tc = self._tc_ok = self.decode_tc_supported()
         if tc and T >= ATTN_TC_MIN_TOKENS:
             return "tc"
         if tc and self.config.head_dim <= ATTN_GQA_MAX_HEAD_DIM:

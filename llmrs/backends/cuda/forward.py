@@ -5,7 +5,7 @@ write (and, on the matvec path, both ride in the qkv projection's epilogue, as S
 `fuse_epilogues`; up to a hidden size of NORM_FOLD_MAX_K the RMSNorm before each rides in its prologue:
 `fuse_norm`); the sampled rows are gathered inside the final RMSNorm. Each layer: input norm -> qkv (+ RoPE + KV
 write) -> attention (-> o, fused where `_attn_o_cluster` takes the shape) -> post norm -> gate_up (+ SiLU x up) ->
-down. 4-bit decode carries the norms between its GEMVs (quant_linear.q4_norm_chain).
+down. 4-bit decode carries the norms between its GEMVs (QuantLinearOps.q4_norm_chain).
 
 Tensor parallelism: with `tp=TPRank` (engine/tp_nccl.py) the same step embeds the rank's vocabulary slice, sums
 the embeddings and every o/down partial over the ranks with NCCL on the step's stream, and gathers the logits.
@@ -22,8 +22,6 @@ import numpy as np
 from llmrs import trace
 from llmrs.backends.cuda.dispatch import rope_threads
 from llmrs.backends.cuda.kernels import NULL
-from llmrs.backends.cuda.quant_linear import (gemm_q4_silu, gemm_silu_takes, gemv_pair_takes, gemv_q4, gemv_q4_pair,
-                                              q4_norm_chain)
 from llmrs.trace import tr
 
 if TYPE_CHECKING:
@@ -81,7 +79,7 @@ class FusedStep:
         # attention kernels' f32 output is cast before o
         # 4-bit decode: the norms between the GEMVs carried by them (q4_norm_chain): xg = x * g, ssp the 32-column
         # tiles' sums of x^2, written by o / down, read by gate_up / the next qkv
-        chain = tp is None and q4_norm_chain(self, w.layers, T, D)
+        chain = tp is None and self.q4_norm_chain(w.layers, T, D)
         xg = self._buf("norm_xg", (T, H)) if chain else None
         ssp = self._buf("norm_ssp", (T, H // 32)) if chain else None
         for n, layer in enumerate(w.layers):
@@ -93,8 +91,8 @@ class FusedStep:
             if pair:
                 self._matvec_pair("rope", h, layer.qkv, qkv, bias=layer.qkv_bias, db=db, layer=n,
                                   norm=(layer.input_norm, eps) if norm_in else None)
-            elif gemv_pair_takes(self, "rope", layer.qkv, T, D):  # 4-bit: the GEMV with RoPE + KV write fused
-                gemv_q4_pair(self, "rope", h, layer.qkv.marlin, qkv, layer.qkv_bias,
+            elif self.gemv_pair_takes("rope", layer.qkv, T, D):  # 4-bit: the GEMV with RoPE + KV write fused
+                self.gemv_q4_pair("rope", h, layer.qkv.marlin, qkv, layer.qkv_bias,
                              (db.positions, self.inv_freq, db.slots, self.k_cache[n], self.v_cache[n], Hq, Hkv, D,
                               self.block_size), layer.qkv.nbytes, norm_in=(ssp, eps) if carried else None)
             else:
@@ -121,7 +119,7 @@ class FusedStep:
             pair = self._pair_epilogue(layer.gate_up, T)
             norm_in = pair and tp is None and self._norm_folds(layer.gate_up)  # post_norm folded into gate_up
             if chain:  # o writes gate_up's xg / ssp too
-                if not gemv_q4(self, o_in, layer.o.marlin, None, x, True, "o", layer.o.nbytes,
+                if not self.gemv_q4(o_in, layer.o.marlin, None, x, True, "o", layer.o.nbytes,
                                norm_out=(layer.post_norm, xg, ssp)):
                     raise RuntimeError(f"o: the norm chain's GEMV refused its input {o_in.shape} {o_in.dtype}")
                 h = xg
@@ -136,14 +134,14 @@ class FusedStep:
             if pair:
                 act = self._buf("act", (T, I))
                 self._matvec_pair("silu", h, layer.gate_up, act, norm=(layer.post_norm, eps) if norm_in else None)
-            elif gemv_pair_takes(self, "silu", layer.gate_up, T):  # 4-bit: the GEMV with SiLU x up fused
+            elif self.gemv_pair_takes("silu", layer.gate_up, T):  # 4-bit: the GEMV with SiLU x up fused
                 act = self._buf("act", (T, I))
-                gemv_q4_pair(self, "silu", h, layer.gate_up.marlin, act, nbytes=layer.gate_up.nbytes,
+                self.gemv_q4_pair("silu", h, layer.gate_up.marlin, act, nbytes=layer.gate_up.nbytes,
                              norm_in=(ssp, eps) if chain else None)
-            elif (h.dtype == np.uint16 and gemm_silu_takes(self, layer.gate_up, T)
+            elif (h.dtype == np.uint16 and self.gemm_silu_takes(layer.gate_up, T)
                   and self._gemm_takes_bf16(layer.down, T)):  # the 4-bit GEMM's SiLU form, bf16 out: down's input
                 act = self._buf("act_bf16", (T, I), np.uint16)
-                gemm_q4_silu(self, h, layer.gate_up.marlin, act)
+                self.gemm_q4_silu(h, layer.gate_up.marlin, act)
             elif self._gate_up_bf16(layer, T):  # bf16 gate / up straight from cuBLAS, SiLU x up bf16 to bf16
                 gu16 = self._buf("gu_bf16", (T, 2 * I), np.uint16)
                 self._linear(h, layer.gate_up, None, gu16, name="gate_up", out_bf16=True)
@@ -152,7 +150,7 @@ class FusedStep:
                 self._linear(h, layer.gate_up, None, gu, name="gate_up")
                 act = self._silu_mul_for(layer.down, gu)
             if chain and n + 1 < len(w.layers):  # down writes the next qkv's xg / ssp too
-                if not gemv_q4(self, act, layer.down.marlin, None, x, True, "down", layer.down.nbytes,
+                if not self.gemv_q4(act, layer.down.marlin, None, x, True, "down", layer.down.nbytes,
                                norm_out=(w.layers[n + 1].input_norm, xg, ssp)):
                     raise RuntimeError(f"down: the norm chain's GEMV refused its input {act.shape} {act.dtype}")
             elif tp is None:

@@ -47,10 +47,10 @@ STATIC_SMEM_LIMIT = 48 << 10  # above, a kernel must be allowed its dynamic shar
 # gemm_q4_wgmma.cu's kernels (the Hopper form of the 4-bit GEMM, gemm_q4wg{z,m} and gemm_q4w2{z,m}) need an
 # arch-specific target (sm_90a), which CuPy's own compile (sm_90) lacks: Kernels.wgmma_fns() compiles that file for
 # it through NVRTC (module_for_arch), where the GPU has one (WGMMA_ARCH); no other target compiles it. The backend
-# takes them where quant_linear.wgmma_takes / w2_takes (WGMMA / WGMMA_T256 False: never, for A/Bs).
+# takes them where QuantLinearOps.wgmma_takes / w2_takes (WGMMA / WGMMA_T256 False: never, for A/Bs).
 WGMMA_ARCH: dict[int, str] = {90: "sm_90a"}
 WGMMA = True
-# the 4-bit wgmma form with 256 tokens a block (gemm_q4w2{z,m}, two warpgroups; where: quant_linear.w2_takes)
+# the 4-bit wgmma form with 256 tokens a block (gemm_q4w2{z,m}, two warpgroups; where: QuantLinearOps.w2_takes)
 WGMMA_T256 = True
 WG_SPLITS = (1, 2, 3, 4)  # the cluster sizes (K slices) compiled: gemm_q4wg / q4w2{z,m}_s{S}
 # resident at once, gemm_q4wg: __launch_bounds__(128, 2), <= 99 KB of ring each (ptx-check); gemm_q4w2: one
@@ -58,7 +58,7 @@ WG_SPLITS = (1, 2, 3, 4)  # the cluster sizes (K slices) compiled: gemm_q4wg / q
 WG_BLOCKS_PER_SM = 2
 GEMM_Q4WG_KERNELS = tuple(f"gemm_q4wg{k}_s{s}" for k in ("z", "m") for s in WG_SPLITS)
 GEMM_Q4W2_KERNELS = tuple(f"gemm_q4w2{k}_s{s}" for k in ("z", "m") for s in WG_SPLITS)
-# their paired forms (SiLU x up in the epilogue: quant_linear.gemm_q4_silu)
+# their paired forms (SiLU x up in the epilogue: QuantLinearOps.gemm_q4_silu)
 GEMM_Q4WG_PAIR_KERNELS, GEMM_Q4W2_PAIR_KERNELS = (
     tuple(f"gemm_q4{f}{k}_silu_s{s}" for k in ("z", "m") for s in WG_SPLITS) for f in ("wg", "w2"))
 ARCH_ENTRY_POINTS: dict[str, list[str]] = {  # file -> its arch-specific entry points (compiled for WGMMA_ARCH only)
@@ -98,14 +98,14 @@ ATTN_O_CLUSTER_SIZES = (4, 8)
 ATTN_O_KERNELS = [f"attn_o_cluster{cl}" for cl in ATTN_O_CLUSTER_SIZES] + ["attn_o_cluster8_w8"]  # (8 warps)
 
 
-# the mma.sync GEMM's SiLU forms (gate_up with SiLU x up fused: quant_linear.gemm_q4_silu, 33-192 tokens)
+# the mma.sync GEMM's SiLU forms (gate_up with SiLU x up fused: QuantLinearOps.gemm_q4_silu, 33-192 tokens)
 GEMM_Q4_SILU_MT = (4,)
 GEMM_Q4_SILU_KERNELS = tuple(f"gemm_{k}_silu_m{mt}" for k in ("q4z", "q4m") for mt in GEMM_Q4_SILU_MT)
 
 
 # gemv_q4's forms with the group size fixed at compile time (gemm_q4.cu's CPG: k32 blocks a group; G 32 and 128)
 GEMV_CPG = (1, 4)
-# its paired forms with the follower fused (gemm_q4.cu's GV_EPI_SILU / GV_EPI_ROPE; quant_linear.gemv_q4_pair), each
+# its paired forms with the follower fused (gemm_q4.cu's GV_EPI_SILU / GV_EPI_ROPE; QuantLinearOps.gemv_q4_pair), each
 # also as _nin (GV_NORM_IN: the RMSNorm before it from the producer's x * g and sums of squares)
 GEMV_PAIR_KERNELS = [f"gemv_{k}_{e}_c{c}{n}" for e in ("silu", "rope") for k in ("q4z", "q4m") for c in GEMV_CPG
                      for n in ("", "_nin")]
@@ -400,8 +400,8 @@ class Kernels:
         # the wgmma GEMMs: compiled now (warm-up) where the backend is to take them
         self.wgmma_arch = WGMMA_ARCH.get(self.cc)
         self._cp, self._wg_fns, self._wg_lock = cp, None, threading.Lock()
-        self.wgmma = bool(WGMMA and self.wgmma_arch)  # the 4-bit GEMM's wgmma form (quant_linear.wgmma_takes)
-        self.wgmma_t256 = bool(WGMMA_T256 and self.wgmma)  # its 256-token form (quant_linear.w2_takes)
+        self.wgmma = bool(WGMMA and self.wgmma_arch)  # the 4-bit GEMM's wgmma form (QuantLinearOps.wgmma_takes)
+        self.wgmma_t256 = bool(WGMMA_T256 and self.wgmma)  # its 256-token form (QuantLinearOps.w2_takes)
         if self.wgmma:
             self.wgmma_fns()
 

@@ -13,7 +13,7 @@ import numpy as np
 from llmrs.backends.cuda.dispatch import (MATVEC_ROWS_PER_BLOCK, NORM_STAGE_MAX_K, gemm_rows, matvec_nt,
                                           norm_threads)
 from llmrs.backends.cuda.kernels import MATVEC_ROWS_R, NULL
-from llmrs.backends.cuda.quant_linear import dequant_marlin, gemm_q4, gemm_takes, gemv_q4, linear_q4, weight_on_gemv
+from llmrs.backends.cuda.quant_linear import gemm_takes
 from llmrs.model.quant import DeviceQuantWeight
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ class LinearOps:
     def _linear_quant(self, x: Any, w: DeviceQuantWeight, bias: Any | None, out: Any, accumulate: bool,
                       name: str, out_bf16: bool = False) -> None:
         """_linear over a quantized weight: up to quant_matvec_max_tokens tokens the 4-bit GEMV (gemm_q4.cu's
-        gemv_q4, where quant_linear.gemv_takes) or the 4-/8-bit matvec (matvec_q4.cu) streams the packed weight; up
+        gemv_q4, where QuantLinearOps.gemv_takes) or the 4-/8-bit matvec (matvec_q4.cu) streams the packed weight; up
         to GEMV_MAX_TOKENS the GEMV; where quant_linear.gemm_takes the Marlin-style 4-bit GEMM (gemm_q4.cu, weights
         decoded to the same bf16 values --dequantize holds); above, the weight is dequantized into a bf16 scratch
         (bit-exact with the --dequantize weights) for cuBLAS."""
@@ -142,9 +142,9 @@ class LinearOps:
         N, G = w.N, w.group_size
         assert w.K == K and out.shape == (T, N)
         # 4-bit up to GEMV_MAX_TOKENS: the tensor-core GEMV over the GEMM's layout (gemm_q4.cu) where it is the
-        # faster one, and always for a weight held only in that layout (quant_linear.weight_on_gemv); the row-major
+        # faster one, and always for a weight held only in that layout (QuantLinearOps.weight_on_gemv); the row-major
         # matvec for 8-bit, for one token of a smaller N, and for shapes the layout lacks (or without `q4_gemv`)
-        if weight_on_gemv(self, w, T) and gemv_q4(self, x, w.marlin, bias, out, accumulate, name, w.nbytes):
+        if self.weight_on_gemv(w, T) and self.gemv_q4(x, w.marlin, bias, out, accumulate, name, w.nbytes):
             return
         if T <= self.quant_matvec_max_tokens:
             assert w.qweight is not None, f"{name}: only the reordered 4-bit copy is held; gemv_q4 refused {x.shape}"
@@ -167,9 +167,9 @@ class LinearOps:
         if gemm_takes(T, N, K, self.k.wgmma, self.k.wgmma_t256):
             assert not out_bf16, f"{name}: the 4-bit GEMM writes f32"
             if x.dtype == np.uint16:
-                assert gemm_q4(self, x, w.marlin, bias, out, accumulate, name=name), f"{name}: bf16 x, no GEMM layout"
+                assert self.gemm_q4(x, w.marlin, bias, out, accumulate, name=name), f"{name}: bf16 x, no GEMM layout"
                 return
-            if linear_q4(self, x, w.marlin, bias, out, accumulate, name):
+            if self.linear_q4(x, w.marlin, bias, out, accumulate, name):
                 return
         wb = self._buf("dequant_w", (N, K), np.uint16)
         grid = (min(65535, -(-(N * K // 8) // 256)),)  # a word (8 weights) a thread
@@ -177,7 +177,7 @@ class LinearOps:
             if w.marlin is not None:
                 # from the GEMM layout wherever there is one: its kernel stores whole 16-byte runs (H200, the 7B's
                 # down: 49 us a layer against the row form's 78)
-                dequant_marlin(self, w.marlin, wb)
+                self.dequant_marlin(w.marlin, wb)
             elif w.kind == "q8":
                 self.k.dequant_q8_bf16(grid, (256,), (w.qweight, w.scales, wb, np.int32(N), np.int32(K)))
             else:  # DQ_WORDS (4) words a thread a pass

@@ -1,20 +1,18 @@
-"""Prefill attention on tensor cores (kernels_cu/prefill_attention.cu): the host-side tile plan and the shape rules.
+"""Prefill attention on tensor cores (kernels_cu/prefill_attention.cu): the host-side tile plan and the constants.
 
 The kernel gives one CTA to (one query head, one work tile): up to `PREFILL_BLOCK_Q` consecutive new tokens of
 ONE sequence, which walks that sequence's keys 0 .. (the tile's last position) in 64-key tiles through the
 block table. `plan_prefill_tiles` lists the tiles from the step's `query_start`/`positions` (host numpy, once
-per step, next to `device_batch`'s other index arrays); `CUDABackend._prefill_attention` (attention.py) launches the
-kernel over a device copy of that plan and returns False where the shape is not supported (`prefill_supported`), so
-the caller keeps attn_partial. The decode form (decode_attn_tc): `decode_tc_supported`, `decode_tc_splits` here,
-`CUDABackend._decode_attention_tc` there.
+per step, next to `device_batch`'s other index arrays); `AttentionOps._prefill_attention` (attention.py) launches
+the kernel over a device copy of that plan and returns False where the shape is not supported (`prefill_supported`
+there), so the caller keeps attn_partial. The decode form (decode_attn_tc): the constants here, the rules
+(`decode_tc_supported`, `decode_tc_splits`) and `_decode_attention_tc` in attention.py.
 
 Plan row (int32 x 4): (sequence index, first token row, rows <= block_q, key count = last row's position + 1),
 sorted by key count, longest first: the long causal tiles start first and the short ones fill in behind.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 
@@ -55,47 +53,8 @@ def plan_prefill_tiles(query_start: np.ndarray, positions: np.ndarray, block_q: 
     return np.ascontiguousarray(tiles[order])
 
 
-def prefill_supported(backend: Any) -> bool:
-    """Whether prefill_attention can run this backend's shapes (else keep attn_partial)."""
-    c = backend.config
-    bs = backend.block_size
-    return (c.head_dim in PREFILL_HEAD_DIMS and bs >= 1 and bs & (bs - 1) == 0
-            and c.num_attention_heads % c.num_key_value_heads == 0 and _compute_capability(backend) >= 80)
-
-
-def _compute_capability(backend: Any) -> int:
-    cc = getattr(backend, "_prefill_cc", None)
-    if cc is None:
-        cc = int(backend.cp.cuda.Device().compute_capability)
-        backend._prefill_cc = cc
-    return cc
-
-
 # ---------------------------------------------------------------------- decode attention on tensor cores
 TC_WARPS = 4  # DT_WARPS in prefill_attention.cu
 TC_BLOCK_K = 16  # DT_BK: keys of a warp's tile
 TC_MAX_GROUP = 16  # query heads per KV head: the 16 rows of the MMA
 TC_MIN_SPLIT_KEYS = 32  # keys a split at least (decode_tc_splits)
-
-
-def decode_tc_supported(backend: Any) -> bool:
-    """Whether decode_attn_tc (prefill_attention.cu) can run this backend's shapes: prefill_attention's head dims
-    and GPUs, at most 16 query heads per KV head, cache blocks of a multiple of its 16-key tiles (a tile reads one
-    block: one block-table read a tile)."""
-    c = backend.config
-    return (prefill_supported(backend) and c.num_queries_per_kv <= TC_MAX_GROUP
-            and backend.block_size % TC_BLOCK_K == 0)
-
-
-def decode_tc_splits(backend: Any, T: int, max_len: int) -> int:
-    """Key splits of a decode_attn_tc launch: one when the (token, kv head) blocks already fill two per SM, else
-    enough to (about) do so, each split keeping at least 32 keys (two warps' 16-key tiles), at most 64 splits.
-    H200, one token at context 512 inside graphs (bench_kernels_graph.py --only attention), us a
-    layer at 8 / 16 / 32 splits: 7B 8.27 / 7.45 / 9.51, 0.5B 6.10 / 4.91 / 6.36 (64-key minimum: 9 splits)."""
-    if backend.attn_splits is not None:
-        return max(1, min(backend.attn_splits, max_len))
-    blocks = T * backend.config.num_key_value_heads
-    per_split = TC_MIN_SPLIT_KEYS
-    if blocks >= 2 * backend.num_sms or max_len <= per_split:
-        return 1
-    return max(1, min(-(-max_len // per_split), -(-2 * backend.num_sms // blocks), 64))
