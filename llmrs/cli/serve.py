@@ -110,6 +110,9 @@ def serve(
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", show_default="MODEL", help="Model name clients send and /v1/models lists."),
     max_waiting: Optional[int] = typer.Option(None, "--max-waiting", show_default="no limit", help="Answer 429 when this many requests already wait."),
     max_body_bytes: int = typer.Option(4 * 1024 * 1024, "--max-body-bytes", help="Largest request body accepted (413 above)."),
+    max_seqs_per_request: int = typer.Option(128, "--max-seqs-per-request", help="Sequences one request may make at most (prompts x n): a 400 above, before any tokenizing."),
+    metrics_public: bool = typer.Option(True, "--metrics-public/--no-metrics-public", help="With --api-key: whether GET /metrics is open (as vLLM) or needs the key too."),
+    docs: bool = typer.Option(False, "--docs/--no-docs", help="Serve the API docs (/docs, /redoc, /openapi.json), behind --api-key if one is set."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     shutdown_timeout: float = typer.Option(5.0, "--shutdown-timeout", help="Seconds in-flight requests get to finish after Ctrl-C / SIGTERM before they are aborted."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level: critical, error, warning, info, debug."),
@@ -128,6 +131,7 @@ def serve(
     for name, value, low in (("--max-num-seqs", max_num_seqs, 1), ("--max-num-batched-tokens", max_num_batched_tokens, 1),
                              ("--max-model-len", max_model_len, 2),
                              ("--kv-cache-tokens", kv_cache_tokens, BLOCK_SIZE), ("--max-body-bytes", max_body_bytes, 1),
+                             ("--max-seqs-per-request", max_seqs_per_request, 1),
                              ("--max-waiting", max_waiting, 0)):
         if value is not None and value < low:
             raise UserError(f"{name} must be at least {low} (got {value})")
@@ -172,7 +176,9 @@ def serve(
     with console.status(f"loading {model} ..."):
         engine = make_engine(model, max_waiting=max_waiting, **options)
     app = build_app(engine, ServerSettings(served_names=[name], model_root=model, api_key=api_key,
-                                           max_body_bytes=max_body_bytes, block_size=BLOCK_SIZE))
+                                           max_body_bytes=max_body_bytes, block_size=BLOCK_SIZE,
+                                           metrics_public=metrics_public, docs=docs,
+                                           max_seqs_per_request=max_seqs_per_request))
     bound = sock.getsockname()
     console.print(f"[dim]loaded {model} in {time.perf_counter() - t0:.1f}s; max_model_len {engine.max_model_len}, "
                   f"KV cache {engine.kv_cache_tokens} tokens on {engine.device}, "

@@ -1,5 +1,9 @@
 """The FastAPI app: routes, OpenAI-shaped errors, and one ASGI guard in front (API key, body size limit).
 
+With an API key, every route needs it but /health and /version (a probe must not need the secret), and /metrics
+while --metrics-public (the default, as vLLM); the docs routes (/docs, /redoc, /openapi.json) exist only with
+--docs, behind the key too.
+
 The engine is built before the app (the model loads before the port answers); the app's lifespan starts its
 loop thread and, at shutdown, aborts whatever still runs and joins the thread.
 """
@@ -16,14 +20,20 @@ import anyio
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+import llmrs
 from llmrs import trace
 from llmrs.engine.protocol import EngineClient
-from llmrs.server import errors
+from llmrs.server import errors, openapi
 from llmrs.server.metrics import ServerMetrics
 from llmrs.server.routes import router
 from llmrs.server.serving import ServerState
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+DEFAULT_MAX_SEQS_PER_REQUEST = 128  # vLLM's bound on n
+OPEN_PATHS = frozenset({"/health", "/version"})
+DOCS_PATHS = ("/docs", "/redoc", "/openapi.json")
 
 
 @dataclass(slots=True)
@@ -33,14 +43,24 @@ class ServerSettings:
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     block_size: int = 16
+    metrics_public: bool = True
+    docs: bool = False
+    max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST
+
+    def needs_key(self, path: str) -> bool:
+        """Whether a request to `path` must carry the API key (none: nothing does)."""
+        if not self.api_key or path in OPEN_PATHS:
+            return False
+        return not (path == "/metrics" and self.metrics_public)
 
 
 class Guard:
     """Pure ASGI middleware: Bearer auth on /v1 routes (401), then the request body read up to the limit (413)
     and replayed to the app. Raw ASGI, so a refusal costs no JSON parsing and a huge body is never buffered."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int):
-        self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
+    def __init__(self, app: ASGIApp, settings: ServerSettings):
+        self.app, self.settings = app, settings
+        self.api_key, self.max_body_bytes = (settings.api_key or "").encode(), settings.max_body_bytes
 
     async def _refuse(self, send: Send, status: int, message: str, code: str | None = None,
                       headers: list[tuple[bytes, bytes]] = ()) -> None:
@@ -53,10 +73,10 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
-        if self.api_key and scope["path"].startswith("/v1"):
-            auth = headers.get(b"authorization", b"").decode("latin-1")
-            scheme, _, token = auth.partition(" ")
-            if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), self.api_key.encode()):
+        if self.settings.needs_key(scope["path"]):
+            auth = headers.get(b"authorization", b"")
+            scheme, _, token = auth.partition(b" ")
+            if scheme.lower() != b"bearer" or not secrets.compare_digest(token.strip(), self.api_key):
                 what = "wrong API key" if auth else "missing API key"
                 return await self._refuse(send, 401, f"{what}: send the header 'Authorization: Bearer <key>'",
                                           "invalid_api_key", [(b"www-authenticate", b"Bearer")])
@@ -103,16 +123,25 @@ def build_app(engine: EngineClient, settings: ServerSettings) -> FastAPI:
         finally:
             await engine.shutdown(abort_running=True)
 
-    app = FastAPI(title="llmrs", summary="OpenAI-compatible server over the llmrs engine", lifespan=lifespan)
+    docs = dict(zip(("docs_url", "redoc_url", "openapi_url"), DOCS_PATHS if settings.docs else (None,) * 3))
+    app = FastAPI(title="llmrs", summary="OpenAI-compatible server over the llmrs engine", version=llmrs.__version__,
+                  lifespan=lifespan, swagger_ui_oauth2_redirect_url=None, **docs)
     app.state.llmrs = ServerState(engine=engine, metrics=ServerMetrics(engine, settings.served_names[0]),
                                   served_names=settings.served_names, model_root=settings.model_root,
-                                  block_size=settings.block_size)
+                                  block_size=settings.block_size, max_seqs_per_request=settings.max_seqs_per_request)
     errors.install(app)
     app.include_router(router)
-    app.add_middleware(Guard, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes)
+    app.openapi = lambda: app.openapi_schema or _openapi(app, engine, settings)  # type: ignore[method-assign]
+    app.add_middleware(Guard, settings=settings)
     if trace.PATH is not None:  # LLMRS_TRACE_FILE: the request's first moment inside the app (outermost)
         app.add_middleware(TraceEntry)
     return app
+
+
+def _openapi(app: FastAPI, engine: EngineClient, settings: ServerSettings) -> dict:
+    app.openapi_schema = openapi.document(app, engine, settings.max_seqs_per_request,
+                                          protected=settings.needs_key)
+    return app.openapi_schema
 
 
 async def warm_up() -> None:

@@ -41,6 +41,14 @@ class APIError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
 
 
+class GenerationFailed(APIError):
+    """The engine failed a request (RequestOutput.error): a 500 "generation failed: <why>"; its engine keeps
+    serving the others."""
+
+    def __init__(self, why: str | None):
+        super().__init__(500, f"generation failed: {why or 'the engine gave no reason'}")
+
+
 def printable(text: str) -> str:
     """`text` with every character UTF-8 cannot encode (a lone surrogate, as a client can send with "\\ud800" in
     JSON) written as its escape, `\\ud800`: an error message that echoes a client's string must always encode,

@@ -1,27 +1,47 @@
-"""Request schemas of the OpenAI API subset we serve (pydantic), and their translation to SamplingParams.
+"""Request schemas of the OpenAI API subset we serve (pydantic), their translation to SamplingParams, and the
+response schemas the OpenAPI document declares.
 
-Every model forbids unknown fields: a parameter we do not implement is a 400 naming it, never silently ignored.
-Values are checked by `SamplingParams.validate()` (one source of truth with the engine), shapes by pydantic.
-Responses are plain dicts built in `serving.py` (cheaper per streamed token than pydantic models).
+Every request model forbids unknown fields (a parameter we do not implement is a 400 naming it, never silently
+ignored) and is strict: no coercion, so `"stream": "yes"` or a `false` token id is a 400, while an integer is still a
+number (`"temperature": 1`). Values are checked by `SamplingParams.validate()` (one source of truth with the
+engine); the JSON schema of each field states the same bounds (`WithJsonSchema`), so the published OpenAPI document
+says what the server accepts. Bounds that only the running server knows (vocabulary, context, --max-seqs-per-request)
+are marked with LIMIT and filled in by `llmrs.server.openapi`.
+Responses are plain dicts built in `routes.py` (cheaper per streamed token than pydantic models); the response
+models here only document them.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
 from llmrs.engine.sampling import SamplingParams
 
-MAX_N = 128  # choices per request
 MAX_LOGPROBS = 20
+INT64 = (-(2**63), 2**63 - 1)  # vLLM's range for seed
+INT32_MAX = 2**31 - 1
+LIMIT = "x-llmrs-limit"  # a bound llmrs.server.openapi fills in: of the running server ("token_id", "detokenize_id",
+#                          "token_key", "max_tokens", "n", "prompts"), or "int64"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
-INT64 = (-(2**63), 2**63 - 1)  # vLLM's range for seed
+def _nullable(kind: str, **schema: Any) -> WithJsonSchema:
+    """The JSON schema of an optional scalar field: `kind` or null, with its bounds."""
+    return WithJsonSchema({"type": [kind, "null"], **schema})
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    """A field whose default (None: left out) is not one of its values: no `default` in its schema."""
+    schema.pop("default", None)
+
+
+TokenId = Annotated[int, WithJsonSchema({"type": "integer", "minimum": 0, LIMIT: "token_id"})]
+NonEmpty = Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})]
 
 
 class StreamOptions(_Strict):
@@ -30,7 +50,7 @@ class StreamOptions(_Strict):
 
 
 class ResponseFormat(_Strict):
-    type: str
+    type: Annotated[str, WithJsonSchema({"type": "string", "enum": ["text"]})]  # (a 400 names the others)
     json_schema: Any = None
 
     @field_validator("type")
@@ -45,49 +65,48 @@ class _SamplingRequest(_Strict):
     """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's, plus vLLM's sampling extras)."""
 
     model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    n: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
+    max_tokens: Annotated[int | None, _nullable("integer", minimum=1, **{LIMIT: "max_tokens"})] = None
+    # the ranges of SamplingParams.validate (vLLM's, temperature as OpenAI's)
+    temperature: Annotated[float | None, _nullable("number", minimum=0, maximum=2)] = None
+    top_p: Annotated[float | None, _nullable("number", exclusiveMinimum=0, maximum=1)] = None
+    top_k: Annotated[int | None, _nullable("integer", minimum=-1, maximum=INT32_MAX)] = None  # -1, 0: off
+    min_p: Annotated[float | None, _nullable("number", minimum=0, maximum=1)] = None
+    n: Annotated[int | None, _nullable("integer", minimum=1, **{LIMIT: "n"})] = None
+    stop: Annotated[str | list[str] | None, WithJsonSchema({"anyOf": [
+        {"type": "string", "minLength": 1}, {"type": "array", "items": {"type": "string", "minLength": 1}},
+        {"type": "null"}]})] = None
+    stop_token_ids: list[TokenId] | None = None
+    # (its bounds filled in after FastAPI's OpenAPI models, which hold numbers as floats: 2**63 - 1 would round up)
+    seed: Annotated[int | None, _nullable("integer", **{LIMIT: "int64"})] = None
+    presence_penalty: Annotated[float | None, _nullable("number", minimum=-2, maximum=2)] = None
+    frequency_penalty: Annotated[float | None, _nullable("number", minimum=-2, maximum=2)] = None
+    repetition_penalty: Annotated[float | None, _nullable("number", minimum=0.01, maximum=100)] = None
     ignore_eos: bool | None = None
-    min_tokens: int | None = None
+    min_tokens: Annotated[int | None, _nullable("integer", minimum=0, **{LIMIT: "max_tokens"})] = None
     skip_special_tokens: bool | None = None
     user: str | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None  # {"type": "text"}: the default, accepted as a no-op
-    logit_bias: dict[str, float] | None = None  # {"token id": bias in [-100, 100]}, JSON's string keys
+    # {"token id": bias in [-100, 100]}, JSON's string keys (decimal digits only)
+    logit_bias: Annotated[dict[str, float] | None, WithJsonSchema({
+        "type": ["object", "null"], "propertyNames": {"type": "string", LIMIT: "token_key"},
+        "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}})] = None
 
     @field_validator("logit_bias")
     @classmethod
     def _logit_bias(cls, v: dict[str, float] | None) -> dict[int, float] | None:
         if v is None:
             return None
-        try:
-            return {int(k): b for k, b in v.items()}
-        except ValueError:
-            raise ValueError("keys must be token ids (integers as strings, e.g. {\"50256\": -100})") from None
+        if not all(k.isascii() and k.isdigit() for k in v):  # (int() would also take " 5", "+5", "5_0")
+            raise ValueError("keys must be token ids (integers as strings, e.g. {\"50256\": -100})")
+        return {int(k): b for k, b in v.items()}
 
     @field_validator("seed")
     @classmethod
     def _seed(cls, v: int | None) -> int | None:
         if v is not None and not INT64[0] <= v <= INT64[1]:
             raise ValueError("seed must fit in a signed 64-bit integer")
-        return v
-
-    @field_validator("n")
-    @classmethod
-    def _n(cls, v: int | None) -> int | None:
-        if v is not None and not 1 <= v <= MAX_N:
-            raise ValueError(f"n must be in [1, {MAX_N}]")
         return v
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
@@ -126,10 +145,24 @@ class _SamplingRequest(_Strict):
         return self.include_usage and bool(self.stream_options.continuous_usage_stats)
 
 
+def _token_lists(limit: str) -> dict[str, Any]:
+    return {"type": "array", "minItems": 1, LIMIT: limit,
+            "items": {"type": "array", "minItems": 1, "items": TokenId.__metadata__[0].json_schema}}
+
+
+PROMPT_SCHEMA = {"anyOf": [
+    {"type": "string", "minLength": 1},
+    {"type": "array", "minItems": 1, LIMIT: "prompts", "items": {"type": "string", "minLength": 1}},
+    {"type": "array", "minItems": 1, "items": TokenId.__metadata__[0].json_schema},
+    _token_lists("prompts"),
+]}
+
+
 class CompletionRequest(_SamplingRequest):
-    prompt: Any = Field(...)  # str | list[str] | list[int] | list[list[int]], checked below
+    # str | list[str] | list[int] | list[list[int]], checked below (one prompt, or one per engine request)
+    prompt: Annotated[Any, WithJsonSchema(PROMPT_SCHEMA)] = Field(...)
     echo: bool | None = None
-    logprobs: int | None = None
+    logprobs: Annotated[int | None, _nullable("integer", minimum=0, maximum=MAX_LOGPROBS)] = None
 
     @field_validator("prompt")
     @classmethod
@@ -176,14 +209,15 @@ class ChatMessage(_Strict):
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(..., min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Annotated[int | None, _nullable("integer", minimum=1, **{LIMIT: "max_tokens"})] = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: Annotated[int | None, _nullable("integer", minimum=0, maximum=MAX_LOGPROBS)] = None
     add_generation_prompt: bool | None = None
     # tool calling is not implemented: no tools, or tool_choice "none" (the tools are then not shown to the model,
     # as vLLM does by default), is accepted; anything that could call a tool is a 400
     tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: Annotated[str | dict[str, Any] | None,
+                           WithJsonSchema({"type": ["string", "null"], "enum": ["none", "auto", None]})] = None
     parallel_tool_calls: bool | None = None
 
     def tool_calling(self) -> bool:
@@ -207,13 +241,132 @@ class ChatCompletionRequest(_SamplingRequest):
 class TokenizeRequest(_Strict):
     """vLLM's /tokenize: {model?, prompt} or {model?, messages}."""
 
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]})
+
     model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    # left out: None; an explicit null is not a value of either (a 400)
+    prompt: str = Field(None, json_schema_extra=_no_default)  # type: ignore[assignment]
+    messages: list[ChatMessage] = Field(None, json_schema_extra=_no_default)  # type: ignore[assignment]
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 
 
 class DetokenizeRequest(_Strict):
     model: str | None = None
+    tokens: list[Annotated[int, WithJsonSchema({"type": "integer", "minimum": 0, LIMIT: "detokenize_id"})]]
+
+
+# ---------------------------------------------------------------------- responses (documentation only)
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ErrorObject(_Doc):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(_Doc):
+    """OpenAI's error shape: every 4xx / 5xx the server answers."""
+
+    model_config = ConfigDict(extra="forbid")
+    error: ErrorObject
+
+
+class Usage(_Doc):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(_Doc):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class CompletionChoice(_Doc):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: str | None
+
+
+class CompletionResponse(_Doc):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class TopLogprob(_Doc):
+    token: str
+    logprob: float | None
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(_Doc):
+    content: list[TokenLogprob]
+
+
+class AssistantMessage(_Doc):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(_Doc):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: str | None
+
+
+class ChatCompletionResponse(_Doc):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ModelCard(_Doc):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    root: str
+    parent: str | None
+    max_model_len: int
+
+
+class ModelList(_Doc):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class VersionResponse(_Doc):
+    version: str
+
+
+class HealthResponse(_Doc):
+    status: Literal["ok"]
+
+
+class TokenizeResponse(_Doc):
+    count: int
+    max_model_len: int
     tokens: list[int]
+
+
+class DetokenizeResponse(_Doc):
+    prompt: str

@@ -9,14 +9,18 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 import llmrs
 from llmrs.errors import UserError
 from llmrs.server import sse
 from llmrs.server.errors import APIError, error_body, error_response, user_error
 from llmrs.server.metrics import CONTENT_TYPE
-from llmrs.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from llmrs.server.protocol import (
+    ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse, DetokenizeRequest,
+    DetokenizeResponse, ErrorResponse, HealthResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
+    VersionResponse,
+)
 from llmrs.server.serving import (
     ChoiceAcc, Generation, ServerState, chat_logprobs, completion_logprobs, until_disconnect, usage,
     validate,
@@ -38,11 +42,45 @@ def _check_stream_options(req) -> None:
 
 
 def _stream_error(e: Exception) -> bytes:
+    """The SSE event of a failure after the stream's headers went out: an OpenAI error object, then [DONE]."""
+    if isinstance(e, APIError):
+        return sse.event(error_body(e.status, e.message, e.param, e.code))
     return sse.event(error_body(500, f"generation failed: {e}"))
 
 
+# ---------------------------------------------------------------------- the OpenAPI document's responses
+_ERRORS = {
+    400: "A bad value, type or field; prompt + max_tokens over the context; too many sequences",
+    404: "No such model (or route)",
+    413: "The body is over --max-body-bytes",
+    429: "--max-waiting requests already wait",
+    500: "A server bug, or the engine failed this request",
+    503: "The engine is not available",
+}  # (401 is declared by llmrs.server.openapi on the routes that need the key)
+
+
+def _responses(ok: type | None, *errors: int, media: str | None = None, stream: bool = False) -> dict:
+    """`responses=` of a route: its 200 (a response model, or `media` as text), the OpenAI errors it may answer."""
+    out: dict = {code: {"model": ErrorResponse, "description": _ERRORS[code]} for code in (*errors, 500)}
+    ok_doc: dict = {"description": "OK"}
+    if ok is not None:
+        ok_doc["model"] = ok
+    content = {}
+    if media is not None:
+        content[media] = {"schema": {"type": "string"}}
+    if stream:  # `stream: true`: SSE `data: {chunk}` events, an error event if it fails mid-way, `data: [DONE]`
+        content["text/event-stream"] = {"schema": {"type": "string"}}
+    if content:
+        ok_doc["content"] = content
+    out[200] = ok_doc
+    return out
+
+
+_GENERATION = _responses(None, 400, 404, 413, 429, 503, stream=True)
+
+
 # ---------------------------------------------------------------------- plain endpoints
-@router.get("/health")
+@router.get("/health", response_model=None, responses=_responses(HealthResponse, 503))
 async def health(request: Request) -> Response:
     err = _state(request).engine.error
     if err is not None:
@@ -50,35 +88,37 @@ async def health(request: Request) -> Response:
     return Response(status_code=200)
 
 
-@router.get("/v1/models")
-async def models(request: Request) -> dict:
-    st = _state(request)
-    return {"object": "list", "data": [
-        {"id": name, "object": "model", "created": st.created, "owned_by": "llmrs", "root": st.model_root,
-         "parent": None, "max_model_len": st.engine.max_model_len}
-        for name in st.served_names]}
+def _models(st: ServerState) -> list[dict]:
+    return [{"id": name, "object": "model", "created": st.created, "owned_by": "llmrs", "root": st.model_root,
+             "parent": None, "max_model_len": st.engine.max_model_len} for name in st.served_names]
 
 
-@router.get("/v1/models/{model:path}")
-async def model_info(model: str, request: Request) -> dict:
-    for m in (await models(request))["data"]:
+@router.get("/v1/models", response_model=None, responses=_responses(ModelList))
+async def models(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": _models(_state(request))})
+
+
+@router.get("/v1/models/{model:path}", response_model=None, responses=_responses(ModelCard, 404))
+async def model_info(model: str, request: Request) -> Response:
+    for m in _models(_state(request)):
         if m["id"] == model:
-            return m
+            return JSONResponse(m)
     raise APIError(404, f"the model '{model}' does not exist", param="model", code="model_not_found")
 
 
-@router.get("/version")
-async def version() -> dict:
-    return {"version": llmrs.__version__}
+@router.get("/version", response_model=None, responses=_responses(VersionResponse))
+async def version() -> Response:
+    return JSONResponse({"version": llmrs.__version__})
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse, responses=_responses(None, media="text/plain"))
 async def metrics(request: Request) -> Response:
+    """Prometheus' text format (vLLM's metric names under `llmrs:`)."""
     return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE)
 
 
-@router.post("/tokenize")
-async def tokenize(body: TokenizeRequest, request: Request) -> dict:
+@router.post("/tokenize", response_model=None, responses=_responses(TokenizeResponse, 400, 404, 413))
+async def tokenize(body: TokenizeRequest, request: Request) -> Response:
     st = _state(request)
     st.check_model(body.model)
     if (body.prompt is None) == (body.messages is None):
@@ -90,18 +130,18 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
             ids = await _encode_chat(st, [m.as_template_dict() for m in body.messages], body.add_generation_prompt)
     except UserError as e:
         raise user_error(e) from None
-    return {"count": len(ids), "max_model_len": st.engine.max_model_len, "tokens": ids}
+    return JSONResponse({"count": len(ids), "max_model_len": st.engine.max_model_len, "tokens": ids})
 
 
-@router.post("/detokenize")
-async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
+@router.post("/detokenize", response_model=None, responses=_responses(DetokenizeResponse, 400, 404, 413))
+async def detokenize(body: DetokenizeRequest, request: Request) -> Response:
     st = _state(request)
     st.check_model(body.model)
     vocab = st.tokenizer.vocab_size
     bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
     if bad is not None:
         raise APIError(400, f"token id {bad} is outside the vocabulary [0, {vocab})", param="tokens")
-    return {"prompt": st.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+    return JSONResponse({"prompt": st.tokenizer.decode(body.tokens, skip_special_tokens=False)})
 
 
 # ---------------------------------------------------------------------- /v1/completions
@@ -131,7 +171,13 @@ async def _completion_prompts(st: ServerState, prompt) -> tuple[list[list[int]],
     return [list(p) for p in prompt], [None] * len(prompt)
 
 
-@router.post("/v1/completions")
+def _num_prompts(prompt) -> int:
+    """How many prompts (engine requests) a completions `prompt` of a validated shape holds."""
+    return 1 if isinstance(prompt, str) or isinstance(prompt[0], int) else len(prompt)
+
+
+@router.post("/v1/completions", response_model=None, responses={**_GENERATION, 200: {
+    **_GENERATION[200], "model": CompletionResponse}})
 async def completions(body: CompletionRequest, request: Request) -> Response:
     arrival = time.perf_counter()
     tr("route")
@@ -140,6 +186,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     _check_stream_options(body)
     if body.echo and body.logprobs is not None:
         raise APIError(400, "echo together with logprobs is not supported (no prompt logprobs)", param="echo")
+    st.check_seqs(_num_prompts(body.prompt), body.n or 1)
     prompts, texts = await _completion_prompts(st, body.prompt)
     max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
     params = [validate(body.sampling_params(max_tokens, body.logprobs)) for _ in prompts]
@@ -215,7 +262,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 
 
 # ---------------------------------------------------------------------- /v1/chat/completions
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", response_model=None, responses={**_GENERATION, 200: {
+    **_GENERATION[200], "model": ChatCompletionResponse}})
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     arrival = time.perf_counter()
     tr("route")
@@ -227,6 +275,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
                        param="tool_choice" if body.tool_choice is not None else "tools")
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    st.check_seqs(1, body.n or 1)
     add_gen = body.add_generation_prompt if body.add_generation_prompt is not None else True
     try:
         ids = await _encode_chat(st, body.template_messages(), add_gen)

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from llmrs.engine.protocol import EngineClient, EngineOverloaded
 from llmrs.engine.sampling import SampleResult, SamplingParams
 from llmrs.errors import UserError
-from llmrs.server.errors import APIError, user_error
+from llmrs.server.errors import APIError, GenerationFailed, user_error
 from llmrs.server.metrics import RequestTracker, ServerMetrics
 
 T = TypeVar("T")
@@ -35,6 +35,7 @@ class ServerState:
     served_names: list[str]
     model_root: str
     block_size: int = 16
+    max_seqs_per_request: int = 128
     created: int = field(default_factory=lambda: int(time.time()))
     live: set["Generation"] = field(default_factory=set)  # generations in flight (aborted at shutdown)
     _token_str: dict[int, str] = field(default_factory=dict)
@@ -55,6 +56,16 @@ class ServerState:
             raise APIError(404, f"the model '{model}' does not exist; this server serves: "
                            f"{', '.join(self.served_names)}", param="model", code="model_not_found")
         return model
+
+    def check_seqs(self, prompts: int, n: int) -> None:
+        """400 when a request would make more than --max-seqs-per-request sequences (prompts x n): counted from the
+        body's shape, before any tokenizing or engine work."""
+        limit = self.max_seqs_per_request
+        if prompts * n > limit:
+            what = f"{prompts} prompts x n={n}" if prompts > 1 else f"n={n}"
+            raise APIError(400, f"the request makes {prompts * n} sequences ({what}); this server allows at most "
+                           f"{limit} per request (--max-seqs-per-request)", param="n" if n > 1 else "prompt",
+                           code="too_many_sequences")
 
     def default_max_tokens(self, prompt_len: int) -> int:
         """Whatever room the context and the KV cache leave (the engine rejects requests that could never fit)."""
@@ -85,7 +96,9 @@ def validate(params: SamplingParams) -> SamplingParams:
 
 
 class Generation:
-    """The engine requests behind one HTTP request, as one stream of (prompt index, RequestOutput)."""
+    """The engine requests behind one HTTP request, as one stream of (prompt index, RequestOutput). A choice the
+    engine finished with "error" raises GenerationFailed from `events()`: the caller answers a 500 (or an SSE error
+    event) and `close()` aborts the rest."""
 
     def __init__(self, state: ServerState, ids: list[str], streams: list[AsyncIterator], n: int, arrival: float):
         self.state, self.ids, self.streams, self.n = state, ids, streams, n
@@ -123,6 +136,8 @@ class Generation:
         self.trackers[i].on_output(out.index, bool(out.token_ids), out.finish_reason)
         if out.finish_reason is not None:
             self.finished[i].add(out.index)
+            if out.finish_reason == "error":  # the engine failed this request (its others keep running)
+                raise GenerationFailed(out.error)
 
     def _end(self, i: int) -> None:
         self.ended[i] = True
