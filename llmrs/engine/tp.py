@@ -388,7 +388,7 @@ def widen_heads(config: ModelConfig, tensors: dict[str, np.ndarray], n: int) -> 
     import math
 
     c = config
-    Hq, Hkv, D, G = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.num_queries_per_kv
+    Hkv, D, G = c.num_key_value_heads, c.head_dim, c.num_queries_per_kv
     r = n // math.gcd(Hkv, n)
     g2 = -(-G // r)  # query slots per KV copy
     Hkv2, Hq2 = Hkv * r, Hkv * r * g2
