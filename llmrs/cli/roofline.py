@@ -15,6 +15,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
+from llmrs.cli.options import model_argument, model_option, one_model
 from llmrs.errors import UserError
 
 KV_DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "f32": 4.0}
@@ -65,12 +66,15 @@ def gpus(
         render.print_gpus(_console(), specs)
 
 
+ROOFLINE_MODEL_HELP = ("Preset (qwen2.5-0.5b/1.5b/3b/7b/14b/32b/72b, llama-3.1-8b/70b, smollm2-135m), a model "
+                       "directory with config.json, or a .gguf file. Without one: the GPU's roofs and every "
+                       "preset's decode floor on it.")
+
+
 def roofline(
+    model_arg: Optional[str] = model_argument(ROOFLINE_MODEL_HELP),
     gpu: str = typer.Option("auto", "--gpu", help="GPU key or name from `llmrs gpus`; 'auto' asks NVML."),
-    model: Optional[str] = typer.Option(
-        None, "--model", "-m",
-        help="Preset (qwen2.5-0.5b/1.5b/3b/7b/14b/32b/72b, llama-3.1-8b/70b, smollm2-135m), a model directory "
-             "with config.json, or a .gguf file."),
+    model: Optional[str] = model_option(),
     fmt: Optional[str] = typer.Option(
         None, "--format", "-f",
         help="Weight format: bf16, fp16, fp8, awq (4.25 bit), gptq, q4_0 (4.5), q4_1 (5), q8_0 (8.5), q6_k, "
@@ -82,7 +86,7 @@ def roofline(
     compute_dtype: Optional[str] = typer.Option(
         None, "--compute-dtype", help="Tensor roof for the math: bf16, fp16, fp8, int8, fp32. Default: per format."),
     batch: str = typer.Option("1,8,64,256", "--batch", "-b", help="Decode batch sizes, comma-separated."),
-    context: int = typer.Option(512, "--context", "-c", min=0,
+    context: int = typer.Option(512, "--context", min=0,
                                 help="Tokens of context per sequence (KV re-read each decode step)."),
     prompts: int = typer.Option(256, "--prompts", min=1, help="Prefill load: number of prompts."),
     prompt_len: int = typer.Option(256, "--prompt-len", min=1, help="Prefill load: tokens per prompt."),
@@ -103,13 +107,23 @@ def roofline(
         None, "--tp-link-gbs", show_default="the GPU's NVLink, one direction",
         help="GPU-to-GPU bandwidth for --tp in GB/s (e.g. nccl-tests all_reduce_perf busbw)."),
 ) -> None:
-    """Bandwidth and FLOP ceilings of a model on a GPU: decode floor, ridge point, KV bytes, batching, prefill."""
+    """Bandwidth and FLOP ceilings of a model on a GPU: decode floor, ridge point, KV bytes, batching, prefill.
+
+    Without MODEL: the GPU's roofs (bandwidth, FLOP/s per datatype) and each preset's decode floor and
+    compute-bound batch on it."""
     from llmrs.roofline import render
     from llmrs.roofline.analysis import analyze
     from llmrs.roofline.gpus import PEAK_FIELDS, get_gpu, measure_local_gpu
     from llmrs.roofline.measured import save_measurement
     from llmrs.roofline.model_source import build_cost, resolve_model
 
+    model = one_model(model_arg, model)
+    if model is None:  # the GPU overview: these draw or split one model
+        needs_model = [flag for flag, given in (("--plot", plot is not None), ("--measured", measured is not None),
+                                                ("--tp", tp > 1), ("--tp-link-gbs", tp_link_gbs is not None))
+                       if given]
+        if needs_model:
+            raise UserError(f"{needs_model[0]} needs a MODEL (e.g. llmrs roofline qwen2.5-7b {needs_model[0]} ...)")
     if kv_dtype not in KV_DTYPE_BYTES:
         raise UserError(f"--kv-dtype: expected one of {', '.join(KV_DTYPE_BYTES)}, got {kv_dtype!r}")
     if compute_dtype is not None and compute_dtype not in PEAK_FIELDS:
@@ -138,7 +152,16 @@ def roofline(
                 _emit_json(out)
             return
     if model is None:
-        raise UserError("--model is required (a preset such as qwen2.5-7b, a model directory or a .gguf)")
+        from llmrs.roofline.analysis import gpu_overview
+
+        o = gpu_overview(get_gpu(gpu), fmt, lm_head_format, KV_DTYPE_BYTES[kv_dtype], compute_dtype, context,
+                         use_measured)
+        if as_json:
+            out.update(o.to_dict())
+            _emit_json(out)
+        else:
+            render.print_gpu_overview(console, o)
+        return
     src = resolve_model(model)  # a mistyped model is named before a missing GPU driver
     spec = get_gpu(gpu)
     cost = build_cost(src, fmt, lm_head_format, KV_DTYPE_BYTES[kv_dtype], compute_dtype)

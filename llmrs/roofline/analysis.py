@@ -171,3 +171,72 @@ def analyze(gpu: GpuSpec, cost: ModelCost, model_label: str, batches: list[int],
         ),
         context=context, notes=notes,
     )
+
+
+@dataclass(slots=True)
+class PresetFloor:
+    """One preset on one GPU: the batch-1 decode floor and where batching turns compute-bound."""
+
+    preset: str
+    parameters: int
+    weight_format: str
+    checkpoint_bytes: float
+    streamed_bytes: float
+    decode_floor_s: float  # streamed bytes of a batch-1 step / bandwidth
+    max_tokens_per_s: float
+    compute_bound_batch: float | None  # at `context`; None: never
+    fits: bool  # the checkpoint fits the GPU's memory
+
+
+@dataclass(slots=True)
+class GpuOverview:
+    """`llmrs roofline --gpu G` without a model: the GPU's roofs and every preset's decode floor on it."""
+
+    gpu: str
+    gpu_name: str
+    memory_gb: float
+    bandwidth: float  # bytes/s, the one in use (datasheet or measured)
+    measured: bool
+    peaks: dict[str, float | None]  # compute dtype -> dense FLOP/s (None: no tensor units for it)
+    weight_format: str
+    kv_dtype_bytes: float
+    context: int
+    presets: list[PresetFloor]
+
+    def ridge(self, dtype: str) -> float | None:
+        peak = self.peaks.get(dtype)
+        return peak / self.bandwidth if peak else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ridge_flop_per_byte"] = {k: self.ridge(k) for k in self.peaks}
+        return d
+
+
+def gpu_overview(gpu: GpuSpec, fmt: str | None = None, head_fmt: str | None = None, kv_dtype_bytes: float = 2.0,
+                 compute_dtype: str | None = None, context: int = 512, use_measured: bool = False) -> GpuOverview:
+    """The GPU's roofs per datatype and, for each model preset in `fmt` (default bf16), the decode floor at
+    batch 1 (streamed weight bytes / bandwidth) and the batch where decode at `context` turns compute-bound."""
+    from llmrs.model.presets import preset_config, preset_names
+    from llmrs.roofline.formats import get_format, lm_head_format
+    from llmrs.roofline.gpus import PEAK_FIELDS
+
+    weights = get_format(fmt or "bf16")
+    head = lm_head_format(weights, head_fmt)
+    measured = use_measured and bool(gpu.measured_bandwidth_gbs or gpu.measured_bf16_tflops)
+    peaks = {dt: (gpu.peak_flops(dt, use_measured) if getattr(gpu, field_) is not None else None)
+             for dt, field_ in PEAK_FIELDS.items()}
+    rows = []
+    for name in preset_names():
+        cost = ModelCost.build(preset_config(name), weights, head, kv_dtype_bytes=kv_dtype_bytes,
+                               compute_dtype=compute_dtype)
+        r = analyze(gpu, cost, name, [1], context, use_measured=use_measured)
+        rows.append(PresetFloor(
+            preset=name, parameters=r.num_parameters, weight_format=r.weight_format,
+            checkpoint_bytes=r.checkpoint_bytes, streamed_bytes=r.streamed_bytes, decode_floor_s=r.decode_floor_s,
+            max_tokens_per_s=r.max_tokens_per_s, compute_bound_batch=r.compute_bound_batch,
+            fits=r.checkpoint_bytes <= gpu.memory_gb * 1e9,
+        ))
+    return GpuOverview(gpu=gpu.key, gpu_name=gpu.name, memory_gb=gpu.memory_gb, bandwidth=gpu.bandwidth(use_measured),
+                       measured=measured, peaks=peaks, weight_format=weights.name, kv_dtype_bytes=kv_dtype_bytes,
+                       context=context, presets=rows)

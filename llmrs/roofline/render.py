@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from llmrs.roofline.analysis import Roofline
+from llmrs.roofline.analysis import GpuOverview, Roofline
 from llmrs.roofline.gpus import NUMERIC_FIELDS, GpuSpec
 from llmrs.roofline.overlay import MeasuredPoint
 from llmrs.ptx.check import FileError, KernelResult
@@ -117,6 +117,33 @@ def print_roofline(console: Console, r: Roofline) -> None:
                   f"{pf.tokens_per_s:,.0f} prompt tok/s)")
     for n in r.notes:
         console.print(f"[dim]note: {n}[/]")
+
+
+def print_gpu_overview(console: Console, o: GpuOverview) -> None:
+    """`llmrs roofline --gpu G` without a model: the roofs, then each preset's decode floor and compute-bound batch."""
+    src = "measured" if o.measured else "datasheet"
+    console.print(f"[bold]{o.gpu_name}[/] ({o.gpu}, {src}): {o.memory_gb:g} GB, {o.bandwidth / 1e9:,.0f} GB/s")
+    roofs = Table(title="compute roofs", show_edge=False)
+    for col in ("datatype", "dense TFLOP/s", "ridge (FLOP/byte)"):
+        roofs.add_column(col, justify="left" if col == "datatype" else "right")
+    for dt, peak in o.peaks.items():
+        ridge = o.ridge(dt)
+        roofs.add_row(dt + (" (TOP/s)" if dt == "int8" else ""), "-" if peak is None else f"{peak / 1e12:,.1f}",
+                      "-" if ridge is None else f"{ridge:,.1f}")
+    console.print(roofs)
+    t = Table(title=f"presets in {o.weight_format}: decode floor at batch 1 (streamed bytes / bandwidth), "
+                    f"compute-bound batch at context {o.context}")
+    for col in ("preset", "parameters", "checkpoint", "streamed/step", "decode floor", "tok/s ceiling",
+                "compute-bound batch"):
+        t.add_column(col, justify="left" if col == "preset" else "right")
+    for p in o.presets:
+        ckpt = gb(p.checkpoint_bytes) + ("" if p.fits else " [red](> GPU)[/]")
+        cb = "never" if p.compute_bound_batch is None else f"~{p.compute_bound_batch:,.0f}"
+        t.add_row(p.preset, f"{p.parameters / 1e9:,.2f} B", ckpt, gb(p.streamed_bytes),
+                  f"{p.decode_floor_s * 1e3:,.2f} ms", f"{p.max_tokens_per_s:,.1f}", cb)
+    console.print(t)
+    console.print("[dim]one model in detail: llmrs roofline MODEL --gpu " + o.gpu + " (MODEL: a preset above, a model "
+                  "directory or a .gguf)[/]")
 
 
 def print_measured(console: Console, points: list[MeasuredPoint]) -> None:

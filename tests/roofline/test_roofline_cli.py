@@ -66,7 +66,9 @@ def test_roofline_json_plot_and_measured_overlay(tmp_path):
     (["--gpu", "h200", "--model", "gpt-5"], "unknown model"),
     (["--gpu", "h200", "--model", "qwen2.5-7b", "--format", "q3"], "unknown weight format"),
     (["--gpu", "h200", "--model", "qwen2.5-7b", "--batch", "1,x"], "--batch"),
-    (["--gpu", "h200"], "--model is required"),
+    (["--gpu", "h200", "--plot", "roof.png"], "--plot needs a MODEL"),
+    (["--gpu", "h200", "--tp", "2"], "--tp needs a MODEL"),
+    (["qwen2.5-7b", "--gpu", "h200", "--model", "qwen2.5-3b"], "two models given"),
     (["--gpu", "rtx-a5000", "--model", "qwen2.5-7b", "--compute-dtype", "fp8"], "no fp8"),
 ])
 def test_roofline_user_mistakes_print_one_line_and_exit_2(tmp_path, args, needle):
@@ -101,3 +103,33 @@ def test_help_shows_defaults():
     assert "1,8,64,256" in p.stdout and "512" in p.stdout
     p = llmrs("ptx-check", "--help")
     assert "sm_80,sm_86,sm_89,sm_90" in p.stdout
+
+
+def test_roofline_gpu_alone_shows_its_roofs_and_every_presets_decode_floor(tmp_path):
+    """`llmrs roofline --gpu a5000` as typed: the roofs per datatype, then each preset's batch-1 decode floor
+    (streamed bytes / 768 GB/s) and compute-bound batch; the 7B's floor is the worked 18.41 ms."""
+    from llmrs.model.presets import preset_names
+
+    p = llmrs("roofline", "--gpu", "a5000", cache=tmp_path)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert "NVIDIA RTX A5000" in out and "768 GB/s" in out and "144.7" in out and "111.1" in out
+    rows = {ln.split()[1]: ln for ln in out.splitlines() if ln.startswith("│")}
+    assert set(rows) == set(preset_names())
+    assert "18.41 ms" in rows["qwen2.5-7b"] and "54.3" in rows["qwen2.5-7b"]
+    assert "(> GPU)" in rows["qwen2.5-72b"] and "(> GPU)" not in rows["qwen2.5-7b"]
+    j = json.loads(llmrs("roofline", "--gpu", "a5000", "--format", "awq", "--json", cache=tmp_path).stdout)
+    assert j["gpu"] == "rtx-a5000" and j["peaks"]["fp8"] is None
+    assert j["ridge_flop_per_byte"]["bf16"] == pytest.approx(144.7, abs=0.1)
+    seven = next(r for r in j["presets"] if r["preset"] == "qwen2.5-7b")
+    assert seven["decode_floor_s"] * 1e3 == pytest.approx(5.93, abs=0.05)  # as `--model qwen2.5-7b --format awq`
+    assert seven["compute_bound_batch"] > 1
+
+
+def test_roofline_model_positional_or_option_and_no_short_c(tmp_path):
+    by_arg = llmrs("roofline", "qwen2.5-7b", "--gpu", "h200", "--json", cache=tmp_path)
+    by_opt = llmrs("roofline", "--model", "qwen2.5-7b", "--gpu", "h200", "--json", cache=tmp_path)
+    assert by_arg.returncode == by_opt.returncode == 0, by_arg.stderr + by_opt.stderr
+    assert json.loads(by_arg.stdout) == json.loads(by_opt.stdout)
+    p = llmrs("roofline", "qwen2.5-7b", "--gpu", "h200", "-c", "400", cache=tmp_path)  # -c is bench's --concurrency
+    assert p.returncode == 2 and "-c" in p.stderr and "Traceback" not in p.stderr
