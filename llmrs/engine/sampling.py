@@ -5,16 +5,61 @@ draw.
 Logprobs are those of the model's raw distribution (log_softmax of the unprocessed logits), as vLLM V1
 returns by default. A request's seed makes its own generator, so its tokens do not depend on what else is
 in the batch.
+
+Non-finite logits (a model's numerical fault, never a user's: `SamplingParams.validate` keeps every parameter finite
+and in range, so the penalties and the temperature keep finite logits finite) never raise here and never reach
+another row: a NaN logit counts as -inf (never drawn); a +inf logit takes all the probability (the first one is the
+token, greedy or not); a row with no logit above -inf (all NaN / -inf, or every finite one masked by min_tokens)
+cannot be sampled and gives `SampleResult.error` (token 0, a valid id for a step that reads it on the device): the
+engine ends that request with finish_reason "error". The GPU sampler (backends/cuda/sampler.py, sampling.cu)
+follows the same rules. Logprobs are never NaN, and -inf is reported as LOGPROB_FLOOR (vLLM's server's -9999.0).
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import numbers
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from llmrs.errors import UserError
+
+log = logging.getLogger("llmrs.engine")
+
+
+INT32_MAX = 2**31 - 1
+MAX_LOGPROBS = 20  # OpenAI's top_logprobs bound
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
+LOGPROB_FLOOR = -9999.0  # what a -inf logprob is reported as (JSON has no -Infinity)
+UNSAMPLABLE = "no token can be sampled: every logit is NaN or -inf (a numerical fault of the model)"
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _check_float(p: "SamplingParams", name: str, lo: float, hi: float, low_open: bool = False) -> None:
+    v = getattr(p, name)
+    span = f"{'(' if low_open else '['}{lo:g}, {hi:g}]"
+    if not _is_real(v) or not math.isfinite(v):  # JSON's Infinity / NaN (Python's json reads both)
+        raise UserError(f"{name} must be a finite number in {span}")
+    if not (lo < v <= hi if low_open else lo <= v <= hi):
+        raise UserError(f"{name} must be in {span}")
+
+
+def _check_int(p: "SamplingParams", name: str, lo: int, hi: int | None, optional: bool = False) -> None:
+    v = getattr(p, name)
+    if v is None and optional:
+        return
+    if not _is_int(v) or v < lo or (hi is not None and v > hi):
+        raise UserError(f"{name} must be an integer " + (f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"))
 
 
 @dataclass(slots=True)
@@ -38,32 +83,33 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit (OpenAI's)
 
     def validate(self) -> None:
-        """Raise UserError naming the first bad field (the server turns it into a 400)."""
-        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
-            if not math.isfinite(getattr(self, name)):  # JSON's Infinity / NaN (Python's json reads both)
-                raise UserError(f"{name} must be a finite number")
-        checks = [
-            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be at least 1"),
-            (self.temperature >= 0, "temperature must be >= 0"),
-            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
-            (self.top_k == -1 or self.top_k >= 0, "top_k must be -1, 0 (disabled) or positive"),
-            (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
-            (self.repetition_penalty > 0, "repetition_penalty must be > 0"),
-            (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
-            (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
-            (self.min_tokens >= 0, "min_tokens must be >= 0"),
-            (self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens must be <= max_tokens"),
-            (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs must be in [0, 20]"),
-            (self.n >= 1, "n must be >= 1"),
-            (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings"),
-            (all(t >= 0 for t in self.stop_token_ids), "stop_token_ids must be token ids (>= 0)"),
-            (all(isinstance(t, int) and t >= 0 for t in self.logit_bias), "logit_bias keys must be token ids (>= 0)"),
-            (all(math.isfinite(b) and -100 <= b <= 100 for b in self.logit_bias.values()),
-             "logit_bias values must be in [-100, 100]"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise UserError(message)
+        """Raise UserError naming the first bad field (the server turns it into a 400 whose `param` is the message's
+        first word). vLLM's bounds (SamplingParams._verify_args), plus what keeps every number the sampler computes
+        finite: each float finite (JSON's Infinity / NaN, which Python's json reads, are refused), and
+        repetition_penalty in [0.01, 100] (vLLM takes any positive value; 5e-324 made a logit / penalty infinite)."""
+        _check_int(self, "max_tokens", 1, None, optional=True)
+        _check_float(self, "temperature", 0.0, 2.0)
+        _check_float(self, "top_p", 0.0, 1.0, low_open=True)
+        if not (_is_int(self.top_k) and (self.top_k in (-1, 0) or 1 <= self.top_k <= INT32_MAX)):
+            raise UserError(f"top_k must be -1 or 0 (disabled) or an integer in [1, {INT32_MAX}]")
+        _check_float(self, "min_p", 0.0, 1.0)
+        _check_float(self, "repetition_penalty", *REPETITION_PENALTY_RANGE)
+        _check_float(self, "presence_penalty", -2.0, 2.0)
+        _check_float(self, "frequency_penalty", -2.0, 2.0)
+        _check_int(self, "seed", -(2**63), 2**63 - 1, optional=True)
+        _check_int(self, "min_tokens", 0, None)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise UserError("min_tokens must be <= max_tokens")
+        _check_int(self, "logprobs", 0, MAX_LOGPROBS, optional=True)
+        _check_int(self, "n", 1, None)
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise UserError("stop strings must be non-empty strings")
+        if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
+            raise UserError("stop_token_ids must be token ids (integers >= 0)")
+        if not all(_is_int(t) and t >= 0 for t in self.logit_bias):
+            raise UserError("logit_bias keys must be token ids (integers >= 0)")
+        if not all(_is_real(b) and math.isfinite(b) and -100 <= b <= 100 for b in self.logit_bias.values()):
+            raise UserError("logit_bias values must be finite numbers in [-100, 100]")
 
     @property
     def greedy(self) -> bool:
@@ -75,6 +121,9 @@ class SampleResult:
     token_id: int
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
+    # set when the row could not be sampled (or its sampling failed): token_id is then 0, a placeholder that a step
+    # run ahead may read on the device, and the engine ends the request with finish_reason "error" and this message
+    error: str | None = None
 
 
 @dataclass(slots=True)
@@ -113,10 +162,25 @@ def make_generator(seed: int | None) -> np.random.Generator:
     return np.random.default_rng(None if seed is None else seed % 2**64)
 
 
+def nan_to_neg_inf(x: np.ndarray) -> np.ndarray:
+    """x (float64, owned by the caller) with its NaNs set to -inf, in place; a row without NaN (its max is not NaN)
+    costs one max."""
+    if np.isnan(x.max()):
+        x[np.isnan(x)] = -np.inf
+    return x
+
+
 def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    m = x.max(axis=-1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+    """The log-probabilities of a 1-D row of logits, by the module's rules: NaN as -inf, the +inf entries sharing all
+    the mass; never NaN (a row with nothing above -inf is all -inf)."""
+    x = nan_to_neg_inf(x.astype(np.float64))
+    m = x.max()
+    if m == np.inf:
+        top = x == np.inf
+        return np.where(top, -math.log(int(top.sum())), -np.inf)
+    if m == -np.inf:
+        return x
+    return x - m - np.log(np.exp(x - m).sum())
 
 
 def apply_penalties(logits: np.ndarray, st: SamplingState) -> np.ndarray:
@@ -154,7 +218,11 @@ def desc_order_prefix(values: np.ndarray, m: int) -> np.ndarray:
 
 def filter_probs(probs: np.ndarray, p: SamplingParams) -> np.ndarray:
     """Zero out tokens outside min_p / top_k / top_p, renormalize. `probs` is a 1-D distribution. The semantics of a
-    full stable sort (ties broken by index), computed over the prefixes that decide (top_k: `desc_order_prefix`)."""
+    full stable sort (ties broken by index), computed over the prefixes that decide (top_k: `desc_order_prefix`).
+    Every filter keeps the largest entry, so a distribution with a positive finite maximum keeps some mass; one
+    without (all zeros, a NaN, an inf: no distribution) gives all zeros, which `sample_row` reports as unsamplable."""
+    if not 0.0 < probs.max() < np.inf:  # (NaN compares false)
+        return np.zeros_like(probs)
     keep = np.ones_like(probs, dtype=bool)
     if p.min_p > 0:
         keep &= probs >= p.min_p * probs.max()
@@ -187,12 +255,17 @@ def filter_probs(probs: np.ndarray, p: SamplingParams) -> np.ndarray:
 
 
 def sample_row(logits: np.ndarray, st: SamplingState) -> SampleResult:
+    """One token for a 1-D row of logits. Never raises on the row's values (the module's rules for NaN and inf): a
+    row it cannot sample gives SampleResult(0, error=UNSAMPLABLE)."""
     p = st.params
     raw = logits
-    logits = apply_penalties(logits.astype(np.float64, copy=True), st)
+    logits = apply_penalties(nan_to_neg_inf(logits.astype(np.float64, copy=True)), st)
     if min_tokens_pending(st):
         logits[np.asarray(st.stop_ids)] = -np.inf
-    if p.greedy:
+    top = logits.max()
+    if not top > -np.inf:  # all -inf (NaN: only from parameters validate() refuses)
+        return SampleResult(0, error=UNSAMPLABLE)
+    if p.greedy or top == np.inf:  # a +inf logit takes all the mass: the first one, as the GPU sampler picks it
         token = int(np.argmax(logits))
     else:
         z = logits / p.temperature
@@ -202,24 +275,39 @@ def sample_row(logits: np.ndarray, st: SamplingState) -> SampleResult:
         probs = filter_probs(probs, p)
         # inverse-CDF draw with the request's own generator: one uniform per token, reproducible
         cdf = np.cumsum(probs)
+        if not cdf[-1] > 0:  # nothing kept (cannot happen with the max at 1: every filter keeps it)
+            return SampleResult(0, error=UNSAMPLABLE)
         token = int(np.searchsorted(cdf, st.generator.random() * cdf[-1], side="right"))
         token = min(token, probs.size - 1)
-        while probs[token] == 0.0:  # guard against a draw landing exactly on a zero-mass boundary
+        while token > 0 and probs[token] == 0.0:  # guard against a draw landing exactly on a zero-mass boundary
             token -= 1
     result = SampleResult(token_id=token)
     if p.logprobs is not None:
         lp = log_softmax(raw)
-        result.logprob = float(lp[token])
+        result.logprob = max(float(lp[token]), LOGPROB_FLOOR)
         if p.logprobs > 0:
-            top = desc_order_prefix(lp, p.logprobs)[: p.logprobs]
-            result.top_logprobs = [(int(t), float(lp[t])) for t in top]
+            top_ids = desc_order_prefix(lp, p.logprobs)[: p.logprobs]
+            result.top_logprobs = [(int(t), max(float(lp[t]), LOGPROB_FLOOR)) for t in top_ids]
     return result
 
 
 def sample(logits: np.ndarray, states: list[SamplingState]) -> list[SampleResult]:
-    """Sample one token per row of `logits` [S, vocab] (row i belongs to states[i])."""
+    """Sample one token per row of `logits` [S, vocab] (row i belongs to states[i]). Never raises for one row: an
+    exception while sampling a row (a bug) is logged and becomes that row's SampleResult.error, so only its request
+    fails (the engine's fault isolation), not the step."""
     assert logits.shape[0] == len(states)
     if all(s.params.greedy and not penalized_or_logprobs(s.params) and len(s.output_ids) >= s.params.min_tokens
            for s in states):
-        return [SampleResult(int(t)) for t in np.argmax(logits, axis=-1)]  # fast path: plain greedy batch
-    return [sample_row(logits[i], st) for i, st in enumerate(states)]
+        # fast path: plain greedy batch. np.argmax picks a NaN over any number: a NaN or -inf pick (the row has a
+        # NaN, or nothing above -inf) sends the batch through sample_row, which applies the rules
+        tokens = np.argmax(logits, axis=-1)
+        if (logits[np.arange(len(states)), tokens] > -np.inf).all():
+            return [SampleResult(int(t)) for t in tokens]
+    results = []
+    for i, st in enumerate(states):
+        try:
+            results.append(sample_row(logits[i], st))
+        except Exception as e:  # noqa: BLE001 - a bug in one row's sampling fails its request, not the step
+            log.exception("sampling a row failed")
+            results.append(SampleResult(0, error=f"sampling failed: {type(e).__name__}: {e}"))
+    return results

@@ -8,6 +8,12 @@
 //     top_p: keep the smallest set of largest p whose mass reaches top_p of the kept mass (ties by index);
 //     draw:  the first index whose inclusive prefix mass exceeds u * total, u = uniform[r] drawn on the host from
 //            the request's own seeded generator (reproducible, independent of the batch).
+//   Non-finite logits (the CPU sampler's rules): a NaN is never picked (every comparison with it is false, its key is
+//   0); a +inf maximum leaves every key 0 (inf - inf is NaN), so the row takes its argmax, the first +inf; a row with
+//   no logit above -inf has no argmax: out[r] = 0 (a valid id for the next step's feed) and res[r] = -1, which the
+//   host reports as that request's error.
+// out: the tokens the next step's feed reads on the device; res: the same tokens, -1 for an unsamplable row, what the
+// host reads back.
 // 1) The max / argmax: the row's NB blocks each take a slice (threads strided: coalesced), the last of them to finish
 //    (a counter a row, put back to 0 by that block) merges their partials and goes on alone; NB = 1 for big batches
 //    (the host: cuda.kernels.sample_row_blocks). A greedy row is done there.
@@ -371,7 +377,8 @@ __device__ int build_list(const RowSrc& row, SampleShared& s, int sel, float mx,
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_tokens(
     const float* __restrict__ logits, int V, const float* __restrict__ temperature, const int* __restrict__ top_k,
     const float* __restrict__ top_p, const float* __restrict__ min_p, const float* __restrict__ uniform,
-    float* __restrict__ part_v, int* __restrict__ part_i, int* __restrict__ sem, int* __restrict__ out) {
+    float* __restrict__ part_v, int* __restrict__ part_i, int* __restrict__ sem, int* __restrict__ out,
+    int* __restrict__ res) {
     __shared__ SampleShared s;
     __shared__ float s_val[32];
     __shared__ int s_idx[32];
@@ -425,7 +432,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_tokens(
     const int amax = s_idx[0];
     const float temp = temperature[r];
     if (temp < 1e-5f) {
-        if (tid == 0) out[r] = amax < V ? amax : 0;
+        if (tid == 0) { out[r] = amax < V ? amax : 0; res[r] = amax < V ? amax : -1; }
         return;
     }
 
@@ -451,5 +458,9 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_tokens(
         }
     }
     if (!listed) pick = sample_from(row, s, mx, inv_t, mp, k, k_on, tp, p_on, 0, uniform[r]);
-    if (tid == 0) out[r] = pick >= 0 ? pick : (amax < V ? amax : 0);
+    if (tid == 0) {
+        const int t = pick >= 0 ? pick : amax;
+        out[r] = t < V ? t : 0;
+        res[r] = t < V ? t : -1;
+    }
 }

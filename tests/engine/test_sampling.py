@@ -1,12 +1,21 @@
 """Sampling: filters never pick outside their sets, seeds reproduce, penalties follow their definitions,
-stop strings are trimmed (also when split across tokens)."""
+stop strings are trimmed (also when split across tokens); validate() refuses every non-finite or out-of-range value
+naming the field, and (hypothesis) the sampler never raises on any parameters validate() accepts and any logits
+(NaN, +-inf, float32's extremes): a token of the row, or the row's error."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
 
-from llmrs.engine.sampling import SamplingParams, SamplingState, apply_penalties, filter_probs, sample
+from llmrs.engine.sampling import (
+    LOGPROB_FLOOR, UNSAMPLABLE, SampleResult, SamplingParams, SamplingState, apply_penalties, filter_probs,
+    log_softmax, make_generator, sample, sample_row,
+)
 from llmrs.engine.sequence import Sequence
 from llmrs.errors import UserError
 
@@ -71,8 +80,6 @@ def test_sampling_follows_the_distribution(logits):
 
 
 def test_negative_seed_is_a_seed():
-    from llmrs.engine.sampling import make_generator
-
     assert make_generator(-5).random() == make_generator(-5).random()
     assert make_generator(-5).random() != make_generator(5).random()
 
@@ -133,8 +140,12 @@ def test_bad_values_name_the_field():
     for kwargs, word in [({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"max_tokens": 0}, "max_tokens"),
                          ({"logprobs": 50}, "logprobs"), ({"min_p": 2}, "min_p"), ({"logit_bias": {1: 101.0}}, "logit_bias"),
                          ({"logit_bias": {-1: 1.0}}, "logit_bias"), ({"logit_bias": {1: float("nan")}}, "logit_bias"),
-                         ({"temperature": float("inf")}, "temperature")]:
-        with pytest.raises(UserError, match=word):
+                         ({"temperature": float("inf")}, "temperature"),
+                         ({"repetition_penalty": 5e-324}, "repetition_penalty"), ({"temperature": 2.5}, "temperature"),
+                         ({"top_k": -2}, "top_k"), ({"top_k": 2**31}, "top_k"), ({"seed": 2**63}, "seed"),
+                         ({"n": True}, "n"), ({"max_tokens": 2.0}, "max_tokens"), ({"min_tokens": -1}, "min_tokens"),
+                         ({"stop_token_ids": [1.5]}, "stop_token_ids"), ({"presence_penalty": "1"}, "presence_penalty")]:
+        with pytest.raises(UserError, match=f"^{word} "):
             SamplingParams(**kwargs).validate()
 
 
@@ -143,8 +154,6 @@ def run_sequence(tok, text_tokens, params):
     seq = Sequence("r", [1], params, tok, eos_token_ids=[2], max_model_len=10_000)
     out = ""
     for t in text_tokens:
-        from llmrs.engine.sampling import SampleResult
-
         out += seq.append(SampleResult(t)).text
         if seq.is_finished:
             break
@@ -241,3 +250,166 @@ def test_filter_probs_equals_the_full_sort_bit_for_bit():
             full = np.argsort(-probs, kind="stable")
             pre = desc_order_prefix(probs, m)
             assert pre.size >= min(m, probs.size) and np.array_equal(pre, full[: pre.size])
+
+
+# ---------------------------------------------------------------- robustness: any valid params, any logits
+# (hypothesis) every parameter validate() accepts, at its edges too, and rows of logits with NaN, +-inf, float32's
+# extremes: the sampler never raises and returns a token of the row or, for a row with nothing above -inf, the
+# per-request error.
+F32_MAX = float(np.finfo(np.float32).max)
+ROBUST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def unit(lo_open: bool = False):
+    """Floats in [0, 1] (or (0, 1]) with the edges and the subnormals drawn often."""
+    edges = [1.0, 5e-324, 1e-300, 1e-12, 0.5, 1 - 1e-16] + ([] if lo_open else [0.0])
+    return hs.one_of(hs.sampled_from(edges), hs.floats(5e-324 if lo_open else 0.0, 1.0))
+
+
+def bounded(lo: float, hi: float):
+    return hs.one_of(hs.sampled_from([lo, hi, 0.0 if lo <= 0 <= hi else lo, 1.0 if lo <= 1 <= hi else hi]),
+                     hs.floats(lo, hi))
+
+
+@hs.composite
+def valid_params(draw, V: int) -> SamplingParams:
+    p = SamplingParams(
+        max_tokens=draw(hs.integers(3, 64)),
+        temperature=draw(hs.one_of(hs.sampled_from([0.0, 5e-324, 1e-6, 1e-5, 2.0]), hs.floats(0.0, 2.0))),
+        top_p=draw(unit(lo_open=True)),
+        top_k=draw(hs.sampled_from([-1, 0, 1, 2, max(1, V - 1), V, V + 1, 2**31 - 1])),
+        min_p=draw(unit()),
+        repetition_penalty=draw(bounded(0.01, 100.0)),
+        presence_penalty=draw(bounded(-2.0, 2.0)),
+        frequency_penalty=draw(bounded(-2.0, 2.0)),
+        seed=draw(hs.one_of(hs.none(), hs.integers(-(2**63), 2**63 - 1))),
+        min_tokens=draw(hs.integers(0, 3)),
+        logprobs=draw(hs.one_of(hs.none(), hs.integers(0, 20))),
+        logit_bias=draw(hs.dictionaries(hs.integers(0, V - 1), bounded(-100.0, 100.0), max_size=4)),
+    )
+    p.validate()  # the strategy draws only what the server accepts
+    return p
+
+
+def logits_rows(V: int, rows: int = 1):
+    special = hs.sampled_from([np.nan, np.inf, -np.inf, F32_MAX, -F32_MAX, 0.0, -0.0, 1e-45, 80.0, -80.0])
+    value = hs.one_of(special, hs.floats(-1e4, 1e4, width=32), hs.floats(width=32))
+    return hs.lists(hs.lists(value, min_size=V, max_size=V), min_size=rows, max_size=rows).map(
+        lambda r: np.asarray(r, dtype=np.float32))
+
+
+@hs.composite
+def sampling_case(draw):
+    V = draw(hs.integers(1, 40))
+    p = draw(valid_params(V))
+    ids = hs.lists(hs.integers(0, V - 1), max_size=6)
+    st = SamplingState(p, make_generator(p.seed), draw(ids), draw(ids), draw(ids))
+    return draw(logits_rows(V))[0], st
+
+
+def usable(row: np.ndarray, st: SamplingState) -> np.ndarray:
+    """The rule, stated on its own: what can be drawn is a logit above -inf (NaN is not), outside the min_tokens
+    mask (the penalties and the bias, finite and bounded, keep a finite logit finite and an infinite one infinite)."""
+    ok = row > -np.inf
+    if len(st.output_ids) < st.params.min_tokens:
+        ok[st.stop_ids] = False
+    return ok
+
+
+@ROBUST
+@given(sampling_case())
+def test_the_sampler_never_raises_and_returns_a_drawable_token_or_the_row_error(case):
+    row, st = case
+    r = sample_row(row, st)
+    ok = usable(row, st)
+    if not ok.any():
+        assert r.error == UNSAMPLABLE and r.token_id == 0
+        return
+    assert r.error is None and 0 <= r.token_id < row.size and ok[r.token_id], (row, r)
+    inf = ok & (row == np.inf)
+    if inf.any():  # a +inf logit takes all the mass: the first one (the GPU sampler's pick too)
+        assert r.token_id == int(np.flatnonzero(inf)[0])
+    if st.params.logprobs is not None:
+        lps = [r.logprob] + [lp for _, lp in r.top_logprobs or []]
+        assert all(LOGPROB_FLOOR <= lp <= 0.0 for lp in lps), lps
+        assert len(r.top_logprobs or []) == min(st.params.logprobs, row.size)
+
+
+@ROBUST
+@given(hs.integers(1, 6).flatmap(lambda S: hs.tuples(hs.lists(sampling_case(), min_size=S, max_size=S))))
+def test_a_bad_row_changes_nothing_for_the_other_rows_of_the_batch(cases):
+    """`sample` over a batch gives each row what it gives alone (the same seed), whatever the other rows hold."""
+    (cases,) = cases
+    V = min(row.size for row, _ in cases)
+    rows = np.stack([row[:V] for row, _ in cases])
+    fresh = [SamplingState(dataclasses.replace(st.params, seed=i if st.params.seed is None else st.params.seed,
+                                               logit_bias={t: b for t, b in st.params.logit_bias.items() if t < V}),
+                           None, [t for t in st.prompt_ids if t < V], [t for t in st.output_ids if t < V],
+                           [t for t in st.stop_ids if t < V]) for i, (_, st) in enumerate(cases)]
+
+    def states():
+        return [dataclasses.replace(s, generator=make_generator(s.params.seed)) for s in fresh]
+
+    together = sample(rows, states())
+    alone = [sample(rows[i:i + 1], [s])[0] for i, s in enumerate(states())]
+    assert together == alone
+
+
+def test_the_greedy_fast_path_skips_nan_and_reports_a_row_of_nothing():
+    """np.argmax picks a NaN over any number: the plain-greedy batch path applies the rules too."""
+    greedy = SamplingParams(temperature=0.0)
+    rows = np.array([[1.0, np.nan, 3.0, 2.0], [np.nan] * 4, [-np.inf, np.nan, -np.inf, np.nan],
+                     [0.0, np.inf, 5.0, np.inf]], dtype=np.float32)
+    got = sample(rows, [state(greedy) for _ in rows])
+    assert [(r.token_id, r.error) for r in got] == [(2, None), (0, UNSAMPLABLE), (0, UNSAMPLABLE), (1, None)]
+
+
+def test_min_tokens_masking_every_drawable_token_is_the_row_error():
+    st = SamplingState(SamplingParams(temperature=0.7, min_tokens=2), make_generator(0), [], [], [0, 2])
+    assert sample_row(np.array([1.0, -np.inf, 3.0, np.nan], dtype=np.float32), st) == SampleResult(0, error=UNSAMPLABLE)
+
+
+@settings(max_examples=200, deadline=None)
+@given(hs.lists(hs.floats(allow_nan=True, allow_infinity=True), min_size=1, max_size=30), valid_params(30))
+def test_filter_probs_and_log_softmax_never_raise_on_any_row(values, p):
+    probs = np.abs(np.asarray(values, dtype=np.float64))
+    out = filter_probs(probs, p)
+    assert not out.any() or (np.isfinite(out).all() and abs(out.sum() - 1) < 1e-9)
+    lp = log_softmax(np.asarray(values))
+    assert not np.isnan(lp).any() and (lp <= 0).all()
+
+
+@ROBUST
+@given(hs.sampled_from(["temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                        "frequency_penalty"]),
+       hs.one_of(hs.sampled_from([np.nan, np.inf, -np.inf, 5e-324, -5e-324, 1e308, -1e308, 2.0000001, -2.0000001,
+                                  0.0099, 100.5, 1.0000001, -1e-300, True, "1", None]),
+                 hs.floats(allow_nan=True, allow_infinity=True)))
+def test_validate_refuses_every_non_finite_or_out_of_range_float_naming_it(name, value):
+    lo, hi, lo_open = {"temperature": (0, 2, False), "top_p": (0, 1, True), "min_p": (0, 1, False),
+                       "repetition_penalty": (0.01, 100, False), "presence_penalty": (-2, 2, False),
+                       "frequency_penalty": (-2, 2, False)}[name]
+    p = SamplingParams(**{name: value})
+    fine = (isinstance(value, float) and np.isfinite(value) and (lo < value if lo_open else lo <= value)
+            and value <= hi)
+    if fine:
+        p.validate()
+        return
+    with pytest.raises(UserError, match=f"^{name} must be"):
+        p.validate()
+
+
+@ROBUST
+@given(hs.sampled_from(["max_tokens", "top_k", "seed", "min_tokens", "logprobs", "n"]),
+       hs.one_of(hs.integers(-(2**70), 2**70), hs.sampled_from([True, False, 1.0, "3", np.nan]),
+                 hs.integers(-3, 25)))
+def test_validate_refuses_every_out_of_range_integer_naming_it(name, value):
+    ok = {"max_tokens": lambda v: v >= 1, "top_k": lambda v: v in (-1, 0) or 1 <= v <= 2**31 - 1,
+          "seed": lambda v: -(2**63) <= v < 2**63, "min_tokens": lambda v: 0 <= v <= 16,  # (max_tokens: 16)
+          "logprobs": lambda v: 0 <= v <= 20, "n": lambda v: v >= 1}[name]
+    p = SamplingParams(**{name: value})
+    if isinstance(value, int) and not isinstance(value, bool) and ok(value):
+        p.validate()
+        return
+    with pytest.raises(UserError, match=f"^{name} must"):
+        p.validate()

@@ -1,6 +1,9 @@
 """GPU sampling: `sample_launch(logits_on_device, states)` samples every row in one launch (greedy, temperature,
 top-k, top-p, min-p; one uniform per request from its own seeded generator, as the CPU sampler draws) and queues
 the tokens' copy to the host. Rows that need penalties, logprobs or a min_tokens mask take the CPU sampler.
+Non-finite logits follow the CPU sampler's rules (llmrs/engine/sampling.py): a row with no logit above -inf comes
+back as SampleResult(0, error=UNSAMPLABLE), the kernel's -1 in the tokens read back (the device copy the next step
+feeds on holds 0 there, a valid id).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import numpy as np
 
 from llmrs.backends.base import Launched
 from llmrs.backends.cuda.kernels import sample_row_blocks
-from llmrs.engine.sampling import SampleResult, min_tokens_pending, penalized_or_logprobs
+from llmrs.engine.sampling import UNSAMPLABLE, SampleResult, min_tokens_pending, penalized_or_logprobs
 from llmrs.engine.sampling import sample as cpu_sample
 from llmrs.trace import tr
 
@@ -72,21 +75,22 @@ class Sampler:
         part_v = self._buf("sample_part_v", (self.num_sms,))
         part_i = self._buf("sample_part_i", (self.num_sms,), np.int32)
         sem = self._counters("sample_sem", self.num_sms)
+        res = self._buf("sample_res", (S,), np.int32)  # what is read back: the tokens, -1 for an unsamplable row
         with self._span("sample", "sample_tokens", S, V, sum(not st.params.greedy for st in states)):
             self.k.sample_tokens((S, nb), (1024,), (cp.ascontiguousarray(logits), np.int32(V), fd[0], kd, fd[1],
-                                                    fd[2], fd[3], part_v, part_i, sem, out))
+                                                    fd[2], fd[3], part_v, part_i, sem, out, res))
         self._launches += 1
         if on_host:  # those rows' logits only, sampled on the CPU; their tokens into `out` for the next step's feed
             idx = cp.asarray(np.asarray(on_host, dtype=np.int32))
             cpu_results = cpu_sample(cp.asnumpy(logits[idx]).astype(np.float32), [states[i] for i in on_host])
             out[idx] = cp.asarray(np.fromiter((r.token_id for r in cpu_results), dtype=np.int32, count=len(on_host)))
-            results = [SampleResult(int(t)) for t in cp.asnumpy(out)]
+            results = results_of(cp.asnumpy(res).tolist())
             for i, r in zip(on_host, cpu_results):
                 results[i] = r
             return Launched(results)
         tokens = self._pinned(f"sample_tokens.{self._launches % 2}", S, np.int32)
         stream = cp.cuda.get_current_stream()
-        cp.cuda.runtime.memcpyAsync(tokens.ctypes.data, out.data.ptr, 4 * S, cp.cuda.runtime.memcpyDeviceToHost,
+        cp.cuda.runtime.memcpyAsync(tokens.ctypes.data, res.data.ptr, 4 * S, cp.cuda.runtime.memcpyDeviceToHost,
                                     stream.ptr)
         done = cp.cuda.Event(disable_timing=True)
         done.record(stream)
@@ -104,7 +108,18 @@ class SampledOnDevice:
 
     def wait(self) -> list:
         self.done.synchronize()
-        return [SampleResult(t) for t in self.tokens.tolist()]
+        return results_of(self.tokens.tolist())
+
+
+def results_of(tokens: list[int]) -> list[SampleResult]:
+    """The kernel's read-back tokens as SampleResults: -1 (a row with no logit above -inf) as the unsamplable
+    row's error."""
+    results = [SampleResult(t) for t in tokens]
+    if -1 in tokens:
+        for i, t in enumerate(tokens):
+            if t < 0:
+                results[i] = SampleResult(0, error=UNSAMPLABLE)
+    return results
 
 
 def needs_cpu_sampler(st: Any) -> bool:
