@@ -4,7 +4,8 @@
   ids below the vocabulary, max_tokens within the context and the KV cache, n and the prompts of one request
   within --max-seqs-per-request;
 - no 422 (FastAPI's validation error: this server answers every bad body with an OpenAI-shaped 400);
-- with an API key, the routes that need it declare the bearer scheme and their 401.
+- with an API key, the routes that need it declare the bearer scheme and their 401;
+- the streamed chunks' models in the components (the text/event-stream events' schemas refer to them).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from llmrs.engine.protocol import EngineClient
-from llmrs.server.protocol import INT64, LIMIT
+from llmrs.server.protocol import INT64, LIMIT, STREAM_MODELS
+from llmrs.server.serving import max_tokens_bound
 
 ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
 
@@ -43,12 +45,11 @@ def decimal_at_most(m: int) -> str:
 def limits(engine: EngineClient, max_seqs_per_request: int) -> dict[str, dict[str, Any]]:
     """LIMIT marker -> the JSON-schema keywords it stands for on this server."""
     vocab = engine.config.vocab_size
-    room = min(engine.max_model_len, engine.kv_cache_tokens)  # a prompt has at least one token
     return {
         "token_id": {"maximum": vocab - 1},
         "detokenize_id": {"maximum": engine.tokenizer.vocab_size - 1},
         "token_key": {"pattern": decimal_at_most(vocab - 1)},
-        "max_tokens": {"maximum": room - 1},
+        "max_tokens": {"maximum": max_tokens_bound(engine)},
         "n": {"maximum": max_seqs_per_request},
         "prompts": {"maxItems": max_seqs_per_request},
         "int64": {"minimum": INT64[0], "maximum": INT64[1]},
@@ -71,7 +72,11 @@ def document(app: FastAPI, engine: EngineClient, max_seqs_per_request: int,
              protected: Callable[[str], bool]) -> dict[str, Any]:
     doc = copy.deepcopy(get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes))
     _fill(doc, limits(engine, max_seqs_per_request))
-    schemas = doc.get("components", {}).get("schemas", {})
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    for model in STREAM_MODELS:  # referenced from the text/event-stream events' schemas
+        one = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(one.pop("$defs", {}))
+        schemas[model.__name__] = one
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
     secured = False

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
 from llmrs.engine.sampling import SamplingParams
 
@@ -40,7 +40,15 @@ def _no_default(schema: dict[str, Any]) -> None:
     schema.pop("default", None)
 
 
-TokenId = Annotated[int, WithJsonSchema({"type": "integer", "minimum": 0, LIMIT: "token_id"})]
+def _integral(v: Any) -> Any:
+    """An integer-valued float as the int it is (JSON has one number type: 34382.0 is the integer 34382, as JSON
+    Schema's "integer" says); anything else as sent, for the strict int check (no bool, no string, no 1.5)."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+Int = Annotated[int, BeforeValidator(_integral)]
+TOKEN_ID_SCHEMA = {"type": "integer", "minimum": 0, LIMIT: "token_id"}
+TokenId = Annotated[Int, WithJsonSchema(TOKEN_ID_SCHEMA)]
 NonEmpty = Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})]
 
 
@@ -65,24 +73,24 @@ class _SamplingRequest(_Strict):
     """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's, plus vLLM's sampling extras)."""
 
     model: str | None = None
-    max_tokens: Annotated[int | None, _nullable("integer", minimum=1, **{LIMIT: "max_tokens"})] = None
+    max_tokens: Annotated[Int | None, _nullable("integer", minimum=1, **{LIMIT: "max_tokens"})] = None
     # the ranges of SamplingParams.validate (vLLM's, temperature as OpenAI's)
     temperature: Annotated[float | None, _nullable("number", minimum=0, maximum=2)] = None
     top_p: Annotated[float | None, _nullable("number", exclusiveMinimum=0, maximum=1)] = None
-    top_k: Annotated[int | None, _nullable("integer", minimum=-1, maximum=INT32_MAX)] = None  # -1, 0: off
+    top_k: Annotated[Int | None, _nullable("integer", minimum=-1, maximum=INT32_MAX)] = None  # -1, 0: off
     min_p: Annotated[float | None, _nullable("number", minimum=0, maximum=1)] = None
-    n: Annotated[int | None, _nullable("integer", minimum=1, **{LIMIT: "n"})] = None
+    n: Annotated[Int | None, _nullable("integer", minimum=1, **{LIMIT: "n"})] = None
     stop: Annotated[str | list[str] | None, WithJsonSchema({"anyOf": [
         {"type": "string", "minLength": 1}, {"type": "array", "items": {"type": "string", "minLength": 1}},
         {"type": "null"}]})] = None
     stop_token_ids: list[TokenId] | None = None
     # (its bounds filled in after FastAPI's OpenAPI models, which hold numbers as floats: 2**63 - 1 would round up)
-    seed: Annotated[int | None, _nullable("integer", **{LIMIT: "int64"})] = None
+    seed: Annotated[Int | None, _nullable("integer", **{LIMIT: "int64"})] = None
     presence_penalty: Annotated[float | None, _nullable("number", minimum=-2, maximum=2)] = None
     frequency_penalty: Annotated[float | None, _nullable("number", minimum=-2, maximum=2)] = None
     repetition_penalty: Annotated[float | None, _nullable("number", minimum=0.01, maximum=100)] = None
     ignore_eos: bool | None = None
-    min_tokens: Annotated[int | None, _nullable("integer", minimum=0, **{LIMIT: "max_tokens"})] = None
+    min_tokens: Annotated[Int | None, _nullable("integer", minimum=0, **{LIMIT: "max_tokens"})] = None
     skip_special_tokens: bool | None = None
     user: str | None = None
     stream: bool | None = None
@@ -147,13 +155,13 @@ class _SamplingRequest(_Strict):
 
 def _token_lists(limit: str) -> dict[str, Any]:
     return {"type": "array", "minItems": 1, LIMIT: limit,
-            "items": {"type": "array", "minItems": 1, "items": TokenId.__metadata__[0].json_schema}}
+            "items": {"type": "array", "minItems": 1, "items": TOKEN_ID_SCHEMA}}
 
 
 PROMPT_SCHEMA = {"anyOf": [
     {"type": "string", "minLength": 1},
     {"type": "array", "minItems": 1, LIMIT: "prompts", "items": {"type": "string", "minLength": 1}},
-    {"type": "array", "minItems": 1, "items": TokenId.__metadata__[0].json_schema},
+    {"type": "array", "minItems": 1, "items": TOKEN_ID_SCHEMA},
     _token_lists("prompts"),
 ]}
 
@@ -162,7 +170,7 @@ class CompletionRequest(_SamplingRequest):
     # str | list[str] | list[int] | list[list[int]], checked below (one prompt, or one per engine request)
     prompt: Annotated[Any, WithJsonSchema(PROMPT_SCHEMA)] = Field(...)
     echo: bool | None = None
-    logprobs: Annotated[int | None, _nullable("integer", minimum=0, maximum=MAX_LOGPROBS)] = None
+    logprobs: Annotated[Int | None, _nullable("integer", minimum=0, maximum=MAX_LOGPROBS)] = None
 
     @field_validator("prompt")
     @classmethod
@@ -170,6 +178,8 @@ class CompletionRequest(_SamplingRequest):
         def ids(x: Any) -> bool:
             return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
 
+        if isinstance(v, list):  # token ids sent as integer-valued floats (1.0) are those ids
+            v = [[_integral(t) for t in x] if isinstance(x, list) else _integral(x) for x in v]
         ok = (isinstance(v, str)
               or (isinstance(v, list) and bool(v) and all(isinstance(s, str) for s in v))
               or ids(v)
@@ -209,9 +219,9 @@ class ChatMessage(_Strict):
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(..., min_length=1)
-    max_completion_tokens: Annotated[int | None, _nullable("integer", minimum=1, **{LIMIT: "max_tokens"})] = None
+    max_completion_tokens: Annotated[Int | None, _nullable("integer", minimum=1, **{LIMIT: "max_tokens"})] = None
     logprobs: bool | None = None
-    top_logprobs: Annotated[int | None, _nullable("integer", minimum=0, maximum=MAX_LOGPROBS)] = None
+    top_logprobs: Annotated[Int | None, _nullable("integer", minimum=0, maximum=MAX_LOGPROBS)] = None
     add_generation_prompt: bool | None = None
     # tool calling is not implemented: no tools, or tool_choice "none" (the tools are then not shown to the model,
     # as vLLM does by default), is accepted; anything that could call a tool is a 400
@@ -253,7 +263,7 @@ class TokenizeRequest(_Strict):
 
 class DetokenizeRequest(_Strict):
     model: str | None = None
-    tokens: list[Annotated[int, WithJsonSchema({"type": "integer", "minimum": 0, LIMIT: "detokenize_id"})]]
+    tokens: list[Annotated[Int, WithJsonSchema({"type": "integer", "minimum": 0, LIMIT: "detokenize_id"})]]
 
 
 # ---------------------------------------------------------------------- responses (documentation only)
@@ -337,6 +347,51 @@ class ChatCompletionResponse(_Doc):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+
+
+class CompletionChunkChoice(_Doc):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: str | None
+
+
+class CompletionChunk(_Doc):
+    """One streamed event's JSON (`data: {...}`) of /v1/completions; with stream_options.include_usage, `usage`
+    (null but in the last event, whose `choices` is empty; continuous_usage_stats: in every event)."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChunkChoice]
+    usage: Usage | None = None
+
+
+class Delta(_Doc):
+    role: Literal["assistant"] = None  # type: ignore[assignment]  # (the first event of each choice)
+    content: str = None  # type: ignore[assignment]
+
+
+class ChatChunkChoice(_Doc):
+    index: int
+    delta: Delta
+    logprobs: ChatLogprobs | None
+    finish_reason: str | None
+
+
+class ChatCompletionChunk(_Doc):
+    """One streamed event's JSON (`data: {...}`) of /v1/chat/completions; `usage` as in CompletionChunk."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+STREAM_MODELS = (CompletionChunk, ChatCompletionChunk, ErrorResponse)  # in the document's components
 
 
 class ModelCard(_Doc):

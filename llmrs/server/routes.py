@@ -17,7 +17,8 @@ from llmrs.server import sse
 from llmrs.server.errors import APIError, error_body, error_response, user_error
 from llmrs.server.metrics import CONTENT_TYPE
 from llmrs.server.protocol import (
-    ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse, DetokenizeRequest,
+    ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, CompletionChunk, CompletionRequest,
+    CompletionResponse, DetokenizeRequest,
     DetokenizeResponse, ErrorResponse, HealthResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
     VersionResponse,
 )
@@ -59,7 +60,7 @@ _ERRORS = {
 }  # (401 is declared by llmrs.server.openapi on the routes that need the key)
 
 
-def _responses(ok: type | None, *errors: int, media: str | None = None, stream: bool = False) -> dict:
+def _responses(ok: type | None, *errors: int, media: str | None = None, stream: type | None = None) -> dict:
     """`responses=` of a route: its 200 (a response model, or `media` as text), the OpenAI errors it may answer."""
     out: dict = {code: {"model": ErrorResponse, "description": _ERRORS[code]} for code in (*errors, 500)}
     ok_doc: dict = {"description": "OK"}
@@ -68,15 +69,14 @@ def _responses(ok: type | None, *errors: int, media: str | None = None, stream: 
     content = {}
     if media is not None:
         content[media] = {"schema": {"type": "string"}}
-    if stream:  # `stream: true`: SSE `data: {chunk}` events, an error event if it fails mid-way, `data: [DONE]`
-        content["text/event-stream"] = {"schema": {"type": "string"}}
+    if stream is not None:  # `stream: true`: SSE `data: {chunk}` events, an error event if it fails, `data: [DONE]`
+        content["text/event-stream"] = {"schema": sse.event_schema(f"#/components/schemas/{stream.__name__}")}
     if content:
         ok_doc["content"] = content
     out[200] = ok_doc
     return out
 
 
-_GENERATION = _responses(None, 400, 404, 413, 429, 503, stream=True)
 
 
 # ---------------------------------------------------------------------- plain endpoints
@@ -176,8 +176,8 @@ def _num_prompts(prompt) -> int:
     return 1 if isinstance(prompt, str) or isinstance(prompt[0], int) else len(prompt)
 
 
-@router.post("/v1/completions", response_model=None, responses={**_GENERATION, 200: {
-    **_GENERATION[200], "model": CompletionResponse}})
+@router.post("/v1/completions", response_model=None,
+             responses=_responses(CompletionResponse, 400, 404, 413, 429, 503, stream=CompletionChunk))
 async def completions(body: CompletionRequest, request: Request) -> Response:
     arrival = time.perf_counter()
     tr("route")
@@ -187,6 +187,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     if body.echo and body.logprobs is not None:
         raise APIError(400, "echo together with logprobs is not supported (no prompt logprobs)", param="echo")
     st.check_seqs(_num_prompts(body.prompt), body.n or 1)
+    st.check_max_tokens(max_tokens=body.max_tokens)
     prompts, texts = await _completion_prompts(st, body.prompt)
     max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
     params = [validate(body.sampling_params(max_tokens, body.logprobs)) for _ in prompts]
@@ -262,8 +263,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 
 
 # ---------------------------------------------------------------------- /v1/chat/completions
-@router.post("/v1/chat/completions", response_model=None, responses={**_GENERATION, 200: {
-    **_GENERATION[200], "model": ChatCompletionResponse}})
+@router.post("/v1/chat/completions", response_model=None,
+             responses=_responses(ChatCompletionResponse, 400, 404, 413, 429, 503, stream=ChatCompletionChunk))
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     arrival = time.perf_counter()
     tr("route")
@@ -276,6 +277,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     st.check_seqs(1, body.n or 1)
+    st.check_max_tokens(max_tokens=body.max_tokens, max_completion_tokens=body.max_completion_tokens)
     add_gen = body.add_generation_prompt if body.add_generation_prompt is not None else True
     try:
         ids = await _encode_chat(st, body.template_messages(), add_gen)

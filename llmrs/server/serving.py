@@ -67,6 +67,17 @@ class ServerState:
                            f"{limit} per request (--max-seqs-per-request)", param="n" if n > 1 else "prompt",
                            code="too_many_sequences")
 
+    def check_max_tokens(self, **given: int | None) -> None:
+        """400 for a max_tokens-like field outside [1, max_tokens_bound]: each one sent, also the one a request does
+        not use (chat's max_tokens beside max_completion_tokens), so no out-of-range value passes unnoticed."""
+        bound = max_tokens_bound(self.engine)
+        for name, v in given.items():
+            if v is not None and not 1 <= v <= bound:
+                raise APIError(400, f"{name} must be in [1, {bound}]: prompt + {name} must fit this model's maximum "
+                               f"context length ({self.engine.max_model_len} tokens) and the KV cache "
+                               f"({self.engine.kv_cache_tokens} tokens), and a prompt has at least one token",
+                               param=name)
+
     def default_max_tokens(self, prompt_len: int) -> int:
         """Whatever room the context and the KV cache leave (the engine rejects requests that could never fit)."""
         s = self.engine.stats()
@@ -85,6 +96,12 @@ class ServerState:
         if s is None:
             s = self._token_str[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return s
+
+
+def max_tokens_bound(engine: EngineClient) -> int:
+    """The largest max_tokens any request could have: the context, or the KV cache where smaller, less one prompt
+    token."""
+    return min(engine.max_model_len, engine.kv_cache_tokens) - 1
 
 
 def validate(params: SamplingParams) -> SamplingParams:

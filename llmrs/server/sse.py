@@ -41,6 +41,17 @@ class DeltaTemplate:
 _encode_str = json.encoder.encode_basestring  # what json.dumps(str, ensure_ascii=False) returns
 
 
+def event_schema(chunk_ref: str) -> dict[str, Any]:
+    """The JSON schema of one event of a stream (an SSE event as {"event", "data"}): `data` is a chunk's JSON
+    (`chunk_ref`), an error object's (a failure after the headers went out), or `[DONE]`, the last."""
+    return {"type": "object", "required": ["data"], "properties": {
+        "event": {"const": "message"},
+        "data": {"type": "string", "anyOf": [
+            {"const": "[DONE]"},
+            {"contentMediaType": "application/json", "contentSchema": {"anyOf": [
+                {"$ref": chunk_ref}, {"$ref": "#/components/schemas/ErrorResponse"}]}}]}}}
+
+
 def response(chunks: AsyncIterator[bytes], cleanup: Callable[[], Awaitable[None]]) -> StreamingResponse:
     """A text/event-stream response; `cleanup` runs after it ends, however it ends (a client disconnect cancels
     the stream, possibly before the generator ever started, so its own `finally` is not enough)."""
