@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import sys
 
+from typing import Optional
+
 import typer
 
+from llmrs.cli.help import DEBUG_HELP, MAX_WIDTH, Group, use_plain_help
 from llmrs.errors import UserError
 
 app = typer.Typer(
@@ -14,7 +17,27 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help: bracketed text shows as written (llmrs/cli/help.py)
+    cls=Group,
+    context_settings={"max_content_width": MAX_WIDTH},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from llmrs import __version__
+
+        typer.echo(f"llmrs {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Optional[bool] = typer.Option(None, "--version", is_eager=True, callback=_version,
+                                           help="Print the version and exit."),
+    debug: bool = typer.Option(False, "--debug", help=DEBUG_HELP),
+) -> None:
+    """LLM inference engine and benchmarking / roofline toolkit. `llmrs COMMAND --help` for each command."""
 
 # Sub-packages register their commands here: each module exposes register(app).
 # --- command registrations (one line per module) ---
@@ -32,6 +55,7 @@ cli_synth.register(app)
 from llmrs.cli import profile as cli_profile  # noqa: E402
 cli_profile.register(app)
 # --- end of command registrations ---
+use_plain_help(app)
 
 
 def main(argv: list[str] | None = None) -> None:
