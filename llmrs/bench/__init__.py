@@ -13,6 +13,9 @@ The pieces, one concept per file:
 - `metrics.py`    vLLM's metric definitions (TTFT, TPOT, ITL, E2E, throughput, goodput)
 - `results.py`    versioned results JSON + per-request CSV, and readers of a saved summary (stat, pct)
 - `server.py`     start a server command, wait for /health, stop it afterwards
+- `guard.py`      the process between the bench and its server: the server's group dies with the bench, however
+                  the bench ends
+- `interrupts.py` SIGINT / SIGTERM / SIGHUP: stop the run, save what finished, exit 128 + the signal
 - `sysinfo.py`    who was measured and on what: server identity, GPUs, the client host
 - `console.py`    the live progress bar and the result tables
 - `bench.py`      one `llmrs bench` invocation (sweep included); its typer commands are llmrs/cli/bench.py

@@ -3,7 +3,9 @@
     server  = --url, else start --server-cmd, else start `llmrs serve [--model]`  (server.py)
     prompts = built once (dataset.py, with the server's tokenizer when it has one)
     for each sweep point: arrivals -> run_load over worker processes -> summarize -> save JSON + CSV -> table
-Ctrl-C during a run saves what finished and ends the sweep; the started server is always stopped.
+An interrupt (Ctrl-C, SIGTERM, SIGHUP: interrupts.py) during a run stops sending, saves what finished (the run and
+the results file marked interrupted) and ends the sweep; run_bench then raises Interrupted, whose exit code is
+128 + the signal's. The started server is always stopped (server.py), on every way out.
 A server that cannot be reached, or a --model its /v1/models does not list, stops the bench before any request;
 a run in which every request failed ends the sweep, keeps its results, and is a UserError naming the failures.
 """
@@ -14,6 +16,7 @@ import asyncio
 import contextlib
 import math
 import re
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -29,6 +32,7 @@ from llmrs.bench import console as out
 from llmrs.bench.arrivals import arrival_offsets
 from llmrs.bench.client import OPTIONAL_SAMPLING, ClientConfig
 from llmrs.bench.dataset import WorkloadConfig, build_workload
+from llmrs.bench.interrupts import Interrupted, Interrupts, signal_name
 from llmrs.bench.metrics import Summary, summarize
 from llmrs.bench.records import RequestResult, RequestSpec
 from llmrs.bench.results import SCHEMA, requests_frame, run_tag, write_json
@@ -125,10 +129,23 @@ def server_context(o: BenchOptions, console: Console):
     if o.url:
         srv.url = o.url.rstrip("/")
     console.print(f"starting server: [cyan]{srv.command}[/] (log: {log})")
-    with srv:
+    if console.is_terminal:
+        status = console.status(f"waiting for {srv.url}/health")
+        srv.on_wait, srv.note_every_s = (lambda t: status.update(f"waiting for {srv.url}/health: {t:.0f}s")), 1.0
+    else:
+        status = contextlib.nullcontext()
+        srv.on_wait = lambda t: console.print(f"waiting for {srv.url}/health: {t:.0f}s (log: {log})")
+    with status:
+        srv.start()
+    try:
         console.print(f"server ready at {srv.url} after {srv.started_s:.1f}s")
         yield srv.url, {"managed": True, "command": srv.command, "startup_s": round(srv.started_s, 2), "log": str(log)}
-    console.print("server stopped")
+    finally:
+        try:
+            console.print("stopping the server...")
+        finally:
+            srv.stop()
+        console.print("server stopped")
 
 
 async def _prepare(o: BenchOptions, base_url: str, model: str) -> tuple[list[RequestSpec], Tokenizer | None, str]:
@@ -195,7 +212,8 @@ def _client_cpu(outcome: RunOutcome, main_cpu_s: float) -> dict:
     }
 
 
-def run_one(o: BenchOptions, cfg: ClientConfig, specs: list[RequestSpec], cap: int | None, rate: float, console: Console) -> tuple[RunOutcome, dict]:
+def run_one(o: BenchOptions, cfg: ClientConfig, specs: list[RequestSpec], cap: int | None, rate: float,
+            console: Console, intr: Interrupts | None = None) -> tuple[RunOutcome, dict]:
     """One sweep point with a live progress bar; returns the merged outcome and the client's CPU use."""
     offsets = arrival_offsets(len(specs), rate, o.burstiness, o.workload.seed).tolist()
     progress = out.make_progress(console)
@@ -206,12 +224,14 @@ def run_one(o: BenchOptions, cfg: ClientConfig, specs: list[RequestSpec], cap: i
         def on_progress(done: int, failed: int, inflight: int, tokens: int, elapsed: float) -> None:
             progress.update(task, completed=done + failed, inflight=inflight, failed=failed, tps=tokens / max(elapsed, 1e-9))
 
-        outcome = run_load(specs, offsets, cfg, cap=cap, workers=o.workers, on_progress=on_progress)
+        outcome = run_load(specs, offsets, cfg, cap=cap, workers=o.workers, on_progress=on_progress,
+                           interrupted=intr.pending if intr else None)
     return outcome, _client_cpu(outcome, time.process_time() - cpu0)
 
 
 def run_bench(o: BenchOptions, console: Console | None = None) -> Path:
-    """Runs every sweep point and returns the results JSON path (rewritten after each run)."""
+    """Runs every sweep point and returns the results JSON path (rewritten after each run). An interrupt (SIGINT,
+    SIGTERM, SIGHUP) ends it with Interrupted (`.path`: the results saved so far, `.exit_code`)."""
     console = console or Console()
     if o.workers < 1:
         raise UserError("--workers must be >= 1")
@@ -221,99 +241,149 @@ def run_bench(o: BenchOptions, console: Console | None = None) -> Path:
         raise UserError(f"--warmup must be >= 0 (got {o.warmup})")
     if not (o.timeout > 0 and math.isfinite(o.timeout)):
         raise UserError(f"--timeout must be a positive number of seconds (got {o.timeout:g})")
-    started = _now()
     o = replace(o, name=o.name or f"{_slug(o.label or 'bench')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    with Interrupts(console) as intr:
+        return _run_bench(o, console, intr)
+
+
+def _run_bench(o: BenchOptions, console: Console, intr: Interrupts) -> Path:
+    started = _now()
     empty: list[tuple[str, Summary]] = []  # runs in which every request failed
+    path = o.out_dir / f"{o.name}.json"
+    doc: dict | None = None
     with server_context(o, console) as (base_url, meta):
-        ident = server_identity(base_url, o.api_key)
-        if "unreachable" in ident:
-            raise UserError(f"cannot reach {base_url}: {ident['unreachable']}")
-        models = ident.get("models") or []
-        model = o.model if (o.model and (o.url or o.server_cmd)) else (models[0]["id"] if models else o.model)
-        if not model:
-            raise UserError(f"no --model given and {base_url}/v1/models lists none ({ident.get('models_error', 'empty')})")
-        _check_served(model, models, base_url)
-        label = o.label or (models[0].get("owned_by") if models else None) or "server"
-        cfg = ClientConfig(base_url, model, o.workload.backend, o.endpoint, o.api_key, o.timeout, o.ignore_eos,
-                           o.temperature, o.top_p, o.top_k, o.min_p)
-        with console.status("building prompts..."):
-            specs, tok, tok_source = asyncio.run(_prepare(o, base_url, model))
-        console.print(f"{len(specs)} prompts ({'dataset ' + o.workload.dataset if o.workload.dataset else 'random tokens'}; tokenizer: {tok_source})")
-        path = o.out_dir / f"{o.name}.json"
-        doc = {
-            "schema": SCHEMA,
-            "llmrs_version": llmrs.__version__,
-            "label": label,
-            "command": o.command or " ".join(sys.argv),
-            "started_at": started,
-            "finished_at": None,
-            "server": {**ident, **meta, "model": model},
-            "tokenizer": tok_source,
-            "gpus": gpu_info(),
-            "client": {**client_host(), "workers": o.workers, "http_client": client_kind(base_url)},
-            "params": _params(o),
-            "runs": [],
-        }
-        write_json(path, doc)
-        if o.warmup:
-            warm_specs = asyncio.run(_point_specs(o, WARMUP_POINT, specs, tok, base_url, model))
-            warm = [replace(warm_specs[i % len(warm_specs)], idx=i) for i in range(o.warmup)]
-            console.print(f"warmup: {o.warmup} requests")
-            res = run_load(warm, [0.0] * len(warm), cfg, cap=o.concurrency, workers=o.workers).results
-            if bad := [r for r in res if not r.success]:
-                console.print(f"[yellow]warmup: {len(bad)} of {len(res)} failed (first: {bad[0].error})")
-        rows: list[tuple[str, Summary]] = []
-        for point, (cap, rate) in enumerate(sweep_points(o)):
-            tag = run_tag(cap, rate)
-            point_specs = asyncio.run(_point_specs(o, point, specs, tok, base_url, model))
-            metrics0 = server_metrics(base_url, o.api_key)
-            outcome, cpu = run_one(o, cfg, point_specs, cap, rate, console)
-            metrics = server_metrics(base_url, o.api_key)
-            cache = prefix_cache_delta(prefix_cache_from(metrics0), prefix_cache_from(metrics))
-            eager = graph_capture_failures(metrics)  # (an llmrs server's; None from others)
-            text_tokens = asyncio.run(_text_tokens(tok, base_url, model, outcome.results)) if tok else {}
-            s = summarize(outcome.results, outcome.t0, percentiles=o.percentiles, slo=o.slo, text_tokens=text_tokens)
-            csv = f"{o.name}-{tag}.csv"
-            try:
-                requests_frame(outcome.results, outcome.t0, text_tokens).to_csv(o.out_dir / csv, index=False)
-            except OSError as e:
-                raise UserError(f"cannot write {o.out_dir / csv}: {e.strerror or e}") from None
-            doc["runs"].append({
-                "tag": tag, "concurrency": cap, "request_rate": rate if math.isfinite(rate) else "inf",
-                "burstiness": o.burstiness, "seed": point_seed(o, point),
-                "interrupted": outcome.interrupted, "summary": s.to_dict(), "prefix_cache": cache,
-                "server_graph_capture_failures": eager, "client_cpu": cpu, "csv": csv,
-            })
-            doc["finished_at"] = _now()
+        try:
+            ident = server_identity(base_url, o.api_key)
+            if "unreachable" in ident:
+                raise UserError(f"cannot reach {base_url}: {ident['unreachable']}")
+            models = ident.get("models") or []
+            model = o.model if (o.model and (o.url or o.server_cmd)) else (models[0]["id"] if models else o.model)
+            if not model:
+                raise UserError(f"no --model given and {base_url}/v1/models lists none ({ident.get('models_error', 'empty')})")
+            _check_served(model, models, base_url)
+            label = o.label or (models[0].get("owned_by") if models else None) or "server"
+            cfg = ClientConfig(base_url, model, o.workload.backend, o.endpoint, o.api_key, o.timeout, o.ignore_eos,
+                               o.temperature, o.top_p, o.top_k, o.min_p)
+            with console.status("building prompts..."):
+                specs, tok, tok_source = asyncio.run(_prepare(o, base_url, model))
+            console.print(f"{len(specs)} prompts ({'dataset ' + o.workload.dataset if o.workload.dataset else 'random tokens'}; tokenizer: {tok_source})")
+            doc = {
+                "schema": SCHEMA,
+                "llmrs_version": llmrs.__version__,
+                "label": label,
+                "command": o.command or " ".join(sys.argv),
+                "started_at": started,
+                "finished_at": None,
+                "interrupted": None,  # the signal that ended the bench early ("SIGTERM"), else null
+                "server": {**ident, **meta, "model": model},
+                "tokenizer": tok_source,
+                "gpus": gpu_info(),
+                "client": {**client_host(), "workers": o.workers, "http_client": client_kind(base_url)},
+                "params": _params(o),
+                "runs": [],
+            }
             write_json(path, doc)
-            console.print(out.summary_table(f"{label} {tag}", s, cpu))
-            if cache and cache["hit_tokens"]:
-                console.print(f"[yellow]note: the server's prefix cache held {cache['hit_rate']:.0%} of this run's "
-                              f"prompt tokens ({cache['hit_tokens']:,} of {cache['query_tokens']:,}): it had seen "
-                              "these prompts, or a shared prefix of them, before")
-            if eager:
-                console.print(f"[yellow]warning: the server's CUDA graph capture failed for {eager} step shape(s), "
-                              "which run eagerly and slower (the server's log says why): these figures are not its "
-                              "graphed speed")
-            if cpu["saturated"]:
-                console.print(f"[yellow]warning: a client worker was busy {max(cpu['busy_per_worker']):.0%} of a core; the client may be the bottleneck: raise --workers")
-            rows.append((tag, s))
-            if outcome.interrupted:
-                console.print("[yellow]interrupted: saved the requests that finished")
-                break
-            if s.completed == 0:
-                empty.append((csv, s))
-                console.print(f"[yellow]warning: every request of {tag} failed: no latency was measured "
-                              f"(the failed requests are in {o.out_dir / csv})")
-                break  # the next point would fail the same way
-        if len(rows) > 1:
-            console.print(out.sweep_table(rows))
+            if o.warmup:
+                warm_specs = asyncio.run(_point_specs(o, WARMUP_POINT, specs, tok, base_url, model))
+                warm = [replace(warm_specs[i % len(warm_specs)], idx=i) for i in range(o.warmup)]
+                console.print(f"warmup: {o.warmup} requests")
+                with intr.deferred():
+                    res = run_load(warm, [0.0] * len(warm), cfg, cap=o.concurrency, workers=o.workers,
+                                   interrupted=intr.pending).results
+                if intr.signum:
+                    raise Interrupted(intr.signum)
+                if bad := [r for r in res if not r.success]:
+                    console.print(f"[yellow]warmup: {len(bad)} of {len(res)} failed (first: {bad[0].error})")
+            rows: list[tuple[str, Summary]] = []
+            for point, (cap, rate) in enumerate(sweep_points(o)):
+                tag = run_tag(cap, rate)
+                point_specs = asyncio.run(_point_specs(o, point, specs, tok, base_url, model))
+                with intr.deferred():  # the run and the saving of its results: an interrupt stops them, in order
+                    s, csv = _run_point(o, cfg, point, point_specs, cap, rate, tok, base_url, model, label, doc,
+                                        path, console, intr)
+                rows.append((tag, s))
+                if intr.signum:
+                    break
+                if s.completed == 0:
+                    empty.append((csv, s))
+                    console.print(f"[yellow]warning: every request of {tag} failed: no latency was measured "
+                                  f"(the failed requests are in {o.out_dir / csv})")
+                    break  # the next point would fail the same way
+            if len(rows) > 1:
+                console.print(out.sweep_table(rows))
+        except BaseException as e:
+            if doc is not None:  # what finished stays on disk, and says how the bench ended
+                doc["finished_at"] = _now()
+                if isinstance(e, KeyboardInterrupt):
+                    doc["interrupted"] = signal_name(getattr(e, "signum", signal.SIGINT))
+                else:
+                    doc["error"] = f"{type(e).__name__}: {e}"
+                with contextlib.suppress(UserError):
+                    write_json(path, doc)
+            if isinstance(e, KeyboardInterrupt) and not isinstance(e, Interrupted):
+                raise Interrupted(signal.SIGINT, path if doc else None) from None
+            if isinstance(e, Interrupted):
+                e.path = path if doc else None
+            raise
     console.print(f"results: {path}")
+    if intr.signum:
+        raise Interrupted(intr.signum, path)
     if empty:
         csv, s = empty[0]
         reasons = ", ".join(f"{k}: {v}" for k, v in s.failures.items()) or "no reason recorded"
         raise UserError(f"all {s.failed} requests failed ({reasons}); each failure is in {o.out_dir / csv}")
     return path
+
+
+def _run_point(o: BenchOptions, cfg: ClientConfig, point: int, specs: list[RequestSpec], cap: int | None, rate: float,
+               tok: Tokenizer | None, base_url: str, model: str, label: str, doc: dict, path: Path, console: Console,
+               intr: Interrupts) -> tuple[Summary, str]:
+    """One sweep point: the run, its summary, its CSV, its entry in the results file, its table and notes."""
+    tag = run_tag(cap, rate)
+    metrics0 = server_metrics(base_url, o.api_key)
+    outcome, cpu = run_one(o, cfg, specs, cap, rate, console, intr)
+    if outcome.interrupted and not intr.signum:  # a KeyboardInterrupt the handlers did not see (not main thread)
+        intr.signum = outcome.signum or signal.SIGINT
+    metrics = server_metrics(base_url, o.api_key)
+    cache = prefix_cache_delta(prefix_cache_from(metrics0), prefix_cache_from(metrics))
+    eager = graph_capture_failures(metrics)  # (an llmrs server's; None from others)
+    # the usage cross-check re-tokenizes every reply: an interrupted bench skips it and exits promptly
+    text_tokens = asyncio.run(_text_tokens(tok, base_url, model, outcome.results)) if tok and not intr.signum else {}
+    s = summarize(outcome.results, outcome.t0, percentiles=o.percentiles, slo=o.slo, text_tokens=text_tokens)
+    csv = f"{o.name}-{tag}.csv"
+    try:
+        requests_frame(outcome.results, outcome.t0, text_tokens).to_csv(o.out_dir / csv, index=False)
+    except OSError as e:
+        raise UserError(f"cannot write {o.out_dir / csv}: {e.strerror or e}") from None
+    doc["runs"].append({
+        "tag": tag, "concurrency": cap, "request_rate": rate if math.isfinite(rate) else "inf",
+        "burstiness": o.burstiness, "seed": point_seed(o, point),
+        "interrupted": outcome.interrupted, "summary": s.to_dict(), "prefix_cache": cache,
+        "server_graph_capture_failures": eager, "client_cpu": cpu, "csv": csv,
+    })
+    doc["finished_at"] = _now()
+    if intr.signum:
+        doc["interrupted"] = signal_name(intr.signum)
+    write_json(path, doc)
+    title = f"{label} {tag}"
+    if intr.signum:
+        title += f" (interrupted by {signal_name(intr.signum)})"
+    console.print(out.summary_table(title, s, cpu))
+    if cache and cache["hit_tokens"]:
+        console.print(f"[yellow]note: the server's prefix cache held {cache['hit_rate']:.0%} of this run's "
+                      f"prompt tokens ({cache['hit_tokens']:,} of {cache['query_tokens']:,}): it had seen "
+                      "these prompts, or a shared prefix of them, before")
+    if eager:
+        console.print(f"[yellow]warning: the server's CUDA graph capture failed for {eager} step shape(s), "
+                      "which run eagerly and slower (the server's log says why): these figures are not its "
+                      "graphed speed")
+    if cpu["saturated"]:
+        console.print(f"[yellow]warning: a client worker was busy {max(cpu['busy_per_worker']):.0%} of a core; the client may be the bottleneck: raise --workers")
+    if intr.signum:
+        console.print(f"[yellow]interrupted by {signal_name(intr.signum)}: saved the {s.completed + s.failed} "
+                      f"requests that finished; {s.cut_off} in flight were cut off and {s.not_sent} never sent "
+                      "(neither counts as failed)")
+    return s, csv
 
 
 def _check_served(model: str, models: list[dict], base_url: str) -> None:

@@ -88,9 +88,12 @@ def _short(body: bytes, n: int = 120) -> str:
 
 
 async def send_request(client: httpx.AsyncClient | http1.StreamClient, cfg: ClientConfig, spec: RequestSpec,
-                       body: bytes) -> RequestResult:
-    """Send one request and time its stream; never raises (failures come back with their reason)."""
-    res = RequestResult(idx=spec.idx, input_len=spec.input_len)
+                       body: bytes, res: RequestResult | None = None) -> RequestResult:
+    """Send one request and time its stream into `res` (a new one by default; a caller that passes its own sees the
+    chunks counted as they arrive); never raises but CancelledError (failures come back with their reason)."""
+    if res is None:
+        res = RequestResult(idx=spec.idx, input_len=spec.input_len)
+    res.max_tokens = spec.output_len
     chat = cfg.backend == "chat"
     parts: list[str] = []
     itl = res.itl
@@ -129,8 +132,10 @@ async def send_request(client: httpx.AsyncClient | http1.StreamClient, cfg: Clie
                                     itl.append(now - last)
                                 last = now
                                 parts.append(text)
-                            if c.get("finish_reason"):
+                                res.chunks += 1
+                            if fr := c.get("finish_reason"):
                                 finished = True
+                                res.finish_reason = str(fr)
                             last_choice = now
                         usage = obj.get("usage")
                         if usage:
@@ -148,7 +153,6 @@ async def send_request(client: httpx.AsyncClient | http1.StreamClient, cfg: Clie
         res.error = f"bad event: {str(e)[:80]}"
     finally:
         res.end = perf_counter()
-    res.chunks = len(parts)
     res.text = "".join(parts)
     if ttft is not None:
         res.ttft = ttft

@@ -61,6 +61,8 @@ def summary_table(title: str, s: Summary, client: dict) -> Table:
     pnames = next((list(d.percentiles) for d in dists if d is not None), ["p50", "p90", "p99"])
     for name, d in zip(("TTFT (ms)", "TPOT (ms)", "ITL (ms)", "E2E latency (ms)"), dists, strict=True):
         _dist_rows(t, name, d, pnames)
+    if s.cut_off or s.not_sent:
+        t.add_row("[yellow]Interrupted: in flight (cut off) / never sent", f"{s.cut_off} / {s.not_sent}")
     if s.usage_missing:
         t.add_row("[yellow]No usage chunk (tokens = chunks)", f"{s.usage_missing}")
     if s.usage_mismatch:

@@ -8,7 +8,9 @@
 - peak concurrency: the most requests in flight at once, from their [start, end] intervals.
 Failed requests count in `failures` with their reasons and are excluded from every latency statistic; a
 statistic of no requests at all (every request failed; TPOT when every reply was one token) is None (null in the
-results JSON, "-" in tables): never a 0 that reads as measured.
+results JSON, "-" in tables): never a 0 that reads as measured. An interrupted run's requests that were cut off in
+flight or never sent are neither completed nor failed: they are counted apart (`cut_off`, `not_sent`), and the
+run's duration ends with the last request that completed or failed.
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ class Summary:
     usage_missing: int = 0  # completed requests without a usage chunk (tokens counted from the text instead)
     usage_mismatch: int = 0  # completed requests whose usage disagrees with the re-tokenized text
     max_output_tokens_per_s: float = 0.0  # best whole second of streamed tokens (vLLM's peak output throughput)
+    cut_off: int = 0  # requests in flight when the run was interrupted
+    not_sent: int = 0  # requests the interrupted run never sent
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -138,8 +142,8 @@ def summarize(
 ) -> Summary:
     """Fold per-request results into one Summary. `text_tokens`: idx -> re-tokenized output length."""
     ok = [r for r in results if r.success]
-    bad = [r for r in results if not r.success]
-    end = max((r.end for r in results), default=t0)
+    bad = [r for r in results if not r.success and not r.interrupted]
+    end = max((r.end for r in ok + bad), default=t0)
     duration = max(end - t0, 1e-9)
     n_out = sum(output_tokens(r) for r in ok)
     n_in = sum(r.prompt_tokens if r.prompt_tokens is not None else r.input_len for r in ok)
@@ -162,6 +166,8 @@ def summarize(
         failures=dict(Counter(failure_reason(r.error) for r in bad).most_common()),
         usage_missing=sum(r.output_tokens is None for r in ok),
         max_output_tokens_per_s=_peak_window(ok, t0),
+        cut_off=sum(r.interrupted == "in flight" for r in results),
+        not_sent=sum(r.interrupted == "not sent" for r in results),
     )
     if slo:
         s.slo = dict(slo)

@@ -36,9 +36,12 @@ class RequestResult:
     ttft: float = 0.0  # first chunk with content
     latency: float = 0.0  # E2E: last chunk carrying choices
     itl: list[float] = field(default_factory=list)  # gaps between consecutive content chunks
-    chunks: int = 0  # content chunks received
+    chunks: int = 0  # content chunks received (counted as they arrive: the live progress reads it)
     prompt_tokens: int | None = None  # usage.prompt_tokens
     output_tokens: int | None = None  # usage.completion_tokens
     text: str = ""  # generated text (for the usage cross-check)
     input_len: int = 0  # from the spec, when the server reports no usage
     scheduled: float = 0.0  # planned send time (absolute); start - scheduled = client-side queueing delay
+    max_tokens: int = 0  # max_tokens sent
+    finish_reason: str = ""  # the last finish_reason the stream carried ("length", "stop", ...)
+    interrupted: str = ""  # "in flight" or "not sent": the run was interrupted (neither a success nor a failure)

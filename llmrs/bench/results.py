@@ -40,9 +40,10 @@ def requests_frame(results: list[RequestResult], t0: float, text_tokens: dict[in
             "worker": r.worker,
             "success": r.success,
             "error": r.error,
+            "interrupted": r.interrupted or None,
             "scheduled_s": round(r.scheduled - t0, 6) if r.scheduled else None,
-            "start_s": round(r.start - t0, 6),
-            "end_s": round(r.end - t0, 6),
+            "start_s": round(r.start - t0, 6) if r.start else None,
+            "end_s": round(r.end - t0, 6) if r.end else None,
             "ttft_ms": round(r.ttft * ms, 3) if r.success else None,
             "tpot_ms": round(tp * ms, 3) if tp is not None else None,
             "e2el_ms": round(r.latency * ms, 3) if r.success else None,
@@ -51,6 +52,8 @@ def requests_frame(results: list[RequestResult], t0: float, text_tokens: dict[in
             "output_tokens": r.output_tokens,
             "text_tokens": (text_tokens or {}).get(r.idx),
             "chunks": r.chunks,
+            "max_tokens": r.max_tokens,
+            "finish_reason": r.finish_reason or None,
             "itl_ms": ";".join(f"{g * ms:.3f}" for g in r.itl),
         })
     return pd.DataFrame(rows)

@@ -3,7 +3,8 @@
 The runner splits requests round-robin over the workers (request i -> worker i % N) with their precomputed
 arrival offsets, splits the concurrency cap, starts them (spawn: clean asyncio state), waits until every worker
 has its HTTP client ready, then sets one common start time t0 (perf_counter is one machine-wide clock).
-Ctrl-C sets `stop`: workers cancel what is in flight and send what finished; a second Ctrl-C abandons them.
+An interrupt (Ctrl-C, or `interrupted()` turning true: the bench's SIGTERM / SIGHUP handler) sets `stop`: workers
+cancel what is in flight and send what finished; a second interrupt abandons them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import math
 import multiprocessing as mp
 import contextlib
 import queue as queue_mod
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -47,6 +49,7 @@ class RunOutcome:
     cpu: list[WorkerCPU] = field(default_factory=list)
     peak_inflight_sum: int = 0  # sum over workers of each worker's own peak (an upper bound on the true peak)
     interrupted: bool = False
+    signum: int | None = None  # the signal that interrupted it (SIGINT for a KeyboardInterrupt of unknown origin)
 
 
 def split_cap(cap: int | None, workers: int) -> list[int | None]:
@@ -72,8 +75,10 @@ def run_load(
     cap: int | None,
     workers: int,
     on_progress: ProgressFn | None = None,
+    interrupted: Callable[[], int | None] | None = None,
 ) -> RunOutcome:
-    """Send `specs` at `offsets` (s after start) with at most `cap` in flight, over `workers` processes."""
+    """Send `specs` at `offsets` (s after start) with at most `cap` in flight, over `workers` processes.
+    `interrupted()`: the signal number of an interrupt to stop at (polled every 0.1 s), else None."""
     assert len(specs) == len(offsets)
     nw = plan_workers(len(specs), cap, workers)
     caps = split_cap(cap, nw)
@@ -88,8 +93,9 @@ def run_load(
             p.start()
     stats: dict[int, WorkerStats] = {}
     finals: dict[int, tuple] = {}
-    interrupted = False
+    signum: int | None = None
     strikes: dict[int, int] = {}
+    finished = False
     try:
         ready, deadline = 0, time.monotonic() + READY_TIMEOUT_S
         while ready < nw:
@@ -105,34 +111,39 @@ def run_load(
         go.set()
         while len(finals) < nw:
             try:
-                msg = q.get(timeout=0.1)
-            except queue_mod.Empty:
-                _check_alive(procs, finals, jobs, strikes)
-                msg = None
-            except KeyboardInterrupt:
-                if interrupted:
-                    raise
-                interrupted = True
+                if signum is None and interrupted is not None and (sig := interrupted()):
+                    signum = sig
+                    stop.set()
+                try:
+                    msg = q.get(timeout=0.1)
+                except queue_mod.Empty:
+                    _check_alive(procs, finals, jobs, strikes)
+                    msg = None
+                if msg and msg[0] == "progress":
+                    stats[msg[1]] = msg[2]
+                elif msg and msg[0] == "final":
+                    finals[msg[1]] = msg[2:]
+                if on_progress and stats:
+                    s = list(stats.values())
+                    on_progress(
+                        sum(x.done for x in s), sum(x.failed for x in s), sum(x.inflight for x in s),
+                        sum(x.tokens for x in s), time.perf_counter() - t0.value,
+                    )
+            except KeyboardInterrupt as e:
+                if signum is not None:
+                    raise  # the second interrupt: abandon the workers
+                signum = getattr(e, "signum", signal.SIGINT)
                 stop.set()
-                continue
-            if msg and msg[0] == "progress":
-                stats[msg[1]] = msg[2]
-            elif msg and msg[0] == "final":
-                finals[msg[1]] = msg[2:]
-            if on_progress and stats:
-                s = list(stats.values())
-                on_progress(
-                    sum(x.done for x in s), sum(x.failed for x in s), sum(x.inflight for x in s),
-                    sum(x.tokens for x in s), time.perf_counter() - t0.value,
-                )
+        finished = True
     finally:
-        for p in procs:
-            p.join(timeout=5)
+        for p in procs:  # (abandoned or never started: they have nothing to send)
+            p.join(timeout=5 if finished else 0)
             if p.is_alive():
                 p.terminate()
     results = sorted((r for f in finals.values() for r in f[0]), key=lambda r: r.idx)
     cpu = [WorkerCPU(w, f[1], f[2]) for w, f in sorted(finals.items())]
-    return RunOutcome(results, t0.value, cpu, sum(f[3] for f in finals.values()), interrupted)
+    return RunOutcome(results, t0.value, cpu, sum(f[3] for f in finals.values()), signum is not None,
+                      int(signum) if signum is not None else None)
 
 
 @contextlib.contextmanager

@@ -4,7 +4,9 @@ One machinery for every engine: `--server-cmd "vllm serve M --port {port}"` (or 
 when neither --url nor --server-cmd is given: our own `python -m llmrs serve [MODEL] --host 127.0.0.1 --port
 {port}`. `{port}` is replaced by a free 127.0.0.1 port; a command without it names its port with `--port N`
 (else 8000, vLLM's default). The server runs in its own session (process group) with output in a log file,
-so stopping it (SIGINT, then SIGTERM, then SIGKILL) reaches its children too (engine workers) and nothing else.
+so stopping it (SIGINT, then SIGTERM, then SIGKILL) reaches its children too (engine core, workers) and nothing
+else. Between the bench and the server sits llmrs.bench.guard, which holds the read end of a pipe only the bench
+writes to: when the bench dies in any way (SIGKILL included), the guard stops the server's whole group.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +27,7 @@ import httpx
 from llmrs.errors import UserError
 
 HEALTH_POLL_S = 0.25
+WAIT_NOTE_S = 15.0  # how often a start-up that takes long says it is still waiting (ManagedServer.on_wait)
 
 
 def free_port() -> int:
@@ -55,9 +59,12 @@ class ManagedServer:
     log_path: Path
     startup_timeout: float = 600.0
     url: str = ""
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen | None = None  # the guard (llmrs.bench.guard), leader of the server's process group
     started_s: float = 0.0  # seconds until /health answered 200
     command: str = field(default="")
+    lifeline: int | None = None  # the pipe's write end: the guard sees EOF when this process ends
+    on_wait: Callable[[float], None] | None = None  # called every note_every_s while /health does not answer
+    note_every_s: float = WAIT_NOTE_S
 
     @classmethod
     def from_command(cls, cmd: str | list[str], log_path: Path, startup_timeout: float = 600.0) -> ManagedServer:
@@ -72,16 +79,32 @@ class ManagedServer:
         return cls(argv, log_path, startup_timeout, f"http://127.0.0.1:{port}", command=shlex.join(argv))
 
     def start(self) -> None:
+        """Starts the server (behind the guard) and waits for /health; anything that ends the wait (a timeout, the
+        server's exit, an interrupt) stops it first."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child; closed in stop()
+        r, w = os.pipe()  # (not inheritable: no other child of the bench holds the write end)
+        guard = [sys.executable, "-m", "llmrs.bench.guard", str(r), "--", *self.argv]
         try:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(guard, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, pass_fds=(r,))
         except OSError as e:
-            log.close()
+            os.close(w)
             raise UserError(f"cannot start server command {self.command!r}: {e}") from e
-        log.close()
+        finally:
+            log.close()
+            os.close(r)
+        self.lifeline = w
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_healthy(self) -> None:
+        assert self.proc is not None
         t0 = time.monotonic()
-        deadline = t0 + self.startup_timeout
+        deadline, note = t0 + self.startup_timeout, t0 + self.note_every_s
         with httpx.Client(timeout=5.0, trust_env=False) as c:
             while True:
                 code = self.proc.poll()
@@ -92,27 +115,41 @@ class ManagedServer:
                         break
                 except httpx.HTTPError:
                     pass
-                if time.monotonic() > deadline:
-                    self.stop()
+                now = time.monotonic()
+                if now > deadline:
                     raise UserError(f"server did not answer {self.url}/health within {self.startup_timeout:g}s; log: {self.log_path}")
+                if self.on_wait is not None and now > note:
+                    self.on_wait(now - t0)
+                    note = now + self.note_every_s
                 time.sleep(HEALTH_POLL_S)
         self.started_s = time.monotonic() - t0
 
     def stop(self, grace_s: float = 15.0) -> int | None:
-        """Stops the server's process group: SIGINT (graceful), then SIGTERM, then SIGKILL. Returns its exit code."""
+        """Stops the server's process group: SIGINT (graceful), then SIGTERM, then SIGKILL; an interrupt meanwhile
+        (a second Ctrl-C) goes straight to SIGKILL and is raised once the group is dead. Returns the exit status."""
         p = self.proc
-        if p is None or p.poll() is not None:
-            return None if p is None else p.returncode
-        for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        if p is None:
+            return None
+        hurry: BaseException | None = None
+        steps = [(signal.SIGINT, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)]
+        while steps and p.poll() is None:
+            sig, wait = steps.pop(0)
             try:
-                os.killpg(p.pid, sig)  # our own child's session: pgid == its pid
+                os.killpg(p.pid, sig)  # the guard's session: pgid == its pid
             except ProcessLookupError:
                 break
             try:
-                return p.wait(timeout=wait)
+                p.wait(timeout=wait)
             except subprocess.TimeoutExpired:
                 continue
-        return p.poll()
+            except KeyboardInterrupt as e:  # (llmrs.bench.bench.Interrupted too)
+                hurry, steps = e, steps[-1:] if steps else [(signal.SIGKILL, 5.0)]
+        if self.lifeline is not None:  # (a guard still alive after SIGKILL, in the kernel's hands: it acts on EOF)
+            os.close(self.lifeline)
+            self.lifeline = None
+        if hurry is not None:
+            raise hurry
+        return p.returncode
 
     def log_tail(self, n: int = 15) -> str:
         try:

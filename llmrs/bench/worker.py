@@ -2,16 +2,20 @@
 
 Why processes: one asyncio process parsing SSE tops out near 8-9k chunks/s, so a single client under-reports a
 fast server. The runner splits the workload round-robin over N workers; each gets cap/N in-flight slots, so the
-total in flight never exceeds the cap. Workers report progress every 0.2 s and send all their results at the end
-(or when the runner sets `stop`: Ctrl-C), together with their own CPU time so a saturated client is visible.
+total in flight never exceeds the cap. Workers report progress every 0.2 s (requests done, and the tokens streamed
+so far, those of requests still in flight included) and send all their results at the end (or when the runner sets
+`stop`: an interrupt), together with their own CPU time so a saturated client is visible. Interrupt signals are
+the runner's to handle (a worker ignores them: a closed terminal's SIGHUP reaches the whole process group), and a
+worker whose runner is gone (killed) exits at once instead of streaming on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 from urllib.request import getproxies
@@ -45,7 +49,7 @@ class WorkerStats:
     done: int = 0
     failed: int = 0
     inflight: int = 0
-    tokens: int = 0  # output tokens of finished requests (usage, else content chunks)
+    tokens: int = 0  # output tokens: finished requests' (usage, else content chunks) + those streaming's chunks so far
     peak_inflight: int = 0
 
 
@@ -92,21 +96,40 @@ async def _warm_connections(client: Any, base_url: str, k: int) -> None:
     await asyncio.gather(*(one() for _ in range(max(1, k))))
 
 
+INTERRUPTS = tuple(getattr(signal, s) for s in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, s))
+
+
 def worker_main(job: WorkerJob, queue, go, stop, t0) -> None:
     """Process entry point. Messages on `queue`: ("ready", w), ("progress", w, stats), ("final", w, results, cpu, wall)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner handles Ctrl-C and sets `stop`
+    for s in INTERRUPTS:  # the runner handles them and sets `stop`
+        signal.signal(s, signal.SIG_IGN)
     asyncio.run(_run(job, queue, go, stop, t0))
+
+
+def _orphaned() -> bool:
+    """Whether the runner's process is gone (killed: it can no longer stop this worker or take its results)."""
+    import multiprocessing
+
+    parent = multiprocessing.parent_process()
+    return parent is not None and not parent.is_alive()
+
+
+def _exit_if_orphaned() -> None:
+    if _orphaned():
+        os._exit(1)
 
 
 async def _run(job: WorkerJob, queue, go, stop, t0) -> None:
     stats = WorkerStats()
     results: list[RequestResult] = []
+    live: dict[int, RequestResult] = {}  # sent, not finished: i -> its result so far
     bodies = [build_body(job.cfg, s) for s in job.specs]
     n = job.cap or max(1, len(job.specs))
     async with make_client(job.cfg.base_url, n, job.cfg.timeout) as client:
         await _warm_connections(client, job.cfg.base_url, min(n, len(job.specs), MAX_WARM))
         queue.put(("ready", job.worker))
         while not go.wait(0.05):
+            _exit_if_orphaned()
             await asyncio.sleep(0)
         start = t0.value
         cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -122,13 +145,14 @@ async def _run(job: WorkerJob, queue, go, stop, t0) -> None:
                 await sem.acquire()
             stats.inflight += 1
             stats.peak_inflight = max(stats.peak_inflight, stats.inflight)
+            res = live[i] = RequestResult(idx=spec.idx, worker=job.worker, input_len=spec.input_len, scheduled=when)
             try:
-                res = await send_request(client, job.cfg, spec, bodies[i])
+                await send_request(client, job.cfg, spec, bodies[i], res)
             finally:
                 stats.inflight -= 1
                 if sem is not None:
                     sem.release()
-            res.worker, res.scheduled = job.worker, when
+            del live[i]
             results.append(res)
             if res.success:
                 stats.done += 1
@@ -140,16 +164,21 @@ async def _run(job: WorkerJob, queue, go, stop, t0) -> None:
         pending = set(tasks)
         while pending:
             _, pending = await asyncio.wait(pending, timeout=PROGRESS_EVERY_S)
-            queue.put(("progress", job.worker, stats))
+            _exit_if_orphaned()
+            queue.put(("progress", job.worker, replace(stats, tokens=stats.tokens + sum(r.chunks for r in live.values()))))
             if stop.is_set():
                 for t in pending:
                     t.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
                 break
         seen = {r.idx for r in results}
-        now = time.perf_counter()
-        for spec in job.specs:  # interrupted: in flight or never sent; counted, never dropped
+        for res in live.values():  # cut off by the interrupt: kept (with what streamed), neither success nor failure
+            res.interrupted, res.error = "in flight", ""
+            results.append(res)
+            seen.add(res.idx)
+        for spec in job.specs:  # never sent: recorded as such, never a failure
             if spec.idx not in seen:
-                results.append(RequestResult(idx=spec.idx, worker=job.worker, error="interrupted", start=now, end=now, input_len=spec.input_len))
+                results.append(RequestResult(idx=spec.idx, worker=job.worker, input_len=spec.input_len,
+                                             max_tokens=spec.output_len, interrupted="not sent"))
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     queue.put(("final", job.worker, results, cpu, wall, stats.peak_inflight))

@@ -91,6 +91,7 @@ def bench(
     """Load-test an OpenAI-compatible server (ours, vLLM, SGLang, llama.cpp, ...): TTFT, TPOT, ITL, E2E, throughput, goodput."""
     from llmrs.bench.bench import BenchOptions, parse_sweep, run_bench
     from llmrs.bench.dataset import WorkloadConfig
+    from llmrs.bench.interrupts import Interrupted
     from llmrs.bench.metrics import parse_slo
 
     if url and not url.startswith(("http://", "https://")):
@@ -137,7 +138,15 @@ def bench(
     _writable_dir(out_dir, "--out-dir")  # before the run, not after it: the results must have somewhere to go
     if report:
         _writable_dir(report, "--report")
-    path = run_bench(opts)
+    try:
+        path = run_bench(opts)
+    except Interrupted as e:  # what finished is saved; the exit status says how it ended (130, 143, 129)
+        saved = f"what finished is in {e.path}" if e.path is not None else "nothing was measured"
+        print(f"interrupted by {e}: {saved}", file=sys.stderr)
+        if report and e.path is not None:
+            print("no report written (interrupted); to write one of what finished: "
+                  f"llmrs report {shlex.quote(str(e.path))} -o {shlex.quote(str(report))}", file=sys.stderr)
+        raise typer.Exit(e.exit_code) from None
     if report:
         from llmrs.bench.report import write_report
 
