@@ -78,6 +78,10 @@ class BenchOptions:
     name: str | None = None
     command: str = ""
     serve_args: tuple[str, ...] = ()  # more `llmrs serve` options for the server this bench starts itself
+    # -n not given: a run whose concurrency cap C is above workload.num_prompts sends C requests (a request for
+    # every slot: `-c 256` must reach 256 in flight); given, it is the count of every run, and a warning says
+    # which runs can never fill their cap
+    auto_num_prompts: bool = False
 
 
 def parse_sweep(text: str | None) -> tuple[str, list[float]] | None:
@@ -149,9 +153,11 @@ def server_context(o: BenchOptions, console: Console):
 
 
 async def _prepare(o: BenchOptions, base_url: str, model: str) -> tuple[list[RequestSpec], Tokenizer | None, str]:
+    """The first run's prompts, the tokenizer and where it comes from."""
+    n = point_num_prompts(o, sweep_points(o)[0][0])
     async with httpx.AsyncClient(timeout=60.0, trust_env=False) as c:
         choice = await choose_tokenizer(base_url, model, c, o.tokenizer)
-        specs = await build_workload(o.workload, choice.tokenizer)
+        specs = await build_workload(replace(o.workload, num_prompts=n), choice.tokenizer)
     return specs, choice.tokenizer, choice.source
 
 
@@ -176,13 +182,31 @@ async def _live_tokenizer(tok: Tokenizer | None, base_url: str, model: str) -> A
         yield ServerTokenizer(base_url, model, c) if isinstance(tok, ServerTokenizer) else tok
 
 
-async def _point_specs(o: BenchOptions, i: int, first: list[RequestSpec], tok: Tokenizer | None, base_url: str,
-                       model: str) -> list[RequestSpec]:
+def point_num_prompts(o: BenchOptions, cap: int | None) -> int:
+    """Requests of a run with in-flight cap `cap` (BenchOptions.auto_num_prompts)."""
+    n = o.workload.num_prompts
+    return max(n, cap) if o.auto_num_prompts and cap else n
+
+
+def _few_prompts_warning(o: BenchOptions) -> str | None:
+    """The warning for a given -n below a run's concurrency cap (that many slots can never be used), else None."""
+    n = o.workload.num_prompts
+    caps = sorted({cap for cap, _ in sweep_points(o) if cap and cap > n})
+    if o.auto_num_prompts or not caps:
+        return None
+    which = f"--concurrency {caps[0]}" if len(caps) == 1 else "concurrency " + ", ".join(map(str, caps))
+    return (f"warning: -n {n} is less than {which}: at most {n} requests are ever in flight; "
+            f"give -n {caps[-1]} or more to fill every slot")
+
+
+async def _point_specs(o: BenchOptions, i: int, n: int, first: list[RequestSpec], tok: Tokenizer | None,
+                       base_url: str, model: str) -> list[RequestSpec]:
+    """The n prompts of sweep point i (`first`, the prompts already built, where they are the same)."""
     seed = point_seed(o, i)
-    if seed == o.workload.seed:
+    if seed == o.workload.seed and n == len(first):
         return first
     async with _live_tokenizer(tok, base_url, model) as live:
-        return await build_workload(replace(o.workload, seed=seed), live)
+        return await build_workload(replace(o.workload, seed=seed, num_prompts=n), live)
 
 
 async def _text_tokens(tok: Tokenizer, base_url: str, model: str, results: list[RequestResult]) -> dict[int, int]:
@@ -267,6 +291,8 @@ def _run_bench(o: BenchOptions, console: Console, intr: Interrupts) -> Path:
             with console.status("building prompts..."):
                 specs, tok, tok_source = asyncio.run(_prepare(o, base_url, model))
             console.print(f"{len(specs)} prompts ({'dataset ' + o.workload.dataset if o.workload.dataset else 'random tokens'}; tokenizer: {tok_source})")
+            if warning := _few_prompts_warning(o):
+                console.print(f"[yellow]{warning}")
             doc = {
                 "schema": SCHEMA,
                 "llmrs_version": llmrs.__version__,
@@ -284,7 +310,7 @@ def _run_bench(o: BenchOptions, console: Console, intr: Interrupts) -> Path:
             }
             write_json(path, doc)
             if o.warmup:
-                warm_specs = asyncio.run(_point_specs(o, WARMUP_POINT, specs, tok, base_url, model))
+                warm_specs = asyncio.run(_point_specs(o, WARMUP_POINT, len(specs), specs, tok, base_url, model))
                 warm = [replace(warm_specs[i % len(warm_specs)], idx=i) for i in range(o.warmup)]
                 console.print(f"warmup: {o.warmup} requests")
                 with intr.deferred():
@@ -297,7 +323,8 @@ def _run_bench(o: BenchOptions, console: Console, intr: Interrupts) -> Path:
             rows: list[tuple[str, Summary]] = []
             for point, (cap, rate) in enumerate(sweep_points(o)):
                 tag = run_tag(cap, rate)
-                point_specs = asyncio.run(_point_specs(o, point, specs, tok, base_url, model))
+                n = point_num_prompts(o, cap)
+                point_specs = asyncio.run(_point_specs(o, point, n, specs, tok, base_url, model))
                 with intr.deferred():  # the run and the saving of its results: an interrupt stops them, in order
                     s, csv = _run_point(o, cfg, point, point_specs, cap, rate, tok, base_url, model, label, doc,
                                         path, console, intr)
@@ -357,7 +384,7 @@ def _run_point(o: BenchOptions, cfg: ClientConfig, point: int, specs: list[Reque
         raise UserError(f"cannot write {o.out_dir / csv}: {e.strerror or e}") from None
     doc["runs"].append({
         "tag": tag, "concurrency": cap, "request_rate": rate if math.isfinite(rate) else "inf",
-        "burstiness": o.burstiness, "seed": point_seed(o, point),
+        "burstiness": o.burstiness, "seed": point_seed(o, point), "num_prompts": len(specs),
         "interrupted": outcome.interrupted, "summary": s.to_dict(), "prefix_cache": cache,
         "server_graph_capture_failures": eager, "client_cpu": cpu, "csv": csv,
     })
@@ -398,6 +425,7 @@ def _params(o: BenchOptions) -> dict:
     w = asdict(o.workload)
     return {
         **w,
+        "num_prompts_auto": o.auto_num_prompts,
         "concurrency": o.concurrency,
         "request_rate": o.request_rate if math.isfinite(o.request_rate) else "inf",
         "burstiness": o.burstiness,

@@ -14,6 +14,9 @@ import typer
 from llmrs.errors import UserError
 
 
+DEFAULT_NUM_PROMPTS = 100
+
+
 class Backend(str, Enum):
     completions = "completions"
     chat = "chat"
@@ -57,7 +60,7 @@ def bench(
     backend: Backend = typer.Option(Backend.completions, help="API: /v1/completions or /v1/chat/completions."),
     endpoint: str = typer.Option("", help="Override the request path (default: /v1/completions or /v1/chat/completions)."),
     concurrency: int = typer.Option(16, "--concurrency", "-c", help="Most requests in flight at once (0: no cap)."),
-    num_prompts: int = typer.Option(100, "--num-prompts", "-n", help="Requests per run."),
+    num_prompts: int = typer.Option(None, "--num-prompts", "-n", help="Requests per run (default: 100, or the run's concurrency where that is more, so that every slot gets a request)."),
     request_rate: str = typer.Option("inf", help="Mean arrivals per second (gamma process); inf sends all at once."),
     burstiness: float = typer.Option(1.0, help="Gamma shape of inter-arrival times: 1 = Poisson, <1 burstier, >1 more regular."),
     input_len: int = typer.Option(256, help="Prompt tokens of random prompts (exact, as the server tokenizes them)."),
@@ -109,7 +112,7 @@ def bench(
     except ValueError as e:
         raise UserError(f"--slo: {e}") from e
     wl = WorkloadConfig(
-        num_prompts=num_prompts, input_len=input_len, output_len=output_len, range_ratio=range_ratio,
+        num_prompts=DEFAULT_NUM_PROMPTS if num_prompts is None else num_prompts, input_len=input_len, output_len=output_len, range_ratio=range_ratio,
         prefix_len=prefix_len, dataset=str(dataset) if dataset else None, prompt_format=prompt_format.value,
         backend=backend.value, seed=seed,
     )
@@ -121,7 +124,7 @@ def bench(
         sweep=parse_sweep(sweep), warmup=warmup, timeout=timeout, api_key=api_key, label=label, workers=workers,
         slo=slo_ms, percentiles=_percentiles(percentiles), tokenizer=tokenizer, ignore_eos=ignore_eos,
         temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, endpoint=endpoint, out_dir=out_dir, name=name,
-        command=shlex.join(["llmrs", *sys.argv[1:]]), serve_args=tuple(extra),
+        command=shlex.join(["llmrs", *sys.argv[1:]]), serve_args=tuple(extra), auto_num_prompts=num_prompts is None,
     )
     if not (server_timeout > 0 and math.isfinite(server_timeout)):
         raise UserError(f"--server-timeout must be a positive number of seconds (got {server_timeout:g})")
