@@ -240,15 +240,9 @@ def run_one(o: BenchOptions, cfg: ClientConfig, specs: list[RequestSpec], cap: i
             console: Console, intr: Interrupts | None = None) -> tuple[RunOutcome, dict]:
     """One sweep point with a live progress bar; returns the merged outcome and the client's CPU use."""
     offsets = arrival_offsets(len(specs), rate, o.burstiness, o.workload.seed).tolist()
-    progress = out.make_progress(console)
     cpu0 = time.process_time()
-    with progress:
-        task = progress.add_task(run_tag(cap, rate), total=len(specs), inflight=0, failed=0, tps=0.0)
-
-        def on_progress(done: int, failed: int, inflight: int, tokens: int, elapsed: float) -> None:
-            progress.update(task, completed=done + failed, inflight=inflight, failed=failed, tps=tokens / max(elapsed, 1e-9))
-
-        outcome = run_load(specs, offsets, cfg, cap=cap, workers=o.workers, on_progress=on_progress,
+    with out.RunProgress(console, run_tag(cap, rate), len(specs)) as progress:
+        outcome = run_load(specs, offsets, cfg, cap=cap, workers=o.workers, on_progress=progress.update,
                            interrupted=intr.pending if intr else None)
     return outcome, _client_cpu(outcome, time.process_time() - cpu0)
 

@@ -1,6 +1,14 @@
-"""Rich output for `llmrs bench`: the live progress bar and the result tables."""
+"""Rich output for `llmrs bench`: the run's progress and the result tables.
+
+Progress counts requests done (completed or failed) of the run's total and the output tokens streamed so far, those
+of requests still in flight included (so tok/s moves from the first token, not from the first finished request).
+On a terminal it is a live bar; otherwise (a log file, CI) a plain line every PLAIN_EVERY_S seconds and one at
+the end.
+"""
 
 from __future__ import annotations
+
+import time
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -9,18 +17,57 @@ from rich.table import Table
 from llmrs.bench.metrics import Dist, Summary
 
 SATURATED = 0.9  # a worker busier than this fraction of one core may be measuring itself
+PLAIN_EVERY_S = 5.0
 
 
-def make_progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("in flight {task.fields[inflight]}  failed {task.fields[failed]}  {task.fields[tps]:,.0f} tok/s"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    )
+class RunProgress:
+    """The progress of one run: `update(done, failed, inflight, tokens, elapsed)` (runner.ProgressFn) inside
+    `with`; a live bar on a terminal, plain lines elsewhere."""
+
+    def __init__(self, console: Console, tag: str, total: int):
+        self.console, self.tag, self.total = console, tag, total
+        self.last: tuple[int, int, int, int, float] = (0, 0, 0, 0, 0.0)
+        self.bar: Progress | None = None
+        self.next_line = 0.0
+        if console.is_terminal:
+            self.bar = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("in flight {task.fields[inflight]}  failed {task.fields[failed]}  "
+                           "{task.fields[tokens]:,} tokens  {task.fields[tps]:,.0f} tok/s"),
+                TimeElapsedColumn(),
+                console=console,
+                transient=False,
+            )
+            self.task = self.bar.add_task(tag, total=total, inflight=0, failed=0, tokens=0, tps=0.0)
+
+    def __enter__(self) -> RunProgress:
+        if self.bar is not None:
+            self.bar.start()
+        else:
+            self.next_line = time.monotonic() + PLAIN_EVERY_S
+        return self
+
+    def update(self, done: int, failed: int, inflight: int, tokens: int, elapsed: float) -> None:
+        self.last = (done, failed, inflight, tokens, elapsed)
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done + failed, inflight=inflight, failed=failed, tokens=tokens,
+                            tps=tokens / max(elapsed, 1e-9))
+        elif time.monotonic() >= self.next_line:
+            self.console.print(self.line(), soft_wrap=True, highlight=False)
+            self.next_line = time.monotonic() + PLAIN_EVERY_S
+
+    def line(self) -> str:
+        done, failed, inflight, tokens, elapsed = self.last
+        return (f"{self.tag}: {done + failed}/{self.total} requests done ({failed} failed), {inflight} in flight, "
+                f"{tokens:,} tokens, {tokens / max(elapsed, 1e-9):,.0f} tok/s, {elapsed:,.0f}s elapsed")
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+        else:
+            self.console.print(self.line(), soft_wrap=True, highlight=False)
 
 
 def _dist_rows(t: Table, name: str, d: Dist | None, percentiles: list[str]) -> None:

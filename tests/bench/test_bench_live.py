@@ -227,3 +227,28 @@ def test_unreachable_server_fails_requests_not_the_process(tmp_path):
     assert not out.results[0].success and out.results[0].error.startswith("ConnectError")
     assert math.isfinite(summarize(out.results, out.t0).duration_s)
     assert httpx  # imported for the error type names above
+
+
+def test_progress_off_a_terminal_is_plain_lines_counting_streamed_tokens(tmp_path, monkeypatch):
+    """stdout not a terminal (a log, CI): a plain line every PLAIN_EVERY_S (here 0.2 s) with requests done of the
+    total, tokens, tok/s and time; tokens count as they stream (2 requests of 40 tokens 50 ms apart: lines while
+    no request has finished already show tokens), and a last line says where the run ended."""
+    import io
+    import re
+
+    from llmrs.bench import console as console_mod
+
+    monkeypatch.setattr(console_mod, "PLAIN_EVERY_S", 0.2)
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=False, width=80)
+    with running(gap_ms=50) as (url, _):
+        run_bench(BenchOptions(workload=WorkloadConfig(num_prompts=2, input_len=8, output_len=40, prompt_format="ids"),
+                               url=url, concurrency=2, workers=1, out_dir=tmp_path, name="plain"), console)
+    pat = re.compile(r"^c2-rinf: (\d+)/2 requests done \((\d+) failed\), (\d+) in flight, ([\d,]+) tokens, "
+                     r"([\d,]+) tok/s, (\d+)s elapsed$")
+    lines = [m for m in map(pat.match, buf.getvalue().splitlines()) if m]
+    assert len(lines) >= 3, buf.getvalue()
+    tokens = [int(m[4].replace(",", "")) for m in lines]
+    assert tokens == sorted(tokens) and tokens[-1] == 80  # a line is never wrapped or cut at 80 columns either
+    assert any(m[1] == "0" and 0 < int(m[4]) < 80 for m in lines), [m[0] for m in lines]
+    assert lines[-1][1] == "2" and lines[-1][3] == "0"
