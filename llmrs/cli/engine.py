@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from llmrs.cli.options import model_argument, model_option, one_model
+from llmrs.errors import UserError
 from llmrs.model.loader import DEFAULT_MODEL
 
 console = Console(stderr=True)
@@ -18,11 +20,10 @@ MODEL_HELP = "Embedded model name, Hugging Face-style directory, or .gguf file."
 SYNTH_HELP = ("Instead of MODEL: a preset's exact shapes (e.g. qwen2.5-7b, see `llmrs roofline --help`) with "
               "random bf16 weights drawn on the GPU (needs --device cuda/auto with a GPU).")
 DEQUANT_HELP = ("--keep-quantized (default): quantized linear weights (AWQ, GGUF Q4_0/Q4_1/Q8_0) stay packed on the "
-                "GPU (the 4-bit matvec up to 8 tokens a step, the 4-bit GEMM up to 128, a bf16 scratch for cuBLAS "
-                "above). --dequantize: they become bf16 at load (4x the weight memory; today faster for large "
-                "batches: H200, 7B, 256 concurrent, 19k vs 11.4k output tok/s). The CPU always dequantizes.")
+                "GPU and run on the 4-bit kernels. --dequantize: they become bf16 at load (4x the weight memory; "
+                "docs/quantization.md says when that is faster). The CPU always dequantizes.")
 TP_HELP = ("GPUs to split the model across (Megatron-style tensor parallelism over NCCL, one process per GPU); "
-           "must divide the model's KV heads. NOTE: the multi-GPU path has not run on GPUs yet.")
+           "must divide the model's KV heads.")
 
 
 def synthetic_model(model: str, synthetic: str | None) -> str:
@@ -53,8 +54,9 @@ def _params(max_tokens, temperature, top_p, top_k, seed):
 
 
 def generate(
+    model_arg: Optional[str] = model_argument(MODEL_HELP, show_default=DEFAULT_MODEL),
     prompt: str = typer.Option(..., "--prompt", "-p", help="Prompt text."),
-    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help=MODEL_HELP),
+    model: Optional[str] = model_option(),
     chat: bool = typer.Option(False, "--chat", help="Wrap the prompt as a user message in the chat template."),
     max_tokens: int = typer.Option(128, "--max-tokens", help="Tokens to generate at most."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
@@ -69,7 +71,10 @@ def generate(
     """Generate text for one prompt, streamed as it is produced, then a one-line summary."""
     from llmrs.engine.runner import GenerationStats, stream_generate
 
-    model = synthetic_model(model, synthetic)
+    named = one_model(model_arg, model)
+    if named and synthetic:
+        raise UserError("--synthetic PRESET replaces MODEL: give one of them")
+    model = synthetic_model(named or DEFAULT_MODEL, synthetic)
     params = _params(max_tokens, temperature, top_p, top_k, seed)
     params.validate()
     if tensor_parallel_size != 1:
@@ -99,7 +104,8 @@ def generate(
 
 
 def chat(
-    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help=MODEL_HELP),
+    model_arg: Optional[str] = model_argument(MODEL_HELP, show_default=DEFAULT_MODEL),
+    model: Optional[str] = model_option(),
     system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
     max_tokens: int = typer.Option(512, "--max-tokens"),
     temperature: float = typer.Option(0.0, "--temperature"),
@@ -110,8 +116,8 @@ def chat(
 ) -> None:
     """Interactive multi-turn chat with the model's chat template (empty line or Ctrl-D to quit)."""
     from llmrs.engine.runner import GenerationStats, stream_generate
-    from llmrs.errors import UserError
 
+    model = one_model(model_arg, model, DEFAULT_MODEL)
     params = _params(max_tokens, temperature, top_p, top_k, seed)
     params.validate()
     runner = _load_runner(model, device, max_len_hint=10**9)
@@ -144,7 +150,8 @@ def chat(
 
 
 def info(
-    model: str = typer.Argument(DEFAULT_MODEL, help=MODEL_HELP),
+    model_arg: Optional[str] = model_argument(MODEL_HELP, show_default=DEFAULT_MODEL),
+    model: Optional[str] = model_option(),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Architecture, parameter count, bytes by dtype, context length, chat template present or not."""
@@ -153,7 +160,7 @@ def info(
     from llmrs.model.loader import resolve
     from llmrs.model.tokenizer import Tokenizer
 
-    src = resolve(model)
+    src = resolve(one_model(model_arg, model, DEFAULT_MODEL))
     c = src.config
     if src.kind == "hf":
         from llmrs.model.weights import _read_safetensors_header, safetensors_files

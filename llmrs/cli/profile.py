@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from llmrs.cli.options import model_argument, model_option, one_model
 from llmrs.errors import UserError
 
 
@@ -19,9 +20,8 @@ def parse_batches(text: str) -> list[int]:
 
 
 def profile(
-    model_arg: Optional[str] = typer.Argument(None, metavar="[MODEL]", help="Same as --model."),
-    model: Optional[str] = typer.Option(None, "--model", "-m",
-                                        help="Model directory, .gguf, embedded name, or synthetic:PRESET."),
+    model_arg: Optional[str] = model_argument("Model directory, .gguf, embedded name, or synthetic:PRESET."),
+    model: Optional[str] = model_option(),
     synthetic: Optional[str] = typer.Option(None, "--synthetic",
                                             help="A preset's exact shapes (e.g. qwen2.5-7b) with random bf16 "
                                                  "weights drawn on the GPU: no files needed."),
@@ -30,13 +30,12 @@ def profile(
     prefill_len: Optional[int] = typer.Option(None, "--prefill-len",
                                               help="Prompt tokens of the profiled prefill step (default: --context)."),
     prefill_seqs: int = typer.Option(1, "--prefill-seqs",
-                                     help="Prompts in the profiled prefill step, each --prefill-len tokens (32 x 256 "
-                                          "= a loaded server's 8192-token step)."),
+                                     help="Prompts in the profiled prefill step, each --prefill-len tokens."),
     steps: int = typer.Option(10, "--steps", help="Timed steps per case (and as many profiled ones)."),
     gpu: str = typer.Option("auto", "--gpu", help="GPU key or name for the ceilings (`llmrs gpus`); 'auto' asks NVML."),
     measure: bool = typer.Option(False, "--measure",
-                                 help="Measure the ceilings now (1 GiB copy, 8192^3 bf16 GEMM) instead of the "
-                                      "cached measured ones or the datasheet."),
+                                 help="Measure the ceilings now (a 1 GiB copy, an 8192^3 bf16 GEMM) instead of "
+                                      "using the stored measured ones or the datasheet."),
     graphs: bool = typer.Option(True, "--graphs/--no-graphs", help="CUDA graphs for decode steps (wall times)."),
     tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size",
                                              help="Run the model on this many GPUs (tensor parallelism over NCCL): "
@@ -61,7 +60,8 @@ def profile(
     from llmrs.profiling import timeline as tl
     from llmrs.model.loader import SYNTHETIC_PREFIX, resolve
 
-    given = [x for x in (model_arg, model, synthetic) if x]
+    named = one_model(model_arg, model)
+    given = [x for x in (named, synthetic) if x]
     err = Console(stderr=True)
     if top < 1:
         raise UserError(f"--top {top}: expected at least 1 kernel per step")

@@ -12,17 +12,25 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from llmrs.cli.options import model_argument, one_model
+from llmrs.errors import UserError
+
 console = Console(stderr=True)
 
 
 def synth(
-    like: str = typer.Option(..., "--like", help="Preset whose exact shapes to copy (see `llmrs roofline --help`)."),
+    model_arg: Optional[str] = model_argument("Preset whose exact shapes to copy (`llmrs roofline --gpu G` lists "
+                                              "them), or --like / --model."),
+    like: Optional[str] = typer.Option(None, "--like", "--model", "-m", metavar="PRESET",
+                                       help="Same as MODEL: the preset whose shapes to copy."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write a Hugging Face-style checkpoint directory here "
                                                              "(an earlier `llmrs synth` checkpoint there is replaced; "
                                                              "another model's is refused)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random weights."),
     quant: Optional[str] = typer.Option(None, "--quant", show_default="bf16",
-                                        help="Write a quantized checkpoint instead: 'awq' (AutoAWQ 4-bit GEMM packing); with --decode-bench: time 4-bit weights packed on the GPU (the linear layers; embeddings and lm_head bf16)."),
+                                        help="'awq': write a quantized checkpoint (AutoAWQ 4-bit GEMM packing); with "
+                                             "--decode-bench, time 4-bit weights packed on the GPU (the linear "
+                                             "layers; embeddings and lm_head bf16)."),
     group_size: int = typer.Option(128, "--group-size",
                                    help="--quant awq: weights per scale/zero group (a multiple of 32)."),
     decode_bench: bool = typer.Option(False, "--decode-bench",
@@ -34,9 +42,11 @@ def synth(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Decode bench: also save the result as JSON."),
 ) -> None:
     """A checkpoint with PRESET's exact shapes and random bf16 weights, or (--decode-bench) decode speed on it."""
-    from llmrs.errors import UserError
     from llmrs.model.presets import preset_config
 
+    like = one_model(model_arg, like)
+    if like is None:
+        raise UserError("name the preset to copy: llmrs synth PRESET (or --like PRESET), e.g. qwen2.5-7b")
     preset_config(like)  # UserError for an unknown preset
     if out is None and not decode_bench:
         raise UserError("give --out DIR (write a checkpoint) or --decode-bench (time decode on the GPU)")
