@@ -45,7 +45,11 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(documented, 
     cmd = [sys.executable, "-m", "schemathesis.cli", "run", f"{documented.url}/openapi.json",
            "--header", f"Authorization: Bearer {KEY}", "--checks", "all", "--max-examples", str(EXAMPLES),
            "--seed", str(SEED), "--generation-database", "none", "--continue-on-failure", "--max-time", "120",
-           "--request-timeout", "60", "--no-color", "--output-truncate", "false", "--output-sanitize", "false"]
+           "--request-timeout", "60", "--no-color", "--output-truncate", "false", "--output-sanitize", "false",
+           # Hypothesis' health check of data generation, not a check of the server: GET /v1/models/{model}'s
+           # negative cases are non-strings for a path segment, most of which schemathesis must filter out ("{",
+           # "/" in their text), so it gives up on that operation under load
+           "--suppress-health-check", "filter_too_much"]
     r = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-12000:]

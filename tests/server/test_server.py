@@ -398,10 +398,30 @@ def test_unsupported_parameter_is_a_400_naming_it(server):
     ({"prompt": []}, "prompt"),
     ({"prompt": [10**9]}, "prompt"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"stream": "yes"}, "stream"),  # strict types: no string or bool read as a bool or a number
+    ({"echo": 1}, "echo"),
+    ({"temperature": True}, "temperature"),
+    ({"max_tokens": "5"}, "max_tokens"),
+    ({"max_tokens": 2.5}, "max_tokens"),
+    ({"prompt": [1, True]}, "prompt"),
 ])
 def test_bad_values_and_types_are_400s(server, body, names):
     message = _error(post(server, "/v1/completions", {"model": MODEL, "prompt": "x", **body}), 400)
     assert names in message
+
+
+def test_strict_types_refuse_coercion_but_numbers_stay_numbers(server, tok):
+    """A bool is no token id and "yes" no boolean (both were accepted: `{"tokens": [false]}` detokenized token 0);
+    an integer is a valid float (`temperature: 1`) and an integer-valued number a valid integer (JSON has one
+    number type)."""
+    assert "tokens[0]" in _error(post(server, "/detokenize", {"tokens": [False]}), 400)
+    assert "tokens[0]" in _error(post(server, "/detokenize", {"tokens": [1.5]}), 400)
+    ids = tok.encode("Hello")
+    assert post(server, "/detokenize", {"tokens": [float(t) for t in ids]}).json() == {"prompt": "Hello"}
+    r = post(server, "/v1/completions", {"prompt": [float(t) for t in ids], "max_tokens": 2.0, "temperature": 1,
+                                         "top_p": 1, "n": 1.0, "seed": 3, "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 2,
+                                                          "total_tokens": len(ids) + 2}, r.text
 
 
 def test_malformed_json_and_non_object_bodies_are_400s(server):
@@ -710,3 +730,65 @@ def test_continuous_usage_stats_put_usage_in_every_chunk(server, path):
     assert counts == sorted(counts) and counts[-1] == 12 == got[-1]["usage"]["completion_tokens"]
     assert all(e["usage"]["prompt_tokens"] == got[-1]["usage"]["prompt_tokens"] for e in got)
     assert all(e.get("usage") is None for e in plain[:-1]) and plain[-1]["usage"]["completion_tokens"] == 12
+
+
+# ---------------------------------------------------------------------- a request the engine fails
+class _FailingEngine:
+    """The EngineClient surface the routes use, failing every request as the engine fails one (finish_reason
+    "error" and a message on each choice, after a first delta): the server's side of a per-request failure."""
+
+    def __init__(self, tok):
+        from types import SimpleNamespace
+
+        self.tokenizer, self.max_model_len, self.kv_cache_tokens = tok, 256, 1024
+        self.config = SimpleNamespace(vocab_size=tok.vocab_size)
+        self.error, self.aborted = None, []
+
+    def start(self) -> None:
+        pass
+
+    async def shutdown(self, abort_running: bool = False) -> None:
+        pass
+
+    def health(self):
+        return "ok", None
+
+    def stats(self):
+        from llmrs.engine.protocol import EngineStats
+
+        return EngineStats(0, 0, 0.0, 64, 64, 0, 0, 0, 0, 0, 0)
+
+    def add_request(self, rid, prompt_ids, params):
+        from llmrs.engine.protocol import RequestOutput
+
+        async def stream():
+            yield RequestOutput(rid, 0, "Hi", [1], [], None, len(prompt_ids), 1)
+            for i in range(params.n):
+                yield RequestOutput(rid, i, "", [], [], "error", len(prompt_ids), 1, error="no token can be sampled")
+        return stream()
+
+    async def abort(self, rid) -> None:
+        self.aborted.append(rid)
+
+
+@pytest.mark.parametrize("path, body", [("/v1/completions", {"prompt": ["a", "b"], "n": 2}),
+                                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})])
+def test_a_request_the_engine_fails_is_a_500_or_an_sse_error_then_done(tok, path, body):
+    from fastapi.testclient import TestClient
+
+    from llmrs.server.app import ServerSettings, build_app
+
+    engine = _FailingEngine(tok)
+    app = build_app(engine, ServerSettings(served_names=["m"], model_root="m"))
+    with TestClient(app) as c:
+        r = c.post(path, json={**body, "max_tokens": 4})
+        assert _error(r, 500) == "generation failed: no token can be sampled"
+        assert r.json()["error"]["type"] == "server_error"
+        r = c.post(path, json={**body, "max_tokens": 4, "stream": True})
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        err = json.loads(events[-2])["error"]
+        assert err == {"message": "generation failed: no token can be sampled", "type": "server_error",
+                       "param": None, "code": None}
+    assert engine.aborted  # what had not finished was aborted
