@@ -169,7 +169,7 @@ class AsyncEngine:
                 if item.finish_reason is not None:
                     finished += 1
                 yield RequestOutput(request_id, item.index, item.text, item.token_ids, item.logprobs,
-                                    item.finish_reason, n_prompt, counts[item.index])
+                                    item.finish_reason, n_prompt, counts[item.index], item.error)
         finally:
             if finished < n:  # the consumer went away (client disconnect, cancellation): abort now
                 self._commands.put(AbortRequest(request_id))

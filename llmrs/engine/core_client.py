@@ -151,7 +151,7 @@ def run_core(engine: LLMEngine, commands, outputs) -> None:
             tr("core_step")
             pending.extend(engine.step())
             tr_tokens(pending)
-        outputs.send(StepMessage([(o.request_id, o.index, o.text, o.token_ids, o.logprobs, o.finish_reason)
+        outputs.send(StepMessage([(o.request_id, o.index, o.text, o.token_ids, o.logprobs, o.finish_reason, o.error)
                                   for o in pending], engine.stats(), adds_seen, rejected))
         if stop:
             return
@@ -427,13 +427,14 @@ class ProcessEngine:
             return
         self._stats, self._adds_seen = msg.stats, msg.adds_seen
         streams = self._streams
-        for rid, index, text, token_ids, logprobs, finish_reason in msg.outputs:
+        for rid, index, text, token_ids, logprobs, finish_reason, error in msg.outputs:
             target = streams.get(rid)
             if target is None:
                 continue
             q, counts, n_prompt = target
             counts[index] += len(token_ids)
-            q.put_nowait(RequestOutput(rid, index, text, token_ids, logprobs, finish_reason, n_prompt, counts[index]))
+            q.put_nowait(RequestOutput(rid, index, text, token_ids, logprobs, finish_reason, n_prompt, counts[index],
+                                       error))
         for rid, message in msg.rejected:
             target = streams.get(rid)
             if target is not None:

@@ -5,6 +5,7 @@ and launched before the one in flight is finished. Also the serving helpers that
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from llmrs.engine.sequence import Sequence, StepOutput
 from llmrs.errors import UserError
 from llmrs.model.loader import LoadedModel, load
 from llmrs.trace import tr
+
+log = logging.getLogger("llmrs.engine")
 
 class Runner(Protocol):
     """What LLMEngine drives: ModelRunner (one device) or a tensor-parallel runner. It owns `num_blocks` KV blocks."""
@@ -365,14 +368,37 @@ class LLMEngine:
         return self._apply(plan, handle.wait())
 
     def _apply(self, plan: Any, results: list[SampleResult]) -> list[StepOutput]:
+        """Apply a step's samples. A sequence that failed (Sequence.append: an unsamplable row, an exception while
+        processing its token) fails its request's other choices too (`_fail_request`): fault isolation, the others
+        go on."""
         outputs = self.scheduler.update(plan, results)
         self.computed_tokens_total += plan.batch.num_tokens
         self.generation_tokens_total += len(outputs)
+        failed: list[StepOutput] = []
         for o in outputs:
-            if o.finish_reason is not None and all(s.is_finished for s in self.requests.get(o.request_id, [])):
-                self.requests.pop(o.request_id, None)
-                self._host_sampled.discard(o.request_id)
+            if o.finish_reason is not None:
+                if o.error is not None:  # (its output carries no token)
+                    self.generation_tokens_total -= 1
+                    failed += self._fail_request(o.request_id, o.error)
+                if all(s.is_finished for s in self.requests.get(o.request_id, [])):
+                    self.requests.pop(o.request_id, None)
+                    self._host_sampled.discard(o.request_id)
+        if failed:
+            outputs += failed
         return outputs
+
+    def _fail_request(self, request_id: str, message: str) -> list[StepOutput]:
+        """Finish a request's choices still running with reason "error" and `message`, freeing their blocks now."""
+        seqs = self.requests.get(request_id, [])
+        if seqs:
+            log.warning("request %s failed: %s", request_id, message)
+        outs = []
+        for seq in seqs:
+            if not seq.is_finished:
+                outs.append(seq.fail(message))
+                self.scheduler.finish(seq)
+        return outs
+
 
     def stats(self) -> EngineStats:
         return EngineStats(

@@ -43,6 +43,9 @@ class RequestOutput:
     finish_reason: str | None
     num_prompt_tokens: int
     num_output_tokens: int
+    # finish_reason "error": the engine failed this request (its sampling or its token's processing), one line
+    # (the server answers a 500 / an SSE error event with it)
+    error: str | None = None
 
 
 @dataclass(slots=True)
@@ -123,9 +126,9 @@ EngineCommand = AddRequest | AbortRequest | StopCore
 
 
 # ---------------------------------------------------------------------- core -> server
-# One output of a step: (request_id, index, text, token_ids, logprobs, finish_reason), StepOutput's fields. A plain
-# tuple on purpose: a step of 256 streams pickles and unpickles its tuples ~10x faster than as dataclasses.
-OutputRow = tuple[str, int, str, list[int], list[SampleResult], "str | None"]
+# One output of a step: (request_id, index, text, token_ids, logprobs, finish_reason, error), StepOutput's fields. A
+# plain tuple on purpose: a step of 256 streams pickles and unpickles its tuples ~10x faster than as dataclasses.
+OutputRow = tuple[str, int, str, list[int], list[SampleResult], "str | None", "str | None"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,11 +8,20 @@ decides, and flushed when the sequence finishes for another reason.
 from __future__ import annotations
 
 import enum
+import logging
 import time
 from dataclasses import dataclass, field
 
 from llmrs.engine.sampling import SampleResult, SamplingParams, SamplingState, make_generator
 from llmrs.model.tokenizer import IncrementalDetokenizer, Tokenizer
+
+log = logging.getLogger("llmrs.engine")
+
+
+def one_line(message: str, limit: int = 500) -> str:
+    """An error message as one line of at most `limit` characters (what a client is sent)."""
+    message = " ".join(message.split())
+    return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
 class SequenceStatus(enum.Enum):
@@ -35,7 +44,8 @@ class StepOutput:
     text: str
     token_ids: list[int]
     logprobs: list[SampleResult]
-    finish_reason: str | None  # None while running; "stop" | "length" | "abort"
+    finish_reason: str | None  # None while running; "stop" | "length" | "abort" | "error"
+    error: str | None = None  # with finish_reason "error": why the engine failed the request (one line)
 
 
 @dataclass(slots=True, eq=False)
@@ -53,6 +63,7 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    error: str | None = None  # finish_reason "error": why
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache (or are being written by a planned step)
     # tokens sampled by planned steps whose results are not back yet (at most 2 with one step run ahead: the
     # one the step in flight samples, and the one the step planned after it samples); the newest one is entry
@@ -107,20 +118,36 @@ class Sequence:
 
     # ------------------------------------------------------------------ output
     def append(self, result: SampleResult) -> StepOutput:
-        """Add a sampled token, apply the stop rules, return the text delta this token releases."""
+        """Add a sampled token, apply the stop rules, return the text delta this token releases.
+
+        Fault isolation: a row the sampler could not sample (`result.error`), or an exception while this token is
+        processed (detokenizer, stop strings, logprobs: a bug), ends this sequence with finish_reason "error"
+        (`fail`) instead of raising out of the engine's step; the engine then fails the request's other choices."""
+        if result.error is not None:
+            return self.fail(result.error)
+        try:
+            p = self.params
+            token = result.token_id
+            n_out = len(self.output_ids) + 1
+            if (not p.stop and p.logprobs is None and n_out < self._length_limit
+                    and (n_out < p.min_tokens or token not in self.sampling.stop_ids)):
+                # NOTE: the common case, the same as `_append_checked`: no stop strings (so nothing is held back
+                # and `emitted` is always len(text)), no logprobs, not the last token
+                self.output_ids.append(token)
+                delta = self.detok.add(token)
+                if delta:
+                    self.text += delta
+                    self.emitted = len(self.text)
+                return StepOutput(self.request_id, self.index, delta, [token], [], None)
+            return self._append_checked(result)
+        except Exception as e:  # noqa: BLE001 - one request's fault: it ends, the step and the other requests go on
+            log.exception("request %s: processing its token failed", self.request_id)
+            return self.fail(one_line(f"processing the generated token failed: {type(e).__name__}: {e}"))
+
+    def _append_checked(self, result: SampleResult) -> StepOutput:
+        """`append`'s general path: stop ids and strings, logprobs, the length limit."""
         p = self.params
         token = result.token_id
-        n_out = len(self.output_ids) + 1
-        if (not p.stop and p.logprobs is None and n_out < self._length_limit
-                and (n_out < p.min_tokens or token not in self.sampling.stop_ids)):
-            # NOTE: the common case, the same as the general path below: no stop strings (so nothing is held
-            # back and `emitted` is always len(text)), no logprobs, not the last token
-            self.output_ids.append(token)
-            delta = self.detok.add(token)
-            if delta:
-                self.text += delta
-                self.emitted = len(self.text)
-            return StepOutput(self.request_id, self.index, delta, [token], [], None)
         self.output_ids.append(token)
         if p.logprobs is not None:
             self.output_logprobs.append(result)
@@ -176,3 +203,11 @@ class Sequence:
         self.status = FINISHED
         self.finish_reason = reason
         self.stop_reason = stop_reason
+
+    def fail(self, message: str) -> StepOutput:
+        """End with finish_reason "error" (text still held back for a stop string is dropped); the output that
+        tells the client, carrying `message`. The caller frees the blocks (the scheduler, for a sequence failed
+        in `append`)."""
+        self.finish("error")
+        self.error = message
+        return StepOutput(self.request_id, self.index, "", [], [], "error", message)
