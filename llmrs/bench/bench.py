@@ -39,7 +39,7 @@ from llmrs.bench.results import SCHEMA, requests_frame, run_tag, write_json
 from llmrs.bench.runner import RunOutcome, run_load
 from llmrs.bench.server import ManagedServer, llmrs_serve_argv
 from llmrs.bench.sysinfo import (client_host, gpu_info, graph_capture_failures, prefix_cache_delta, prefix_cache_from,
-                                  server_identity, server_metrics)
+                                  prefix_cache_notes, server_identity, server_metrics)
 from llmrs.bench.tokenization import Tokenizer, choose_tokenizer
 from llmrs.bench.worker import client_kind
 from llmrs.errors import UserError
@@ -82,6 +82,7 @@ class BenchOptions:
     # every slot: `-c 256` must reach 256 in flight); given, it is the count of every run, and a warning says
     # which runs can never fill their cap
     auto_num_prompts: bool = False
+    verbose: bool = False  # also the usage cross-check with the re-tokenized text, and each run's server counters
 
 
 def parse_sweep(text: str | None) -> tuple[str, list[float]] | None:
@@ -366,7 +367,7 @@ def _run_point(o: BenchOptions, cfg: ClientConfig, point: int, specs: list[Reque
     if outcome.interrupted and not intr.signum:  # a KeyboardInterrupt the handlers did not see (not main thread)
         intr.signum = outcome.signum or signal.SIGINT
     metrics = server_metrics(base_url, o.api_key)
-    cache = prefix_cache_delta(prefix_cache_from(metrics0), prefix_cache_from(metrics))
+    cache = prefix_cache_delta(prefix_cache_from(metrics0), prefix_cache_from(metrics), _looked_up(outcome.results))
     eager = graph_capture_failures(metrics)  # (an llmrs server's; None from others)
     # the usage cross-check re-tokenizes every reply: an interrupted bench skips it and exits promptly
     text_tokens = asyncio.run(_text_tokens(tok, base_url, model, outcome.results)) if tok and not intr.signum else {}
@@ -389,11 +390,17 @@ def _run_point(o: BenchOptions, cfg: ClientConfig, point: int, specs: list[Reque
     title = f"{label} {tag}"
     if intr.signum:
         title += f" (interrupted by {signal_name(intr.signum)})"
-    console.print(out.summary_table(title, s, cpu))
-    if cache and cache["hit_tokens"]:
-        console.print(f"[yellow]note: the server's prefix cache held {cache['hit_rate']:.0%} of this run's "
-                      f"prompt tokens ({cache['hit_tokens']:,} of {cache['query_tokens']:,}): it had seen "
-                      "these prompts, or a shared prefix of them, before")
+    console.print(out.summary_table(title, s, cpu, o.verbose))
+    if o.verbose and cache:
+        console.print(f"server /metrics over the run ({cache['source']}): prefix-cache lookups "
+                      f"{cache['query_tokens']:,} tokens, hits {cache['hit_tokens']:,}, preemptions "
+                      f"{'-' if cache['preemptions'] is None else cache['preemptions']}")
+    for note in prefix_cache_notes(cache):
+        console.print(f"[yellow]{note}")
+    if s.usage_miscount:
+        console.print(f"[red]warning: the server's usage count cannot be right for {s.usage_miscount} request(s) "
+                      "(more tokens than max_tokens, or fewer than the chunks streamed): its token counts, and the "
+                      "throughput computed from them, are not trustworthy; the CSV has each request's counts")
     if eager:
         console.print(f"[yellow]warning: the server's CUDA graph capture failed for {eager} step shape(s), "
                       "which run eagerly and slower (the server's log says why): these figures are not its "
@@ -405,6 +412,14 @@ def _run_point(o: BenchOptions, cfg: ClientConfig, point: int, specs: list[Reque
                       f"requests that finished; {s.cut_off} in flight were cut off and {s.not_sent} never sent "
                       "(neither counts as failed)")
     return s, csv
+
+
+def _looked_up(results: list[RequestResult]) -> int:
+    """Prompt tokens the server looked up in its prefix cache at the run's requests' first admission: the prompts of
+    the requests it admitted (those that completed, streamed something, or were cut off in flight), as it counted
+    them (usage) where it said."""
+    return sum(r.prompt_tokens if r.prompt_tokens is not None else r.input_len for r in results
+               if r.success or r.chunks or r.interrupted == "in flight")
 
 
 def _check_served(model: str, models: list[dict], base_url: str) -> None:

@@ -88,8 +88,14 @@ def _stat(d: Dist | None, which: str, nd: int) -> str:
     return f"{v:.{nd}f}"
 
 
-def summary_table(title: str, s: Summary, client: dict) -> Table:
-    """One run, in the order `vllm bench serve` prints it, plus failures and the client's own CPU use."""
+def share_of_core(busy: float) -> str:
+    """A share of one core: one decimal below 10% (a client idling against a slow server reads 0.4%, not 0%)."""
+    return f"{busy:.1%}" if busy < 0.095 else f"{busy:.0%}"
+
+
+def summary_table(title: str, s: Summary, client: dict, verbose: bool = False) -> Table:
+    """One run, in the order `vllm bench serve` prints it, plus failures and the client's own CPU use (`verbose`:
+    also the usage cross-check against the re-tokenized text)."""
     t = Table(title=title, show_header=False, title_justify="left")
     t.add_column("metric", style="bold")
     t.add_column("value", justify="right")
@@ -112,10 +118,14 @@ def summary_table(title: str, s: Summary, client: dict) -> Table:
         t.add_row("[yellow]Interrupted: in flight (cut off) / never sent", f"{s.cut_off} / {s.not_sent}")
     if s.usage_missing:
         t.add_row("[yellow]No usage chunk (tokens = chunks)", f"{s.usage_missing}")
-    if s.usage_mismatch:
-        t.add_row("[yellow]usage != re-tokenized text", f"{s.usage_mismatch}")
+    if s.usage_miscount:
+        t.add_row("[red]Usage miscounts (tokens > max_tokens or < chunks)", f"{s.usage_miscount}")
+    if verbose:
+        t.add_row("usage != re-tokenized text (round trip, not an error)", f"{s.usage_mismatch}")
     busy = client.get("busy_per_worker", [])
-    t.add_row("Client CPU (workers, % of a core each)", f"{client.get('workers')}: " + ", ".join(f"{b:.0%}" for b in busy))
+    n = client.get("workers") or len(busy)
+    t.add_row(f"Client CPU (share of one core, {n} worker{'s' if n != 1 else ''})",
+              ", ".join(share_of_core(b) for b in busy) or "-")
     return t
 
 

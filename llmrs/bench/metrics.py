@@ -74,8 +74,13 @@ class Summary:
     goodput: float | None = None  # requests/s meeting every SLO; None without --slo
     slo: dict[str, float] = field(default_factory=dict)
     usage_missing: int = 0  # completed requests without a usage chunk (tokens counted from the text instead)
-    usage_mismatch: int = 0  # completed requests whose usage disagrees with the re-tokenized text
+    # completed requests whose usage disagrees with the re-tokenized text: decode -> encode does not round-trip
+    # (tokens merge differently at boundaries), so this is expected on normal runs; `usage_miscount` is the error
+    usage_mismatch: int = 0
     max_output_tokens_per_s: float = 0.0  # best whole second of streamed tokens (vLLM's peak output throughput)
+    # completed requests whose usage count cannot be right: more tokens than max_tokens asked for, or fewer than
+    # the content chunks streamed (each carries at least one token)
+    usage_miscount: int = 0
     cut_off: int = 0  # requests in flight when the run was interrupted
     not_sent: int = 0  # requests the interrupted run never sent
 
@@ -165,6 +170,8 @@ def summarize(
         e2el_ms=Dist.of([r.latency for r in ok], percentiles),
         failures=dict(Counter(failure_reason(r.error) for r in bad).most_common()),
         usage_missing=sum(r.output_tokens is None for r in ok),
+        usage_miscount=sum(1 for r in ok if r.output_tokens is not None and (
+            r.output_tokens < r.chunks or (r.max_tokens > 0 and r.output_tokens > r.max_tokens))),
         max_output_tokens_per_s=_peak_window(ok, t0),
         cut_off=sum(r.interrupted == "in flight" for r in results),
         not_sent=sum(r.interrupted == "not sent" for r in results),

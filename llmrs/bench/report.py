@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from llmrs.bench.client import OPTIONAL_SAMPLING
+from llmrs.bench.console import share_of_core
 from llmrs.bench.results import find_results, load_document, pct, stat
 from llmrs.errors import UserError
 
@@ -136,7 +137,7 @@ def runs_table(rows: list[Row]) -> list[str]:
             f"{_f(stat(s, 'ttft_ms', 'median'))} | {_f(pct(s, 'ttft_ms', 'p99'))} | "
             f"{_f(stat(s, 'tpot_ms', 'median'), 2)} | {_f(pct(s, 'tpot_ms', 'p99'), 2)} | "
             f"{_f(stat(s, 'itl_ms', 'median'), 2)} | {_f(stat(s, 'e2el_ms', 'median'))} | "
-            f"{_f(stat(s, 'goodput'), 2)} | {r.client_busy:.0%} |"
+            f"{_f(stat(s, 'goodput'), 2)} | {share_of_core(r.client_busy)} |"
         )
     return lines
 

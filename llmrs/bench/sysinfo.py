@@ -49,9 +49,10 @@ def parse_models(doc: object) -> list[dict] | None:
     ]
 
 
-# Prefix-cache counters (prompt tokens looked up / found) in a server's Prometheus /metrics, by exporter prefix:
-# llmrs and vLLM (V1) name them the same way.
+# Prefix-cache counters (prompt tokens looked up / found) and the preemption counter in a server's Prometheus
+# /metrics, by exporter prefix: llmrs and vLLM (V1) name them the same way.
 PREFIX_CACHE_COUNTERS = {p: (f"{p}:prefix_cache_queries", f"{p}:prefix_cache_hits") for p in ("llmrs", "vllm")}
+PREEMPTION_COUNTERS = {p: f"{p}:num_preemptions" for p in ("llmrs", "vllm")}
 
 
 def metric_totals(text: str) -> dict[str, float]:
@@ -73,11 +74,13 @@ def metric_totals(text: str) -> dict[str, float]:
 
 
 def prefix_cache_from(totals: dict[str, float] | None) -> dict | None:
-    """{"source", "queries", "hits"} (token counts) from a server's metric totals, or None when it exports neither
-    llmrs's nor vLLM's prefix-cache counters."""
+    """{"source", "queries", "hits", "preemptions"} (token counts; requests preempted, None where the server does not
+    count them) from a server's metric totals, or None when it exports neither llmrs's nor vLLM's prefix-cache
+    counters."""
     for source, (queries, hits) in PREFIX_CACHE_COUNTERS.items():
         if totals and queries in totals and hits in totals:
-            return {"source": source, "queries": totals[queries], "hits": totals[hits]}
+            return {"source": source, "queries": totals[queries], "hits": totals[hits],
+                    "preemptions": totals.get(PREEMPTION_COUNTERS[source])}
     return None
 
 
@@ -101,15 +104,63 @@ def server_metrics(base_url: str, api_key: str | None = None) -> dict[str, float
         return None
 
 
-def prefix_cache_delta(before: dict | None, after: dict | None) -> dict | None:
-    """What a run added to the server's prefix-cache counters: prompt tokens looked up, found, and the hit rate
-    (a benchmark of "new" prompts should read 0; more means the server had seen them: an earlier point, a
-    warm-up or another client)."""
+def prefix_cache_delta(before: dict | None, after: dict | None, prompt_tokens: int | None = None) -> dict | None:
+    """What a run added to the server's prefix-cache counters: prompt tokens looked up, found, the hit rate, and
+    requests preempted (a benchmark of "new" prompts should find none of them cached).
+
+    A hit is one of two things. A prompt, or a shared prefix, the server had seen before (an earlier point, a
+    warm-up, another client). Or recomputation after preemption: a request whose KV blocks were freed when the cache
+    ran full is looked up again when it is readmitted, its prompt and the output so far, and finds its own blocks
+    still cached. The counters do not tell them apart, but with the run's `prompt_tokens` (each request's prompt,
+    looked up at its first admission) the lookups beyond them are those of readmissions after preemption (and, on
+    an llmrs server, of admissions retried while the cache was full: it counts every attempt): `requery_tokens`.
+    A lookup finds at most what it looks up, so at least hits - requery_tokens of the hits were prompts seen before
+    (`hit_tokens_seen_before`; every hit when nothing was preempted)."""
     if before is None or after is None or before["source"] != after["source"]:
         return None
     q, h = after["queries"] - before["queries"], after["hits"] - before["hits"]
-    return {"source": after["source"], "query_tokens": int(q), "hit_tokens": int(h),
-            "hit_rate": round(h / q, 4) if q > 0 else 0.0}
+    out = {"source": after["source"], "query_tokens": int(q), "hit_tokens": int(h),
+           "hit_rate": round(h / q, 4) if q > 0 else 0.0}
+    pre0, pre1 = before.get("preemptions"), after.get("preemptions")
+    out["preemptions"] = int(pre1 - pre0) if pre0 is not None and pre1 is not None else None
+    if prompt_tokens is not None and out["preemptions"] is not None:
+        requery = max(0, int(q) - prompt_tokens) if out["preemptions"] else 0
+        out["requery_tokens"] = requery
+        out["hit_tokens_seen_before"] = max(0, int(h) - requery)
+    return out
+
+
+def prefix_cache_notes(cache: dict | None) -> list[str]:
+    """What a run's prefix-cache delta (`prefix_cache_delta`) means, in words: nothing for a run that found nothing
+    cached and preempted nothing; else which of its hits were prompts seen before and which were recomputation after
+    preemption, and that preemption happened."""
+    if not cache:
+        return []
+    hits, n_pre = cache["hit_tokens"], cache.get("preemptions")
+    notes = []
+    if n_pre:
+        notes.append(f"note: the server preempted {n_pre} request(s) in this run (its KV cache was full): their KV "
+                     "blocks were freed and recomputed later, which costs throughput; fewer concurrent requests or a "
+                     "larger KV cache avoid it")
+    if not hits:
+        return notes
+    share = f"{cache['hit_rate']:.0%} of this run's prompt lookups ({hits:,} of {cache['query_tokens']:,} tokens)"
+    seen, requery = cache.get("hit_tokens_seen_before"), cache.get("requery_tokens", 0)
+    if n_pre and seen is not None:
+        again = (f"the {requery:,} tokens looked up again by requests readmitted after preemption (or retried "
+                 "while the cache was full)")
+        if seen == 0:
+            notes.append(f"note: the server's prefix cache held {share}, all within {again}: recomputation after "
+                         "preemption, not prompts it had seen before")
+        else:
+            notes.append(f"note: the server's prefix cache held {share}: at least {seen:,} tokens were prompts, or a "
+                         f"shared prefix of them, it had seen before; the other {hits - seen:,} are within {again}: "
+                         "recomputation after preemption")
+    else:
+        known = " (no request was preempted)" if n_pre == 0 else ""
+        notes.append(f"note: the server's prefix cache held {share}{known}: it had seen these prompts, or a shared "
+                     "prefix of them, before")
+    return notes
 
 
 def gpu_info() -> list[dict]:

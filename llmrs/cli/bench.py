@@ -89,6 +89,7 @@ def bench(
                                         "else bench-YYYYmmdd-HHMMSS)."),
     report: Path = typer.Option(None, "--report", help="Also write a report (markdown + PNGs) of this run into this directory."),
     tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="Without --url/--server-cmd: start `llmrs serve` on this many GPUs (tensor parallelism over NCCL)."),
+    verbose: bool = typer.Option(False, "--verbose", help="Also show each run's usage cross-check with the re-tokenized text (round-trip differences are normal) and the server's prefix-cache and preemption counters."),
     serve_args: str = typer.Option(None, "--serve-args", help="Without --url/--server-cmd: more options for the `llmrs serve` this bench starts, e.g. \"--max-num-seqs 256 --gpu-memory-utilization 0.85\"."),
 ) -> None:
     """Load-test an OpenAI-compatible server (ours, vLLM, SGLang, llama.cpp, ...): TTFT, TPOT, ITL, E2E, throughput, goodput."""
@@ -125,6 +126,7 @@ def bench(
         slo=slo_ms, percentiles=_percentiles(percentiles), tokenizer=tokenizer, ignore_eos=ignore_eos,
         temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, endpoint=endpoint, out_dir=out_dir, name=name,
         command=shlex.join(["llmrs", *sys.argv[1:]]), serve_args=tuple(extra), auto_num_prompts=num_prompts is None,
+        verbose=verbose,
     )
     if not (server_timeout > 0 and math.isfinite(server_timeout)):
         raise UserError(f"--server-timeout must be a positive number of seconds (got {server_timeout:g})")

@@ -34,7 +34,9 @@ def test_bench_starts_llmrs_serve_and_saves_complete_results(tmp_path):
     assert s["total_input_tokens"] == 6 * 24  # prompts tokenize to exactly the requested length
     assert s["total_output_tokens"] == 6 * 8  # usage from the server: ignore_eos gives exactly output-len
     # the server's prefix-cache counters around the run (/metrics): every prompt looked up, none seen before
-    assert run["prefix_cache"] == {"source": "llmrs", "query_tokens": 6 * 24, "hit_tokens": 0, "hit_rate": 0.0}
+    assert run["prefix_cache"] == {"source": "llmrs", "query_tokens": 6 * 24, "hit_tokens": 0, "hit_rate": 0.0,
+                                   "preemptions": 0, "requery_tokens": 0, "hit_tokens_seen_before": 0}
+    assert "prefix cache" not in res.stdout and "usage" not in res.stdout  # nothing to note on a normal run
     assert run["server_graph_capture_failures"] == 0  # (the CPU server has no graphs: none failed)
     rows = list(csv.DictReader(open(next((tmp_path / "res").glob("e2e*.csv")))))
     assert len(rows) == 6
@@ -64,3 +66,29 @@ def test_bench_fits_prompts_to_a_small_vocabulary_server(tmp_path, tiny_qwen2):
     assert all(r["input_len"] == r["prompt_tokens"] for r in rows)  # what the bench recorded, the server counted
     lens = sorted(int(r["input_len"]) for r in rows)
     assert lens.count(40) >= 2 and all(abs(n - 40) <= 3 for n in lens), lens
+
+
+def test_prefix_cache_hits_from_preemption_are_called_recomputation(tmp_path, tiny_qwen2):
+    """A server whose KV cache (256 tokens) cannot hold 4 streams of 40 + 64 tokens preempts: its prefix cache then
+    finds preempted requests' own blocks again. Fresh random prompts were never seen before, so every hit lies within
+    the lookups beyond one per prompt, and the note says so: recomputation after preemption, not prompts seen before
+    (it read "it had seen these prompts before")."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    res = subprocess.run(
+        [sys.executable, "-m", "llmrs", "bench", "-n", "8", "-c", "4", "--input-len", "40", "--output-len", "64",
+         "--ignore-eos", "--workers", "1", "--serve-args", f"{tiny_qwen2} --device cpu --kv-cache-tokens 256",
+         "-o", str(tmp_path), "--name", "pre"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (run,) = json.loads((tmp_path / "pre.json").read_text())["runs"]
+    cache, s = run["prefix_cache"], run["summary"]
+    assert s["completed"] == 8 and s["total_output_tokens"] == 8 * 64
+    assert cache["preemptions"] > 0 and cache["hit_tokens"] > 0, cache
+    prompts = s["total_input_tokens"]
+    assert cache["requery_tokens"] == cache["query_tokens"] - prompts > 0
+    assert cache["hit_tokens_seen_before"] == 0
+    out = " ".join(res.stdout.split())
+    assert f"the server preempted {cache['preemptions']} request(s) in this run" in out
+    assert f"all within the {cache['requery_tokens']:,} tokens looked up again" in out
+    assert "recomputation after preemption, not prompts it had seen before" in out

@@ -192,13 +192,24 @@ def test_a_server_running_shapes_eagerly_is_flagged(tmp_path):
     assert "CUDA graph capture failed for 3 step shape(s)" in console.export_text()
 
 
-def test_usage_that_disagrees_with_the_text_is_reported(server, tmp_path):
+def test_usage_that_cannot_be_right_is_a_warning_and_text_round_trips_only_verbose(server, tmp_path):
+    """A server that reports 4 completion tokens for 3 streamed with max_tokens 3: a miscount (more than asked for),
+    warned about. The re-tokenized text disagrees with usage too; that comparison alone is no error (decode ->
+    encode does not round-trip), so its row shows only with --verbose."""
     ds = tmp_path / "lie.jsonl"
     ds.write_text('{"prompt": "usage_lie=1 n=3"}\n{"prompt": "n=3"}\n')
     url, _ = server
-    o = BenchOptions(workload=WorkloadConfig(num_prompts=2, dataset=str(ds), output_len=3), url=url, workers=1, out_dir=tmp_path, name="lie")
-    doc = json.loads(run_bench(o, _quiet()).read_text())
-    assert doc["runs"][0]["summary"]["usage_mismatch"] == 1
+    for verbose in (False, True):
+        o = BenchOptions(workload=WorkloadConfig(num_prompts=2, dataset=str(ds), output_len=3), url=url, workers=1,
+                         out_dir=tmp_path, name="lie", verbose=verbose)
+        console = Console(record=True, width=200)
+        doc = json.loads(run_bench(o, console).read_text())
+        s = doc["runs"][0]["summary"]
+        assert s["usage_miscount"] == 1 and s["usage_mismatch"] == 1
+        text = console.export_text()
+        assert "Usage miscounts (tokens > max_tokens or < chunks)" in text
+        assert "the server's usage count cannot be right for 1 request(s)" in text
+        assert ("usage != re-tokenized text (round trip, not an error)" in text) is verbose
 
 
 def test_sweep_saves_one_run_per_value(server, tmp_path):

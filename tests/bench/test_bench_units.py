@@ -145,15 +145,62 @@ def test_prefix_cache_counters_from_llmrs_and_vllm_metrics():
             'vllm:prefix_cache_queries_total{engine="1",model_name="m"} 1024.0\n'
             'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 512.0\n'
             'vllm:num_requests_running{model_name="m"} 3.0\n')
-    assert prefix_cache_from(metric_totals(vllm)) == {"source": "vllm", "queries": 2048.0, "hits": 512.0}
-    llmrs = 'llmrs:prefix_cache_queries_total{model_name="x"} 96.0\nllmrs:prefix_cache_hits_total{model_name="x"} 0.0\n'
-    assert prefix_cache_from(metric_totals(llmrs)) == {"source": "llmrs", "queries": 96.0, "hits": 0.0}
+    assert prefix_cache_from(metric_totals(vllm)) == {"source": "vllm", "queries": 2048.0, "hits": 512.0,
+                                                      "preemptions": None}
+    llmrs = ('llmrs:prefix_cache_queries_total{model_name="x"} 96.0\nllmrs:prefix_cache_hits_total{model_name="x"} 0.0\n'
+             'llmrs:num_preemptions_total{model_name="x"} 2.0\n')
+    assert prefix_cache_from(metric_totals(llmrs)) == {"source": "llmrs", "queries": 96.0, "hits": 0.0,
+                                                       "preemptions": 2.0}
     assert prefix_cache_from(metric_totals("sglang:cache_hit_rate 0.5\n")) is None
     before = {"source": "vllm", "queries": 100.0, "hits": 0.0}
     after = {"source": "vllm", "queries": 612.0, "hits": 256.0}
     assert prefix_cache_delta(before, after) == {"source": "vllm", "query_tokens": 512, "hit_tokens": 256,
-                                                 "hit_rate": 0.5}
+                                                 "hit_rate": 0.5, "preemptions": None}
     assert prefix_cache_delta(None, after) is None
+
+
+def test_prefix_cache_hits_are_told_apart_from_recomputation_after_preemption():
+    """Prompts of 512 tokens in all; lookups beyond them come from readmissions after preemption. Hits within those
+    extra lookups are recomputation; hits beyond them can only be prompts seen before; with no preemption every hit
+    is a prompt seen before."""
+    from llmrs.bench.sysinfo import prefix_cache_delta, prefix_cache_notes
+
+    before = {"source": "llmrs", "queries": 0.0, "hits": 0.0, "preemptions": 5.0}
+
+    def delta(queries, hits, preempted):
+        after = {"source": "llmrs", "queries": queries, "hits": hits, "preemptions": 5.0 + preempted}
+        return prefix_cache_delta(before, after, prompt_tokens=512)
+
+    recompute = delta(1024, 300, 3)
+    assert recompute["requery_tokens"] == 512 and recompute["hit_tokens_seen_before"] == 0
+    pre, note = prefix_cache_notes(recompute)
+    assert "preempted 3 request(s)" in pre
+    assert "all within the 512 tokens looked up again" in note and "not prompts it had seen before" in note
+    mixed = delta(600, 200, 1)
+    assert mixed["requery_tokens"] == 88 and mixed["hit_tokens_seen_before"] == 112
+    assert "at least 112 tokens were prompts" in prefix_cache_notes(mixed)[1]
+    assert "the other 88 are within" in prefix_cache_notes(mixed)[1]
+    seen = delta(512, 256, 0)
+    assert seen["hit_tokens_seen_before"] == 256
+    (note,) = prefix_cache_notes(seen)
+    assert "(no request was preempted): it had seen these prompts" in note
+    assert prefix_cache_notes(delta(512, 0, 0)) == []
+
+
+def test_client_cpu_reads_as_a_share_of_one_core_per_worker():
+    """It read "1: 0%" (a worker count and a rounded share that looked like worker 1 at zero)."""
+    from rich.console import Console
+
+    from llmrs.bench.console import summary_table
+    from llmrs.bench.metrics import summarize
+
+    s = summarize([], 0.0)
+    console = Console(record=True, width=200)
+    console.print(summary_table("t", s, {"workers": 1, "busy_per_worker": [0.004]}))
+    console.print(summary_table("t", s, {"workers": 2, "busy_per_worker": [0.31, 0.052]}))
+    text = console.export_text()
+    assert "Client CPU (share of one core, 1 worker)" in text and "0.4%" in text
+    assert "Client CPU (share of one core, 2 workers)" in text and "31%, 5.2%" in text
 
 
 def test_graph_capture_failures_from_an_llmrs_servers_metrics():
