@@ -3,8 +3,9 @@
 Each run of each results file is one row, keyed by engine label and setting (backend, input/output length, the
 sampling asked for where not greedy, concurrency, request rate). The side-by-side table puts engines next to each
 other per setting, the way the llm-rs posts do ("llm-rs / vLLM 35.5 / 27.0 tok/s"), with each engine's ratio to
-the baseline (the first label or --baseline). File names are fixed (report.md, throughput_vs_concurrency.png, ...)
-and the text carries no timestamps of its own, so a regenerated report diffs cleanly in git.
+the baseline (the first label or --baseline). File names are fixed (report.md, and the PNGs of plots.py: lines
+against concurrency for sweeps, bars for single runs) and the text carries no timestamps of its own, so a
+regenerated report diffs cleanly in git.
 """
 
 from __future__ import annotations

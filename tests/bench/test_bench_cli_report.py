@@ -12,7 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from llmrs.cli import bench as cli
-from llmrs.bench.plots import PLOTS
+from llmrs.bench.plots import SWEEP_PLOTS
 from llmrs.bench.report import REPORT_MD, write_report
 from llmrs.bench.server import ManagedServer
 from llmrs.errors import UserError
@@ -46,7 +46,7 @@ def test_bench_with_server_cmd_saves_results_and_writes_report(app, tmp_path):
     assert (tmp_path / "res" / "cli.server.log").is_file()
     md = (tmp_path / "rep" / REPORT_MD).read_text()
     assert "## Side by side" in md and "fake" in md and "c=4" in md
-    assert all((tmp_path / "rep" / p).stat().st_size > 1000 for p in PLOTS)
+    assert all((tmp_path / "rep" / p).stat().st_size > 1000 for p in SWEEP_PLOTS)
     # the started server was stopped: its port no longer answers
     import httpx
 
@@ -82,10 +82,10 @@ def test_report_is_side_by_side_with_ratios_and_deterministic(tmp_path):
     out1, out2 = tmp_path / "r1", tmp_path / "r2"
     write_report([str(tmp_path / "a.json"), str(tmp_path / "b.json")], out1)
     write_report([str(tmp_path)], out2)  # a directory of results: same report
-    assert sorted(p.name for p in out1.iterdir()) == sorted([REPORT_MD, *PLOTS])
+    assert sorted(p.name for p in out1.iterdir()) == sorted([REPORT_MD, *SWEEP_PLOTS])
     md = (out1 / REPORT_MD).read_text()
     assert md == (out2 / REPORT_MD).read_text()
-    assert all((out1 / p).read_bytes() == (out2 / p).read_bytes() for p in PLOTS)  # diff cleanly in git
+    assert all((out1 / p).read_bytes() == (out2 / p).read_bytes() for p in SWEEP_PLOTS)  # diff cleanly in git
     assert "(llmrs / vLLM)" in md and "2.00x" in md  # vLLM twice the throughput, half the latency
     row = next(ln for ln in md.splitlines() if "c=16" in ln and ln.startswith("| completions"))
     assert "(2.00x)" in row
@@ -229,3 +229,48 @@ def test_concurrency_256_without_n_sends_a_request_for_every_slot(app, tmp_path)
     (run,) = json.loads((tmp_path / "few.json").read_text())["runs"]
     assert run["num_prompts"] == 8 and run["summary"]["completed"] == 8
     assert "-n 8 is less than --concurrency 16: at most 8 requests are ever in flight" in " ".join(few.output.split())
+
+
+def test_plots_start_at_zero_use_seconds_for_long_latencies_and_bars_for_single_runs(tmp_path):
+    """The report's figures, read from their matplotlib axes: every value axis starts at 0; a latency plot whose
+    largest value is 10 s or more is in seconds; one run per engine gets bars (throughput.png, latency.png: no
+    one-point lines), several runs get lines against concurrency."""
+    import matplotlib.pyplot as plt
+
+    from llmrs.bench.plots import SINGLE_PLOTS, figures
+    from llmrs.bench.report import load_rows
+
+    _fake_results(tmp_path / "a.json", "llmrs", 1.0)
+    _fake_results(tmp_path / "b.json", "vLLM", 0.04)  # its E2E 75 s: seconds where it is plotted
+    rows = load_rows([str(tmp_path / "a.json"), str(tmp_path / "b.json")])
+    sweep = figures(rows, ["llmrs", "vLLM"])
+    assert list(sweep) == list(SWEEP_PLOTS)
+    for name, fig in sweep.items():
+        (ax,) = fig.axes
+        assert ax.get_ylim()[0] == 0, name
+        assert len(ax.get_lines()) >= 2 and all(len(ln.get_xdata()) == 3 for ln in ax.get_lines()), name
+    assert sweep["latency_vs_throughput.png"].axes[0].get_xlim()[0] == 0
+    assert sweep["latency_vs_throughput.png"].axes[0].get_ylabel() == "median E2E latency (s)"
+    assert sweep["ttft_percentiles.png"].axes[0].get_ylabel() == "TTFT (ms)"  # at most 6 s (vLLM p99 at c=64)
+    assert sweep["tpot_percentiles.png"].axes[0].get_ylabel() == "TPOT (ms)"  # at most 938 ms
+    for fig in sweep.values():
+        plt.close(fig)
+
+    for p in ("a", "b"):  # one run each: c=16
+        doc = json.loads((tmp_path / f"{p}.json").read_text())
+        doc["runs"] = doc["runs"][1:2]
+        (tmp_path / f"{p}1.json").write_text(json.dumps(doc))
+    single = figures(load_rows([str(tmp_path / "a1.json"), str(tmp_path / "b1.json")]), ["llmrs", "vLLM"])
+    assert list(single) == list(SINGLE_PLOTS)
+    (tput,) = single["throughput.png"].axes
+    assert tput.get_xlim()[0] == 0 and len(tput.patches) == 2 and not tput.get_lines()
+    assert sorted(t.get_text() for t in tput.get_yticklabels()) == ["llmrs\nc=16", "vLLM\nc=16"]
+    lat = single["latency.png"].axes
+    assert [ax.get_title() for ax in lat] == ["TTFT", "TPOT", "E2E latency"]
+    for ax in lat:
+        assert ax.get_ylim()[0] == 0 and not ax.get_lines()
+        assert len(ax.patches) == 2 * 4  # two runs x (mean, p50, p90, p99)
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["mean", "p50", "p90", "p99"]
+    assert [ax.get_ylabel() for ax in lat] == ["TTFT (ms)", "TPOT (ms)", "E2E latency (s)"]
+    for fig in single.values():
+        plt.close(fig)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from llmrs.bench.plots import PLOTS
+from llmrs.bench.plots import SINGLE_PLOTS
 from llmrs.bench.report import REPORT_MD
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ def test_bench_starts_llmrs_serve_and_saves_complete_results(tmp_path):
     assert len(rows) == 6
     assert all(int(r["output_tokens"]) == 8 and int(r["prompt_tokens"]) == 24 for r in rows)
     assert (tmp_path / "rep" / REPORT_MD).read_text().count("llmrs-cpu") >= 1
-    assert all((tmp_path / "rep" / p).is_file() for p in PLOTS)
+    assert all((tmp_path / "rep" / p).is_file() for p in SINGLE_PLOTS)
 
 
 def test_bench_fits_prompts_to_a_small_vocabulary_server(tmp_path, tiny_qwen2):
