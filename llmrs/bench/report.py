@@ -41,6 +41,7 @@ class Row:
     env: dict  # where its results file says it ran (setup_lines)
     sampling: str = ""  # what the requests asked of the sampler beyond greedy (`sampling_label`); "" greedy
     eager_shapes: int = 0  # an llmrs server's step shapes whose CUDA graph capture had failed (`eager_lines`)
+    interrupted: bool = False  # the bench was interrupted during this run: it measured only what finished
 
     @property
     def workload(self) -> str:
@@ -95,6 +96,7 @@ def load_rows(paths: list[str]) -> list[Row]:
                 concurrency=conc, rate=rate, s=run["summary"], client_busy=max(busy or [0.0]),
                 env={k: doc.get(k) for k in ("command", "server", "gpus", "client", "llmrs_version")},
                 sampling=sampling_label(prm), eager_shapes=_count(run.get("server_graph_capture_failures")),
+                interrupted=run.get("interrupted") is True,
             ))
     if not rows:
         raise UserError("the results files hold no finished runs")
@@ -107,13 +109,17 @@ def _count(v: object) -> int:
 
 def eager_lines(rows: list[Row]) -> list[str]:
     """A caveat per run whose llmrs server had step shapes running eagerly (failed CUDA graph captures, saved by
-    `llmrs bench` as server_graph_capture_failures): its figures are not the server's graphed speed."""
-    bad = [r for r in rows if r.eager_shapes]
-    if not bad:
-        return []
-    return ["## Caveats", ""] + [
-        f"- **{r.label}** `{r.source}` {r.setting}: the server ran {r.eager_shapes} step shape(s) eagerly (their CUDA "
-        "graph capture failed; the server's log says why): not its graphed speed." for r in bad] + [""]
+    `llmrs bench` as server_graph_capture_failures): its figures are not the server's graphed speed; and per run
+    the bench was interrupted in (it measured only the requests that finished)."""
+    lines = [f"- **{r.label}** `{r.source}` {r.setting}: the server ran {r.eager_shapes} step shape(s) eagerly (their "
+             "CUDA graph capture failed; the server's log says why): not its graphed speed."
+             for r in rows if r.eager_shapes]
+    for r in rows:
+        if r.interrupted:
+            cut, unsent = stat(r.s, "cut_off"), stat(r.s, "not_sent")
+            lines.append(f"- **{r.label}** `{r.source}` {r.setting}: interrupted; only the requests that finished "
+                         f"are measured ({_n(cut)} cut off in flight, {_n(unsent)} never sent).")
+    return ["## Caveats", ""] + lines + [""] if lines else []
 
 
 def _f(v: float | None, nd: int = 1) -> str:

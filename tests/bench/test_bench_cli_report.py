@@ -120,6 +120,13 @@ def test_report_flags_runs_whose_server_ran_shapes_eagerly(tmp_path):
     assert caveats[2:] == ["- **llmrs** `a.json` completions 256->128, c=16, rate=inf: the server ran 27 step "
                            "shape(s) eagerly (their CUDA graph capture failed; the server's log says why): not its "
                            "graphed speed."]
+    doc["runs"][2].update(interrupted=True)
+    doc["runs"][2]["summary"].update(cut_off=3, not_sent=40)
+    (tmp_path / "a.json").write_text(json.dumps(doc))
+    write_report([str(tmp_path)], tmp_path / "r2")
+    md = (tmp_path / "r2" / REPORT_MD).read_text()
+    assert ("- **llmrs** `a.json` completions 256->128, c=64, rate=inf: interrupted; only the requests that finished "
+            "are measured (3 cut off in flight, 40 never sent).") in md
 
 
 def test_report_keeps_sampled_runs_apart_from_greedy_ones(tmp_path):
