@@ -284,7 +284,7 @@ def _run_bench(o: BenchOptions, console: Console, intr: Interrupts) -> Path:
             cfg = ClientConfig(base_url, model, o.workload.backend, o.endpoint, o.api_key, o.timeout, o.ignore_eos,
                                o.temperature, o.top_p, o.top_k, o.min_p)
             with console.status("building prompts..."):
-                specs, tok, tok_source = asyncio.run(_prepare(o, base_url, model))
+                specs, tok, tok_source = intr.run(_prepare(o, base_url, model))
             console.print(f"{len(specs)} prompts ({'dataset ' + o.workload.dataset if o.workload.dataset else 'random tokens'}; tokenizer: {tok_source})")
             if warning := _few_prompts_warning(o):
                 console.print(f"[yellow]{warning}")
@@ -305,7 +305,7 @@ def _run_bench(o: BenchOptions, console: Console, intr: Interrupts) -> Path:
             }
             write_json(path, doc)
             if o.warmup:
-                warm_specs = asyncio.run(_point_specs(o, WARMUP_POINT, len(specs), specs, tok, base_url, model))
+                warm_specs = intr.run(_point_specs(o, WARMUP_POINT, len(specs), specs, tok, base_url, model))
                 warm = [replace(warm_specs[i % len(warm_specs)], idx=i) for i in range(o.warmup)]
                 console.print(f"warmup: {o.warmup} requests")
                 with intr.deferred():
@@ -319,7 +319,7 @@ def _run_bench(o: BenchOptions, console: Console, intr: Interrupts) -> Path:
             for point, (cap, rate) in enumerate(sweep_points(o)):
                 tag = run_tag(cap, rate)
                 n = point_num_prompts(o, cap)
-                point_specs = asyncio.run(_point_specs(o, point, n, specs, tok, base_url, model))
+                point_specs = intr.run(_point_specs(o, point, n, specs, tok, base_url, model))
                 with intr.deferred():  # the run and the saving of its results: an interrupt stops them, in order
                     s, csv = _run_point(o, cfg, point, point_specs, cap, rate, tok, base_url, model, label, doc,
                                         path, console, intr)
@@ -370,7 +370,7 @@ def _run_point(o: BenchOptions, cfg: ClientConfig, point: int, specs: list[Reque
     cache = prefix_cache_delta(prefix_cache_from(metrics0), prefix_cache_from(metrics), _looked_up(outcome.results))
     eager = graph_capture_failures(metrics)  # (an llmrs server's; None from others)
     # the usage cross-check re-tokenizes every reply: an interrupted bench skips it and exits promptly
-    text_tokens = asyncio.run(_text_tokens(tok, base_url, model, outcome.results)) if tok and not intr.signum else {}
+    text_tokens = intr.run(_text_tokens(tok, base_url, model, outcome.results)) if tok and not intr.signum else {}
     s = summarize(outcome.results, outcome.t0, percentiles=o.percentiles, slo=o.slo, text_tokens=text_tokens)
     csv = f"{o.name}-{tag}.csv"
     try:

@@ -5,18 +5,23 @@ started is stopped, and the process exits with 128 + the signal's number (130, 1
 `Interrupts` installs one handler for the three signals while a bench runs. Outside a `deferred()` section the
 handler raises `Interrupted` (a KeyboardInterrupt, so code that handles Ctrl-C handles the others too); inside one
 (a load run, saving its results) the first signal is only noted (`signum`) for the code there to act on at a safe
-point, and a second one raises: a user who insists is not kept waiting.
+point, and a second one raises: a user who insists is not kept waiting. Coroutines run through `run()` are
+cancelled by the first signal instead (as asyncio.run does on Ctrl-C: an exception raised inside the event loop
+would leave its tasks half-finished), and `run()` then raises Interrupted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
 
 from rich.console import Console
 
+T = TypeVar("T")
 SIGNALS = tuple(getattr(signal, s) for s in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, s))
 
 
@@ -45,6 +50,7 @@ class Interrupts:
         self.signum: int | None = None  # the first interrupt's signal
         self._deferred = 0
         self._saved: dict[int, object] = {}
+        self._task: asyncio.Task | None = None  # the coroutine `run` runs
 
     def pending(self) -> int | None:
         return self.signum
@@ -57,7 +63,28 @@ class Interrupts:
             self.console.quiet = True  # the terminal is gone: writing to it would fail
         if self._deferred and first:
             return
+        task = self._task
+        if first and task is not None and not task.done():
+            task.cancel()
+            task.get_loop().call_soon_threadsafe(lambda: None)  # wake the loop's selector
+            return
         raise Interrupted(signum)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """asyncio.run(coro), cancelled by an interrupt, which then raises Interrupted."""
+        async def main() -> T:
+            self._task = asyncio.current_task()
+            return await coro
+
+        try:
+            with asyncio.Runner() as runner:
+                return runner.run(main())
+        except asyncio.CancelledError:
+            if self.signum is not None:
+                raise Interrupted(self.signum) from None
+            raise
+        finally:
+            self._task = None
 
     @contextlib.contextmanager
     def deferred(self) -> Iterator[None]:

@@ -265,3 +265,37 @@ def test_prompt_count_follows_the_concurrency_unless_given():
     assert [point_num_prompts(given, c) for c, _ in sweep_points(given)] == [50, 50, 50]
     assert _few_prompts_warning(given) == ("warning: -n 50 is less than concurrency 64, 256: at most 50 requests "
                                            "are ever in flight; give -n 256 or more to fill every slot")
+
+
+def test_interrupts_cancel_coroutines_defer_in_runs_and_raise_on_the_second_signal(capfd):
+    """SIGTERM while a coroutine runs: it is cancelled (its cleanup runs) and Interrupted(SIGTERM) comes out, with no
+    "Task exception was never retrieved" noise; inside deferred() the first signal is only noted, a second raises;
+    the previous handlers are back afterwards."""
+    import os
+    import signal
+    import threading
+
+    from llmrs.bench.interrupts import Interrupted, Interrupts
+
+    cleaned = []
+
+    async def slow():
+        try:
+            await asyncio.sleep(30)
+        finally:
+            cleaned.append(True)
+
+    before = signal.getsignal(signal.SIGTERM)
+    with Interrupts() as intr:
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        with pytest.raises(Interrupted) as e:
+            intr.run(slow())
+        assert e.value.signum == signal.SIGTERM and e.value.exit_code == 143 and cleaned == [True]
+    assert signal.getsignal(signal.SIGTERM) is before
+    with Interrupts() as intr, pytest.raises(Interrupted) as e:
+        with intr.deferred():
+            os.kill(os.getpid(), signal.SIGHUP)
+            assert intr.signum == signal.SIGHUP  # noted, not raised
+            os.kill(os.getpid(), signal.SIGINT)
+    assert e.value.signum == signal.SIGINT
+    assert "never retrieved" not in capfd.readouterr().err
