@@ -121,6 +121,7 @@ def serve(
     engine_process: Optional[bool] = typer.Option(None, "--engine-process/--no-engine-process", envvar="LLMRS_ENGINE_PROCESS", show_default="on, off with --tensor-parallel-size", help="Run the engine core (scheduler, KV cache, model, sampling, detokenizing) in its own process; this one keeps HTTP, the tokenizer and the streams, so per-stream HTTP work does not share a GIL with the step loop (H200, 7B, 256 streams: 1.45x the output tok/s of one process)."),
     async_scheduling: Optional[bool] = typer.Option(None, "--async-scheduling/--no-async-scheduling", show_default="on with one GPU", help="Plan and launch each decode step before the previous step's tokens are back (they are fed on the GPU), so detokenizing, streaming and planning overlap the GPU's work. Default: on with one GPU; --async-scheduling also on the CPU."),
     dequantize: bool = typer.Option(False, "--dequantize/--keep-quantized", help=DEQUANT_HELP),
+    on_engine_death: str = typer.Option("restart", "--on-engine-death", help="When the engine core dies (killed, out of memory, a step that raised, e.g. a CUDA error): 'restart' fails the requests that had started, starts a new core and runs the waiting ones on it (at most 3 restarts a minute, then as 'exit'); 'exit' stops the server at once with exit code 1, for a supervisor to restart."),
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API (continuous batching, paged KV cache, prefix caching)."""
     import uvicorn
@@ -147,6 +148,9 @@ def serve(
     if log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
         raise UserError(f"--log-level {log_level!r}: choose critical, error, warning, info or debug")
     stack = http_stack()  # (a typo in LLMRS_HTTP_STACK fails here, before the model loads)
+    from llmrs.engine.recovery import check_on_death
+
+    check_on_death(on_engine_death)
     make_engine = AsyncEngine.from_args
     if engine_process is None:  # the default: the core in its own process, except under tensor parallelism (not yet)
         engine_process = tensor_parallel_size == 1
@@ -192,7 +196,15 @@ def serve(
     from llmrs.engine.core_client import freeze_heap
 
     freeze_heap()  # the start-up heap out of every later full collection (this process; the core froze its own)
-    _uvicorn_server(config, app.state.llmrs, shutdown_timeout).run(sockets=[sock])
+    server = _uvicorn_server(config, app.state.llmrs, shutdown_timeout)
+    # an engine dead for good (--on-engine-death exit, or restarts used up) stops the server: open streams have
+    # their error, new connections are refused, then exit code 1 below (uvicorn polls should_exit every 0.1 s)
+    engine.set_death_policy(on_engine_death, exit_hook=lambda: setattr(server, "should_exit", True))
+    server.run(sockets=[sock])
+    status, why = engine.health()
+    if status == "dead":
+        console.print(f"[red]error:[/] the engine is dead: {why}")
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

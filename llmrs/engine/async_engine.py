@@ -1,6 +1,14 @@
 """AsyncEngine: the LLMEngine's step loop in one background thread of the server's process, each request's deltas
 handed to its own asyncio stream. `llmrs serve --no-engine-process` and tensor parallelism run it; the default
-runs the loop in its own process instead (core_client.ProcessEngine). Both are EngineClients."""
+runs the loop in its own process instead (core_client.ProcessEngine). Both are EngineClients.
+
+A step that raises (a CUDA error, a bug outside one request's own processing) is handled per
+`--on-engine-death` (engine/recovery.py): with `restart` the requests that had started fail with an error (their
+blocks freed, the step launched ahead dropped), the loop waits out its back-off and goes on over the same engine
+(same weights, same KV pool; the requests still waiting run on it); a device left broken fails again, and after
+MAX_RESTARTS failures within RESTART_WINDOW_S, or at once with `exit`, the engine is dead: every open stream
+fails and the exit hook stops the server.
+"""
 
 from __future__ import annotations
 
@@ -8,19 +16,23 @@ import asyncio
 import collections
 import dataclasses
 import itertools
+import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from llmrs.engine.llm_engine import LLMEngine, serving_config, serving_engine
 from llmrs.engine.protocol import AbortRequest, EngineDeadError, EngineOverloaded, EngineStats, RequestOutput
+from llmrs.engine.recovery import RestartBudget
 from llmrs.engine.sampling import SamplingParams
 from llmrs.engine.sequence import Sequence, StepOutput
 from llmrs.errors import UserError
 from llmrs.trace import tr, tr_tokens
+
+log = logging.getLogger("llmrs.engine")
 
 # merge a stream's queued deltas per choice (take_merged); False hands every delta on as it came (an A/B of it)
 MERGE_DELTAS = True
@@ -79,7 +91,8 @@ def _put_all(items: list[tuple[asyncio.Queue, Any]]) -> None:
 class AsyncEngine:
     """The engine loop in one background thread; each request's deltas go to its own asyncio queue."""
 
-    def __init__(self, engine: LLMEngine, max_waiting: int | None = None, model_name: str | None = None):
+    def __init__(self, engine: LLMEngine, max_waiting: int | None = None, model_name: str | None = None,
+                 on_death: str = "restart"):
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.config = engine.loaded.config
@@ -97,6 +110,9 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._ids = itertools.count()
         self.error: BaseException | None = None
+        self._health: tuple[str, str | None] = ("ok", None)
+        self._budget = RestartBudget(on_death)
+        self._exit_hook: Callable[[], None] | None = None
 
     @classmethod
     def from_args(cls, model: str | None, max_waiting: int | None = None, served_model_name: str | None = None,
@@ -104,6 +120,12 @@ class AsyncEngine:
         """`engine_options`: EngineConfig's fields (serving_config); `keep_quantized`: load()'s."""
         engine = serving_engine(model, serving_config(**engine_options), keep_quantized)
         return cls(engine, max_waiting=max_waiting, model_name=served_model_name)
+
+    def set_death_policy(self, policy: str, exit_hook: Callable[[], None] | None = None) -> None:
+        """`--on-engine-death` (restart | exit); `exit_hook` is called (from the engine thread) once the engine is
+        dead for good: `llmrs serve` stops the server there and exits non-zero."""
+        self._budget = RestartBudget(policy)
+        self._exit_hook = exit_hook
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -116,7 +138,7 @@ class AsyncEngine:
             for rid in list(self._streams):
                 await self.abort(rid)
         else:
-            while self._streams:
+            while self._streams and self.error is None:
                 await asyncio.sleep(0.01)
         self._stop = True
         self._wake.set()
@@ -125,6 +147,9 @@ class AsyncEngine:
 
     def stats(self) -> EngineStats:
         return self._stats
+
+    def health(self) -> tuple[str, str | None]:
+        return self._health
 
     @property
     def device(self) -> str:
@@ -139,7 +164,7 @@ class AsyncEngine:
                     ) -> AsyncIterator[RequestOutput]:
         """Validate and queue a request; returns its stream (raises UserError / EngineOverloaded at once)."""
         if self.error is not None:
-            raise EngineDeadError(f"engine loop died: {self.error}")
+            raise self.error
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._streams:
             raise UserError(f"duplicate request id {request_id}")
@@ -213,25 +238,72 @@ class AsyncEngine:
                 self._streams.pop(cmd.request_id, None)  # its queue already holds the abort; a never-read stream is dropped
 
     def _loop(self) -> None:
+        while True:
+            try:
+                self._run()
+                return
+            except BaseException as e:  # noqa: BLE001 - a whole step failed: --on-engine-death says what next
+                if not self._recover(e):
+                    return
+
+    def _run(self) -> None:
+        while True:
+            self._drain_commands()  # also after a stop: queued aborts are delivered before the loop ends
+            if self._stop:
+                return
+            if self.engine.has_unfinished():
+                t0 = time.perf_counter()
+                tr("core_step")
+                outputs = self.engine.step()
+                tr_tokens(outputs)
+                self._stats = self.engine.stats()
+                self._deliver(outputs)
+                self.last_step_s = time.perf_counter() - t0
+            else:
+                self._stats = self.engine.stats()
+                self._wake.wait(timeout=0.1)
+                self._wake.clear()
+
+    def _fail(self, request_ids: list[str], error: BaseException) -> None:
+        for rid in request_ids:
+            target = self._streams.get(rid)
+            if target is not None:
+                loop, q = target
+                loop.call_soon_threadsafe(q.put_nowait, error)
+
+    def _recover(self, e: BaseException) -> bool:
+        """After the loop raised `e` (on the engine thread): fail the requests that had started and, per the death
+        policy, wait out the back-off and return True (the loop goes on), or mark the engine dead, fail every open
+        stream, call the exit hook and return False."""
+        why = f"the engine loop failed: {type(e).__name__}: {e}"
+        log.error("llmrs: %s", why, exc_info=e)
+        if self._stop:  # failed while stopping: nothing to restart for
+            return self._die(why)
+        backoff = self._budget.next_backoff()
+        if backoff is None:
+            return self._die(f"{why}; not restarted ({self._budget.give_up_reason()})")
+        self._health = ("restarting", why)
         try:
-            while True:
-                self._drain_commands()  # also after a stop: queued aborts are delivered before the loop ends
-                if self._stop:
-                    break
-                if self.engine.has_unfinished():
-                    t0 = time.perf_counter()
-                    tr("core_step")
-                    outputs = self.engine.step()
-                    tr_tokens(outputs)
-                    self._stats = self.engine.stats()
-                    self._deliver(outputs)
-                    self.last_step_s = time.perf_counter() - t0
-                else:
-                    self._stats = self.engine.stats()
-                    self._wake.wait(timeout=0.1)
-                    self._wake.clear()
-        except BaseException as e:  # a bug, not a user error: fail every open stream loudly
-            self.error = e
-            for loop, q in list(self._streams.values()):
-                loop.call_soon_threadsafe(q.put_nowait, EngineDeadError(f"engine loop failed: {e!r}"))
-            raise
+            started = self.engine.drop_started()
+        except BaseException as e2:  # noqa: BLE001 - the engine's own state is broken: nothing to restart over
+            return self._die(f"{why}; then, freeing its requests: {type(e2).__name__}: {e2}")
+        self._fail(started, EngineDeadError(f"{why}; the request had started and cannot be resumed"))
+        self._stats = self.engine.stats()
+        log.warning("llmrs: %d started request(s) failed; the engine loop restarts in %.1f s (restart %d)",
+                    len(started), backoff, self._budget.restarts)
+        deadline = time.monotonic() + backoff
+        while not self._stop and (left := deadline - time.monotonic()) > 0:  # (new requests wake it: wait on)
+            self._wake.wait(timeout=left)
+            self._wake.clear()
+        self._health = ("ok", None)
+        return True
+
+    def _die(self, why: str) -> bool:
+        """The engine is dead for good: every open stream fails, new requests get a 503, the exit hook runs."""
+        self.error = EngineDeadError(why)
+        self._health = ("dead", why)
+        log.error("llmrs: the engine is dead: %s", why)
+        self._fail(list(self._streams), self.error)
+        if self._exit_hook is not None and not self._stop:
+            self._exit_hook()
+        return False

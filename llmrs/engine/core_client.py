@@ -15,9 +15,10 @@ Wire: two one-way `multiprocessing.Pipe`s carrying protocol.py's messages, pickl
 - core -> server: once per step (or after commands changed its state) ONE StepMessage: the outputs of every
   request that advanced, the EngineStats after the step, how many adds the core has taken (so the server counts
   the ones still in the pipe as waiting) and the adds the core refused.
-- start-up: CoreReady or CoreFailed; a core that fails later sends CoreError before it exits. The server reads the
-  pipe with `loop.add_reader` (no thread); EOF while not stopping means the core died: /health answers 503, open
-  streams end in an error, new requests get a 503.
+- start-up: CoreReady or CoreFailed; a core whose step raises sends CoreError (why, and the requests it had
+  started) before it exits. The server reads the pipe with `loop.add_reader` (no thread); EOF while not stopping
+  means the core died: `ProcessEngine` reaps it and restarts it or gives up, per `--on-engine-death`
+  (engine/recovery.py).
 
 The core ignores SIGINT / SIGTERM (Ctrl-C reaches the whole process group): the server stops it with StopCore
 after its own shutdown, and it exits on its own when the server's end of the pipe closes.
@@ -27,9 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import functools
 import gc
 import itertools
+import logging
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -47,10 +50,13 @@ from llmrs.engine.protocol import (
     AbortRequest, AddRequest, CoreError, CoreFailed, CoreReady, EngineCommand, EngineDeadError, EngineOverloaded,
     EngineStats, RequestOutput, StepMessage, StopCore,
 )
+from llmrs.engine.recovery import RestartBudget
 from llmrs.engine.sampling import SamplingParams
 from llmrs.errors import UserError
 from llmrs.model.loader import LoadedModel, load
 from llmrs.trace import tr, tr_tokens
+
+log = logging.getLogger("llmrs.engine")
 
 # Within one long event-loop pass (a burst of requests handled back to back), the commands queued since the last
 # write go out once this long has passed; otherwise a burst's adds all reach the core at the pass's end, hundreds of
@@ -110,12 +116,16 @@ def core_main(factory: Callable[[], LLMEngine], commands, outputs) -> None:
         run_core(engine, commands, outputs)
     except EOFError:  # the server's end of the pipe closed: it is gone, so is the core
         pass
-    except BaseException as e:  # a bug: tell the server why before dying
+    except BaseException as e:  # a step raised (a CUDA error, a bug): tell the server why and whom it took down
         try:
-            outputs.send(CoreError(f"{type(e).__name__}: {e}"))
+            started = tuple(engine.started_requests())
+        except Exception:  # noqa: BLE001 - the engine's state is broken too: the server goes by what it saw
+            started = ()
+        try:
+            outputs.send(CoreError(f"{type(e).__name__}: {e}", started))
         except OSError:
             pass
-        raise
+        raise  # (the traceback goes to stderr; the process exits with code 1)
     finally:
         engine.runner.shutdown()
 
@@ -158,11 +168,79 @@ def run_core(engine: LLMEngine, commands, outputs) -> None:
 
 
 # ---------------------------------------------------------------------- the server side
+def start_core(factory: Callable[[], LLMEngine], on_start: Callable[[Any], None] | None = None):
+    """Start a core process (`factory` builds its LLMEngine there; it must pickle) and wait until it is ready;
+    returns (process, command pipe's end, output pipe's end, CoreReady). `on_start(process)` is called once it
+    runs (a caller in another thread may kill it meanwhile). A core that fails to start is reaped and raises:
+    UserError for a user's mistake, RuntimeError for a bug."""
+    ctx = multiprocessing.get_context("spawn")
+    cmd_recv, cmd_send = ctx.Pipe(duplex=False)
+    out_recv, out_send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=core_main, args=(factory, cmd_recv, out_send), name="llmrs-engine-core", daemon=True)
+    proc.start()
+    cmd_recv.close()  # the child's ends: closed here, so the child's death is an EOF on our end
+    out_send.close()
+    if on_start is not None:
+        on_start(proc)
+    try:
+        info = _wait_ready(proc, out_recv)
+    except BaseException:
+        proc.kill()
+        proc.join(5)
+        cmd_send.close()
+        out_recv.close()
+        raise
+    return proc, cmd_send, out_recv, info
+
+
+def _exit_status(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+# the EngineStats counters; a restarted core counts from 0, the server adds what the dead cores counted
+_COUNTERS = ("prefix_queries", "prefix_hits", "prompt_tokens_total", "generation_tokens_total",
+             "computed_tokens_total", "num_preemptions", "graph_captures", "graph_capture_failures")
+
+
+class _Stream:
+    """A request on the server side: its queue of deltas, each choice's output count, the AddRequest (sent again to
+    a restarted core while nothing of it has come back), and how it stands."""
+
+    __slots__ = ("q", "counts", "n_prompt", "add", "done", "aborted", "failed")
+
+    def __init__(self, q: asyncio.Queue, add: AddRequest):
+        self.q = q
+        self.counts = [0] * add.params.n
+        self.n_prompt = len(add.prompt_ids)
+        self.add = add
+        self.done = 0  # choices finished
+        self.aborted = False  # an abort was sent for it
+        self.failed = False  # it ended in an error (the core died after it had started)
+
+    def started(self) -> bool:
+        return self.done > 0 or any(self.counts)
+
+
 class ProcessEngine:
-    """The EngineClient over an engine core in a child process."""
+    """The EngineClient over an engine core in a child process.
+
+    When the core dies (killed, out of memory, a step that raised), `--on-engine-death` (engine/recovery.py) says
+    what happens: with `restart`, the requests that had started (outputs streamed, or the dead core said it was
+    running them) fail with an error, the dead core is reaped, and a new one is started after a back-off; the
+    requests still waiting, and new ones that arrive meanwhile (they wait, as queued requests do), go to it. After
+    MAX_RESTARTS deaths within RESTART_WINDOW_S, or at once with `exit`, the engine is dead: every stream fails, new
+    requests get a 503 and the exit hook stops the server. /health says which (`health()`)."""
 
     def __init__(self, loaded: LoadedModel, proc, commands, outputs, info: CoreReady, max_waiting: int | None = None,
-                 model_name: str | None = None, flush_every: float = FLUSH_EVERY_S, idle_spin: float | None = None):
+                 model_name: str | None = None, flush_every: float = FLUSH_EVERY_S, idle_spin: float | None = None,
+                 factory: Callable[[], LLMEngine] | None = None, on_death: str = "restart"):
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.config = loaded.config
@@ -178,7 +256,7 @@ class ProcessEngine:
         self.error: BaseException | None = None
         self._proc, self._commands, self._outputs = proc, commands, outputs
         self._stats: EngineStats = info.stats
-        self._streams: dict[str, tuple[asyncio.Queue, list[int], int]] = {}
+        self._streams: dict[str, _Stream] = {}
         self._pending: list[EngineCommand] = []  # commands of this loop pass, written together by _flush_commands
         self._flush_scheduled = False
         self._wrote_this_pass = False  # a command went out at once in this loop pass (`_send`)
@@ -196,27 +274,34 @@ class ProcessEngine:
         self._spin_s = idle_spin_s() if idle_spin is None else idle_spin
         self._hot_until = 0.0
         self._spinning = False
+        # the core's death and its restart (engine/recovery.py)
+        self._factory = factory  # builds a new core's engine (None: no restart)
+        self._budget = RestartBudget(on_death)
+        self._exit_hook: Callable[[], None] | None = None
+        self._health: tuple[str, str | None] = ("ok", None)
+        self._restarting = False  # the core is dead and a new one is on its way: commands wait for it
+        self._recovery: asyncio.Task | None = None
+        self._spawning = None  # the process of a core being started (shutdown kills it)
+        self._stop_event: asyncio.Event | None = None
+        self._death_msg: str | None = None  # CoreError's message from the dying core
+        self._core_started: set[str] = set()  # and the requests it had started
+        self._base: dict[str, int] | None = None  # the dead cores' counters (stats())
 
     @classmethod
     def spawn(cls, loaded: LoadedModel, factory: Callable[[], LLMEngine], max_waiting: int | None = None,
-              model_name: str | None = None) -> "ProcessEngine":
-        """Start the core process (`factory` builds its LLMEngine there; it must pickle) and wait until it is
-        ready. A core that fails to start raises here: UserError for a user's mistake, RuntimeError for a bug."""
-        ctx = multiprocessing.get_context("spawn")
-        cmd_recv, cmd_send = ctx.Pipe(duplex=False)
-        out_recv, out_send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=core_main, args=(factory, cmd_recv, out_send), name="llmrs-engine-core",
-                           daemon=True)
-        proc.start()
-        cmd_recv.close()  # the child's ends: closed here, so the child's death is an EOF on our end
-        out_send.close()
-        try:
-            msg = _wait_ready(proc, out_recv)
-        except BaseException:
-            proc.kill()
-            proc.join(5)
-            raise
-        return cls(loaded, proc, cmd_send, out_recv, msg, max_waiting, model_name)
+              model_name: str | None = None, on_death: str = "restart") -> "ProcessEngine":
+        """Start the core process (`factory` builds its LLMEngine there, also a restarted core's; it must pickle)
+        and wait until it is ready. A core that fails to start raises here: UserError for a user's mistake,
+        RuntimeError for a bug."""
+        proc, commands, outputs, info = start_core(factory)
+        return cls(loaded, proc, commands, outputs, info, max_waiting, model_name, factory=factory,
+                   on_death=on_death)
+
+    def set_death_policy(self, policy: str, exit_hook: Callable[[], None] | None = None) -> None:
+        """`--on-engine-death` (restart | exit); `exit_hook` is called (on the event loop) once the engine is dead
+        for good: `llmrs serve` stops the server there and exits non-zero."""
+        self._budget = RestartBudget(policy)
+        self._exit_hook = exit_hook
 
     @classmethod
     def from_args(cls, model: str | None, max_waiting: int | None = None, served_model_name: str | None = None,
@@ -229,6 +314,7 @@ class ProcessEngine:
 
     @property
     def pid(self) -> int | None:
+        """The current core process's id."""
         return self._proc.pid
 
     # ------------------------------------------------------------------ lifecycle
@@ -237,6 +323,7 @@ class ProcessEngine:
         assert self._loop is None
         self._loop = asyncio.get_running_loop()
         self._gone = self._loop.create_future()
+        self._stop_event = asyncio.Event()
         self._loop.add_reader(self._outputs.fileno(), self._on_readable)
         os.set_blocking(self._commands.fileno(), False)
 
@@ -248,9 +335,15 @@ class ProcessEngine:
             while self._streams and self.error is None:
                 await asyncio.sleep(0.01)
         self._stopping = True
+        if self._recovery is not None and not self._recovery.done():  # a core is being restarted: stop that
+            self._stop_event.set()
+            spawning = self._spawning
+            if spawning is not None:
+                spawning.kill()  # (its start-up then fails; the recovery reaps it)
+            await asyncio.gather(self._recovery, return_exceptions=True)
         if self._gone is None:  # never started: nothing reads the core's messages (_send writes at once)
             self._send(StopCore())
-        elif self.error is None:
+        elif self.error is None and not self._restarting:
             self._send(StopCore())
             try:  # the core answers the queued aborts, then exits: EOF
                 await asyncio.wait_for(asyncio.shield(self._gone), timeout=30)
@@ -265,7 +358,13 @@ class ProcessEngine:
         self._close_writer()
 
     def stats(self) -> EngineStats:
-        return self._stats
+        s = self._stats
+        if self._base is None:
+            return s
+        return dataclasses.replace(s, **{k: getattr(s, k) + v for k, v in self._base.items()})
+
+    def health(self) -> tuple[str, str | None]:
+        return self._health
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str | None, prompt_ids: list[int], params: SamplingParams
@@ -286,10 +385,11 @@ class ProcessEngine:
         prompt_ids, params = check_request(prompt_ids, params, self.config.vocab_size, self.max_model_len,
                                            self.num_blocks, self.block_size)
         q: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = (q, [0] * params.n, len(prompt_ids))
+        add = AddRequest(request_id, prompt_ids, params)
+        self._streams[request_id] = _Stream(q, add)
         self._adds_sent += 1
         tr("add_request")
-        self._send(AddRequest(request_id, prompt_ids, params))
+        self._send(add)  # (while a core restarts: it goes to the new one with the other waiting requests)
         self._stay_hot()
         return self._stream(request_id, q, params.n)
 
@@ -307,17 +407,31 @@ class ProcessEngine:
                     finished += 1
                 yield item
         finally:
-            if finished < n and self.error is None:  # the consumer went away: abort now
+            s = self._streams.pop(request_id, None)
+            if finished < n and self.error is None and s is not None and not s.failed:  # the consumer went away
                 self._send(AbortRequest(request_id))
-            self._streams.pop(request_id, None)
 
     async def abort(self, request_id: str) -> None:
-        if self.error is None:
+        if self.error is not None:
+            return
+        s = self._streams.get(request_id)
+        if s is None:
             self._send(AbortRequest(request_id))
+            return
+        if self._restarting:  # the new core has not seen it: it ends here (nothing of it had started)
+            if not s.failed and s.done < len(s.counts):
+                s.done = len(s.counts)
+                for i, c in enumerate(s.counts):
+                    s.q.put_nowait(RequestOutput(request_id, i, "", [], [], "abort", s.n_prompt, c))
+            return
+        s.aborted = True
+        self._send(AbortRequest(request_id))
 
     # ------------------------------------------------------------------ the pipes
     def _send(self, cmd: EngineCommand) -> None:
         """Queue a command (on the event loop); the commands of one loop pass go out in one write, at its end."""
+        if self._restarting:  # no core to take it: the new core gets the waiting requests' adds when it is up
+            return
         if self._loop is None:  # not started: nothing else writes the pipe, a blocking send of its own
             if not self._commands.closed:
                 try:
@@ -422,34 +536,157 @@ class ProcessEngine:
             self._core_gone()
 
     def _handle(self, msg: StepMessage | CoreError) -> None:
-        if isinstance(msg, CoreError):
-            self.error = EngineDeadError(f"the engine core process failed: {msg.message}")
+        if isinstance(msg, CoreError):  # the core's loop failed; its EOF follows (`_core_gone`)
+            self._death_msg, self._core_started = msg.message, set(msg.started)
             return
         self._stats, self._adds_seen = msg.stats, msg.adds_seen
         streams = self._streams
         for rid, index, text, token_ids, logprobs, finish_reason, error in msg.outputs:
-            target = streams.get(rid)
-            if target is None:
+            s = streams.get(rid)
+            if s is None:
                 continue
-            q, counts, n_prompt = target
+            counts = s.counts
             counts[index] += len(token_ids)
-            q.put_nowait(RequestOutput(rid, index, text, token_ids, logprobs, finish_reason, n_prompt, counts[index],
-                                       error))
+            if finish_reason is not None:
+                s.done += 1
+            s.q.put_nowait(RequestOutput(rid, index, text, token_ids, logprobs, finish_reason, s.n_prompt,
+                                         counts[index], error))
         for rid, message in msg.rejected:
-            target = streams.get(rid)
-            if target is not None:
-                target[0].put_nowait(UserError(message))
+            s = streams.get(rid)
+            if s is not None:
+                s.q.put_nowait(UserError(message))
 
     def _core_gone(self) -> None:
+        """EOF on the core's output pipe: it exited. Expected after StopCore; otherwise it died (recovery)."""
         self._close_reader()
-        if not self._stopping and self.error is None:
-            self._proc.join(1)
-            self.error = EngineDeadError(f"the engine core process died (exit code {self._proc.exitcode})")
-        if self.error is not None:
-            for q, _, _ in list(self._streams.values()):
-                q.put_nowait(self.error)
         if self._gone is not None and not self._gone.done():
             self._gone.set_result(None)
+        if self._stopping:  # (whatever had not ended by now will not: StopCore answered the aborts)
+            self._fail_all(EngineDeadError("the engine core process exited during shutdown"))
+            return
+        if self.error is not None or self._restarting:
+            return
+        self._restarting = True
+        self._health = ("restarting", "the engine core process died")
+        self._close_writer()
+        self._pending.clear()
+        self._wbuf.clear()
+        self._woff = 0
+        self._recovery = self._loop.create_task(self._recover_or_die())
+
+    # ------------------------------------------------------------------ the core's death (engine/recovery.py)
+    async def _recover_or_die(self) -> None:
+        try:
+            await self._recover()
+        except Exception as e:  # noqa: BLE001 - a bug in the recovery itself: never leave the engine "restarting"
+            log.exception("llmrs: the engine core's restart failed")
+            self._die(f"the engine core's restart failed: {type(e).__name__}: {e}")
+
+    async def _recover(self) -> None:
+        """Reap the dead core, fail the requests that had started, then start a new core after the back-off (again
+        if that fails) or, per the death policy, give up: the engine is dead."""
+        loop = asyncio.get_running_loop()
+        proc = self._proc
+        await loop.run_in_executor(None, proc.join, 5)  # reaped: no zombie
+        if proc.is_alive():  # said CoreError but did not exit
+            proc.kill()
+            await loop.run_in_executor(None, proc.join, 5)
+        if self._death_msg is not None:
+            why = f"the engine core process failed: {self._death_msg}"
+        else:
+            why = f"the engine core process died ({_exit_status(proc.exitcode)})"
+        log.error("llmrs: %s", why)
+        self._fail_started(why)
+        while True:
+            backoff = None if self._stopping or self._factory is None else self._budget.next_backoff()
+            if backoff is None:
+                if self._stopping:  # the server stops: no new core (not a death of its own: no exit hook, no error)
+                    self._fail_all(EngineDeadError(f"{why}; the server is shutting down"))
+                elif self._factory is None:
+                    self._die(f"{why}; not restarted (no factory to build a new core)")
+                else:
+                    self._die(f"{why}; not restarted ({self._budget.give_up_reason()})")
+                return
+            self._health = ("restarting", why)
+            log.warning("llmrs: restarting the engine core in %.1f s (restart %d)", backoff, self._budget.restarts)
+            try:
+                await asyncio.wait_for(self._stop_event.wait(), timeout=backoff)
+            except TimeoutError:
+                pass
+            if self._stopping:
+                continue
+            try:
+                core = await loop.run_in_executor(None, start_core, self._factory, self._on_spawn)
+            except Exception as e:  # noqa: BLE001 - a start-up that failed counts as another death
+                why = f"the engine core failed to restart: {e}"
+                log.error("llmrs: %s", why)
+                continue
+            finally:
+                self._spawning = None
+            if self._stopping:  # shut down while it started: stop it again
+                core[0].kill()
+                await loop.run_in_executor(None, core[0].join, 5)
+                core[1].close()
+                core[2].close()
+                continue
+            self._install(*core)
+            return
+
+    def _on_spawn(self, proc) -> None:
+        self._spawning = proc
+
+    def _fail_started(self, why: str) -> None:
+        """The requests that had started in the dead core end with an error; the waiting ones stay for the next."""
+        err = EngineDeadError(f"{why}; the request had started and cannot be resumed")
+        waiting = 0
+        for rid, s in self._streams.items():
+            if s.failed or s.done >= len(s.counts):
+                continue
+            if s.aborted or s.started() or rid in self._core_started:
+                s.failed = True
+                s.q.put_nowait(err)
+            else:
+                waiting += 1
+        self._adds_sent, self._adds_seen = waiting, 0
+        # the dead core's counters carry over into stats(); its gauges are gone with it
+        last = self._stats
+        base = self._base or dict.fromkeys(_COUNTERS, 0)
+        self._base = {k: v + getattr(last, k) for k, v in base.items()}
+        self._stats = dataclasses.replace(last, num_running=0, num_waiting=0, kv_usage=0.0,
+                                          num_free_blocks=last.num_blocks, **dict.fromkeys(_COUNTERS, 0))
+
+    def _fail_all(self, err: EngineDeadError) -> None:
+        for s in self._streams.values():
+            if not s.failed and s.done < len(s.counts):
+                s.failed = True
+                s.q.put_nowait(err)
+
+    def _die(self, why: str) -> None:
+        """Dead for good: every open stream fails, new requests get a 503, the exit hook stops the server."""
+        self.error = EngineDeadError(why)
+        self._health = ("dead", why)
+        log.error("llmrs: the engine is dead: %s", why)
+        self._fail_all(self.error)
+        if self._exit_hook is not None and not self._stopping:
+            self._exit_hook()
+
+    def _install(self, proc, commands, outputs, info: CoreReady) -> None:
+        """A new core is up: read and write its pipes, send it the requests still waiting (in arrival order)."""
+        self._proc, self._commands, self._outputs = proc, commands, outputs
+        self._stats = info.stats
+        self._death_msg, self._core_started = None, set()
+        self._writing = False
+        self._gone = self._loop.create_future()
+        self._loop.add_reader(outputs.fileno(), self._on_readable)
+        os.set_blocking(commands.fileno(), False)
+        self._restarting = False
+        self._health = ("ok", None)
+        waiting = [s.add for s in self._streams.values() if not (s.failed or s.aborted or s.done >= len(s.counts))]
+        self._adds_sent, self._adds_seen = len(waiting), 0
+        for add in waiting:
+            self._send(add)
+        log.warning("llmrs: the engine core restarted (process %d); %d waiting request(s) sent to it", proc.pid,
+                    len(waiting))
 
     def _close_reader(self) -> None:
         if self._loop is not None and not self._outputs.closed:

@@ -20,12 +20,13 @@ from llmrs.engine.protocol import EngineStats
 from llmrs.engine.runner import ModelRunner, resolve_device
 from llmrs.engine.sampling import SampleResult, SamplingParams, needs_host_sampler
 from llmrs.engine.scheduler import Scheduler
-from llmrs.engine.sequence import Sequence, StepOutput
+from llmrs.engine.sequence import WAITING, Sequence, StepOutput
 from llmrs.errors import UserError
 from llmrs.model.loader import LoadedModel, load
 from llmrs.trace import tr
 
 log = logging.getLogger("llmrs.engine")
+
 
 class Runner(Protocol):
     """What LLMEngine drives: ModelRunner (one device) or a tensor-parallel runner. It owns `num_blocks` KV blocks."""
@@ -287,6 +288,24 @@ class LLMEngine:
                 outs.append(StepOutput(request_id, seq.index, "", [], [], "abort"))
         return outs
 
+    def drop_started(self) -> list[str]:
+        """After a step raised (engine/recovery.py): forget the step launched ahead (its results will never be
+        applied) and finish every request that had started (scheduled and still running, or with outputs) with
+        reason "abort", its blocks freed; returns their ids. Requests still waiting, never computed, stay queued
+        for the next step."""
+        self._inflight = None
+        started = self.started_requests()
+        for rid in started:
+            self.abort(rid)
+        return started
+
+    def started_requests(self) -> list[str]:
+        """The requests that have started: scheduled (running, or with a step in flight) or with outputs. The
+        others wait, never computed (or preempted before any output): nothing of them has reached a client."""
+        return [rid for rid, seqs in self.requests.items()
+                if any(s.status is not WAITING or s.output_ids or s.num_computed_tokens or s.num_pending
+                       for s in seqs)]
+
     def has_unfinished(self) -> bool:
         return self._inflight is not None or self.scheduler.has_unfinished()
 
@@ -398,7 +417,6 @@ class LLMEngine:
                 outs.append(seq.fail(message))
                 self.scheduler.finish(seq)
         return outs
-
 
     def stats(self) -> EngineStats:
         return EngineStats(

@@ -79,7 +79,7 @@ class EngineClient(Protocol):
     kv_cache_tokens: int
     device: str
     async_scheduling: bool
-    error: BaseException | None  # set once the engine loop is gone (/health answers 503)
+    error: BaseException | None  # set once the engine loop is gone for good (/health answers 503 "dead")
 
     def start(self) -> None:
         """Start the engine loop; called on the server's event loop."""
@@ -101,6 +101,12 @@ class EngineClient(Protocol):
 
     async def abort(self, request_id: str) -> None:
         """Finish every choice of a request with reason "abort" and free its blocks."""
+        ...
+
+    def health(self) -> tuple[str, str | None]:
+        """("ok", None) while serving; ("restarting", why) while a failed engine loop is being restarted
+        (`--on-engine-death restart`: new requests wait for it); ("dead", why) once it is gone for good (new
+        requests get a 503; `error` is set)."""
         ...
 
 
@@ -164,6 +170,9 @@ class CoreFailed:
 
 @dataclass(frozen=True, slots=True)
 class CoreError:
-    """The core's loop failed; it exits after this."""
+    """The core's loop failed (a step raised: a CUDA error, a bug); it exits after this."""
 
     message: str
+    # the requests that had started in the failed core (scheduled, or with outputs): they fail; the others (still
+    # waiting, never scheduled) can be sent again to a new core
+    started: tuple[str, ...] = ()

@@ -31,6 +31,7 @@ from llmrs.trace import tr
 router = APIRouter()
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy default
 OFF_LOOP_CHARS = 64 * 1024  # text longer than this is tokenized in a worker thread (`_off_loop`)
+HEALTH_RETRY_AFTER_S = 2  # /health's Retry-After while the engine restarts
 
 
 def _state(request: Request) -> ServerState:
@@ -82,10 +83,15 @@ def _responses(ok: type | None, *errors: int, media: str | None = None, stream: 
 # ---------------------------------------------------------------------- plain endpoints
 @router.get("/health", response_model=None, responses=_responses(HealthResponse, 503))
 async def health(request: Request) -> Response:
-    err = _state(request).engine.error
-    if err is not None:
-        return error_response(503, f"the engine loop failed: {err!r}")
-    return Response(status_code=200)
+    """200 {"status": "ok"} while serving; 503 (OpenAI-shaped) while the engine restarts after a failure (with
+    Retry-After; requests sent meanwhile wait for it) or once it is dead (`--on-engine-death`)."""
+    status, why = _state(request).engine.health()
+    if status == "ok":
+        return JSONResponse({"status": "ok"})
+    if status == "restarting":
+        return error_response(503, f"the engine is restarting: {why}", code="engine_restarting",
+                              headers={"Retry-After": str(HEALTH_RETRY_AFTER_S)})
+    return error_response(503, f"the engine is dead: {why}", code="engine_dead")
 
 
 def _models(st: ServerState) -> list[dict]:

@@ -3,6 +3,8 @@
 
 Real servers (`python -m llmrs serve smollm2-135m` subprocesses on 127.0.0.1), raw SSE. The rest of the server's
 behaviour is pinned by tests/server/test_server.py, which runs in the default mode (LLMRS_ENGINE_PROCESS=0: one process).
+A core that dies: tests/server/test_chaos.py (killed under a real server), tests/engine/test_engine_recovery.py (a step
+that raises).
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -205,50 +206,6 @@ def test_concurrent_greedy_streams_equal_the_one_process_server(pair):
         assert choices(proc.url, b) == choices(plain.url, b)
 
 
-def test_a_dead_core_fails_health_and_requests_without_hanging(tmp_path):
-    srv = Server(["--engine-process"], tmp_path / "serve.log")
-    try:
-        srv.wait_ready()
-        core = srv.core_pid()
-        events: list[str] = []
-        first = threading.Event()
-
-        def stream() -> None:
-            body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 3000, "ignore_eos": True,
-                    "stream": True}
-            with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60, trust_env=False) as r:
-                for line in r.iter_lines():
-                    if line.startswith("data: "):
-                        events.append(line[6:])
-                        first.set()
-
-        t = threading.Thread(target=stream, daemon=True)
-        t.start()
-        assert first.wait(60)
-        os.kill(core, signal.SIGKILL)
-        t.join(10)
-        assert not t.is_alive(), "the stream hangs after the core died"
-        assert events[-1] == "[DONE]"
-        err = json.loads(events[-2])["error"]
-        assert "engine core process died" in err["message"]
-
-        h = httpx.get(srv.url + "/health", timeout=5, trust_env=False)
-        assert h.status_code == 503 and "engine core process died" in h.text
-        r = httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2},
-                       timeout=5, trust_env=False)
-        assert r.status_code == 503
-        assert "engine core process died" in r.json()["error"]["message"]
-        r = httpx.post(srv.url + "/v1/chat/completions", timeout=5, trust_env=False,
-                       json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "stream": True})
-        assert r.status_code == 503
-        # what does not need the engine still answers
-        tok = httpx.post(srv.url + "/tokenize", json={"prompt": "Hello"}, timeout=5, trust_env=False)
-        assert tok.status_code == 200 and tok.json()["count"] > 0
-    finally:
-        rc = srv.stop()
-    assert rc == 0, srv.log.read_text()[-3000:]
-
-
 def test_engine_process_and_tensor_parallel_do_not_combine_yet():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     r = subprocess.run([sys.executable, "-m", "llmrs", "serve", MODEL, "--engine-process", "--tensor-parallel-size",
@@ -265,6 +222,7 @@ def test_freeze_heap_moves_the_start_up_heap_out_of_later_collections():
     from llmrs.engine.core_client import freeze_heap
 
     gc.unfreeze()
+    gc.collect()  # (garbage that earlier tests left in cycles is not part of the heap freeze_heap keeps)
     alive = len(gc.get_objects())
     try:
         freeze_heap()
@@ -291,7 +249,7 @@ def test_commands_reach_the_core_in_order_through_a_full_pipe_without_blocking_t
     eng = ProcessEngine.__new__(ProcessEngine)  # the pipe half alone: no core process
     eng._commands, eng._loop = send_end, None
     eng._pending, eng._flush_scheduled, eng._wbuf, eng._writing = [], False, bytearray(), False
-    eng._wrote_this_pass, eng._woff = False, 0
+    eng._wrote_this_pass, eng._woff, eng._restarting = False, 0, False
     eng._flush_every, eng._last_write = 3600.0, 0.0  # one write at a pass's start, one at its end (below: timed)
     got: list = []
     reader_go = threading.Event()
@@ -365,7 +323,7 @@ def test_a_long_loop_pass_writes_its_commands_as_they_come_not_at_its_end(every_
     eng = ProcessEngine.__new__(ProcessEngine)
     eng._commands, eng._loop = send_end, None
     eng._pending, eng._flush_scheduled, eng._wbuf, eng._writing = [], False, bytearray(), False
-    eng._wrote_this_pass, eng._woff = False, 0
+    eng._wrote_this_pass, eng._woff, eng._restarting = False, 0, False
     eng._flush_every, eng._last_write = every_ms / 1e3, 0.0
     seen: list = []
     early: list = []
