@@ -216,17 +216,26 @@ def ptx_check(
                                      "check a kernel's variant before running it, e.g. -D GV_MINB=5."),
     sass: bool = typer.Option(False, "--sass", help="Also disassemble (nvdisasm) and show each kernel's SASS "
                                                     "instructions, its main loop's length and opcode mix."),
+    show_all: bool = typer.Option(False, "--all", help="Print every kernel's row, clean ones too (default: only "
+                                                       "the kernels that are not clean, then a summary line)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, show_default="the CPU cores available",
+                                       help="File/arch pairs compiled at once, each in its own process."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Compile kernels (NVRTC -> PTX, ptxas -> SASS) and count local memory: ld.local/st.local, spills, stack.
 
+    Prints the toolchain, compiles over the CPU cores with progress on stderr, then the kernels that are not
+    clean (--all: every kernel) and a one-line summary.
     Exit 0: clean; 1: a kernel spills or uses local memory, or ptxas serialized its wgmma (sm_90a), not
     --allow'ed; 2: a compile error (log shown).
     Templates: declare instantiations in the .cu, one per line: `// ptx-check: instantiate NAME<ARGS>`.
-    Needs no GPU: pip install 'llmrs[ptx]' (cuda-bindings, nvidia-cuda-nvrtc, nvidia-cuda-nvcc).
+    Needs no GPU: pip install -e '.[ptx]' (cuda-bindings, nvidia-cuda-nvrtc, nvidia-cuda-nvcc).
     """
+    import time
+
     from llmrs.roofline import render
-    from llmrs.ptx.check import KERNELS_DIR, discover, run_check
+    from llmrs.ptx.check import KERNELS_DIR, default_jobs, discover, run_check
+    from llmrs.ptx.progress import CompileProgress
     from llmrs.ptx.toolchain import find_nvdisasm, find_toolchain, supported_archs
 
     defines = [d.strip() for d in define or []]
@@ -259,7 +268,14 @@ def ptx_check(
         raise UserError(f"--arch {', '.join(unknown)}: NVRTC {tc.nvrtc_version} compiles for "
                         + ", ".join(f"sm_{n}" for n in known))
     nvdisasm = find_nvdisasm() if sass else None
-    results, errors = run_check(paths, archs, tc, list(allow or []), [f"-D{d}" for d in defines], nvdisasm)
+    jobs = min(jobs or default_jobs(), len(paths) * len(archs))
+    if not as_json:
+        console.print(f"[dim]NVRTC {tc.nvrtc_version}, ptxas {tc.ptxas_version} ({tc.ptxas_origin}: {tc.ptxas})[/]")
+    t0 = time.monotonic()
+    with CompileProgress(len(paths) * len(archs), jobs) as progress:
+        results, errors = run_check(paths, archs, tc, list(allow or []), [f"-D{d}" for d in defines], nvdisasm,
+                                    jobs=jobs, progress=progress)
+    elapsed = time.monotonic() - t0
     if as_json:
         _emit_json({
             "toolchain": {"nvrtc": tc.nvrtc_version, "ptxas": str(tc.ptxas), "ptxas_version": tc.ptxas_version,
@@ -268,29 +284,42 @@ def ptx_check(
             "results": [r.to_dict() for r in results], "errors": [asdict(e) for e in errors],
         })
     else:
-        console.print(f"[dim]NVRTC {tc.nvrtc_version}, ptxas {tc.ptxas_version} ({tc.ptxas_origin}: {tc.ptxas})[/]")
-        render.print_ptx(console, results, errors)
+        render.print_ptx(console, results if show_all else [r for r in results if r.status != "ok"], errors,
+                         title=None if show_all else "ptx-check: the kernels that are not clean (--all: every one)")
         if sass:
             render.print_sass(console, results)
     flagged = [r for r in results if r.flagged]
+    if not as_json:
+        local = sorted({f"{r.name} ({r.arch})" for r in flagged if r.uses_local})
+        if local:
+            console.print(f"[red]{len(local)} kernel/arch pair(s) use local memory:[/] {', '.join(local)}; "
+                          "fix them or --allow NAME")
+        for r in flagged:
+            if r.wgmma_serialized:
+                console.print(f"[red]{r.name} ({r.arch}): ptxas serialized its wgmma[/], due to {r.wgmma_serialized}")
+        console.print(ptx_summary(results, errors, len(paths), archs, elapsed, jobs))
     if errors:
-        if not as_json:
-            console.print(f"[red]{len(errors)} compile error(s)[/]")
         _exit(2)
     if flagged:
-        if not as_json:
-            local = sorted({f"{r.name} ({r.arch})" for r in flagged if r.uses_local})
-            if local:
-                console.print(f"[red]{len(local)} kernel/arch pair(s) use local memory:[/] {', '.join(local)}; "
-                              "fix them or --allow NAME")
-            for r in flagged:
-                if r.wgmma_serialized:
-                    console.print(f"[red]{r.name} ({r.arch}): ptxas serialized its wgmma[/], due to "
-                                  f"{r.wgmma_serialized}")
         _exit(1)
-    if not as_json:
-        console.print(f"[green]clean[/]: {len(results)} kernel/arch pair(s), no local memory, no spills"
-                      + (", no serialized wgmma" if any(a.endswith("a") for a in archs) else ""))
+
+
+def ptx_summary(results: list, errors: list, n_files: int, archs: list[str], elapsed_s: float, jobs: int) -> str:
+    """ptx-check's last line: the verdict, what was checked, the counts by status, the time it took."""
+    counts: dict[str, int] = {}
+    for r in results:
+        key = "ok" if r.status == "ok" else "allowed" if r.status == "allowed" else "flagged"
+        counts[key] = counts.get(key, 0) + 1
+    what = (f"{len(results)} kernel/arch pair(s) from {n_files} file(s) x {len(archs)} arch(s)")
+    took = f"({elapsed_s:.0f} s, {jobs} process{'es' if jobs != 1 else ''})"
+    if not errors and not counts.get("flagged"):
+        allowed = f"; {counts['allowed']} allowed by --allow" if counts.get("allowed") else ""
+        wgmma = ", no serialized wgmma" if any(a.endswith("a") for a in archs) else ""
+        return f"[green]clean[/]: {what}, no local memory, no spills{wgmma}{allowed} {took}"
+    parts = [f"{counts[k]} {k}" for k in ("ok", "allowed", "flagged") if counts.get(k)]
+    if errors:
+        parts.append(f"{len(errors)} compile error(s)")
+    return f"[red]not clean[/]: {what}: {', '.join(parts)} {took}"
 
 
 def register(app: typer.Typer) -> None:

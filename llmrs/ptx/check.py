@@ -12,9 +12,14 @@ is flagged too: it runs, correctly, at a fraction of its speed (gemm_q4wg on the
 from __future__ import annotations
 
 import fnmatch
+import multiprocessing
+import os
+import signal
+import tempfile
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from llmrs.ptx.compile import CompileError, compile_file, demangle
 from llmrs.ptx.parse import PtxasInfo, parse_directives
@@ -95,43 +100,126 @@ def _allowed(names: list[str], patterns: list[str]) -> bool:
     return any(fnmatch.fnmatchcase(b, p) for p in patterns for b in bases)
 
 
+def check_unit(path: Path, arch: str, tc: Toolchain, allow: list[str], options: list[str] | None = None,
+               nvdisasm: Path | None = None) -> tuple[list[KernelResult], list[FileError]]:
+    """Compile one file for one arch (with `options` after the file's own, e.g. -DNAME=VALUE); results per
+    function (with their SASS summaries when `nvdisasm` is given), or the compile error."""
+    d = parse_directives(path.read_text())
+    patterns = [*allow, *d.allow]
+    try:
+        comp = compile_file(path, arch, tc, d.instantiate, [*d.options, *(options or [])], nvdisasm)
+    except CompileError as e:
+        return [], [FileError(file=str(path), arch=arch, stage=e.stage, log=e.log)]
+    pretty = demangle([f.name for f in comp.functions])
+    listing = parse_nvdisasm(comp.sass) if comp.sass else {}
+    results = []
+    for fn in comp.functions:
+        info = comp.ptxas.get(fn.name, PtxasInfo())
+        name = comp.lowered.get(fn.name) or pretty.get(fn.name) or fn.name
+        uses = bool(fn.ld_local or fn.st_local or fn.local_depot_bytes or info.spill_stores or info.spill_loads)
+        results.append(KernelResult(
+            file=str(path), arch=arch, name=name, mangled=fn.name, kind=fn.kind, ld_local=fn.ld_local,
+            st_local=fn.st_local, local_depot_bytes=fn.local_depot_bytes, registers=info.registers,
+            spill_stores=info.spill_stores, spill_loads=info.spill_loads, stack_frame=info.stack_frame,
+            shared_bytes=info.shared_bytes, uses_local=uses, allowed=_allowed([name, fn.name], patterns),
+            wgmma_serialized=info.wgmma_serialized,
+            sass=summarize(listing[fn.name]) if fn.name in listing else None,
+        ))
+    return results, []
+
+
 def check_file(path: Path, archs: list[str], tc: Toolchain, allow: list[str],
                options: list[str] | None = None, nvdisasm: Path | None = None) -> tuple[list[KernelResult],
                                                                                        list[FileError]]:
-    """Compile one file for every arch (with `options` after the file's own, e.g. -DNAME=VALUE); results per
-    function (with their SASS summaries when `nvdisasm` is given), or the compile errors."""
-    d = parse_directives(path.read_text())
-    patterns = [*allow, *d.allow]
+    """`check_unit` for every arch of one file, one after the other."""
     results, errors = [], []
     for arch in archs:
-        try:
-            comp = compile_file(path, arch, tc, d.instantiate, [*d.options, *(options or [])], nvdisasm)
-        except CompileError as e:
-            errors.append(FileError(file=str(path), arch=arch, stage=e.stage, log=e.log))
-            continue
-        pretty = demangle([f.name for f in comp.functions])
-        listing = parse_nvdisasm(comp.sass) if comp.sass else {}
-        for fn in comp.functions:
-            info = comp.ptxas.get(fn.name, PtxasInfo())
-            name = comp.lowered.get(fn.name) or pretty.get(fn.name) or fn.name
-            uses = bool(fn.ld_local or fn.st_local or fn.local_depot_bytes or info.spill_stores or info.spill_loads)
-            results.append(KernelResult(
-                file=str(path), arch=arch, name=name, mangled=fn.name, kind=fn.kind, ld_local=fn.ld_local,
-                st_local=fn.st_local, local_depot_bytes=fn.local_depot_bytes, registers=info.registers,
-                spill_stores=info.spill_stores, spill_loads=info.spill_loads, stack_frame=info.stack_frame,
-                shared_bytes=info.shared_bytes, uses_local=uses, allowed=_allowed([name, fn.name], patterns),
-                wgmma_serialized=info.wgmma_serialized,
-                sass=summarize(listing[fn.name]) if fn.name in listing else None,
-            ))
+        r, e = check_unit(path, arch, tc, allow, options, nvdisasm)
+        results.extend(r)
+        errors.extend(e)
     return results, errors
 
 
+def _worker_init(scratch: str) -> None:
+    """A worker and the ptxas it runs form a process group of their own, so the parent stops both at once
+    (Ctrl-C, an error elsewhere) even in the middle of an NVRTC call; their temporary files go under the
+    parent's `scratch` directory, removed by the parent whatever happens to the worker."""
+    os.setpgid(0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C is the parent's to handle
+    tempfile.tempdir = scratch
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Kill every worker's process group (the worker and its ptxas) now."""
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):  # gone already
+            pass
+
+
+def default_jobs() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+# progress(done, total, running): after each finished unit and at least every few seconds while units run;
+# `running` names the (file, arch) pairs being compiled
+Progress = Callable[[int, int, list[tuple[str, str]]], None]
+
+
 def run_check(files: list[Path], archs: list[str], tc: Toolchain, allow: list[str],
-              options: list[str] | None = None, nvdisasm: Path | None = None) -> tuple[list[KernelResult],
-                                                                                      list[FileError]]:
+              options: list[str] | None = None, nvdisasm: Path | None = None, jobs: int = 1,
+              progress: Progress | None = None, tick_s: float = 1.0) -> tuple[list[KernelResult], list[FileError]]:
+    """Every file for every arch, over `jobs` processes; results in file, then arch order whatever the order the
+    compiles finish in.
+
+    Each (file, arch) pair is one job: NVRTC runs in the worker's process, ptxas as its child. The largest
+    sources are submitted first so the last job to finish is a short one. Workers are forked where the platform
+    can (no interpreter start or imports per worker: a spawned one re-imports the whole CLI first, about a
+    second of CPU each); every worker is forked at the first submit, before `progress` is first called, so a
+    caller that starts a display thread in its first call forks no threads."""
+    units = [(f, a) for f in files for a in archs]
+    done: dict[int, tuple[list[KernelResult], list[FileError]]] = {}
+    jobs = max(1, min(jobs, len(units)))
+    if jobs == 1:
+        for i, (f, a) in enumerate(units):
+            if progress:
+                progress(i, len(units), [(f.name, a)])
+            done[i] = check_unit(f, a, tc, allow, options, nvdisasm)
+        if progress:
+            progress(len(units), len(units), [])
+    else:
+        order = sorted(range(len(units)), key=lambda i: -units[i][0].stat().st_size)
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        scratch = tempfile.TemporaryDirectory(prefix="llmrs-ptx-check-")
+        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context(method),
+                                   initializer=_worker_init, initargs=(scratch.name,))
+        try:
+            futures = {pool.submit(check_unit, units[i][0], units[i][1], tc, allow, options, nvdisasm): i
+                       for i in order}
+            pending = set(futures)
+            while pending:
+                finished, pending = wait(pending, timeout=tick_s, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    done[futures[fut]] = fut.result()
+                if progress:
+                    # the pool marks a job running once queued for a worker, a few ahead: the first `jobs` of
+                    # them in submission order are the ones compiling
+                    running = [futures[f] for f in futures if f in pending and f.running()][:jobs]
+                    progress(len(done), len(units), sorted((units[i][0].name, units[i][1]) for i in running))
+        except BaseException:  # Ctrl-C, or a worker's error: stop the compiles still running, now
+            _stop(pool)
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            scratch.cleanup()
     results, errors = [], []
-    for path in files:
-        r, e = check_file(path, archs, tc, allow, options, nvdisasm)
+    for i in range(len(units)):
+        r, e = done[i]
         results.extend(r)
         errors.extend(e)
     return results, errors

@@ -16,7 +16,7 @@ from pathlib import Path
 from llmrs import envs
 from llmrs.errors import UserError
 
-INSTALL_HINT = "pip install 'llmrs[ptx]'  (cuda-bindings, nvidia-cuda-nvrtc, nvidia-cuda-nvcc)"
+INSTALL_HINT = "in the llmrs checkout: pip install -e '.[ptx]'  (cuda-bindings, nvidia-cuda-nvrtc, nvidia-cuda-nvcc)"
 
 
 @dataclass(slots=True)
@@ -55,7 +55,8 @@ def find_nvdisasm() -> Path:
     which = shutil.which("nvdisasm")
     if which:
         return Path(which)
-    raise UserError("nvdisasm not found (needed by --sass); pip install 'llmrs[ptx]' (nvidia-cuda-nvdisasm)")
+    raise UserError("nvdisasm not found (needed by --sass); in the llmrs checkout: pip install -e '.[ptx]' "
+                    "(nvidia-cuda-nvdisasm)")
 
 
 def find_ptxas() -> tuple[Path, str]:

@@ -174,8 +174,8 @@ def print_sass(console: Console, results: list[KernelResult]) -> None:
     console.print(t)
 
 
-def print_ptx(console: Console, results: list[KernelResult], errors: list[FileError]) -> None:
-    t = Table(title="ptx-check: local memory per kernel and architecture")
+def print_ptx(console: Console, results: list[KernelResult], errors: list[FileError], title: str | None = None) -> None:
+    t = Table(title=title or "ptx-check: local memory per kernel and architecture")
     for col in ("file", "kernel", "arch", "ld.local", "st.local", "local depot", "regs", "spill st", "spill ld",
                 "stack", "smem", "status"):
         t.add_column(col, justify="left" if col in ("file", "kernel", "status") else "right")

@@ -56,9 +56,69 @@ def test_dynamically_indexed_local_array_is_flagged_with_exit_1():
 
 
 def test_table_output_names_the_flagged_kernel():
-    p = ptx_check(str(FIX / "local_array.cu"), str(FIX / "clean_matvec.cu"), "--arch", "sm_89")
+    p = ptx_check(str(FIX / "local_array.cu"), str(FIX / "clean_matvec.cu"), "--arch", "sm_89", "--all")
     assert p.returncode == 1
     assert "histogram_local" in p.stdout and "LOCAL MEMORY" in p.stdout and "matvec_bf16" in p.stdout
+
+
+def test_default_output_is_the_toolchain_what_is_not_clean_and_one_summary_line():
+    """Without --all: the toolchain first, only the kernels that are not clean, then one summary line; progress
+    on stderr as plain lines (not a terminal here)."""
+    p = ptx_check(str(FIX / "local_array.cu"), str(FIX / "clean_matvec.cu"), "--arch", "sm_86,sm_89")
+    assert p.returncode == 1, p.stdout + p.stderr
+    lines = p.stdout.strip().splitlines()
+    assert lines[0].startswith("NVRTC ") and "ptxas" in lines[0]
+    assert "histogram_local" in p.stdout and "LOCAL MEMORY" in p.stdout
+    assert "matvec_bf16" not in p.stdout  # clean: only counted
+    assert lines[-1].startswith("not clean: 4 kernel/arch pair(s) from 2 file(s) x 2 arch(s): 2 ok, 2 flagged (")
+    assert "ptx-check: compiling 4 file/arch pair(s) on " in p.stderr and "ptx-check: 4/4 compiled in " in p.stderr
+    clean = ptx_check(str(FIX / "clean_matvec.cu"), str(FIX / "templated.cu"), "--arch", "sm_86")
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    out = clean.stdout.strip().splitlines()
+    assert len(out) == 2 and out[0].startswith("NVRTC ")  # the toolchain and the summary, no table
+    assert out[1].startswith("clean: 3 kernel/arch pair(s) from 2 file(s) x 1 arch(s), no local memory, no spills")
+
+
+def test_parallel_compiles_give_the_same_results_in_the_same_order_as_one_process():
+    files = [str(FIX / f) for f in ("templated.cu", "local_array.cu", "clean_matvec.cu", "register_spill.cu")]
+    one = ptx_check(*files, "--arch", "sm_80,sm_89", "--json", "-j", "1")
+    many = ptx_check(*files, "--arch", "sm_80,sm_89", "--json", "--jobs", "3")
+    assert one.returncode == many.returncode == 1, one.stderr + many.stderr
+    assert json.loads(one.stdout)["results"] == json.loads(many.stdout)["results"]
+    assert "on 1 process(es)" in one.stderr and "on 3 process(es)" in many.stderr
+    rows = [(r["file"].rsplit("/", 1)[-1], r["arch"]) for r in json.loads(many.stdout)["results"]]
+    assert rows == sorted(rows, key=lambda fa: ([Path(f).name for f in files].index(fa[0]), fa[1]))
+    assert ptx_check(*files[:1], "-j", "0").returncode == 2  # at least 1
+
+
+def test_plain_progress_prints_a_line_every_few_seconds_and_a_bar_on_a_terminal():
+    import io
+
+    from rich.console import Console
+
+    from llmrs.ptx.progress import CompileProgress
+
+    now = [100.0]
+    buf = io.StringIO()
+    with CompileProgress(10, 2, console=Console(file=buf, width=200), every_s=5.0, clock=lambda: now[0]) as prog:
+        for t, done in ((101, 1), (104, 3), (105.5, 4), (106, 5), (111, 9)):
+            now[0] = t
+            prog(done, 10, [("a.cu", "sm_86"), ("b.cu", "sm_90")])
+        now[0] = 112
+        prog(10, 10, [])
+    assert buf.getvalue().splitlines() == [
+        "ptx-check: compiling 10 file/arch pair(s) on 2 process(es)",
+        "ptx-check: 4/10 compiled, 6 s (compiling a.cu sm_86, b.cu sm_90)",  # 5 s after the first line
+        "ptx-check: 9/10 compiled, 11 s (compiling a.cu sm_86, b.cu sm_90)",
+        "ptx-check: 10/10 compiled in 12 s",
+    ]
+    term = io.StringIO()
+    with CompileProgress(4, 2, console=Console(file=term, force_terminal=True, width=120)) as prog:
+        assert prog.bar is None  # started at the first update, after run_check forked its workers
+        prog(1, 4, [("a.cu", "sm_86")])
+        assert prog.bar is not None
+        prog(4, 4, [])
+    assert "compiling" in term.getvalue() and "4/4" in term.getvalue()  # the bar, drawn on the terminal
 
 
 def test_allow_accepts_a_kernel_that_must_use_local_memory():
@@ -110,12 +170,16 @@ def test_no_files_and_no_kernels_says_so_and_exits_0(tmp_path):
 
 
 def test_project_kernels_dir_is_the_default():
+    """`llmrs ptx-check` as typed, on one arch (the four take minutes on two cores): every kernel of
+    llmrs/kernels_cu/ clean, shown as the toolchain and one summary line, progress on stderr."""
     p = ptx_check("--arch", "sm_86")
     kernels = list((ROOT / "llmrs" / "kernels_cu").glob("*.cu"))
-    if kernels:  # once the CUDA backend's kernels exist, they must all be clean (or --allow'ed in the file)
-        assert p.returncode == 0, p.stdout + p.stderr
-    else:
-        assert p.returncode == 0 and "no CUDA kernels to check" in p.stdout
+    assert kernels
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = p.stdout.strip().splitlines()
+    assert out[0].startswith("NVRTC ") and len(out) == 2, p.stdout
+    assert out[1].startswith(f"clean: ") and f"from {len(kernels)} file(s) x 1 arch(s)" in out[1]
+    assert f"ptx-check: {len(kernels)}/{len(kernels)} compiled in " in p.stderr
 
 
 def test_user_mistakes_exit_2_with_one_line():
