@@ -152,7 +152,8 @@ def detect_local_gpu_name(index: int = 0) -> str:
     try:
         import pynvml
     except ImportError:
-        raise UserError("--gpu auto needs NVML: pip install 'llmrs[roofline]' (nvidia-ml-py)") from None
+        raise UserError("--gpu auto needs NVML: in the llmrs checkout, pip install -e '.[roofline]' "
+                        "(nvidia-ml-py)") from None
     try:
         pynvml.nvmlInit()
     except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...

@@ -70,7 +70,8 @@ def import_cupy() -> Any:
     try:
         import cupy
     except ImportError:
-        raise UserError("--measure needs CuPy and an NVIDIA GPU: pip install 'llmrs[cuda12]' (or cuda13)") from None
+        raise UserError("--measure needs CuPy and an NVIDIA GPU: in the llmrs checkout, pip install -e '.[cuda13]' "
+                        "(or cuda12)") from None
     try:
         if cupy.cuda.runtime.getDeviceCount() < 1:
             raise UserError("--measure: no CUDA GPU visible")

@@ -37,7 +37,7 @@ def plot_roofline(r: Roofline, gpu: GpuSpec, path: Path, measured: list[Measured
         import matplotlib.pyplot as plt
         import numpy as np
     except ImportError:
-        raise UserError("--plot needs matplotlib: pip install 'llmrs[roofline]'") from None
+        raise UserError("--plot needs matplotlib: in the llmrs checkout, pip install -e '.[roofline]'") from None
 
     xs = [p.intensity for p in r.points] + [r.prefill.flops / r.prefill.bytes]
     xs += [m.intensity for m in measured or []]
