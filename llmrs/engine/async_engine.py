@@ -299,11 +299,13 @@ class AsyncEngine:
         return True
 
     def _die(self, why: str) -> bool:
-        """The engine is dead for good: every open stream fails, new requests get a 503, the exit hook runs."""
+        """The engine is dead for good: every open stream fails, new requests get a 503, the exit hook runs (unless
+        the server was stopping already: read before the streams fail, whose consumers may then stop it)."""
+        stopping = self._stop
         self.error = EngineDeadError(why)
         self._health = ("dead", why)
         log.error("llmrs: the engine is dead: %s", why)
         self._fail(list(self._streams), self.error)
-        if self._exit_hook is not None and not self._stop:
+        if self._exit_hook is not None and not stopping:
             self._exit_hook()
         return False
