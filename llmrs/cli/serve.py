@@ -19,6 +19,7 @@ from rich.console import Console
 
 from llmrs import envs
 from llmrs.cli.engine import DEQUANT_HELP
+from llmrs.cli.options import model_argument, model_option, one_model
 from llmrs.errors import UserError
 from llmrs.model.loader import DEFAULT_MODEL, SYNTHETIC_PREFIX
 
@@ -96,11 +97,12 @@ def _uvicorn_server(config, state, grace_s: float):
 
 
 def serve(
-    model: Optional[str] = typer.Argument(None, show_default=DEFAULT_MODEL, help="Embedded model name, Hugging Face-style directory, or .gguf file."),
+    model: Optional[str] = model_argument("Embedded model name, Hugging Face-style directory, or .gguf file.", show_default=DEFAULT_MODEL),
+    model_opt: Optional[str] = model_option(),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8000, "--port", help="Port to listen on."),
     max_num_seqs: int = typer.Option(64, "--max-num-seqs", help="Sequences in the running batch at most."),
-    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Context length served (prompt + output), at most the model's own; also caps the KV cache the GPU sizes [default: the model's]."),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", show_default="the model's", help="Context length served (prompt + output), at most the model's own; also caps the KV cache the GPU sizes."),
     enable_prefix_caching: bool = typer.Option(True, "--enable-prefix-caching/--no-enable-prefix-caching", help="Reuse the KV blocks of prompt prefixes computed before."),
     max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens", show_default="8192 on a GPU of >= 70 GiB other than an A100, else 2048", help="Tokens computed per engine step at most (prefill chunks + decode tokens): larger steps raise throughput under load, smaller ones keep running streams' gaps short while prompts arrive."),
     kv_cache_tokens: Optional[int] = typer.Option(None, "--kv-cache-tokens", show_default="CPU: 16384; GPU: from --gpu-memory-utilization", help="KV-cache capacity in tokens."),
@@ -118,8 +120,8 @@ def serve(
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level: critical, error, warning, info, debug."),
     access_log: bool = typer.Option(True, "--access-log/--no-access-log", help="Log one line per HTTP request."),
     tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="GPUs to split the model across (tensor parallelism over NCCL, one process per GPU; must divide the KV heads)."),
-    engine_process: Optional[bool] = typer.Option(None, "--engine-process/--no-engine-process", envvar="LLMRS_ENGINE_PROCESS", show_default="on, off with --tensor-parallel-size", help="Run the engine core (scheduler, KV cache, model, sampling, detokenizing) in its own process; this one keeps HTTP, the tokenizer and the streams, so per-stream HTTP work does not share a GIL with the step loop (H200, 7B, 256 streams: 1.45x the output tok/s of one process)."),
-    async_scheduling: Optional[bool] = typer.Option(None, "--async-scheduling/--no-async-scheduling", show_default="on with one GPU", help="Plan and launch each decode step before the previous step's tokens are back (they are fed on the GPU), so detokenizing, streaming and planning overlap the GPU's work. Default: on with one GPU; --async-scheduling also on the CPU."),
+    engine_process: Optional[bool] = typer.Option(None, "--engine-process/--no-engine-process", envvar="LLMRS_ENGINE_PROCESS", show_default="on, off with --tensor-parallel-size", help="Run the engine core (scheduler, KV cache, model, sampling, detokenizing) in its own process; this one keeps HTTP, the tokenizer and the streams, so per-stream HTTP work does not share a GIL with the step loop."),
+    async_scheduling: Optional[bool] = typer.Option(None, "--async-scheduling/--no-async-scheduling", show_default="on with one GPU", help="Plan and launch each decode step before the previous step's tokens are back (they are fed on the GPU), so detokenizing, streaming and planning overlap the GPU's work. --async-scheduling turns it on for the CPU too."),
     dequantize: bool = typer.Option(False, "--dequantize/--keep-quantized", help=DEQUANT_HELP),
     on_engine_death: str = typer.Option("restart", "--on-engine-death", help="When the engine core dies (killed, out of memory, a step that raised, e.g. a CUDA error): 'restart' fails the requests that had started, starts a new core and runs the waiting ones on it (at most 3 restarts a minute, then as 'exit'); 'exit' stops the server at once with exit code 1, for a supervisor to restart."),
 ) -> None:
@@ -147,6 +149,9 @@ def serve(
         raise UserError(f"--shutdown-timeout must be >= 0 (got {shutdown_timeout:g})")
     if log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
         raise UserError(f"--log-level {log_level!r}: choose critical, error, warning, info or debug")
+    model = one_model(model, model_opt)
+    if synthetic and model:
+        raise UserError("--synthetic PRESET replaces MODEL: give one of them")
     stack = http_stack()  # (a typo in LLMRS_HTTP_STACK fails here, before the model loads)
     from llmrs.engine.recovery import check_on_death
 
