@@ -5,7 +5,8 @@
 #      the clients leaving at a random delta; tools/disconnect_storm.py checks that every KV block comes back), then
 #      the same load run again (throughput before / after); a prompt over the context and a request over the KV
 #      cache must be 400s and the server must stay healthy
-#   3. the same model with a KV cache of $SMALL_KV tokens under 64 requests of 2,048-token prompts that need ~10x
+#      and the engine core SIGKILLed under load: the server restarts it and answers again, no zombie
+#   3. the same model with a KV cache of $SMALL_KV tokens under 32 requests of 2,048-token prompts that need ~5x
 #      that: the scheduler preempts (llmrs:num_preemptions > 0), every request completes, no crash
 # Results under $R (JSON and logs), a tarball in $OUT, a table last.
 set -uo pipefail
@@ -43,15 +44,26 @@ print(f"prompt over the context: {r1.status_code}; prompt + max_tokens over it: 
 PY
 )
 TABLE+=("$too_long")
+# the engine core killed under load: the server restarts it (--on-engine-death restart) and serves again
+core=$(for c in $(pgrep -P $SRV); do grep -qa spawn_main /proc/$c/cmdline 2>/dev/null && echo $c; done | head -1)
+timeout 120 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos \
+  --workers 4 -o $R -c 64 -n 64 --seed 9 --label killed --name killed > $R/killed.log 2>&1 &
+load=$!; sleep 8; kill -9 $core; t0=$(date +%s)
+for _ in $(seq 1 60); do sleep 1; h=$(curl -s http://127.0.0.1:8123/health); [ "$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8123/health)" = 200 ] && break; done
+back=$(( $(date +%s) - t0 )); wait $load
+after=$(curl -s -o /dev/null -w "%{http_code}" http://127.0.0.1:8123/v1/completions -H 'content-type: application/json' \
+  -d '{"prompt": "Hello", "max_tokens": 8}')
+zombies=$(ps -eo stat,ppid | awk -v p=$SRV '$2 == p && $1 ~ /^Z/' | wc -l)
+TABLE+=("core SIGKILL under load: health 200 again after ${back} s, next request $after, zombies $zombies; load run: $(python3 -c "import json; s=json.load(open('$R/killed.json'))['runs'][0]['summary']; print(f\"{s['completed']} completed, {s['failed']} failed\")" 2>&1 | tail -1)")
 serve_down
 
-step "serve with a $SMALL_KV-token KV cache: 64 prompts of 2048 tokens"
+step "serve with a $SMALL_KV-token KV cache: 32 prompts of 2048 tokens"
 SERVE_SOURCE="--synthetic qwen2.5-7b --kv-cache-tokens $SMALL_KV" serve_up small-kv || exit 1
-timeout 300 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 2048 --output-len 512 --ignore-eos \
-  --workers 8 -o $R -c 64 -n 64 --seed 7 --label small-kv --name small-kv > $R/small-kv.log 2>&1
+timeout 300 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 2048 --output-len 256 --ignore-eos \
+  --workers 8 -o $R -c 32 -n 32 --seed 7 --label small-kv --name small-kv > $R/small-kv.log 2>&1
 pre=$(curl -s http://127.0.0.1:8123/metrics | grep -E "^llmrs:num_preemptions" | awk '{print $2}')
 health=$(curl -s -o /dev/null -w "%{http_code}" http://127.0.0.1:8123/health)
-TABLE+=("small KV: $(python3 -c "import json; s=json.load(open('$R/small-kv.json'))['runs'][0]['summary']; print(f\"{s['completed']} of 64 completed, {s['failed']} failed, {s['output_throughput']:.0f} tok/s\")" 2>&1 | tail -1), preemptions $pre, health $health")
+TABLE+=("small KV: $(python3 -c "import json; s=json.load(open('$R/small-kv.json'))['runs'][0]['summary']; print(f\"{s['completed']} of 32 completed, {s['failed']} failed, {s['output_throughput']:.0f} tok/s\")" 2>&1 | tail -1), preemptions $pre, health $health")
 serve_down
 
 tar -czf $OUT/reliability.tgz -C $R . 2>/dev/null
