@@ -102,7 +102,7 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8000, "--port", help="Port to listen on."),
     max_num_seqs: int = typer.Option(64, "--max-num-seqs", help="Sequences in the running batch at most."),
-    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", show_default="the model's", help="Context length served (prompt + output), at most the model's own; also caps the KV cache the GPU sizes."),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Context length served (prompt + output), at most the model's own; also caps the KV cache the GPU sizes [default: the model's]."),
     enable_prefix_caching: bool = typer.Option(True, "--enable-prefix-caching/--no-enable-prefix-caching", help="Reuse the KV blocks of prompt prefixes computed before."),
     max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens", show_default="8192 on a GPU of >= 70 GiB other than an A100, else 2048", help="Tokens computed per engine step at most (prefill chunks + decode tokens): larger steps raise throughput under load, smaller ones keep running streams' gaps short while prompts arrive."),
     kv_cache_tokens: Optional[int] = typer.Option(None, "--kv-cache-tokens", show_default="CPU: 16384; GPU: from --gpu-memory-utilization", help="KV-cache capacity in tokens."),
