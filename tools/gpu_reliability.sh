@@ -46,15 +46,20 @@ PY
 TABLE+=("$too_long")
 # the engine core killed under load: the server restarts it (--on-engine-death restart) and serves again
 core=$(for c in $(pgrep -P $SRV); do grep -qa spawn_main /proc/$c/cmdline 2>/dev/null && echo $c; done | head -1)
-timeout 120 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 256 --ignore-eos \
-  --workers 4 -o $R -c 64 -n 64 --seed 9 --label killed --name killed > $R/killed.log 2>&1 &
-load=$!; sleep 8; kill -9 $core; t0=$(date +%s)
+timeout 200 python3 -m llmrs bench --url http://127.0.0.1:8123 --input-len 256 --output-len 1024 --ignore-eos \
+  --workers 4 -o $R -c 128 -n 128 --seed 9 --label killed --name killed > $R/killed.log 2>&1 &
+load=$!
+for _ in $(seq 1 120); do  # until the streams are well under way
+  sleep 0.5; g=$(curl -s http://127.0.0.1:8123/metrics | awk '/^llmrs:generation_tokens/ {print int($2)}')
+  [ "${g:-0}" -gt 20000 ] && break
+done
+kill -9 $core; t0=$(date +%s)
 for _ in $(seq 1 60); do sleep 1; h=$(curl -s http://127.0.0.1:8123/health); [ "$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8123/health)" = 200 ] && break; done
 back=$(( $(date +%s) - t0 )); wait $load
 after=$(curl -s -o /dev/null -w "%{http_code}" http://127.0.0.1:8123/v1/completions -H 'content-type: application/json' \
   -d '{"prompt": "Hello", "max_tokens": 8}')
 zombies=$(ps -eo stat,ppid | awk -v p=$SRV '$2 == p && $1 ~ /^Z/' | wc -l)
-TABLE+=("core SIGKILL under load: health 200 again after ${back} s, next request $after, zombies $zombies; load run: $(python3 -c "import json; s=json.load(open('$R/killed.json'))['runs'][0]['summary']; print(f\"{s['completed']} completed, {s['failed']} failed\")" 2>&1 | tail -1)")
+TABLE+=("core SIGKILL after ${g} tokens: health 200 again after ${back} s, next request $after, zombies $zombies; load run: $(python3 -c "import json; s=json.load(open('$R/killed.json'))['runs'][0]['summary']; print(f\"{s['completed']} completed, {s['failed']} failed (open streams end in an error)\")" 2>&1 | tail -1)")
 serve_down
 
 step "serve with a $SMALL_KV-token KV cache: 32 prompts of 2048 tokens"
