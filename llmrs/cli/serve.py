@@ -96,6 +96,32 @@ def _uvicorn_server(config, state, grace_s: float):
     return Server(config)
 
 
+class _Stop(BaseException):
+    """SIGTERM / SIGHUP while the model loads (uvicorn's handlers are not installed yet); a BaseException, as
+    KeyboardInterrupt is, so that no `except Exception` on the way turns it into an error."""
+
+
+@contextlib.contextmanager
+def _stop_on_signal():
+    """Within the block, SIGTERM and SIGHUP end it (the engine being built is dropped: a core process exits when
+    its pipe closes) instead of killing the process mid-load; yields a list that is non-empty after such a stop."""
+    stopped: list[int] = []
+
+    def handler(signum, _frame):
+        stopped.append(signum)
+        raise _Stop
+
+    sigs = (signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, handler) for sig in sigs}
+    try:
+        yield stopped
+    except _Stop:
+        pass
+    finally:
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+
+
 def serve(
     model: Optional[str] = model_argument("Embedded model name, Hugging Face-style directory, or .gguf file.", show_default=DEFAULT_MODEL),
     model_opt: Optional[str] = model_option(),
@@ -182,8 +208,11 @@ def serve(
                    async_scheduling=async_scheduling)
     if tensor_parallel_size == 1:  # (tensor parallelism dequantizes: every rank slices float tensors)
         options["keep_quantized"] = not dequantize
-    with console.status(f"loading {model} ..."):
+    with console.status(f"loading {model} ..."), _stop_on_signal() as stopped:
         engine = make_engine(model, max_waiting=max_waiting, **options)
+    if stopped:
+        console.print(f"stopped while loading {model}")
+        return
     app = build_app(engine, ServerSettings(served_names=[name], model_root=model, api_key=api_key,
                                            max_body_bytes=max_body_bytes, block_size=BLOCK_SIZE,
                                            metrics_public=metrics_public, docs=docs,

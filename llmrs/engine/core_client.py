@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -99,22 +100,30 @@ def core_main(factory: Callable[[], LLMEngine], commands, outputs) -> None:
     """Entry point of the core process: build the engine, say ready, run the loop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # A BrokenPipeError / EOFError on the pipes means the server is gone (stopped while the model loaded, or
+    # killed): the core ends quietly, as it does when the server closes the pipe between steps.
     try:
         engine = factory()
     except UserError as e:
-        outputs.send(CoreFailed(user_error=True, message=str(e)))
+        with contextlib.suppress(BrokenPipeError):
+            outputs.send(CoreFailed(user_error=True, message=str(e)))
         return
     except BaseException:  # noqa: BLE001 - reported to the server, which prints it
-        outputs.send(CoreFailed(user_error=False, message=traceback.format_exc()))
+        with contextlib.suppress(BrokenPipeError):
+            outputs.send(CoreFailed(user_error=False, message=traceback.format_exc()))
         return
     freeze_heap()
-    outputs.send(CoreReady(max_model_len=engine.max_model_len, num_blocks=engine.kv.pool.num_blocks,
-                           max_num_batched_tokens=engine.engine_config.max_num_batched_tokens,
-                           block_size=engine.kv.block_size, device=engine.runner.device,
-                           async_scheduling=engine.async_scheduling, stats=engine.stats()))
+    try:
+        outputs.send(CoreReady(max_model_len=engine.max_model_len, num_blocks=engine.kv.pool.num_blocks,
+                               max_num_batched_tokens=engine.engine_config.max_num_batched_tokens,
+                               block_size=engine.kv.block_size, device=engine.runner.device,
+                               async_scheduling=engine.async_scheduling, stats=engine.stats()))
+    except BrokenPipeError:
+        engine.runner.shutdown()
+        return
     try:
         run_core(engine, commands, outputs)
-    except EOFError:  # the server's end of the pipe closed: it is gone, so is the core
+    except (EOFError, BrokenPipeError):  # the server's end of a pipe closed: it is gone, so is the core
         pass
     except BaseException as e:  # a step raised (a CUDA error, a bug): tell the server why and whom it took down
         try:
