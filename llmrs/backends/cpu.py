@@ -7,6 +7,7 @@ K, V per layer: [num_blocks, num_kv_heads, block_size, head_dim].
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,23 @@ import numpy as np
 from llmrs.engine.batch import StepBatch
 from llmrs.engine.config import ModelConfig
 from llmrs.model.decoder import rope_inv_freq
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # (no affinity API off Linux)
+        return os.cpu_count() or 1
+
+
+def limit_threads(threads: int) -> None:
+    """At most `threads` BLAS threads in this process (numpy's matmuls). A BLAS pool sized to every core busy-waits
+    against the other processes that share them (the server's HTTP process, bench clients): the reference backend
+    then runs several times slower than on one thread."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=max(1, int(threads)), user_api="blas")
 
 
 class CPUBackend:

@@ -196,6 +196,9 @@ class EngineConfig:
     # model runs on one GPU; True/False force it (`llmrs serve --async-scheduling/--no-async-scheduling`; on the
     # CPU it only shows that the two schedules agree: the CPU runs each step at once)
     async_scheduling: bool | None = None
+    # the CPU backend's BLAS threads in the process that runs it (backends.cpu.limit_threads); None: numpy's own
+    # default (every core), as `llmrs generate` wants; `llmrs serve` leaves a core to its HTTP process
+    cpu_threads: int | None = None
 
 
 def async_scheduling_default(device: str) -> bool:

@@ -131,6 +131,10 @@ def serving_engine(model: str | None, config: EngineConfig, keep_quantized: bool
     """The LLMEngine `llmrs serve` runs, in its own process (AsyncEngine) or in the engine core's (ProcessEngine):
     loaded (quantized linears kept packed with `keep_quantized`), built and warmed up."""
     engine = LLMEngine(load(model, keep_quantized=keep_quantized), config)
+    if engine.runner.device == "cpu" and config.cpu_threads is not None:
+        from llmrs.backends.cpu import limit_threads
+
+        limit_threads(config.cpu_threads)
     if engine.runner.device == "cuda" and engine.loaded.tensors is not None:
         # the weights are on the GPU now: the host copy (f32, twice a bf16 checkpoint: ~28 GB for a 7B) would only
         # sit in the serving process's memory (nothing reads it after the upload; ModelRunner refuses it)
