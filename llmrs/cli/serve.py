@@ -96,6 +96,12 @@ def _uvicorn_server(config, state, grace_s: float):
     return Server(config)
 
 
+def _phase(status, model: str, phase: str, t0: float) -> None:
+    """A start-up phase on the status line and, once done, as a line of its own (a log keeps them too)."""
+    console.print(f"[dim]{time.perf_counter() - t0:6.1f}s  {phase}[/dim]")
+    status.update(f"{model}: {phase} ...")
+
+
 class _Stop(BaseException):
     """SIGTERM / SIGHUP while the model loads (uvicorn's handlers are not installed yet); a BaseException, as
     KeyboardInterrupt is, so that no `except Exception` on the way turns it into an error."""
@@ -210,7 +216,10 @@ def serve(
                    async_scheduling=async_scheduling, cpu_threads=cpu_threads or max(1, available_cores() - 1))
     if tensor_parallel_size == 1:  # (tensor parallelism dequantizes: every rank slices float tensors)
         options["keep_quantized"] = not dequantize
-    with console.status(f"loading {model} ..."), _stop_on_signal() as stopped:
+    from llmrs.engine.llm_engine import progress_to
+
+    with console.status(f"loading {model} ...") as status, _stop_on_signal() as stopped, \
+            progress_to(lambda phase: _phase(status, model, phase, t0)):
         engine = make_engine(model, max_waiting=max_waiting, **options)
     if stopped:
         console.print(f"stopped while loading {model}")

@@ -46,10 +46,11 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from llmrs.engine.async_engine import take_merged
-from llmrs.engine.llm_engine import LLMEngine, check_request, serving_config, serving_engine
+from llmrs.engine.llm_engine import (LLMEngine, check_request, progress_to, report_progress, serving_config,
+                                     serving_engine)
 from llmrs.engine.protocol import (
-    AbortRequest, AddRequest, CoreError, CoreFailed, CoreReady, EngineCommand, EngineDeadError, EngineOverloaded,
-    EngineStats, RequestOutput, StepMessage, StopCore,
+    AbortRequest, AddRequest, CoreError, CoreFailed, CoreProgress, CoreReady, EngineCommand, EngineDeadError,
+    EngineOverloaded, EngineStats, RequestOutput, StepMessage, StopCore,
 )
 from llmrs.engine.recovery import RestartBudget
 from llmrs.engine.sampling import SamplingParams
@@ -103,7 +104,8 @@ def core_main(factory: Callable[[], LLMEngine], commands, outputs) -> None:
     # A BrokenPipeError / EOFError on the pipes means the server is gone (stopped while the model loaded, or
     # killed): the core ends quietly, as it does when the server closes the pipe between steps.
     try:
-        engine = factory()
+        with progress_to(lambda phase: outputs.send(CoreProgress(phase))):
+            engine = factory()
     except UserError as e:
         with contextlib.suppress(BrokenPipeError):
             outputs.send(CoreFailed(user_error=True, message=str(e)))
@@ -182,6 +184,7 @@ def start_core(factory: Callable[[], LLMEngine], on_start: Callable[[Any], None]
     returns (process, command pipe's end, output pipe's end, CoreReady). `on_start(process)` is called once it
     runs (a caller in another thread may kill it meanwhile). A core that fails to start is reaped and raises:
     UserError for a user's mistake, RuntimeError for a bug."""
+    report_progress("starting the engine core process")
     ctx = multiprocessing.get_context("spawn")
     cmd_recv, cmd_send = ctx.Pipe(duplex=False)
     out_recv, out_send = ctx.Pipe(duplex=False)
@@ -711,6 +714,9 @@ def _wait_ready(proc, outputs) -> CoreReady:
                 msg = outputs.recv()
             except EOFError:
                 msg = None
+            if isinstance(msg, CoreProgress):
+                report_progress(msg.phase)
+                continue
             if isinstance(msg, CoreReady):
                 return msg
             if isinstance(msg, CoreFailed):

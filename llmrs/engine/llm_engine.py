@@ -4,11 +4,13 @@ and launched before the one in flight is finished. Also the serving helpers that
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import sys
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from llmrs import envs
@@ -121,6 +123,27 @@ def warm_up_for_serving(engine: "LLMEngine") -> None:
                   "lines above say why): those step shapes run eagerly, slower", file=sys.stderr)
 
 
+# where start-up phases go (`progress_to`): `llmrs serve`'s status line; in an engine core process, the pipe to the
+# server (core_client), whose reader reports them again on the server's side
+_progress_sinks: list[Callable[[str], None]] = []
+
+
+@contextlib.contextmanager
+def progress_to(sink: Callable[[str], None]) -> Iterator[None]:
+    """Within the block, `report_progress(phase)` calls `sink(phase)`."""
+    _progress_sinks.append(sink)
+    try:
+        yield
+    finally:
+        _progress_sinks.remove(sink)
+
+
+def report_progress(phase: str) -> None:
+    """A start-up phase begins (serving_engine's, or one an engine core reported)."""
+    for sink in list(_progress_sinks):
+        sink(phase)
+
+
 def serving_config(**options: Any) -> EngineConfig:
     """The EngineConfig of `llmrs serve`'s engine factories (AsyncEngine.from_args, ProcessEngine.from_args,
     tp_nccl.tp_async_engine): their keyword options are EngineConfig's fields, the device `auto` unless given."""
@@ -130,7 +153,10 @@ def serving_config(**options: Any) -> EngineConfig:
 def serving_engine(model: str | None, config: EngineConfig, keep_quantized: bool = False) -> "LLMEngine":
     """The LLMEngine `llmrs serve` runs, in its own process (AsyncEngine) or in the engine core's (ProcessEngine):
     loaded (quantized linears kept packed with `keep_quantized`), built and warmed up."""
-    engine = LLMEngine(load(model, keep_quantized=keep_quantized), config)
+    report_progress("reading the model")
+    loaded = load(model, keep_quantized=keep_quantized)
+    report_progress("building the engine: weights to the device, KV cache")
+    engine = LLMEngine(loaded, config)
     if engine.runner.device == "cpu" and config.cpu_threads is not None:
         from llmrs.backends.cpu import limit_threads
 
@@ -139,6 +165,8 @@ def serving_engine(model: str | None, config: EngineConfig, keep_quantized: bool
         # the weights are on the GPU now: the host copy (f32, twice a bf16 checkpoint: ~28 GB for a 7B) would only
         # sit in the serving process's memory (nothing reads it after the upload; ModelRunner refuses it)
         engine.loaded.tensors = None
+    if engine.runner.device == "cuda":
+        report_progress("warming up: kernels, CUDA graphs")
     warm_up_for_serving(engine)
     return engine
 

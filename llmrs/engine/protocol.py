@@ -6,8 +6,9 @@ step loop in an engine-core process). The server (llmrs/server) is typed against
 
 The engine-core pipe (core_client.py) carries the dataclasses below, pickled:
 - server -> core: a list of `EngineCommand`s per write (`AddRequest`, `AbortRequest`, `StopCore`);
-- core -> server: `CoreReady` or `CoreFailed` at start-up, then one `StepMessage` per step (or after commands
-  changed the core's state), and `CoreError` before a core that fails exits.
+- core -> server: `CoreProgress` for each start-up phase, then `CoreReady` or `CoreFailed`, then one
+  `StepMessage` per step (or after commands changed the core's state), and `CoreError` before a core that fails
+  exits.
 """
 
 from __future__ import annotations
@@ -158,6 +159,13 @@ class CoreReady:
     device: str
     async_scheduling: bool
     stats: EngineStats
+
+
+@dataclass(frozen=True, slots=True)
+class CoreProgress:
+    """A start-up phase the core begins (llm_engine.report_progress), before CoreReady."""
+
+    phase: str
 
 
 @dataclass(frozen=True, slots=True)

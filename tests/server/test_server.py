@@ -792,3 +792,16 @@ def test_a_request_the_engine_fails_is_a_500_or_an_sse_error_then_done(tok, path
         assert err == {"message": "generation failed: no token can be sampled", "type": "server_error",
                        "param": None, "code": None}
     assert engine.aborted  # what had not finished was aborted
+
+
+# ---------------------------------------------------------------------- start-up
+def test_start_up_prints_its_phases_then_what_it_serves(server):
+    """`llmrs serve` says what it is doing while the model loads (each phase a line with the time since the start),
+    then one line of what it loaded and where it serves."""
+    log = server.log.read_text()
+    phases = ["reading the model", "building the engine"]
+    if "engine core: process" in log:  # (the engine in its own process: the default, not with tensor parallelism)
+        phases.insert(0, "starting the engine core process")
+    at = [log.find(p) for p in phases]
+    assert all(i >= 0 for i in at) and at == sorted(at), log[:2000]
+    assert at[-1] < log.find("loaded ") < log.find("serving "), log[:2000]
