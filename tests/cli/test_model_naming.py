@@ -4,30 +4,10 @@ and `--model M`); both only when they agree; --synthetic or --from instead of a 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def llmrs(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "llmrs", *args], capture_output=True, text=True, env=env,
-                          input=input, timeout=300)
-
-
-def assert_user_error(res: subprocess.CompletedProcess, *words: str) -> None:
-    """Exit 2, no traceback, one `error:` line (the last) naming `words`."""
-    assert res.returncode == 2, (res.returncode, res.stderr)
-    assert "Traceback" not in res.stderr
-    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error: ")]
-    assert len(lines) == 1 and res.stderr.rstrip().endswith(lines[0]), res.stderr
-    for w in words:
-        assert w in lines[0], (w, lines[0])
+from tests.cli.test_cli import assert_user_error, llmrs
 
 
 def test_info_takes_model_positional_or_as_option(tiny_qwen2):
@@ -81,3 +61,8 @@ def test_synth_takes_the_preset_positional_or_as_like_or_model():
     assert_user_error(llmrs("synth", "no-such-preset", "--out", "x"), "unknown model preset")
     assert_user_error(llmrs("synth", "--out", "x"), "name the preset")
     assert_user_error(llmrs("synth", "smollm2-135m", "--like", "qwen2.5-7b"), "two models given")
+
+
+def test_serve_takes_one_model_and_synthetic_replaces_it():
+    assert_user_error(llmrs("serve", "a-model", "--model", "another"), "two models given")
+    assert_user_error(llmrs("serve", "--model", "a-model", "--synthetic", "qwen2.5-7b"), "--synthetic", "replaces MODEL")
