@@ -155,13 +155,13 @@ def serve(
     engine_process: Optional[bool] = typer.Option(None, "--engine-process/--no-engine-process", envvar="LLMRS_ENGINE_PROCESS", show_default="on, off with --tensor-parallel-size", help="Run the engine core (scheduler, KV cache, model, sampling, detokenizing) in its own process; this one keeps HTTP, the tokenizer and the streams, so per-stream HTTP work does not share a GIL with the step loop."),
     async_scheduling: Optional[bool] = typer.Option(None, "--async-scheduling/--no-async-scheduling", show_default="on with one GPU", help="Plan and launch each decode step before the previous step's tokens are back (they are fed on the GPU), so detokenizing, streaming and planning overlap the GPU's work. --async-scheduling turns it on for the CPU too."),
     dequantize: bool = typer.Option(False, "--dequantize/--keep-quantized", help=DEQUANT_HELP),
-    cpu_threads: Optional[int] = typer.Option(None, "--cpu-threads", show_default="the cores less one, at least 1", help="CPU backend: the BLAS threads of the process that runs the model; one core stays free for the HTTP process."),
+    cpu_threads: Optional[int] = typer.Option(None, "--cpu-threads", show_default="the cores free at start", help="CPU backend: the BLAS threads of the process that runs the model (numpy's matrix products)."),
     on_engine_death: str = typer.Option("restart", "--on-engine-death", help="When the engine core dies (killed, out of memory, a step that raised, e.g. a CUDA error): 'restart' fails the requests that had started, starts a new core and runs the waiting ones on it (at most 3 restarts a minute, then as 'exit'); 'exit' stops the server at once with exit code 1, for a supervisor to restart."),
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API (continuous batching, paged KV cache, prefix caching)."""
     import uvicorn
 
-    from llmrs.backends.cpu import available_cores
+    from llmrs.backends.cpu import free_cores
     from llmrs.engine.async_engine import AsyncEngine
     from llmrs.server.app import ServerSettings, build_app
 
@@ -213,7 +213,7 @@ def serve(
     options = dict(device=device, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                    kv_cache_tokens=kv_cache_tokens, block_size=BLOCK_SIZE, gpu_memory_utilization=gpu_memory_utilization,
                    max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching,
-                   async_scheduling=async_scheduling, cpu_threads=cpu_threads or max(1, available_cores() - 1))
+                   async_scheduling=async_scheduling, cpu_threads=cpu_threads or (free_cores() if device != "cuda" else None))
     if tensor_parallel_size == 1:  # (tensor parallelism dequantizes: every rank slices float tensors)
         options["keep_quantized"] = not dequantize
     from llmrs.engine.llm_engine import progress_to
@@ -229,8 +229,9 @@ def serve(
                                            metrics_public=metrics_public, docs=docs,
                                            max_seqs_per_request=max_seqs_per_request))
     bound = sock.getsockname()
+    threads = f" ({options['cpu_threads']} threads)" if engine.device == "cpu" and options["cpu_threads"] else ""
     console.print(f"[dim]loaded {model} in {time.perf_counter() - t0:.1f}s; max_model_len {engine.max_model_len}, "
-                  f"KV cache {engine.kv_cache_tokens} tokens on {engine.device}, "
+                  f"KV cache {engine.kv_cache_tokens} tokens on {engine.device}{threads}, "
                   f"{engine.max_num_batched_tokens} tokens a step"
                   f"{', async scheduling' if engine.async_scheduling else ''}[/dim]")
     if engine_process:

@@ -197,7 +197,7 @@ class EngineConfig:
     # CPU it only shows that the two schedules agree: the CPU runs each step at once)
     async_scheduling: bool | None = None
     # the CPU backend's BLAS threads in the process that runs it (backends.cpu.limit_threads); None: numpy's own
-    # default (every core), as `llmrs generate` wants; `llmrs serve` leaves a core to its HTTP process
+    # default (every core), as `llmrs generate` wants; `llmrs serve` gives it the cores free when it starts
     cpu_threads: int | None = None
 
 

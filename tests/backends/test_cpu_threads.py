@@ -27,6 +27,12 @@ def test_limit_threads_caps_the_blas_pool():
     assert got == "1 1 True"
 
 
+def test_free_cores_counts_what_other_work_leaves():
+    from llmrs.backends.cpu import available_cores, free_cores
+
+    assert 1 <= free_cores(0.05) <= available_cores()
+
+
 def test_the_serving_engine_runs_with_the_configured_threads():
     got = _run("from threadpoolctl import threadpool_info\n"
                "from llmrs.engine.llm_engine import serving_config, serving_engine\n"
