@@ -55,7 +55,7 @@ def http_stack() -> dict[str, str]:
     """uvicorn's event loop and HTTP parser, from LLMRS_HTTP_STACK: "auto" (default: uvicorn's choice, uvloop and
     httptools where they are installed, else asyncio and h11) or "h11" (asyncio and h11 always), an A/B switch.
     On the H200 host (synthetic 7B) the two give the same TTFT and output tok/s within run-to-run spread, so
-    `pip install llmrs[serve]` installs neither uvloop nor httptools (uvicorn[standard] would)."""
+    `pip install -e '.[serve]'` installs neither uvloop nor httptools (uvicorn[standard] would)."""
     if envs.LLMRS_HTTP_STACK == "h11":
         return {"loop": "asyncio", "http": "h11"}
     return {"loop": "auto", "http": "auto"}

@@ -261,7 +261,7 @@ def plot(profiles: list[StepProfile], meta: dict[str, Any], path: Path) -> Path:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UserError("--plot needs matplotlib: pip install 'llmrs[roofline]'") from None
+        raise UserError("--plot needs matplotlib: in the llmrs checkout, pip install -e '.[roofline]'") from None
     bw, peak = meta["bandwidth_gbs"] * 1e9, meta["peak_tflops"] * 1e12
     pts = [(s.flops / s.nbytes, s.flops / (s.ms * 1e-3), s, p) for p in profiles for s in p.kernels
            if s.flops > 0 and s.nbytes > 0 and s.ms > 0]

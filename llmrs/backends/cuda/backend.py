@@ -60,7 +60,7 @@ def cuda_available() -> tuple[bool, str]:
     try:
         import cupy as cp
     except Exception as e:  # ImportError, or a CuPy built for another CUDA
-        return False, f"CuPy is not installed ({type(e).__name__}); pip install 'llmrs[cuda13]' (or cuda12)"
+        return False, f"CuPy is not installed ({type(e).__name__}); in the llmrs checkout, pip install -e '.[cuda13]' (or cuda12)"
     try:
         n = cp.cuda.runtime.getDeviceCount()
     except Exception as e:
