@@ -120,10 +120,6 @@ def core_main(factory: Callable[[], LLMEngine], commands, outputs) -> None:
                                max_num_batched_tokens=engine.engine_config.max_num_batched_tokens,
                                block_size=engine.kv.block_size, device=engine.runner.device,
                                async_scheduling=engine.async_scheduling, stats=engine.stats()))
-    except BrokenPipeError:
-        engine.runner.shutdown()
-        return
-    try:
         run_core(engine, commands, outputs)
     except (EOFError, BrokenPipeError):  # the server's end of a pipe closed: it is gone, so is the core
         pass

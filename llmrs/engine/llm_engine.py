@@ -115,6 +115,7 @@ def warm_up_for_serving(engine: "LLMEngine") -> None:
     """`LLMEngine.warmup` where it pays: an engine on the GPU; LLMRS_WARMUP=0 skips it. Then one line on stderr
     where some of the graphs it captured failed: those step shapes will run eagerly."""
     if engine.runner.device == "cuda" and envs.LLMRS_WARMUP:
+        report_progress("warming up: kernels, CUDA graphs")
         engine.warmup()
         counts = engine._graph_counts()
         if counts["graph_capture_failures"]:
@@ -165,8 +166,6 @@ def serving_engine(model: str | None, config: EngineConfig, keep_quantized: bool
         # the weights are on the GPU now: the host copy (f32, twice a bf16 checkpoint: ~28 GB for a 7B) would only
         # sit in the serving process's memory (nothing reads it after the upload; ModelRunner refuses it)
         engine.loaded.tensors = None
-    if engine.runner.device == "cuda":
-        report_progress("warming up: kernels, CUDA graphs")
     warm_up_for_serving(engine)
     return engine
 
