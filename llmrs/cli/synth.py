@@ -85,13 +85,20 @@ def synth(
         with console.status(f"building {like} on the GPU and decoding ..."):
             r = decode_benchmark(like, prompt_len=prompt_len, steps=steps, bandwidth_gbs=bandwidth, quant=quant,
                                  group_size=group_size)
-        t = Table(title=f"single-stream decode, synthetic {like} ({quant or 'bf16'})")
-        for k in ("ms_per_token", "ms_per_token_sync", "tok_s", "bytes_per_step", "achieved_gbs", "floor_ms_measured",
-                  "fraction_of_floor_measured", "floor_ms_datasheet", "fraction_of_floor_datasheet", "prefill_ms"):
-            if k in r:
-                t.add_row(k, f"{r[k]:,.4g}" if isinstance(r[k], float) else str(r[k]))
+        t = Table(title=f"single-stream decode, synthetic {like} ({quant or 'bf16'}) on {r['gpu']}")
         r["bandwidth_gbs_measured"] = round(bandwidth, 1)
+        for k in ("ms_per_token", "ms_per_token_sync", "tok_s", "bytes_per_step", "achieved_gbs",
+                  "bandwidth_gbs_measured", "floor_ms_measured", "fraction_of_floor_measured",
+                  "bandwidth_gbs_datasheet", "floor_ms_datasheet", "fraction_of_floor_datasheet", "prefill_ms"):
+            if r.get(k) is not None:
+                t.add_row(k, f"{r[k]:,.4g}" if isinstance(r[k], float) else str(r[k]))
         Console().print(t)
+        if r["datasheet_gpu"] is None:
+            console.print(f"[yellow]{r['gpu']} is not in the GPU database (`llmrs gpus`): no datasheet floor, "
+                          "only the measured one")
+        else:
+            console.print(f"[dim]datasheet floor: {r['datasheet_gpu']}'s {r['bandwidth_gbs_datasheet']:,.0f} GB/s "
+                          "(llmrs gpus)")
         if json_out:
             json_out.write_text(json.dumps(r, indent=1))
 

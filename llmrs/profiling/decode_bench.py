@@ -17,6 +17,7 @@ from llmrs.model.presets import preset_config
 from llmrs.model.synthetic import gpu_weights
 from llmrs.roofline.cost import ModelCost
 from llmrs.roofline.formats import get_format
+from llmrs.roofline.gpus import GpuSpec, match_gpu_name
 
 
 @dataclasses.dataclass
@@ -82,6 +83,21 @@ def run_ahead_intervals(model: Any, backend: Any, state: Any, prompt_len: int, t
     return times
 
 
+def this_gpu() -> tuple[str, int]:
+    """(name, memory in bytes) of the GPU the benchmark runs on (device 0)."""
+    import cupy as cp
+
+    from llmrs.backends.cuda.backend import gpu_name_memory
+
+    return gpu_name_memory(cp)
+
+
+def datasheet_gpu(name: str, memory_bytes: int) -> GpuSpec | None:
+    """The GPU database's entry for the GPU CUDA calls `name` (its memory breaks ties between variants), or None
+    for a GPU the database does not hold."""
+    return match_gpu_name(name, memory_gb=memory_bytes / 1e9)
+
+
 def decode_benchmark(preset: str, prompt_len: int = 128, steps: int = 128, warmup: int = 8,
                      bandwidth_gbs: float | None = None, quant: str | None = None,
                      group_size: int = 128) -> dict[str, Any]:
@@ -89,8 +105,13 @@ def decode_benchmark(preset: str, prompt_len: int = 128, steps: int = 128, warmu
     (bytes a batch-1 step must read: every streamed weight + the KV read at the mean context, from the
     roofline cost model). `ms_per_token`: the median interval between tokens with each step launched before the
     previous token is back (how the engine decodes, async scheduling); `ms_per_token_sync`: the median step
-    when the host waits for each token before launching the next."""
+    when the host waits for each token before launching the next.
+
+    Two floors: at `bandwidth_gbs` (measured) and at the datasheet bandwidth of the GPU it ran on (the GPU
+    database's entry for its name; absent, with `datasheet_gpu` None, for a GPU the database does not hold)."""
     ss = single_stream(preset, prompt_len, warmup + steps + 1, quant, group_size)
+    gpu_name, gpu_memory = this_gpu()
+    spec = datasheet_gpu(gpu_name, gpu_memory)
     c, backend, model, table, state, bs, tok = ss.config, ss.backend, ss.model, ss.table, ss.state, ss.bs, ss.tok
     build_s, prefill_s = ss.build_s, ss.prefill_s
     cached = prompt_len
@@ -114,8 +135,10 @@ def decode_benchmark(preset: str, prompt_len: int = 128, steps: int = 128, warmu
            "tok_s": round(1000 / ms, 1), "ms_mean": round(1000 * float(np.mean(ahead_times)), 4),
            "ms_per_token_sync": round(ms_sync, 4),
            "bytes_per_step": cost.bytes, "achieved_gbs": round(cost.bytes / (ms * 1e-3) / 1e9, 1),
-           "prefill_ms": round(1000 * prefill_s, 2), "weights_built_s": round(build_s, 2)}
-    for label, bw in (("datasheet", 4800.0), ("measured", bandwidth_gbs)):
+           "prefill_ms": round(1000 * prefill_s, 2), "weights_built_s": round(build_s, 2),
+           "gpu": gpu_name, "datasheet_gpu": spec.key if spec else None,
+           "bandwidth_gbs_datasheet": spec.bandwidth_gbs if spec else None}
+    for label, bw in (("datasheet", spec.bandwidth_gbs if spec else None), ("measured", bandwidth_gbs)):
         if bw:
             floor_ms = cost.bytes / (bw * 1e9) * 1000
             out[f"floor_ms_{label}"] = round(floor_ms, 4)

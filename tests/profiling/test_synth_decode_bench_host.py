@@ -4,6 +4,8 @@ cache it sizes, the positions of the prefill, of the step-by-step decode and of 
 
 from types import SimpleNamespace
 
+import pytest
+
 from llmrs.profiling import decode_bench as synth
 
 
@@ -44,6 +46,7 @@ def test_decode_benchmark_sizes_the_cache_and_walks_the_positions(monkeypatch):
     monkeypatch.setattr(cuda, "CUDABackend", FakeBackend)
     monkeypatch.setattr(cuda, "CUDAModel", model)
     monkeypatch.setattr(synth, "gpu_weights", lambda c, backend, quant=None, group_size=128: None)
+    monkeypatch.setattr(synth, "this_gpu", lambda: ("NVIDIA H100 80GB HBM3", 85_045_477_376))
     P, W, S = 40, 3, 5
     out = synth.decode_benchmark("qwen2.5-0.5b", prompt_len=P, steps=S, warmup=W, bandwidth_gbs=4296)
     m = made["model"]
@@ -58,4 +61,17 @@ def test_decode_benchmark_sizes_the_cache_and_walks_the_positions(monkeypatch):
     assert m.backend.launches == W + S + 1
     assert out["preset"] == "qwen2.5-0.5b" and out["steps"] == S and out["ms_per_token"] > 0
     assert out["tok_s"] > 0 and out["ms_per_token_sync"] > 0 and out["bytes_per_step"] > 0
-    assert out["floor_ms_measured"] > out["floor_ms_datasheet"] > 0
+    # the floors: at the measured 4,296 GB/s and at the H100 SXM's own datasheet 3,350 GB/s (not another GPU's)
+    assert out["datasheet_gpu"] == "h100-sxm" and out["bandwidth_gbs_datasheet"] == 3350
+    assert out["floor_ms_datasheet"] / out["floor_ms_measured"] == pytest.approx(4296 / 3350, rel=1e-3)
+    assert out["fraction_of_floor_datasheet"] == pytest.approx(out["floor_ms_datasheet"] / out["ms_per_token"],
+                                                               rel=1e-2)  # (each figure rounded)
+
+
+@pytest.mark.parametrize("name, memory_gb, key, gbs", [
+    ("NVIDIA H100 80GB HBM3", 85.0, "h100-sxm", 3350), ("NVIDIA H200", 150.0, "h200", 4800),
+    ("NVIDIA A100-SXM4-80GB", 85.0, "a100-80gb-sxm", 2039), ("Some Future GPU", 10.0, None, None),
+])
+def test_the_datasheet_floor_is_the_gpu_it_runs_on(name, memory_gb, key, gbs):
+    spec = synth.datasheet_gpu(name, int(memory_gb * 1e9))
+    assert (spec.key if spec else None) == key and (spec.bandwidth_gbs if spec else None) == gbs
