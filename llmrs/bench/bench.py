@@ -67,7 +67,8 @@ class BenchOptions:
     workers: int = 1
     slo: dict[str, float] = field(default_factory=dict)
     percentiles: tuple[float, ...] = (50, 90, 99)
-    tokenizer: str | None = None
+    tokenizer: str | None = None  # --tokenizer: tokenizer.json, HF directory, .gguf or embedded model name
+    model_config: str | None = None  # --model-config: the served model (its tokenizer, when the server has none)
     ignore_eos: bool = False
     temperature: float = 0.0
     top_p: float | None = None
@@ -157,7 +158,7 @@ async def _prepare(o: BenchOptions, base_url: str, model: str) -> tuple[list[Req
     """The first run's prompts, the tokenizer and where it comes from."""
     n = point_num_prompts(o, sweep_points(o)[0][0])
     async with httpx.AsyncClient(timeout=60.0, trust_env=False) as c:
-        choice = await choose_tokenizer(base_url, model, c, o.tokenizer)
+        choice = await choose_tokenizer(base_url, model, c, o.tokenizer, model_config=o.model_config)
         specs = await build_workload(replace(o.workload, num_prompts=n), choice.tokenizer)
     return specs, choice.tokenizer, choice.source
 
@@ -180,7 +181,7 @@ async def _live_tokenizer(tok: Tokenizer | None, base_url: str, model: str) -> A
     from llmrs.bench.tokenization import ServerTokenizer
 
     async with httpx.AsyncClient(timeout=60.0, trust_env=False) as c:
-        yield ServerTokenizer(base_url, model, c) if isinstance(tok, ServerTokenizer) else tok
+        yield tok.with_client(c) if isinstance(tok, ServerTokenizer) else tok
 
 
 def point_num_prompts(o: BenchOptions, cap: int | None) -> int:

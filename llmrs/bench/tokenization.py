@@ -32,6 +32,12 @@ class ServerTokenizer:
         self.base_url, self.model, self.client = base_url.rstrip("/"), model, client
         self.source = f"server:{self.base_url}/tokenize"
 
+    def with_client(self, client: httpx.AsyncClient) -> ServerTokenizer:
+        """The same tokenizer (endpoints, vocabulary limit) speaking through another client."""
+        t = ServerTokenizer(self.base_url, self.model, client)
+        t.vocab_size, t.source = self.vocab_size, self.source
+        return t
+
     async def encode(self, text: str) -> list[int]:
         r = await self.client.post(f"{self.base_url}/tokenize", json={"model": self.model, "prompt": text})
         _check(r, "/tokenize")
@@ -124,7 +130,8 @@ async def probe_server_tokenizer(base_url: str, model: str, client: httpx.AsyncC
     return tok
 
 
-async def choose_tokenizer(base_url: str, model: str, client: httpx.AsyncClient, local_path: str | None) -> TokenizerChoice:
+async def choose_tokenizer(base_url: str, model: str, client: httpx.AsyncClient, local_path: str | None,
+                           model_config: str | None = None) -> TokenizerChoice:
     """Server first (it is the source of truth for lengths), then --tokenizer PATH, else none."""
     tok = await probe_server_tokenizer(base_url, model, client)
     if tok is not None:
