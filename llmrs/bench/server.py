@@ -1,9 +1,12 @@
-"""Start a server command, wait until it answers GET /health, stop it afterwards.
+"""Start a server command, wait until it is ready, stop it afterwards.
 
 One machinery for every engine: `--server-cmd "vllm serve M --port {port}"` (or any command), and the default
 when neither --url nor --server-cmd is given: our own `python -m llmrs serve [MODEL] --host 127.0.0.1 --port
-{port}`. `{port}` is replaced by a free 127.0.0.1 port; a command without it names its port with `--port N`
-(else 8000, vLLM's default). The server runs in its own session (process group) with output in a log file,
+{port}`. `{port}` is replaced by a free 127.0.0.1 port; a command without it names its port with `--port N`, else
+it listens on its program's default (`DEFAULT_PORTS`: vLLM and llama-cpp-python 8000, SGLang 30000, llama-server
+8080, TGI's launcher 3000). Ready means GET /health answers 200 (vLLM, SGLang, llama-server after its 503s while
+loading, TGI, llmrs); a server without that route (404: llama-cpp-python) is ready once GET /v1/models answers 200.
+The server runs in its own session (process group) with output in a log file,
 so stopping it (SIGINT, then SIGTERM, then SIGKILL) reaches its children too (engine core, workers) and nothing
 else. Between the bench and the server sits llmrs.bench.guard, which holds the read end of a pipe only the bench
 writes to: when the bench dies in any way (SIGKILL included), the guard stops the server's whole group.
@@ -42,13 +45,39 @@ def llmrs_serve_argv(model: str | None, extra: list[str] | tuple[str, ...] = ())
             "--port", "{port}"]
 
 
-def _port_of(argv: list[str]) -> int:
+# Each server program's port when its command names none, by what `_program` calls it
+DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000, "llama-server": 8080, "llama-cpp-python": 8000, "tgi": 3000,
+                 "llmrs": 8000}
+# Each program's name in a command: an executable's file name, or the module after `python -m`
+_PROGRAMS = {"vllm": "vllm", "sglang.launch_server": "sglang", "sglang": "sglang", "llama-server": "llama-server",
+             "llama_cpp.server": "llama-cpp-python", "text-generation-launcher": "tgi", "llmrs": "llmrs"}
+_LAUNCHERS = ("python", "env", "uv", "run", "exec", "nohup", "taskset", "numactl")
+
+
+def _program(argv: list[str]) -> str | None:
+    """Which known server program a command starts (DEFAULT_PORTS' keys), or None: the first word that is not a
+    launcher (`python`, `env VAR=...`, `uv run`, an interpreter option), or the module after `-m`."""
     for i, a in enumerate(argv):
-        if a == "--port" and i + 1 < len(argv) and argv[i + 1].isdigit():
+        if i and argv[i - 1] == "-m":
+            return _PROGRAMS.get(a)
+        name = Path(a).name
+        if name in _PROGRAMS:
+            return _PROGRAMS[name]
+        if not (name.startswith(_LAUNCHERS) or a.startswith("-") or "=" in a):
+            return None
+    return None
+
+
+def _port_of(argv: list[str]) -> int:
+    """The port a command listens on: its --port N (TGI's launcher: -p N too), else its program's default."""
+    prog = _program(argv)
+    flags = ("--port", "-p") if prog == "tgi" else ("--port",)
+    for i, a in enumerate(argv):
+        if a in flags and i + 1 < len(argv) and argv[i + 1].isdigit():
             return int(argv[i + 1])
         if a.startswith("--port=") and a[7:].isdigit():
             return int(a[7:])
-    return 8000
+    return DEFAULT_PORTS.get(prog or "", 8000)
 
 
 @dataclass(slots=True)
@@ -60,7 +89,8 @@ class ManagedServer:
     startup_timeout: float = 600.0
     url: str = ""
     proc: subprocess.Popen | None = None  # the guard (llmrs.bench.guard), leader of the server's process group
-    started_s: float = 0.0  # seconds until /health answered 200
+    started_s: float = 0.0  # seconds until it was ready (`ready_route` answered 200)
+    ready_route: str = "/health"  # the route that told readiness: /health, or /v1/models where /health is 404
     command: str = field(default="")
     lifeline: int | None = None  # the pipe's write end: the guard sees EOF when this process ends
     on_wait: Callable[[float], None] | None = None  # called every note_every_s while /health does not answer
@@ -101,6 +131,19 @@ class ManagedServer:
             self.stop()
             raise
 
+    def _ready(self, c: httpx.Client) -> bool:
+        """GET /health answers 200; or, where there is no such route (404), GET /v1/models answers 200."""
+        try:
+            code = c.get(f"{self.url}/health").status_code
+            if code == 404:
+                self.ready_route = "/v1/models"
+                code = c.get(f"{self.url}/v1/models").status_code
+            else:
+                self.ready_route = "/health"
+            return code == 200
+        except httpx.HTTPError:
+            return False
+
     def _wait_healthy(self) -> None:
         assert self.proc is not None
         t0 = time.monotonic()
@@ -109,15 +152,14 @@ class ManagedServer:
             while True:
                 code = self.proc.poll()
                 if code is not None:
-                    raise UserError(f"server command exited with code {code} before /health answered; log: {self.log_path}\n{self.log_tail()}")
-                try:
-                    if c.get(f"{self.url}/health").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
+                    raise UserError(f"server command exited with code {code} before it was ready (GET /health, or "
+                                    f"/v1/models where it has no /health); log: {self.log_path}\n{self.log_tail()}")
+                if self._ready(c):
+                    break
                 now = time.monotonic()
                 if now > deadline:
-                    raise UserError(f"server did not answer {self.url}/health within {self.startup_timeout:g}s; log: {self.log_path}")
+                    raise UserError(f"server at {self.url} was not ready (GET {self.ready_route} answering 200) "
+                                    f"within {self.startup_timeout:g}s; log: {self.log_path}")
                 if self.on_wait is not None and now > note:
                     self.on_wait(now - t0)
                     note = now + self.note_every_s
