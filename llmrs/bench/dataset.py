@@ -98,8 +98,9 @@ async def _random_specs(cfg: WorkloadConfig, tok: Tokenizer | None, out_len: int
         ]
     if tok is None:
         raise UserError(
-            "random text prompts need a tokenizer: the server has no /tokenize endpoint; "
-            "pass --tokenizer PATH (tokenizer.json) or use --prompt-format ids with --backend completions"
+            "random text prompts need a tokenizer: the server has no tokenize endpoint llmrs knows; pass "
+            "--tokenizer (a tokenizer.json, a Hugging Face directory, a .gguf or an embedded model name) or "
+            "--model-config (the served model), or use --prompt-format ids with --backend completions"
         )
     n_special = len(await tok.encode(""))
     sem = asyncio.Semaphore(FIT_PARALLEL)

@@ -1,4 +1,4 @@
-"""Who was measured and on what: server identity (/v1/models, Server header), GPUs (pynvml), the client host."""
+"""Who was measured and on what: server identity (/v1/models, Server header, the engine), GPUs (pynvml), the client host."""
 
 from __future__ import annotations
 
@@ -11,15 +11,18 @@ import llmrs
 
 
 def server_identity(base_url: str, api_key: str | None = None) -> dict:
-    """The server's /v1/models (ids, owners, max_model_len) and HTTP `server` header; {} fields when absent.
+    """The server's /v1/models (ids, owners, max_model_len), HTTP `server` header and `engine`; {} fields when absent.
 
     `models_error` says why there is no model list (an HTTP error, a reply not shaped like OpenAI's); `unreachable`
-    says why no connection could be made at all (nothing listens there, the host does not resolve)."""
+    says why no connection could be made at all (nothing listens there, the host does not resolve). A server without
+    a model list names its model elsewhere: TGI's GET /info (`model_id`), llama-server's GET /props (`model_path`);
+    `models_from` then says which. `engine` (`detect_engine`) is a best guess, never an error."""
     info: dict = {"url": base_url, "models": [], "server_header": None}
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    base = base_url.rstrip("/")
     try:
         with httpx.Client(timeout=10.0, trust_env=False) as c:
-            r = c.get(f"{base_url.rstrip('/')}/v1/models", headers=headers)
+            r = c.get(f"{base}/v1/models", headers=headers)
             info["server_header"] = r.headers.get("server")
             if r.status_code == 200:
                 info["models"] = parse_models(r.json())
@@ -28,12 +31,59 @@ def server_identity(base_url: str, api_key: str | None = None) -> dict:
                     info["models_error"] = "malformed reply: expected {\"data\": [{\"id\": ...}, ...]}"
             else:
                 info["models_error"] = f"HTTP {r.status_code}"
+            extras = _extra_routes(c, base, headers)
     except (httpx.ConnectError, httpx.ConnectTimeout) as e:
         info["models_error"] = f"{type(e).__name__}: {e}"
         info["unreachable"] = str(e) or type(e).__name__
+        return info
     except (httpx.HTTPError, ValueError) as e:
         info["models_error"] = f"{type(e).__name__}: {e}"
+        return info
+    if not info["models"]:
+        for route, key in (("/info", "model_id"), ("/props", "model_path")):
+            doc = extras.get(route)
+            if isinstance(doc, dict) and isinstance(doc.get(key), str) and doc[key]:
+                info["models"], info["models_from"] = [{"id": doc[key]}], f"GET {route} ({key})"
+                break
+    info["engine"] = detect_engine(info["models"], info["server_header"], extras)
     return info
+
+
+# What an engine's own routes say: TGI's /info names its router, llama-server's /props its slots and generation
+# settings; a /v1/models entry's owned_by names the rest (llama-cpp-python's is "me")
+ENGINE_OWNERS = {"llmrs": "llmrs", "vllm": "vllm", "sglang": "sglang", "llamacpp": "llama.cpp",
+                 "me": "llama-cpp-python"}
+
+
+def _extra_routes(c: httpx.Client, base: str, headers: dict) -> dict:
+    """GET /info and /props where they answer 200 with a JSON object (a few ms each; errors are no answer)."""
+    out = {}
+    for route in ("/info", "/props"):
+        try:
+            r = c.get(f"{base}{route}", headers=headers, timeout=5.0)
+            doc = r.json() if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            doc = None
+        if isinstance(doc, dict):
+            out[route] = doc
+    return out
+
+
+def detect_engine(models: list[dict], server_header: str | None, extras: dict) -> str:
+    """Which engine serves: "tgi", "llama.cpp" (llama-server), "llama-cpp-python", "vllm", "sglang", "llmrs" or
+    "unknown", from TGI's /info, llama-server's /props, then the models' owned_by."""
+    info, props = extras.get("/info") or {}, extras.get("/props") or {}
+    if "model_id" in info and ("router" in info or "max_input_tokens" in info or "max_total_tokens" in info):
+        return "tgi"
+    if "total_slots" in props or "default_generation_settings" in props:
+        return "llama.cpp"
+    for m in models:
+        owner = m.get("owned_by")
+        if owner in ENGINE_OWNERS:
+            return ENGINE_OWNERS[owner]
+        if owner and owner == m.get("id") and info.get("model_id") == owner:
+            return "tgi"
+    return "unknown"
 
 
 def parse_models(doc: object) -> list[dict] | None:

@@ -16,9 +16,13 @@ FAKE_SERVER = Path(__file__).with_name("fake_server.py")
 
 
 def fake_server_cmd(ttft_ms: float = 0.0, gap_ms: float = 0.0, coalesce: int = 1,
-                    graph_failures: int = -1) -> list[str]:
+                    graph_failures: int = -1, flavor: str = "default", loading_s: float = 1.0,
+                    no_models: bool = False, count_with: str | None = None, record: str | None = None) -> list[str]:
+    """The fake server's command (`{port}` left for ManagedServer); `flavor` and the rest: fake_server.py's options."""
     return [sys.executable, str(FAKE_SERVER), "--port", "{port}", "--ttft-ms", str(ttft_ms), "--gap-ms", str(gap_ms),
-            "--coalesce", str(coalesce), "--graph-failures", str(graph_failures)]
+            "--coalesce", str(coalesce), "--graph-failures", str(graph_failures), "--flavor", flavor,
+            "--loading-s", str(loading_s), *(["--no-models"] if no_models else []),
+            *(["--count-with", count_with] if count_with else []), *(["--record", record] if record else [])]
 
 
 class Stats:
