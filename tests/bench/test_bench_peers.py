@@ -130,6 +130,10 @@ def test_a_command_without_port_placeholder_is_reached_on_its_programs_port(cmd,
 
 @pytest.fixture
 def word_tokenizer(tmp_path) -> Path:
+    return write_word_tokenizer(tmp_path)
+
+
+def write_word_tokenizer(tmp_path: Path) -> Path:
     """A Hugging Face directory whose tokenizer.json is a word-level vocabulary ("w0".."w999") with BOS: decode and
     encode round-trip exactly, so prompts fit any length."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
