@@ -1,8 +1,9 @@
 """One `llmrs bench` invocation: server (given, or started and stopped), workload, each sweep point, results.
 
     server  = --url, else start --server-cmd, else start `llmrs serve [--model]`  (server.py)
-    prompts = built once (dataset.py, with the server's tokenizer when it has one)
-    for each sweep point: arrivals -> run_load over worker processes -> summarize -> save JSON + CSV -> table
+    prompts = built per sweep point (dataset.py, with the server's tokenizer when it has one)
+    for each sweep point: [no -n: a probe sizes the run, sizing.py] -> arrivals -> run_load over worker processes
+                          -> summarize -> save JSON + CSV -> table
 An interrupt (Ctrl-C, SIGTERM, SIGHUP: interrupts.py) during a run stops sending, saves what finished (the run and
 the results file marked interrupted) and ends the sweep; run_bench then raises Interrupted, whose exit code is
 128 + the signal's. The started server is always stopped (server.py), on every way out.
@@ -29,6 +30,7 @@ from rich.console import Console
 
 import llmrs
 from llmrs.bench import console as out
+from llmrs.bench import sizing
 from llmrs.bench.arrivals import arrival_offsets
 from llmrs.bench.client import OPTIONAL_SAMPLING, ClientConfig
 from llmrs.bench.dataset import WorkloadConfig, build_workload
@@ -79,10 +81,10 @@ class BenchOptions:
     name: str | None = None
     command: str = ""
     serve_args: tuple[str, ...] = ()  # more `llmrs serve` options for the server this bench starts itself
-    # -n not given: a run whose concurrency cap C is above workload.num_prompts sends C requests (a request for
-    # every slot: `-c 256` must reach 256 in flight); given, it is the count of every run, and a warning says
-    # which runs can never fill their cap
+    # -n not given: a probe before each run sizes it to about `duration` seconds on the server measured (sizing.py);
+    # given, workload.num_prompts is the count of every run, and a warning says which runs can never fill their cap
     auto_num_prompts: bool = False
+    duration: float = sizing.DEFAULT_DURATION_S  # --duration: the seconds a sized run aims at
     verbose: bool = False  # also the usage cross-check with the re-tokenized text, and each run's server counters
 
 
@@ -155,8 +157,9 @@ def server_context(o: BenchOptions, console: Console):
 
 
 async def _prepare(o: BenchOptions, base_url: str, model: str) -> tuple[list[RequestSpec], Tokenizer | None, str]:
-    """The first run's prompts, the tokenizer and where it comes from."""
-    n = point_num_prompts(o, sweep_points(o)[0][0])
+    """The first run's prompts (a sized bench: one, which checks the workload before any probe), the tokenizer and
+    where it comes from."""
+    n = 1 if o.auto_num_prompts else o.workload.num_prompts
     async with httpx.AsyncClient(timeout=60.0, trust_env=False) as c:
         choice = await choose_tokenizer(base_url, model, c, o.tokenizer, model_config=o.model_config)
         specs = await build_workload(replace(o.workload, num_prompts=n), choice.tokenizer)
@@ -173,6 +176,13 @@ def point_seed(o: BenchOptions, i: int) -> int:
 
 
 WARMUP_POINT = 1_000_003
+PROBE_POINT = 2_000_003  # the probe of sweep point i draws its prompts with seed + PROBE_POINT + i
+
+
+def probe_seed(o: BenchOptions, i: int) -> int:
+    """The prompt seed of sweep point i's probe: never a run's (dataset prompts too are picked in another order), so
+    the run's prompts are not in the server's prefix cache from the probe."""
+    return o.workload.seed + PROBE_POINT + i
 
 
 @contextlib.asynccontextmanager
@@ -182,12 +192,6 @@ async def _live_tokenizer(tok: Tokenizer | None, base_url: str, model: str) -> A
 
     async with httpx.AsyncClient(timeout=60.0, trust_env=False) as c:
         yield tok.with_client(c) if isinstance(tok, ServerTokenizer) else tok
-
-
-def point_num_prompts(o: BenchOptions, cap: int | None) -> int:
-    """Requests of a run with in-flight cap `cap` (BenchOptions.auto_num_prompts)."""
-    n = o.workload.num_prompts
-    return max(n, cap) if o.auto_num_prompts and cap else n
 
 
 def _few_prompts_warning(o: BenchOptions) -> str | None:
@@ -261,6 +265,8 @@ def run_bench(o: BenchOptions, console: Console | None = None) -> Path:
         raise UserError(f"--warmup must be >= 0 (got {o.warmup})")
     if not (o.timeout > 0 and math.isfinite(o.timeout)):
         raise UserError(f"--timeout must be a positive number of seconds (got {o.timeout:g})")
+    if not (o.duration > 0 and math.isfinite(o.duration)):
+        raise UserError(f"--duration must be a positive number of seconds (got {o.duration:g})")
     o = replace(o, name=o.name or f"{_slug(o.label or 'bench')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
     with Interrupts(console) as intr:
         return _run_bench(o, console, intr)
@@ -286,7 +292,12 @@ def _run_bench(o: BenchOptions, console: Console, intr: Interrupts) -> Path:
                                o.temperature, o.top_p, o.top_k, o.min_p)
             with console.status("building prompts..."):
                 specs, tok, tok_source = intr.run(_prepare(o, base_url, model))
-            console.print(f"{len(specs)} prompts ({'dataset ' + o.workload.dataset if o.workload.dataset else 'random tokens'}; tokenizer: {tok_source})")
+            source = 'dataset ' + o.workload.dataset if o.workload.dataset else 'random tokens'
+            if o.auto_num_prompts:
+                console.print(f"prompts: {source} (tokenizer: {tok_source}); each run's count sized by a probe to "
+                              f"about {o.duration:g} s")
+            else:
+                console.print(f"{len(specs)} prompts ({source}; tokenizer: {tok_source})")
             if warning := _few_prompts_warning(o):
                 console.print(f"[yellow]{warning}")
             doc = {
@@ -306,7 +317,8 @@ def _run_bench(o: BenchOptions, console: Console, intr: Interrupts) -> Path:
             }
             write_json(path, doc)
             if o.warmup:
-                warm_specs = intr.run(_point_specs(o, WARMUP_POINT, len(specs), specs, tok, base_url, model))
+                n_warm = max(1, o.warmup) if o.auto_num_prompts else len(specs)
+                warm_specs = intr.run(_point_specs(o, WARMUP_POINT, n_warm, specs, tok, base_url, model))
                 warm = [replace(warm_specs[i % len(warm_specs)], idx=i) for i in range(o.warmup)]
                 console.print(f"warmup: {o.warmup} requests")
                 with intr.deferred():
@@ -319,11 +331,19 @@ def _run_bench(o: BenchOptions, console: Console, intr: Interrupts) -> Path:
             rows: list[tuple[str, Summary]] = []
             for point, (cap, rate) in enumerate(sweep_points(o)):
                 tag = run_tag(cap, rate)
-                n = point_num_prompts(o, cap)
+                sized = None
+                if o.auto_num_prompts:
+                    sized = _probe(o, cfg, point, cap, rate, tok, base_url, model, console, intr)
+                    if sized is None:  # interrupted: nothing of this point was measured
+                        doc["finished_at"], doc["interrupted"] = _now(), signal_name(intr.signum)
+                        write_json(path, doc)
+                        break
+                    console.print(sized.line(), highlight=False)
+                n = sized.num_prompts if sized else o.workload.num_prompts
                 point_specs = intr.run(_point_specs(o, point, n, specs, tok, base_url, model))
                 with intr.deferred():  # the run and the saving of its results: an interrupt stops them, in order
                     s, csv = _run_point(o, cfg, point, point_specs, cap, rate, tok, base_url, model, label, doc,
-                                        path, console, intr)
+                                        path, console, intr, sized)
                 rows.append((tag, s))
                 if intr.signum:
                     break
@@ -360,7 +380,7 @@ def _run_bench(o: BenchOptions, console: Console, intr: Interrupts) -> Path:
 
 def _run_point(o: BenchOptions, cfg: ClientConfig, point: int, specs: list[RequestSpec], cap: int | None, rate: float,
                tok: Tokenizer | None, base_url: str, model: str, label: str, doc: dict, path: Path, console: Console,
-               intr: Interrupts) -> tuple[Summary, str]:
+               intr: Interrupts, sized: sizing.Sizing | None = None) -> tuple[Summary, str]:
     """One sweep point: the run, its summary, its CSV, its entry in the results file, its table and notes."""
     tag = run_tag(cap, rate)
     metrics0 = server_metrics(base_url, o.api_key)
@@ -383,6 +403,7 @@ def _run_point(o: BenchOptions, cfg: ClientConfig, point: int, specs: list[Reque
         "burstiness": o.burstiness, "seed": point_seed(o, point), "num_prompts": len(specs),
         "interrupted": outcome.interrupted, "summary": s.to_dict(), "prefix_cache": cache,
         "server_graph_capture_failures": eager, "client_cpu": cpu, "csv": csv,
+        "sizing": sized.to_dict() if sized else None,
     })
     doc["finished_at"] = _now()
     if intr.signum:
@@ -408,11 +429,38 @@ def _run_point(o: BenchOptions, cfg: ClientConfig, point: int, specs: list[Reque
                       "graphed speed")
     if cpu["saturated"]:
         console.print(f"[yellow]warning: a client worker was busy {max(cpu['busy_per_worker']):.0%} of a core; the client may be the bottleneck: raise --workers")
+    if sized and (note := sized.note()):
+        console.print(f"[yellow]{note}", highlight=False)
     if intr.signum:
         console.print(f"[yellow]interrupted by {signal_name(intr.signum)}: saved the {s.completed + s.failed} "
                       f"requests that finished; {s.cut_off} in flight were cut off and {s.not_sent} never sent "
                       "(neither counts as failed)")
     return s, csv
+
+
+def _probe(o: BenchOptions, cfg: ClientConfig, point: int, cap: int | None, rate: float, tok: Tokenizer | None,
+           base_url: str, model: str, console: Console, intr: Interrupts) -> sizing.Sizing | None:
+    """Sweep point `point`'s probe (sizing.py) and the run's size from it; None when an interrupt stopped it."""
+    probe_s = sizing.probe_seconds(o.duration)
+    k = sizing.probe_count(cap, rate, probe_s)
+    seed = probe_seed(o, point)
+    async def build() -> list[RequestSpec]:
+        async with _live_tokenizer(tok, base_url, model) as live:
+            return await build_workload(replace(o.workload, seed=seed, num_prompts=k), live)
+
+    specs = intr.run(build())
+    offsets = arrival_offsets(k, rate, o.burstiness, seed).tolist()
+    what = f"-c {cap}" if cap else "no concurrency cap"
+    what += f", --request-rate {rate:g}" if math.isfinite(rate) else ""
+    with intr.deferred(), out.ProbeProgress(console, what, probe_s) as progress:
+        stop = sizing.ProbeStop(k, cap, probe_s, o.duration, intr.pending, progress.update)
+        outcome = run_load(specs, offsets, cfg, cap=cap, workers=o.workers, on_progress=stop.progress,
+                           interrupted=stop)
+    if outcome.signum not in (None, sizing.PROBE_STOPPED) and not intr.signum:  # a KeyboardInterrupt run_load saw
+        intr.signum = outcome.signum
+    if intr.signum:
+        return None
+    return sizing.size_run(sizing.measure(outcome.results, outcome.t0), specs, o.duration, cap, rate)
 
 
 def _looked_up(results: list[RequestResult]) -> int:
@@ -435,7 +483,9 @@ def _params(o: BenchOptions) -> dict:
     w = asdict(o.workload)
     return {
         **w,
+        "num_prompts": None if o.auto_num_prompts else o.workload.num_prompts,  # None: each run sized by a probe
         "num_prompts_auto": o.auto_num_prompts,
+        "duration_s": o.duration if o.auto_num_prompts else None,
         "concurrency": o.concurrency,
         "request_rate": o.request_rate if math.isfinite(o.request_rate) else "inf",
         "burstiness": o.burstiness,

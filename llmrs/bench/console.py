@@ -70,6 +70,32 @@ class RunProgress:
             self.console.print(self.line(), soft_wrap=True, highlight=False)
 
 
+class ProbeProgress:
+    """The probe before a sized run (sizing.py): a live status line on a terminal, one line up front elsewhere."""
+
+    def __init__(self, console: Console, what: str, probe_s: float):
+        self.console, self.what, self.probe_s = console, what, probe_s
+        self.status = console.status(self._text(0, 0.0)) if console.is_terminal else None
+
+    def _text(self, tokens: int, elapsed: float) -> str:
+        return f"probing the server at {self.what} for about {self.probe_s:.0f} s: {elapsed:.0f} s, {tokens:,} tokens streamed"
+
+    def __enter__(self) -> ProbeProgress:
+        if self.status is not None:
+            self.status.start()
+        else:
+            self.console.print(f"probing the server at {self.what} for about {self.probe_s:.0f} s", highlight=False)
+        return self
+
+    def update(self, done: int, failed: int, inflight: int, tokens: int, elapsed: float) -> None:
+        if self.status is not None:
+            self.status.update(self._text(tokens, elapsed))
+
+    def __exit__(self, *exc) -> None:
+        if self.status is not None:
+            self.status.stop()
+
+
 def _dist_rows(t: Table, name: str, d: Dist | None, percentiles: list[str]) -> None:
     """Mean / median and the percentiles of `d`; "-" where nothing was measured (d None)."""
     if d is None:

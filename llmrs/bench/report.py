@@ -42,6 +42,7 @@ class Row:
     sampling: str = ""  # what the requests asked of the sampler beyond greedy (`sampling_label`); "" greedy
     eager_shapes: int = 0  # an llmrs server's step shapes whose CUDA graph capture had failed (`eager_lines`)
     interrupted: bool = False  # the bench was interrupted during this run: it measured only what finished
+    saturation: str = ""  # a sized run (no -n) whose server could not finish its concurrency's requests in time
 
     @property
     def workload(self) -> str:
@@ -96,11 +97,22 @@ def load_rows(paths: list[str]) -> list[Row]:
                 concurrency=conc, rate=rate, s=run["summary"], client_busy=max(busy or [0.0]),
                 env={k: doc.get(k) for k in ("command", "server", "gpus", "client", "llmrs_version")},
                 sampling=sampling_label(prm), eager_shapes=_count(run.get("server_graph_capture_failures")),
-                interrupted=run.get("interrupted") is True,
+                interrupted=run.get("interrupted") is True, saturation=_saturation(run.get("sizing")),
             ))
     if not rows:
         raise UserError("the results files hold no finished runs")
     return rows
+
+
+def _saturation(sizing: object) -> str:
+    """The caveat of a sized run (`llmrs bench` without -n) whose server saturated, "" otherwise."""
+    if not isinstance(sizing, dict) or sizing.get("saturated") is not True:
+        return ""
+    c, n, target, tps = (sizing.get(k) for k in ("concurrency", "num_prompts", "target_s", "tokens_per_s"))
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (c, n, target, tps)):
+        return ""
+    return (f"the server saturated: at its probed {tps:,.0f} tokens/s it could not finish {c:g} requests in about "
+            f"{target:g} s, so {n:g} were sent (at most {n:g} in flight).")
 
 
 def _count(v: object) -> int:
@@ -109,12 +121,15 @@ def _count(v: object) -> int:
 
 def eager_lines(rows: list[Row]) -> list[str]:
     """A caveat per run whose llmrs server had step shapes running eagerly (failed CUDA graph captures, saved by
-    `llmrs bench` as server_graph_capture_failures): its figures are not the server's graphed speed; and per run
-    the bench was interrupted in (it measured only the requests that finished)."""
+    `llmrs bench` as server_graph_capture_failures): its figures are not the server's graphed speed; per sized run
+    whose server saturated (fewer requests than its concurrency were sent); and per run the bench was interrupted
+    in (it measured only the requests that finished)."""
     lines = [f"- **{r.label}** `{r.source}` {r.setting}: the server ran {r.eager_shapes} step shape(s) eagerly (their "
              "CUDA graph capture failed; the server's log says why): not its graphed speed."
              for r in rows if r.eager_shapes]
     for r in rows:
+        if r.saturation:
+            lines.append(f"- **{r.label}** `{r.source}` {r.setting}: {r.saturation}")
         if r.interrupted:
             cut, unsent = stat(r.s, "cut_off"), stat(r.s, "not_sent")
             lines.append(f"- **{r.label}** `{r.source}` {r.setting}: interrupted; only the requests that finished "

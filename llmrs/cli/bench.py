@@ -14,7 +14,7 @@ import typer
 from llmrs.errors import UserError
 
 
-DEFAULT_NUM_PROMPTS = 100
+DEFAULT_DURATION_S = 60.0  # (llmrs.bench.sizing.DEFAULT_DURATION_S, without importing the bench at start-up)
 
 
 class Backend(str, Enum):
@@ -60,7 +60,8 @@ def bench(
     backend: Backend = typer.Option(Backend.completions, help="API: /v1/completions or /v1/chat/completions."),
     endpoint: str = typer.Option("", help="Override the request path (default: /v1/completions or /v1/chat/completions)."),
     concurrency: int = typer.Option(16, "--concurrency", "-c", help="Most requests in flight at once (0: no cap)."),
-    num_prompts: int = typer.Option(None, "--num-prompts", "-n", help="Requests per run (default: 100, or the run's concurrency where that is more, so that every slot gets a request)."),
+    num_prompts: int = typer.Option(None, "--num-prompts", "-n", show_default="sized to --duration", help="Requests per run, exactly. Not given: before each run a ~10 s probe at the run's concurrency and rate measures the server's tokens/s, and the run sends as many requests as it finishes in about --duration seconds (at most max(1000, 4 x concurrency)); where that is fewer than --concurrency the server saturated, and the bench says so after the run."),
+    duration: float = typer.Option(DEFAULT_DURATION_S, "--duration", metavar="SECONDS", help="Without -n: the seconds each run aims at (its probe comes before it: 10 s, or this long where shorter). Ignored with -n."),
     request_rate: str = typer.Option("inf", metavar="FLOAT", help="Mean arrivals per second (gamma process); inf sends all at once."),
     burstiness: float = typer.Option(1.0, help="Gamma shape of inter-arrival times: 1 = Poisson, <1 burstier, >1 more regular."),
     input_len: int = typer.Option(256, help="Prompt tokens of random prompts (exact, as the server tokenizes them)."),
@@ -114,7 +115,7 @@ def bench(
     except ValueError as e:
         raise UserError(f"--slo: {e}") from e
     wl = WorkloadConfig(
-        num_prompts=DEFAULT_NUM_PROMPTS if num_prompts is None else num_prompts, input_len=input_len, output_len=output_len, range_ratio=range_ratio,
+        num_prompts=1 if num_prompts is None else num_prompts, input_len=input_len, output_len=output_len, range_ratio=range_ratio,
         prefix_len=prefix_len, dataset=str(dataset) if dataset else None, prompt_format=prompt_format.value,
         backend=backend.value, seed=seed,
     )
@@ -128,7 +129,7 @@ def bench(
         ignore_eos=ignore_eos,
         temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, endpoint=endpoint, out_dir=out_dir, name=name,
         command=shlex.join(["llmrs", *sys.argv[1:]]), serve_args=tuple(extra), auto_num_prompts=num_prompts is None,
-        verbose=verbose,
+        duration=duration, verbose=verbose,
     )
     if not (server_timeout > 0 and math.isfinite(server_timeout)):
         raise UserError(f"--server-timeout must be a positive number of seconds (got {server_timeout:g})")

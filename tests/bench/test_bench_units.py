@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from llmrs.bench.arrivals import arrival_offsets
-from llmrs.bench.bench import BenchOptions, _few_prompts_warning, parse_sweep, point_num_prompts, sweep_points
+from llmrs.bench.bench import BenchOptions, _few_prompts_warning, parse_sweep, sweep_points
 from llmrs.bench.dataset import WorkloadConfig, build_workload
 from llmrs.bench.metrics import parse_slo, peak_concurrency
 from llmrs.bench.records import RequestResult
@@ -255,14 +255,14 @@ def test_a_server_vocabulary_smaller_than_the_id_range_is_found_and_used():
         asyncio.run(failing())
 
 
-def test_prompt_count_follows_the_concurrency_unless_given():
-    auto = BenchOptions(workload=WorkloadConfig(num_prompts=100), sweep=("concurrency", [1, 16, 64, 256]),
+def test_a_given_prompt_count_below_a_cap_is_warned_about_and_a_sized_one_is_not():
+    """-n N is every run's count, and a run whose cap is above it can never fill its slots: a warning names them.
+    Without -n each run is sized by its probe (test_bench_sizing.py), which says itself when the cap is not reached."""
+    auto = BenchOptions(workload=WorkloadConfig(num_prompts=1), sweep=("concurrency", [1, 16, 64, 256]),
                         auto_num_prompts=True)
-    assert [point_num_prompts(auto, c) for c, _ in sweep_points(auto)] == [100, 100, 100, 256]
     assert _few_prompts_warning(auto) is None
-    assert point_num_prompts(auto, None) == 100  # no cap (-c 0): the count as given
     given = BenchOptions(workload=WorkloadConfig(num_prompts=50), sweep=("concurrency", [1, 64, 256]))
-    assert [point_num_prompts(given, c) for c, _ in sweep_points(given)] == [50, 50, 50]
+    assert [c for c, _ in sweep_points(given)] == [1, 64, 256]
     assert _few_prompts_warning(given) == ("warning: -n 50 is less than concurrency 64, 256: at most 50 requests "
                                            "are ever in flight; give -n 256 or more to fill every slot")
 
