@@ -54,6 +54,7 @@ from llmrs.cli import synth as cli_synth  # noqa: E402
 cli_synth.register(app)
 from llmrs.cli import profile as cli_profile  # noqa: E402
 cli_profile.register(app)
+from llmrs.cli import plan as cli_plan; cli_plan.register(app)  # noqa: E402, E702
 # --- end of command registrations ---
 use_plain_help(app)
 
