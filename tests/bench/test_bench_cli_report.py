@@ -217,24 +217,17 @@ def test_help_lists_every_option_with_defaults(app):
     assert "default: 16" in res.output.replace("[", "").replace("]", "")
 
 
-def test_concurrency_256_without_n_sends_a_request_for_every_slot(app, tmp_path):
-    """`llmrs bench -c 256` (no -n): 256 requests, all in flight at once (the fake server holds each for 1.5 s
-    before its first token); a given -n below the cap sends -n requests and says that the cap cannot be reached."""
+def test_a_given_n_below_the_cap_is_kept_and_said(app, tmp_path):
+    """A given -n below the cap sends -n requests and says that the cap cannot be reached (without -n, the run is
+    sized by a probe: tests/bench/test_bench_sizing.py)."""
     from tests.bench_fixtures.serving import running
 
     common = ["--input-len", "8", "--output-len", "2", "--prompt-format", "ids", "--workers", "2", "-o", str(tmp_path)]
-    with running(ttft_ms=1500) as (url, _):
-        res = _invoke(app, ["bench", "--url", url, "--concurrency", "256", "--name", "auto", *common])
-        assert res.exit_code == 0, res.output + repr(res.exception)
+    with running() as (url, _):
         few = _invoke(app, ["bench", "--url", url, "-c", "16", "-n", "8", "--name", "few", *common])
         assert few.exit_code == 0, few.output + repr(few.exception)
-    doc = json.loads((tmp_path / "auto.json").read_text())
-    (run,) = doc["runs"]
-    assert run["num_prompts"] == 256 and doc["params"]["num_prompts_auto"] is True
-    assert run["summary"]["completed"] == 256 and run["summary"]["peak_concurrency"] == 256
-    assert "warning" not in res.output
     (run,) = json.loads((tmp_path / "few.json").read_text())["runs"]
-    assert run["num_prompts"] == 8 and run["summary"]["completed"] == 8
+    assert run["num_prompts"] == 8 and run["summary"]["completed"] == 8 and run["sizing"] is None
     assert "-n 8 is less than --concurrency 16: at most 8 requests are ever in flight" in " ".join(few.output.split())
 
 
