@@ -86,7 +86,7 @@ def plan(
 
 
 def _ms(s: float) -> str:
-    return f"{s * 1e3:,.1f} ms" if s < 10 else f"{s:,.1f} s"
+    return f"{s * 1e3:,.1f} ms" if s < 1 else f"{s:,.2f} s"
 
 
 def _gb(x: float) -> str:
@@ -116,22 +116,21 @@ def print_plan(console: Console, p: Plan) -> None:
     cal = p.calibration is not None
     t = Table(title="predicted per concurrency (floor: the roofline with a perfect engine"
                     + ("; calibrated: floor / fitted efficiency)" if cal else ")"))
-    cols = ["concurrency", "KV/GPU", "memory/GPU", "TTFT floor", "TPOT floor", "E2E floor", "req/s floor",
-            "out tok/s floor"]
-    if cal:
-        cols += ["TTFT calibrated", "TPOT calibrated", "E2E calibrated", "req/s calibrated", "out tok/s calibrated"]
-    if p.slo:
-        cols.append(f"SLO ({p.basis})")
+    # floor only: one row a concurrency, each column named floor; calibrated: a floor row and a calibrated row
+    names = ["TTFT", "TPOT", "E2E", "req/s", "out tok/s"]
+    cols = ["concurrency", "KV/GPU", "memory/GPU"] + (["figures"] if cal else []) + \
+        [n if cal else f"{n} floor" for n in names] + ([f"SLO ({p.basis})"] if p.slo else [])
     for col in cols:
-        t.add_column(col, justify="right")
+        t.add_column(col, justify="left" if col == "figures" else "right")
     for pt in p.points:
         mem = _gb(pt.memory_bytes) + ("" if pt.fits else " [red](> budget)[/]")
-        row = [f"{pt.concurrency:,}", _gb(pt.kv_bytes), mem, *_figs(pt.floor)]
-        if pt.calibrated:
-            row += _figs(pt.calibrated)
-        if p.slo:
-            row.append("[green]met[/]" if pt.meets_slo else "[red]missed[/]")
-        t.add_row(*row)
+        verdict = ["[green]met[/]" if pt.meets_slo else "[red]missed[/]"] if p.slo else []
+        head = [f"{pt.concurrency:,}", _gb(pt.kv_bytes), mem]
+        if pt.calibrated is None:
+            t.add_row(*head, *_figs(pt.floor), *verdict)
+        else:
+            t.add_row(*head, "floor", *_figs(pt.floor), *([""] if p.slo else []))
+            t.add_row("", "", "", "calibrated", *_figs(pt.calibrated), *verdict, end_section=True)
     console.print(t)
     if p.slo:
         s = p.slo
