@@ -285,9 +285,13 @@ def _run_bench(o: BenchOptions, console: Console, intr: Interrupts) -> Path:
             models = ident.get("models") or []
             model = o.model if (o.model and (o.url or o.server_cmd)) else (models[0]["id"] if models else o.model)
             if not model:
-                raise UserError(f"no --model given and {base_url}/v1/models lists none ({ident.get('models_error', 'empty')})")
-            _check_served(model, models, base_url)
-            label = o.label or (models[0].get("owned_by") if models else None) or "server"
+                raise UserError(f"no --model given and {base_url} names none (/v1/models: "
+                                f"{ident.get('models_error', 'empty')}; no TGI /info or llama-server /props either)")
+            if ident.get("engine") != "tgi":  # TGI's OpenAI routes take any model name
+                _check_served(model, models, base_url)
+            engine = ident.get("engine")
+            label = o.label or (engine if engine and engine != "unknown" else None) or \
+                (models[0].get("owned_by") if models else None) or "server"
             cfg = ClientConfig(base_url, model, o.workload.backend, o.endpoint, o.api_key, o.timeout, o.ignore_eos,
                                o.temperature, o.top_p, o.top_k, o.min_p)
             with console.status("building prompts..."):

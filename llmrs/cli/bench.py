@@ -55,7 +55,7 @@ def _percentiles(text: str) -> tuple[float, ...]:
 def bench(
     url: str = typer.Option(None, "--url", help="Base URL of a running OpenAI-compatible server (e.g. http://127.0.0.1:8000). Default: start `llmrs serve [--model]` on a free 127.0.0.1 port, and stop it afterwards."),
     server_cmd: str = typer.Option(None, "--server-cmd", help="Start this server command, wait for GET /health, stop it afterwards, e.g. \"vllm serve Qwen/Qwen2.5-0.5B --port {port}\". {port} is replaced by a free port; otherwise the command's --port N (or 8000) is used."),
-    server_timeout: float = typer.Option(600.0, help="Seconds to wait for a started server's /health."),
+    server_timeout: float = typer.Option(600.0, help="Seconds to wait for a started server to be ready (GET /health answering 200, or GET /v1/models where it has no /health)."),
     model: str = typer.Option(None, "--model", "-m", help="Model name sent in requests (default: the first of /v1/models). Without --url/--server-cmd: the MODEL given to `llmrs serve`."),
     backend: Backend = typer.Option(Backend.completions, help="API: /v1/completions or /v1/chat/completions."),
     endpoint: str = typer.Option("", help="Override the request path (default: /v1/completions or /v1/chat/completions)."),
