@@ -439,7 +439,7 @@ def make_plan(model: PlanModel, model_label: str, input_len: int, output_len: in
             wanted.add(plan.slo.max_concurrency)
         plan.points = [scan[c - 1] for c in sorted(wanted)]
     if concurrency is not None and concurrency > mem.max_concurrency:
-        plan.notes.append(f"concurrency {concurrency} does not fit: at most {mem.max_concurrency} requests' KV fit "
+        plan.notes.append(f"concurrency {concurrency:,} does not fit: at most {mem.max_concurrency:,} requests' KV fit "
                           "the budget (an engine would queue or preempt the rest)")
     if cost.weight_format in ("awq", "gptq", "q4_0", "q4_1", "q4_f32", "q6_k", "q8_0"):
         plan.notes.append("compute time ignores the cost of unpacking quantized weights")
