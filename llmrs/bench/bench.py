@@ -36,6 +36,8 @@ from llmrs.bench.client import OPTIONAL_SAMPLING, ClientConfig
 from llmrs.bench.dataset import WorkloadConfig, build_workload
 from llmrs.bench.interrupts import Interrupted, Interrupts, signal_name
 from llmrs.bench.metrics import Summary, summarize
+from llmrs.bench.observe import Observers, grade_context
+from llmrs.bench.observe import lines as observer_lines
 from llmrs.bench.records import RequestResult, RequestSpec
 from llmrs.bench.results import SCHEMA, requests_frame, run_tag, write_json
 from llmrs.bench.runner import RunOutcome, run_load
@@ -85,6 +87,11 @@ class BenchOptions:
     # given, workload.num_prompts is the count of every run, and a warning says which runs can never fill their cap
     auto_num_prompts: bool = False
     duration: float = sizing.DEFAULT_DURATION_S  # --duration: the seconds a sized run aims at
+    gpu: str | None = None  # --gpu: the GPU runs are graded against (default: the one NVML sees here)
+    use_measured: bool = False  # --use-measured: `llmrs roofline --measure`'s stored ceilings, not the datasheet's
+    telemetry: bool = True  # --telemetry/--no-telemetry: NVML sampled during the runs where there is a GPU
+    scrape_metrics: bool | None = None  # --scrape-metrics: None = on for llmrs and vLLM servers
+    nvml_module: str = "pynvml"  # the NVML the telemetry sampler imports (tests name a stand-in)
     verbose: bool = False  # also the usage cross-check with the re-tokenized text, and each run's server counters
 
 
@@ -277,6 +284,7 @@ def _run_bench(o: BenchOptions, console: Console, intr: Interrupts) -> Path:
     empty: list[tuple[str, Summary]] = []  # runs in which every request failed
     path = o.out_dir / f"{o.name}.json"
     doc: dict | None = None
+    obs: Observers | None = None
     with server_context(o, console) as (base_url, meta):
         try:
             ident = server_identity(base_url, o.api_key)
@@ -319,6 +327,15 @@ def _run_bench(o: BenchOptions, console: Console, intr: Interrupts) -> Path:
                 "params": _params(o),
                 "runs": [],
             }
+            grade = grade_context(o.model_config, o.gpu, o.use_measured, model, models, doc["gpus"])
+            obs = Observers.start(grade, o.out_dir, o.name, base_url, engine, o.telemetry, o.scrape_metrics,
+                                  o.api_key, o.nvml_module)
+            doc["observers"] = obs.doc()
+            if _synthetic(model, models):
+                doc["usage_check"] = ("skipped: the server's weights are random (synthetic), and random tokens do "
+                                      "not round-trip through a tokenizer")
+            for line in _observer_notes(doc["observers"]):
+                console.print(f"[dim]{line}", highlight=False)
             write_json(path, doc)
             if o.warmup:
                 n_warm = max(1, o.warmup) if o.auto_num_prompts else len(specs)
@@ -347,7 +364,7 @@ def _run_bench(o: BenchOptions, console: Console, intr: Interrupts) -> Path:
                 point_specs = intr.run(_point_specs(o, point, n, specs, tok, base_url, model))
                 with intr.deferred():  # the run and the saving of its results: an interrupt stops them, in order
                     s, csv = _run_point(o, cfg, point, point_specs, cap, rate, tok, base_url, model, label, doc,
-                                        path, console, intr, sized)
+                                        path, console, intr, sized, obs)
                 rows.append((tag, s))
                 if intr.signum:
                     break
@@ -372,6 +389,9 @@ def _run_bench(o: BenchOptions, console: Console, intr: Interrupts) -> Path:
             if isinstance(e, Interrupted):
                 e.path = path if doc else None
             raise
+        finally:
+            if obs is not None:
+                obs.stop()
     console.print(f"results: {path}")
     if intr.signum:
         raise Interrupted(intr.signum, path)
@@ -384,7 +404,8 @@ def _run_bench(o: BenchOptions, console: Console, intr: Interrupts) -> Path:
 
 def _run_point(o: BenchOptions, cfg: ClientConfig, point: int, specs: list[RequestSpec], cap: int | None, rate: float,
                tok: Tokenizer | None, base_url: str, model: str, label: str, doc: dict, path: Path, console: Console,
-               intr: Interrupts, sized: sizing.Sizing | None = None) -> tuple[Summary, str]:
+               intr: Interrupts, sized: sizing.Sizing | None = None,
+               obs: Observers | None = None) -> tuple[Summary, str]:
     """One sweep point: the run, its summary, its CSV, its entry in the results file, its table and notes."""
     tag = run_tag(cap, rate)
     metrics0 = server_metrics(base_url, o.api_key)
@@ -395,7 +416,9 @@ def _run_point(o: BenchOptions, cfg: ClientConfig, point: int, specs: list[Reque
     cache = prefix_cache_delta(prefix_cache_from(metrics0), prefix_cache_from(metrics), _looked_up(outcome.results))
     eager = graph_capture_failures(metrics)  # (an llmrs server's; None from others)
     # the usage cross-check re-tokenizes every reply: an interrupted bench skips it and exits promptly
-    text_tokens = intr.run(_text_tokens(tok, base_url, model, outcome.results)) if tok and not intr.signum else {}
+    # (skipped against random weights: their replies never round-trip, doc["usage_check"] says so)
+    check = tok and not intr.signum and "usage_check" not in doc
+    text_tokens = intr.run(_text_tokens(tok, base_url, model, outcome.results)) if check else {}
     s = summarize(outcome.results, outcome.t0, percentiles=o.percentiles, slo=o.slo, text_tokens=text_tokens)
     csv = f"{o.name}-{tag}.csv"
     try:
@@ -409,6 +432,10 @@ def _run_point(o: BenchOptions, cfg: ClientConfig, point: int, specs: list[Reque
         "server_graph_capture_failures": eager, "client_cpu": cpu, "csv": csv,
         "sizing": sized.to_dict() if sized else None,
     })
+    sections = obs.run_sections(outcome.results, outcome.t0, s.duration_s, s.total_output_tokens) if obs else {}
+    doc["runs"][-1].update(sections)
+    if obs:
+        doc["observers"] = obs.doc()
     doc["finished_at"] = _now()
     if intr.signum:
         doc["interrupted"] = signal_name(intr.signum)
@@ -417,6 +444,8 @@ def _run_point(o: BenchOptions, cfg: ClientConfig, point: int, specs: list[Reque
     if intr.signum:
         title += f" (interrupted by {signal_name(intr.signum)})"
     console.print(out.summary_table(title, s, cpu, o.verbose))
+    for line in observer_lines(sections):
+        console.print(line, highlight=False)
     if o.verbose and cache:
         console.print(f"server /metrics over the run ({cache['source']}): prefix-cache lookups "
                       f"{cache['query_tokens']:,} tokens, hits {cache['hit_tokens']:,}, preemptions "
@@ -467,6 +496,24 @@ def _probe(o: BenchOptions, cfg: ClientConfig, point: int, cap: int | None, rate
     return sizing.size_run(sizing.measure(outcome.results, outcome.t0), specs, o.duration, cap, rate)
 
 
+def _synthetic(model: str, models: list[dict]) -> bool:
+    """Whether the served model is `llmrs serve --synthetic` (random weights)."""
+    entry = next((m for m in models if m.get("id") == model), {})
+    return any(str(v).startswith("synthetic:") for v in (model, entry.get("root")) if v)
+
+
+def _observer_notes(d: dict) -> list[str]:
+    """One line for each observer that is off, and why."""
+    notes = []
+    if not d["roofline"]["graded"]:
+        notes.append(f"roofline: runs not graded: {d['roofline']['why']}")
+    if d["telemetry"]["why"]:
+        notes.append(f"GPU telemetry: {d['telemetry']['why']}")
+    if d["server_series"]["why"]:
+        notes.append(f"server /metrics series: {d['server_series']['why']}")
+    return notes
+
+
 def _looked_up(results: list[RequestResult]) -> int:
     """Prompt tokens the server looked up in its prefix cache at the run's requests' first admission: the prompts of
     the requests it admitted (those that completed, streamed something, or were cut off in flight), as it counted
@@ -503,5 +550,7 @@ def _params(o: BenchOptions) -> dict:
         "workers": o.workers,
         "slo_ms": o.slo,
         "percentiles": list(o.percentiles),
+        "gpu": o.gpu, "use_measured": o.use_measured, "model_config": o.model_config, "telemetry": o.telemetry,
+        "scrape_metrics": o.scrape_metrics,
         "api_key_set": bool(o.api_key),
     }

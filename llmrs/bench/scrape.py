@@ -71,6 +71,7 @@ class Scraper:
     polls: int = 0
     _thread: threading.Thread | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
+    _wake: threading.Event = field(default_factory=threading.Event)  # poll now (poll_now), not at the next tick
 
     def start(self) -> Scraper:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -104,10 +105,23 @@ class Scraper:
                     f.flush()
                     self.polls += 1
                 nxt += self.interval_s
-                self._stop.wait(max(0.0, nxt - time.perf_counter()))
+                if self._wake.wait(max(0.0, nxt - time.perf_counter())):
+                    self._wake.clear()
+                    nxt = time.perf_counter()
+
+    def poll_now(self, timeout: float = 5.0) -> None:
+        """One more poll, now, waited for: a run's counters then end with a poll after its last request."""
+        if self._thread is None or not self._thread.is_alive():
+            return
+        n = self.polls
+        self._wake.set()
+        deadline = time.perf_counter() + timeout
+        while self.polls == n and self._thread.is_alive() and time.perf_counter() < deadline:
+            time.sleep(0.01)
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10.0)
             self._thread = None
@@ -128,7 +142,8 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def summarize(rows: list[dict], t0: float, t1: float) -> dict | None:
-    """One run's window [t0, t1]: mean and peak of the gauges, the counters' increase; None without a poll in it."""
+    """One run's window [t0, t1]: mean and peak of the gauges polled in it, the counters' increase over the polls
+    that bracket it; None without a poll in it."""
     win = [r for r in rows if r["t"] is not None and t0 <= r["t"] <= t1]
     if not win:
         return None
@@ -137,7 +152,16 @@ def summarize(rows: list[dict], t0: float, t1: float) -> dict | None:
         v = [r[k] for r in win if r.get(k) is not None]
         out[f"mean_{k}"] = sum(v) / len(v) if v else None
         out[f"peak_{k}"] = max(v) if v else None
+    # counters: from the last poll at or before t0 to the first at or after t1 (the polls that bracket the run),
+    # else the window's own first and last
+    before = [r for r in rows if r["t"] is not None and r["t"] <= t0]
+    after = [r for r in rows if r["t"] is not None and r["t"] >= t1]
     for k in COUNTERS:
+        first = next((r[k] for r in reversed(before) if r.get(k) is not None), None)
+        last = next((r[k] for r in after if r.get(k) is not None), None)
         v = [r[k] for r in win if r.get(k) is not None]
-        out[f"{k}_delta"] = v[-1] - v[0] if len(v) >= 2 else None
+        first = first if first is not None else (v[0] if v else None)
+        last = last if last is not None else (v[-1] if v else None)
+        out[f"{k}_delta"] = last - first if first is not None and last is not None and (before or after or
+                                                                                          len(v) >= 2) else None
     return out

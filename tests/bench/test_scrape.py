@@ -54,7 +54,10 @@ def test_the_summary_is_gauges_mean_and_peak_and_counters_increase():
     s = scrape.summarize(rows, 0.5, 2.5)
     assert s["polls"] == 2 and s["mean_running"] == 3.0 and s["peak_running"] == 4.0
     assert s["peak_waiting"] == 2.0 and s["peak_kv_usage"] == pytest.approx(0.3)
-    assert s["generation_tokens_delta"] == 40.0 and s["preemptions_delta"] is None
+    # counters over the polls that bracket the run: none before 0.5 (the window's first, 10), the first after 2.5 (90)
+    assert s["generation_tokens_delta"] == 80.0 and s["preemptions_delta"] is None
+    assert scrape.summarize(rows, 1.5, 2.5)["generation_tokens_delta"] == 80.0  # from t 1.0 (10) to t 9.0 (90)
+    assert scrape.summarize(rows, 1.5, 9.5)["generation_tokens_delta"] == 80.0  # nothing after: the window's last
     assert scrape.summarize(rows, 3.0, 4.0) is None
 
 
