@@ -49,7 +49,7 @@ clean:
 WHEELS = fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 pydantic==2.14.4 pydantic_core==2.50.5 \
 	annotated-types==0.8.0 typing-inspection==0.4.5 opentelemetry-api==1.45.2 gguf==0.19.0 openai==3.57.0 \
 	jiter==0.19.0 sniffio==1.3.1 distro httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 anyio==4.16.0 \
-	h11==0.16.0 idna==3.20
+	h11==0.16.0 idna==3.20 prometheus_client==0.26.0 nvidia-ml-py==13.615.71
 wheels:
 	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $(WHEELS)
