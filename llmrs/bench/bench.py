@@ -7,6 +7,10 @@
 An interrupt (Ctrl-C, SIGTERM, SIGHUP: interrupts.py) during a run stops sending, saves what finished (the run and
 the results file marked interrupted) and ends the sweep; run_bench then raises Interrupted, whose exit code is
 128 + the signal's. The started server is always stopped (server.py), on every way out.
+Traffic shapes: a load (arrivals from --request-rate, the default); a trace replay (a --dataset trace: each request
+at its row's timestamp / --trace-speed, the trace decides the count: no probe); multi-turn conversations (turn by
+turn, each after the previous answer + --think-time, with the history in front; -n and --concurrency count
+conversations). The mode is in the console, each run's `mode` and the results' `params`.
 A server that cannot be reached, or a --model its /v1/models does not list, stops the bench before any request;
 a run in which every request failed ends the sweep, keeps its results, and is a UserError naming the failures.
 """
@@ -33,9 +37,9 @@ from llmrs.bench import console as out
 from llmrs.bench import sizing
 from llmrs.bench.arrivals import arrival_offsets
 from llmrs.bench.client import OPTIONAL_SAMPLING, ClientConfig
-from llmrs.bench.dataset import WorkloadConfig, build_workload
+from llmrs.bench.dataset import WorkloadConfig, build_trace, build_workload, is_trace
 from llmrs.bench.interrupts import Interrupted, Interrupts, signal_name
-from llmrs.bench.metrics import Summary, summarize
+from llmrs.bench.metrics import Summary, output_tokens, summarize
 from llmrs.bench.observe import Observers, grade_context
 from llmrs.bench.observe import lines as observer_lines
 from llmrs.bench.records import RequestResult, RequestSpec
@@ -93,6 +97,40 @@ class BenchOptions:
     scrape_metrics: bool | None = None  # --scrape-metrics: None = on for llmrs and vLLM servers
     nvml_module: str = "pynvml"  # the NVML the telemetry sampler imports (tests name a stand-in)
     verbose: bool = False  # also the usage cross-check with the re-tokenized text, and each run's server counters
+    trace_speed: float = 1.0  # --trace-speed: a trace replay runs this many times as fast as its timestamps
+    think_time: float = 0.0  # --think-time: a conversation's next turn is sent this long after the previous answer
+
+
+TRACE, MULTI_TURN, LOAD = "trace replay", "multi-turn", "load"
+
+
+def mode(o: BenchOptions) -> str:
+    """The traffic shape: TRACE (the --dataset is a trace), MULTI_TURN (workload.multi_turn), else LOAD."""
+    if o.workload.multi_turn:
+        return MULTI_TURN
+    return TRACE if is_trace(o.workload.dataset) else LOAD
+
+
+def check_mode(o: BenchOptions) -> None:
+    """The options that do not go with the run's traffic shape, as a UserError."""
+    m = mode(o)
+    if not (o.trace_speed > 0 and math.isfinite(o.trace_speed)):
+        raise UserError(f"--trace-speed must be a positive number (got {o.trace_speed:g})")
+    if not (o.think_time >= 0 and math.isfinite(o.think_time)):
+        raise UserError(f"--think-time must be a number of seconds >= 0 (got {o.think_time:g})")
+    if m == TRACE:
+        if math.isfinite(o.request_rate) or (o.sweep and o.sweep[0] == "request_rate"):
+            raise UserError("--request-rate does not apply to a trace replay: each request is sent at its row's "
+                            "timestamp (--trace-speed compresses time)")
+    elif o.trace_speed != 1:
+        raise UserError("--trace-speed applies to a trace replay (a --dataset .jsonl whose rows have 'timestamp')")
+    if m == MULTI_TURN:
+        if is_trace(o.workload.dataset):
+            raise UserError("a trace replay is not multi-turn: give --multi-turn a ShareGPT --dataset (or none)")
+        if not o.workload.dataset and not o.workload.turns:
+            raise UserError("--multi-turn without a --dataset replays random conversations: give --turns N")
+    elif o.think_time:
+        raise UserError("--think-time applies to multi-turn conversations (--multi-turn or --turns N)")
 
 
 def parse_sweep(text: str | None) -> tuple[str, list[float]] | None:
@@ -169,7 +207,7 @@ async def _prepare(o: BenchOptions, base_url: str, model: str) -> tuple[list[Req
     n = 1 if o.auto_num_prompts else o.workload.num_prompts
     async with httpx.AsyncClient(timeout=60.0, trust_env=False) as c:
         choice = await choose_tokenizer(base_url, model, c, o.tokenizer, model_config=o.model_config)
-        specs = await build_workload(replace(o.workload, num_prompts=n), choice.tokenizer)
+        specs = await _build(o, replace(o.workload, num_prompts=n), choice.tokenizer)
     return specs, choice.tokenizer, choice.source
 
 
@@ -178,8 +216,9 @@ def point_seed(o: BenchOptions, i: int) -> int:
     every point and for the warm-up, so a server's prefix cache does not carry one point's prompts into the next:
     with one set, every point after the first found its prompts cached (an H200 serving a 7B, 256 concurrent:
     17.3-19.8k output tok/s behind a 64-concurrent point of the same prompts, 13.0k cold). Dataset prompts stay
-    the same at every point (the workload's seed)."""
-    return o.workload.seed if o.workload.dataset else o.workload.seed + i
+    the same at every point (the workload's seed); a trace's random prompts (rows with input_len) are drawn afresh
+    like random ones, its given prompts are the trace's."""
+    return o.workload.seed if o.workload.dataset and mode(o) != TRACE else o.workload.seed + i
 
 
 WARMUP_POINT = 1_000_003
@@ -190,6 +229,14 @@ def probe_seed(o: BenchOptions, i: int) -> int:
     """The prompt seed of sweep point i's probe: never a run's (dataset prompts too are picked in another order), so
     the run's prompts are not in the server's prefix cache from the probe."""
     return o.workload.seed + PROBE_POINT + i
+
+
+async def _build(o: BenchOptions, wl: WorkloadConfig, tok: Tokenizer | None) -> list[RequestSpec]:
+    """The requests of workload `wl`: a trace's every row (with -n: its first n), else build_workload's."""
+    if mode(o) == TRACE:
+        specs = await build_trace(wl, tok)
+        return specs if o.auto_num_prompts else specs[:wl.num_prompts]
+    return await build_workload(wl, tok)
 
 
 @contextlib.asynccontextmanager
@@ -205,7 +252,7 @@ def _few_prompts_warning(o: BenchOptions) -> str | None:
     """The warning for a given -n below a run's concurrency cap (that many slots can never be used), else None."""
     n = o.workload.num_prompts
     caps = sorted({cap for cap, _ in sweep_points(o) if cap and cap > n})
-    if o.auto_num_prompts or not caps:
+    if o.auto_num_prompts or not caps or mode(o) == TRACE:
         return None
     which = f"--concurrency {caps[0]}" if len(caps) == 1 else "concurrency " + ", ".join(map(str, caps))
     return (f"warning: -n {n} is less than {which}: at most {n} requests are ever in flight; "
@@ -216,10 +263,10 @@ async def _point_specs(o: BenchOptions, i: int, n: int, first: list[RequestSpec]
                        base_url: str, model: str) -> list[RequestSpec]:
     """The n prompts of sweep point i (`first`, the prompts already built, where they are the same)."""
     seed = point_seed(o, i)
-    if seed == o.workload.seed and n == len(first):
+    if seed == o.workload.seed and (n == len(first) or mode(o) == TRACE):
         return first
     async with _live_tokenizer(tok, base_url, model) as live:
-        return await build_workload(replace(o.workload, seed=seed, num_prompts=n), live)
+        return await _build(o, replace(o.workload, seed=seed, num_prompts=n), live)
 
 
 async def _text_tokens(tok: Tokenizer, base_url: str, model: str, results: list[RequestResult]) -> dict[int, int]:
@@ -249,14 +296,30 @@ def _client_cpu(outcome: RunOutcome, main_cpu_s: float) -> dict:
     }
 
 
+def send_offsets(o: BenchOptions, specs: list[RequestSpec], rate: float, seed: int) -> list[float]:
+    """Each request's send offset (s after the start): a trace's timestamp / --trace-speed; else the gamma arrivals
+    at `rate`, one per request or, multi-turn, one per conversation (its later turns follow its answers)."""
+    if mode(o) == TRACE:
+        return [s.at / o.trace_speed for s in specs]
+    if mode(o) != MULTI_TURN:
+        return arrival_offsets(len(specs), rate, o.burstiness, seed).tolist()
+    convs = list(dict.fromkeys(s.conversation for s in specs))
+    starts = dict(zip(convs, arrival_offsets(len(convs), rate, o.burstiness, seed).tolist(), strict=True))
+    return [starts[s.conversation] for s in specs]
+
+
+def tag_of(o: BenchOptions, cap: int | None, rate: float) -> str:
+    return run_tag(cap, rate, o.trace_speed if mode(o) == TRACE else None)
+
+
 def run_one(o: BenchOptions, cfg: ClientConfig, specs: list[RequestSpec], cap: int | None, rate: float,
             console: Console, intr: Interrupts | None = None) -> tuple[RunOutcome, dict]:
     """One sweep point with a live progress bar; returns the merged outcome and the client's CPU use."""
-    offsets = arrival_offsets(len(specs), rate, o.burstiness, o.workload.seed).tolist()
+    offsets = send_offsets(o, specs, rate, o.workload.seed)
     cpu0 = time.process_time()
-    with out.RunProgress(console, run_tag(cap, rate), len(specs)) as progress:
+    with out.RunProgress(console, tag_of(o, cap, rate), len(specs)) as progress:
         outcome = run_load(specs, offsets, cfg, cap=cap, workers=o.workers, on_progress=progress.update,
-                           interrupted=intr.pending if intr else None)
+                           interrupted=intr.pending if intr else None, think_time=o.think_time)
     return outcome, _client_cpu(outcome, time.process_time() - cpu0)
 
 
@@ -274,6 +337,7 @@ def run_bench(o: BenchOptions, console: Console | None = None) -> Path:
         raise UserError(f"--timeout must be a positive number of seconds (got {o.timeout:g})")
     if not (o.duration > 0 and math.isfinite(o.duration)):
         raise UserError(f"--duration must be a positive number of seconds (got {o.duration:g})")
+    check_mode(o)
     o = replace(o, name=o.name or f"{_slug(o.label or 'bench')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
     with Interrupts(console) as intr:
         return _run_bench(o, console, intr)
@@ -305,11 +369,19 @@ def _run_bench(o: BenchOptions, console: Console, intr: Interrupts) -> Path:
             with console.status("building prompts..."):
                 specs, tok, tok_source = intr.run(_prepare(o, base_url, model))
             source = 'dataset ' + o.workload.dataset if o.workload.dataset else 'random tokens'
-            if o.auto_num_prompts:
+            if mode(o) == TRACE:
+                console.print(_trace_line(o, specs, tok_source), highlight=False)
+            elif mode(o) == MULTI_TURN and not o.auto_num_prompts:
+                console.print(_conversations_line(o, specs, source, tok_source), highlight=False)
+            elif o.auto_num_prompts:
                 console.print(f"prompts: {source} (tokenizer: {tok_source}); each run's count sized by a probe to "
                               f"about {o.duration:g} s")
             else:
                 console.print(f"{len(specs)} prompts ({source}; tokenizer: {tok_source})")
+            if mode(o) == MULTI_TURN and o.auto_num_prompts:
+                console.print("multi-turn conversations (chat), each turn after the previous answer"
+                              + (f" + {o.think_time:g} s think time" if o.think_time else "")
+                              + "; -n and --concurrency count conversations", highlight=False)
             if warning := _few_prompts_warning(o):
                 console.print(f"[yellow]{warning}")
             doc = {
@@ -340,7 +412,8 @@ def _run_bench(o: BenchOptions, console: Console, intr: Interrupts) -> Path:
             if o.warmup:
                 n_warm = max(1, o.warmup) if o.auto_num_prompts else len(specs)
                 warm_specs = intr.run(_point_specs(o, WARMUP_POINT, n_warm, specs, tok, base_url, model))
-                warm = [replace(warm_specs[i % len(warm_specs)], idx=i) for i in range(o.warmup)]
+                warm = [replace(warm_specs[i % len(warm_specs)], idx=i, conversation=-1, turn=0, at=0.0)
+                        for i in range(o.warmup)]
                 console.print(f"warmup: {o.warmup} requests")
                 with intr.deferred():
                     res = run_load(warm, [0.0] * len(warm), cfg, cap=o.concurrency, workers=o.workers,
@@ -351,16 +424,21 @@ def _run_bench(o: BenchOptions, console: Console, intr: Interrupts) -> Path:
                     console.print(f"[yellow]warmup: {len(bad)} of {len(res)} failed (first: {bad[0].error})")
             rows: list[tuple[str, Summary]] = []
             for point, (cap, rate) in enumerate(sweep_points(o)):
-                tag = run_tag(cap, rate)
+                tag = tag_of(o, cap, rate)
                 sized = None
-                if o.auto_num_prompts:
-                    sized = _probe(o, cfg, point, cap, rate, tok, base_url, model, console, intr)
+                if o.auto_num_prompts and mode(o) != TRACE:  # (a trace decides its own count)
+                    sized, per_unit = _probe(o, cfg, point, cap, rate, tok, base_url, model, console, intr)
                     if sized is None:  # interrupted: nothing of this point was measured
                         doc["finished_at"], doc["interrupted"] = _now(), signal_name(intr.signum)
                         write_json(path, doc)
                         break
                     console.print(sized.line(), highlight=False)
-                n = sized.num_prompts if sized else o.workload.num_prompts
+                n = o.workload.num_prompts
+                if sized:  # multi-turn: the requests sized, as conversations of the probe's mean length
+                    n = max(1, round(sized.num_prompts / per_unit))
+                    if mode(o) == MULTI_TURN:
+                        console.print(f"multi-turn: {per_unit:.1f} turns a conversation in the probe: sending {n:,} "
+                                      f"conversation{'s' if n != 1 else ''}", highlight=False)
                 point_specs = intr.run(_point_specs(o, point, n, specs, tok, base_url, model))
                 with intr.deferred():  # the run and the saving of its results: an interrupt stops them, in order
                     s, csv = _run_point(o, cfg, point, point_specs, cap, rate, tok, base_url, model, label, doc,
@@ -407,13 +485,16 @@ def _run_point(o: BenchOptions, cfg: ClientConfig, point: int, specs: list[Reque
                intr: Interrupts, sized: sizing.Sizing | None = None,
                obs: Observers | None = None) -> tuple[Summary, str]:
     """One sweep point: the run, its summary, its CSV, its entry in the results file, its table and notes."""
-    tag = run_tag(cap, rate)
+    tag = tag_of(o, cap, rate)
     metrics0 = server_metrics(base_url, o.api_key)
     outcome, cpu = run_one(o, cfg, specs, cap, rate, console, intr)
     if outcome.interrupted and not intr.signum:  # a KeyboardInterrupt the handlers did not see (not main thread)
         intr.signum = outcome.signum or signal.SIGINT
     metrics = server_metrics(base_url, o.api_key)
     cache = prefix_cache_delta(prefix_cache_from(metrics0), prefix_cache_from(metrics), _looked_up(outcome.results))
+    cache_notes = prefix_cache_notes(cache)
+    if mode(o) == MULTI_TURN:
+        cache, cache_notes = _history_reuse(cache, outcome.results)
     eager = graph_capture_failures(metrics)  # (an llmrs server's; None from others)
     # the usage cross-check re-tokenizes every reply: an interrupted bench skips it and exits promptly
     # (skipped against random weights: their replies never round-trip, doc["usage_check"] says so)
@@ -425,9 +506,12 @@ def _run_point(o: BenchOptions, cfg: ClientConfig, point: int, specs: list[Reque
         requests_frame(outcome.results, outcome.t0, text_tokens).to_csv(o.out_dir / csv, index=False)
     except OSError as e:
         raise UserError(f"cannot write {o.out_dir / csv}: {e.strerror or e}") from None
+    shown_rate = _trace_rate(o, specs) if mode(o) == TRACE else rate
     doc["runs"].append({
-        "tag": tag, "concurrency": cap, "request_rate": rate if math.isfinite(rate) else "inf",
+        "tag": tag, "mode": mode(o), "concurrency": cap,
+        "request_rate": shown_rate if math.isfinite(shown_rate) else "inf",
         "burstiness": o.burstiness, "seed": point_seed(o, point), "num_prompts": len(specs),
+        **_shape(o, specs),
         "interrupted": outcome.interrupted, "summary": s.to_dict(), "prefix_cache": cache,
         "server_graph_capture_failures": eager, "client_cpu": cpu, "csv": csv,
         "sizing": sized.to_dict() if sized else None,
@@ -450,7 +534,10 @@ def _run_point(o: BenchOptions, cfg: ClientConfig, point: int, specs: list[Reque
         console.print(f"server /metrics over the run ({cache['source']}): prefix-cache lookups "
                       f"{cache['query_tokens']:,} tokens, hits {cache['hit_tokens']:,}, preemptions "
                       f"{'-' if cache['preemptions'] is None else cache['preemptions']}")
-    for note in prefix_cache_notes(cache):
+    if cache and "history_tokens" in cache:
+        console.print(f"multi-turn: the server's prefix cache found {cache['history_hit_tokens']:,} of the "
+                      f"{cache['history_tokens']:,} history tokens the later turns sent again", highlight=False)
+    for note in cache_notes:
         console.print(f"[yellow]{note}")
     if s.usage_miscount:
         console.print(f"[red]warning: the server's usage count cannot be right for {s.usage_miscount} request(s) "
@@ -472,28 +559,95 @@ def _run_point(o: BenchOptions, cfg: ClientConfig, point: int, specs: list[Reque
 
 
 def _probe(o: BenchOptions, cfg: ClientConfig, point: int, cap: int | None, rate: float, tok: Tokenizer | None,
-           base_url: str, model: str, console: Console, intr: Interrupts) -> sizing.Sizing | None:
-    """Sweep point `point`'s probe (sizing.py) and the run's size from it; None when an interrupt stopped it."""
+           base_url: str, model: str, console: Console, intr: Interrupts) -> tuple[sizing.Sizing | None, float]:
+    """Sweep point `point`'s probe (sizing.py) and the run's size from it (None when an interrupt stopped it), with
+    the requests one unit of the workload makes: 1, or multi-turn the probe's mean turns a conversation (the probe
+    sends conversations; the sizing counts requests, each costing its prompt as sent: the history included)."""
     probe_s = sizing.probe_seconds(o.duration)
     k = sizing.probe_count(cap, rate, probe_s)
     seed = probe_seed(o, point)
     async def build() -> list[RequestSpec]:
         async with _live_tokenizer(tok, base_url, model) as live:
-            return await build_workload(replace(o.workload, seed=seed, num_prompts=k), live)
+            return await _build(o, replace(o.workload, seed=seed, num_prompts=k), live)
 
     specs = intr.run(build())
-    offsets = arrival_offsets(k, rate, o.burstiness, seed).tolist()
+    offsets = send_offsets(o, specs, rate, seed)
     what = f"-c {cap}" if cap else "no concurrency cap"
     what += f", --request-rate {rate:g}" if math.isfinite(rate) else ""
     with intr.deferred(), out.ProbeProgress(console, what, probe_s) as progress:
-        stop = sizing.ProbeStop(k, cap, probe_s, o.duration, intr.pending, progress.update)
+        stop = sizing.ProbeStop(len(specs), cap, probe_s, o.duration, intr.pending, progress.update)
         outcome = run_load(specs, offsets, cfg, cap=cap, workers=o.workers, on_progress=stop.progress,
-                           interrupted=stop)
+                           interrupted=stop, think_time=o.think_time)
     if outcome.signum not in (None, sizing.PROBE_STOPPED) and not intr.signum:  # a KeyboardInterrupt run_load saw
         intr.signum = outcome.signum
     if intr.signum:
-        return None
-    return sizing.size_run(sizing.measure(outcome.results, outcome.t0), specs, o.duration, cap, rate)
+        return None, 1.0
+    per_unit, shape = 1.0, specs
+    if mode(o) == MULTI_TURN:
+        per_unit = len(specs) / max(1, len({s.conversation for s in specs}))
+        sent = [r for r in outcome.results if r.start]
+        shape = [RequestSpec(r.idx, "", r.prompt_tokens if r.prompt_tokens is not None else r.input_len,
+                             r.max_tokens) for r in sent] or specs
+    return sizing.size_run(sizing.measure(outcome.results, outcome.t0), shape, o.duration, cap, rate), per_unit
+
+
+def _trace_rate(o: BenchOptions, specs: list[RequestSpec]) -> float:
+    """A trace replay's mean request rate as sent (requests over the replayed span; inf: all at one instant)."""
+    span = (specs[-1].at - specs[0].at) / o.trace_speed if specs else 0.0
+    return (len(specs) - 1) / span if span > 0 else math.inf
+
+
+def _shape(o: BenchOptions, specs: list[RequestSpec]) -> dict:
+    """A run's `trace` or `multi_turn` entry in the results (what was replayed), else nothing."""
+    if mode(o) == TRACE:
+        span = specs[-1].at if specs else 0.0
+        return {"trace": {"file": o.workload.dataset, "speed": o.trace_speed, "requests": len(specs),
+                          "span_s": span, "replayed_s": span / o.trace_speed,
+                          "concurrency": "no cap" if not o.concurrency else o.concurrency}}
+    if mode(o) == MULTI_TURN:
+        n = len({s.conversation for s in specs})
+        return {"multi_turn": {"conversations": n, "requests": len(specs),
+                               "turns_mean": round(len(specs) / max(n, 1), 3),
+                               "turns_max": max((s.turn for s in specs), default=-1) + 1,
+                               "think_time_s": o.think_time}}
+    return {}
+
+
+def _trace_line(o: BenchOptions, specs: list[RequestSpec], tok_source: str) -> str:
+    span = specs[-1].at if specs else 0.0
+    cap = f"at most {o.concurrency} in flight" if o.concurrency else "no concurrency cap"
+    speed = f" at {o.trace_speed:g}x speed: {span / o.trace_speed:,.1f} s" if o.trace_speed != 1 else ""
+    return (f"trace replay of {o.workload.dataset}: {len(specs)} requests over {span:,.1f} s{speed}, each sent at its "
+            f"timestamp ({cap}; tokenizer: {tok_source})")
+
+
+def _conversations_line(o: BenchOptions, specs: list[RequestSpec], source: str, tok_source: str) -> str:
+    n = len({s.conversation for s in specs})
+    think = f" + {o.think_time:g} s think time" if o.think_time else ""
+    cap = f"at most {o.concurrency} at once" if o.concurrency else "no cap"
+    return (f"multi-turn: {n} conversations, {len(specs)} turns ({source}; tokenizer: {tok_source}), chat, each turn "
+            f"after the previous answer{think} with the history so far ({cap})")
+
+
+def _history_reuse(cache: dict | None, results: list[RequestResult]) -> tuple[dict | None, list[str]]:
+    """A multi-turn run's prefix-cache delta and notes: each later turn sends its conversation's history again
+    (the previous turn's prompt and answer), and hits on it are the reuse the run measures, not contamination:
+    `history_tokens` counts them, `history_hit_tokens` the hits within them; the notes speak of the rest."""
+    if not cache:
+        return cache, []
+    prev: dict[tuple[int, int], RequestResult] = {(r.conversation, r.turn): r for r in results}
+    history = 0
+    for r in results:
+        p = prev.get((r.conversation, r.turn - 1))
+        if r.turn > 0 and p is not None and (r.success or r.chunks or r.interrupted == "in flight"):
+            history += (p.prompt_tokens if p.prompt_tokens is not None else p.input_len) + output_tokens(p)
+    reuse = min(cache["hit_tokens"], history)
+    cache = {**cache, "history_tokens": history, "history_hit_tokens": reuse}
+    rest = {**cache, "hit_tokens": cache["hit_tokens"] - reuse}
+    rest["hit_rate"] = round(rest["hit_tokens"] / cache["query_tokens"], 4) if cache["query_tokens"] else 0.0
+    if rest.get("hit_tokens_seen_before") is not None:
+        rest["hit_tokens_seen_before"] = max(0, rest["hit_tokens_seen_before"] - reuse)
+    return cache, prefix_cache_notes(rest)
 
 
 def _synthetic(model: str, models: list[dict]) -> bool:
@@ -553,4 +707,7 @@ def _params(o: BenchOptions) -> dict:
         "gpu": o.gpu, "use_measured": o.use_measured, "model_config": o.model_config, "telemetry": o.telemetry,
         "scrape_metrics": o.scrape_metrics,
         "api_key_set": bool(o.api_key),
+        "mode": mode(o),
+        "trace_speed": o.trace_speed if mode(o) == TRACE else None,
+        "think_time_s": o.think_time if mode(o) == MULTI_TURN else None,
     }

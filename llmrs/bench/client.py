@@ -55,8 +55,9 @@ class ClientConfig:
         return h
 
 
-def build_body(cfg: ClientConfig, spec: RequestSpec) -> bytes:
-    """The JSON request body: streaming with usage, max_tokens = the spec's output length."""
+def build_body(cfg: ClientConfig, spec: RequestSpec, history: list[dict] | None = None) -> bytes:
+    """The JSON request body: streaming with usage, max_tokens = the spec's output length. `history`: a multi-turn
+    conversation's earlier messages (user and assistant, alternating), sent before this turn's user message."""
     body: dict = {
         "model": cfg.model,
         "max_tokens": spec.output_len,
@@ -66,7 +67,7 @@ def build_body(cfg: ClientConfig, spec: RequestSpec) -> bytes:
     }
     if cfg.backend == "chat":
         assert isinstance(spec.prompt, str), "chat prompts are text"
-        body["messages"] = [{"role": "user", "content": spec.prompt}]
+        body["messages"] = [*(history or ()), {"role": "user", "content": spec.prompt}]
     else:
         body["prompt"] = spec.prompt
     if cfg.ignore_eos:

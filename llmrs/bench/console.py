@@ -17,6 +17,7 @@ from rich.table import Table
 from llmrs.bench.metrics import Dist, Summary
 
 SATURATED = 0.9  # a worker busier than this fraction of one core may be measuring itself
+TURN_ROWS = 8  # a multi-turn run's table shows the TTFT of this many turns (every turn is in the results JSON)
 PLAIN_EVERY_S = 5.0
 
 
@@ -140,6 +141,13 @@ def summary_table(title: str, s: Summary, client: dict, verbose: bool = False) -
     pnames = next((list(d.percentiles) for d in dists if d is not None), ["p50", "p90", "p99"])
     for name, d in zip(("TTFT (ms)", "TPOT (ms)", "ITL (ms)", "E2E latency (ms)"), dists, strict=True):
         _dist_rows(t, name, d, pnames)
+        if name == "TTFT (ms)":
+            _dist_rows(t, "Queue-incl. TTFT (ms, from scheduled send)", s.queued_ttft_ms, pnames)
+    for ts in (s.per_turn or [])[:TURN_ROWS]:
+        t.add_row(f"TTFT turn {ts.turn} ({ts.completed} req, {ts.prompt_tokens_mean:,.0f} prompt tok) mean / median",
+                  "- / -" if ts.ttft_ms is None else f"{ts.ttft_ms.mean:,.2f} / {ts.ttft_ms.median:,.2f}")
+    if s.per_turn and len(s.per_turn) > TURN_ROWS:
+        t.add_row(f"[dim]turns {TURN_ROWS} to {s.per_turn[-1].turn}", "[dim]in the results JSON (summary.per_turn)")
     if s.cut_off or s.not_sent:
         t.add_row("[yellow]Interrupted: in flight (cut off) / never sent", f"{s.cut_off} / {s.not_sent}")
     if s.usage_missing:

@@ -5,7 +5,11 @@
 - throughput: completed requests, output tokens and input+output tokens per second of run duration, where the
   duration runs from the common start t0 to the last request's end;
 - goodput: completed requests per second that met every SLO given (ttft, tpot, itl-free e2el), in ms;
-- peak concurrency: the most requests in flight at once, from their [start, end] intervals.
+- peak concurrency: the most requests in flight at once, from their [start, end] intervals;
+- queue-inclusive TTFT (not a vLLM metric): from a request's scheduled send (its arrival time in the schedule, a
+  trace's timestamp, or a conversation's previous answer + think time) to its first token, so the time it waited
+  for a free slot under --concurrency counts; TTFT itself starts at the actual send;
+- per-turn TTFT (multi-turn runs): TTFT of each turn index, so the prefix cache's reuse of the history shows.
 Failed requests count in `failures` with their reasons and are excluded from every latency statistic; a
 statistic of no requests at all (every request failed; TPOT when every reply was one token) is None (null in the
 results JSON, "-" in tables): never a 0 that reads as measured. An interrupted run's requests that were cut off in
@@ -54,6 +58,17 @@ def _pname(p: float) -> str:
 
 
 @dataclass(slots=True)
+class TurnStats:
+    """The completed requests of one turn index of a multi-turn run: their TTFT and mean prompt length."""
+
+    turn: int
+    completed: int
+    prompt_tokens_mean: float
+    ttft_ms: Dist | None
+    queued_ttft_ms: Dist | None
+
+
+@dataclass(slots=True)
 class Summary:
     """The numbers of one run. Counts are requests; tokens are the server's usage counts where given."""
 
@@ -83,6 +98,8 @@ class Summary:
     usage_miscount: int = 0
     cut_off: int = 0  # requests in flight when the run was interrupted
     not_sent: int = 0  # requests the interrupted run never sent
+    queued_ttft_ms: Dist | None = None  # scheduled send -> first token (TTFT plus the wait for a slot)
+    per_turn: list[TurnStats] | None = None  # a multi-turn run: TTFT of each turn index; None otherwise
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -132,6 +149,25 @@ def parse_slo(text: str | None) -> dict[str, float]:
     return out
 
 
+def queued_ttft(r: RequestResult) -> float:
+    """Seconds from the scheduled send to the first token (at least TTFT: a timer may fire a hair early)."""
+    return r.ttft + max(0.0, r.start - r.scheduled) if r.scheduled else r.ttft
+
+
+def per_turn(ok: list[RequestResult], percentiles: tuple[float, ...]) -> list[TurnStats] | None:
+    """TurnStats of each turn index of the completed conversation turns, None when none is one."""
+    turns: dict[int, list[RequestResult]] = {}
+    for r in ok:
+        if r.conversation >= 0:
+            turns.setdefault(r.turn, []).append(r)
+    if not turns:
+        return None
+    return [TurnStats(k, len(rs), sum(r.prompt_tokens if r.prompt_tokens is not None else r.input_len
+                                      for r in rs) / len(rs),
+                      Dist.of([r.ttft for r in rs], percentiles), Dist.of([queued_ttft(r) for r in rs], percentiles))
+            for k, rs in sorted(turns.items())]
+
+
 def meets_slo(r: RequestResult, slo: dict[str, float]) -> bool:
     vals = {"ttft": r.ttft, "tpot": tpot(r) or 0.0, "e2el": r.latency}
     return all(vals[k] * 1e3 <= v for k, v in slo.items())
@@ -175,6 +211,8 @@ def summarize(
         max_output_tokens_per_s=_peak_window(ok, t0),
         cut_off=sum(r.interrupted == "in flight" for r in results),
         not_sent=sum(r.interrupted == "not sent" for r in results),
+        queued_ttft_ms=Dist.of([queued_ttft(r) for r in ok], percentiles),
+        per_turn=per_turn(ok, percentiles),
     )
     if slo:
         s.slo = dict(slo)

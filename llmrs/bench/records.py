@@ -18,6 +18,11 @@ class RequestSpec:
     prompt: str | list[int]
     input_len: int  # prompt tokens as the workload believes (the server's usage.prompt_tokens wins when present)
     output_len: int  # max_tokens sent
+    at: float = 0.0  # a trace replay: the row's timestamp (s from the trace's start), before --trace-speed
+    # a multi-turn conversation's turns share `conversation` (>= 0) and are sent in `turn` order, each after the
+    # previous answer, its prompt the chat history so far + this user message (`prompt`); -1: a single request
+    conversation: int = -1
+    turn: int = 0
 
 
 @dataclass(slots=True)
@@ -45,3 +50,5 @@ class RequestResult:
     max_tokens: int = 0  # max_tokens sent
     finish_reason: str = ""  # the last finish_reason the stream carried ("length", "stop", ...)
     interrupted: str = ""  # "in flight" or "not sent": the run was interrupted (neither a success nor a failure)
+    conversation: int = -1  # a multi-turn run: the conversation and the turn (from 0) this request was
+    turn: int = 0

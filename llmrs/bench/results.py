@@ -3,7 +3,8 @@
 JSON (schema `llmrs.bench/1`): everything needed to trust and redo the numbers: the exact command, all
 parameters, server identity (/v1/models, --label, the server command), tokenizer source, GPUs (pynvml),
 client host and CPU use, timestamps, and per run (one per sweep point) its Summary and its CSV file name.
-CSV (via pandas): one row per request, failures included, with every timing in ms (ITLs `;`-joined).
+CSV (via pandas): one row per request, failures included, with every timing in ms (ITLs `;`-joined), the
+queue-inclusive TTFT (from the scheduled send), and in a multi-turn run each request's conversation and turn.
 The JSON is rewritten after every run, so an interrupted sweep keeps the runs that finished.
 """
 
@@ -15,16 +16,20 @@ import math
 import os
 from pathlib import Path
 
-from llmrs.bench.metrics import tpot
+from llmrs.bench.metrics import queued_ttft, tpot
 from llmrs.bench.records import RequestResult
 from llmrs.errors import UserError
 
 SCHEMA = "llmrs.bench/1"
 
 
-def run_tag(concurrency: int | None, rate: float) -> str:
-    """'c16-rinf': the setting of one run, used in CSV names and report keys."""
-    return f"c{concurrency if concurrency else 'inf'}-r{'inf' if math.isinf(rate) else f'{rate:g}'}"
+def run_tag(concurrency: int | None, rate: float, trace_speed: float | None = None) -> str:
+    """'c16-rinf': the setting of one run, used in CSV names and report keys; a trace replay's 'cinf-trace-x2'
+    (sent at the trace's timestamps, `trace_speed` times as fast)."""
+    c = f"c{concurrency if concurrency else 'inf'}"
+    if trace_speed is not None:
+        return f"{c}-trace-x{trace_speed:g}"
+    return f"{c}-r{'inf' if math.isinf(rate) else f'{rate:g}'}"
 
 
 def requests_frame(results: list[RequestResult], t0: float, text_tokens: dict[int, int] | None = None):
@@ -45,6 +50,7 @@ def requests_frame(results: list[RequestResult], t0: float, text_tokens: dict[in
             "start_s": round(r.start - t0, 6) if r.start else None,
             "end_s": round(r.end - t0, 6) if r.end else None,
             "ttft_ms": round(r.ttft * ms, 3) if r.success else None,
+            "queued_ttft_ms": round(queued_ttft(r) * ms, 3) if r.success else None,
             "tpot_ms": round(tp * ms, 3) if tp is not None else None,
             "e2el_ms": round(r.latency * ms, 3) if r.success else None,
             "input_len": r.input_len,
@@ -55,6 +61,8 @@ def requests_frame(results: list[RequestResult], t0: float, text_tokens: dict[in
             "max_tokens": r.max_tokens,
             "finish_reason": r.finish_reason or None,
             "itl_ms": ";".join(f"{g * ms:.3f}" for g in r.itl),
+            "conversation": r.conversation if r.conversation >= 0 else None,
+            "turn": r.turn if r.conversation >= 0 else None,
         })
     return pd.DataFrame(rows)
 

@@ -1,7 +1,7 @@
 """Runs one load over worker processes and merges their timings.
 
-The runner splits requests round-robin over the workers (request i -> worker i % N) with their precomputed
-arrival offsets, splits the concurrency cap, starts them (spawn: clean asyncio state), waits until every worker
+The runner splits requests round-robin over the workers (request i -> worker i % N; a multi-turn conversation's
+turns all go to one worker, conversations round-robin like requests) with their precomputed arrival offsets, splits the concurrency cap, starts them (spawn: clean asyncio state), waits until every worker
 has its HTTP client ready, then sets one common start time t0 (perf_counter is one machine-wide clock).
 An interrupt (Ctrl-C, or `interrupted()` turning true: the bench's SIGTERM / SIGHUP handler) sets `stop`: workers
 cancel what is in flight and send what finished; a second interrupt abandons them.
@@ -76,17 +76,25 @@ def run_load(
     workers: int,
     on_progress: ProgressFn | None = None,
     interrupted: Callable[[], int | None] | None = None,
+    think_time: float = 0.0,
 ) -> RunOutcome:
     """Send `specs` at `offsets` (s after start) with at most `cap` in flight, over `workers` processes.
-    `interrupted()`: the signal number of an interrupt to stop at (polled every 0.1 s), else None."""
+    `interrupted()`: the signal number of an interrupt to stop at (polled every 0.1 s), else None.
+    Multi-turn specs (conversation >= 0): a conversation starts at its first turn's offset, `cap` bounds the
+    conversations at once, and each later turn is sent `think_time` s after the answer before it (worker.py)."""
     assert len(specs) == len(offsets)
-    nw = plan_workers(len(specs), cap, workers)
+    units = _units(specs)
+    nw = plan_workers(len(units), cap, workers)
     caps = split_cap(cap, nw)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     go, stop = ctx.Event(), ctx.Event()
     t0 = ctx.Value("d", 0.0)
-    jobs = [WorkerJob(w, specs[w::nw], list(offsets[w::nw]), caps[w], cfg) for w in range(nw)]
+    share: list[list[int]] = [[] for _ in range(nw)]
+    for u, positions in enumerate(units):
+        share[u % nw] += positions
+    jobs = [WorkerJob(w, [specs[p] for p in share[w]], [offsets[p] for p in share[w]], caps[w], cfg, think_time)
+            for w in range(nw)]
     procs = [ctx.Process(target=worker_main, args=(j, q, go, stop, t0), daemon=True) for j in jobs]
     with _main_module_hidden():
         for p in procs:
@@ -144,6 +152,21 @@ def run_load(
     cpu = [WorkerCPU(w, f[1], f[2]) for w, f in sorted(finals.items())]
     return RunOutcome(results, t0.value, cpu, sum(f[3] for f in finals.values()), signum is not None,
                       int(signum) if signum is not None else None)
+
+
+def _units(specs: list[RequestSpec]) -> list[list[int]]:
+    """The positions of what one worker must send together: each single request alone, each conversation whole
+    (in the order their first request comes)."""
+    units: list[list[int]] = []
+    conv: dict[int, list[int]] = {}
+    for p, s in enumerate(specs):
+        if s.conversation < 0:
+            units.append([p])
+        elif s.conversation in conv:
+            conv[s.conversation].append(p)
+        else:
+            units.append(conv.setdefault(s.conversation, [p]))
+    return units
 
 
 @contextlib.contextmanager

@@ -7,6 +7,12 @@ so far, those of requests still in flight included) and send all their results a
 `stop`: an interrupt), together with their own CPU time so a saturated client is visible. Interrupt signals are
 the runner's to handle (a worker ignores them: a closed terminal's SIGHUP reaches the whole process group), and a
 worker whose runner is gone (killed) exits at once instead of streaming on.
+
+A multi-turn conversation (specs sharing `conversation` >= 0; the runner keeps each in one worker) starts at its
+first turn's offset and holds one of the worker's slots until its last turn: each turn is sent `think_time` seconds
+after the previous answer ended, with the history so far (each earlier user message and the server's actual reply)
+in front of its own user message. A turn that fails ends its conversation: the turns after it are failures
+("skipped: ..."), never sent.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import httpx
 from llmrs import envs
 from llmrs.bench import http1
 from llmrs.bench.client import ClientConfig, build_body, send_request
+from llmrs.bench.metrics import output_tokens
 from llmrs.bench.records import RequestResult, RequestSpec
 
 PROGRESS_EVERY_S = 0.2
@@ -38,8 +45,9 @@ class WorkerJob:
     worker: int
     specs: list[RequestSpec]
     offsets: list[float]
-    cap: int | None  # None: no cap
+    cap: int | None  # None: no cap (a multi-turn run: conversations at once)
     cfg: ClientConfig
+    think_time: float = 0.0  # a multi-turn conversation: seconds between an answer's end and the next turn's send
 
 
 @dataclass(slots=True)
@@ -135,32 +143,77 @@ async def _run(job: WorkerJob, queue, go, stop, t0) -> None:
         cpu0, wall0 = time.process_time(), time.perf_counter()
         sem = asyncio.Semaphore(job.cap) if job.cap else None
 
-        async def one(i: int) -> None:
+        async def send(i: int, when: float, history: list[dict] | None = None, prior_tokens: int = 0,
+                       slot: bool = True) -> RequestResult:
+            """Request i sent at `when` (absolute), once a slot is free (`slot` False: the caller holds one).
+            `history`: a conversation's earlier messages; `prior_tokens`: their tokens (the input estimate)."""
             spec = job.specs[i]
-            when = start + job.offsets[i]
             delay = when - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            if sem is not None:
+            if slot and sem is not None:
                 await sem.acquire()
             stats.inflight += 1
             stats.peak_inflight = max(stats.peak_inflight, stats.inflight)
-            res = live[i] = RequestResult(idx=spec.idx, worker=job.worker, input_len=spec.input_len, scheduled=when)
+            res = live[i] = RequestResult(idx=spec.idx, worker=job.worker, input_len=spec.input_len + prior_tokens,
+                                          scheduled=when, conversation=spec.conversation, turn=spec.turn)
+            body = build_body(job.cfg, spec, history) if history else bodies[i]
             try:
-                await send_request(client, job.cfg, spec, bodies[i], res)
+                await send_request(client, job.cfg, spec, body, res)
             finally:
                 stats.inflight -= 1
-                if sem is not None:
+                if slot and sem is not None:
                     sem.release()
             del live[i]
             results.append(res)
             if res.success:
                 stats.done += 1
-                stats.tokens += res.output_tokens if res.output_tokens is not None else res.chunks
+                stats.tokens += output_tokens(res)
             else:
                 stats.failed += 1
+            return res
 
-        tasks = [asyncio.create_task(one(i)) for i in range(len(job.specs))]
+        async def one(i: int) -> None:
+            await send(i, start + job.offsets[i])
+
+        async def conversation(turns: list[int]) -> None:
+            """One conversation's turns in order; it holds one slot from its first send to its last answer."""
+            when = start + job.offsets[turns[0]]
+            delay = when - time.perf_counter()
+            if delay > 0:  # (its slot is taken at its start time, not before)
+                await asyncio.sleep(delay)
+            if sem is not None:
+                await sem.acquire()
+            history: list[dict] = []
+            prior = 0
+            try:
+                for k, i in enumerate(turns):
+                    res = await send(i, when, history, prior, slot=False)
+                    if not res.success:
+                        for j in turns[k + 1:]:
+                            s = job.specs[j]
+                            results.append(RequestResult(
+                                idx=s.idx, worker=job.worker, input_len=s.input_len, max_tokens=s.output_len,
+                                conversation=s.conversation, turn=s.turn,
+                                error=f"skipped: turn {res.turn} of this conversation failed"))
+                            stats.failed += 1
+                        return
+                    history += [{"role": "user", "content": job.specs[i].prompt},
+                                {"role": "assistant", "content": res.text}]
+                    prior = (res.prompt_tokens if res.prompt_tokens is not None else res.input_len) + \
+                        output_tokens(res)
+                    when = res.end + job.think_time
+            finally:
+                if sem is not None:
+                    sem.release()
+
+        convs: dict[int, list[int]] = {}
+        for i, spec in enumerate(job.specs):
+            if spec.conversation >= 0:
+                convs.setdefault(spec.conversation, []).append(i)
+        tasks = [asyncio.create_task(one(i)) for i, spec in enumerate(job.specs) if spec.conversation < 0]
+        tasks += [asyncio.create_task(conversation(sorted(t, key=lambda i: job.specs[i].turn)))
+                  for t in convs.values()]
         pending = set(tasks)
         while pending:
             _, pending = await asyncio.wait(pending, timeout=PROGRESS_EVERY_S)
@@ -179,6 +232,7 @@ async def _run(job: WorkerJob, queue, go, stop, t0) -> None:
         for spec in job.specs:  # never sent: recorded as such, never a failure
             if spec.idx not in seen:
                 results.append(RequestResult(idx=spec.idx, worker=job.worker, input_len=spec.input_len,
-                                             max_tokens=spec.output_len, interrupted="not sent"))
+                                             max_tokens=spec.output_len, interrupted="not sent",
+                                             conversation=spec.conversation, turn=spec.turn))
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     queue.put(("final", job.worker, results, cpu, wall, stats.peak_inflight))

@@ -57,17 +57,21 @@ def bench(
     server_cmd: str = typer.Option(None, "--server-cmd", help="Start this server command, wait for GET /health, stop it afterwards, e.g. \"vllm serve Qwen/Qwen2.5-0.5B --port {port}\". {port} is replaced by a free port; otherwise the command's --port N (or 8000) is used."),
     server_timeout: float = typer.Option(600.0, help="Seconds to wait for a started server to be ready (GET /health answering 200, or GET /v1/models where it has no /health)."),
     model: str = typer.Option(None, "--model", "-m", help="Model name sent in requests (default: the first of /v1/models). Without --url/--server-cmd: the MODEL given to `llmrs serve`."),
-    backend: Backend = typer.Option(Backend.completions, help="API: /v1/completions or /v1/chat/completions."),
+    backend: Backend = typer.Option(None, show_default="completions; chat for multi-turn", help="API: /v1/completions or /v1/chat/completions."),
     endpoint: str = typer.Option("", help="Override the request path (default: /v1/completions or /v1/chat/completions)."),
-    concurrency: int = typer.Option(16, "--concurrency", "-c", help="Most requests in flight at once (0: no cap)."),
+    concurrency: int = typer.Option(None, "--concurrency", "-c", show_default="16; a trace replay: no cap", help="Most requests in flight at once (0: no cap); a multi-turn run: conversations at once (each has one request in flight at most, and holds its slot between turns)."),
     num_prompts: int = typer.Option(None, "--num-prompts", "-n", show_default="sized to --duration", help="Requests per run, exactly. Not given: before each run a ~10 s probe at the run's concurrency and rate measures the server's tokens/s, and the run sends as many requests as it finishes in about --duration seconds (at most max(1000, 4 x concurrency)); where that is fewer than --concurrency the server saturated, and the bench says so after the run."),
     duration: float = typer.Option(DEFAULT_DURATION_S, "--duration", metavar="SECONDS", help="Without -n: the seconds each run aims at (its probe comes before it: 10 s, or this long where shorter). Ignored with -n."),
-    request_rate: str = typer.Option("inf", metavar="FLOAT", help="Mean arrivals per second (gamma process); inf sends all at once."),
+    request_rate: str = typer.Option(None, metavar="FLOAT", show_default="inf", help="Mean arrivals per second (gamma process); inf sends all at once."),
     burstiness: float = typer.Option(1.0, help="Gamma shape of inter-arrival times: 1 = Poisson, <1 burstier, >1 more regular."),
     input_len: int = typer.Option(256, help="Prompt tokens of random prompts (exact, as the server tokenizes them)."),
     output_len: int = typer.Option(None, help="max_tokens per request (default: 128, or the dataset's reply length)."),
     range_ratio: float = typer.Option(0.0, help="Random lengths uniform in [L*(1-r), L*(1+r)] for input and output."),
-    dataset: Path = typer.Option(None, help="Prompts file: ShareGPT .json, or .jsonl of {\"prompt\": text or [ids], \"output_len\": N}. Default: random tokens."),
+    dataset: Path = typer.Option(None, help="Prompts file: ShareGPT .json, or .jsonl of {\"prompt\": text or [ids], \"output_len\": N}; a .jsonl whose rows have \"timestamp\" (s from the start) is a trace, replayed in time: each row {\"timestamp\", \"prompt\" or \"input_len\", \"output_len\"} is sent at its timestamp (no --request-rate; the trace decides the count). Default: random tokens."),
+    trace_speed: float = typer.Option(1.0, "--trace-speed", metavar="X", help="A trace replay runs X times as fast as its timestamps (2: twice as fast)."),
+    multi_turn: bool = typer.Option(False, "--multi-turn", help="Replay the ShareGPT --dataset's conversations turn by turn over /v1/chat/completions: each turn's prompt is the history so far (earlier user messages and the server's actual replies) + the new user message, sent after the previous answer (+ --think-time); -n counts conversations. TTFT is reported per turn."),
+    turns: int = typer.Option(None, "--turns", metavar="N", help="Multi-turn conversations of N random user messages of --input-len tokens each (implies --multi-turn without a --dataset); with a ShareGPT --dataset: at most N turns of each."),
+    think_time: float = typer.Option(0.0, "--think-time", metavar="SECONDS", help="Multi-turn: seconds between an answer's end and the next turn's send."),
     prefix_len: int = typer.Option(0, help="Shared random prefix of this many tokens in front of every prompt (prefix caching)."),
     prompt_format: PromptFormat = typer.Option(PromptFormat.text, help="Random prompts as text (needs the server's /tokenize or --tokenizer) or token ids (completions only)."),
     tokenizer: str = typer.Option(None, help="Tokenizer for exact prompt lengths when the server has no tokenize endpoint: a tokenizer.json, a Hugging Face model directory, a .gguf file or an embedded model name (smollm2-135m)."),
@@ -118,23 +122,38 @@ def bench(
         slo_ms = parse_slo(slo)
     except ValueError as e:
         raise UserError(f"--slo: {e}") from e
+    from llmrs.bench.dataset import is_trace
+
+    multi = multi_turn or (turns is not None and not dataset)
+    if multi and backend == Backend.completions:
+        raise UserError("multi-turn conversations are sent as chat messages (/v1/chat/completions): drop "
+                        "--backend completions")
+    if turns is not None and dataset and not multi_turn:
+        raise UserError("--turns with a --dataset limits the turns of --multi-turn conversations: add --multi-turn")
+    trace = is_trace(str(dataset)) if dataset else False
+    if trace and request_rate is not None:
+        raise UserError("--request-rate does not apply to a trace replay: each request is sent at its row's "
+                        "timestamp (--trace-speed compresses time)")
+    if concurrency is None:
+        concurrency = 0 if trace else 16
     wl = WorkloadConfig(
         num_prompts=1 if num_prompts is None else num_prompts, input_len=input_len, output_len=output_len, range_ratio=range_ratio,
         prefix_len=prefix_len, dataset=str(dataset) if dataset else None, prompt_format=prompt_format.value,
-        backend=backend.value, seed=seed,
+        backend=(backend or (Backend.chat if multi else Backend.completions)).value, seed=seed,
+        multi_turn=multi, turns=turns,
     )
     if input_len < 1 or (output_len is not None and output_len < 1) or prefix_len < 0:
         raise UserError("--input-len and --output-len must be >= 1, --prefix-len >= 0")
     opts = BenchOptions(
         workload=wl, url=url, server_cmd=server_cmd, server_timeout=server_timeout, model=model,
-        concurrency=concurrency or None, request_rate=_rate(request_rate), burstiness=burstiness,
+        concurrency=concurrency or None, request_rate=_rate(request_rate or "inf"), burstiness=burstiness,
         sweep=parse_sweep(sweep), warmup=warmup, timeout=timeout, api_key=api_key, label=label, workers=workers,
         slo=slo_ms, percentiles=_percentiles(percentiles), tokenizer=tokenizer, model_config=model_config,
         gpu=gpu, use_measured=use_measured, telemetry=telemetry, scrape_metrics=scrape_metrics,
         ignore_eos=ignore_eos,
         temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, endpoint=endpoint, out_dir=out_dir, name=name,
         command=shlex.join(["llmrs", *sys.argv[1:]]), serve_args=tuple(extra), auto_num_prompts=num_prompts is None,
-        duration=duration, verbose=verbose,
+        duration=duration, verbose=verbose, trace_speed=trace_speed, think_time=think_time,
     )
     if not (server_timeout > 0 and math.isfinite(server_timeout)):
         raise UserError(f"--server-timeout must be a positive number of seconds (got {server_timeout:g})")

@@ -8,12 +8,14 @@ directives in its prompt text (`key=value` words), falling back to the server's 
 - `n=10`         number of content chunks (default: max_tokens);
 - `fault=500|close|nodone|hang`  answer 500 / drop the connection mid-stream / end without [DONE] or
                  finish_reason / never answer;
-- `usage_lie=1`  report one completion token more than sent (to test the usage cross-check).
+- `usage_lie=1`  report one completion token more than sent (to test the usage cross-check);
+- `reply=WORD`   stream WORD as each chunk's text instead of "tok" (a chat request: read from its last message).
 
 Also: GET /health, GET /v1/models, POST /tokenize and /detokenize with a toy tokenizer (word "t123" <-> id 123,
 BOS id 1 prepended, so prompts fit exactly), GET /stats (peak in-flight, request count, `timings`: per prompt, the
 perf_counter of its arrival and of each content write: one clock with the client's on Linux; `sampling`: per prompt,
-the sampling fields its request carried), POST /stats/reset.
+the sampling fields its request carried; `messages`: per chat request's last message, the messages it carried),
+POST /stats/reset.
 `--gap-ms 0` streams as fast as it can; `--coalesce K` packs K events into one write. `--graph-failures N` serves
 GET /metrics with an llmrs server's count of failed CUDA graph captures (no /metrics without it).
 `--record FILE` appends one JSON line per completion request: the prompt tokens the server counted.
@@ -80,7 +82,7 @@ def toy_detokenize(ids: list[int]) -> str:
     return " ".join(f"t{i}" for i in ids if i != BOS)
 
 
-DIRECTIVES = ("ttft_ms", "gap_ms", "n", "fault", "usage_lie")
+DIRECTIVES = ("ttft_ms", "gap_ms", "n", "fault", "usage_lie", "reply")
 
 
 def directives(prompt) -> dict[str, str]:
@@ -91,7 +93,7 @@ def directives(prompt) -> dict[str, str]:
     for w in prompt.split():
         k, sep, v = w.partition("=")
         if sep and k in DIRECTIVES:
-            if k == "fault" or _number(v):
+            if k in ("fault", "reply") or _number(v):
                 out[k] = v
     return out
 
@@ -114,6 +116,7 @@ class FakeServer:
         self.requests = 0
         self.timings: dict[str, list[float]] = {}  # prompt -> [arrival, send time of each content chunk]
         self.sampling: dict[str, dict] = {}  # prompt -> the sampling fields its request carried
+        self.messages: dict[str, list] = {}  # a chat request's last message -> the messages it carried
         self.flavor = self.d.flavor
         self.model = self.d.model if self.d.model != "fake-model" else MODEL_IDS.get(self.flavor, self.d.model)
         self.t_start = time.monotonic()
@@ -162,7 +165,8 @@ class FakeServer:
             return await _json(send, 200, {"object": "list", "data": [self._model_entry()]})
         if path == "/stats":
             return await _json(send, 200, {"max_inflight": self.max_inflight, "requests": self.requests,
-                                           "timings": self.timings, "sampling": self.sampling})
+                                           "timings": self.timings, "sampling": self.sampling,
+                                           "messages": self.messages})
         if path == "/metrics" and self.d.graph_failures >= 0:
             name = "llmrs:cuda_graph_capture_failures_total"
             text = f'{name}{{model_name="{self.d.model}"}} {self.d.graph_failures}.0\n'
@@ -173,6 +177,7 @@ class FakeServer:
             self.max_inflight = self.requests = 0
             self.timings.clear()
             self.sampling.clear()
+            self.messages.clear()
             return await _json(send, 200, {})
         req = json.loads(body or b"{}")
         if path == "/tokenize" and flavor in ("default", "vllm"):
@@ -190,6 +195,8 @@ class FakeServer:
                 with open(self.d.record, "a") as f:
                     f.write(json.dumps({"prompt_tokens": self.count(prompt)}) + "\n")
             self.sampling[str(prompt)] = {k: req[k] for k in SAMPLING_FIELDS if k in req}
+            if "messages" in req:
+                self.messages[str(prompt)] = req["messages"]
             self.inflight += 1
             self.max_inflight = max(self.max_inflight, self.inflight)
             try:
@@ -293,7 +300,7 @@ class FakeServer:
             if fault == "close" and i == n // 2:
                 raise RuntimeError("injected: connection dropped mid-stream")
             last = i == n - 1 and fault != "nodone"
-            pending.append(event(" tok", "length" if last else None))
+            pending.append(event(" " + d.get("reply", "tok"), "length" if last else None))
             if len(pending) >= k or i == n - 1:
                 await send({"type": "http.response.body", "body": b"".join(pending), "more_body": True})
                 pending.clear()
