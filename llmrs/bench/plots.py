@@ -11,7 +11,8 @@ draw, so it gets bars with their values written on them:
 Every value axis starts at 0 (a bar or a line read against an axis that starts elsewhere exaggerates differences);
 latencies are in ms, or in s where a plot's largest is 10 s or more. Runs without a concurrency cap are plotted at
 x = their peak concurrency; a statistic nothing measured (every request of the run failed) is left out, not drawn
-as 0.
+as 0. Beside them, where the results hold what the bench observed: roofline.png, telemetry.png and
+server_series.png (llmrs.bench.observed_plots).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from llmrs.bench.observed_plots import OBSERVED_PLOTS, observed_figures
 from llmrs.bench.results import pct, stat
 from llmrs.errors import UserError
 
@@ -80,12 +82,16 @@ def figures(rows, labels: list[str]) -> dict:
     return _sweep_figures(rows, labels)
 
 
-def write_plots(rows, labels: list[str], out: Path) -> list[str]:
-    """Writes the PNGs into `out`; returns their file names (relative, for the markdown). The other layout's PNGs
-    from an earlier report in `out` are removed (report.md would not show them, a reader of the folder would)."""
+def write_plots(rows, labels: list[str], out: Path) -> tuple[list[str], dict[str, list[str]]]:
+    """Writes the PNGs into `out`; returns their file names (relative, for the markdown) and, per observed PNG
+    (roofline, telemetry, server series), what it leaves out and why. PNGs of another layout, or observed ones with
+    nothing to draw, left in `out` by an earlier report are removed (report.md would not show them, a reader of the
+    folder would)."""
     import matplotlib.pyplot as plt
 
     figs = figures(rows, labels)
+    observed, missing = observed_figures(rows, labels, _run_label)
+    figs.update(observed)
     written = []
     try:
         for fname, fig in figs.items():
@@ -98,10 +104,10 @@ def write_plots(rows, labels: list[str], out: Path) -> list[str]:
     finally:
         for fig in figs.values():
             plt.close(fig)
-    for stale in (*SWEEP_PLOTS, *SINGLE_PLOTS):
+    for stale in (*SWEEP_PLOTS, *SINGLE_PLOTS, *OBSERVED_PLOTS):
         if stale not in written:
             (out / stale).unlink(missing_ok=True)
-    return written
+    return written, missing
 
 
 def _names(rows, labels):
@@ -162,6 +168,12 @@ def _sweep_figures(rows, labels) -> dict:
     ax.legend(fontsize=8)
     figs[SWEEP_PLOTS[3]] = fig
     return figs
+
+
+def _run_label(r) -> str:
+    """'c=16', 'c=inf, 4/s': a run among its engine's."""
+    c = r.concurrency if r.concurrency else "inf"
+    return f"c={c}" + ("" if math.isinf(r.rate) else f", {r.rate:g}/s")
 
 
 def _run_name(r, name) -> str:

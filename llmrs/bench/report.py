@@ -3,21 +3,25 @@
 Each run of each results file is one row, keyed by engine label and setting (backend, input/output length, the
 sampling asked for where not greedy, concurrency, request rate). The side-by-side table puts engines next to each
 other per setting, the way the llm-rs posts do ("llm-rs / vLLM 35.5 / 27.0 tok/s"), with each engine's ratio to
-the baseline (the first label or --baseline). File names are fixed (report.md, and the PNGs of plots.py: lines
-against concurrency for sweeps, bars for single runs) and the text carries no timestamps of its own, so a
-regenerated report diffs cleanly in git.
+the baseline (the first label or --baseline). Where the results hold what watched the bench (llmrs.bench.observe),
+each run's place under the roofline (% of the ideal tok/s at its batch and context, MBU), its GPU telemetry
+(power, energy, output tokens per joule, slowdowns) and the server's /metrics series are tabled too, and what is
+missing says why. File names are fixed (report.md, and the PNGs of plots.py: lines against concurrency for sweeps,
+bars for single runs, the roofline and time series where there are data) and the text carries no timestamps of
+its own, so a regenerated report diffs cleanly in git.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
 
 from llmrs.bench.client import OPTIONAL_SAMPLING
 from llmrs.bench.console import share_of_core
+from llmrs.bench.observe import pct as frac
 from llmrs.bench.results import find_results, load_document, pct, stat
 from llmrs.errors import UserError
 
@@ -43,6 +47,13 @@ class Row:
     eager_shapes: int = 0  # an llmrs server's step shapes whose CUDA graph capture had failed (`eager_lines`)
     interrupted: bool = False  # the bench was interrupted during this run: it measured only what finished
     saturation: str = ""  # a sized run (no -n) whose server could not finish its concurrency's requests in time
+    path: Path = Path()  # its results file
+    observers: dict = field(default_factory=dict)  # the file's `observers` ({} in results written without them)
+    window: dict | None = None  # {t0, t1}: perf_counter seconds of the run's requests (the series' clock)
+    roofline: dict = field(default_factory=dict)  # grading.grade() of the run ({} where none was saved)
+    telemetry: dict | None = None  # telemetry.summarize() of the run's window
+    server_series: dict | None = None  # scrape.summarize() of the run's window
+    csv_path: Path | None = None  # its per-request CSV
 
     @property
     def workload(self) -> str:
@@ -98,6 +109,10 @@ def load_rows(paths: list[str]) -> list[Row]:
                 env={k: doc.get(k) for k in ("command", "server", "gpus", "client", "llmrs_version")},
                 sampling=sampling_label(prm), eager_shapes=_count(run.get("server_graph_capture_failures")),
                 interrupted=run.get("interrupted") is True, saturation=_saturation(run.get("sizing")),
+                path=p, observers=_dict(doc.get("observers")), window=_window(run.get("window")),
+                roofline=_dict(run.get("roofline")), telemetry=_dict(run.get("telemetry")) or None,
+                server_series=_dict(run.get("server_series")) or None,
+                csv_path=p.parent / run["csv"] if isinstance(run.get("csv"), str) and run["csv"] else None,
             ))
     if not rows:
         raise UserError("the results files hold no finished runs")
@@ -113,6 +128,16 @@ def _saturation(sizing: object) -> str:
         return ""
     return (f"the server saturated: at its probed {tps:,.0f} tokens/s it could not finish {c:g} requests in about "
             f"{target:g} s, so {n:g} were sent (at most {n:g} in flight).")
+
+
+def _dict(v: object) -> dict:
+    return v if isinstance(v, dict) else {}
+
+
+def _window(v: object) -> dict | None:
+    if isinstance(v, dict) and all(isinstance(v.get(k), int | float) for k in ("t0", "t1")):
+        return {"t0": float(v["t0"]), "t1": float(v["t1"])}
+    return None
 
 
 def _count(v: object) -> int:
@@ -146,7 +171,8 @@ def _n(v: float | None) -> str:
 
 
 def runs_table(rows: list[Row]) -> list[str]:
-    head = "| engine | setting | ok | failed | req/s | out tok/s | total tok/s | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | ITL p50 | E2E p50 | goodput | client CPU |"
+    head = ("| engine | setting | ok | failed | req/s | out tok/s | total tok/s | TTFT p50 | TTFT p99 | TPOT p50 | "
+            "TPOT p99 | ITL p50 | E2E p50 | goodput | % of ideal | MBU | client CPU |")
     lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
     for r in rows:
         s = r.s
@@ -159,9 +185,15 @@ def runs_table(rows: list[Row]) -> list[str]:
             f"{_f(stat(s, 'ttft_ms', 'median'))} | {_f(pct(s, 'ttft_ms', 'p99'))} | "
             f"{_f(stat(s, 'tpot_ms', 'median'), 2)} | {_f(pct(s, 'tpot_ms', 'p99'), 2)} | "
             f"{_f(stat(s, 'itl_ms', 'median'), 2)} | {_f(stat(s, 'e2el_ms', 'median'))} | "
-            f"{_f(stat(s, 'goodput'), 2)} | {share_of_core(r.client_busy)} |"
+            f"{_f(stat(s, 'goodput'), 2)} | {frac(graded(r, 'fraction_of_ideal'))} | {frac(graded(r, 'mbu'))} | "
+            f"{share_of_core(r.client_busy)} |"
         )
     return lines
+
+
+def graded(r: Row, key: str) -> float | None:
+    """A figure of the run's roofline grade; None where the run is not graded or the figure is not there."""
+    return stat(r.roofline, key) if r.roofline.get("graded") is True else None
 
 
 METRICS = (  # (title, key path, unit, higher is better)
@@ -170,6 +202,9 @@ METRICS = (  # (title, key path, unit, higher is better)
     ("TPOT p50", ("tpot_ms", "median"), "ms", False),
     ("E2E p50", ("e2el_ms", "median"), "ms", False),
 )
+
+
+ROOF_COLUMNS = (("% of ideal", "fraction_of_ideal"), ("MBU", "mbu"))
 
 
 def side_by_side(rows: list[Row], labels: list[str], baseline: str) -> list[str]:
@@ -182,7 +217,7 @@ def side_by_side(rows: list[Row], labels: list[str], baseline: str) -> list[str]
         by.setdefault(r.setting, {})[r.label] = r  # the last run of a label wins
     others = [lb for lb in labels if lb != baseline]
     names = " / ".join([baseline, *others])
-    head = ["setting"] + [f"{t} ({names})" for t, *_ in METRICS]
+    head = ["setting"] + [f"{t} ({names})" for t, *_ in METRICS] + [f"{t} ({names})" for t, _ in ROOF_COLUMNS]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * len(head)) + "|"]
     for first in order:
         cells = [first.setting]
@@ -197,6 +232,8 @@ def side_by_side(rows: list[Row], labels: list[str], baseline: str) -> list[str]
                     continue
                 ratios.append(f"{v / base if higher else base / v:.2f}x")
             cells.append(f"{txt} {unit}" + (f" ({', '.join(ratios)})" if ratios else ""))
+        for _, key in ROOF_COLUMNS:  # fractions of each engine's own ceiling: no ratio between them
+            cells.append(" / ".join(frac(graded(runs[lb], key)) if lb in runs else "-" for lb in [baseline, *others]))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -220,7 +257,137 @@ def setup_lines(rows: list[Row], labels: list[str]) -> list[str]:
     return md
 
 
-def render_markdown(rows: list[Row], labels: list[str], baseline: str, title: str, pngs: list[str], sources: list[str]) -> str:
+def _by_file(rows: list[Row], labels: list[str]) -> list[list[Row]]:
+    """The runs of each results file, engines in report order."""
+    files: dict[Path, list[Row]] = {}
+    for r in sorted(rows, key=lambda r: labels.index(r.label)):
+        files.setdefault(r.path, []).append(r)
+    return list(files.values())
+
+
+def _ceilings(g: dict) -> str:
+    """'NVIDIA H100 SXM5 80GB (`h100-sxm`), datasheet ceilings 3,350 GB/s and 990 TFLOP/s bf16'."""
+    text = f"{g.get('gpu_name') or g.get('gpu', '?')} (`{g.get('gpu', '?')}`), {g.get('ceilings', 'datasheet')} ceilings"
+    bw, peak = stat(g, "bandwidth_gbs"), stat(g, "peak_tflops")
+    if bw is not None and peak is not None:
+        text += f" {bw:,.0f} GB/s and {peak:,.0f} TFLOP/s {g.get('compute_dtype') or ''}".rstrip()
+    return text
+
+
+def roofline_lines(rows: list[Row], labels: list[str]) -> list[str]:
+    """What each results file was graded against (or why not), then each graded run's place under the roofline."""
+    md = ["## Roofline", "",
+          "Each run against what its GPU allows at the run's own shape. `ideal` is the output tok/s of decode steps at "
+          "the floor (a step of the run's mean decode batch at its mean context: its bytes over the bandwidth or its "
+          "FLOPs over the peak, whichever is longer); `% of ideal` is the run's output tok/s over it. MBU: the bytes "
+          "such a step reads, per mean TPOT, over the bandwidth. MFU: the FLOPs of the run's tokens per second over "
+          "the peak (prefill: the prompts' share).", ""]
+    ungraded: list[str] = []
+    for rs in _by_file(rows, labels):
+        r0 = rs[0]
+        ctx = _dict(r0.observers.get("roofline"))
+        first = next((r.roofline for r in rs if r.roofline.get("graded") is True), None)
+        if ctx.get("graded") is True or first:
+            g = first or ctx
+            md.append(f"- **{r0.label}** `{r0.source}`: graded against {_ceilings(g)}; model {g.get('model') or '?'} "
+                      f"({g.get('weight_format') or '?'}; from {g.get('model_source') or '?'}).")
+            ungraded += [f"- **{r.label}** `{r.source}` {r.setting}: not graded: {r.roofline.get('why') or 'no grade saved'}."
+                         for r in rs if r.roofline.get("graded") is not True]
+        else:
+            why = ctx.get("why") or next((r.roofline.get("why") for r in rs if r.roofline.get("why")), None) or \
+                "the results file holds no roofline grading (`llmrs bench` grades each run it makes)"
+            md.append(f"- **{r0.label}** `{r0.source}`: not graded: {why}")
+    md.append("")
+    done = [r for r in sorted(rows, key=lambda r: (labels.index(r.label), r.sort_key())) if graded(r, "output_tok_s")
+            is not None]
+    if done:
+        head = ("| engine | setting | out tok/s | ideal tok/s | % of ideal | MBU | MFU | MFU prefill | mean batch | "
+                "mean context | decode floor (ms) | bound |")
+        md += [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
+        for r in done:
+            md.append(f"| {r.label} | {r.setting} | {_f(graded(r, 'output_tok_s'))} | "
+                      f"{_f(graded(r, 'ideal_output_tok_s'), 0)} | {frac(graded(r, 'fraction_of_ideal'))} | "
+                      f"{frac(graded(r, 'mbu'))} | {frac(graded(r, 'mfu'))} | {frac(graded(r, 'mfu_prefill'))} | "
+                      f"{_f(graded(r, 'mean_decode_batch'), 2)} | {_f(graded(r, 'mean_context'), 0)} | "
+                      f"{_f(graded(r, 'decode_floor_ms'), 3)} | {r.roofline.get('decode_bound') or '-'} |")
+        md.append("")
+    return md + (ungraded + [""] if ungraded else [])
+
+
+def _why_none(rs: list[Row], kind: str) -> str:
+    """Why a results file's runs have no `kind` summary (telemetry, server_series), from its observers section."""
+    obs = rs[0].observers.get(kind)
+    if not isinstance(obs, dict):
+        return "the results file has no record of it (no `observers` section)"
+    if obs.get("why"):  # (a scraper that stopped has both: its file, and why it holds nothing)
+        return obs["why"]
+    return f"no sample of {obs['csv']} fell in its runs" if obs.get("csv") else "not recorded"
+
+
+def telemetry_lines(rows: list[Row], labels: list[str]) -> list[str]:
+    md = ["## GPU telemetry", "",
+          "NVML sampled about every 0.1 s during the runs (the time series is the `.telemetry.csv` beside the "
+          "results). Power is summed over the GPUs; energy is the driver's energy counter over the run (else power "
+          "integrated over time); output tok/J = the run's output tokens / that energy; slowdowns are the "
+          "clock-event reasons seen, idle left out.", ""]
+    files = _by_file(rows, labels)
+    seen = [r for rs in files for r in sorted(rs, key=Row.sort_key) if r.telemetry]
+    if seen:
+        head = ("| engine | setting | GPUs | mean power (W) | peak power (W) | energy (J) | output tok/J | "
+                "SM clock mean (MHz) | GPU util mean | slowdowns |")
+        md += [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
+        for r in seen:
+            t = r.telemetry
+            util = stat(t, "mean_util_gpu_pct")
+            slow = t.get("throttle_reasons") if isinstance(t.get("throttle_reasons"), list) else []
+            md.append(f"| {r.label} | {r.setting} | {_n(stat(t, 'gpus'))} | {_f(stat(t, 'mean_power_w'), 0)} | "
+                      f"{_f(stat(t, 'peak_power_w'), 0)} | {_f(stat(t, 'energy_j'), 0)} | "
+                      f"{_f(stat(t, 'output_tokens_per_joule'), 2)} | {_f(stat(t, 'mean_sm_mhz'), 0)} | "
+                      f"{'-' if util is None else f'{util:.0f}%'} | {', '.join(map(str, slow)) or 'none'} |")
+        md.append("")
+    why = [f"- **{rs[0].label}** `{rs[0].source}`: no telemetry: {_why_none(rs, 'telemetry')}"
+           for rs in files if not any(r.telemetry for r in rs)]
+    return md + (why + [""] if why else [])
+
+
+def server_lines(rows: list[Row], labels: list[str]) -> list[str]:
+    md = ["## Server metrics", "",
+          "The server's Prometheus /metrics polled about every 0.5 s during the runs (`--scrape-metrics`; the time "
+          "series is the `.metrics.csv` beside the results): requests running and waiting, KV cache in use, and the "
+          "counters' increase over each run.", ""]
+    files = _by_file(rows, labels)
+    seen = [r for rs in files for r in sorted(rs, key=Row.sort_key) if r.server_series]
+    if seen:
+        head = ("| engine | setting | polls | running mean | running peak | waiting peak | KV cache peak | "
+                "preemptions | prefix-cache hits |")
+        md += [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
+        for r in seen:
+            v = r.server_series
+            kv, q, h = stat(v, "peak_kv_usage"), stat(v, "prefix_queries_delta"), stat(v, "prefix_hits_delta")
+            hits = f"{frac(h / q)} of {q:,.0f} tokens" if q and h is not None else "-"
+            md.append(f"| {r.label} | {r.setting} | {_n(stat(v, 'polls'))} | {_f(stat(v, 'mean_running'))} | "
+                      f"{_n(stat(v, 'peak_running'))} | {_n(stat(v, 'peak_waiting'))} | "
+                      f"{frac(kv)} | {_n(stat(v, 'preemptions_delta'))} | {hits} |")
+        md.append("")
+    why = [f"- **{rs[0].label}** `{rs[0].source}`: no server metrics: {_why_none(rs, 'server_series')}"
+           for rs in files if not any(r.server_series for r in rs)]
+    return md + (why + [""] if why else [])
+
+
+def plot_lines(pngs: list[str], missing: dict[str, list[str]]) -> list[str]:
+    """The plots, then what the roofline and time-series plots leave out (or why they are not drawn)."""
+    md = ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in pngs] + ([""] if pngs else [])
+    notes = []
+    for name, why in missing.items():
+        if not why:
+            continue
+        head = f"`{name}` leaves out" if name in pngs else f"no `{name}`"
+        notes += [f"- {head}: {why[0]}"] if len(why) == 1 else [f"- {head}:"] + [f"  - {w}" for w in why]
+    return md + (notes + [""] if notes else [])
+
+
+def render_markdown(rows: list[Row], labels: list[str], baseline: str, title: str, pngs: list[str], sources: list[str],
+                    missing: dict[str, list[str]] | None = None) -> str:
     md = [f"# {title}", ""]
     md += ["Generated by `llmrs report` from: " + ", ".join(f"`{s}`" for s in sources) + ".", ""]
     md += [f"## Side by side (baseline: {baseline})", "",
@@ -233,8 +400,11 @@ def render_markdown(rows: list[Row], labels: list[str], baseline: str, title: st
     md += runs_table(ordered) + [""]
     md += eager_lines(ordered)
     md += setup_lines(rows, labels)
-    if pngs:
-        md += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in pngs] + [""]
+    md += roofline_lines(rows, labels)
+    md += telemetry_lines(rows, labels)
+    md += server_lines(rows, labels)
+    if pngs or any((missing or {}).values()):
+        md += plot_lines(pngs, missing or {})
     return "\n".join(md)
 
 
@@ -254,10 +424,10 @@ def write_report(paths: list[str], out: Path, *, baseline: str | None = None, ti
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot write the report into {out}: {e.strerror or e}") from None
-    pngs = write_plots(rows, labels, out)
+    pngs, missing = write_plots(rows, labels, out)
     sources = sorted(dict.fromkeys(r.source for r in rows))
     try:
-        md.write_text(render_markdown(rows, labels, baseline, title, pngs, sources))
+        md.write_text(render_markdown(rows, labels, baseline, title, pngs, sources, missing))
     except OSError as e:
         raise UserError(f"cannot write {md}: {e.strerror or e}") from None
     console.print(f"report: {md} ({len(rows)} runs, {len(labels)} engines, {len(pngs)} plots)")
