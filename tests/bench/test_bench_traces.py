@@ -115,3 +115,34 @@ def test_queue_inclusive_ttft_adds_the_wait_for_a_slot(server, tmp_path):
     assert s["queued_ttft_ms"]["mean"] - s["ttft_ms"]["mean"] == pytest.approx(200, abs=3 * TOL / MS)
     assert "Queue-incl. TTFT (ms, from scheduled send)" in text
     assert run["request_rate"] == "inf"  # every row at one instant
+
+
+def test_cli_replays_a_trace_against_llmrs_serve(tmp_path):
+    """`llmrs bench --dataset trace.jsonl --trace-speed 2` against the `llmrs serve` it starts: every row sent at
+    half its timestamp, random prompts of exactly their input_len (the server's count), no probe, graded sections
+    present; --request-rate with a trace is one line, no traceback."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    trace = _trace(tmp_path / "trace.jsonl", [{"timestamp": t, "input_len": 16 + 4 * i, "output_len": 4}
+                                              for i, t in enumerate([0.0, 0.4, 0.8, 1.6])])
+    base = [sys.executable, "-m", "llmrs", "bench", "--dataset", trace, "-o", str(tmp_path / "res")]
+    res = subprocess.run(base + ["--request-rate", "2"], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode != 0 and "--request-rate does not apply to a trace replay" in res.stderr
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    res = subprocess.run(base + ["--trace-speed", "2", "--ignore-eos", "--workers", "1", "--name", "tr"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "trace replay of" in res.stdout and "at 2x speed: 0.8 s" in res.stdout and "probing" not in res.stdout
+    (run,) = json.loads((tmp_path / "res" / "tr.json").read_text())["runs"]
+    assert run["mode"] == "trace replay" and run["tag"] == "cinf-trace-x2" and run["concurrency"] is None
+    assert run["summary"]["completed"] == 4 and run["summary"]["total_output_tokens"] == 16
+    assert {"roofline", "telemetry", "server_series", "prefix_cache"} <= set(run)
+    csv = pd.read_csv(tmp_path / "res" / run["csv"]).sort_values("scheduled_s")
+    assert list(csv["scheduled_s"]) == pytest.approx([0.0, 0.2, 0.4, 0.8])
+    assert list(csv["prompt_tokens"]) == [16, 20, 24, 28]
+    assert (csv["queued_ttft_ms"] >= csv["ttft_ms"]).all()

@@ -308,7 +308,9 @@ class FakeServer:
         tail = b""
         if fault != "nodone":
             if (req.get("stream_options") or {}).get("include_usage") and self.flavor != "llama-cpp-python":
-                plen = self.count(prompt)
+                # a chat's prompt is every message it carries (a multi-turn history too), one BOS in front
+                plen = self.count(" ".join(str(m.get("content", "")) for m in req["messages"])) if chat else \
+                    self.count(prompt)
                 out = n + (1 if d.get("usage_lie") else 0)
                 usage = {"prompt_tokens": plen, "completion_tokens": out, "total_tokens": plen + out}
                 tail += b"data: " + json.dumps({"id": rid, "object": obj, "choices": [], "usage": usage}).encode() + b"\n\n"
