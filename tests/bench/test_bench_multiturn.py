@@ -155,3 +155,16 @@ def test_cli_multi_turn_against_llmrs_serve_shows_history_reuse(tmp_path):
     assert cache["history_tokens"] > 0 and 0 < cache["history_hit_tokens"] <= cache["history_tokens"]
     assert "seen these prompts" not in res.stdout and "TTFT turn 2" in res.stdout
     assert {"roofline", "telemetry", "server_series"} <= set(run)
+
+
+def test_without_n_a_probe_sizes_multi_turn_runs_in_conversations(server, tmp_path):
+    """No -n: the probe sends conversations, measures the server's tokens/s over requests as sent (history
+    included) and sizes the run in conversations of the probe's mean length."""
+    url, _ = server
+    wl = WorkloadConfig(input_len=6, output_len=2, multi_turn=True, turns=2, backend="chat")
+    doc, text = _run(url, tmp_path, "sized", workload=wl, concurrency=2, auto_num_prompts=True, duration=0.5)
+    (run,) = doc["runs"]
+    assert run["sizing"] is not None and run["sizing"]["concurrency"] == 2
+    n = run["multi_turn"]["conversations"]
+    assert n == max(1, round(run["sizing"]["num_prompts"] / 2)) and run["num_prompts"] == 2 * n
+    assert f"2.0 turns a conversation in the probe: sending {n:,} conversation" in text
