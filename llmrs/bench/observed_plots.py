@@ -200,7 +200,7 @@ def _shade_runs(ax, b: Bench, run_name, top: bool) -> None:
     """Each run's window shaded (alternating), and named above the top panel."""
     for k, r in enumerate(w for w in b.rows if w.window):
         a, z = r.window["t0"] - b.origin, r.window["t1"] - b.origin
-        ax.axvspan(a, z, color="tab:grey", alpha=0.12 if k % 2 == 0 else 0.05, lw=0)
+        ax.axvspan(a, z, color="tab:grey", alpha=0.16 if k % 2 == 0 else 0.08, lw=0)
         if top:
             ax.annotate(run_name(r), ((a + z) / 2, 1.0), xycoords=("data", "axes fraction"), ha="center",
                         va="bottom", fontsize=8, color="dimgrey")
@@ -224,22 +224,23 @@ def _telemetry_panels(b: Bench | None, col: list | None) -> list[str]:
     ax_p, ax_c, ax_t = col
     samples = _in_window(b, b.telemetry)
     gpus = sorted({int(s["gpu"]) for s in samples if s.get("gpu") is not None})
-    for g in gpus:
+    for k, g in enumerate(gpus):
         mine = [s for s in samples if s.get("gpu") is not None and int(s["gpu"]) == g]
         ts = [s["t"] - b.origin for s in mine]
         name = f"GPU {g}"
         ax_p.plot(ts, [_nan(s.get("power_w")) for s in mine], lw=1, label=name)
         ax_c.plot(ts, [_nan(s.get("sm_mhz")) for s in mine], lw=1, label=name)
-        slow = [(t, s) for t, s in zip(ts, mine) if s.get("throttle") is not None and int(s["throttle"]) & SLOWDOWN_MASK]
-        if slow:
+        slow = [(t, s) for t, s in zip(ts, mine)
+                if s.get("throttle") is not None and int(s["throttle"]) & SLOWDOWN_MASK]
+        if slow:  # a rug along the panel's foot, a row per GPU: the clock lines above stay readable
             reasons = sorted({n for _, s in slow for n in telemetry.throttle_names(int(s["throttle"]) & SLOWDOWN_MASK)})
-            ax_c.plot([t for t, _ in slow], [_nan(s.get("sm_mhz")) for _, s in slow], "v", ms=4, color="tab:red",
-                      alpha=0.6, label=f"GPU {g} slowed: {', '.join(reasons)}")
+            ax_c.plot([t for t, _ in slow], [0.04 + 0.06 * k for _ in slow], "|", ms=7,
+                      color=ax_c.get_lines()[-1].get_color(), transform=ax_c.get_xaxis_transform(), label=f"GPU {g} slowed: {', '.join(reasons)}")
     ax_p.set_ylabel("power (W)")
     ax_c.set_ylabel("SM clock (MHz)")
     if gpus:
-        ax_p.legend(fontsize=7, loc="lower right", ncol=min(len(gpus), 4))
-        ax_c.legend(fontsize=7, loc="lower right", ncol=min(len(gpus), 2))
+        ax_p.legend(fontsize=7, loc="upper right", ncol=min(len(gpus), 4))
+        ax_c.legend(fontsize=7, loc="upper right", ncol=min(2 * len(gpus), 4))
     _throughput(ax_t, b)
     return names
 
@@ -312,7 +313,7 @@ def _throughput(ax, b: Bench) -> None:
         counts[min(max(int(t / width), 0), n - 1)] += k
     ax.plot([(i + 0.5) * width for i in range(n)], [c / width for c in counts], color="tab:green", lw=1.2,
             drawstyle="steps-mid", label=f"output tok/s ({width:g} s bins)")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper right")
 
 
 def bin_width(span_s: float) -> float:

@@ -267,7 +267,8 @@ def _by_file(rows: list[Row], labels: list[str]) -> list[list[Row]]:
 
 def _ceilings(g: dict) -> str:
     """'NVIDIA H100 SXM5 80GB (`h100-sxm`), datasheet ceilings 3,350 GB/s and 990 TFLOP/s bf16'."""
-    text = f"{g.get('gpu_name') or g.get('gpu', '?')} (`{g.get('gpu', '?')}`), {g.get('ceilings', 'datasheet')} ceilings"
+    gpu = g.get("gpu", "?")
+    text = f"{g.get('gpu_name') or gpu} (`{gpu}`), {g.get('ceilings', 'datasheet')} ceilings"
     bw, peak = stat(g, "bandwidth_gbs"), stat(g, "peak_tflops")
     if bw is not None and peak is not None:
         text += f" {bw:,.0f} GB/s and {peak:,.0f} TFLOP/s {g.get('compute_dtype') or ''}".rstrip()
@@ -291,8 +292,8 @@ def roofline_lines(rows: list[Row], labels: list[str]) -> list[str]:
             g = first or ctx
             md.append(f"- **{r0.label}** `{r0.source}`: graded against {_ceilings(g)}; model {g.get('model') or '?'} "
                       f"({g.get('weight_format') or '?'}; from {g.get('model_source') or '?'}).")
-            ungraded += [f"- **{r.label}** `{r.source}` {r.setting}: not graded: {r.roofline.get('why') or 'no grade saved'}."
-                         for r in rs if r.roofline.get("graded") is not True]
+            ungraded += [f"- **{r.label}** `{r.source}` {r.setting}: not graded: "
+                         f"{r.roofline.get('why') or 'no grade saved'}." for r in rs if r.roofline.get("graded") is not True]
         else:
             why = ctx.get("why") or next((r.roofline.get("why") for r in rs if r.roofline.get("why")), None) or \
                 "the results file holds no roofline grading (`llmrs bench` grades each run it makes)"
@@ -324,10 +325,16 @@ def _why_none(rs: list[Row], kind: str) -> str:
     return f"no sample of {obs['csv']} fell in its runs" if obs.get("csv") else "not recorded"
 
 
+def _every(rows: list[Row], kind: str) -> str:
+    """' every 0.1 s' where the results files that sampled `kind` agree on its interval, else ''."""
+    found = {stat(r.observers, kind, "interval_s") for r in rows} - {None}
+    return f" every {found.pop():g} s" if len(found) == 1 else ""
+
+
 def telemetry_lines(rows: list[Row], labels: list[str]) -> list[str]:
     md = ["## GPU telemetry", "",
-          "NVML sampled about every 0.1 s during the runs (the time series is the `.telemetry.csv` beside the "
-          "results). Power is summed over the GPUs; energy is the driver's energy counter over the run (else power "
+          f"NVML sampled{_every(rows, 'telemetry')} during the runs (the time series is the `.telemetry.csv` beside "
+          "the results). Power is summed over the GPUs; energy is the driver's energy counter over the run (else power "
           "integrated over time); output tok/J = the run's output tokens / that energy; slowdowns are the "
           "clock-event reasons seen, idle left out.", ""]
     files = _by_file(rows, labels)
@@ -352,9 +359,9 @@ def telemetry_lines(rows: list[Row], labels: list[str]) -> list[str]:
 
 def server_lines(rows: list[Row], labels: list[str]) -> list[str]:
     md = ["## Server metrics", "",
-          "The server's Prometheus /metrics polled about every 0.5 s during the runs (`--scrape-metrics`; the time "
-          "series is the `.metrics.csv` beside the results): requests running and waiting, KV cache in use, and the "
-          "counters' increase over each run.", ""]
+          f"The server's Prometheus /metrics polled{_every(rows, 'server_series')} during the runs "
+          "(`--scrape-metrics`; the time series is the `.metrics.csv` beside the results): requests running and "
+          "waiting, KV cache in use, and the counters' increase over each run.", ""]
     files = _by_file(rows, labels)
     seen = [r for rs in files for r in sorted(rs, key=Row.sort_key) if r.server_series]
     if seen:
