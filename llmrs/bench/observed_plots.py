@@ -59,8 +59,12 @@ def _series_rows(bench_rows: list, kind: str, reader) -> tuple[list[dict], str]:
         return [], f"{name} cannot be read ({e})"
     if not rows:
         return [], obs.get("why") or f"{name} holds no samples"
-    if origin_of(bench_rows) is None:
+    origin = origin_of(bench_rows)
+    if origin is None:
         return [], "its runs have no time window to place the series on"
+    end = max(r.window["t1"] for r in bench_rows if r.window)
+    if not any(origin <= s["t"] <= end for s in rows):
+        return [], f"no sample of {name} fell in its runs"
     return rows, ""
 
 
