@@ -262,10 +262,11 @@ def _server_panels(b: Bench | None, col: list | None) -> list[str]:
     if ax_r.get_lines():
         ax_r.legend(fontsize=7, loc="upper right")
     ax_r.set_ylabel("requests")
-    if any(p.get("kv_usage") is not None for p in polls):
-        ax_k.plot(ts, [100 * _nan(p.get("kv_usage")) for p in polls], lw=1.2, drawstyle="steps-post",
-                  color="tab:purple", label="KV cache in use")
-    ax_k.set_ylim(0, 105)
+    kv = [100 * _nan(p.get("kv_usage")) for p in polls]
+    if any(math.isfinite(v) for v in kv):  # from 0 to above its peak (named), so a cache far from full still shows
+        ax_k.plot(ts, kv, lw=1.2, drawstyle="steps-post", color="tab:purple",
+                  label=f"KV cache in use (peak {max(v for v in kv if math.isfinite(v)):.3g}%)")
+        ax_k.legend(fontsize=7, loc="upper right")
     ax_k.set_ylabel("KV cache in use (%)")
     return names
 

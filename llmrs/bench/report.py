@@ -327,7 +327,7 @@ def _why_none(rs: list[Row], kind: str) -> str:
 
 def _every(rows: list[Row], kind: str) -> str:
     """' every 0.1 s' where the results files that sampled `kind` agree on its interval, else ''."""
-    found = {stat(r.observers, kind, "interval_s") for r in rows} - {None}
+    found = {stat(r.observers, kind, "interval_s") for r in rows if _dict(r.observers.get(kind)).get("csv")} - {None}
     return f" every {found.pop():g} s" if len(found) == 1 else ""
 
 
