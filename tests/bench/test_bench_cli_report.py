@@ -214,7 +214,7 @@ def test_help_lists_every_option_with_defaults(app):
                 "--prefix-len", "--ignore-eos", "--warmup", "--seed", "--timeout", "--api-key", "--label", "--workers",
                 "--sweep", "--slo", "--tokenizer", "--prompt-format", "--temperature", "--top-p", "--top-k", "--min-p"):
         assert opt in res.output, opt
-    assert "default: 16" in res.output.replace("[", "").replace("]", "")
+    assert "default: (16; a trace replay: no cap)" in " ".join(res.output.replace("[", "").replace("]", "").split())
 
 
 def test_a_given_n_below_the_cap_is_kept_and_said(app, tmp_path):

@@ -38,7 +38,7 @@ def test_bench_starts_llmrs_serve_and_saves_complete_results(tmp_path):
                                    "preemptions": 0, "requery_tokens": 0, "hit_tokens_seen_before": 0}
     assert "prefix cache" not in res.stdout and "usage" not in res.stdout  # nothing to note on a normal run
     assert run["server_graph_capture_failures"] == 0  # (the CPU server has no graphs: none failed)
-    rows = list(csv.DictReader(open(next((tmp_path / "res").glob("e2e*.csv")))))
+    rows = list(csv.DictReader(open(next((tmp_path / "res").glob("e2e-*.csv")))))
     assert len(rows) == 6
     assert all(int(r["output_tokens"]) == 8 and int(r["prompt_tokens"]) == 24 for r in rows)
     assert (tmp_path / "rep" / REPORT_MD).read_text().count("llmrs-cpu") >= 1
