@@ -206,7 +206,7 @@ def test_a_malformed_model_list_is_no_model_list(stub, tmp_path, capsys, reply):
     ident = server_identity(stub.url)
     assert ident["models"] == []
     code, _, err = _bench(capsys, stub.url, tmp_path / "a")  # no --model: nothing to take one from
-    assert _one_error_line(code, err).startswith(f"error: no --model given and {stub.url}/v1/models lists none")
+    assert _one_error_line(code, err).startswith(f"error: no --model given and {stub.url} names none (/v1/models: ")
     code, _, err = _bench(capsys, stub.url, tmp_path / "b", "-m", "m")  # with --model: runs
     assert code == 0, err
 
