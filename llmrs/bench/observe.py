@@ -64,6 +64,11 @@ def _model_spec(model_config: str | None, model: str, models: list[dict]) -> tup
     return None
 
 
+def _looks_like_a_path(spec: str) -> bool:
+    """A path (a separator, or a checkpoint file's suffix), not a preset or embedded model name."""
+    return "/" in spec or spec.startswith(("~", ".")) or Path(spec).suffix in (".gguf", ".json")
+
+
 def grade_context(model_config: str | None, gpu: str | None, use_measured: bool, model: str, models: list[dict],
                   gpus_here: list[dict]) -> GradeContext:
     """The grading context of a bench (never raises for what is merely missing: `why` says it)."""
@@ -71,6 +76,8 @@ def grade_context(model_config: str | None, gpu: str | None, use_measured: bool,
     from llmrs.roofline.model_source import build_cost, resolve_model
 
     ctx = GradeContext(measured=use_measured)
+    if model_config and _looks_like_a_path(model_config) and not Path(model_config).expanduser().exists():
+        raise UserError(f"--model-config {model_config}: no such file or directory")
     found = _model_spec(model_config, model, models)
     if found is None:
         ctx.why = (f"no cost model for {model!r}: not a local checkpoint, an embedded model or a preset "
@@ -80,10 +87,8 @@ def grade_context(model_config: str | None, gpu: str | None, use_measured: bool,
     try:
         src = resolve_model(spec)
         ctx.cost = build_cost(src, fmt)
-    except UserError as e:
-        if model_config:
-            raise UserError(f"--model-config: {e}") from None
-        ctx.why = f"no cost model for {model!r}: {e}"
+    except UserError as e:  # (a checkpoint the cost model cannot take: the runs are measured, not graded)
+        ctx.why = f"no cost model from {'--model-config ' + model_config if model_config else repr(model)}: {e}"
         return ctx
     ctx.model_label, ctx.model_source = src.label, source
     if gpu:
