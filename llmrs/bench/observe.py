@@ -69,6 +69,12 @@ def _looks_like_a_path(spec: str) -> bool:
     return "/" in spec or spec.startswith(("~", ".")) or Path(spec).suffix in (".gguf", ".json")
 
 
+def check_model_config(spec: str) -> None:
+    """A --model-config naming a path that is not there is the user's mistake (UserError)."""
+    if _looks_like_a_path(spec) and not Path(spec).expanduser().exists():
+        raise UserError(f"--model-config {spec}: no such file or directory")
+
+
 def grade_context(model_config: str | None, gpu: str | None, use_measured: bool, model: str, models: list[dict],
                   gpus_here: list[dict]) -> GradeContext:
     """The grading context of a bench (never raises for what is merely missing: `why` says it)."""
@@ -76,8 +82,8 @@ def grade_context(model_config: str | None, gpu: str | None, use_measured: bool,
     from llmrs.roofline.model_source import build_cost, resolve_model
 
     ctx = GradeContext(measured=use_measured)
-    if model_config and _looks_like_a_path(model_config) and not Path(model_config).expanduser().exists():
-        raise UserError(f"--model-config {model_config}: no such file or directory")
+    if model_config:
+        check_model_config(model_config)
     found = _model_spec(model_config, model, models)
     if found is None:
         ctx.why = (f"no cost model for {model!r}: not a local checkpoint, an embedded model or a preset "

@@ -167,6 +167,10 @@ def bench(
         raise UserError(f"--top-k {top_k}: must be -1, 0 (off) or positive")
     if min_p is not None and not 0 <= min_p <= 1:
         raise UserError(f"--min-p {min_p}: must be in [0, 1]")
+    if model_config:  # a path that is not there: said before any server starts
+        from llmrs.bench.observe import check_model_config
+
+        check_model_config(model_config)
     _writable_dir(out_dir, "--out-dir")  # before the run, not after it: the results must have somewhere to go
     if report:
         _writable_dir(report, "--report")

@@ -1,15 +1,12 @@
-"""The server's /metrics as a time series (llmrs.bench.scrape): the parser on each exporter's names, and the
-scraper against a real `llmrs serve` (the embedded model, CPU) on 127.0.0.1 while requests run."""
+"""The server's /metrics as a time series (llmrs.bench.scrape): the parser on each exporter's names, the per-run
+summary, a server without /metrics. The scraper against a real `llmrs serve` on 127.0.0.1 while a bench runs:
+tests/bench/test_bench_graded.py."""
 
-import sys
-import threading
 import time
 
-import openai
 import pytest
 
 from llmrs.bench import scrape
-from llmrs.bench.server import ManagedServer
 
 VLLM = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -59,38 +56,6 @@ def test_the_summary_is_gauges_mean_and_peak_and_counters_increase():
     assert scrape.summarize(rows, 1.5, 2.5)["generation_tokens_delta"] == 80.0  # from t 1.0 (10) to t 9.0 (90)
     assert scrape.summarize(rows, 1.5, 9.5)["generation_tokens_delta"] == 80.0  # nothing after: the window's last
     assert scrape.summarize(rows, 3.0, 4.0) is None
-
-
-def test_scraping_a_real_llmrs_serve_while_requests_run(tmp_path):
-    cmd = [sys.executable, "-m", "llmrs", "serve", "--device", "cpu", "--max-model-len", "512",
-           "--host", "127.0.0.1", "--port", "{port}"]
-    with ManagedServer.from_command(cmd, tmp_path / "server.log", startup_timeout=180) as srv:
-        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused")
-        model = client.models.list().data[0].id
-        made = []
-
-        def one(i: int) -> None:
-            r = client.completions.create(model=model, prompt=f"Count to ten, number {i}:", max_tokens=24,
-                                          temperature=0, extra_body={"ignore_eos": True})
-            made.append(r.usage.completion_tokens)
-
-        with scrape.Scraper(srv.url, tmp_path / "metrics.csv", interval_s=0.1) as sc:
-            time.sleep(0.3)
-            t0 = time.perf_counter()
-            threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            time.sleep(0.3)  # a poll after the last request finished
-            t1 = time.perf_counter()
-    assert sc.why == "" and sc.polls >= 3
-    rows = scrape.read_rows(tmp_path / "metrics.csv")
-    s = scrape.summarize(rows, t0 - 0.3, t1)
-    assert made == [24] * 4
-    assert s["generation_tokens_delta"] == sum(made)  # every generated token counted by the server
-    assert s["peak_running"] >= 1 and s["peak_kv_usage"] > 0
-    assert rows[-1]["running"] == 0 and rows[-1]["waiting"] == 0
 
 
 def test_a_server_without_metrics_is_said_once(tmp_path):
