@@ -432,6 +432,11 @@ def _run_bench(o: BenchOptions, console: Console, intr: Interrupts) -> Path:
                         doc["finished_at"], doc["interrupted"] = _now(), signal_name(intr.signum)
                         write_json(path, doc)
                         break
+                    sized.drain_s = _drain(o, base_url, console, intr)
+                    if intr.signum:  # interrupted while the server let go of the probe's requests
+                        doc["finished_at"], doc["interrupted"] = _now(), signal_name(intr.signum)
+                        write_json(path, doc)
+                        break
                     console.print(sized.line(), highlight=False)
                 n = o.workload.num_prompts
                 if sized:  # multi-turn: the requests sized, as conversations of the probe's mean length
@@ -556,6 +561,21 @@ def _run_point(o: BenchOptions, cfg: ClientConfig, point: int, specs: list[Reque
                       f"requests that finished; {s.cut_off} in flight were cut off and {s.not_sent} never sent "
                       "(neither counts as failed)")
     return s, csv
+
+
+def _drain(o: BenchOptions, base_url: str, console: Console, intr: Interrupts) -> float | None:
+    """Waits for the server to let go of the probe's cut-off requests (sizing.wait_idle), so the run does not start
+    behind them; says so when that takes more than a second."""
+    said = []
+
+    def busy(t: float, running: float, waiting: float) -> None:
+        if t > 1.0 and not said:
+            said.append(True)
+            console.print(f"waiting for the server to drop the probe's requests ({running:.0f} running, "
+                          f"{waiting:.0f} waiting)...", highlight=False)
+
+    with intr.deferred():
+        return sizing.wait_idle(base_url, o.api_key, on_wait=busy, stop=lambda: intr.signum is not None)
 
 
 def _probe(o: BenchOptions, cfg: ClientConfig, point: int, cap: int | None, rate: float, tok: Tokenizer | None,

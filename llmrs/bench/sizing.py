@@ -125,6 +125,7 @@ class Sizing:
     request_rate: float
     cap_s: float | None  # seconds `concurrency` requests take at tokens_per_s (None: no cap; inf: no token came back)
     probe_failed: int = 0
+    drain_s: float | None = None  # seconds the server took to let go of the probe's requests (None: not watched)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -136,6 +137,8 @@ class Sizing:
         d["request_tokens"] = round(self.request_tokens, 1)
         if isinstance(d["cap_s"], float):
             d["cap_s"] = round(d["cap_s"], 1)
+        if d["drain_s"] is not None:
+            d["drain_s"] = round(d["drain_s"], 2)
         return d
 
     def setting(self) -> str:
@@ -192,3 +195,40 @@ def size_run(m: ProbeMeasure, specs: list[RequestSpec], target_s: float, cap: in
     saturated = bool(cap) and fit < cap and not (m.tokens == 0 and m.failed)
     cap_s = (cap * cost / rate if rate > 0 else math.inf) if cap else None
     return Sizing(target_s, m.seconds, m.tokens, rate, cost, n, saturated, cap, request_rate, cap_s, m.failed)
+
+
+DRAIN_POLL_S = 0.2
+DRAIN_MAX_S = 120.0
+
+
+def wait_idle(base_url: str, api_key: str | None = None, max_s: float = DRAIN_MAX_S,
+              on_wait: Callable[[float, float, float], None] | None = None,
+              stop: Callable[[], bool] | None = None) -> float | None:
+    """Waits until the server's /metrics shows no request running or waiting (the probe's cut-off requests gone:
+    a server aborts them at its next step, which on a saturated CPU server takes seconds) and returns the seconds
+    waited; None where the server has no /metrics with those gauges (nothing to watch: the run starts at once).
+    `on_wait(seconds, running, waiting)` is called on each poll that finds the server busy. Gives up after max_s,
+    or when `stop()` is true (an interrupt)."""
+    import time
+
+    import httpx
+
+    from llmrs.bench.scrape import parse
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    t0 = time.monotonic()
+    with httpx.Client(timeout=10.0, trust_env=False) as c:
+        while True:
+            try:
+                r = c.get(f"{base_url.rstrip('/')}/metrics", headers=headers)
+                values = parse(r.text) if r.status_code == 200 else {}
+            except (httpx.HTTPError, ValueError):
+                values = {}
+            if "running" not in values or "waiting" not in values:
+                return None
+            waited = time.monotonic() - t0
+            if values["running"] + values["waiting"] == 0 or waited > max_s or (stop is not None and stop()):
+                return waited
+            if on_wait is not None:
+                on_wait(waited, values["running"], values["waiting"])
+            time.sleep(DRAIN_POLL_S)

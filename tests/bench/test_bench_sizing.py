@@ -261,3 +261,59 @@ def test_concurrency_256_on_cpu_completes_in_its_duration_with_the_saturation_no
     assert run["sizing"]["saturated"] is True and n < 256 and run["summary"]["completed"] == n
     assert "sized for about 5 s: a " in out and "Successful requests" in out
     assert "note: the server saturated at -c 256: " in out and "-n 256 (or more) sends them all anyway" in out
+
+
+class _MetricsStub:
+    """A /metrics endpoint whose llmrs gauges show `busy` polls of a busy server (2 running, 3 waiting), then an
+    idle one; GET /metrics only."""
+
+    def __init__(self, busy: int, gauges: bool = True):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        stub = self
+        self.polls = 0
+
+        class H(BaseHTTPRequestHandler):
+            def do_GET(self):
+                stub.polls += 1
+                n = 1 if stub.polls <= busy else 0
+                body = (f"llmrs:num_requests_running {2 * n}\nllmrs:num_requests_waiting {3 * n}\n" if gauges
+                        else "process_cpu_seconds_total 1.0\n").encode()
+                self.send_response(200)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.srv.shutdown()
+
+
+def test_the_run_waits_for_the_server_to_drop_the_probes_requests():
+    """After a probe's cut-off the server may still hold its requests (a saturated CPU server aborts them at its next
+    step, seconds away): the run starts once /metrics shows nothing running or waiting."""
+    stub = _MetricsStub(busy=3)
+    seen = []
+    try:
+        waited = sizing.wait_idle(stub.url, on_wait=lambda t, r, w: seen.append((r, w)))
+    finally:
+        stub.close()
+    assert seen == [(2, 3)] * 3 and stub.polls == 4
+    assert waited >= 3 * sizing.DRAIN_POLL_S
+    stub = _MetricsStub(busy=1000)
+    try:  # an interrupt ends the wait
+        assert sizing.wait_idle(stub.url, stop=lambda: stub.polls >= 2) is not None and stub.polls == 2
+    finally:
+        stub.close()
+    stub = _MetricsStub(busy=1000, gauges=False)
+    try:  # nothing to watch: no wait
+        assert sizing.wait_idle(stub.url) is None and stub.polls == 1
+    finally:
+        stub.close()
