@@ -87,6 +87,7 @@ class ModelConfig:
                 f"unsupported architecture {model_type!r} ({', '.join(archs) or 'no architectures listed'}); "
                 f"llmrs supports: {', '.join(sorted(SUPPORTED_MODEL_TYPES))}"
             )
+        _refuse_unimplemented(cfg, model_type)
         try:
             hidden = int(cfg["hidden_size"])
             n_heads = int(cfg["num_attention_heads"])
@@ -146,6 +147,11 @@ class ModelConfig:
         def get(key: str, default: Any = None) -> Any:
             return md.get(f"{arch}.{key}", default)
 
+        window = get("attention.sliding_window")
+        if window not in (None, 0) and int(window) < int(get("context_length", 2048)):
+            raise UserError(f"this GGUF's attention uses a sliding window of {window} tokens ({arch}.attention."
+                            "sliding_window), which llmrs does not implement yet: every token past the window would "
+                            "be computed with full attention, and be wrong")
         try:
             hidden = int(get("embedding_length"))
             n_heads = int(get("attention.head_count"))
@@ -175,6 +181,35 @@ class ModelConfig:
             )
         except (TypeError, ValueError) as e:
             raise UserError(f"GGUF metadata incomplete for {arch}: {e}") from None
+
+
+def _refuse_unimplemented(cfg: dict[str, Any], model_type: str) -> None:
+    """A config field that changes the model's math and that llmrs does not implement is a UserError naming it:
+    computing the model without it would give wrong tokens, silently (a Mistral with a sliding window of 8
+    computed with full attention leaves transformers' tokens after the window). Values that make the field a no-op
+    (a window at least the context length, SiLU, no MLP bias) are accepted."""
+    def refuse(field_: str, value: Any, what: str) -> None:
+        raise UserError(f"config.json sets {field_} = {value!r}: {what}, which llmrs does not implement yet; "
+                        "computing the model without it would give wrong tokens")
+
+    window = cfg.get("sliding_window")
+    # Qwen2 configs carry a window that is off unless use_sliding_window is true; Mistral's is on wherever it is set
+    window_on = window not in (None, 0) and (model_type != "qwen2" or bool(cfg.get("use_sliding_window")))
+    context = cfg.get("max_position_embeddings", 2048)
+    if window_on and int(window) < int(context):
+        refuse("sliding_window", window, "sliding-window attention (each token attends to the last "
+                                         f"{window} tokens only)")
+    layer_types = cfg.get("layer_types") or []
+    if window_on and any(t == "sliding_attention" for t in layer_types) and int(window) < int(context):
+        refuse("layer_types", "sliding_attention", "sliding-window attention layers")
+    act = cfg.get("hidden_act", cfg.get("hidden_activation", "silu"))
+    if act not in ("silu", "swish"):
+        refuse("hidden_act", act, "an MLP activation other than SiLU")
+    if cfg.get("mlp_bias"):
+        refuse("mlp_bias", True, "biases in the MLP projections")
+    factor = cfg.get("partial_rotary_factor", 1.0)
+    if factor not in (None, 1, 1.0):
+        refuse("partial_rotary_factor", factor, "rotary embedding on part of each head")
 
 
 @dataclass(slots=True)
