@@ -79,7 +79,9 @@ class ModelConfig:
 
     # ---------------------------------------------------------------- constructors
     @classmethod
-    def from_hf_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":
+    def from_hf_dict(cls, cfg: dict[str, Any], to_run: bool = True) -> "ModelConfig":
+        """`to_run`: the model will be computed, so a field that changes its math and is not implemented is refused
+        (`_refuse_unimplemented`); the roofline, which only counts its shapes, passes False."""
         model_type = cfg.get("model_type")
         archs = cfg.get("architectures") or []
         if model_type not in SUPPORTED_MODEL_TYPES:
@@ -87,7 +89,8 @@ class ModelConfig:
                 f"unsupported architecture {model_type!r} ({', '.join(archs) or 'no architectures listed'}); "
                 f"llmrs supports: {', '.join(sorted(SUPPORTED_MODEL_TYPES))}"
             )
-        _refuse_unimplemented(cfg, model_type)
+        if to_run:
+            _refuse_unimplemented(cfg, model_type)
         try:
             hidden = int(cfg["hidden_size"])
             n_heads = int(cfg["num_attention_heads"])
@@ -127,14 +130,14 @@ class ModelConfig:
             raise UserError(f"config.json is missing the field {e.args[0]!r}") from None
 
     @classmethod
-    def from_json_file(cls, path: Path) -> "ModelConfig":
+    def from_json_file(cls, path: Path, to_run: bool = True) -> "ModelConfig":
         try:
             cfg = json.loads(Path(path).read_text())
         except json.JSONDecodeError as e:
             raise UserError(f"{path}: not valid JSON ({e})") from None
         if not isinstance(cfg, dict):
             raise UserError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
-        return cls.from_hf_dict(cfg)
+        return cls.from_hf_dict(cfg, to_run)
 
     @classmethod
     def from_gguf_metadata(cls, md: dict[str, Any], vocab_size: int, has_output: bool) -> "ModelConfig":

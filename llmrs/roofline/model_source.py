@@ -63,7 +63,7 @@ def build_cost(src: ModelSource, fmt: str | None = None, head_fmt: str | None = 
 
 
 def _from_hf(cfg_path: Path, label: str) -> ModelSource:
-    cfg = ModelConfig.from_json_file(cfg_path)
+    cfg = ModelConfig.from_json_file(cfg_path, to_run=False)  # (shapes only: a window changes no shape)
     raw = json.loads(cfg_path.read_text())
     q = raw.get("quantization_config") or {}
     method = str(q.get("quant_method", "")).lower()

@@ -61,3 +61,11 @@ def test_llmrs_info_on_a_windowed_mistral_checkpoint_is_one_line(tmp_path):
                          timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "sliding_window = 8" in res.stderr and "does not implement" in res.stderr
+
+
+def test_the_roofline_still_counts_a_windowed_model(tmp_path):
+    """The roofline reads only shapes: a sliding window does not stop `llmrs roofline` on such a checkpoint."""
+    from llmrs.roofline.model_source import resolve_model
+
+    (tmp_path / "config.json").write_text(json.dumps(_hf(MistralConfig, sliding_window=8)))
+    assert resolve_model(str(tmp_path)).config.num_hidden_layers == 2
