@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmrs.bench import grading, scrape, telemetry
+from llmrs.bench import grading, scrape, series, telemetry
 from llmrs.bench.records import RequestResult
 from llmrs.errors import UserError
 
@@ -165,11 +165,11 @@ class Observers:
             roof = {"schema": grading.SCHEMA, "graded": False, "why": g.why}
         tel = None
         if self.sampler is not None and self.sampler.active:
-            tel = telemetry.summarize(telemetry.read_rows(self.sampler.path), t0, t1, output_tokens)
+            tel = telemetry.summarize(series.read_rows(self.sampler.path), t0, t1, output_tokens)
         ser = None
         if self.scraper is not None:
             self.scraper.poll_now()
-            ser = scrape.summarize(scrape.read_rows(self.scraper.path), t0, t1)
+            ser = scrape.summarize(series.read_rows(self.scraper.path), t0, t1)
         return {"window": {"t0": t0, "t1": t1}, "roofline": roof, "telemetry": tel, "server_series": ser}
 
 

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmrs.bench import scrape, telemetry
+from llmrs.bench import series, telemetry
 
 ROOFLINE_PNG, TELEMETRY_PNG, SERVER_PNG = "roofline.png", "telemetry.png", "server_series.png"
 OBSERVED_PLOTS = (ROOFLINE_PNG, TELEMETRY_PNG, SERVER_PNG)
@@ -81,8 +81,8 @@ def benches(rows) -> tuple[list[Bench], dict[str, list[str]]]:
     out, missing = [], {p: [] for p in OBSERVED_PLOTS}
     for rs in by_path.values():
         b = Bench(label=rs[0].label, source=rs[0].source, rows=rs, origin=origin_of(rs))
-        b.telemetry, why_t = _series_rows(rs, "telemetry", telemetry.read_rows)
-        b.server, why_s = _series_rows(rs, "server_series", scrape.read_rows)
+        b.telemetry, why_t = _series_rows(rs, "telemetry", series.read_rows)
+        b.server, why_s = _series_rows(rs, "server_series", series.read_rows)
         if why_t:
             missing[TELEMETRY_PNG].append(f"**{b.label}** `{b.source}`: {why_t}")
         if why_s:

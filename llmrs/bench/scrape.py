@@ -133,14 +133,6 @@ class Scraper:
         self.stop()
 
 
-def read_rows(path: Path) -> list[dict]:
-    try:
-        with open(path, newline="") as f:
-            return [{k: (float(v) if v not in ("", None) else None) for k, v in row.items()} for row in csv.DictReader(f)]
-    except FileNotFoundError:
-        return []
-
-
 def summarize(rows: list[dict], t0: float, t1: float) -> dict | None:
     """One run's window [t0, t1]: mean and peak of the gauges polled in it, the counters' increase over the polls
     that bracket it; None without a poll in it."""

@@ -154,15 +154,6 @@ class Sampler:
         self.stop()
 
 
-def read_rows(path: Path) -> list[dict]:
-    """The CSV's rows with numbers as floats (None where a value was not given)."""
-    try:
-        with open(path, newline="") as f:
-            return [{k: (float(v) if v not in ("", None) else None) for k, v in row.items()} for row in csv.DictReader(f)]
-    except FileNotFoundError:
-        return []
-
-
 def throttle_names(mask: int) -> list[str]:
     return [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
 

@@ -18,6 +18,7 @@ import pytest
 from rich.console import Console
 
 from llmrs.bench import scrape
+from llmrs.bench.series import read_rows
 from llmrs.bench.bench import BenchOptions, run_bench
 from llmrs.bench.dataset import WorkloadConfig
 from llmrs.bench.observe import pct
@@ -48,7 +49,7 @@ def _write_metrics_series(results: Path) -> None:
         w = csv.DictWriter(f, fieldnames=("t", *scrape.SERIES))
         w.writeheader()
         w.writerows(rows)
-    read = scrape.read_rows(name)
+    read = read_rows(name)
     doc["observers"]["server_series"] = {"csv": name.name, "why": "", "interval_s": 0.1}
     for run in doc["runs"]:
         run["server_series"] = scrape.summarize(read, run["window"]["t0"], run["window"]["t1"])
@@ -224,7 +225,7 @@ def test_server_series_png_draws_running_waiting_and_kv_cache_over_time(benches)
     assert kv_line.get_label() == "KV cache in use (peak 50%)" and kv.get_ylim()[1] > 50
     # the same time axis as telemetry.png: seconds since the first run started
     origin = min(r.window["t0"] for r in rows if r.label == "llmrs")
-    read = [p for p in scrape.read_rows(benches / "graded.metrics.csv") if p["t"] >= origin]
+    read = [p for p in read_rows(benches / "graded.metrics.csv") if p["t"] >= origin]
     assert list(series["running"].get_xdata())[0] == pytest.approx(read[0]["t"] - origin)
     for f in figs.values():
         plt.close(f)

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from llmrs.bench import telemetry
+from llmrs.bench import series, telemetry
 
 
 def test_the_sampler_writes_a_series_and_the_summary_folds_it(tmp_path):
@@ -14,10 +14,10 @@ def test_the_sampler_writes_a_series_and_the_summary_folds_it(tmp_path):
         assert s.active and s.why == "2 GPU(s)"
         t0 = time.perf_counter()
         deadline = t0 + 20.0
-        while len(telemetry.read_rows(path)) < 2 * 8 and time.perf_counter() < deadline:
+        while len(series.read_rows(path)) < 2 * 8 and time.perf_counter() < deadline:
             time.sleep(0.05)
         t1 = time.perf_counter()
-    rows = telemetry.read_rows(path)
+    rows = series.read_rows(path)
     assert {int(r["gpu"]) for r in rows} == {0, 1}
     assert all(r["sm_mhz"] == 1980 and r["mem_mhz"] == 2619 for r in rows)
     assert all(r["temp_c"] is None for r in rows if r["gpu"] == 1)  # not given: empty, not 0
