@@ -171,8 +171,8 @@ def _n(v: float | None) -> str:
 
 
 def runs_table(rows: list[Row]) -> list[str]:
-    head = ("| engine | setting | ok | failed | req/s | out tok/s | total tok/s | TTFT p50 | TTFT p99 | TPOT p50 | "
-            "TPOT p99 | ITL p50 | E2E p50 | goodput | % of ideal | MBU | client CPU |")
+    head = ("| engine | setting | ok | failed | req/s | out tok/s | total tok/s | TTFT p50 | TTFT p99 | "
+            "queued TTFT p50 | TPOT p50 | TPOT p99 | ITL p50 | E2E p50 | goodput | % of ideal | MBU | client CPU |")
     lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
     for r in rows:
         s = r.s
@@ -183,7 +183,7 @@ def runs_table(rows: list[Row]) -> list[str]:
             f"{f' ({fails})' if fails else ''} | {_f(stat(s, 'request_throughput'), 2)} | "
             f"{_f(stat(s, 'output_throughput'))} | {_f(stat(s, 'total_token_throughput'))} | "
             f"{_f(stat(s, 'ttft_ms', 'median'))} | {_f(pct(s, 'ttft_ms', 'p99'))} | "
-            f"{_f(stat(s, 'tpot_ms', 'median'), 2)} | {_f(pct(s, 'tpot_ms', 'p99'), 2)} | "
+            f"{_f(stat(s, 'queued_ttft_ms', 'median'))} | {_f(stat(s, 'tpot_ms', 'median'), 2)} | {_f(pct(s, 'tpot_ms', 'p99'), 2)} | "
             f"{_f(stat(s, 'itl_ms', 'median'), 2)} | {_f(stat(s, 'e2el_ms', 'median'))} | "
             f"{_f(stat(s, 'goodput'), 2)} | {frac(graded(r, 'fraction_of_ideal'))} | {frac(graded(r, 'mbu'))} | "
             f"{share_of_core(r.client_busy)} |"
@@ -401,7 +401,8 @@ def render_markdown(rows: list[Row], labels: list[str], baseline: str, title: st
            "Ratios are each engine against the baseline, oriented so that > 1.00x is better "
            "(more throughput, less latency).", ""]
     md += side_by_side(rows, labels, baseline) + [""]
-    md += ["## All runs", "", "Latencies in ms; failed requests are excluded from latencies and listed with their reasons. "
+    md += ["## All runs", "", "Latencies in ms (queued TTFT: from the request's scheduled send, its wait for a free "
+           "--concurrency slot included); failed requests are excluded from latencies and listed with their reasons. "
            "`client CPU` is the busiest client worker's share of one core (near 100%: the client may be the bottleneck).", ""]
     ordered = sorted(rows, key=lambda r: (labels.index(r.label), r.sort_key()))
     md += runs_table(ordered) + [""]

@@ -265,3 +265,17 @@ def test_a_series_csv_gone_from_beside_the_results_is_said_not_drawn(tmp_path, b
 def test_bin_width_gives_about_a_hundred_round_bins():
     assert [bin_width(s) for s in (3.0, 12.0, 45.0, 130.0, 900.0)] == [0.1, 0.2, 0.5, 2.0, 10.0]
     assert not math.isnan(bin_width(0.0))
+
+
+def test_all_runs_show_the_queue_inclusive_ttft(benches, tmp_path):
+    """The all-runs table carries each run's queue-inclusive TTFT median beside TTFT (`summary.queued_ttft_ms`)."""
+    from llmrs.bench.report import write_report
+
+    write_report([str(benches / "graded.json")], tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    head = next(ln for ln in _section(md, "All runs").splitlines() if ln.startswith("| engine"))
+    cols = [c.strip() for c in head.strip("|").split("|")]
+    doc = json.loads((benches / "graded.json").read_text())
+    for run in doc["runs"]:
+        cells = _row(_section(md, "All runs"), "llmrs", f"completions 32->10, c={run['concurrency']}, rate=inf")
+        assert cells[cols.index("queued TTFT p50")] == f"{run['summary']['queued_ttft_ms']['median']:,.1f}"
