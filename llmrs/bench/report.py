@@ -331,6 +331,26 @@ def _every(rows: list[Row], kind: str) -> str:
     return f" every {found.pop():g} s" if len(found) == 1 else ""
 
 
+def turn_lines(rows: list[Row]) -> list[str]:
+    """Multi-turn runs: each turn's TTFT (and queue-inclusive TTFT) median, where a server's prefix cache shows as
+    later turns answering sooner although their prompts (the conversation so far) grow."""
+    runs = [r for r in rows if isinstance(r.s.get("per_turn"), list) and r.s["per_turn"]]
+    if not runs:
+        return []
+    md = ["## Multi-turn: TTFT per turn", "",
+          "Medians over the completed turns of each index; each turn's prompt is the conversation so far.", "",
+          "| engine | setting | turn | completed | mean prompt tokens | TTFT p50 | queued TTFT p50 |",
+          "|---|---|---|---|---|---|---|"]
+    for r in runs:
+        for t in r.s["per_turn"]:
+            if not isinstance(t, dict):
+                continue
+            md.append(f"| {r.label} | {r.setting} | {_n(stat(t, 'turn'))} | {_n(stat(t, 'completed'))} | "
+                      f"{_f(stat(t, 'prompt_tokens_mean'), 0)} | {_f(stat(t, 'ttft_ms', 'median'))} | "
+                      f"{_f(stat(t, 'queued_ttft_ms', 'median'))} |")
+    return md + [""]
+
+
 def telemetry_lines(rows: list[Row], labels: list[str]) -> list[str]:
     md = ["## GPU telemetry", "",
           f"NVML sampled{_every(rows, 'telemetry')} during the runs (the time series is the `.telemetry.csv` beside "
@@ -407,6 +427,7 @@ def render_markdown(rows: list[Row], labels: list[str], baseline: str, title: st
     ordered = sorted(rows, key=lambda r: (labels.index(r.label), r.sort_key()))
     md += runs_table(ordered) + [""]
     md += eager_lines(ordered)
+    md += turn_lines(ordered)
     md += setup_lines(rows, labels)
     md += roofline_lines(rows, labels)
     md += telemetry_lines(rows, labels)

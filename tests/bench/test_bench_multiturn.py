@@ -143,7 +143,7 @@ def test_cli_multi_turn_against_llmrs_serve_shows_history_reuse(tmp_path):
     res = subprocess.run(
         [sys.executable, "-m", "llmrs", "bench", "--turns", "3", "-n", "2", "-c", "2", "--input-len", "40",
          "--output-len", "4", "--ignore-eos", "--think-time", "0.05", "--workers", "1", "-o", str(tmp_path),
-         "--name", "mt"], capture_output=True, text=True, env=env, timeout=600)
+         "--name", "mt", "--report", str(tmp_path / "rep")], capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (run,) = json.loads((tmp_path / "mt.json").read_text())["runs"]
     s = run["summary"]
@@ -155,6 +155,13 @@ def test_cli_multi_turn_against_llmrs_serve_shows_history_reuse(tmp_path):
     assert cache["history_tokens"] > 0 and 0 < cache["history_hit_tokens"] <= cache["history_tokens"]
     assert "seen these prompts" not in res.stdout and "TTFT turn 2" in res.stdout
     assert {"roofline", "telemetry", "server_series"} <= set(run)
+    # the report's per-turn table: one row per turn with its completed count and mean prompt
+    md = (tmp_path / "rep" / "report.md").read_text()
+    section = md.split("## Multi-turn: TTFT per turn")[1].split("\n## ")[0]
+    rows = [ln for ln in section.splitlines() if ln.startswith("| llmrs")]
+    assert [ln.split("|")[3].strip() for ln in rows] == ["0", "1", "2"]  # turn indices as in the JSON and the table
+    assert [ln.split("|")[4].strip() for ln in rows] == ["2", "2", "2"]
+    assert [ln.split("|")[5].strip() for ln in rows] == [f"{p:,.0f}" for p in prompts]
 
 
 def test_without_n_a_probe_sizes_multi_turn_runs_in_conversations(server, tmp_path):
