@@ -153,7 +153,7 @@ def test_a_run_in_which_every_request_failed_is_an_error_with_null_statistics(st
     row = next(ln for ln in (tmp_path / "rep" / REPORT_MD).read_text().splitlines() if ln.startswith("| llmrs |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2:4] == ["0", f"2 ({reason})"]
-    assert cells[7:13] == ["-"] * 6  # TTFT p50/p99, TPOT p50/p99, ITL p50, E2E p50
+    assert cells[7:14] == ["-"] * 7  # TTFT p50/p99, queued TTFT p50, TPOT p50/p99, ITL p50, E2E p50
 
 
 def test_statistics_of_no_requests_are_none_not_zero():
@@ -269,7 +269,8 @@ def test_report_renders_missing_statistics_as_dash(tmp_path, capsys):
     row = next(ln for ln in md.splitlines() if ln.startswith("| eng |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2:6] == ["5", "0", "-", "12.5"]
-    assert cells[7:10] == ["-", "-", "4.00"]  # TTFT p50, p99 missing; TPOT p50 there; its p99 has no max: "-"
+    # TTFT p50, p99 and the queued TTFT missing; TPOT p50 there; its p99 has no max: "-"
+    assert cells[7:11] == ["-", "-", "-", "4.00"]
     assert "| completions 0->128, c=1, rate=inf | 12.5 tok/s | - ms | 4.00 ms | - ms |" in md
 
 
