@@ -351,54 +351,55 @@ def turn_lines(rows: list[Row]) -> list[str]:
     return md + [""]
 
 
-def telemetry_lines(rows: list[Row], labels: list[str]) -> list[str]:
-    md = ["## GPU telemetry", "",
-          f"NVML sampled{_every(rows, 'telemetry')} during the runs (the time series is the `.telemetry.csv` beside "
-          "the results). Power is summed over the GPUs; energy is the driver's energy counter over the run (else power "
-          "integrated over time); output tok/J = the run's output tokens / that energy; slowdowns are the "
-          "clock-event reasons seen, idle left out.", ""]
+def _series_section(rows: list[Row], labels: list[str], kind: str, intro: list[str], head: str, what: str,
+                    cells) -> list[str]:
+    """A section of one per-run summary (`kind`: telemetry, server_series): `intro`, a table row per run that has
+    the summary (`cells(summary)`: the cells after engine and setting), then a line per results file without one
+    saying why."""
+    md = list(intro)
     files = _by_file(rows, labels)
-    seen = [r for rs in files for r in sorted(rs, key=Row.sort_key) if r.telemetry]
+    seen = [r for rs in files for r in sorted(rs, key=Row.sort_key) if getattr(r, kind)]
     if seen:
-        head = ("| engine | setting | GPUs | mean power (W) | peak power (W) | energy (J) | output tok/J | "
-                "SM clock mean (MHz) | GPU util mean | slowdowns |")
         md += [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
-        for r in seen:
-            t = r.telemetry
-            util = stat(t, "mean_util_gpu_pct")
-            slow = t.get("throttle_reasons") if isinstance(t.get("throttle_reasons"), list) else []
-            md.append(f"| {r.label} | {r.setting} | {_n(stat(t, 'gpus'))} | {_f(stat(t, 'mean_power_w'), 0)} | "
-                      f"{_f(stat(t, 'peak_power_w'), 0)} | {_f(stat(t, 'energy_j'), 0)} | "
-                      f"{_f(stat(t, 'output_tokens_per_joule'), 2)} | {_f(stat(t, 'mean_sm_mhz'), 0)} | "
-                      f"{'-' if util is None else f'{util:.0f}%'} | {', '.join(map(str, slow)) or 'none'} |")
+        md += [f"| {r.label} | {r.setting} | {' | '.join(cells(getattr(r, kind)))} |" for r in seen]
         md.append("")
-    why = [f"- **{rs[0].label}** `{rs[0].source}`: no telemetry: {_why_none(rs, 'telemetry')}"
-           for rs in files if not any(r.telemetry for r in rs)]
+    why = [f"- **{rs[0].label}** `{rs[0].source}`: no {what}: {_why_none(rs, kind)}"
+           for rs in files if not any(getattr(r, kind) for r in rs)]
     return md + (why + [""] if why else [])
+
+
+def telemetry_lines(rows: list[Row], labels: list[str]) -> list[str]:
+    def cells(t: dict) -> list[str]:
+        util = stat(t, "mean_util_gpu_pct")
+        slow = t.get("throttle_reasons") if isinstance(t.get("throttle_reasons"), list) else []
+        return [_n(stat(t, "gpus")), _f(stat(t, "mean_power_w"), 0), _f(stat(t, "peak_power_w"), 0),
+                _f(stat(t, "energy_j"), 0), _f(stat(t, "output_tokens_per_joule"), 2), _f(stat(t, "mean_sm_mhz"), 0),
+                "-" if util is None else f"{util:.0f}%", ", ".join(map(str, slow)) or "none"]
+
+    intro = ["## GPU telemetry", "",
+             f"NVML sampled{_every(rows, 'telemetry')} during the runs (the time series is the `.telemetry.csv` "
+             "beside the results). Power is summed over the GPUs; energy is the driver's energy counter over the run "
+             "(else power integrated over time); output tok/J = the run's output tokens / that energy; slowdowns "
+             "are the clock-event reasons seen, idle left out.", ""]
+    head = ("| engine | setting | GPUs | mean power (W) | peak power (W) | energy (J) | output tok/J | "
+            "SM clock mean (MHz) | GPU util mean | slowdowns |")
+    return _series_section(rows, labels, "telemetry", intro, head, "telemetry", cells)
 
 
 def server_lines(rows: list[Row], labels: list[str]) -> list[str]:
-    md = ["## Server metrics", "",
-          f"The server's Prometheus /metrics polled{_every(rows, 'server_series')} during the runs "
-          "(`--scrape-metrics`; the time series is the `.metrics.csv` beside the results): requests running and "
-          "waiting, KV cache in use, and the counters' increase over each run.", ""]
-    files = _by_file(rows, labels)
-    seen = [r for rs in files for r in sorted(rs, key=Row.sort_key) if r.server_series]
-    if seen:
-        head = ("| engine | setting | polls | running mean | running peak | waiting peak | KV cache peak | "
-                "preemptions | prefix-cache hits |")
-        md += [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
-        for r in seen:
-            v = r.server_series
-            kv, q, h = stat(v, "peak_kv_usage"), stat(v, "prefix_queries_delta"), stat(v, "prefix_hits_delta")
-            hits = f"{frac(h / q)} of {q:,.0f} tokens" if q and h is not None else "-"
-            md.append(f"| {r.label} | {r.setting} | {_n(stat(v, 'polls'))} | {_f(stat(v, 'mean_running'))} | "
-                      f"{_n(stat(v, 'peak_running'))} | {_n(stat(v, 'peak_waiting'))} | "
-                      f"{frac(kv)} | {_n(stat(v, 'preemptions_delta'))} | {hits} |")
-        md.append("")
-    why = [f"- **{rs[0].label}** `{rs[0].source}`: no server metrics: {_why_none(rs, 'server_series')}"
-           for rs in files if not any(r.server_series for r in rs)]
-    return md + (why + [""] if why else [])
+    def cells(v: dict) -> list[str]:
+        q, h = stat(v, "prefix_queries_delta"), stat(v, "prefix_hits_delta")
+        hits = f"{frac(h / q)} of {q:,.0f} tokens" if q and h is not None else "-"
+        return [_n(stat(v, "polls")), _f(stat(v, "mean_running")), _n(stat(v, "peak_running")),
+                _n(stat(v, "peak_waiting")), frac(stat(v, "peak_kv_usage")), _n(stat(v, "preemptions_delta")), hits]
+
+    intro = ["## Server metrics", "",
+             f"The server's Prometheus /metrics polled{_every(rows, 'server_series')} during the runs "
+             "(`--scrape-metrics`; the time series is the `.metrics.csv` beside the results): requests running and "
+             "waiting, KV cache in use, and the counters' increase over each run.", ""]
+    head = ("| engine | setting | polls | running mean | running peak | waiting peak | KV cache peak | "
+            "preemptions | prefix-cache hits |")
+    return _series_section(rows, labels, "server_series", intro, head, "server metrics", cells)
 
 
 def plot_lines(pngs: list[str], missing: dict[str, list[str]]) -> list[str]:
